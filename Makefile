@@ -1,0 +1,81 @@
+# llm4d. `make` builds ./train: with CUDA kernels when nvcc is found, CPU-only otherwise.
+CC ?= gcc
+NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+CUDA_ARCH ?= sm_90
+CFLAGS ?= -O3 -march=native
+CFLAGS += -std=gnu11 -Wall -Wextra -Werror -fopenmp -MMD -MP
+LDLIBS = -lm -fopenmp
+SAN = -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+
+HOST_SRC = train.c model.c zero.c data.c common.c kernels_cpu.c
+HOST_OBJ = $(HOST_SRC:%.c=build/%.o)
+LIB_OBJ = $(filter-out build/train.o,$(HOST_OBJ))
+
+ifeq ($(NVCC),)
+BACKENDS = cpu
+CUDA_OBJ =
+else
+BACKENDS = cpu+cuda
+CFLAGS += -DLLM4D_CUDA
+CUDA_OBJ = build/kernels_cu.o
+LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart
+endif
+
+.PHONY: all deps demo test test-gpu bench clean
+all: train
+	@echo "built ./train with backends: $(BACKENDS)"
+
+train: $(HOST_OBJ) $(CUDA_OBJ)
+	$(CC) $^ -o $@ $(LDLIBS)
+
+build/%.o: %.c | build
+	$(CC) $(CFLAGS) -c $< -o $@
+
+build/kernels_cu.o: kernels.cu kernels.h common.h | build
+	$(NVCC) -O3 -std=c++17 -arch=$(CUDA_ARCH) -Xcompiler -Wall,-Wextra,-Werror -DLLM4D_CUDA -c $< -o $@
+
+# AddressSanitizer + UBSan builds (CPU only) for the unit tests and the bad-input tests
+build/asan/%.o: %.c | build
+	@mkdir -p build/asan
+	$(CC) $(filter-out -O3 -DLLM4D_CUDA,$(CFLAGS)) $(SAN) -c $< -o $@
+
+build/train-asan: $(HOST_SRC:%.c=build/asan/%.o)
+	$(CC) $(SAN) $^ -o $@ -lm -fopenmp
+
+build/test_unit: build/asan/test_unit.o $(LIB_OBJ:build/%=build/asan/%)
+	$(CC) $(SAN) $^ -o $@ -lm -fopenmp
+
+build/asan/test_unit.o: test/test_unit.c | build
+	@mkdir -p build/asan
+	$(CC) $(filter-out -O3 -DLLM4D_CUDA,$(CFLAGS)) -I. $(SAN) -c $< -o $@
+
+build/test_cuda: test/test_cuda.c $(LIB_OBJ) $(CUDA_OBJ)
+	$(CC) $(CFLAGS) -I. -I$(CUDA_HOME)/include $^ -o $@ $(LDLIBS)
+
+build/bench_matmul: test/bench_matmul.c $(LIB_OBJ) $(CUDA_OBJ)
+	$(CC) $(CFLAGS) -I. $^ -o $@ $(LDLIBS)
+
+build:
+	@mkdir -p build
+
+deps:
+	bash scripts/deps.sh
+
+# Trains the default small model on the Debian license texts (always on a Debian machine).
+demo: deps train
+	bash scripts/demo.sh
+
+test: deps train build/train-asan build/test_unit
+	bash test/run.sh
+
+test-gpu:
+	bash scripts/gpu_check.sh
+
+bench: train build/bench_matmul
+	bash scripts/bench.sh
+
+clean:
+	rm -rf build train
+
+-include $(wildcard build/*.d build/asan/*.d)

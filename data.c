@@ -1,0 +1,249 @@
+// data.c: token shards, the global-batch order, tokenizer files and text preparation.
+#define _GNU_SOURCE
+#include "data.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <glob.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common.h"
+
+static uint64_t mix64(uint64_t x) {
+    x += 0x9e3779b97f4a7c15ULL;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
+
+static void pread_all(int fd, void *dst, size_t n, off_t off, const char *path) {
+    char *p = dst;
+    while (n > 0) {
+        ssize_t r = pread(fd, p, n, off);
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            die("cannot read %s: %s", path, strerror(errno));
+        }
+        if (r == 0) die("%s is truncated (unexpected end of file)", path);
+        p += r;
+        n -= (size_t)r;
+        off += r;
+    }
+}
+
+static void shard_open(Shard *s, const char *path) {
+    s->path = strdup(path);
+    if (!s->path) die("out of memory");
+    s->fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (s->fd < 0) die("cannot open %s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(s->fd, &st) != 0) die("cannot stat %s: %s", path, strerror(errno));
+    if (st.st_size < 1024) die("%s is truncated: %lld bytes is shorter than the 1024-byte shard header", path, (long long)st.st_size);
+    int32_t h[256];
+    pread_all(s->fd, h, sizeof h, 0, path);
+    if (h[0] != SHARD_MAGIC) die("%s: bad magic %d (expected %d for an llm.c token shard)", path, h[0], SHARD_MAGIC);
+    if (h[1] != SHARD_VERSION) die("%s: unsupported token shard version %d (expected %d)", path, h[1], SHARD_VERSION);
+    if (h[2] < 0) die("%s: negative token count %d in header", path, h[2]);
+    s->ntokens = (uint64_t)h[2];
+    uint64_t need = 1024 + 2 * s->ntokens;
+    if ((uint64_t)st.st_size < need)
+        die("%s is truncated: header says %llu tokens (%llu bytes) but the file has %lld bytes", path,
+            (unsigned long long)s->ntokens, (unsigned long long)need, (long long)st.st_size);
+    if ((uint64_t)st.st_size > need)
+        die("%s: %lld bytes is more than the %llu tokens its header declares", path, (long long)st.st_size,
+            (unsigned long long)s->ntokens);
+}
+
+void tokenset_open(TokenSet *ts, const char *pattern, const char *flag, int vocab, int T, int shuffle, uint64_t seed) {
+    memset(ts, 0, sizeof *ts);
+    glob_t g;
+    int rc = glob(pattern, GLOB_ERR, NULL, &g); // glob sorts its matches
+    if (rc == GLOB_NOMATCH) die("%s: no file matches %s", flag, pattern);
+    if (rc != 0) die("%s: cannot expand %s", flag, pattern);
+    ts->nshards = (int)g.gl_pathc;
+    ts->shards = xcalloc(g.gl_pathc, sizeof(Shard));
+    for (size_t i = 0; i < g.gl_pathc; i++) {
+        shard_open(&ts->shards[i], g.gl_pathv[i]);
+        ts->shards[i].first = ts->ntokens;
+        ts->ntokens += ts->shards[i].ntokens;
+    }
+    globfree(&g);
+    ts->vocab = vocab;
+    ts->T = T;
+    if (ts->ntokens < (uint64_t)T + 1)
+        die("%s: %s holds %llu tokens, fewer than one sequence of %d + 1", flag, pattern,
+            (unsigned long long)ts->ntokens, T);
+    ts->windows = (ts->ntokens - 1) / (uint64_t)T;
+    if (shuffle && ts->windows > UINT32_MAX) die("%s: too many windows to shuffle", flag);
+    ts->shuffle = shuffle;
+    ts->seed = seed;
+    ts->perm_epoch = UINT64_MAX;
+}
+
+void tokenset_close(TokenSet *ts) {
+    for (int i = 0; i < ts->nshards; i++) {
+        close(ts->shards[i].fd);
+        free(ts->shards[i].path);
+    }
+    free(ts->shards);
+    free(ts->perm);
+    memset(ts, 0, sizeof *ts);
+}
+
+void tokenset_read(const TokenSet *ts, uint64_t pos, size_t n, uint16_t *out) {
+    size_t done = 0;
+    for (int i = 0; i < ts->nshards && done < n; i++) {
+        const Shard *s = &ts->shards[i];
+        uint64_t p = pos + done;
+        if (p >= s->first + s->ntokens) continue;
+        uint64_t local = p - s->first;
+        size_t take = n - done;
+        if (local + take > s->ntokens) take = (size_t)(s->ntokens - local);
+        pread_all(s->fd, out + done, take * 2, (off_t)(1024 + 2 * local), s->path);
+        for (size_t j = 0; j < take; j++)
+            if (out[done + j] >= ts->vocab)
+                die("%s: token %u at position %llu is not below the vocabulary size %d", s->path, out[done + j],
+                    (unsigned long long)(local + j), ts->vocab);
+        done += take;
+    }
+    if (done != n) die("internal: read past the end of the token set");
+}
+
+uint64_t tokenset_window(TokenSet *ts, uint64_t g) {
+    uint64_t w = g % ts->windows;
+    if (!ts->shuffle) return w;
+    uint64_t epoch = g / ts->windows;
+    if (epoch != ts->perm_epoch) {
+        // Fisher-Yates with a generator keyed by (seed, epoch): the same for every layout and rank
+        if (!ts->perm) ts->perm = xmalloc(sizeof(uint32_t) * ts->windows);
+        for (uint64_t i = 0; i < ts->windows; i++) ts->perm[i] = (uint32_t)i;
+        uint64_t key = mix64(mix64(ts->seed) ^ (epoch + 1));
+        for (uint64_t i = ts->windows - 1; i > 0; i--) {
+            uint64_t j = mix64(key ^ i) % (i + 1);
+            uint32_t tmp = ts->perm[i];
+            ts->perm[i] = ts->perm[j];
+            ts->perm[j] = tmp;
+        }
+        ts->perm_epoch = epoch;
+    }
+    return ts->perm[w];
+}
+
+void tokenset_sequence(TokenSet *ts, uint64_t g, int32_t *inputs, int32_t *targets) {
+    int T = ts->T;
+    uint16_t *buf = xmalloc(sizeof(uint16_t) * (T + 1));
+    tokenset_read(ts, tokenset_window(ts, g) * (uint64_t)T, (size_t)T + 1, buf);
+    for (int t = 0; t < T; t++) {
+        inputs[t] = buf[t];
+        targets[t] = buf[t + 1];
+    }
+    free(buf);
+}
+
+void shard_write(const char *path, const uint16_t *tokens, size_t n) {
+    if (n > INT32_MAX) die("%s: %zu tokens do not fit one shard (at most %d)", path, n, INT32_MAX);
+    int32_t h[256] = { 0 };
+    h[0] = SHARD_MAGIC;
+    h[1] = SHARD_VERSION;
+    h[2] = (int32_t)n;
+    char tmp[4096];
+    FILE *f = atomic_open(path, tmp, sizeof tmp);
+    xfwrite(h, sizeof(int32_t), 256, f, tmp);
+    xfwrite(tokens, sizeof(uint16_t), n, f, tmp);
+    atomic_commit(f, tmp, path);
+}
+
+// ---------------------------------------------------------------------------------------------
+// tokenizer files: 256 int32 header (magic, version 2, vocab, end-of-text id), then per token a
+// uint8 length and its bytes.
+
+void tokenizer_write_bytes(const char *path) {
+    int32_t h[256] = { 0 };
+    h[0] = TOKENIZER_MAGIC;
+    h[1] = 2;
+    h[2] = 256;
+    h[3] = 0; // byte-level text never contains NUL, so byte 0 serves as the end-of-text id
+    char tmp[4096];
+    FILE *f = atomic_open(path, tmp, sizeof tmp);
+    xfwrite(h, sizeof(int32_t), 256, f, tmp);
+    for (int i = 0; i < 256; i++) {
+        unsigned char rec[2] = { 1, (unsigned char)i };
+        xfwrite(rec, 1, 2, f, tmp);
+    }
+    atomic_commit(f, tmp, path);
+}
+
+void tokenizer_load(Tokenizer *tk, const char *path) {
+    FILE *f = xfopen(path, "rb");
+    int32_t h[256];
+    xfread(h, sizeof(int32_t), 256, f, path);
+    if (h[0] != TOKENIZER_MAGIC) die("%s: bad magic %d (expected %d for an llm.c tokenizer)", path, h[0], TOKENIZER_MAGIC);
+    if (h[1] != 1 && h[1] != 2) die("%s: unsupported tokenizer version %d", path, h[1]);
+    if (h[2] <= 0 || h[2] > 1 << 20) die("%s: bad vocabulary size %d", path, h[2]);
+    tk->vocab = h[2];
+    tk->pieces = xcalloc((size_t)tk->vocab, sizeof(char *));
+    tk->lengths = xcalloc((size_t)tk->vocab, sizeof(int));
+    for (int i = 0; i < tk->vocab; i++) {
+        unsigned char len;
+        xfread(&len, 1, 1, f, path);
+        tk->pieces[i] = xmalloc((size_t)len + 1);
+        xfread(tk->pieces[i], 1, len, f, path);
+        tk->pieces[i][len] = 0;
+        tk->lengths[i] = len;
+    }
+    fclose(f);
+}
+
+void tokenizer_free(Tokenizer *tk) {
+    for (int i = 0; i < tk->vocab; i++) free(tk->pieces[i]);
+    free(tk->pieces);
+    free(tk->lengths);
+    memset(tk, 0, sizeof *tk);
+}
+
+size_t tokenizer_decode(const Tokenizer *tk, int token, char *buf, size_t cap) {
+    size_t w = 0;
+    if (token < 0 || token >= tk->vocab) return (size_t)snprintf(buf, cap, "<%d>", token);
+    for (int i = 0; i < tk->lengths[token] && w + 5 < cap; i++) {
+        unsigned char c = (unsigned char)tk->pieces[token][i];
+        if (c == '\n' || (c >= 32 && c < 127)) buf[w++] = (char)c;
+        else w += (size_t)snprintf(buf + w, cap - w, "\\x%02x", c);
+    }
+    buf[w < cap ? w : cap - 1] = 0;
+    return w;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+void data_prepare(const char *input, const char *dir) {
+    FILE *f = xfopen(input, "rb");
+    if (fseek(f, 0, SEEK_END) != 0) die("cannot seek %s: %s", input, strerror(errno));
+    long size = ftell(f);
+    if (size < 0) die("cannot size %s: %s", input, strerror(errno));
+    if (fseek(f, 0, SEEK_SET) != 0) die("cannot seek %s: %s", input, strerror(errno));
+    if (size < 20) die("%s: %ld bytes is too little text to prepare (need at least 20)", input, size);
+    unsigned char *bytes = xmalloc((size_t)size);
+    xfread(bytes, 1, (size_t)size, f, input);
+    fclose(f);
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) die("cannot create %s: %s", dir, strerror(errno));
+    uint16_t *tokens = xmalloc(sizeof(uint16_t) * (size_t)size);
+    for (long i = 0; i < size; i++) tokens[i] = bytes[i];
+    size_t nval = (size_t)size / 10, ntrain = (size_t)size - nval;
+    size_t plen = strlen(dir) + 32;
+    char *path = xmalloc(plen);
+    snprintf(path, plen, "%s/train.bin", dir);
+    shard_write(path, tokens, ntrain);
+    snprintf(path, plen, "%s/val.bin", dir);
+    shard_write(path, tokens + ntrain, nval);
+    snprintf(path, plen, "%s/tokenizer.bin", dir);
+    tokenizer_write_bytes(path);
+    printf("prepared %s: %zu training tokens in %s/train.bin, %zu validation tokens in %s/val.bin, byte-level "
+           "tokenizer (V = 256) in %s/tokenizer.bin\n",
+           input, ntrain, dir, nval, dir, dir);
+    free(path);
+    free(tokens);
+    free(bytes);
+}

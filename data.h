@@ -1,0 +1,69 @@
+// data.h: llm.c token shards and tokenizer files, text preparation, and the global-batch order.
+//
+// The batch order is a contract every layout keeps: with T tokens per sequence, the training shards
+// (concatenated in sorted file-name order) hold W = (tokens - 1) / T windows; window w is the tokens
+// [w·T, w·T + T + 1) (inputs the first T, targets the last T). Global sequence g = s·G + i (step s,
+// G sequences per step) is window g mod W, or, with shuffling, window perm_e(g mod W) where perm_e is
+// a seeded permutation of the W windows for epoch e = g / W.
+#ifndef LLM4D_DATA_H
+#define LLM4D_DATA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define SHARD_MAGIC 20240520
+#define SHARD_VERSION 1
+#define TOKENIZER_MAGIC 20240328
+
+typedef struct {
+    char *path;
+    int fd;
+    uint64_t ntokens;
+    uint64_t first; // position of its first token in the concatenation
+} Shard;
+
+typedef struct {
+    Shard *shards;
+    int nshards;
+    uint64_t ntokens;
+    int vocab;        // every token read is checked to be below this
+    int T;
+    uint64_t windows; // W
+    int shuffle;
+    uint64_t seed;
+    uint64_t perm_epoch; // epoch whose permutation is cached in perm (UINT64_MAX: none)
+    uint32_t *perm;
+} TokenSet;
+
+// Opens every shard matching the glob pattern; `flag` names the option in error messages.
+void tokenset_open(TokenSet *ts, const char *pattern, const char *flag, int vocab, int T, int shuffle, uint64_t seed);
+void tokenset_close(TokenSet *ts);
+// Reads n tokens starting at position pos of the concatenation (pos + n ≤ ntokens), checking each
+// against the vocabulary.
+void tokenset_read(const TokenSet *ts, uint64_t pos, size_t n, uint16_t *out);
+// Window index of global sequence g under the contract above.
+uint64_t tokenset_window(TokenSet *ts, uint64_t g);
+// Inputs and targets (T each) of global sequence g.
+void tokenset_sequence(TokenSet *ts, uint64_t g, int32_t *inputs, int32_t *targets);
+
+// Writes a token shard atomically.
+void shard_write(const char *path, const uint16_t *tokens, size_t n);
+
+// Byte-level tokenizer (V = 256): token i is the byte i.
+typedef struct {
+    int vocab;
+    char **pieces;
+    int *lengths;
+} Tokenizer;
+void tokenizer_write_bytes(const char *path);
+void tokenizer_load(Tokenizer *tk, const char *path);
+void tokenizer_free(Tokenizer *tk);
+// Appends the text of a token, with bytes outside printable ASCII (other than newline) escaped,
+// into buf; returns the number of characters written.
+size_t tokenizer_decode(const Tokenizer *tk, int token, char *buf, size_t cap);
+
+// `train prepare INPUT.txt DIR`: DIR/train.bin, DIR/val.bin (the last 10% of the bytes) and
+// DIR/tokenizer.bin.
+void data_prepare(const char *input, const char *dir);
+
+#endif

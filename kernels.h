@@ -1,0 +1,109 @@
+// kernels.h: every compute op of the model, forward and backward, behind one backend table.
+//
+// Model and training code never dereference device memory: they allocate through the backend, pass
+// device pointers to its ops, and copy to or from the host with to_host/to_device. kernels_cpu.c is
+// the reference backend; kernels.cu implements the same table on a CUDA device.
+//
+// Conventions shared by every backend:
+//  - `dt` is the storage dtype of weights, activations and activation gradients (fp32 or bf16);
+//    arithmetic is always fp32. Parameter gradients, optimizer state, LayerNorm statistics,
+//    attention probabilities and per-token losses are always fp32.
+//  - Linear layers follow llm.c: weight[OC][C], out[N][OC] = inp[N][C] · weightᵀ + bias.
+//  - Backward ops overwrite activation gradients (dinp) unless documented as accumulating, and always
+//    accumulate (+=) into parameter gradients, so micro-batches accumulate without extra copies.
+//  - Results never depend on the thread count: every output element is reduced in a fixed order.
+#ifndef LLM4D_KERNELS_H
+#define LLM4D_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum { DT_F32 = 0, DT_BF16 = 1 } DType;
+
+static inline size_t dtype_size(DType dt) { return dt == DT_BF16 ? 2 : 4; }
+static inline const char *dtype_name(DType dt) { return dt == DT_BF16 ? "bf16" : "fp32"; }
+
+// bf16 is the top half of an fp32; conversion rounds to nearest, ties to even (NaN stays NaN).
+static inline uint16_t f32_to_bf16(float f) {
+    union { float f; uint32_t u; } x = { .f = f };
+    if ((x.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x.u >> 16) | 0x40); // quiet NaN
+    uint32_t rounding = 0x7fffu + ((x.u >> 16) & 1u);
+    return (uint16_t)((x.u + rounding) >> 16);
+}
+static inline float bf16_to_f32(uint16_t h) {
+    union { float f; uint32_t u; } x = { .u = (uint32_t)h << 16 };
+    return x.f;
+}
+
+typedef struct Backend {
+    const char *name;
+    // memory: alloc returns zeroed device memory or NULL; the caller reports the failure.
+    void *(*alloc)(size_t bytes);
+    void (*free)(void *p);
+    void (*to_device)(void *dst, const void *host_src, size_t bytes);
+    void (*to_host)(void *host_dst, const void *src, size_t bytes);
+    void (*copy)(void *dst, const void *src, size_t bytes);
+    void (*zero)(void *dst, size_t bytes);
+    void (*sync)(void);
+    void (*set_threads)(int n); // CPU worker threads; ignored by device backends
+
+    // out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]
+    void (*encoder_fwd)(DType dt, void *out, const int32_t *tokens, const void *wte, const void *wpe,
+                        int B, int T, int C);
+    // dwte[tokens[b,t],:] += dout[b,t,:]; dwpe[t,:] += dout[b,t,:]
+    void (*encoder_bwd)(DType dt, float *dwte, float *dwpe, const void *dout, const int32_t *tokens,
+                        int B, int T, int C);
+    // LayerNorm over the last dim (eps 1e-5); saves mean and 1/std per row for the backward.
+    void (*layernorm_fwd)(DType dt, void *out, float *mean, float *rstd, const void *inp,
+                          const void *weight, const void *bias, int N, int C);
+    // Accumulates: dinp += ∂L/∂inp (the residual stream's gradient), dweight/dbias +=.
+    void (*layernorm_bwd)(DType dt, void *dinp, float *dweight, float *dbias, const void *dout,
+                          const void *inp, const void *weight, const float *mean, const float *rstd,
+                          int N, int C);
+    // out[N,OC] = inp[N,C] · weight[OC,C]ᵀ (+ bias[OC] when bias is not NULL)
+    void (*matmul_fwd)(DType dt, void *out, const void *inp, const void *weight, const void *bias,
+                       int N, int C, int OC);
+    // dinp = dout · weight (overwritten; skipped when dinp is NULL); dweight += doutᵀ · inp;
+    // dbias += column sums of dout (skipped when dbias is NULL).
+    void (*matmul_bwd)(DType dt, void *dinp, float *dweight, float *dbias, const void *dout,
+                       const void *inp, const void *weight, int N, int C, int OC);
+    // Causal multi-head attention. qkv[B,T,3C] holds q, k, v, each [NH heads][C/NH]; out[B,T,C];
+    // att[B,NH,T,T] keeps the softmax probabilities for the backward (upper triangle left 0).
+    void (*attention_fwd)(DType dt, void *out, float *att, const void *qkv, int B, int T, int C, int NH);
+    // dqkv overwritten; datt is fp32 scratch of att's size.
+    void (*attention_bwd)(DType dt, void *dqkv, float *datt, const void *dout, const void *qkv,
+                          const float *att, int B, int T, int C, int NH);
+    // tanh-approximation GELU
+    void (*gelu_fwd)(DType dt, void *out, const void *inp, size_t n);
+    // dinp = gelu'(inp) * dout; dinp may alias dout
+    void (*gelu_bwd)(DType dt, void *dinp, const void *inp, const void *dout, size_t n);
+    // out = a + b
+    void (*residual_fwd)(DType dt, void *out, const void *a, const void *b, size_t n);
+    // dst += src (the residual's backward: the gradient flows unchanged into both branches)
+    void (*residual_bwd)(DType dt, void *dst, const void *src, size_t n);
+    // losses[n] = -log softmax(logits[n, 0:V])[targets[n]]; columns V..Vp-1 are padding, never counted.
+    void (*crossentropy_fwd)(DType dt, float *losses, const void *logits, const int32_t *targets,
+                             int N, int V, int Vp);
+    // dlogits = (softmax(logits) - onehot(target)) * dloss; padding columns 0. dlogits may alias logits.
+    void (*crossentropy_bwd)(DType dt, void *dlogits, const void *logits, const int32_t *targets,
+                             float dloss, int N, int V, int Vp);
+    // AdamW on one tensor with bias-corrected moments and decoupled weight decay:
+    //   g = grad*grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g²
+    //   master = master*(1 - lr*wd) - lr * (m/bc1) / (sqrt(v/bc2) + eps)
+    // and, when working is not NULL, working = master rounded to dt.
+    void (*adamw)(DType dt, float *master, void *working, const float *grad, float *m, float *v,
+                  size_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
+                  float bc1, float bc2, float grad_scale);
+    // Σ x² in double, summed in a fixed order (the same for every thread count).
+    double (*sumsq)(const float *x, size_t n);
+    // dst = src converted between dtypes (round to nearest even into bf16)
+    void (*cast)(void *dst, DType dst_dt, const void *src, DType src_dt, size_t n);
+} Backend;
+
+const Backend *backend_cpu(void);
+// Number of usable CUDA devices: 0 when the binary was built without CUDA or no device answers.
+int cuda_device_count(void);
+// The CUDA backend; NULL when this binary was built without CUDA.
+const Backend *backend_cuda(void);
+
+#endif

@@ -1,0 +1,373 @@
+// model.c: GPT-2 on one device. All device memory goes through the backend; the host only touches
+// parameters when they are initialised, loaded or saved, and the losses and logits it reads back.
+#include "model.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+
+const char *const PARAM_NAMES[NUM_PARAM_TENSORS] = {
+    "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
+    "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb",
+};
+const char *const MEM_NAMES[MEM_NCAT] = { "weights", "gradients", "optimizer", "activations" };
+
+void *mem_alloc(MemAccount *acct, int category, size_t bytes, const char *what) {
+    void *p = acct->be->alloc(bytes);
+    if (!p) die("out of %s memory allocating %zu bytes for %s", acct->be->name, bytes, what);
+    acct->bytes[category] += bytes;
+    return p;
+}
+
+size_t gpt2_param_layout(const GPT2Config *cfg, size_t sizes[NUM_PARAM_TENSORS], size_t offsets[NUM_PARAM_TENSORS]) {
+    size_t C = (size_t)cfg->C, L = (size_t)cfg->L;
+    sizes[P_WTE] = (size_t)cfg->Vp * C;
+    sizes[P_WPE] = (size_t)cfg->maxT * C;
+    sizes[P_LN1W] = L * C;
+    sizes[P_LN1B] = L * C;
+    sizes[P_QKVW] = L * 3 * C * C;
+    sizes[P_QKVB] = L * 3 * C;
+    sizes[P_ATTPROJW] = L * C * C;
+    sizes[P_ATTPROJB] = L * C;
+    sizes[P_LN2W] = L * C;
+    sizes[P_LN2B] = L * C;
+    sizes[P_FCW] = L * 4 * C * C;
+    sizes[P_FCB] = L * 4 * C;
+    sizes[P_FCPROJW] = L * C * 4 * C;
+    sizes[P_FCPROJB] = L * C;
+    sizes[P_LNFW] = C;
+    sizes[P_LNFB] = C;
+    size_t total = 0;
+    for (int k = 0; k < NUM_PARAM_TENSORS; k++) {
+        offsets[k] = total;
+        total += sizes[k];
+    }
+    return total;
+}
+
+int gpt2_config_valid(const GPT2Config *cfg, char *why, size_t cap) {
+    if (cfg->L <= 0 || cfg->C <= 0 || cfg->NH <= 0 || cfg->V <= 0 || cfg->maxT <= 0)
+        return snprintf(why, cap, "layers, channels, heads, vocab and max sequence length must be positive"), 0;
+    if (cfg->C % cfg->NH != 0)
+        return snprintf(why, cap, "channels (%d) must be divisible by heads (%d)", cfg->C, cfg->NH), 0;
+    if (cfg->Vp < cfg->V)
+        return snprintf(why, cap, "padded vocab (%d) is smaller than vocab (%d)", cfg->Vp, cfg->V), 0;
+    if (cfg->V > 65536)
+        return snprintf(why, cap, "vocab (%d) above 65536 cannot be stored in uint16 token shards", cfg->V), 0;
+    if (cfg->L > 4096 || cfg->C > 65536 || cfg->maxT > 1048576 || cfg->Vp > 1048576)
+        return snprintf(why, cap, "shape out of range (L=%d C=%d maxT=%d Vp=%d)", cfg->L, cfg->C, cfg->maxT, cfg->Vp), 0;
+    return 1;
+}
+
+int gpt2_param_decays(int k) {
+    return k == P_WTE || k == P_WPE || k == P_QKVW || k == P_ATTPROJW || k == P_FCW || k == P_FCPROJW;
+}
+
+// ---------------------------------------------------------------------------------------------
+// initialisation
+
+static uint64_t splitmix64(uint64_t x) {
+    x += 0x9e3779b97f4a7c15ULL;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
+
+// Standard normal from a counter: Box-Muller on two 53-bit uniforms derived from (key, i).
+static double normal_at(uint64_t key, uint64_t i) {
+    uint64_t a = splitmix64(key ^ splitmix64(2 * i)), b = splitmix64(key ^ splitmix64(2 * i + 1));
+    double u1 = ((a >> 11) + 1.0) / 9007199254740993.0; // (0, 1]
+    double u2 = (b >> 11) / 9007199254740992.0;         // [0, 1)
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+float *gpt2_init_params(const GPT2Config *cfg, uint64_t seed) {
+    size_t sizes[NUM_PARAM_TENSORS], offsets[NUM_PARAM_TENSORS];
+    size_t n = gpt2_param_layout(cfg, sizes, offsets);
+    float *p = xmalloc(sizeof(float) * n);
+    double resid_std = 0.02 / sqrt(2.0 * cfg->L);
+    for (int k = 0; k < NUM_PARAM_TENSORS; k++) {
+        float *t = p + offsets[k];
+        size_t sz = sizes[k];
+        int is_ln_weight = (k == P_LN1W || k == P_LN2W || k == P_LNFW);
+        int is_bias = (k == P_LN1B || k == P_LN2B || k == P_LNFB || k == P_QKVB || k == P_ATTPROJB ||
+                       k == P_FCB || k == P_FCPROJB);
+        if (is_ln_weight || is_bias) {
+            float v = is_ln_weight ? 1.0f : 0.0f;
+            for (size_t i = 0; i < sz; i++) t[i] = v;
+            continue;
+        }
+        double std = (k == P_ATTPROJW || k == P_FCPROJW) ? resid_std : 0.02;
+        uint64_t key = splitmix64(splitmix64(seed) + (uint64_t)k);
+        // padded vocabulary rows stay zero so that their logits are exactly 0 and never trained
+        size_t live = (k == P_WTE) ? (size_t)cfg->V * cfg->C : sz;
+#pragma omp parallel for schedule(static)
+        for (size_t i = 0; i < sz; i++) t[i] = i < live ? (float)(std * normal_at(key, i)) : 0.0f;
+    }
+    return p;
+}
+
+// ---------------------------------------------------------------------------------------------
+// llm.c model files
+
+float *gpt2_load_file(const char *path, GPT2Config *cfg) {
+    FILE *f = xfopen(path, "rb");
+    int32_t h[256];
+    xfread(h, sizeof(int32_t), 256, f, path);
+    if (h[0] != MODEL_MAGIC) die("%s: bad magic %d (expected %d for an llm.c model file)", path, h[0], MODEL_MAGIC);
+    if (h[1] != MODEL_VERSION_F32 && h[1] != MODEL_VERSION_BF16)
+        die("%s: unsupported model file version %d (expected 3 = fp32 or 5 = bf16)", path, h[1]);
+    cfg->maxT = h[2];
+    cfg->V = h[3];
+    cfg->L = h[4];
+    cfg->NH = h[5];
+    cfg->C = h[6];
+    cfg->Vp = h[7];
+    char why[256];
+    if (!gpt2_config_valid(cfg, why, sizeof why)) die("%s: inconsistent model header: %s", path, why);
+    size_t sizes[NUM_PARAM_TENSORS], offsets[NUM_PARAM_TENSORS];
+    size_t n = gpt2_param_layout(cfg, sizes, offsets);
+    size_t esize = h[1] == MODEL_VERSION_F32 ? 4 : 2;
+    if (fseek(f, 0, SEEK_END) != 0) die("cannot seek %s: %s", path, strerror(errno));
+    long fsize = ftell(f);
+    if (fsize < 0) die("cannot size %s: %s", path, strerror(errno));
+    size_t expect = 256 * sizeof(int32_t) + n * esize;
+    if ((size_t)fsize != expect)
+        die("%s: inconsistent model header: the shape needs %zu bytes but the file has %ld", path, expect, fsize);
+    if (fseek(f, 256 * sizeof(int32_t), SEEK_SET) != 0) die("cannot seek %s: %s", path, strerror(errno));
+    float *p = xmalloc(sizeof(float) * n);
+    if (esize == 4) {
+        xfread(p, sizeof(float), n, f, path);
+    } else {
+        uint16_t *tmp = xmalloc(2 * n);
+        xfread(tmp, 2, n, f, path);
+        for (size_t i = 0; i < n; i++) p[i] = bf16_to_f32(tmp[i]);
+        free(tmp);
+    }
+    fclose(f);
+    return p;
+}
+
+void gpt2_save_file(const char *path, const GPT2Config *cfg, const float *host_params) {
+    size_t sizes[NUM_PARAM_TENSORS], offsets[NUM_PARAM_TENSORS];
+    size_t n = gpt2_param_layout(cfg, sizes, offsets);
+    int32_t h[256] = { 0 };
+    h[0] = MODEL_MAGIC;
+    h[1] = MODEL_VERSION_F32;
+    h[2] = cfg->maxT;
+    h[3] = cfg->V;
+    h[4] = cfg->L;
+    h[5] = cfg->NH;
+    h[6] = cfg->C;
+    h[7] = cfg->Vp;
+    char tmp[4096];
+    FILE *f = atomic_open(path, tmp, sizeof tmp);
+    xfwrite(h, sizeof(int32_t), 256, f, tmp);
+    xfwrite(host_params, sizeof(float), n, f, tmp);
+    atomic_commit(f, tmp, path);
+}
+
+// ---------------------------------------------------------------------------------------------
+// buffers
+
+static void *at(const void *base, size_t elems, DType dt) { return (char *)base + elems * dtype_size(dt); }
+
+void gpt2_build(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, int B, int T) {
+    memset(m, 0, sizeof *m);
+    m->cfg = *cfg;
+    m->dt = dt;
+    m->be = be;
+    m->B = B;
+    m->T = T;
+    m->mem.be = be;
+    m->num_params = gpt2_param_layout(cfg, m->param_sizes, m->param_offsets);
+    size_t ds = dtype_size(dt);
+    MemAccount *a = &m->mem;
+    m->params = mem_alloc(a, MEM_WEIGHTS, m->num_params * ds, "weights");
+    m->grads = mem_alloc(a, MEM_GRADS, m->num_params * sizeof(float), "gradients");
+
+    size_t L = cfg->L, C = cfg->C, BT = (size_t)B * T, att = (size_t)B * cfg->NH * T * T;
+    Activations *x = &m->act;
+#define ACT(field, elems, esize) x->field = mem_alloc(a, MEM_ACTIVATIONS, (elems) * (esize), #field)
+    ACT(encoded, BT * C, ds);
+    ACT(ln1, L * BT * C, ds);
+    ACT(ln1_mean, L * BT, 4);
+    ACT(ln1_rstd, L * BT, 4);
+    ACT(qkv, L * BT * 3 * C, ds);
+    ACT(atty, L * BT * C, ds);
+    ACT(att, L * att, 4);
+    ACT(attproj, L * BT * C, ds);
+    ACT(residual2, L * BT * C, ds);
+    ACT(ln2, L * BT * C, ds);
+    ACT(ln2_mean, L * BT, 4);
+    ACT(ln2_rstd, L * BT, 4);
+    ACT(fch, L * BT * 4 * C, ds);
+    ACT(fch_gelu, L * BT * 4 * C, ds);
+    ACT(fcproj, L * BT * C, ds);
+    ACT(residual3, L * BT * C, ds);
+    ACT(lnf, BT * C, ds);
+    ACT(lnf_mean, BT, 4);
+    ACT(lnf_rstd, BT, 4);
+    ACT(logits, BT * cfg->Vp, ds);
+    ACT(losses, BT, 4);
+    ACT(inputs, BT, 4);
+    ACT(targets, BT, 4);
+    ACT(dresidual, BT * C, ds);
+    ACT(dbuf_c, BT * C, ds);
+    ACT(dbuf_4c, BT * 4 * C, ds);
+    ACT(dqkv, BT * 3 * C, ds);
+    ACT(datt, att, 4);
+#undef ACT
+}
+
+void gpt2_free(GPT2 *m) {
+    const Backend *be = m->be;
+    Activations *x = &m->act;
+    void *bufs[] = { x->encoded, x->ln1, x->ln1_mean, x->ln1_rstd, x->qkv, x->atty, x->att, x->attproj,
+                     x->residual2, x->ln2, x->ln2_mean, x->ln2_rstd, x->fch, x->fch_gelu, x->fcproj,
+                     x->residual3, x->lnf, x->lnf_mean, x->lnf_rstd, x->logits, x->losses, x->inputs,
+                     x->targets, x->dresidual, x->dbuf_c, x->dbuf_4c, x->dqkv, x->datt, m->params, m->grads };
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(bufs[i]);
+    memset(m, 0, sizeof *m);
+}
+
+void gpt2_upload_params(GPT2 *m, const float *host) {
+    if (m->dt == DT_F32) {
+        m->be->to_device(m->params, host, m->num_params * sizeof(float));
+        return;
+    }
+    uint16_t *tmp = xmalloc(2 * m->num_params);
+    for (size_t i = 0; i < m->num_params; i++) tmp[i] = f32_to_bf16(host[i]);
+    m->be->to_device(m->params, tmp, 2 * m->num_params);
+    free(tmp);
+}
+
+void *gpt2_param(const GPT2 *m, int k) { return at(m->params, m->param_offsets[k], m->dt); }
+float *gpt2_grad(const GPT2 *m, int k) { return m->grads + m->param_offsets[k]; }
+
+// tensor k, layer l
+static void *lp(const GPT2 *m, int k, int l) {
+    return at(m->params, m->param_offsets[k] + (size_t)l * (m->param_sizes[k] / m->cfg.L), m->dt);
+}
+static float *lg(const GPT2 *m, int k, int l) {
+    return m->grads + m->param_offsets[k] + (size_t)l * (m->param_sizes[k] / m->cfg.L);
+}
+
+// ---------------------------------------------------------------------------------------------
+// forward and backward
+
+float gpt2_forward(GPT2 *m, const int32_t *inputs, const int32_t *targets, int B, int T) {
+    if (B > m->B || T > m->T || B <= 0 || T <= 0)
+        die("internal: micro-batch %dx%d exceeds the allocated %dx%d", B, T, m->B, m->T);
+    const Backend *be = m->be;
+    const GPT2Config *cfg = &m->cfg;
+    DType dt = m->dt;
+    Activations *x = &m->act;
+    int C = cfg->C, NH = cfg->NH, N = B * T;
+    size_t BTC = (size_t)N * C, att = (size_t)B * NH * T * T;
+    // per-layer strides use the allocated B·T so buffers stay where the backward expects them
+    size_t sBTC = (size_t)m->B * m->T * C, sBT = (size_t)m->B * m->T, sAtt = (size_t)m->B * NH * m->T * m->T;
+
+    be->to_device(x->inputs, inputs, sizeof(int32_t) * N);
+    be->encoder_fwd(dt, x->encoded, x->inputs, gpt2_param(m, P_WTE), gpt2_param(m, P_WPE), B, T, C);
+    for (int l = 0; l < cfg->L; l++) {
+        void *res = l == 0 ? x->encoded : at(x->residual3, (l - 1) * sBTC, dt);
+        void *ln1 = at(x->ln1, l * sBTC, dt), *qkv = at(x->qkv, l * 3 * sBTC, dt), *atty = at(x->atty, l * sBTC, dt);
+        void *attproj = at(x->attproj, l * sBTC, dt), *r2 = at(x->residual2, l * sBTC, dt);
+        void *ln2 = at(x->ln2, l * sBTC, dt), *fch = at(x->fch, l * 4 * sBTC, dt);
+        void *fchg = at(x->fch_gelu, l * 4 * sBTC, dt), *fcproj = at(x->fcproj, l * sBTC, dt);
+        void *r3 = at(x->residual3, l * sBTC, dt);
+        be->layernorm_fwd(dt, ln1, x->ln1_mean + l * sBT, x->ln1_rstd + l * sBT, res, lp(m, P_LN1W, l),
+                          lp(m, P_LN1B, l), N, C);
+        be->matmul_fwd(dt, qkv, ln1, lp(m, P_QKVW, l), lp(m, P_QKVB, l), N, C, 3 * C);
+        be->attention_fwd(dt, atty, x->att + l * sAtt, qkv, B, T, C, NH);
+        be->matmul_fwd(dt, attproj, atty, lp(m, P_ATTPROJW, l), lp(m, P_ATTPROJB, l), N, C, C);
+        be->residual_fwd(dt, r2, res, attproj, BTC);
+        be->layernorm_fwd(dt, ln2, x->ln2_mean + l * sBT, x->ln2_rstd + l * sBT, r2, lp(m, P_LN2W, l),
+                          lp(m, P_LN2B, l), N, C);
+        be->matmul_fwd(dt, fch, ln2, lp(m, P_FCW, l), lp(m, P_FCB, l), N, C, 4 * C);
+        be->gelu_fwd(dt, fchg, fch, 4 * BTC);
+        be->matmul_fwd(dt, fcproj, fchg, lp(m, P_FCPROJW, l), lp(m, P_FCPROJB, l), N, 4 * C, C);
+        be->residual_fwd(dt, r3, r2, fcproj, BTC);
+    }
+    (void)att;
+    void *last = at(x->residual3, (cfg->L - 1) * sBTC, dt);
+    be->layernorm_fwd(dt, x->lnf, x->lnf_mean, x->lnf_rstd, last, gpt2_param(m, P_LNFW), gpt2_param(m, P_LNFB), N, C);
+    be->matmul_fwd(dt, x->logits, x->lnf, gpt2_param(m, P_WTE), NULL, N, C, cfg->Vp);
+    m->act_B = B;
+    m->act_T = T;
+    if (!targets) return 0.0f;
+    be->to_device(x->targets, targets, sizeof(int32_t) * N);
+    be->crossentropy_fwd(dt, x->losses, x->logits, x->targets, N, cfg->V, cfg->Vp);
+    float *losses = xmalloc(sizeof(float) * N);
+    be->to_host(losses, x->losses, sizeof(float) * N);
+    double sum = 0.0;
+    for (int i = 0; i < N; i++) sum += losses[i];
+    free(losses);
+    return (float)(sum / N);
+}
+
+void gpt2_backward(GPT2 *m, float dloss_scale) {
+    const Backend *be = m->be;
+    const GPT2Config *cfg = &m->cfg;
+    DType dt = m->dt;
+    Activations *x = &m->act;
+    int B = m->act_B, T = m->act_T;
+    int C = cfg->C, NH = cfg->NH, N = B * T;
+    size_t BTC = (size_t)N * C;
+    size_t sBTC = (size_t)m->B * m->T * C, sBT = (size_t)m->B * m->T, sAtt = (size_t)m->B * NH * m->T * m->T;
+
+    // LM head: dlogits in place, then into the final LayerNorm; its input gradient starts the residual stream.
+    be->crossentropy_bwd(dt, x->logits, x->logits, x->targets, dloss_scale, N, cfg->V, cfg->Vp);
+    be->matmul_bwd(dt, x->dbuf_c, gpt2_grad(m, P_WTE), NULL, x->logits, x->lnf, gpt2_param(m, P_WTE), N, C, cfg->Vp);
+    be->zero(x->dresidual, BTC * dtype_size(dt));
+    void *last = at(x->residual3, (cfg->L - 1) * sBTC, dt);
+    be->layernorm_bwd(dt, x->dresidual, gpt2_grad(m, P_LNFW), gpt2_grad(m, P_LNFB), x->dbuf_c, last,
+                      gpt2_param(m, P_LNFW), x->lnf_mean, x->lnf_rstd, N, C);
+    for (int l = cfg->L - 1; l >= 0; l--) {
+        void *res = l == 0 ? x->encoded : at(x->residual3, (l - 1) * sBTC, dt);
+        void *ln1 = at(x->ln1, l * sBTC, dt), *qkv = at(x->qkv, l * 3 * sBTC, dt), *atty = at(x->atty, l * sBTC, dt);
+        void *r2 = at(x->residual2, l * sBTC, dt), *ln2 = at(x->ln2, l * sBTC, dt);
+        void *fch = at(x->fch, l * 4 * sBTC, dt), *fchg = at(x->fch_gelu, l * 4 * sBTC, dt);
+        // MLP: dresidual is the gradient of residual3 = residual2 + fcproj
+        be->matmul_bwd(dt, x->dbuf_4c, lg(m, P_FCPROJW, l), lg(m, P_FCPROJB, l), x->dresidual, fchg,
+                       lp(m, P_FCPROJW, l), N, 4 * C, C);
+        be->gelu_bwd(dt, x->dbuf_4c, fch, x->dbuf_4c, 4 * BTC);
+        be->matmul_bwd(dt, x->dbuf_c, lg(m, P_FCW, l), lg(m, P_FCB, l), x->dbuf_4c, ln2, lp(m, P_FCW, l), N, C, 4 * C);
+        be->layernorm_bwd(dt, x->dresidual, lg(m, P_LN2W, l), lg(m, P_LN2B, l), x->dbuf_c, r2, lp(m, P_LN2W, l),
+                          x->ln2_mean + l * sBT, x->ln2_rstd + l * sBT, N, C);
+        // attention: dresidual is now the gradient of residual2 = residual + attproj
+        be->matmul_bwd(dt, x->dbuf_c, lg(m, P_ATTPROJW, l), lg(m, P_ATTPROJB, l), x->dresidual, atty,
+                       lp(m, P_ATTPROJW, l), N, C, C);
+        be->attention_bwd(dt, x->dqkv, x->datt, x->dbuf_c, qkv, x->att + l * sAtt, B, T, C, NH);
+        be->matmul_bwd(dt, x->dbuf_c, lg(m, P_QKVW, l), lg(m, P_QKVB, l), x->dqkv, ln1, lp(m, P_QKVW, l), N, C, 3 * C);
+        be->layernorm_bwd(dt, x->dresidual, lg(m, P_LN1W, l), lg(m, P_LN1B, l), x->dbuf_c, res, lp(m, P_LN1W, l),
+                          x->ln1_mean + l * sBT, x->ln1_rstd + l * sBT, N, C);
+    }
+    be->encoder_bwd(dt, gpt2_grad(m, P_WTE), gpt2_grad(m, P_WPE), x->dresidual, x->inputs, B, T, C);
+}
+
+void gpt2_zero_grad(GPT2 *m) { m->be->zero(m->grads, m->num_params * sizeof(float)); }
+
+void gpt2_logits_at(const GPT2 *m, int b, int t, int T, float *out) {
+    size_t row = ((size_t)b * T + t) * m->cfg.Vp;
+    size_t V = m->cfg.V;
+    if (m->dt == DT_F32) {
+        m->be->to_host(out, at(m->act.logits, row, DT_F32), V * sizeof(float));
+        return;
+    }
+    uint16_t *tmp = xmalloc(2 * V);
+    m->be->to_host(tmp, at(m->act.logits, row, DT_BF16), V * 2);
+    for (size_t i = 0; i < V; i++) out[i] = bf16_to_f32(tmp[i]);
+    free(tmp);
+}
+
+double gpt2_flops_per_token(const GPT2Config *cfg, int T) {
+    double C = cfg->C, L = cfg->L;
+    double matmul = 2.0 * L * 12.0 * C * C + 2.0 * C * cfg->Vp; // qkv 3C², proj C², fc 4C², fcproj 4C²; head
+    double attention = 2.0 * 2.0 * L * C * T;                    // scores and weighted sum over T keys
+    return 3.0 * (matmul + attention);
+}

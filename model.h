@@ -1,0 +1,101 @@
+// model.h: GPT-2 on one device: parameter layout, initialisation, llm.c model files, forward and
+// backward over one micro-batch, and per-category memory accounting.
+#ifndef LLM4D_MODEL_H
+#define LLM4D_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels.h"
+
+#define MODEL_MAGIC 20240326
+#define MODEL_VERSION_F32 3
+#define MODEL_VERSION_BF16 5
+
+typedef struct {
+    int maxT; // longest sequence the position embedding covers
+    int V;    // vocabulary size
+    int Vp;   // vocabulary padded for efficient matmuls (≥ V); rows V..Vp-1 of wte are zero
+    int L;    // blocks
+    int NH;   // heads
+    int C;    // channels
+} GPT2Config;
+
+// The 16 parameter tensors, in llm.c's file order. Per-layer tensors are stacked over L.
+enum {
+    P_WTE, P_WPE, P_LN1W, P_LN1B, P_QKVW, P_QKVB, P_ATTPROJW, P_ATTPROJB, P_LN2W, P_LN2B,
+    P_FCW, P_FCB, P_FCPROJW, P_FCPROJB, P_LNFW, P_LNFB, NUM_PARAM_TENSORS
+};
+extern const char *const PARAM_NAMES[NUM_PARAM_TENSORS];
+
+// Memory is counted per rank by category, as allocated, for the start-up summary and the planner.
+enum { MEM_WEIGHTS, MEM_GRADS, MEM_OPTIMIZER, MEM_ACTIVATIONS, MEM_NCAT };
+extern const char *const MEM_NAMES[MEM_NCAT];
+typedef struct {
+    const Backend *be;
+    size_t bytes[MEM_NCAT];
+} MemAccount;
+void *mem_alloc(MemAccount *acct, int category, size_t bytes, const char *what); // dies on failure
+
+// Activations of one micro-batch; each per-layer buffer is stacked over L.
+typedef struct {
+    void *encoded, *ln1, *qkv, *atty, *attproj, *residual2, *ln2, *fch, *fch_gelu, *fcproj, *residual3, *lnf;
+    float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd, *lnf_mean, *lnf_rstd, *att, *losses;
+    void *logits; // [B,T,Vp]; the backward overwrites it with dlogits
+    int32_t *inputs, *targets;
+    // backward scratch
+    void *dresidual, *dbuf_c, *dbuf_4c, *dqkv;
+    float *datt;
+} Activations;
+
+typedef struct {
+    GPT2Config cfg;
+    DType dt;
+    const Backend *be;
+    int B, T;         // largest micro-batch the activation buffers hold
+    int act_B, act_T; // shape of the last forward, which the backward differentiates
+    size_t param_sizes[NUM_PARAM_TENSORS];   // elements
+    size_t param_offsets[NUM_PARAM_TENSORS]; // elements from the start of params/grads
+    size_t num_params;
+    void *params; // working weights in dt
+    float *grads; // fp32, accumulated over micro-batches
+    Activations act;
+    MemAccount mem;
+} GPT2;
+
+// Fills sizes and offsets from the shape; returns the total parameter count.
+size_t gpt2_param_layout(const GPT2Config *cfg, size_t sizes[NUM_PARAM_TENSORS], size_t offsets[NUM_PARAM_TENSORS]);
+// Checks a shape for consistency; on failure writes a reason and returns 0.
+int gpt2_config_valid(const GPT2Config *cfg, char *why, size_t why_cap);
+// Decoupled weight decay applies to matrices only (embeddings and linear weights), never to biases
+// or LayerNorm parameters.
+int gpt2_param_decays(int tensor);
+
+// GPT-2 initialisation of the full model into host fp32 memory, a pure function of (shape, seed):
+// element i of tensor k is drawn from a counter-based generator keyed by (seed, k, i), so any later
+// shard of the model sees exactly these values.
+float *gpt2_init_params(const GPT2Config *cfg, uint64_t seed);
+// llm.c model files. Load returns host fp32 parameters and fills cfg; errors name the file.
+float *gpt2_load_file(const char *path, GPT2Config *cfg);
+void gpt2_save_file(const char *path, const GPT2Config *cfg, const float *host_params);
+
+void gpt2_build(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, int B, int T);
+void gpt2_free(GPT2 *m);
+void gpt2_upload_params(GPT2 *m, const float *host_params); // host fp32 -> working weights (dt)
+void *gpt2_param(const GPT2 *m, int tensor);     // device pointer to a tensor of the working weights
+float *gpt2_grad(const GPT2 *m, int tensor);     // device pointer to its gradient
+
+// Forward over one micro-batch of B sequences of T tokens (host arrays, copied to the device).
+// With targets, returns the mean loss over the B·T tokens; without, returns 0 and leaves the logits.
+float gpt2_forward(GPT2 *m, const int32_t *inputs, const int32_t *targets, int B, int T);
+// Backward of the last forward; adds the parameter gradients of loss·dloss_scale into m->grads
+// (dloss_scale = 1/(tokens in the global batch), so accumulated micro-batches sum to the batch mean).
+void gpt2_backward(GPT2 *m, float dloss_scale);
+void gpt2_zero_grad(GPT2 *m);
+// Copies the logits of position t of sequence b (fp32, V entries) to the host after a forward.
+void gpt2_logits_at(const GPT2 *m, int b, int t, int T, float *out);
+
+// FLOPs of one forward+backward per token (matmuls and attention, the usual 3x forward estimate).
+double gpt2_flops_per_token(const GPT2Config *cfg, int T);
+
+#endif

@@ -1,0 +1,485 @@
+// train.c: the command line, the step loop, validation, sampling and logging.
+//
+//   ./train prepare INPUT.txt DIR      byte-level token shards from any text
+//   ./train [flags]                    train (see --help)
+#define _GNU_SOURCE
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "common.h"
+#include "data.h"
+#include "kernels.h"
+#include "model.h"
+#include "zero.h"
+
+static const char USAGE[] =
+    "usage: ./train [flags]                      train a GPT-2 model\n"
+    "       ./train prepare INPUT.txt DIR        write DIR/train.bin, DIR/val.bin (last 10%% of the bytes)\n"
+    "                                            and DIR/tokenizer.bin with a byte-level tokenizer (V = 256)\n"
+    "\n"
+    "model (a preset, then any shape flag overrides it; default d12):\n"
+    "  --model d12|d24|d36|d48    GPT-2 124M / 350M / 774M / 1558M shapes (maxT 1024, V 50257)\n"
+    "  --layers L --channels C --heads H --vocab V\n"
+    "                             a custom shape; the vocab is padded to a multiple of 128 (Vp)\n"
+    "  --max-seq-len N            the position table's length maxT (custom shapes: default --seq-len)\n"
+    "  --seq-len T                tokens per sequence (default: the model's maxT; at most maxT)\n"
+    "  --init-from FILE           start from an llm.c model file (version 3 fp32 or 5 bf16); the shape\n"
+    "                             comes from the file\n"
+    "  --save-model FILE          write the trained model (llm.c version 3, fp32 master weights) at the\n"
+    "                             end; with --steps 0 it writes the initialisation and needs no data\n"
+    "  --seed N                   initialisation, shuffling and sampling seed (default 1337)\n"
+    "\n"
+    "data (llm.c token shards: 256 x int32 header, magic 20240520, version 1, count; uint16 tokens):\n"
+    "  --train PATTERN            training shards (a glob; matches are concatenated in sorted order)\n"
+    "  --val PATTERN              validation shards\n"
+    "  --tokenizer FILE           llm.c tokenizer for printing samples (default: tokenizer.bin next to\n"
+    "                             the first training shard, if present)\n"
+    "  --shuffle                  permute the sequences of each epoch with a seeded permutation\n"
+    "  Global sequence i of step s (0 <= i < G, G = batch-tokens / T) is the window of T+1 tokens at\n"
+    "  ((s*G + i) mod W) * T of the concatenated shards, W = (tokens - 1) / T; every layout trains on\n"
+    "  exactly these sequences.\n"
+    "\n"
+    "batch and schedule:\n"
+    "  --micro-batch B            sequences per forward/backward (default 4)\n"
+    "  --batch-tokens N           tokens per optimizer step (default B*T); N / (B*T) micro-batches are\n"
+    "                             accumulated, and N must be a multiple of B*T\n"
+    "  --steps N                  optimizer steps (default 20)\n"
+    "  --lr F                     peak learning rate (default 3e-4)\n"
+    "  --warmup N                 linear warm-up steps: lr*(s+1)/N for s < N (default 0)\n"
+    "  --schedule cosine|linear|constant\n"
+    "                             decay after warm-up from lr to lr*lr-min-frac at the last step\n"
+    "                             (default cosine)\n"
+    "  --lr-min-frac F            final learning rate as a fraction of --lr (default 0.0)\n"
+    "  --beta1 F --beta2 F --eps F\n"
+    "                             AdamW moments (defaults 0.9, 0.95, 1e-8), bias-corrected\n"
+    "  --weight-decay F           decoupled weight decay on matrices and embeddings only (default 0.0)\n"
+    "  --clip F                   global-norm gradient clipping; 0 disables (default 1.0)\n"
+    "\n"
+    "evaluation and output:\n"
+    "  --val-every N              validation loss every N steps and at the end; 0 disables (default 0)\n"
+    "  --val-steps N              micro-batches per validation (default 10)\n"
+    "  --sample-every N           print a sample every N steps and at the end; 0 disables (default 0)\n"
+    "  --sample-tokens N          tokens per sample (default 64, at most T - 1)\n"
+    "  --temperature F            sampling temperature (default 1.0)\n"
+    "  --top-k N                  sample among the N most likely tokens; 0 = all (default 0)\n"
+    "  --log FILE                 JSON Lines: {\"step\",\"loss\",\"lr\",\"grad_norm\",\"ms\",\"tokens_per_s\"}\n"
+    "                             per step and {\"step\",\"val_loss\"} per validation\n"
+    "  --dump DIR                 testing aid: write step 0's global batch tokens, first micro-batch\n"
+    "                             logits and accumulated gradients (raw int32/fp32) into DIR\n"
+    "\n"
+    "execution:\n"
+    "  --device cpu|cuda          default cuda when a GPU is present, else cpu\n"
+    "  --dtype fp32|bf16          weights and activations (default bf16 on cuda, fp32 on cpu); bf16\n"
+    "                             stores bf16, computes in fp32 and updates fp32 master weights\n"
+    "  --threads N                CPU threads (default: all cores)\n"
+    "  -h, --help                 this text\n";
+
+typedef struct {
+    const char *preset, *init_from, *save_model, *train, *val, *tokenizer, *log, *dump, *device, *schedule;
+    int layers, channels, heads, vocab, max_seq_len, seq_len; // 0 = not given
+    int micro_batch, steps, warmup, val_every, val_steps, sample_every, sample_tokens, top_k, threads, shuffle;
+    long long batch_tokens;
+    float lr, lr_min_frac, beta1, beta2, eps, weight_decay, clip, temperature;
+    uint64_t seed;
+    int dtype; // -1 = default for the device
+} Options;
+
+// ---------------------------------------------------------------------------------------------
+// flag parsing: every value is checked whole, and every error names the flag
+
+static long long parse_int(const char *flag, const char *s, long long lo, long long hi) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end) die("%s expects an integer, got '%s'", flag, s);
+    if (v < lo || v > hi) die("%s must be between %lld and %lld, got %lld", flag, lo, hi, v);
+    return v;
+}
+
+static float parse_float(const char *flag, const char *s, double lo, double hi) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !isfinite(v)) die("%s expects a number, got '%s'", flag, s);
+    if (v < lo || v > hi) die("%s must be between %g and %g, got %g", flag, lo, hi, v);
+    return (float)v;
+}
+
+static void parse_options(Options *o, int argc, char **argv) {
+    *o = (Options){ .micro_batch = 4, .steps = 20, .val_steps = 10, .sample_tokens = 64, .lr = 3e-4f,
+                    .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .clip = 1.0f, .temperature = 1.0f,
+                    .seed = 1337, .dtype = -1, .schedule = "cosine" };
+    for (int i = 1; i < argc; i++) {
+        const char *f = argv[i];
+        if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
+            fputs(USAGE, stdout);
+            exit(0);
+        }
+        if (!strcmp(f, "--shuffle")) {
+            o->shuffle = 1;
+            continue;
+        }
+        if (strncmp(f, "--", 2) != 0) die("unexpected argument '%s' (see --help)", f);
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define IS(name) (!strcmp(f, name) && (v ? (i++, 1) : (die("%s needs a value", name), 0)))
+        if (IS("--model")) o->preset = v;
+        else if (IS("--layers")) o->layers = (int)parse_int(f, v, 1, 4096);
+        else if (IS("--channels")) o->channels = (int)parse_int(f, v, 1, 65536);
+        else if (IS("--heads")) o->heads = (int)parse_int(f, v, 1, 65536);
+        else if (IS("--vocab")) o->vocab = (int)parse_int(f, v, 1, 65536);
+        else if (IS("--max-seq-len")) o->max_seq_len = (int)parse_int(f, v, 1, 1048576);
+        else if (IS("--seq-len")) o->seq_len = (int)parse_int(f, v, 1, 1048576);
+        else if (IS("--init-from")) o->init_from = v;
+        else if (IS("--save-model")) o->save_model = v;
+        else if (IS("--seed")) o->seed = (uint64_t)parse_int(f, v, 0, INT64_MAX);
+        else if (IS("--train")) o->train = v;
+        else if (IS("--val")) o->val = v;
+        else if (IS("--tokenizer")) o->tokenizer = v;
+        else if (IS("--micro-batch")) o->micro_batch = (int)parse_int(f, v, 1, 1 << 20);
+        else if (IS("--batch-tokens")) o->batch_tokens = parse_int(f, v, 1, (long long)1 << 40);
+        else if (IS("--steps")) o->steps = (int)parse_int(f, v, 0, INT32_MAX);
+        else if (IS("--lr")) o->lr = parse_float(f, v, 0, 1e3);
+        else if (IS("--warmup")) o->warmup = (int)parse_int(f, v, 0, INT32_MAX);
+        else if (IS("--schedule")) o->schedule = v;
+        else if (IS("--lr-min-frac")) o->lr_min_frac = parse_float(f, v, 0, 1);
+        else if (IS("--beta1")) o->beta1 = parse_float(f, v, 0, 0.999999999);
+        else if (IS("--beta2")) o->beta2 = parse_float(f, v, 0, 0.999999999);
+        else if (IS("--eps")) o->eps = parse_float(f, v, 0, 1);
+        else if (IS("--weight-decay")) o->weight_decay = parse_float(f, v, 0, 1e3);
+        else if (IS("--clip")) o->clip = parse_float(f, v, 0, 1e30);
+        else if (IS("--val-every")) o->val_every = (int)parse_int(f, v, 0, INT32_MAX);
+        else if (IS("--val-steps")) o->val_steps = (int)parse_int(f, v, 1, INT32_MAX);
+        else if (IS("--sample-every")) o->sample_every = (int)parse_int(f, v, 0, INT32_MAX);
+        else if (IS("--sample-tokens")) o->sample_tokens = (int)parse_int(f, v, 1, 1 << 20);
+        else if (IS("--temperature")) o->temperature = parse_float(f, v, 1e-6, 1e6);
+        else if (IS("--top-k")) o->top_k = (int)parse_int(f, v, 0, 1 << 20);
+        else if (IS("--log")) o->log = v;
+        else if (IS("--dump")) o->dump = v;
+        else if (IS("--device")) o->device = v;
+        else if (IS("--dtype")) {
+            if (!strcmp(v, "fp32")) o->dtype = DT_F32;
+            else if (!strcmp(v, "bf16")) o->dtype = DT_BF16;
+            else die("--dtype must be fp32 or bf16, got '%s'", v);
+        } else if (IS("--threads")) o->threads = (int)parse_int(f, v, 1, 4096);
+        else die("unknown flag %s (see --help)", f);
+#undef IS
+    }
+    if (strcmp(o->schedule, "cosine") && strcmp(o->schedule, "linear") && strcmp(o->schedule, "constant"))
+        die("--schedule must be cosine, linear or constant, got '%s'", o->schedule);
+    if (o->device && strcmp(o->device, "cpu") && strcmp(o->device, "cuda"))
+        die("--device must be cpu or cuda, got '%s'", o->device);
+}
+
+static int padded_vocab(int V) { return (V + 127) / 128 * 128; }
+
+// The model's shape: from --init-from, or a preset overridden by the shape flags.
+static GPT2Config resolve_shape(const Options *o, float **host_params) {
+    GPT2Config cfg;
+    int shape_flags = o->layers || o->channels || o->heads || o->vocab || o->max_seq_len;
+    if (o->init_from) {
+        if (shape_flags || o->preset)
+            die("--init-from takes the shape from %s; drop --model and the shape flags", o->init_from);
+        *host_params = gpt2_load_file(o->init_from, &cfg);
+        return cfg;
+    }
+    const char *preset = o->preset ? o->preset : "d12";
+    int depth;
+    if (!strcmp(preset, "d12")) depth = 12;
+    else if (!strcmp(preset, "d24")) depth = 24;
+    else if (!strcmp(preset, "d36")) depth = 36;
+    else if (!strcmp(preset, "d48")) depth = 48;
+    else die("--model must be d12, d24, d36 or d48, got '%s'", preset);
+    static const int channels[] = { 768, 1024, 1280, 1600 }, heads[] = { 12, 16, 20, 25 };
+    cfg.L = depth;
+    cfg.C = channels[depth / 12 - 1];
+    cfg.NH = heads[depth / 12 - 1];
+    cfg.V = 50257;
+    cfg.maxT = 1024;
+    if (o->layers) cfg.L = o->layers;
+    if (o->channels) cfg.C = o->channels;
+    if (o->heads) cfg.NH = o->heads;
+    if (o->vocab) cfg.V = o->vocab;
+    if (!o->preset && shape_flags && o->seq_len) cfg.maxT = o->seq_len; // a custom shape is as long as asked
+    if (o->max_seq_len) cfg.maxT = o->max_seq_len;
+    cfg.Vp = padded_vocab(cfg.V);
+    char why[256];
+    if (!gpt2_config_valid(&cfg, why, sizeof why)) die("bad model shape: %s", why);
+    *host_params = NULL;
+    return cfg;
+}
+
+static float lr_at(const Options *o, int step) {
+    if (step < o->warmup) return o->lr * (float)(step + 1) / (float)o->warmup;
+    float min_lr = o->lr * o->lr_min_frac;
+    if (!strcmp(o->schedule, "constant") || o->steps <= o->warmup) return o->lr;
+    float ratio = (float)(step - o->warmup) / (float)(o->steps - o->warmup);
+    if (!strcmp(o->schedule, "linear")) return o->lr - (o->lr - min_lr) * ratio;
+    return min_lr + 0.5f * (1.0f + cosf((float)M_PI * ratio)) * (o->lr - min_lr);
+}
+
+static void print_memory(const GPT2 *m) {
+    size_t total = 0;
+    printf("memory per rank (%s):", m->be->name);
+    for (int c = 0; c < MEM_NCAT; c++) {
+        printf(" %s %.2f MiB |", MEM_NAMES[c], m->mem.bytes[c] / 1048576.0);
+        total += m->mem.bytes[c];
+    }
+    printf(" total %.2f MiB\n", total / 1048576.0);
+}
+
+static void write_raw(const char *dir, const char *name, const void *data, size_t bytes) {
+    size_t n = strlen(dir) + strlen(name) + 2;
+    char *path = xmalloc(n);
+    snprintf(path, n, "%s/%s", dir, name);
+    char tmp[4096];
+    FILE *f = atomic_open(path, tmp, sizeof tmp);
+    xfwrite(data, 1, bytes, f, tmp);
+    atomic_commit(f, tmp, path);
+    free(path);
+}
+
+// Sampling: the model continues the first token of the training data, one token per forward.
+static void sample(GPT2 *m, const Options *o, const Tokenizer *tk, int first_token, int T, int step) {
+    int n = o->sample_tokens < T - 1 ? o->sample_tokens : T - 1;
+    int32_t *ctx = xcalloc((size_t)T, sizeof(int32_t));
+    float *probs = xmalloc(sizeof(float) * m->cfg.V);
+    int *order = xmalloc(sizeof(int) * m->cfg.V);
+    uint64_t rng = o->seed * 0x9e3779b97f4a7c15ULL + (uint64_t)step + 1;
+    ctx[0] = first_token;
+    printf("sample at step %d:\n", step);
+    char buf[64];
+    if (tk) {
+        tokenizer_decode(tk, first_token, buf, sizeof buf);
+        fputs(buf, stdout);
+    }
+    for (int t = 1; t <= n; t++) {
+        gpt2_forward(m, ctx, NULL, 1, t);
+        gpt2_logits_at(m, 0, t - 1, t, probs);
+        int V = m->cfg.V;
+        float mx = -INFINITY;
+        for (int i = 0; i < V; i++) {
+            probs[i] /= o->temperature;
+            if (probs[i] > mx) mx = probs[i];
+        }
+        // top-k: the k largest by partial selection
+        int k = (o->top_k > 0 && o->top_k < V) ? o->top_k : V;
+        for (int i = 0; i < V; i++) order[i] = i;
+        for (int i = 0; i < k && k < V; i++) {
+            int best = i;
+            for (int j = i + 1; j < V; j++)
+                if (probs[order[j]] > probs[order[best]]) best = j;
+            int tmp = order[i];
+            order[i] = order[best];
+            order[best] = tmp;
+        }
+        double sum = 0.0;
+        for (int i = 0; i < k; i++) sum += exp(probs[order[i]] - mx);
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        double r = (rng >> 11) / 9007199254740992.0 * sum, acc = 0.0;
+        int next = order[k - 1];
+        for (int i = 0; i < k; i++) {
+            acc += exp(probs[order[i]] - mx);
+            if (r < acc) {
+                next = order[i];
+                break;
+            }
+        }
+        ctx[t] = next;
+        if (tk) {
+            tokenizer_decode(tk, next, buf, sizeof buf);
+            fputs(buf, stdout);
+        } else {
+            printf("%d ", next);
+        }
+    }
+    printf("\n---\n");
+    fflush(stdout);
+    free(ctx);
+    free(probs);
+    free(order);
+}
+
+static float validate(GPT2 *m, TokenSet *val, int B, int T, int steps) {
+    int32_t *inp = xmalloc(sizeof(int32_t) * B * T), *tgt = xmalloc(sizeof(int32_t) * B * T);
+    double sum = 0.0;
+    for (int s = 0; s < steps; s++) {
+        for (int b = 0; b < B; b++) tokenset_sequence(val, (uint64_t)s * B + b, inp + b * T, tgt + b * T);
+        sum += gpt2_forward(m, inp, tgt, B, T);
+    }
+    free(inp);
+    free(tgt);
+    return (float)(sum / steps);
+}
+
+static int train_main(int argc, char **argv) {
+    Options o;
+    parse_options(&o, argc, argv);
+
+    int ncuda = cuda_device_count();
+    const Backend *be;
+    if (o.device ? !strcmp(o.device, "cuda") : ncuda > 0) {
+        if (!backend_cuda()) die("--device cuda: this binary was built without CUDA (nvcc was not found)");
+        if (ncuda == 0) die("--device cuda: no CUDA device is available");
+        be = backend_cuda();
+    } else {
+        be = backend_cpu();
+    }
+    if (o.threads) be->set_threads(o.threads);
+    DType dt = o.dtype >= 0 ? (DType)o.dtype : (be == backend_cpu() ? DT_F32 : DT_BF16);
+
+    float *host_params;
+    GPT2Config cfg = resolve_shape(&o, &host_params);
+    int T = o.seq_len ? o.seq_len : cfg.maxT;
+    if (T > cfg.maxT) die("--seq-len %d is above the model's maximum sequence length %d", T, cfg.maxT);
+    int B = o.micro_batch;
+    long long micro_tokens = (long long)B * T;
+    long long batch_tokens = o.batch_tokens ? o.batch_tokens : micro_tokens;
+    if (batch_tokens % micro_tokens != 0)
+        die("--batch-tokens %lld is not a multiple of --micro-batch x --seq-len = %d x %d = %lld", batch_tokens, B, T,
+            micro_tokens);
+    int accum = (int)(batch_tokens / micro_tokens);
+    long long G = batch_tokens / T; // sequences per optimizer step
+
+    // data first, so that a bad file is reported before any large allocation
+    TokenSet train_set = { 0 }, val_set = { 0 };
+    int have_train = o.steps > 0 || o.dump;
+    if (have_train) {
+        if (!o.train) die("no training data: pass --train PATTERN (make shards with ./train prepare INPUT.txt DIR)");
+        tokenset_open(&train_set, o.train, "--train", cfg.V, T, o.shuffle, o.seed);
+    }
+    if (o.val) tokenset_open(&val_set, o.val, "--val", cfg.V, T, 0, o.seed);
+    Tokenizer tk = { 0 };
+    int have_tk = 0;
+    if (o.tokenizer) {
+        tokenizer_load(&tk, o.tokenizer);
+        have_tk = 1;
+    } else if (have_train) {
+        const char *first = train_set.shards[0].path;
+        const char *slash = strrchr(first, '/');
+        size_t dirlen = slash ? (size_t)(slash - first) : 1;
+        char *path = xmalloc(dirlen + 16);
+        snprintf(path, dirlen + 16, "%.*s/tokenizer.bin", (int)dirlen, slash ? first : ".");
+        struct stat st;
+        if (stat(path, &st) == 0) {
+            tokenizer_load(&tk, path);
+            have_tk = 1;
+        }
+        free(path);
+    }
+
+    if (!host_params) host_params = gpt2_init_params(&cfg, o.seed);
+    GPT2 model;
+    gpt2_build(&model, &cfg, dt, be, B, T);
+    gpt2_upload_params(&model, host_params);
+    AdamWConfig acfg = { o.beta1, o.beta2, o.eps, o.weight_decay, o.clip };
+    Optimizer opt;
+    optimizer_init(&opt, &model, host_params, &acfg);
+    free(host_params);
+
+    double flops_per_token = gpt2_flops_per_token(&cfg, T);
+    printf("llm4d | device %s | dtype %s | model L=%d C=%d H=%d V=%d Vp=%d maxT=%d | %zu parameters\n", be->name,
+           dtype_name(dt), cfg.L, cfg.C, cfg.NH, cfg.V, cfg.Vp, cfg.maxT, model.num_params);
+    printf("batch: %lld tokens per step = %d micro-batch(es) of %d x %d | %d steps\n", batch_tokens, accum, B, T, o.steps);
+    if (have_train)
+        printf("data: %s (%llu tokens, %llu sequences of %d)%s\n", o.train, (unsigned long long)train_set.ntokens,
+               (unsigned long long)train_set.windows, T, o.shuffle ? ", shuffled" : "");
+    print_memory(&model);
+
+    FILE *logf = NULL;
+    if (o.log) logf = xfopen(o.log, "w");
+    int32_t *inputs = xmalloc(sizeof(int32_t) * B * T), *targets = xmalloc(sizeof(int32_t) * B * T);
+    int first_token = 0;
+    if (have_train) {
+        uint16_t t0;
+        tokenset_read(&train_set, 0, 1, &t0);
+        first_token = t0;
+    }
+
+    for (int step = 0; step <= o.steps; step++) {
+        int last = step == o.steps;
+        if (o.val && o.val_every > 0 && (step % o.val_every == 0 || last) && (step > 0 || !last)) {
+            float vl = validate(&model, &val_set, B, T, o.val_steps);
+            printf("step %d | val loss %.6f\n", step, vl);
+            if (logf) fprintf(logf, "{\"step\":%d,\"val_loss\":%.9g}\n", step, vl);
+        }
+        if (o.sample_every > 0 && have_train && ((step > 0 && step % o.sample_every == 0) || (last && step > 0)))
+            sample(&model, &o, have_tk ? &tk : NULL, first_token, T, step);
+        if (last) break;
+
+        double t0 = now_seconds();
+        gpt2_zero_grad(&model);
+        double loss_sum = 0.0;
+        for (int mb = 0; mb < accum; mb++) {
+            for (int b = 0; b < B; b++) {
+                uint64_t g = (uint64_t)step * G + (uint64_t)mb * B + b;
+                tokenset_sequence(&train_set, g, inputs + b * T, targets + b * T);
+            }
+            loss_sum += gpt2_forward(&model, inputs, targets, B, T);
+            if (o.dump && step == 0 && mb == 0) {
+                float *logits = xmalloc(sizeof(float) * cfg.V * B * T);
+                for (int b = 0; b < B; b++)
+                    for (int t = 0; t < T; t++) gpt2_logits_at(&model, b, t, T, logits + ((size_t)b * T + t) * cfg.V);
+                if (mkdir(o.dump, 0755) != 0 && errno != EEXIST) die("--dump: cannot create %s: %s", o.dump, strerror(errno));
+                write_raw(o.dump, "logits.bin", logits, sizeof(float) * cfg.V * B * T);
+                free(logits);
+            }
+            gpt2_backward(&model, 1.0f / (float)batch_tokens);
+        }
+        float loss = (float)(loss_sum / accum);
+        float norm = optimizer_grad_norm(&opt, &model);
+        if (o.dump && step == 0) {
+            float *g = xmalloc(sizeof(float) * model.num_params);
+            be->to_host(g, model.grads, sizeof(float) * model.num_params);
+            write_raw(o.dump, "grads.bin", g, sizeof(float) * model.num_params);
+            free(g);
+            int32_t *tok = xmalloc(sizeof(int32_t) * 2 * G * T);
+            for (long long i = 0; i < G; i++) tokenset_sequence(&train_set, (uint64_t)i, tok + i * T, tok + (G + i) * T);
+            write_raw(o.dump, "tokens.bin", tok, sizeof(int32_t) * 2 * G * T);
+            free(tok);
+        }
+        float lr = lr_at(&o, step);
+        optimizer_step(&opt, &model, lr, norm);
+        be->sync();
+        double ms = (now_seconds() - t0) * 1e3;
+        double tps = batch_tokens / (ms / 1e3);
+        printf("step %4d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s | %.2f GFLOP/s\n", step + 1,
+               o.steps, loss, lr, norm, ms, tps, tps * flops_per_token / 1e9);
+        fflush(stdout);
+        if (!isfinite(loss)) die("loss is %f at step %d: training diverged", loss, step + 1);
+        if (logf) {
+            fprintf(logf, "{\"step\":%d,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"ms\":%.3f,\"tokens_per_s\":%.1f}\n",
+                    step + 1, loss, lr, norm, ms, tps);
+            if (fflush(logf) != 0) die("cannot write %s: %s", o.log, strerror(errno));
+        }
+    }
+    if (logf) xfclose(logf, o.log);
+    if (o.save_model) {
+        float *host = xmalloc(sizeof(float) * model.num_params);
+        optimizer_master_to_host(&opt, &model, host);
+        gpt2_save_file(o.save_model, &cfg, host);
+        printf("saved %s\n", o.save_model);
+        free(host);
+    }
+    free(inputs);
+    free(targets);
+    optimizer_free(&opt, &model);
+    gpt2_free(&model);
+    if (have_train) tokenset_close(&train_set);
+    if (o.val) tokenset_close(&val_set);
+    if (have_tk) tokenizer_free(&tk);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc >= 2 && !strcmp(argv[1], "prepare")) {
+        if (argc != 4) die("usage: ./train prepare INPUT.txt DIR");
+        data_prepare(argv[2], argv[3]);
+        return 0;
+    }
+    return train_main(argc, argv);
+}
