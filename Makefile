@@ -27,7 +27,7 @@ all: train
 	@echo "built ./train with backends: $(BACKENDS)"
 
 train: $(HOST_OBJ) $(CUDA_OBJ)
-	$(CC) $^ -o $@ $(LDLIBS)
+	$(CC) $(filter %.o,$^) -o $@ $(LDLIBS)
 
 build/%.o: %.c | build
 	$(CC) $(CFLAGS) -c $< -o $@
@@ -51,10 +51,10 @@ build/asan/test_unit.o: test/test_unit.c | build
 	$(CC) $(filter-out -O3 -DLLM4D_CUDA,$(CFLAGS)) -I. $(SAN) -c $< -o $@
 
 build/test_cuda: test/test_cuda.c $(LIB_OBJ) $(CUDA_OBJ)
-	$(CC) $(CFLAGS) -I. -I$(CUDA_HOME)/include $^ -o $@ $(LDLIBS)
+	$(CC) $(CFLAGS) -I. -I$(CUDA_HOME)/include $(filter %.c %.o,$^) -o $@ $(LDLIBS)
 
 build/bench_matmul: test/bench_matmul.c $(LIB_OBJ) $(CUDA_OBJ)
-	$(CC) $(CFLAGS) -I. $^ -o $@ $(LDLIBS)
+	$(CC) $(CFLAGS) -I. $(filter %.c %.o,$^) -o $@ $(LDLIBS)
 
 build:
 	@mkdir -p build

@@ -57,7 +57,7 @@ static void cpu_set_threads(int n) {
 #define VW 8
 #endif
 typedef float vf __attribute__((vector_size(VW * 4)));
-#define MR 6
+#define MR 8
 #define NR (2 * VW)
 #define MC (16 * MR)
 #define KC 256
@@ -69,31 +69,43 @@ typedef struct {
     size_t rs, cs; // element (r, c) is at p[r*rs + c*cs]
 } View;
 
-// Ap[panel][k][r] = A(m0 + panel*MR + r, k0 + k), zero-padded past mc
+// Ap[panel][k][r] = A(m0 + panel*MR + r, k0 + k), zero-padded past mc. The loop order follows the
+// source's unit stride so that packing streams through memory.
 static void pack_a(float *Ap, View A, int m0, int mc, int k0, int kc) {
     for (int pm = 0; pm < mc; pm += MR) {
         float *dst = Ap + (size_t)pm * kc;
-        for (int r = 0; r < MR; r++) {
-            if (pm + r < mc) {
-                size_t base = (size_t)(m0 + pm + r) * A.rs;
-                for (int k = 0; k < kc; k++) dst[k * MR + r] = ld(A.dt, A.p, base + (size_t)(k0 + k) * A.cs);
-            } else {
-                for (int k = 0; k < kc; k++) dst[k * MR + r] = 0.0f;
+        int rows = mc - pm < MR ? mc - pm : MR;
+        if (A.cs == 1) {
+            for (int r = 0; r < rows; r++) {
+                size_t base = (size_t)(m0 + pm + r) * A.rs + (size_t)k0;
+                for (int k = 0; k < kc; k++) dst[k * MR + r] = ld(A.dt, A.p, base + (size_t)k);
+            }
+        } else {
+            for (int k = 0; k < kc; k++) {
+                size_t base = (size_t)(k0 + k) * A.cs + (size_t)(m0 + pm) * A.rs;
+                for (int r = 0; r < rows; r++) dst[k * MR + r] = ld(A.dt, A.p, base + (size_t)r * A.rs);
             }
         }
+        for (int r = rows; r < MR; r++)
+            for (int k = 0; k < kc; k++) dst[k * MR + r] = 0.0f;
     }
 }
 
 // Bp[panel][k][j] = B(k0 + k, n0 + panel*NR + j), zero-padded past nc
-static void pack_b(float *Bp, View B, int k0, int kc, int n0, int nc) {
-    for (int pn = 0; pn < nc; pn += NR) {
-        float *dst = Bp + (size_t)pn * kc;
+static void pack_b_panel(float *dst, View B, int k0, int kc, int n0, int cols) {
+    if (B.cs == 1) {
         for (int k = 0; k < kc; k++) {
-            size_t base = (size_t)(k0 + k) * B.rs;
-            for (int j = 0; j < NR; j++)
-                dst[k * NR + j] = (pn + j < nc) ? ld(B.dt, B.p, base + (size_t)(n0 + pn + j) * B.cs) : 0.0f;
+            size_t base = (size_t)(k0 + k) * B.rs + (size_t)n0;
+            for (int j = 0; j < cols; j++) dst[k * NR + j] = ld(B.dt, B.p, base + (size_t)j);
+        }
+    } else {
+        for (int j = 0; j < cols; j++) {
+            size_t base = (size_t)(n0 + j) * B.cs + (size_t)k0 * B.rs;
+            for (int k = 0; k < kc; k++) dst[k * NR + j] = ld(B.dt, B.p, base + (size_t)k * B.rs);
         }
     }
+    for (int k = 0; k < kc; k++)
+        for (int j = cols; j < NR; j++) dst[k * NR + j] = 0.0f;
 }
 
 // acc[MR][NR] (row stride ldc) += Ap-panel · Bp-panel over kc
@@ -120,46 +132,63 @@ static inline void micro_kernel(int kc, const float *restrict a, const float *re
     }
 }
 
+// Goto-style loop nest: for each NC-wide column block and KC-deep slice, A and B are packed once into
+// shared buffers and the threads split the (MC row block × NR column panel) tasks. Partial sums live
+// in an fp32 panel and reach C (with bias, accumulation and dtype conversion) after the last slice,
+// so each element of C sums its k-slices in the same order whatever the thread count.
 static void gemm(int M, int N, int K, View A, View B, DType cdt, void *C, int accumulate, const void *bias,
                  DType bias_dt) {
     if (M <= 0 || N <= 0) return;
-    int tiles_m = (M + MC - 1) / MC, tiles_n = (N + NC - 1) / NC;
-    int ntiles = tiles_m * tiles_n;
+    int Mp = (M + MR - 1) / MR * MR;
+    int kc_max = K < KC ? (K > 0 ? K : 1) : KC;
+    float *Ap = NULL, *Bp = NULL, *acc = NULL;
+    if (posix_memalign((void **)&Ap, 64, sizeof(float) * (size_t)Mp * kc_max) ||
+        posix_memalign((void **)&Bp, 64, sizeof(float) * (size_t)kc_max * NC) ||
+        posix_memalign((void **)&acc, 64, sizeof(float) * (size_t)Mp * NC))
+        die("out of memory in matmul scratch (%d x %d x %d)", M, N, K);
+    int mblocks = (M + MC - 1) / MC;
+    for (int n0 = 0; n0 < N; n0 += NC) {
+        int nc = N - n0 < NC ? N - n0 : NC;
+        int npanels = (nc + NR - 1) / NR;
+        memset(acc, 0, sizeof(float) * (size_t)Mp * NC);
+        for (int k0 = 0; k0 < K; k0 += KC) {
+            int kc = K - k0 < KC ? K - k0 : KC;
 #pragma omp parallel
-    {
-        float *Ap = NULL, *Bp = NULL, *acc = NULL;
-        if (posix_memalign((void **)&Ap, 64, sizeof(float) * MC * KC) ||
-            posix_memalign((void **)&Bp, 64, sizeof(float) * KC * NC) ||
-            posix_memalign((void **)&acc, 64, sizeof(float) * MC * NC))
-            die("out of memory in matmul scratch (%d x %d x %d)", M, N, K);
-#pragma omp for schedule(static)
-        for (int tile = 0; tile < ntiles; tile++) {
-            int m0 = (tile / tiles_n) * MC, n0 = (tile % tiles_n) * NC;
-            int mc = M - m0 < MC ? M - m0 : MC, nc = N - n0 < NC ? N - n0 : NC;
-            int mcp = (mc + MR - 1) / MR * MR, ncp = (nc + NR - 1) / NR * NR;
-            memset(acc, 0, sizeof(float) * MC * NC);
-            for (int k0 = 0; k0 < K; k0 += KC) {
-                int kc = K - k0 < KC ? K - k0 : KC;
-                pack_a(Ap, A, m0, mc, k0, kc);
-                pack_b(Bp, B, k0, kc, n0, nc);
-                for (int pm = 0; pm < mcp; pm += MR)
-                    for (int pn = 0; pn < ncp; pn += NR)
-                        micro_kernel(kc, Ap + (size_t)pm * kc, Bp + (size_t)pn * kc, acc + pm * NC + pn, NC);
-            }
-            for (int i = 0; i < mc; i++) {
-                size_t row = (size_t)(m0 + i) * N;
-                for (int j = 0; j < nc; j++) {
-                    float v = acc[i * NC + j];
-                    if (bias) v += ld(bias_dt, bias, (size_t)(n0 + j));
-                    if (accumulate) v = ld(cdt, C, row + n0 + j) + v;
-                    st(cdt, C, row + n0 + j, v);
+            {
+#pragma omp for schedule(static) nowait
+                for (int p = 0; p < npanels; p++) {
+                    int cols = nc - p * NR < NR ? nc - p * NR : NR;
+                    pack_b_panel(Bp + (size_t)p * NR * kc, B, k0, kc, n0 + p * NR, cols);
                 }
+#pragma omp for schedule(static)
+                for (int mb = 0; mb < mblocks; mb++) {
+                    int m0 = mb * MC, mc = M - m0 < MC ? M - m0 : MC;
+                    pack_a(Ap + (size_t)m0 * kc, A, m0, mc, k0, kc);
+                }
+#pragma omp for collapse(2) schedule(static)
+                for (int mb = 0; mb < mblocks; mb++)
+                    for (int p = 0; p < npanels; p++) {
+                        int m0 = mb * MC, mcp = ((M - m0 < MC ? M - m0 : MC) + MR - 1) / MR * MR;
+                        for (int pm = 0; pm < mcp; pm += MR)
+                            micro_kernel(kc, Ap + (size_t)(m0 + pm) * kc, Bp + (size_t)p * NR * kc,
+                                         acc + (size_t)(m0 + pm) * NC + p * NR, NC);
+                    }
             }
         }
-        free(Ap);
-        free(Bp);
-        free(acc);
+#pragma omp parallel for schedule(static)
+        for (int i = 0; i < M; i++) {
+            size_t row = (size_t)i * N + n0;
+            for (int j = 0; j < nc; j++) {
+                float v = acc[(size_t)i * NC + j];
+                if (bias) v += ld(bias_dt, bias, (size_t)(n0 + j));
+                if (accumulate) v = ld(cdt, C, row + j) + v;
+                st(cdt, C, row + j, v);
+            }
+        }
     }
+    free(Ap);
+    free(Bp);
+    free(acc);
 }
 
 static void cpu_matmul_fwd(DType dt, void *out, const void *inp, const void *weight, const void *bias, int N,

@@ -1,0 +1,252 @@
+#!/usr/bin/env bash
+# llm4d's test runner: every test is a function below; each prints "ok NAME" or "FAIL NAME" (with its
+# log), and the last line is "N passed, N failed" (", N skipped" when a prerequisite is missing).
+# Run from the repository root after `make train build/train-asan build/test_unit` (make test does).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+TRAIN=./train
+ASAN=./build/train-asan
+PY=/usr/bin/python3
+WORK=$(mktemp -d /tmp/llm4d-test.XXXXXX)
+trap 'rm -rf "$WORK"' EXIT
+CORPUS=/usr/share/common-licenses/GPL-3 # in Debian's base-files: on every Debian machine
+export ASAN_OPTIONS=detect_leaks=0:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1
+passed=0 failed=0 skipped=0
+
+run_test() { # name function
+    local name=$1 fn=$2 log="$WORK/$2.log"
+    if "$fn" >"$log" 2>&1; then
+        echo "ok $name"
+        passed=$((passed + 1))
+    elif [ $? -eq 77 ]; then
+        echo "skipped $name: $(tail -n 1 "$log")"
+        skipped=$((skipped + 1))
+    else
+        echo "FAIL $name"
+        sed 's/^/    /' "$log" | tail -n 40
+        failed=$((failed + 1))
+    fi
+}
+
+have_torch() { $PY -c 'import torch, numpy' 2>/dev/null || { echo "python3-torch is not installed (scripts/deps.sh as root installs it)"; return 77; }; }
+
+# a tiny model shape used by the command-line tests
+TINY=(--layers 2 --channels 32 --heads 4 --vocab 256 --seq-len 32)
+DATA=$WORK/data
+
+prepare() { $TRAIN prepare "$CORPUS" "$DATA" >/dev/null; }
+
+# ---------------------------------------------------------------------------------------------
+
+t_unit() { ./build/test_unit; }
+
+t_prepare_roundtrip() {
+    have_torch || return $?
+    $PY - "$CORPUS" "$DATA" <<'EOF'
+import sys, numpy as np
+text = open(sys.argv[1], "rb").read()
+def shard(p):
+    b = open(p, "rb").read()
+    h = np.frombuffer(b[:1024], dtype=np.int32)
+    assert h[0] == 20240520 and h[1] == 1, h[:3]
+    t = np.frombuffer(b[1024:], dtype=np.uint16)
+    assert len(t) == h[2]
+    return t
+nval = len(text) // 10
+tr, va = shard(sys.argv[2] + "/train.bin"), shard(sys.argv[2] + "/val.bin")
+assert bytes(tr.astype(np.uint8)) == text[:len(text) - nval], "train.bin differs from the first 90% of the bytes"
+assert bytes(va.astype(np.uint8)) == text[len(text) - nval:], "val.bin differs from the last 10% of the bytes"
+tok = open(sys.argv[2] + "/tokenizer.bin", "rb").read()
+h = np.frombuffer(tok[:1024], dtype=np.int32)
+assert h[0] == 20240328 and h[2] == 256
+body = tok[1024:]
+assert all(body[2 * i] == 1 and body[2 * i + 1] == i for i in range(256)), "tokenizer is not byte-level"
+print("prepare round trip ok")
+EOF
+}
+
+torch_ref() { have_torch || return $?; $PY test/torch_ref.py --train "$DATA/train.bin" --workdir "$WORK/$1" "${@:2}"; }
+t_torch_c36() { torch_ref c36 --shape "--layers 2 --channels 36 --heads 3 --vocab 256 --seq-len 32" --seq-len 32 --micro-batch 2 --accum 2; }
+t_torch_short_t() { torch_ref shortT --shape "--layers 2 --channels 32 --heads 4 --vocab 256 --max-seq-len 64" --seq-len 24 --micro-batch 3; }
+t_torch_v200() { torch_ref v200 --shape "--layers 1 --channels 48 --heads 2 --vocab 200 --seq-len 16" --seq-len 16 --micro-batch 2 --accum 3; }
+t_torch_bf16() {
+    torch_ref bf16 --shape "--layers 2 --channels 36 --heads 3 --vocab 256 --seq-len 32" --seq-len 32 --micro-batch 2 \
+        --accum 2 --dtype bf16 --tol-logits 2e-2 --tol-grads 5e-2 --tol-loss 2e-3
+}
+
+# M micro-batches of B equal one batch of M·B: same losses, same trained model.
+t_grad_accum() {
+    have_torch || return $?
+    $TRAIN "${TINY[@]}" --train "$DATA/train.bin" --micro-batch 4 --steps 6 --log "$WORK/a1.jsonl" --save-model "$WORK/a1.bin" >/dev/null || return 1
+    $TRAIN "${TINY[@]}" --train "$DATA/train.bin" --micro-batch 1 --batch-tokens 128 --steps 6 --log "$WORK/a4.jsonl" --save-model "$WORK/a4.bin" >/dev/null || return 1
+    $PY - "$WORK" <<'EOF'
+import json, sys, numpy as np
+w = sys.argv[1]
+l1 = [json.loads(l)["loss"] for l in open(w + "/a1.jsonl")]
+l4 = [json.loads(l)["loss"] for l in open(w + "/a4.jsonl")]
+err = max(abs(a - b) / abs(b) for a, b in zip(l1, l4))
+print("max relative loss difference", err)
+assert len(l1) == len(l4) == 6 and err <= 1e-6
+p1 = np.fromfile(w + "/a1.bin", dtype=np.float32)[256:]
+p4 = np.fromfile(w + "/a4.bin", dtype=np.float32)[256:]
+perr = np.max(np.abs(p1 - p4)) / np.max(np.abs(p4))
+print("max relative parameter difference", perr)
+assert perr <= 1e-5
+EOF
+}
+
+# Reruns are bitwise identical, and so are runs with a different thread count.
+t_determinism() {
+    local args=("${TINY[@]}" --train "$DATA/train.bin" --micro-batch 2 --batch-tokens 128 --steps 4 --shuffle)
+    $TRAIN "${args[@]}" --threads 2 --log "$WORK/d1.jsonl" --save-model "$WORK/d1.bin" >/dev/null || return 1
+    $TRAIN "${args[@]}" --threads 2 --log "$WORK/d2.jsonl" --save-model "$WORK/d2.bin" >/dev/null || return 1
+    $TRAIN "${args[@]}" --threads 1 --log "$WORK/d3.jsonl" --save-model "$WORK/d3.bin" >/dev/null || return 1
+    cmp "$WORK/d1.bin" "$WORK/d2.bin" && cmp "$WORK/d1.bin" "$WORK/d3.bin" || return 1
+    for f in d1 d2 d3; do grep -o '"loss":[^,]*' "$WORK/$f.jsonl" >"$WORK/$f.loss"; done
+    cmp "$WORK/d1.loss" "$WORK/d2.loss" && cmp "$WORK/d1.loss" "$WORK/d3.loss"
+}
+
+# init -> save -> load -> save is bitwise; a bf16 (version 5) file loads as its bf16 values.
+t_model_roundtrip() {
+    have_torch || return $?
+    $TRAIN "${TINY[@]}" --steps 0 --save-model "$WORK/m1.bin" >/dev/null || return 1
+    $TRAIN --init-from "$WORK/m1.bin" --steps 0 --save-model "$WORK/m2.bin" >/dev/null || return 1
+    cmp "$WORK/m1.bin" "$WORK/m2.bin" || return 1
+    $PY - "$WORK" <<'EOF' || return 1
+import sys, numpy as np, torch
+w = sys.argv[1]
+b = np.fromfile(w + "/m1.bin", dtype=np.int32)
+h = b[:256].copy(); h[1] = 5
+p = torch.tensor(b[256:].view(np.float32)).to(torch.bfloat16)
+with open(w + "/m5.bin", "wb") as f:
+    f.write(h.tobytes()); f.write(p.view(torch.int16).numpy().tobytes())
+np.save(w + "/m5_expect.npy", p.float().numpy())
+EOF
+    $TRAIN --init-from "$WORK/m5.bin" --steps 0 --save-model "$WORK/m6.bin" >/dev/null || return 1
+    $PY - "$WORK" <<'EOF'
+import sys, numpy as np
+w = sys.argv[1]
+got = np.fromfile(w + "/m6.bin", dtype=np.float32)[256:]
+assert np.array_equal(got, np.load(w + "/m5_expect.npy")), "bf16 model file did not load exactly"
+h = np.fromfile(w + "/m6.bin", dtype=np.int32)[:8]
+assert h[0] == 20240326 and h[1] == 3, h
+print("bf16 file loaded exactly, saved as version 3")
+EOF
+}
+
+# With updates below bf16 resolution the fp32 master weights still move, and the bf16 working
+# weights would not have.
+t_bf16_master() {
+    have_torch || return $?
+    $TRAIN "${TINY[@]}" --steps 0 --save-model "$WORK/b0.bin" >/dev/null || return 1
+    # start from weights that bf16 represents exactly, so "unchanged in bf16" is exact
+    $PY - "$WORK" <<'EOF' || return 1
+import sys, numpy as np, torch
+w = sys.argv[1]
+b = np.fromfile(w + "/b0.bin", dtype=np.int32)
+p = torch.tensor(b[256:].view(np.float32)).to(torch.bfloat16).float().numpy()
+with open(w + "/b0r.bin", "wb") as f:
+    f.write(b[:256].tobytes()); f.write(p.tobytes())
+EOF
+    $TRAIN --init-from "$WORK/b0r.bin" --train "$DATA/train.bin" --seq-len 32 --dtype bf16 --lr 1e-6 --clip 0 \
+        --steps 3 --save-model "$WORK/b1.bin" >/dev/null || return 1
+    $PY - "$WORK" <<'EOF'
+import sys, numpy as np, torch
+w = sys.argv[1]
+p0 = np.fromfile(w + "/b0r.bin", dtype=np.float32)[256:]
+p1 = np.fromfile(w + "/b1.bin", dtype=np.float32)[256:]
+# weights of magnitude > 1e-3: their half bf16 ulp exceeds 3 Adam steps of at most lr = 1e-6 each
+live = np.abs(p0) > 1e-3
+moved = np.mean(p0[live] != p1[live])
+same_bf16 = float((torch.tensor(p1[live]).to(torch.bfloat16).float().numpy() == p0[live]).mean())
+print(f"master moved for {moved:.3f} of the weights; bf16 value unchanged for {same_bf16:.4f}")
+assert moved > 0.9, "fp32 master weights did not move"
+assert same_bf16 == 1.0, "updates were not below bf16 resolution, so this test proves nothing"
+EOF
+}
+
+# Bad input: one line on stderr naming the problem, non-zero exit, no crash, also under ASan/UBSan.
+expect_error() { # pattern args...
+    local pattern=$1
+    shift
+    local err
+    err=$("$ASAN" "$@" 2>&1 >/dev/null)
+    local rc=$?
+    if [ $rc -eq 0 ]; then echo "expected failure, got success: $*"; return 1; fi
+    if [ "$(printf '%s\n' "$err" | wc -l)" -ne 1 ]; then echo "expected one line, got: $err"; return 1; fi
+    case "$err" in
+    "error: "*) ;;
+    *) echo "not an error line: $err"; return 1 ;;
+    esac
+    if ! grep -q -- "$pattern" <<<"$err"; then echo "missing '$pattern' in: $err"; return 1; fi
+    echo "ok: $err"
+}
+
+t_bad_input() {
+    local d=$WORK/bad ok=0
+    mkdir -p "$d"
+    head -c 3000 "$DATA/train.bin" >"$d/trunc.bin"
+    { printf 'XXXX'; tail -c +5 "$DATA/train.bin"; } >"$d/magic.bin"
+    $TRAIN "${TINY[@]}" --steps 0 --save-model "$d/m.bin" >/dev/null || return 1
+    # C changed from 32 to 48: the file is too short for that shape
+    { head -c 24 "$d/m.bin"; printf '\x30\x00\x00\x00'; tail -c +29 "$d/m.bin"; } >"$d/hdr.bin"
+    # heads changed to 5: 32 channels do not divide
+    { head -c 20 "$d/m.bin"; printf '\x05\x00\x00\x00'; tail -c +25 "$d/m.bin"; } >"$d/heads.bin"
+    local base=("${TINY[@]}" --steps 2)
+    expect_error "trunc.bin is truncated" "${base[@]}" --train "$d/trunc.bin" || ok=1
+    expect_error "magic.bin: bad magic" "${base[@]}" --train "$d/magic.bin" || ok=1
+    expect_error "not below the vocabulary size 100" --layers 2 --channels 32 --heads 4 --vocab 100 --seq-len 32 --steps 2 --train "$DATA/train.bin" || ok=1
+    expect_error "hdr.bin: inconsistent model header" --init-from "$d/hdr.bin" --steps 0 || ok=1
+    expect_error "heads.bin: inconsistent model header" --init-from "$d/heads.bin" --steps 0 || ok=1
+    expect_error "unknown flag --bogus" "${base[@]}" --bogus 3 || ok=1
+    expect_error "steps expects an integer, got 'ten'" "${TINY[@]}" --steps ten || ok=1
+    expect_error "lr expects a number" "${base[@]}" --lr 1e-3x || ok=1
+    expect_error "seq-len 64 is above the model's maximum sequence length 32" --init-from "$d/m.bin" --seq-len 64 --steps 0 || ok=1
+    expect_error "batch-tokens 100 is not a multiple" "${base[@]}" --train "$DATA/train.bin" --batch-tokens 100 || ok=1
+    expect_error "--train: no file matches $d/missing" "${base[@]}" --train "$d/missing*.bin" || ok=1
+    expect_error "cannot open $d/nofile.bin" --init-from "$d/nofile.bin" --steps 0 || ok=1
+    expect_error "--model needs a value" --model || ok=1
+    expect_error "--model must be d12" --model d13 --steps 0 || ok=1
+    expect_error "channels (30) must be divisible by heads (4)" --layers 1 --channels 30 --heads 4 --steps 0 || ok=1
+    expect_error "no training data" "${base[@]}" || ok=1
+    # a failing run leaves an existing output file untouched
+    cp "$d/m.bin" "$d/keep.bin"
+    expect_error "not below the vocabulary size 100" --layers 2 --channels 32 --heads 4 --vocab 100 --seq-len 32 --steps 2 --train "$DATA/train.bin" --save-model "$d/keep.bin" || ok=1
+    cmp "$d/m.bin" "$d/keep.bin" || ok=1
+    return $ok
+}
+
+# The demo's configuration learns: the loss falls well below its start on real text.
+t_learns() {
+    $TRAIN --layers 2 --channels 64 --heads 4 --vocab 256 --seq-len 64 --train "$DATA/train.bin" --val "$DATA/val.bin" \
+        --lr 3e-3 --steps 60 --warmup 5 --val-every 60 --sample-every 60 --sample-tokens 20 --log "$WORK/learn.jsonl" >"$WORK/learn.out" || return 1
+    grep -q "sample at step 60" "$WORK/learn.out" || return 1
+    local first last
+    first=$(grep '"step":1,' "$WORK/learn.jsonl" | grep -o '"loss":[0-9.e+-]*' | cut -d: -f2)
+    last=$(grep '"val_loss"' "$WORK/learn.jsonl" | tail -n 1 | grep -o '"val_loss":[0-9.e+-]*' | cut -d: -f2)
+    echo "first loss $first, final val loss $last"
+    awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 1.5) }'
+}
+
+# ---------------------------------------------------------------------------------------------
+
+prepare || { echo "FAIL prepare"; echo "0 passed, 1 failed"; exit 1; }
+run_test "unit tests (ASan+UBSan): kernels, formats, init" t_unit
+run_test "prepare writes the bytes as shards and a byte tokenizer" t_prepare_roundtrip
+run_test "PyTorch reference: C=36 (not a multiple of 8), 2 micro-batches" t_torch_c36
+run_test "PyTorch reference: T=24 below maxT=64" t_torch_short_t
+run_test "PyTorch reference: V=200 (padded to 256)" t_torch_v200
+run_test "PyTorch reference: bf16" t_torch_bf16
+run_test "gradient accumulation equals the large batch" t_grad_accum
+run_test "bitwise determinism across reruns and thread counts" t_determinism
+run_test "model files round trip (fp32 bitwise, bf16 exact)" t_model_roundtrip
+run_test "bf16: master weights move below bf16 resolution" t_bf16_master
+run_test "bad input: one-line errors, non-zero exit, no crash (ASan)" t_bad_input
+run_test "the model learns and samples" t_learns
+
+if [ $skipped -gt 0 ]; then
+    echo "$passed passed, $failed failed, $skipped skipped"
+else
+    echo "$passed passed, $failed failed"
+fi
+[ $failed -eq 0 ]
