@@ -19,7 +19,7 @@ else
 BACKENDS = cpu+cuda
 CFLAGS += -DLLM4D_CUDA
 CUDA_OBJ = build/kernels_cu.o
-LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart
+LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lstdc++
 endif
 
 .PHONY: all deps demo test test-gpu bench clean

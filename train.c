@@ -17,7 +17,7 @@
 
 static const char USAGE[] =
     "usage: ./train [flags]                      train a GPT-2 model\n"
-    "       ./train prepare INPUT.txt DIR        write DIR/train.bin, DIR/val.bin (last 10%% of the bytes)\n"
+    "       ./train prepare INPUT.txt DIR        write DIR/train.bin, DIR/val.bin (last 10% of the bytes)\n"
     "                                            and DIR/tokenizer.bin with a byte-level tokenizer (V = 256)\n"
     "\n"
     "model (a preset, then any shape flag overrides it; default d12):\n"

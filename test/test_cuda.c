@@ -1,0 +1,634 @@
+// test_cuda.c: every op of the CUDA backend against the CPU reference backend, in fp32 and bf16, on
+// shapes that are not multiples of any tile size; plus determinism: each CUDA op rerun on the same inputs
+// (and, for the ops built on the GEMM, with each forced GEMM tile size) gives bitwise identical results.
+//
+// Prints "ok <name>" or "FAIL <name> <details>" per check and "N passed, N failed" at the end; exits
+// non-zero on any failure. Without a CUDA device it prints "no CUDA device: skipped" and exits 0.
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "kernels.h"
+
+// exported by kernels.cu (C linkage), not part of kernels.h: forces the GEMM tile size (0 = automatic)
+void cuda_set_gemm_tile(int tile);
+
+static const Backend *CPU, *GPU;
+static int npass, nfail;
+
+static void report(int ok, const char *name, const char *details) {
+    if (ok) {
+        printf("ok %s\n", name);
+        npass++;
+    } else {
+        printf("FAIL %s %s\n", name, details);
+        nfail++;
+    }
+    fflush(stdout);
+}
+
+// ---------------------------------------------------------------------------------------------
+// deterministic pseudo-random numbers (splitmix64)
+
+static uint64_t rng = 0x1234567887654321ull;
+static uint64_t next_u64(void) {
+    uint64_t z = (rng += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+static float frand(float lo, float hi) { return lo + (hi - lo) * (float)((next_u64() >> 40) * (1.0 / 16777216.0)); }
+
+// ---------------------------------------------------------------------------------------------
+// a test case: tensors present on both backends with the same initial bytes, an op run on each side,
+// and the tensors to compare afterwards
+
+#define MAXT 12
+#define EXACT (-1.0) // tolerance meaning "bitwise identical"
+
+typedef struct {
+    size_t n, bytes;
+    DType dt;
+    int is_int;
+    unsigned char *init;
+    void *p[2]; // [0] cpu, [1] gpu
+} Ten;
+
+typedef struct Case Case;
+typedef void (*RunFn)(const Backend *be, Case *c, int side);
+
+struct Case {
+    char name[200];
+    DType dt;
+    int B, T, C, NH, N, OC, V, Vp;
+    size_t n;
+    int flag;
+    Ten t[MAXT];
+    int nt;
+    int out[MAXT];
+    double tol[MAXT];
+    int nout;
+    int tiles; // the op uses the GEMM: also rerun with each forced tile size
+};
+
+#define P(i) (c->t[(i)].p[side])
+
+static void case_init(Case *c, DType dt, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void case_init(Case *c, DType dt, const char *fmt, ...) {
+    memset(c, 0, sizeof *c);
+    c->dt = dt;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->name, sizeof c->name, fmt, ap);
+    va_end(ap);
+}
+
+static int add_ten(Case *c, DType dt, int is_int, size_t n) {
+    if (c->nt >= MAXT) die("test case %s: too many tensors", c->name);
+    Ten *t = &c->t[c->nt];
+    t->n = n;
+    t->dt = dt;
+    t->is_int = is_int;
+    t->bytes = n * (is_int ? 4 : dtype_size(dt));
+    t->init = xcalloc(t->bytes ? t->bytes : 1, 1);
+    return c->nt++;
+}
+
+static void set_val(Ten *t, size_t i, float v) {
+    if (t->dt == DT_BF16) ((uint16_t *)t->init)[i] = f32_to_bf16(v);
+    else ((float *)t->init)[i] = v;
+}
+
+static int add_rand(Case *c, DType dt, size_t n, float lo, float hi) {
+    int k = add_ten(c, dt, 0, n);
+    for (size_t i = 0; i < n; i++) set_val(&c->t[k], i, frand(lo, hi));
+    return k;
+}
+
+static int add_tokens(Case *c, size_t n, int V) {
+    int k = add_ten(c, DT_F32, 1, n);
+    for (size_t i = 0; i < n; i++) ((int32_t *)c->t[k].init)[i] = (int32_t)(next_u64() % (uint64_t)V);
+    return k;
+}
+
+static void add_out(Case *c, int k, double tol) {
+    c->out[c->nout] = k;
+    c->tol[c->nout] = tol;
+    c->nout++;
+}
+
+static float elem(const Ten *t, const void *host, size_t i) {
+    return t->dt == DT_BF16 ? bf16_to_f32(((const uint16_t *)host)[i]) : ((const float *)host)[i];
+}
+
+static void upload(Case *c, int side) {
+    const Backend *be = side ? GPU : CPU;
+    for (int i = 0; i < c->nt; i++) be->to_device(c->t[i].p[side], c->t[i].init, c->t[i].bytes);
+}
+
+static unsigned char *download(const Ten *t, int side) {
+    const Backend *be = side ? GPU : CPU;
+    unsigned char *h = xmalloc(t->bytes ? t->bytes : 1);
+    be->to_host(h, t->p[side], t->bytes);
+    return h;
+}
+
+// compares tensor k of the case between the CPU and the GPU side
+static void compare(Case *c, int k, double tol) {
+    const Ten *t = &c->t[k];
+    char name[260], details[300] = "";
+    snprintf(name, sizeof name, "%s:t%d", c->name, k);
+    unsigned char *a = download(t, 1), *b = download(t, 0);
+    int ok = 1;
+    if (tol < 0 || t->is_int) {
+        size_t esz = t->is_int ? 4 : dtype_size(t->dt);
+        for (size_t i = 0; i < t->n && ok; i++)
+            if (memcmp(a + i * esz, b + i * esz, esz) != 0) {
+                ok = 0;
+                snprintf(details, sizeof details, "not bitwise equal at %zu: gpu %.9g cpu %.9g", i,
+                         t->is_int ? (double)((int32_t *)a)[i] : (double)elem(t, a, i),
+                         t->is_int ? (double)((int32_t *)b)[i] : (double)elem(t, b, i));
+            }
+    } else {
+        double maxref = 0.0, maxdiff = 0.0;
+        size_t worst = 0;
+        int nan_mismatch = 0;
+        for (size_t i = 0; i < t->n; i++) {
+            double x = elem(t, a, i), y = elem(t, b, i);
+            if (isnan(x) || isnan(y)) {
+                if (!(isnan(x) && isnan(y))) {
+                    nan_mismatch = 1;
+                    worst = i;
+                }
+                continue;
+            }
+            if (fabs(y) > maxref) maxref = fabs(y);
+            double d = fabs(x - y);
+            if (!(d <= maxdiff)) {
+                maxdiff = d;
+                worst = i;
+            }
+        }
+        double rel = maxref > 0 ? maxdiff / maxref : maxdiff;
+        if (nan_mismatch || !(rel <= tol)) {
+            ok = 0;
+            snprintf(details, sizeof details, "%s max|a-b|/max|b| = %.3g > %.1g (at %zu: gpu %.9g cpu %.9g)",
+                     nan_mismatch ? "NaN mismatch;" : "", rel, tol, worst, (double)elem(t, a, worst),
+                     (double)elem(t, b, worst));
+        }
+    }
+    report(ok, name, details);
+    free(a);
+    free(b);
+}
+
+static void run_case(Case *c, RunFn fn) {
+    for (int i = 0; i < c->nt; i++) {
+        size_t bytes = c->t[i].bytes;
+        c->t[i].p[0] = CPU->alloc(bytes);
+        c->t[i].p[1] = GPU->alloc(bytes);
+        if (!c->t[i].p[0] || !c->t[i].p[1]) die("out of memory for test %s", c->name);
+    }
+    upload(c, 0);
+    upload(c, 1);
+    fn(CPU, c, 0);
+    fn(GPU, c, 1);
+    GPU->sync();
+    for (int o = 0; o < c->nout; o++) compare(c, c->out[o], c->tol[o]);
+
+    // determinism: rerun from the same initial state, under every tile configuration when relevant
+    unsigned char *ref[MAXT];
+    for (int o = 0; o < c->nout; o++) ref[o] = download(&c->t[c->out[o]], 1);
+    int variants[3] = { 0, 64, 128 }, nvar = c->tiles ? 3 : 1;
+    int ok = 1;
+    char details[300] = "";
+    for (int v = 0; v < nvar && ok; v++) {
+        cuda_set_gemm_tile(variants[v]);
+        upload(c, 1);
+        fn(GPU, c, 1);
+        GPU->sync();
+        for (int o = 0; o < c->nout && ok; o++) {
+            unsigned char *h = download(&c->t[c->out[o]], 1);
+            if (memcmp(h, ref[o], c->t[c->out[o]].bytes) != 0) {
+                ok = 0;
+                snprintf(details, sizeof details, "t%d differs between runs (gemm tile %d)", c->out[o], variants[v]);
+            }
+            free(h);
+        }
+    }
+    cuda_set_gemm_tile(0);
+    char name[260];
+    snprintf(name, sizeof name, "determinism:%s", c->name);
+    report(ok, name, details);
+    for (int o = 0; o < c->nout; o++) free(ref[o]);
+    for (int i = 0; i < c->nt; i++) {
+        CPU->free(c->t[i].p[0]);
+        GPU->free(c->t[i].p[1]);
+        free(c->t[i].init);
+    }
+}
+
+// tolerances
+static double tol_ew(DType dt) { return dt == DT_BF16 ? 2e-2 : 1e-5; }
+static double tol_mm(DType dt) { return dt == DT_BF16 ? 2e-2 : 1e-4; }
+
+// ---------------------------------------------------------------------------------------------
+// the ops
+
+static void run_encoder_fwd(const Backend *be, Case *c, int side) {
+    be->encoder_fwd(c->dt, P(0), P(1), P(2), P(3), c->B, c->T, c->C);
+}
+static void test_encoder_fwd(DType dt, int B, int T, int C, int V) {
+    Case c;
+    case_init(&c, dt, "encoder_fwd[%s,B=%d,T=%d,C=%d,V=%d]", dtype_name(dt), B, T, C, V);
+    c.B = B, c.T = T, c.C = C, c.V = V;
+    add_rand(&c, dt, (size_t)B * T * C, -1, 1);
+    add_tokens(&c, (size_t)B * T, V);
+    add_rand(&c, dt, (size_t)V * C, -1, 1);
+    add_rand(&c, dt, (size_t)T * C, -1, 1);
+    add_out(&c, 0, EXACT);
+    run_case(&c, run_encoder_fwd);
+}
+
+static void run_encoder_bwd(const Backend *be, Case *c, int side) {
+    be->encoder_bwd(c->dt, P(0), P(1), P(2), P(3), c->B, c->T, c->C);
+}
+static void test_encoder_bwd(DType dt, int B, int T, int C, int V) {
+    Case c;
+    case_init(&c, dt, "encoder_bwd[%s,B=%d,T=%d,C=%d,V=%d]", dtype_name(dt), B, T, C, V);
+    c.B = B, c.T = T, c.C = C, c.V = V;
+    add_rand(&c, DT_F32, (size_t)V * C, -1, 1);
+    add_rand(&c, DT_F32, (size_t)T * C, -1, 1);
+    add_rand(&c, dt, (size_t)B * T * C, -1, 1);
+    add_tokens(&c, (size_t)B * T, V);
+    // same additions in the same order as the CPU: bitwise equal
+    add_out(&c, 0, EXACT);
+    add_out(&c, 1, EXACT);
+    run_case(&c, run_encoder_bwd);
+}
+
+static void run_layernorm_fwd(const Backend *be, Case *c, int side) {
+    be->layernorm_fwd(c->dt, P(0), P(1), P(2), P(3), P(4), P(5), c->N, c->C);
+}
+static void test_layernorm_fwd(DType dt, int N, int C) {
+    Case c;
+    case_init(&c, dt, "layernorm_fwd[%s,N=%d,C=%d]", dtype_name(dt), N, C);
+    c.N = N, c.C = C;
+    add_rand(&c, dt, (size_t)N * C, -1, 1);
+    add_rand(&c, DT_F32, N, -1, 1);
+    add_rand(&c, DT_F32, N, -1, 1);
+    add_rand(&c, dt, (size_t)N * C, -2, 3);
+    add_rand(&c, dt, C, 0.5f, 1.5f);
+    add_rand(&c, dt, C, -0.5f, 0.5f);
+    add_out(&c, 0, tol_ew(dt));
+    add_out(&c, 1, tol_ew(dt));
+    add_out(&c, 2, tol_ew(dt));
+    run_case(&c, run_layernorm_fwd);
+}
+
+static void run_layernorm_bwd(const Backend *be, Case *c, int side) {
+    be->layernorm_bwd(c->dt, P(0), P(1), P(2), P(3), P(4), P(5), P(6), P(7), c->N, c->C);
+}
+static void test_layernorm_bwd(DType dt, int N, int C) {
+    Case c;
+    case_init(&c, dt, "layernorm_bwd[%s,N=%d,C=%d]", dtype_name(dt), N, C);
+    c.N = N, c.C = C;
+    add_rand(&c, dt, (size_t)N * C, -1, 1);     // dinp (accumulated)
+    add_rand(&c, DT_F32, C, -1, 1);             // dweight
+    add_rand(&c, DT_F32, C, -1, 1);             // dbias
+    add_rand(&c, dt, (size_t)N * C, -1, 1);     // dout
+    add_rand(&c, dt, (size_t)N * C, -2, 2);     // inp
+    add_rand(&c, dt, C, 0.5f, 1.5f);            // weight
+    add_rand(&c, DT_F32, N, -0.5f, 0.5f);       // mean
+    add_rand(&c, DT_F32, N, 0.5f, 2.0f);        // rstd
+    add_out(&c, 0, tol_ew(dt));
+    add_out(&c, 1, tol_ew(dt));
+    add_out(&c, 2, tol_ew(dt));
+    run_case(&c, run_layernorm_bwd);
+}
+
+static void run_matmul_fwd(const Backend *be, Case *c, int side) {
+    be->matmul_fwd(c->dt, P(0), P(1), P(2), c->flag ? P(3) : NULL, c->N, c->C, c->OC);
+}
+static void test_matmul_fwd(DType dt, int N, int C, int OC, int bias) {
+    Case c;
+    case_init(&c, dt, "matmul_fwd[%s,N=%d,C=%d,OC=%d,%s]", dtype_name(dt), N, C, OC, bias ? "bias" : "nobias");
+    c.N = N, c.C = C, c.OC = OC, c.flag = bias, c.tiles = 1;
+    add_rand(&c, dt, (size_t)N * OC, -1, 1);
+    add_rand(&c, dt, (size_t)N * C, -1, 1);
+    add_rand(&c, dt, (size_t)OC * C, -1, 1);
+    add_rand(&c, dt, OC, -1, 1);
+    add_out(&c, 0, tol_mm(dt));
+    run_case(&c, run_matmul_fwd);
+}
+
+static void run_matmul_bwd(const Backend *be, Case *c, int side) {
+    be->matmul_bwd(c->dt, c->flag ? P(0) : NULL, P(1), c->flag ? P(2) : NULL, P(3), P(4), P(5), c->N, c->C, c->OC);
+}
+static void test_matmul_bwd(DType dt, int N, int C, int OC, int full) {
+    Case c;
+    case_init(&c, dt, "matmul_bwd[%s,N=%d,C=%d,OC=%d,%s]", dtype_name(dt), N, C, OC,
+              full ? "dinp+dbias" : "dweight-only");
+    c.N = N, c.C = C, c.OC = OC, c.flag = full, c.tiles = 1;
+    add_rand(&c, dt, (size_t)N * C, -1, 1);       // dinp (overwritten)
+    add_rand(&c, DT_F32, (size_t)OC * C, -1, 1);  // dweight (accumulated)
+    add_rand(&c, DT_F32, OC, -1, 1);              // dbias (accumulated)
+    add_rand(&c, dt, (size_t)N * OC, -1, 1);      // dout
+    add_rand(&c, dt, (size_t)N * C, -1, 1);       // inp
+    add_rand(&c, dt, (size_t)OC * C, -1, 1);      // weight
+    add_out(&c, 0, tol_mm(dt));
+    add_out(&c, 1, tol_mm(dt));
+    add_out(&c, 2, tol_mm(dt));
+    run_case(&c, run_matmul_bwd);
+}
+
+static void run_attention_fwd(const Backend *be, Case *c, int side) {
+    be->attention_fwd(c->dt, P(0), P(1), P(2), c->B, c->T, c->C, c->NH);
+}
+static void test_attention_fwd(DType dt, int B, int T, int C, int NH) {
+    Case c;
+    case_init(&c, dt, "attention_fwd[%s,B=%d,T=%d,C=%d,NH=%d]", dtype_name(dt), B, T, C, NH);
+    c.B = B, c.T = T, c.C = C, c.NH = NH, c.tiles = 1;
+    add_rand(&c, dt, (size_t)B * T * C, -1, 1);
+    add_rand(&c, DT_F32, (size_t)B * NH * T * T, -1, 1); // random: the upper triangle must be zeroed
+    add_rand(&c, dt, (size_t)B * T * 3 * C, -1, 1);
+    add_out(&c, 0, tol_mm(dt));
+    add_out(&c, 1, tol_mm(dt));
+    run_case(&c, run_attention_fwd);
+}
+
+static void run_attention_bwd(const Backend *be, Case *c, int side) {
+    be->attention_bwd(c->dt, P(0), P(1), P(2), P(3), P(4), c->B, c->T, c->C, c->NH);
+}
+static void test_attention_bwd(DType dt, int B, int T, int C, int NH) {
+    Case c;
+    case_init(&c, dt, "attention_bwd[%s,B=%d,T=%d,C=%d,NH=%d]", dtype_name(dt), B, T, C, NH);
+    c.B = B, c.T = T, c.C = C, c.NH = NH, c.tiles = 1;
+    add_rand(&c, dt, (size_t)B * T * 3 * C, -1, 1);       // dqkv (overwritten)
+    add_rand(&c, DT_F32, (size_t)B * NH * T * T, -1, 1);  // datt scratch (not compared)
+    add_rand(&c, dt, (size_t)B * T * C, -1, 1);           // dout
+    int q = add_rand(&c, dt, (size_t)B * T * 3 * C, -1, 1);
+    int a = add_ten(&c, DT_F32, 0, (size_t)B * NH * T * T);
+    // att: the softmax probabilities of these q, k, v, from the CPU reference (its memory is host memory)
+    void *tmp_out = xcalloc((size_t)B * T * C, dtype_size(dt));
+    CPU->attention_fwd(dt, tmp_out, (float *)c.t[a].init, c.t[q].init, B, T, C, NH);
+    free(tmp_out);
+    add_out(&c, 0, tol_mm(dt));
+    run_case(&c, run_attention_bwd);
+}
+
+static void run_gelu_fwd(const Backend *be, Case *c, int side) { be->gelu_fwd(c->dt, P(0), P(1), c->n); }
+static void test_gelu_fwd(DType dt, size_t n) {
+    Case c;
+    case_init(&c, dt, "gelu_fwd[%s,n=%zu]", dtype_name(dt), n);
+    c.n = n;
+    add_rand(&c, dt, n, -1, 1);
+    add_rand(&c, dt, n, -5, 5);
+    add_out(&c, 0, tol_ew(dt));
+    run_case(&c, run_gelu_fwd);
+}
+
+static void run_gelu_bwd(const Backend *be, Case *c, int side) {
+    be->gelu_bwd(c->dt, c->flag ? P(2) : P(0), P(1), P(2), c->n);
+}
+static void test_gelu_bwd(DType dt, size_t n, int alias) {
+    Case c;
+    case_init(&c, dt, "gelu_bwd[%s,n=%zu%s]", dtype_name(dt), n, alias ? ",dinp=dout" : "");
+    c.n = n, c.flag = alias;
+    add_rand(&c, dt, n, -1, 1);
+    add_rand(&c, dt, n, -5, 5);
+    add_rand(&c, dt, n, -1, 1);
+    add_out(&c, alias ? 2 : 0, tol_ew(dt));
+    run_case(&c, run_gelu_bwd);
+}
+
+static void run_residual_fwd(const Backend *be, Case *c, int side) { be->residual_fwd(c->dt, P(0), P(1), P(2), c->n); }
+static void test_residual_fwd(DType dt, size_t n) {
+    Case c;
+    case_init(&c, dt, "residual_fwd[%s,n=%zu]", dtype_name(dt), n);
+    c.n = n;
+    add_rand(&c, dt, n, -1, 1);
+    add_rand(&c, dt, n, -1, 1);
+    add_rand(&c, dt, n, -1, 1);
+    add_out(&c, 0, EXACT);
+    run_case(&c, run_residual_fwd);
+}
+
+static void run_residual_bwd(const Backend *be, Case *c, int side) { be->residual_bwd(c->dt, P(0), P(1), c->n); }
+static void test_residual_bwd(DType dt, size_t n) {
+    Case c;
+    case_init(&c, dt, "residual_bwd[%s,n=%zu]", dtype_name(dt), n);
+    c.n = n;
+    add_rand(&c, dt, n, -1, 1);
+    add_rand(&c, dt, n, -1, 1);
+    add_out(&c, 0, EXACT);
+    run_case(&c, run_residual_bwd);
+}
+
+static void run_ce_fwd(const Backend *be, Case *c, int side) {
+    be->crossentropy_fwd(c->dt, P(0), P(1), P(2), c->N, c->V, c->Vp);
+}
+static void test_crossentropy_fwd(DType dt, int N, int V, int Vp) {
+    Case c;
+    case_init(&c, dt, "crossentropy_fwd[%s,N=%d,V=%d,Vp=%d]", dtype_name(dt), N, V, Vp);
+    c.N = N, c.V = V, c.Vp = Vp;
+    add_rand(&c, DT_F32, N, -1, 1);
+    int l = add_rand(&c, dt, (size_t)N * Vp, -3, 3);
+    // huge values in the padding columns: they must never be counted
+    for (int n = 0; n < N; n++)
+        for (int j = V; j < Vp; j++) set_val(&c.t[l], (size_t)n * Vp + j, 1e4f);
+    add_tokens(&c, N, V);
+    add_out(&c, 0, tol_ew(dt));
+    run_case(&c, run_ce_fwd);
+}
+
+static void run_ce_bwd(const Backend *be, Case *c, int side) {
+    be->crossentropy_bwd(c->dt, c->flag ? P(1) : P(0), P(1), P(2), 1.0f / (float)c->N, c->N, c->V, c->Vp);
+}
+static void test_crossentropy_bwd(DType dt, int N, int V, int Vp, int alias) {
+    Case c;
+    case_init(&c, dt, "crossentropy_bwd[%s,N=%d,V=%d,Vp=%d%s]", dtype_name(dt), N, V, Vp,
+              alias ? ",dlogits=logits" : "");
+    c.N = N, c.V = V, c.Vp = Vp, c.flag = alias;
+    add_rand(&c, dt, (size_t)N * Vp, -1, 1); // dlogits: random, so the padding must be zeroed
+    int l = add_rand(&c, dt, (size_t)N * Vp, -3, 3);
+    for (int n = 0; n < N; n++)
+        for (int j = V; j < Vp; j++) set_val(&c.t[l], (size_t)n * Vp + j, 1e4f);
+    add_tokens(&c, N, V);
+    add_out(&c, alias ? 1 : 0, tol_ew(dt));
+    run_case(&c, run_ce_bwd);
+}
+
+static void run_adamw(const Backend *be, Case *c, int side) {
+    float b1 = 0.9f, b2 = 0.95f;
+    be->adamw(c->dt, P(0), c->flag ? P(1) : NULL, P(2), P(3), P(4), c->n, 1e-3f, b1, b2, 1e-8f, 0.1f,
+              1.0f - b1 * b1 * b1, 1.0f - b2 * b2 * b2, 0.5f);
+}
+static void test_adamw(DType dt, size_t n, int working) {
+    Case c;
+    case_init(&c, dt, "adamw[%s,n=%zu,%s]", dtype_name(dt), n, working ? "working" : "noworking");
+    c.n = n, c.flag = working;
+    add_rand(&c, DT_F32, n, -1, 1);       // master
+    add_rand(&c, dt, n, -1, 1);           // working
+    add_rand(&c, DT_F32, n, -1, 1);       // grad
+    add_rand(&c, DT_F32, n, -0.1f, 0.1f); // m
+    add_rand(&c, DT_F32, n, 0, 0.01f);    // v
+    add_out(&c, 0, tol_ew(DT_F32));
+    add_out(&c, 1, tol_ew(dt));
+    add_out(&c, 2, EXACT);
+    add_out(&c, 3, tol_ew(DT_F32));
+    add_out(&c, 4, tol_ew(DT_F32));
+    run_case(&c, run_adamw);
+}
+
+static void run_cast(const Backend *be, Case *c, int side) {
+    be->cast(P(0), c->t[0].dt, P(1), c->t[1].dt, c->n);
+}
+static void test_cast(DType dst_dt, DType src_dt, size_t n) {
+    Case c;
+    case_init(&c, dst_dt, "cast[%s<-%s,n=%zu]", dtype_name(dst_dt), dtype_name(src_dt), n);
+    c.n = n;
+    add_rand(&c, dst_dt, n, -1, 1);
+    int s = add_rand(&c, src_dt, n, -100, 100);
+    // special values: rounding ties, carries into the exponent, overflow to inf, infinities, zeros,
+    // subnormals and NaNs (the signalling one only where a conversion happens)
+    static const uint32_t f32_special[] = { 0x3f808000u, 0x3f818000u, 0x3f80c000u, 0x3f807fffu, 0x3fffffffu,
+                                            0x7f7fffffu, 0x7f800000u, 0xff800000u, 0x00000000u, 0x80000000u,
+                                            0x00000001u, 0x807fffffu, 0x7fc00000u, 0xffc12345u, 0x7f800001u };
+    static const uint16_t bf16_special[] = { 0x3f80, 0x7f7f, 0x7f80, 0xff80, 0x0000, 0x8000,
+                                             0x0001, 0x807f, 0x7fc0, 0xffc1, 0x7f81 };
+    if (src_dt == DT_F32) {
+        size_t ns = sizeof f32_special / sizeof f32_special[0];
+        if (dst_dt == DT_F32) ns--; // a plain copy may quiet a signalling NaN on some CPUs
+        for (size_t i = 0; i < ns && i < n; i++) memcpy(c.t[s].init + 4 * i, &f32_special[i], 4);
+    } else {
+        size_t ns = sizeof bf16_special / sizeof bf16_special[0];
+        for (size_t i = 0; i < ns && i < n; i++) memcpy(c.t[s].init + 2 * i, &bf16_special[i], 2);
+    }
+    add_out(&c, 0, EXACT);
+    run_case(&c, run_cast);
+}
+
+static void test_sumsq(size_t n) {
+    float *h = xmalloc(sizeof(float) * (n ? n : 1));
+    for (size_t i = 0; i < n; i++) h[i] = frand(-3, 3);
+    float *dc = CPU->alloc(sizeof(float) * n), *dg = GPU->alloc(sizeof(float) * n);
+    if (!dc || !dg) die("out of memory for sumsq test");
+    CPU->to_device(dc, h, sizeof(float) * n);
+    GPU->to_device(dg, h, sizeof(float) * n);
+    double a = GPU->sumsq(dg, n), b = CPU->sumsq(dc, n), a2 = GPU->sumsq(dg, n);
+    char name[100], details[200] = "";
+    snprintf(name, sizeof name, "sumsq[n=%zu]", n);
+    double rel = b != 0 ? fabs(a - b) / fabs(b) : fabs(a - b);
+    if (!(rel <= 1e-12)) snprintf(details, sizeof details, "gpu %.17g cpu %.17g rel %.3g", a, b, rel);
+    report(rel <= 1e-12, name, details);
+    snprintf(name, sizeof name, "determinism:sumsq[n=%zu]", n);
+    snprintf(details, sizeof details, "%.17g then %.17g", a, a2);
+    report(memcmp(&a, &a2, sizeof a) == 0, name, details);
+    CPU->free(dc);
+    GPU->free(dg);
+    free(h);
+}
+
+static void test_memory(void) {
+    size_t n = 1000003;
+    unsigned char *h = xmalloc(n), *back = xmalloc(n);
+    for (size_t i = 0; i < n; i++) h[i] = (unsigned char)(next_u64() & 0xff);
+    unsigned char *a = GPU->alloc(n), *b = GPU->alloc(n);
+    void *z = GPU->alloc(0);
+    report(a && b && z, "memory:alloc", "alloc returned NULL");
+    if (!a || !b || !z) return;
+    GPU->to_host(back, a, n);
+    int zero = 1;
+    for (size_t i = 0; i < n; i++) zero &= back[i] == 0;
+    report(zero, "memory:alloc_zeroed", "fresh allocation is not zero");
+    GPU->to_device(a, h, n);
+    GPU->to_host(back, a, n);
+    report(memcmp(h, back, n) == 0, "memory:roundtrip", "to_device/to_host changed the bytes");
+    GPU->copy(b, a, n);
+    GPU->to_host(back, b, n);
+    report(memcmp(h, back, n) == 0, "memory:copy", "copy changed the bytes");
+    GPU->zero(b + 100, 1000);
+    GPU->sync();
+    GPU->to_host(back, b, n);
+    memset(h + 100, 0, 1000);
+    report(memcmp(h, back, n) == 0, "memory:zero", "zero cleared the wrong bytes");
+    GPU->set_threads(3);
+    GPU->free(a);
+    GPU->free(b);
+    GPU->free(z);
+    GPU->free(NULL);
+    free(h);
+    free(back);
+}
+
+int main(void) {
+    if (cuda_device_count() <= 0) {
+        printf("no CUDA device: skipped\n");
+        return 0;
+    }
+    CPU = backend_cpu();
+    GPU = backend_cuda();
+    if (!GPU) die("backend_cuda() returned NULL");
+    printf("backend %s vs %s\n", GPU->name, CPU->name);
+
+    test_memory();
+    test_sumsq(0);
+    test_sumsq(1000);
+    test_sumsq((size_t)65536 * 3 + 17);
+
+    for (int d = 0; d < 2; d++) {
+        DType dt = d ? DT_BF16 : DT_F32;
+        test_encoder_fwd(dt, 2, 37, 48, 100);
+        test_encoder_bwd(dt, 2, 37, 48, 100);
+        test_encoder_bwd(dt, 4, 300, 40, 7); // many repeated tokens, more tokens than one shared tile
+
+        test_layernorm_fwd(dt, 67, 40);
+        test_layernorm_fwd(dt, 5, 800);
+        test_layernorm_bwd(dt, 67, 40);
+        test_layernorm_bwd(dt, 600, 72); // several row chunks
+
+        test_matmul_fwd(dt, 67, 40, 131, 1);
+        test_matmul_fwd(dt, 67, 40, 131, 0);
+        test_matmul_fwd(dt, 1, 5, 3, 1);
+        test_matmul_fwd(dt, 300, 200, 260, 1);
+        test_matmul_fwd(dt, 130, 1000, 70, 1);
+        test_matmul_bwd(dt, 67, 40, 131, 1);
+        test_matmul_bwd(dt, 67, 40, 131, 0);
+        test_matmul_bwd(dt, 600, 96, 144, 1);
+        test_matmul_bwd(dt, 300, 200, 260, 1);
+
+        test_attention_fwd(dt, 2, 37, 48, 3);
+        test_attention_fwd(dt, 1, 150, 64, 2);
+        test_attention_fwd(dt, 2, 200, 96, 4);
+        test_attention_bwd(dt, 2, 37, 48, 3);
+        test_attention_bwd(dt, 1, 150, 64, 2);
+        test_attention_bwd(dt, 2, 200, 96, 4);
+
+        test_gelu_fwd(dt, 100003);
+        test_gelu_bwd(dt, 100003, 0);
+        test_gelu_bwd(dt, 100003, 1);
+        test_residual_fwd(dt, 100003);
+        test_residual_bwd(dt, 100003);
+
+        test_crossentropy_fwd(dt, 67, 100, 128);
+        test_crossentropy_fwd(dt, 4, 5000, 5056);
+        test_crossentropy_bwd(dt, 67, 100, 128, 0);
+        test_crossentropy_bwd(dt, 67, 100, 128, 1);
+        test_crossentropy_bwd(dt, 4, 5000, 5056, 0);
+
+        test_adamw(dt, 100003, 1);
+        test_adamw(dt, 100003, 0);
+    }
+    test_cast(DT_BF16, DT_F32, 100003);
+    test_cast(DT_F32, DT_BF16, 100003);
+    test_cast(DT_F32, DT_F32, 100003);
+    test_cast(DT_BF16, DT_BF16, 100003);
+
+    printf("%d passed, %d failed\n", npass, nfail);
+    return nfail ? 1 : 0;
+}
