@@ -5,10 +5,10 @@ CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 CUDA_ARCH ?= sm_90
 CFLAGS ?= -O3 -march=native
 CFLAGS += -std=gnu11 -Wall -Wextra -Werror -fopenmp -MMD -MP
-LDLIBS = -lm -fopenmp
+LDLIBS = -lm -fopenmp -lpthread
 SAN = -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
-HOST_SRC = train.c model.c zero.c data.c common.c kernels_cpu.c
+HOST_SRC = train.c model.c zero.c data.c common.c kernels_cpu.c collectives.c net_shm.c net_tcp.c
 HOST_OBJ = $(HOST_SRC:%.c=build/%.o)
 LIB_OBJ = $(filter-out build/train.o,$(HOST_OBJ))
 
@@ -50,6 +50,13 @@ build/asan/test_unit.o: test/test_unit.c | build
 	@mkdir -p build/asan
 	$(CC) $(filter-out -O3 -DLLM4D_CUDA,$(CFLAGS)) -I. $(SAN) -c $< -o $@
 
+build/test_comm: build/asan/test_comm.o $(LIB_OBJ:build/%=build/asan/%)
+	$(CC) $(SAN) $^ -o $@ -lm -fopenmp -lpthread
+
+build/asan/test_comm.o: test/test_comm.c | build
+	@mkdir -p build/asan
+	$(CC) $(filter-out -O3 -DLLM4D_CUDA,$(CFLAGS)) -I. $(SAN) -c $< -o $@
+
 build/test_cuda: test/test_cuda.c $(LIB_OBJ) $(CUDA_OBJ)
 	$(CC) $(CFLAGS) -I. -I$(CUDA_HOME)/include $(filter %.c %.o,$^) -o $@ $(LDLIBS)
 
@@ -66,7 +73,7 @@ deps:
 demo: deps train
 	bash scripts/demo.sh
 
-test: deps train build/train-asan build/test_unit
+test: deps train build/train-asan build/test_unit build/test_comm
 	bash test/run.sh
 
 test-gpu:

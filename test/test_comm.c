@@ -1,0 +1,266 @@
+// Collective tests: every collective against a serial reference computed here, for every type, op,
+// count and placement, on the world and on split communicators, two in flight at once, async overlap
+// and point-to-point. Run as `test_comm --nproc N` (or under a torchrun/Slurm environment).
+//
+// Every rank can compute every rank's input (a function of the world rank and the index), so each rank
+// checks its own output against a serial reduction done in the same order as the ring: segment k's
+// partial starts at rank k+1 and each rank adds its value to the incoming partial. Outputs must match
+// bitwise, floats included.
+#define _GNU_SOURCE
+#include <stdlib.h>
+#include <string.h>
+
+#include "collectives.h"
+#include "common.h"
+#include "kernels.h"
+
+static int failures;
+
+static uint64_t hash64(uint64_t x) {
+    x += 0x9e3779b97f4a7c15ULL;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
+
+// input element i of world rank w for test case `tc`
+static void gen(void *dst, size_t count, CommType t, int w, uint64_t tc) {
+    for (size_t i = 0; i < count; i++) {
+        uint64_t h = hash64(hash64(tc * 1000003ULL + (uint64_t)w) ^ i);
+        double u = (double)(h >> 11) / 9007199254740992.0 * 2.0 - 1.0;
+        switch (t) {
+        case CT_F32: ((float *)dst)[i] = (float)u; break;
+        case CT_BF16: ((uint16_t *)dst)[i] = f32_to_bf16((float)u); break;
+        case CT_I32: ((int32_t *)dst)[i] = (int32_t)(u * 1000000); break;
+        case CT_I64: ((int64_t *)dst)[i] = (int64_t)(u * 1e15); break;
+        default: break;
+        }
+    }
+}
+
+// acc = incoming (op) mine, element i, the ring's order and rounding
+static void ref_combine(void *acc, const void *mine, size_t i, CommType t, CommOp op) {
+    int mx = op == OP_MAX;
+    switch (t) {
+    case CT_F32: {
+        float a = ((float *)acc)[i], b = ((const float *)mine)[i];
+        ((float *)acc)[i] = mx ? (a > b ? a : b) : a + b;
+        break;
+    }
+    case CT_BF16: {
+        float a = bf16_to_f32(((uint16_t *)acc)[i]), b = bf16_to_f32(((const uint16_t *)mine)[i]);
+        ((uint16_t *)acc)[i] = f32_to_bf16(mx ? (a > b ? a : b) : a + b);
+        break;
+    }
+    case CT_I32: {
+        int64_t a = ((int32_t *)acc)[i], b = ((const int32_t *)mine)[i];
+        ((int32_t *)acc)[i] = (int32_t)(mx ? (a > b ? a : b) : a + b);
+        break;
+    }
+    case CT_I64: {
+        int64_t a = ((int64_t *)acc)[i], b = ((const int64_t *)mine)[i];
+        ((int64_t *)acc)[i] = mx ? (a > b ? a : b) : a + b;
+        break;
+    }
+    default: break;
+    }
+}
+
+static void ref_avg(void *acc, size_t i, CommType t, int n) {
+    switch (t) {
+    case CT_F32: ((float *)acc)[i] /= (float)n; break;
+    case CT_BF16: ((uint16_t *)acc)[i] = f32_to_bf16(bf16_to_f32(((uint16_t *)acc)[i]) / (float)n); break;
+    case CT_I32: ((int32_t *)acc)[i] /= n; break;
+    case CT_I64: ((int64_t *)acc)[i] /= n; break;
+    default: break;
+    }
+}
+
+// Serial reduction of the whole vector over the communicator's members, in ring order.
+static void *reference_reduce(Comm *c, size_t count, CommType t, CommOp op, uint64_t tc) {
+    int n = comm_size(c);
+    size_t es = comm_type_size(t), seg = (count + n - 1) / n;
+    unsigned char *out = xmalloc(count * es + 1), **in = xmalloc(sizeof(void *) * n);
+    for (int r = 0; r < n; r++) {
+        in[r] = xmalloc(count * es + 1);
+        gen(in[r], count, t, comm_world_rank(c, r), tc);
+    }
+    for (size_t i = 0; i < count; i++) {
+        int k = (int)(i / seg);               // segment, owned by rank k at the end
+        memcpy(out + i * es, in[(k + 1) % n] + i * es, es);
+        for (int j = 2; j <= n; j++) ref_combine(out, in[(k + j) % n], i, t, op);
+        if (op == OP_AVG) ref_avg(out, i, t, n);
+    }
+    for (int r = 0; r < n; r++) free(in[r]);
+    free(in);
+    return out;
+}
+
+static void expect_equal(Comm *c, const char *what, const void *got, const void *want, size_t bytes) {
+    if (bytes && memcmp(got, want, bytes) != 0) {
+        size_t i = 0;
+        while (((const unsigned char *)got)[i] == ((const unsigned char *)want)[i]) i++;
+        printf("FAIL rank %d: %s on %s: first difference at byte %zu of %zu\n", comm_world_rank(c, comm_rank(c)), what,
+               comm_name(c), i, bytes);
+        failures++;
+    }
+}
+
+static uint64_t case_id;
+
+static void test_reductions(Comm *c, size_t count, CommType t, CommOp op, int in_place) {
+    int n = comm_size(c), r = comm_rank(c);
+    size_t es = comm_type_size(t), seg = (count + n - 1) / n;
+    uint64_t tc = ++case_id;
+    char what[128];
+    unsigned char *want = reference_reduce(c, count, t, op, tc);
+    unsigned char *send = xmalloc(count * es + 1), *recv = xmalloc(count * es + 1);
+    // all-reduce
+    gen(send, count, t, comm_world_rank(c, r), tc);
+    if (in_place) {
+        comm_all_reduce(c, send, send, count, t, op);
+        snprintf(what, sizeof what, "all_reduce %s %s count %zu in place", comm_type_name(t), comm_op_name(op), count);
+        expect_equal(c, what, send, want, count * es);
+    } else {
+        memset(recv, 0xab, count * es);
+        comm_all_reduce(c, send, recv, count, t, op);
+        snprintf(what, sizeof what, "all_reduce %s %s count %zu", comm_type_name(t), comm_op_name(op), count);
+        expect_equal(c, what, recv, want, count * es);
+    }
+    // reduce-scatter: rank r gets segment r
+    gen(send, count, t, comm_world_rank(c, r), tc);
+    size_t off = (size_t)r * seg < count ? (size_t)r * seg : count;
+    size_t len = off + seg < count ? seg : count - off;
+    void *dst = in_place ? (void *)send : (void *)recv;
+    comm_reduce_scatter(c, send, dst, count, t, op);
+    snprintf(what, sizeof what, "reduce_scatter %s %s count %zu%s", comm_type_name(t), comm_op_name(op), count, in_place ? " in place" : "");
+    expect_equal(c, what, dst, want + off * es, len * es);
+    free(want);
+    free(send);
+    free(recv);
+}
+
+static void test_gather_broadcast(Comm *c, size_t count, CommType t, int in_place) {
+    int n = comm_size(c), r = comm_rank(c);
+    size_t es = comm_type_size(t), seg = (count + n - 1) / n;
+    uint64_t tc = ++case_id;
+    char what[128];
+    // all-gather: the reference is every rank's generated segment laid end to end
+    unsigned char *want = xmalloc(count * es + 1), *part = xmalloc(seg * es + 1), *out = xmalloc(count * es + 1);
+    for (int q = 0; q < n; q++) {
+        size_t off = (size_t)q * seg < count ? (size_t)q * seg : count, len = off + seg < count ? seg : count - off;
+        gen(part, seg, t, comm_world_rank(c, q), tc);
+        memcpy(want + off * es, part, len * es);
+    }
+    size_t off = (size_t)r * seg < count ? (size_t)r * seg : count, len = off + seg < count ? seg : count - off;
+    memset(out, 0xcd, count * es);
+    if (in_place) {
+        gen(part, seg, t, comm_world_rank(c, r), tc);
+        memcpy(out + off * es, part, len * es);
+        comm_all_gather(c, out + off * es, out, count, t);
+    } else {
+        gen(part, seg, t, comm_world_rank(c, r), tc);
+        comm_all_gather(c, part, out, count, t);
+    }
+    snprintf(what, sizeof what, "all_gather %s count %zu%s", comm_type_name(t), count, in_place ? " in place" : "");
+    expect_equal(c, what, out, want, count * es);
+    // broadcast from the first and the last rank
+    for (int root = 0; root < n; root += (n > 1 ? n - 1 : 1)) {
+        gen(want, count, t, comm_world_rank(c, root), tc + 7);
+        if (r == root) memcpy(out, want, count * es);
+        else memset(out, 0xee, count * es);
+        comm_broadcast(c, out, count, t, root);
+        snprintf(what, sizeof what, "broadcast %s count %zu root %d", comm_type_name(t), count, root);
+        expect_equal(c, what, out, want, count * es);
+    }
+    free(want);
+    free(part);
+    free(out);
+}
+
+// Two all-reduces in flight on two communicators, plus compute between start and wait.
+static void test_concurrent(Comm *a, Comm *b) {
+    size_t count = 300007;
+    uint64_t ta = ++case_id, tb = ++case_id;
+    float *xa = xmalloc(count * 4), *xb = xmalloc(count * 4);
+    gen(xa, count, CT_F32, comm_world_rank(a, comm_rank(a)), ta);
+    gen(xb, count, CT_F32, comm_world_rank(b, comm_rank(b)), tb);
+    CommRequest *ra = comm_iall_reduce(a, xa, xa, count, CT_F32, OP_SUM);
+    CommRequest *rb = comm_iall_reduce(b, xb, xb, count, CT_F32, OP_SUM);
+    // compute while the collectives run
+    double s = 0;
+    for (int i = 0; i < 2000000; i++) s += (double)i * 1e-9;
+    if (s < 0) printf("?");
+    comm_wait(rb);
+    comm_wait(ra);
+    float *wa = reference_reduce(a, count, CT_F32, OP_SUM, ta), *wb = reference_reduce(b, count, CT_F32, OP_SUM, tb);
+    expect_equal(a, "concurrent all_reduce (first communicator)", xa, wa, count * 4);
+    expect_equal(b, "concurrent all_reduce (second communicator)", xb, wb, count * 4);
+    free(xa); free(xb); free(wa); free(wb);
+}
+
+// Every rank sends to the next and receives from the previous at once (a deadlock if serialised).
+static void test_p2p(Comm *c) {
+    int n = comm_size(c), r = comm_rank(c);
+    uint64_t tc = ++case_id; // every rank counts the case, so that inputs stay in step across ranks
+    if (n < 2) return;
+    size_t bytes = 3 << 20; // larger than a shared-memory ring
+    unsigned char *out = xmalloc(bytes), *in = xmalloc(bytes), *want = xmalloc(bytes);
+    gen(out, bytes / 4, CT_I32, comm_world_rank(c, r), tc);
+    gen(want, bytes / 4, CT_I32, comm_world_rank(c, (r + n - 1) % n), tc);
+    CommRequest *s = comm_isend(c, out, bytes, (r + 1) % n);
+    CommRequest *q = comm_irecv(c, in, bytes, (r + n - 1) % n);
+    comm_wait(s);
+    comm_wait(q);
+    expect_equal(c, "send/recv ring exchange", in, want, bytes);
+    free(out); free(in); free(want);
+}
+
+static void suite(Comm *c, int full) {
+    static const size_t counts[] = { 0, 1, 7, 1000, 1048579 };
+    for (int ci = 0; ci < 5; ci++) {
+        size_t count = counts[ci];
+        for (int t = 0; t < CT_NTYPES; t++) {
+            for (int op = 0; op < CT_NOPS; op++)
+                for (int ip = 0; ip < 2; ip++) {
+                    // the largest count: every type and op out of place, a selection in place
+                    if (!full && count > 1000 && (ip || op == OP_AVG)) continue;
+                    test_reductions(c, count, (CommType)t, (CommOp)op, ip);
+                }
+            for (int ip = 0; ip < 2; ip++) test_gather_broadcast(c, count, (CommType)t, ip);
+        }
+    }
+    test_p2p(c);
+    comm_barrier(c);
+}
+
+int main(int argc, char **argv) {
+    for (int i = 1; i + 1 < argc; i++)
+        if (!strcmp(argv[i], "--nproc")) return launch_local(atoi(argv[i + 1]), argc, argv);
+    double timeout = 60;
+    for (int i = 1; i + 1 < argc; i++)
+        if (!strcmp(argv[i], "--comm-timeout")) timeout = atof(argv[i + 1]);
+    LaunchEnv env;
+    if (!launch_env_read(&env)) {
+        env = (LaunchEnv){ .rank = 0, .world = 1, .local_world = 1, .master_port = 0 };
+        snprintf(env.master_addr, sizeof env.master_addr, "127.0.0.1");
+        snprintf(env.token, sizeof env.token, "single");
+        snprintf(env.node_id, sizeof env.node_id, "local");
+    }
+    Comm *world = comm_init(&env, timeout);
+    int r = comm_rank(world), n = comm_size(world);
+    suite(world, 1);
+    Comm *parity = comm_split(world, r % 2, r, "parity");
+    Comm *reversed = comm_split(world, 0, n - r, "reversed"); // same members, opposite ring order
+    suite(parity, 0);
+    suite(reversed, 0);
+    test_concurrent(parity, reversed);
+    test_concurrent(world, parity);
+    comm_destroy(parity);
+    comm_destroy(reversed);
+    int total = 0;
+    comm_all_reduce(world, &failures, &total, 1, CT_I32, OP_SUM);
+    if (r == 0) printf("collectives on %d rank(s): %s (%d failure(s) over all ranks)\n", n, total ? "FAIL" : "ok", total);
+    comm_destroy(world);
+    return total ? 1 : 0;
+}
