@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -112,37 +113,29 @@ static int env_int(const char *name, int *out) {
 }
 
 void slurm_first_host(const char *list, char *out, size_t cap) {
-    // first entry: up to a comma outside brackets
-    size_t i = 0, depth = 0;
-    while (list[i] && !(list[i] == ',' && depth == 0)) {
-        if (list[i] == '[') depth++;
-        if (list[i] == ']') {
-            if (depth == 0) die("SLURM_JOB_NODELIST '%s': unbalanced ']'", list);
-            depth--;
+    // The first host of the first entry: text outside brackets is copied, and each bracket group
+    // ("[01-04,07]") contributes its first number with its zero padding, e.g. rack[1-2]-n[07,09] -> rack1-n07.
+    size_t w = 0;
+    const char *p = list;
+    while (*p && *p != ',') {
+        if (*p == ']') die("SLURM_JOB_NODELIST '%s': unbalanced ']'", list);
+        if (*p != '[') {
+            if (w + 1 >= cap) die("SLURM_JOB_NODELIST '%s': host name too long", list);
+            out[w++] = *p++;
+            continue;
         }
-        i++;
+        p++;
+        if (!isdigit((unsigned char)*p)) die("SLURM_JOB_NODELIST '%s': expected a number after '['", list);
+        while (isdigit((unsigned char)*p)) {
+            if (w + 1 >= cap) die("SLURM_JOB_NODELIST '%s': host name too long", list);
+            out[w++] = *p++;
+        }
+        while (*p && *p != ']') p++;
+        if (*p != ']') die("SLURM_JOB_NODELIST '%s': unbalanced '['", list);
+        p++;
     }
-    if (depth) die("SLURM_JOB_NODELIST '%s': unbalanced '['", list);
-    const char *br = memchr(list, '[', i);
-    if (!br) {
-        if (i == 0 || i >= cap) die("SLURM_JOB_NODELIST '%s': bad host name", list);
-        memcpy(out, list, i);
-        out[i] = 0;
-        return;
-    }
-    // prefix[a-b,c]suffix: the first host uses the first number of the range, keeping its zero padding
-    size_t plen = (size_t)(br - list);
-    const char *num = br + 1, *p = num;
-    while (isdigit((unsigned char)*p)) p++;
-    if (p == num) die("SLURM_JOB_NODELIST '%s': expected a number after '['", list);
-    const char *close = memchr(br, ']', (size_t)(list + i - br));
-    const char *suffix = close + 1;
-    size_t slen = (size_t)(list + i - suffix);
-    if (plen + (size_t)(p - num) + slen + 1 > cap) die("SLURM_JOB_NODELIST '%s': host name too long", list);
-    memcpy(out, list, plen);
-    memcpy(out + plen, num, (size_t)(p - num));
-    memcpy(out + plen + (p - num), suffix, slen);
-    out[plen + (p - num) + slen] = 0;
+    if (w == 0) die("SLURM_JOB_NODELIST '%s': no host name", list);
+    out[w] = 0;
 }
 
 int launch_env_read(LaunchEnv *e) {
@@ -229,10 +222,13 @@ int launch_local(int nproc, int argc, char **argv) {
     sigemptyset(&sa.sa_mask);
     if (sigaction(SIGINT, &sa, NULL) || sigaction(SIGTERM, &sa, NULL)) die("sigaction: %s", strerror(errno));
     pid_t *pids = xcalloc((size_t)nproc, sizeof(pid_t));
+    pid_t launcher = getpid();
     for (int r = 0; r < nproc; r++) {
         pid_t pid = fork();
         if (pid < 0) die("fork: %s", strerror(errno));
         if (pid == 0) {
+            // a launcher that dies, even by SIGKILL, takes its ranks with it
+            if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || getppid() != launcher) _exit(1);
             char buf[32];
             snprintf(buf, sizeof buf, "%d", r);
             setenv("RANK", buf, 1);
@@ -336,6 +332,7 @@ struct Comm {
     pthread_cond_t cv;
     struct CommRequest *head, *tail;
     int shutdown;
+    _Atomic uint64_t busy_ns; // time the progress thread spent running requests
 };
 
 enum { REQ_ALLREDUCE, REQ_REDUCE_SCATTER, REQ_ALLGATHER, REQ_BROADCAST, REQ_SEND, REQ_RECV };
@@ -833,6 +830,7 @@ Comm *comm_split(Comm *parent, int colour, int key, const char *name) {
     return c;
 }
 
+double comm_busy_seconds(Comm *c) { return atomic_load(&c->busy_ns) * 1e-9; }
 int comm_rank(const Comm *c) { return c->rank; }
 int comm_size(const Comm *c) { return c->size; }
 int comm_world_rank(const Comm *c, int r) { return c->world_ranks[r]; }
@@ -1033,35 +1031,62 @@ static void run_broadcast(Comm *c, unsigned char *buf, size_t bytes, int root) {
     }
 }
 
-// Point-to-point requests taken together progress together, so that a send and a receive between
-// the same two ranks never wait on each other.
-static void run_p2p(Comm *c, struct CommRequest **reqs, int nreq) {
-    size_t *done = xcalloc((size_t)nreq, sizeof(size_t));
+static void mark_done(Comm *c, struct CommRequest *q) {
+    pthread_mutex_lock(&c->mu);
+    atomic_store(&q->done, 1);
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+static int is_p2p(const struct CommRequest *q) { return q->kind == REQ_SEND || q->kind == REQ_RECV; }
+
+#define MAX_P2P 64
+
+// Point-to-point requests progress together, and requests queued while they run join them, so that
+// a send and a receive between the same two ranks never wait on each other (an isend posted just
+// before its irecv would otherwise fill the channel and block both ranks).
+static void run_p2p(Comm *c, struct CommRequest *first) {
+    struct CommRequest *reqs[MAX_P2P];
+    size_t done[MAX_P2P];
+    int nreq = 1, live = 1;
+    reqs[0] = first;
+    done[0] = 0;
     Waiter wt;
-    waiter_start(&wt, c, REQ_NAMES[reqs[0]->kind]);
-    for (;;) {
-        int progressed = 0, pending = 0;
+    waiter_start(&wt, c, REQ_NAMES[first->kind]);
+    while (live > 0) {
+        pthread_mutex_lock(&c->mu);
+        while (c->head && is_p2p(c->head) && nreq < MAX_P2P) {
+            reqs[nreq] = c->head;
+            done[nreq++] = 0;
+            live++;
+            c->head = c->head->next;
+            if (!c->head) c->tail = NULL;
+        }
+        pthread_mutex_unlock(&c->mu);
+        int progressed = 0;
         Channel *waiting = NULL, *ra = NULL, *sb = NULL;
         for (int i = 0; i < nreq; i++) {
             struct CommRequest *q = reqs[i];
-            if (done[i] >= q->count) continue;
+            if (!q) continue;
             Channel *ch = &c->ch[q->peer];
             size_t m = q->kind == REQ_SEND ? chan_send(ch, (const unsigned char *)q->send + done[i], q->count - done[i])
                                            : chan_recv(ch, (unsigned char *)q->recv + done[i], q->count - done[i]);
             done[i] += m;
             if (m) progressed = 1;
-            if (done[i] < q->count) {
-                pending = 1;
-                waiting = ch;
-                wt.op = REQ_NAMES[q->kind];
-                if (q->kind == REQ_SEND) sb = ch;
-                else ra = ch;
+            if (done[i] >= q->count) {
+                mark_done(c, q);
+                reqs[i] = NULL;
+                live--;
+                progressed = 1;
+                continue;
             }
+            waiting = ch;
+            wt.op = REQ_NAMES[q->kind];
+            if (q->kind == REQ_SEND) sb = ch;
+            else ra = ch;
         }
-        if (!pending) break;
-        waiter_pass(&wt, progressed, waiting, ra, sb);
+        if (live > 0) waiter_pass(&wt, progressed, waiting, ra, sb);
     }
-    free(done);
 }
 
 static void execute(Comm *c, struct CommRequest *q) {
@@ -1114,22 +1139,18 @@ static void *progress_main(void *arg) {
             pthread_mutex_unlock(&c->mu);
             return NULL;
         }
-        // take one collective, or every consecutive point-to-point request
-        struct CommRequest *batch[64];
-        int nb = 0;
-        do {
-            batch[nb++] = c->head;
-            c->head = c->head->next;
-        } while (c->head && nb < 64 && (batch[0]->kind == REQ_SEND || batch[0]->kind == REQ_RECV) &&
-                 (c->head->kind == REQ_SEND || c->head->kind == REQ_RECV));
+        struct CommRequest *q = c->head;
+        c->head = q->next;
         if (!c->head) c->tail = NULL;
         pthread_mutex_unlock(&c->mu);
-        if (batch[0]->kind == REQ_SEND || batch[0]->kind == REQ_RECV) run_p2p(c, batch, nb);
-        else execute(c, batch[0]);
-        pthread_mutex_lock(&c->mu);
-        for (int i = 0; i < nb; i++) atomic_store(&batch[i]->done, 1);
-        pthread_cond_broadcast(&c->cv);
-        pthread_mutex_unlock(&c->mu);
+        double t0 = now_seconds();
+        if (is_p2p(q)) {
+            run_p2p(c, q);
+        } else {
+            execute(c, q);
+            mark_done(c, q);
+        }
+        atomic_fetch_add(&c->busy_ns, (uint64_t)((now_seconds() - t0) * 1e9));
     }
 }
 
@@ -1150,6 +1171,7 @@ static CommRequest *submit(Comm *c, int kind, const void *send, void *recv, size
     c->tail = q;
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
+    doorbell_ring(c->bell); // a progress thread sleeping in a point-to-point batch picks it up at once
     return q;
 }
 

@@ -55,6 +55,8 @@ int comm_rank(const Comm *comm);
 int comm_size(const Comm *comm);
 int comm_world_rank(const Comm *comm, int rank); // world rank of a member
 const char *comm_name(const Comm *comm);
+// Seconds this communicator's progress thread has spent running operations (for comm_ms).
+double comm_busy_seconds(Comm *comm);
 
 // Asynchronous collectives. Buffers must stay valid until the request completes. count is in
 // elements; send == recv is in place. For reduce_scatter, recv holds ceil(count/n) elements: rank r

@@ -175,7 +175,52 @@ void gpt2_save_file(const char *path, const GPT2Config *cfg, const float *host_p
 
 static void *at(const void *base, size_t elems, DType dt) { return (char *)base + elems * dtype_size(dt); }
 
-void gpt2_build(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, int B, int T) {
+static int is_layer_tensor(int k) { return k != P_WTE && k != P_WPE && k != P_LNFW && k != P_LNFB; }
+
+int gpt2_unit_of(const GPT2 *m, int k, int l) {
+    if (k == P_WTE || k == P_WPE) return UNIT_EMBED;
+    if (k == P_LNFW || k == P_LNFB) return m->cfg.L + 1;
+    return 1 + l;
+}
+
+void gpt2_tensor_range(const GPT2 *m, int k, int l, size_t *off, size_t *len) {
+    *len = is_layer_tensor(k) ? m->param_sizes[k] / m->cfg.L : m->param_sizes[k];
+    *off = m->unit_offset[gpt2_unit_of(m, k, l)] + m->in_unit[k];
+}
+
+// Unit-major layout: unit offsets and each tensor's place inside its unit.
+static void build_units(GPT2 *m) {
+    int L = m->cfg.L;
+    m->nunits = L + 2;
+    m->unit_offset = xmalloc(sizeof(size_t) * (m->nunits + 1));
+    size_t embed = 0, layer = 0, fin = 0;
+    for (int k = 0; k < NUM_PARAM_TENSORS; k++) {
+        size_t *acc = (k == P_WTE || k == P_WPE) ? &embed : (k == P_LNFW || k == P_LNFB) ? &fin : &layer;
+        m->in_unit[k] = *acc;
+        *acc += is_layer_tensor(k) ? m->param_sizes[k] / L : m->param_sizes[k];
+    }
+    m->unit_offset[0] = 0;
+    m->unit_offset[1] = embed;
+    for (int l = 0; l < L; l++) m->unit_offset[2 + l] = m->unit_offset[1 + l] + layer;
+    m->unit_offset[L + 2] = m->unit_offset[L + 1] + fin;
+}
+
+static void permute(const GPT2 *m, const float *src, float *dst, int to_internal) {
+    for (int k = 0; k < NUM_PARAM_TENSORS; k++) {
+        int layers = is_layer_tensor(k) ? m->cfg.L : 1;
+        for (int l = 0; l < layers; l++) {
+            size_t off, len;
+            gpt2_tensor_range(m, k, l, &off, &len);
+            size_t foff = m->file_offsets[k] + (size_t)l * len;
+            if (to_internal) memcpy(dst + off, src + foff, len * sizeof(float));
+            else memcpy(dst + foff, src + off, len * sizeof(float));
+        }
+    }
+}
+void gpt2_file_to_internal(const GPT2 *m, const float *file, float *internal) { permute(m, file, internal, 1); }
+void gpt2_internal_to_file(const GPT2 *m, const float *internal, float *file) { permute(m, internal, file, 0); }
+
+void gpt2_build(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, int B, int T, int own_params) {
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
     m->dt = dt;
@@ -183,10 +228,15 @@ void gpt2_build(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, int
     m->B = B;
     m->T = T;
     m->mem.be = be;
-    m->num_params = gpt2_param_layout(cfg, m->param_sizes, m->param_offsets);
+    m->num_params = gpt2_param_layout(cfg, m->param_sizes, m->file_offsets);
+    build_units(m);
     size_t ds = dtype_size(dt);
     MemAccount *a = &m->mem;
-    m->params = mem_alloc(a, MEM_WEIGHTS, m->num_params * ds, "weights");
+    m->unit_params = xcalloc((size_t)m->nunits, sizeof(void *));
+    if (own_params) {
+        m->params = mem_alloc(a, MEM_WEIGHTS, m->num_params * ds, "weights");
+        for (int u = 0; u < m->nunits; u++) m->unit_params[u] = at(m->params, m->unit_offset[u], dt);
+    }
     m->grads = mem_alloc(a, MEM_GRADS, m->num_params * sizeof(float), "gradients");
 
     size_t L = cfg->L, C = cfg->C, BT = (size_t)B * T, att = (size_t)B * cfg->NH * T * T;
@@ -229,8 +279,11 @@ void gpt2_free(GPT2 *m) {
     void *bufs[] = { x->encoded, x->ln1, x->ln1_mean, x->ln1_rstd, x->qkv, x->atty, x->att, x->attproj,
                      x->residual2, x->ln2, x->ln2_mean, x->ln2_rstd, x->fch, x->fch_gelu, x->fcproj,
                      x->residual3, x->lnf, x->lnf_mean, x->lnf_rstd, x->logits, x->losses, x->inputs,
-                     x->targets, x->dresidual, x->dbuf_c, x->dbuf_4c, x->dqkv, x->datt, m->params, m->grads };
+                     x->targets, x->dresidual, x->dbuf_c, x->dbuf_4c, x->dqkv, x->datt, m->grads };
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(bufs[i]);
+    if (m->params) be->free(m->params);
+    free(m->unit_offset);
+    free(m->unit_params);
     memset(m, 0, sizeof *m);
 }
 
@@ -245,15 +298,20 @@ void gpt2_upload_params(GPT2 *m, const float *host) {
     free(tmp);
 }
 
-void *gpt2_param(const GPT2 *m, int k) { return at(m->params, m->param_offsets[k], m->dt); }
-float *gpt2_grad(const GPT2 *m, int k) { return m->grads + m->param_offsets[k]; }
-
-// tensor k, layer l
-static void *lp(const GPT2 *m, int k, int l) {
-    return at(m->params, m->param_offsets[k] + (size_t)l * (m->param_sizes[k] / m->cfg.L), m->dt);
+void *gpt2_param(const GPT2 *m, int k, int l) {
+    return at(m->unit_params[gpt2_unit_of(m, k, l)], m->in_unit[k], m->dt);
 }
-static float *lg(const GPT2 *m, int k, int l) {
-    return m->grads + m->param_offsets[k] + (size_t)l * (m->param_sizes[k] / m->cfg.L);
+float *gpt2_grad(const GPT2 *m, int k, int l) {
+    size_t off, len;
+    gpt2_tensor_range(m, k, l, &off, &len);
+    return m->grads + off;
+}
+
+static void fetch(GPT2 *m, int unit) {
+    if (m->fetch_unit) m->fetch_unit(m->hook_ctx, unit);
+}
+static void ready(GPT2 *m, int unit) {
+    if (m->grads_ready) m->grads_ready(m->hook_ctx, unit);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -267,12 +325,13 @@ float gpt2_forward(GPT2 *m, const int32_t *inputs, const int32_t *targets, int B
     DType dt = m->dt;
     Activations *x = &m->act;
     int C = cfg->C, NH = cfg->NH, N = B * T;
-    size_t BTC = (size_t)N * C, att = (size_t)B * NH * T * T;
+    size_t BTC = (size_t)N * C;
     // per-layer strides use the allocated B·T so buffers stay where the backward expects them
     size_t sBTC = (size_t)m->B * m->T * C, sBT = (size_t)m->B * m->T, sAtt = (size_t)m->B * NH * m->T * m->T;
 
     be->to_device(x->inputs, inputs, sizeof(int32_t) * N);
-    be->encoder_fwd(dt, x->encoded, x->inputs, gpt2_param(m, P_WTE), gpt2_param(m, P_WPE), B, T, C);
+    fetch(m, UNIT_EMBED);
+    be->encoder_fwd(dt, x->encoded, x->inputs, gpt2_param(m, P_WTE, 0), gpt2_param(m, P_WPE, 0), B, T, C);
     for (int l = 0; l < cfg->L; l++) {
         void *res = l == 0 ? x->encoded : at(x->residual3, (l - 1) * sBTC, dt);
         void *ln1 = at(x->ln1, l * sBTC, dt), *qkv = at(x->qkv, l * 3 * sBTC, dt), *atty = at(x->atty, l * sBTC, dt);
@@ -280,23 +339,25 @@ float gpt2_forward(GPT2 *m, const int32_t *inputs, const int32_t *targets, int B
         void *ln2 = at(x->ln2, l * sBTC, dt), *fch = at(x->fch, l * 4 * sBTC, dt);
         void *fchg = at(x->fch_gelu, l * 4 * sBTC, dt), *fcproj = at(x->fcproj, l * sBTC, dt);
         void *r3 = at(x->residual3, l * sBTC, dt);
-        be->layernorm_fwd(dt, ln1, x->ln1_mean + l * sBT, x->ln1_rstd + l * sBT, res, lp(m, P_LN1W, l),
-                          lp(m, P_LN1B, l), N, C);
-        be->matmul_fwd(dt, qkv, ln1, lp(m, P_QKVW, l), lp(m, P_QKVB, l), N, C, 3 * C);
+        fetch(m, 1 + l);
+        be->layernorm_fwd(dt, ln1, x->ln1_mean + l * sBT, x->ln1_rstd + l * sBT, res, gpt2_param(m, P_LN1W, l),
+                          gpt2_param(m, P_LN1B, l), N, C);
+        be->matmul_fwd(dt, qkv, ln1, gpt2_param(m, P_QKVW, l), gpt2_param(m, P_QKVB, l), N, C, 3 * C);
         be->attention_fwd(dt, atty, x->att + l * sAtt, qkv, B, T, C, NH);
-        be->matmul_fwd(dt, attproj, atty, lp(m, P_ATTPROJW, l), lp(m, P_ATTPROJB, l), N, C, C);
+        be->matmul_fwd(dt, attproj, atty, gpt2_param(m, P_ATTPROJW, l), gpt2_param(m, P_ATTPROJB, l), N, C, C);
         be->residual_fwd(dt, r2, res, attproj, BTC);
-        be->layernorm_fwd(dt, ln2, x->ln2_mean + l * sBT, x->ln2_rstd + l * sBT, r2, lp(m, P_LN2W, l),
-                          lp(m, P_LN2B, l), N, C);
-        be->matmul_fwd(dt, fch, ln2, lp(m, P_FCW, l), lp(m, P_FCB, l), N, C, 4 * C);
+        be->layernorm_fwd(dt, ln2, x->ln2_mean + l * sBT, x->ln2_rstd + l * sBT, r2, gpt2_param(m, P_LN2W, l),
+                          gpt2_param(m, P_LN2B, l), N, C);
+        be->matmul_fwd(dt, fch, ln2, gpt2_param(m, P_FCW, l), gpt2_param(m, P_FCB, l), N, C, 4 * C);
         be->gelu_fwd(dt, fchg, fch, 4 * BTC);
-        be->matmul_fwd(dt, fcproj, fchg, lp(m, P_FCPROJW, l), lp(m, P_FCPROJB, l), N, 4 * C, C);
+        be->matmul_fwd(dt, fcproj, fchg, gpt2_param(m, P_FCPROJW, l), gpt2_param(m, P_FCPROJB, l), N, 4 * C, C);
         be->residual_fwd(dt, r3, r2, fcproj, BTC);
     }
-    (void)att;
     void *last = at(x->residual3, (cfg->L - 1) * sBTC, dt);
-    be->layernorm_fwd(dt, x->lnf, x->lnf_mean, x->lnf_rstd, last, gpt2_param(m, P_LNFW), gpt2_param(m, P_LNFB), N, C);
-    be->matmul_fwd(dt, x->logits, x->lnf, gpt2_param(m, P_WTE), NULL, N, C, cfg->Vp);
+    fetch(m, cfg->L + 1);
+    be->layernorm_fwd(dt, x->lnf, x->lnf_mean, x->lnf_rstd, last, gpt2_param(m, P_LNFW, 0), gpt2_param(m, P_LNFB, 0), N, C);
+    fetch(m, UNIT_EMBED); // the tied LM head
+    be->matmul_fwd(dt, x->logits, x->lnf, gpt2_param(m, P_WTE, 0), NULL, N, C, cfg->Vp);
     m->act_B = B;
     m->act_T = T;
     if (!targets) return 0.0f;
@@ -322,32 +383,38 @@ void gpt2_backward(GPT2 *m, float dloss_scale) {
 
     // LM head: dlogits in place, then into the final LayerNorm; its input gradient starts the residual stream.
     be->crossentropy_bwd(dt, x->logits, x->logits, x->targets, dloss_scale, N, cfg->V, cfg->Vp);
-    be->matmul_bwd(dt, x->dbuf_c, gpt2_grad(m, P_WTE), NULL, x->logits, x->lnf, gpt2_param(m, P_WTE), N, C, cfg->Vp);
+    fetch(m, UNIT_EMBED);
+    be->matmul_bwd(dt, x->dbuf_c, gpt2_grad(m, P_WTE, 0), NULL, x->logits, x->lnf, gpt2_param(m, P_WTE, 0), N, C, cfg->Vp);
     be->zero(x->dresidual, BTC * dtype_size(dt));
     void *last = at(x->residual3, (cfg->L - 1) * sBTC, dt);
-    be->layernorm_bwd(dt, x->dresidual, gpt2_grad(m, P_LNFW), gpt2_grad(m, P_LNFB), x->dbuf_c, last,
-                      gpt2_param(m, P_LNFW), x->lnf_mean, x->lnf_rstd, N, C);
+    fetch(m, cfg->L + 1);
+    be->layernorm_bwd(dt, x->dresidual, gpt2_grad(m, P_LNFW, 0), gpt2_grad(m, P_LNFB, 0), x->dbuf_c, last,
+                      gpt2_param(m, P_LNFW, 0), x->lnf_mean, x->lnf_rstd, N, C);
+    ready(m, cfg->L + 1);
     for (int l = cfg->L - 1; l >= 0; l--) {
         void *res = l == 0 ? x->encoded : at(x->residual3, (l - 1) * sBTC, dt);
         void *ln1 = at(x->ln1, l * sBTC, dt), *qkv = at(x->qkv, l * 3 * sBTC, dt), *atty = at(x->atty, l * sBTC, dt);
         void *r2 = at(x->residual2, l * sBTC, dt), *ln2 = at(x->ln2, l * sBTC, dt);
         void *fch = at(x->fch, l * 4 * sBTC, dt), *fchg = at(x->fch_gelu, l * 4 * sBTC, dt);
+        fetch(m, 1 + l);
         // MLP: dresidual is the gradient of residual3 = residual2 + fcproj
-        be->matmul_bwd(dt, x->dbuf_4c, lg(m, P_FCPROJW, l), lg(m, P_FCPROJB, l), x->dresidual, fchg,
-                       lp(m, P_FCPROJW, l), N, 4 * C, C);
+        be->matmul_bwd(dt, x->dbuf_4c, gpt2_grad(m, P_FCPROJW, l), gpt2_grad(m, P_FCPROJB, l), x->dresidual, fchg,
+                       gpt2_param(m, P_FCPROJW, l), N, 4 * C, C);
         be->gelu_bwd(dt, x->dbuf_4c, fch, x->dbuf_4c, 4 * BTC);
-        be->matmul_bwd(dt, x->dbuf_c, lg(m, P_FCW, l), lg(m, P_FCB, l), x->dbuf_4c, ln2, lp(m, P_FCW, l), N, C, 4 * C);
-        be->layernorm_bwd(dt, x->dresidual, lg(m, P_LN2W, l), lg(m, P_LN2B, l), x->dbuf_c, r2, lp(m, P_LN2W, l),
+        be->matmul_bwd(dt, x->dbuf_c, gpt2_grad(m, P_FCW, l), gpt2_grad(m, P_FCB, l), x->dbuf_4c, ln2, gpt2_param(m, P_FCW, l), N, C, 4 * C);
+        be->layernorm_bwd(dt, x->dresidual, gpt2_grad(m, P_LN2W, l), gpt2_grad(m, P_LN2B, l), x->dbuf_c, r2, gpt2_param(m, P_LN2W, l),
                           x->ln2_mean + l * sBT, x->ln2_rstd + l * sBT, N, C);
         // attention: dresidual is now the gradient of residual2 = residual + attproj
-        be->matmul_bwd(dt, x->dbuf_c, lg(m, P_ATTPROJW, l), lg(m, P_ATTPROJB, l), x->dresidual, atty,
-                       lp(m, P_ATTPROJW, l), N, C, C);
+        be->matmul_bwd(dt, x->dbuf_c, gpt2_grad(m, P_ATTPROJW, l), gpt2_grad(m, P_ATTPROJB, l), x->dresidual, atty,
+                       gpt2_param(m, P_ATTPROJW, l), N, C, C);
         be->attention_bwd(dt, x->dqkv, x->datt, x->dbuf_c, qkv, x->att + l * sAtt, B, T, C, NH);
-        be->matmul_bwd(dt, x->dbuf_c, lg(m, P_QKVW, l), lg(m, P_QKVB, l), x->dqkv, ln1, lp(m, P_QKVW, l), N, C, 3 * C);
-        be->layernorm_bwd(dt, x->dresidual, lg(m, P_LN1W, l), lg(m, P_LN1B, l), x->dbuf_c, res, lp(m, P_LN1W, l),
+        be->matmul_bwd(dt, x->dbuf_c, gpt2_grad(m, P_QKVW, l), gpt2_grad(m, P_QKVB, l), x->dqkv, ln1, gpt2_param(m, P_QKVW, l), N, C, 3 * C);
+        be->layernorm_bwd(dt, x->dresidual, gpt2_grad(m, P_LN1W, l), gpt2_grad(m, P_LN1B, l), x->dbuf_c, res, gpt2_param(m, P_LN1W, l),
                           x->ln1_mean + l * sBT, x->ln1_rstd + l * sBT, N, C);
+        ready(m, 1 + l);
     }
-    be->encoder_bwd(dt, gpt2_grad(m, P_WTE), gpt2_grad(m, P_WPE), x->dresidual, x->inputs, B, T, C);
+    be->encoder_bwd(dt, gpt2_grad(m, P_WTE, 0), gpt2_grad(m, P_WPE, 0), x->dresidual, x->inputs, B, T, C);
+    ready(m, UNIT_EMBED);
 }
 
 void gpt2_zero_grad(GPT2 *m) { m->be->zero(m->grads, m->num_params * sizeof(float)); }

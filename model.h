@@ -48,19 +48,33 @@ typedef struct {
     float *datt;
 } Activations;
 
+// Inside the trainer the parameters are laid out unit by unit, in the order the forward uses them:
+// unit 0 holds the embeddings (wte, wpe), unit 1 + l block l's twelve tensors, unit L + 1 the final
+// LayerNorm. Data parallelism buckets, shards and (ZeRO-3) gathers whole units; model files keep
+// llm.c's tensor-by-tensor order, converted on load and save.
+#define UNIT_EMBED 0
+
 typedef struct {
     GPT2Config cfg;
     DType dt;
     const Backend *be;
     int B, T;         // largest micro-batch the activation buffers hold
     int act_B, act_T; // shape of the last forward, which the backward differentiates
-    size_t param_sizes[NUM_PARAM_TENSORS];   // elements
-    size_t param_offsets[NUM_PARAM_TENSORS]; // elements from the start of params/grads
+    size_t param_sizes[NUM_PARAM_TENSORS];   // elements, whole tensor (all layers)
+    size_t file_offsets[NUM_PARAM_TENSORS];  // offsets in llm.c's file order
+    size_t in_unit[NUM_PARAM_TENSORS];       // offset of a tensor (one layer's slice) inside its unit
+    int nunits;                              // L + 2
+    size_t *unit_offset;                     // [nunits + 1] offsets of the units in the internal order
     size_t num_params;
-    void *params; // working weights in dt
-    float *grads; // fp32, accumulated over micro-batches
+    void *params;       // working weights in dt (internal order); NULL under ZeRO-3
+    void **unit_params; // [nunits] where each unit's working weights are now
+    float *grads;       // fp32, internal order, accumulated over micro-batches
     Activations act;
     MemAccount mem;
+    // data-parallel hooks (zero.c); NULL when unused
+    void *hook_ctx;
+    void (*fetch_unit)(void *ctx, int unit); // before a unit's weights are read
+    void (*grads_ready)(void *ctx, int unit); // once a unit's gradients are final for this micro-batch
 } GPT2;
 
 // Fills sizes and offsets from the shape; returns the total parameter count.
@@ -79,11 +93,17 @@ float *gpt2_init_params(const GPT2Config *cfg, uint64_t seed);
 float *gpt2_load_file(const char *path, GPT2Config *cfg);
 void gpt2_save_file(const char *path, const GPT2Config *cfg, const float *host_params);
 
-void gpt2_build(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, int B, int T);
+// Builds the model; with own_params 0 the caller (ZeRO-3) provides unit_params instead of a full
+// working-weight buffer.
+void gpt2_build(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, int B, int T, int own_params);
 void gpt2_free(GPT2 *m);
-void gpt2_upload_params(GPT2 *m, const float *host_params); // host fp32 -> working weights (dt)
-void *gpt2_param(const GPT2 *m, int tensor);     // device pointer to a tensor of the working weights
-float *gpt2_grad(const GPT2 *m, int tensor);     // device pointer to its gradient
+int gpt2_unit_of(const GPT2 *m, int tensor, int layer);
+// Where tensor k (layer l for per-layer tensors) lies in the internal order: offset and length.
+void gpt2_tensor_range(const GPT2 *m, int k, int l, size_t *off, size_t *len);
+// Host fp32 arrays: llm.c file order <-> internal order.
+void gpt2_file_to_internal(const GPT2 *m, const float *file, float *internal);
+void gpt2_internal_to_file(const GPT2 *m, const float *internal, float *file);
+void gpt2_upload_params(GPT2 *m, const float *host_internal); // host fp32 -> working weights (dt)
 
 // Forward over one micro-batch of B sequences of T tokens (host arrays, copied to the device).
 // With targets, returns the mean loss over the B·T tokens; without, returns 0 and leaves the logits.
@@ -92,6 +112,8 @@ float gpt2_forward(GPT2 *m, const int32_t *inputs, const int32_t *targets, int B
 // (dloss_scale = 1/(tokens in the global batch), so accumulated micro-batches sum to the batch mean).
 void gpt2_backward(GPT2 *m, float dloss_scale);
 void gpt2_zero_grad(GPT2 *m);
+void *gpt2_param(const GPT2 *m, int tensor, int layer); // device pointer into the working weights
+float *gpt2_grad(const GPT2 *m, int tensor, int layer);  // device pointer to its gradient
 // Copies the logits of position t of sequence b (fp32, V entries) to the host after a forward.
 void gpt2_logits_at(const GPT2 *m, int b, int t, int T, float *out);
 

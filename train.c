@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "collectives.h"
 #include "common.h"
 #include "data.h"
 #include "kernels.h"
@@ -70,6 +71,18 @@ static const char USAGE[] =
     "  --dump DIR                 testing aid: write step 0's global batch tokens, first micro-batch\n"
     "                             logits and accumulated gradients (raw int32/fp32) into DIR\n"
     "\n"
+    "parallelism:\n"
+    "  --nproc N                  fork N local ranks running this command (or launch with torchrun-style\n"
+    "                             RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT variables, or under srun)\n"
+    "  --zero 0|1|2|3             ZeRO stage of the data-parallel state (default 0): 0 all-reduces\n"
+    "                             gradients; 1 shards master weights and AdamW moments; 2 also the\n"
+    "                             reduced gradient; 3 also the working weights, gathered unit by unit\n"
+    "  --bucket-mb F              gradient bucket size in MiB of fp32 gradients; each bucket's reduction\n"
+    "                             starts as soon as the backward has finished it (default 25; 0 = one\n"
+    "                             bucket, reduced after the backward)\n"
+    "  --comm-timeout S           seconds any collective may wait before the job stops with an error\n"
+    "                             naming the operation and the silent rank (default 300)\n"
+    "\n"
     "execution:\n"
     "  --device cpu|cuda          default cuda when a GPU is present, else cpu\n"
     "  --dtype fp32|bf16          weights and activations (default bf16 on cuda, fp32 on cpu); bf16\n"
@@ -85,6 +98,8 @@ typedef struct {
     float lr, lr_min_frac, beta1, beta2, eps, weight_decay, clip, temperature;
     uint64_t seed;
     int dtype; // -1 = default for the device
+    int zero;
+    double bucket_mb, comm_timeout;
 } Options;
 
 // ---------------------------------------------------------------------------------------------
@@ -111,7 +126,8 @@ static float parse_float(const char *flag, const char *s, double lo, double hi) 
 static void parse_options(Options *o, int argc, char **argv) {
     *o = (Options){ .micro_batch = 4, .steps = 20, .val_steps = 10, .sample_tokens = 64, .lr = 3e-4f,
                     .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .clip = 1.0f, .temperature = 1.0f,
-                    .seed = 1337, .dtype = -1, .schedule = "cosine" };
+                    .seed = 1337, .dtype = -1, .schedule = "cosine", .bucket_mb = 25,
+                    .comm_timeout = 300 };
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
@@ -164,6 +180,9 @@ static void parse_options(Options *o, int argc, char **argv) {
             else if (!strcmp(v, "bf16")) o->dtype = DT_BF16;
             else die("--dtype must be fp32 or bf16, got '%s'", v);
         } else if (IS("--threads")) o->threads = (int)parse_int(f, v, 1, 4096);
+        else if (IS("--zero")) o->zero = (int)parse_int(f, v, 0, 3);
+        else if (IS("--bucket-mb")) o->bucket_mb = parse_float(f, v, 0, 1e6);
+        else if (IS("--comm-timeout")) o->comm_timeout = parse_float(f, v, 0.1, 1e7);
         else die("unknown flag %s (see --help)", f);
 #undef IS
     }
@@ -220,14 +239,15 @@ static float lr_at(const Options *o, int step) {
     return min_lr + 0.5f * (1.0f + cosf((float)M_PI * ratio)) * (o->lr - min_lr);
 }
 
-static void print_memory(const GPT2 *m) {
+static void print_memory(const GPT2 *m, int rank) {
     size_t total = 0;
-    printf("memory per rank (%s):", m->be->name);
+    printf("memory of rank %d (%s):", rank, m->be->name);
     for (int c = 0; c < MEM_NCAT; c++) {
         printf(" %s %.2f MiB |", MEM_NAMES[c], m->mem.bytes[c] / 1048576.0);
         total += m->mem.bytes[c];
     }
     printf(" total %.2f MiB\n", total / 1048576.0);
+    fflush(stdout);
 }
 
 static void write_raw(const char *dir, const char *name, const void *data, size_t bytes) {
@@ -242,18 +262,18 @@ static void write_raw(const char *dir, const char *name, const void *data, size_
 }
 
 // Sampling: the model continues the first token of the training data, one token per forward.
-static void sample(GPT2 *m, const Options *o, const Tokenizer *tk, int first_token, int T, int step) {
+static void sample(GPT2 *m, const Options *o, const Tokenizer *tk, int first_token, int T, int step, int print) {
     int n = o->sample_tokens < T - 1 ? o->sample_tokens : T - 1;
     int32_t *ctx = xcalloc((size_t)T, sizeof(int32_t));
     float *probs = xmalloc(sizeof(float) * m->cfg.V);
     int *order = xmalloc(sizeof(int) * m->cfg.V);
     uint64_t rng = o->seed * 0x9e3779b97f4a7c15ULL + (uint64_t)step + 1;
     ctx[0] = first_token;
-    printf("sample at step %d:\n", step);
+    if (print) printf("sample at step %d:\n", step);
     char buf[64];
     if (tk) {
         tokenizer_decode(tk, first_token, buf, sizeof buf);
-        fputs(buf, stdout);
+        if (print) fputs(buf, stdout);
     }
     for (int t = 1; t <= n; t++) {
         gpt2_forward(m, ctx, NULL, 1, t);
@@ -290,6 +310,7 @@ static void sample(GPT2 *m, const Options *o, const Tokenizer *tk, int first_tok
             }
         }
         ctx[t] = next;
+        if (!print) continue;
         if (tk) {
             tokenizer_decode(tk, next, buf, sizeof buf);
             fputs(buf, stdout);
@@ -297,7 +318,7 @@ static void sample(GPT2 *m, const Options *o, const Tokenizer *tk, int first_tok
             printf("%d ", next);
         }
     }
-    printf("\n---\n");
+    if (print) printf("\n---\n");
     fflush(stdout);
     free(ctx);
     free(probs);
@@ -320,6 +341,16 @@ static int train_main(int argc, char **argv) {
     Options o;
     parse_options(&o, argc, argv);
 
+    // ranks: launched by --nproc, torchrun-style variables or Slurm; one process otherwise
+    LaunchEnv env;
+    Comm *world = NULL;
+    if (launch_env_read(&env)) world = comm_init(&env, o.comm_timeout);
+    int rank = world ? comm_rank(world) : 0, nranks = world ? comm_size(world) : 1;
+    int dp_size = nranks, dp_rank = rank; // data parallelism spans the world (no other axis yet)
+    int stage = dp_size > 1 ? o.zero : (o.zero == 3 ? 0 : o.zero);
+    int lead = rank == 0;
+    if (o.dump && nranks > 1) die("--dump works on a single rank only");
+
     int ncuda = cuda_device_count();
     const Backend *be;
     if (o.device ? !strcmp(o.device, "cuda") : ncuda > 0) {
@@ -337,11 +368,15 @@ static int train_main(int argc, char **argv) {
     int T = o.seq_len ? o.seq_len : cfg.maxT;
     if (T > cfg.maxT) die("--seq-len %d is above the model's maximum sequence length %d", T, cfg.maxT);
     int B = o.micro_batch;
-    long long micro_tokens = (long long)B * T;
+    long long micro_tokens = (long long)B * T * dp_size; // one micro-batch on every data-parallel rank
     long long batch_tokens = o.batch_tokens ? o.batch_tokens : micro_tokens;
-    if (batch_tokens % micro_tokens != 0)
+    if (batch_tokens % micro_tokens != 0) {
+        if (dp_size > 1)
+            die("--batch-tokens %lld is not a multiple of data-parallel ranks x --micro-batch x --seq-len = %d x %d x %d = %lld",
+                batch_tokens, dp_size, B, T, micro_tokens);
         die("--batch-tokens %lld is not a multiple of --micro-batch x --seq-len = %d x %d = %lld", batch_tokens, B, T,
             micro_tokens);
+    }
     int accum = (int)(batch_tokens / micro_tokens);
     long long G = batch_tokens / T; // sequences per optimizer step
 
@@ -374,24 +409,36 @@ static int train_main(int argc, char **argv) {
 
     if (!host_params) host_params = gpt2_init_params(&cfg, o.seed);
     GPT2 model;
-    gpt2_build(&model, &cfg, dt, be, B, T);
-    gpt2_upload_params(&model, host_params);
-    AdamWConfig acfg = { o.beta1, o.beta2, o.eps, o.weight_decay, o.clip };
-    Optimizer opt;
-    optimizer_init(&opt, &model, host_params, &acfg);
+    gpt2_build(&model, &cfg, dt, be, B, T, stage != 3);
+    float *host_internal = xmalloc(sizeof(float) * model.num_params);
+    gpt2_file_to_internal(&model, host_params, host_internal);
     free(host_params);
+    if (stage != 3) gpt2_upload_params(&model, host_internal);
+    AdamWConfig acfg = { o.beta1, o.beta2, o.eps, o.weight_decay, o.clip };
+    Zero zero;
+    zero_init(&zero, &model, world, stage, o.bucket_mb, host_internal, &acfg);
+    free(host_internal);
 
     double flops_per_token = gpt2_flops_per_token(&cfg, T);
-    printf("llm4d | device %s | dtype %s | model L=%d C=%d H=%d V=%d Vp=%d maxT=%d | %zu parameters\n", be->name,
-           dtype_name(dt), cfg.L, cfg.C, cfg.NH, cfg.V, cfg.Vp, cfg.maxT, model.num_params);
-    printf("batch: %lld tokens per step = %d micro-batch(es) of %d x %d | %d steps\n", batch_tokens, accum, B, T, o.steps);
-    if (have_train)
-        printf("data: %s (%llu tokens, %llu sequences of %d)%s\n", o.train, (unsigned long long)train_set.ntokens,
-               (unsigned long long)train_set.windows, T, o.shuffle ? ", shuffled" : "");
-    print_memory(&model);
+    if (lead) {
+        printf("llm4d | device %s | dtype %s | model L=%d C=%d H=%d V=%d Vp=%d maxT=%d | %zu parameters\n", be->name,
+               dtype_name(dt), cfg.L, cfg.C, cfg.NH, cfg.V, cfg.Vp, cfg.maxT, model.num_params);
+        printf("layout: %d rank(s) | data parallel %d | ZeRO-%d | %d gradient bucket(s)\n", nranks, dp_size, stage,
+               zero.nbuckets);
+        printf("batch: %lld tokens per step = %d micro-batch(es) of %d x %d on each of %d rank(s) | %d steps\n",
+               batch_tokens, accum, B, T, dp_size, o.steps);
+        if (have_train)
+            printf("data: %s (%llu tokens, %llu sequences of %d)%s\n", o.train, (unsigned long long)train_set.ntokens,
+                   (unsigned long long)train_set.windows, T, o.shuffle ? ", shuffled" : "");
+    }
+    // every rank reports its own memory, one line each, in rank order
+    for (int r = 0; r < nranks; r++) {
+        if (r == rank) print_memory(&model, rank);
+        if (world) comm_barrier(world);
+    }
 
     FILE *logf = NULL;
-    if (o.log) logf = xfopen(o.log, "w");
+    if (o.log && lead) logf = xfopen(o.log, "w");
     int32_t *inputs = xmalloc(sizeof(int32_t) * B * T), *targets = xmalloc(sizeof(int32_t) * B * T);
     int first_token = 0;
     if (have_train) {
@@ -402,21 +449,26 @@ static int train_main(int argc, char **argv) {
 
     for (int step = 0; step <= o.steps; step++) {
         int last = step == o.steps;
+        // validation and sampling run on every rank alike (ZeRO-3 gathers need every rank); rank 0 reports
         if (o.val && o.val_every > 0 && (step % o.val_every == 0 || last) && (step > 0 || !last)) {
             float vl = validate(&model, &val_set, B, T, o.val_steps);
-            printf("step %d | val loss %.6f\n", step, vl);
-            if (logf) fprintf(logf, "{\"step\":%d,\"val_loss\":%.9g}\n", step, vl);
+            if (lead) {
+                printf("step %d | val loss %.6f\n", step, vl);
+                if (logf) fprintf(logf, "{\"step\":%d,\"val_loss\":%.9g}\n", step, vl);
+            }
         }
         if (o.sample_every > 0 && have_train && ((step > 0 && step % o.sample_every == 0) || (last && step > 0)))
-            sample(&model, &o, have_tk ? &tk : NULL, first_token, T, step);
+            sample(&model, &o, have_tk ? &tk : NULL, first_token, T, step, lead);
         if (last) break;
 
         double t0 = now_seconds();
+        zero_begin_step(&zero);
         gpt2_zero_grad(&model);
         double loss_sum = 0.0;
         for (int mb = 0; mb < accum; mb++) {
+            // this rank's sequences of the global batch: a contiguous block of accum x B
             for (int b = 0; b < B; b++) {
-                uint64_t g = (uint64_t)step * G + (uint64_t)mb * B + b;
+                uint64_t g = (uint64_t)step * G + ((uint64_t)dp_rank * accum + mb) * B + b;
                 tokenset_sequence(&train_set, g, inputs + b * T, targets + b * T);
             }
             loss_sum += gpt2_forward(&model, inputs, targets, B, T);
@@ -428,54 +480,81 @@ static int train_main(int argc, char **argv) {
                 write_raw(o.dump, "logits.bin", logits, sizeof(float) * cfg.V * B * T);
                 free(logits);
             }
+            zero_begin_backward(&zero, mb == accum - 1);
             gpt2_backward(&model, 1.0f / (float)batch_tokens);
         }
-        float loss = (float)(loss_sum / accum);
-        float norm = optimizer_grad_norm(&opt, &model);
+        float loss = (float)(zero_sum_double(&zero, loss_sum) / (accum * dp_size));
+        float norm = zero_finish_grads(&zero);
         if (o.dump && step == 0) {
-            float *g = xmalloc(sizeof(float) * model.num_params);
+            float *g = xmalloc(sizeof(float) * model.num_params), *gf = xmalloc(sizeof(float) * model.num_params);
             be->to_host(g, model.grads, sizeof(float) * model.num_params);
-            write_raw(o.dump, "grads.bin", g, sizeof(float) * model.num_params);
+            gpt2_internal_to_file(&model, g, gf);
+            write_raw(o.dump, "grads.bin", gf, sizeof(float) * model.num_params);
             free(g);
+            free(gf);
             int32_t *tok = xmalloc(sizeof(int32_t) * 2 * G * T);
             for (long long i = 0; i < G; i++) tokenset_sequence(&train_set, (uint64_t)i, tok + i * T, tok + (G + i) * T);
             write_raw(o.dump, "tokens.bin", tok, sizeof(int32_t) * 2 * G * T);
             free(tok);
         }
         float lr = lr_at(&o, step);
-        optimizer_step(&opt, &model, lr, norm);
+        zero_step(&zero, lr, norm);
         be->sync();
         double ms = (now_seconds() - t0) * 1e3;
         double tps = batch_tokens / (ms / 1e3);
-        printf("step %4d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s | %.2f GFLOP/s\n", step + 1,
-               o.steps, loss, lr, norm, ms, tps, tps * flops_per_token / 1e9);
-        fflush(stdout);
+        double comm_ms = zero_comm_ms(&zero), exposed_ms = zero_exposed_ms(&zero);
         if (!isfinite(loss)) die("loss is %f at step %d: training diverged", loss, step + 1);
+        if (lead) {
+            printf("step %4d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s | %.2f GFLOP/s", step + 1,
+                   o.steps, loss, lr, norm, ms, tps, tps * flops_per_token / 1e9);
+            if (dp_size > 1) printf(" | comm %.1f ms, exposed %.1f ms", comm_ms, exposed_ms);
+            printf("\n");
+            fflush(stdout);
+        }
         if (logf) {
-            fprintf(logf, "{\"step\":%d,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"ms\":%.3f,\"tokens_per_s\":%.1f}\n",
-                    step + 1, loss, lr, norm, ms, tps);
+            fprintf(logf,
+                    "{\"step\":%d,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"ms\":%.3f,\"tokens_per_s\":%.1f,"
+                    "\"comm_ms\":%.3f,\"exposed_comm_ms\":%.3f}\n",
+                    step + 1, loss, lr, norm, ms, tps, comm_ms, exposed_ms);
             if (fflush(logf) != 0) die("cannot write %s: %s", o.log, strerror(errno));
         }
     }
     if (logf) xfclose(logf, o.log);
     if (o.save_model) {
-        float *host = xmalloc(sizeof(float) * model.num_params);
-        optimizer_master_to_host(&opt, &model, host);
-        gpt2_save_file(o.save_model, &cfg, host);
-        printf("saved %s\n", o.save_model);
+        float *host = xmalloc(sizeof(float) * model.num_params), *file = xmalloc(sizeof(float) * model.num_params);
+        zero_gather_master(&zero, host); // collective: every rank takes part, rank 0 writes
+        if (lead) {
+            gpt2_internal_to_file(&model, host, file);
+            gpt2_save_file(o.save_model, &cfg, file);
+            printf("saved %s\n", o.save_model);
+        }
         free(host);
+        free(file);
     }
     free(inputs);
     free(targets);
-    optimizer_free(&opt, &model);
+    zero_free(&zero);
     gpt2_free(&model);
     if (have_train) tokenset_close(&train_set);
     if (o.val) tokenset_close(&val_set);
     if (have_tk) tokenizer_free(&tk);
+    if (world) {
+        comm_barrier(world); // nobody leaves while another rank still needs it
+        comm_destroy(world);
+    }
     return 0;
 }
 
+int bench_comm_main(int argc, char **argv); // bench_comm.c
+
 int main(int argc, char **argv) {
+    // --nproc N: this process becomes the launcher of N local ranks running the same command
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--nproc")) {
+            if (i + 1 >= argc) die("--nproc needs a value");
+            return launch_local((int)parse_int("--nproc", argv[i + 1], 1, 4096), argc, argv);
+        }
+    if (argc >= 2 && !strcmp(argv[1], "bench-comm")) return bench_comm_main(argc - 1, argv + 1);
     if (argc >= 2 && !strcmp(argv[1], "prepare")) {
         if (argc != 4) die("usage: ./train prepare INPUT.txt DIR");
         data_prepare(argv[2], argv[3]);

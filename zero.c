@@ -1,51 +1,315 @@
-// zero.c: master weights, AdamW and the global gradient norm (see zero.h).
+// zero.c: data-parallel gradient reduction, ZeRO sharding and AdamW (see zero.h).
 #include "zero.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
-void optimizer_init(Optimizer *opt, GPT2 *model, const float *host_params, const AdamWConfig *cfg) {
-    memset(opt, 0, sizeof *opt);
-    opt->cfg = *cfg;
-    size_t bytes = model->num_params * sizeof(float);
-    if (model->dt == DT_F32) {
-        opt->master = model->params; // fp32 working weights are their own master copy
-    } else {
-        opt->master = mem_alloc(&model->mem, MEM_OPTIMIZER, bytes, "master weights");
-        opt->master_owned = 1;
-        model->be->to_device(opt->master, host_params, bytes);
+#include "common.h"
+
+struct ZeroSlot {
+    void *buf;    // one bucket of working weights, gathered
+    int bucket;   // -1: empty
+    CommRequest *req; // in-flight gather, NULL when complete
+    uint64_t used;    // last use, for eviction
+};
+
+static CommType dt_comm(DType dt) { return dt == DT_BF16 ? CT_BF16 : CT_F32; }
+static void *at(const void *base, size_t elems, DType dt) { return (char *)base + elems * dtype_size(dt); }
+
+// ---------------------------------------------------------------------------------------------
+// buckets and shards
+
+static void build_buckets(Zero *z, double bucket_mb) {
+    GPT2 *m = z->model;
+    int nu = m->nunits;
+    // ZeRO-3 gathers what the next unit needs, so its buckets are single units
+    size_t limit = z->stage == 3 ? 1 : (bucket_mb <= 0 ? (size_t)-1 : (size_t)(bucket_mb * 1048576.0 / sizeof(float)));
+    z->bstart = xmalloc(sizeof(size_t) * nu);
+    z->blen = xmalloc(sizeof(size_t) * nu);
+    z->bucket_first_unit = xmalloc(sizeof(int) * nu);
+    z->unit_bucket = xmalloc(sizeof(int) * nu);
+    int nb = 0;
+    int hi = nu - 1;
+    while (hi >= 0) { // backward order: the last units' gradients are ready first
+        int lo = hi;
+        while (lo > 0 && m->unit_offset[hi + 1] - m->unit_offset[lo] < limit) lo--;
+        if (m->unit_offset[hi + 1] - m->unit_offset[lo] > limit && lo < hi) lo++;
+        z->bstart[nb] = m->unit_offset[lo];
+        z->blen[nb] = m->unit_offset[hi + 1] - m->unit_offset[lo];
+        z->bucket_first_unit[nb] = lo;
+        for (int u = lo; u <= hi; u++) z->unit_bucket[u] = nb;
+        nb++;
+        hi = lo - 1;
     }
-    opt->m = mem_alloc(&model->mem, MEM_OPTIMIZER, bytes, "AdamW first moment");
-    opt->v = mem_alloc(&model->mem, MEM_OPTIMIZER, bytes, "AdamW second moment");
+    z->nbuckets = nb;
+    z->own_off = xmalloc(sizeof(size_t) * nb);
+    z->own_len = xmalloc(sizeof(size_t) * nb);
+    z->shard_pos = xmalloc(sizeof(size_t) * nb);
+    z->breq = xcalloc((size_t)nb, sizeof(CommRequest *));
+    size_t pos = 0;
+    for (int b = 0; b < nb; b++) {
+        size_t seg = (z->blen[b] + z->dp_size - 1) / z->dp_size;
+        size_t a = (size_t)z->dp_rank * seg, e = a + seg;
+        if (a > z->blen[b]) a = z->blen[b];
+        if (e > z->blen[b]) e = z->blen[b];
+        z->own_off[b] = z->bstart[b] + a;
+        z->own_len[b] = e - a;
+        z->shard_pos[b] = pos;
+        pos += z->own_len[b];
+    }
+    z->shard_elems = pos;
 }
 
-void optimizer_free(Optimizer *opt, GPT2 *model) {
-    if (opt->master_owned) model->be->free(opt->master);
-    model->be->free(opt->m);
-    model->be->free(opt->v);
-    memset(opt, 0, sizeof *opt);
+// ---------------------------------------------------------------------------------------------
+// ZeRO-3: gathering units on demand
+
+static ZeroSlot *slot_of(Zero *z, int bucket) {
+    for (int s = 0; s < z->nslots; s++)
+        if (z->slots[s].bucket == bucket) return &z->slots[s];
+    return NULL;
 }
 
-float optimizer_grad_norm(const Optimizer *opt, const GPT2 *model) {
-    (void)opt;
-    return (float)sqrt(model->be->sumsq(model->grads, model->num_params));
+static void slot_wait(Zero *z, ZeroSlot *s) {
+    if (!s->req) return;
+    double t0 = now_seconds();
+    comm_wait(s->req);
+    s->req = NULL;
+    z->exposed_s += now_seconds() - t0;
 }
 
-void optimizer_step(Optimizer *opt, GPT2 *model, float lr, float grad_norm) {
-    const AdamWConfig *c = &opt->cfg;
-    opt->t++;
-    float bc1 = 1.0f - powf(c->beta1, (float)opt->t), bc2 = 1.0f - powf(c->beta2, (float)opt->t);
+static ZeroSlot *gather_bucket(Zero *z, int b, int protect) {
+    ZeroSlot *s = slot_of(z, b);
+    if (s) return s;
+    ZeroSlot *victim = NULL;
+    for (int i = 0; i < z->nslots; i++) {
+        ZeroSlot *c = &z->slots[i];
+        if (c->bucket == protect && protect >= 0) continue;
+        if (!victim || c->bucket < 0 || (victim->bucket >= 0 && c->used < victim->used)) victim = c;
+    }
+    slot_wait(z, victim);
+    GPT2 *m = z->model;
+    if (victim->bucket >= 0) {
+        for (int u = 0; u < m->nunits; u++)
+            if (z->unit_bucket[u] == victim->bucket) m->unit_params[u] = NULL;
+    }
+    victim->bucket = b;
+    victim->used = ++z->use_clock;
+    victim->req = comm_iall_gather(z->dp, at(z->wshard, z->shard_pos[b], m->dt), victim->buf, z->blen[b], dt_comm(m->dt));
+    return victim;
+}
+
+static void fetch_unit(void *ctx, int unit) {
+    Zero *z = ctx;
+    GPT2 *m = z->model;
+    int b = z->unit_bucket[unit];
+    ZeroSlot *s = gather_bucket(z, b, -1);
+    slot_wait(z, s);
+    s->used = ++z->use_clock;
+    m->unit_params[unit] = at(s->buf, m->unit_offset[unit] - z->bstart[b], m->dt);
+    // prefetch the unit the pass needs next, so that its gather overlaps this unit's compute. The
+    // forward visits 0, 1, ..., L+1 and then 0 again for the tied head; the backward visits 0 (the
+    // head), L+1, L, ..., 1 (the embedding's own gradient needs no weights).
+    int L = m->cfg.L, next;
+    if (z->backward) next = unit == UNIT_EMBED ? L + 1 : unit - 1;
+    else if (unit == UNIT_EMBED) next = z->last_unit == L + 1 ? L + 1 : 1;
+    else next = unit == L + 1 ? UNIT_EMBED : unit + 1;
+    z->last_unit = unit;
+    if (next >= 0 && !(z->backward && unit == 1)) gather_bucket(z, z->unit_bucket[next], b);
+}
+
+// ---------------------------------------------------------------------------------------------
+// gradient reduction, started as soon as a bucket's gradients are final
+
+static void grads_ready(void *ctx, int unit) {
+    Zero *z = ctx;
+    if (!z->last_micro || !z->dp) return;
+    int b = z->unit_bucket[unit];
+    if (z->bucket_first_unit[b] != unit) return;
+    float *g = z->model->grads + z->bstart[b];
+    if (z->stage == 0) z->breq[b] = comm_iall_reduce(z->dp, g, g, z->blen[b], CT_F32, OP_SUM);
+    else z->breq[b] = comm_ireduce_scatter(z->dp, g, z->model->grads + z->own_off[b], z->blen[b], CT_F32, OP_SUM);
+}
+
+// ---------------------------------------------------------------------------------------------
+
+void zero_init(Zero *z, GPT2 *model, Comm *dp, int stage, double bucket_mb, const float *host, const AdamWConfig *cfg) {
+    memset(z, 0, sizeof *z);
+    z->cfg = *cfg;
+    z->model = model;
+    z->stage = stage;
+    z->dp = dp && comm_size(dp) > 1 ? dp : NULL;
+    z->dp_rank = z->dp ? comm_rank(dp) : 0;
+    z->dp_size = z->dp ? comm_size(dp) : 1;
+    if (!z->dp) z->stage = stage = (stage == 3 ? 0 : stage); // one rank: nothing to shard or gather
+    build_buckets(z, bucket_mb);
+    const Backend *be = model->be;
+    DType dt = model->dt;
+    size_t n = stage == 0 ? model->num_params : z->shard_elems;
+    if (stage == 0 && dt == DT_F32) {
+        z->master = model->params; // fp32 working weights are their own master copy
+    } else {
+        z->master = mem_alloc(&model->mem, MEM_OPTIMIZER, n * sizeof(float), "master weights");
+        z->master_owned = 1;
+        if (stage == 0) {
+            be->to_device(z->master, host, n * sizeof(float));
+        } else {
+            for (int b = 0; b < z->nbuckets; b++)
+                be->to_device(z->master + z->shard_pos[b], host + z->own_off[b], z->own_len[b] * sizeof(float));
+        }
+    }
+    z->m = mem_alloc(&model->mem, MEM_OPTIMIZER, n * sizeof(float), "AdamW first moment");
+    z->v = mem_alloc(&model->mem, MEM_OPTIMIZER, n * sizeof(float), "AdamW second moment");
+    if (stage == 3) {
+        z->wshard = mem_alloc(&model->mem, MEM_WEIGHTS, z->shard_elems * dtype_size(dt), "weight shard");
+        be->cast(z->wshard, dt, z->master, DT_F32, z->shard_elems);
+        size_t biggest = 0;
+        for (int b = 0; b < z->nbuckets; b++)
+            if (z->blen[b] > biggest) biggest = z->blen[b];
+        z->nslots = 3; // the unit in use, the one prefetched, and the embeddings' second use
+        z->slots = xcalloc((size_t)z->nslots, sizeof(ZeroSlot));
+        for (int s = 0; s < z->nslots; s++) {
+            z->slots[s].buf = mem_alloc(&model->mem, MEM_WEIGHTS, biggest * dtype_size(dt), "gathered unit");
+            z->slots[s].bucket = -1;
+        }
+        model->fetch_unit = fetch_unit;
+    }
+    model->hook_ctx = z;
+    model->grads_ready = grads_ready;
+}
+
+void zero_free(Zero *z) {
+    const Backend *be = z->model->be;
+    if (z->master_owned) be->free(z->master);
+    be->free(z->m);
+    be->free(z->v);
+    if (z->wshard) be->free(z->wshard);
+    for (int s = 0; s < z->nslots; s++) {
+        slot_wait(z, &z->slots[s]);
+        be->free(z->slots[s].buf);
+    }
+    free(z->slots);
+    free(z->bstart);
+    free(z->blen);
+    free(z->bucket_first_unit);
+    free(z->unit_bucket);
+    free(z->own_off);
+    free(z->own_len);
+    free(z->shard_pos);
+    free(z->breq);
+    z->model->fetch_unit = NULL;
+    z->model->grads_ready = NULL;
+    memset(z, 0, sizeof *z);
+}
+
+void zero_begin_step(Zero *z) {
+    z->exposed_s = 0;
+    z->comm_busy_at_start = z->dp ? comm_busy_seconds(z->dp) : 0;
+    z->backward = 0;
+}
+
+void zero_begin_backward(Zero *z, int last_micro) {
+    z->backward = 1;
+    z->last_micro = last_micro;
+}
+
+double zero_sum_double(Zero *z, double x) {
+    if (!z->dp) return x;
+    double *all = xmalloc(sizeof(double) * z->dp_size);
+    comm_all_gather(z->dp, &x, all, (size_t)z->dp_size, CT_I64); // raw bits: summed below in rank order
+    double s = 0;
+    for (int r = 0; r < z->dp_size; r++) s += all[r];
+    free(all);
+    return s;
+}
+
+float zero_finish_grads(Zero *z) {
+    z->backward = 0;
+    double t0 = now_seconds();
+    for (int b = 0; b < z->nbuckets; b++)
+        if (z->breq[b]) {
+            comm_wait(z->breq[b]);
+            z->breq[b] = NULL;
+        }
+    z->exposed_s += now_seconds() - t0;
+    // every stage sums the squares of the segments this rank owns, then the ranks' sums in rank order
+    const Backend *be = z->model->be;
+    double local = 0;
+    for (int b = 0; b < z->nbuckets; b++) local += be->sumsq(z->model->grads + z->own_off[b], z->own_len[b]);
+    return (float)sqrt(zero_sum_double(z, local));
+}
+
+// AdamW over [off, off+len) of the internal order, whose state sits at spos (shard or full vector).
+static void adamw_range(Zero *z, size_t off, size_t len, size_t spos, float lr, float bc1, float bc2, float scale) {
+    GPT2 *m = z->model;
+    const AdamWConfig *c = &z->cfg;
+    // split the range by tensor: decay applies to matrices only
+    for (int k = 0; k < NUM_PARAM_TENSORS; k++) {
+        int layers = (k == P_WTE || k == P_WPE || k == P_LNFW || k == P_LNFB) ? 1 : m->cfg.L;
+        for (int l = 0; l < layers; l++) {
+            size_t toff, tlen;
+            gpt2_tensor_range(m, k, l, &toff, &tlen);
+            size_t a = toff > off ? toff : off, e = toff + tlen < off + len ? toff + tlen : off + len;
+            if (a >= e) continue;
+            float wd = gpt2_param_decays(k) ? c->weight_decay : 0.0f;
+            size_t s = spos + (a - off);
+            void *working = NULL;
+            if (z->stage == 3) working = at(z->wshard, s, m->dt);
+            else if (!(z->stage == 0 && m->dt == DT_F32)) working = at(m->params, a, m->dt);
+            m->be->adamw(m->dt, z->master + s, working, m->grads + a, z->m + s, z->v + s, e - a, lr, c->beta1, c->beta2,
+                         c->eps, wd, bc1, bc2, scale);
+        }
+    }
+}
+
+void zero_step(Zero *z, float lr, float grad_norm) {
+    const AdamWConfig *c = &z->cfg;
+    GPT2 *m = z->model;
+    z->t++;
+    float bc1 = 1.0f - powf(c->beta1, (float)z->t), bc2 = 1.0f - powf(c->beta2, (float)z->t);
     float scale = 1.0f;
     if (c->clip > 0.0f && grad_norm > c->clip) scale = c->clip / (grad_norm + 1e-6f);
-    for (int k = 0; k < NUM_PARAM_TENSORS; k++) {
-        size_t off = model->param_offsets[k];
-        float wd = gpt2_param_decays(k) ? c->weight_decay : 0.0f;
-        void *working = model->dt == DT_F32 ? NULL : gpt2_param(model, k);
-        model->be->adamw(model->dt, opt->master + off, working, model->grads + off, opt->m + off, opt->v + off,
-                         model->param_sizes[k], lr, c->beta1, c->beta2, c->eps, wd, bc1, bc2, scale);
+    if (z->stage == 0) {
+        adamw_range(z, 0, m->num_params, 0, lr, bc1, bc2, scale);
+        return;
     }
+    for (int b = 0; b < z->nbuckets; b++) adamw_range(z, z->own_off[b], z->own_len[b], z->shard_pos[b], lr, bc1, bc2, scale);
+    if (z->stage == 3) {
+        // the gathered copies are stale now
+        for (int s = 0; s < z->nslots; s++) {
+            slot_wait(z, &z->slots[s]);
+            z->slots[s].bucket = -1;
+        }
+        for (int u = 0; u < m->nunits; u++) m->unit_params[u] = NULL;
+        return;
+    }
+    // ZeRO-1/2: every rank gets the updated working weights
+    double t0 = now_seconds();
+    for (int b = 0; b < z->nbuckets; b++)
+        z->breq[b] = comm_iall_gather(z->dp, at(m->params, z->own_off[b], m->dt), at(m->params, z->bstart[b], m->dt),
+                                      z->blen[b], dt_comm(m->dt));
+    for (int b = 0; b < z->nbuckets; b++) {
+        comm_wait(z->breq[b]);
+        z->breq[b] = NULL;
+    }
+    z->exposed_s += now_seconds() - t0;
 }
 
-void optimizer_master_to_host(const Optimizer *opt, const GPT2 *model, float *host) {
-    model->be->to_host(host, opt->master, model->num_params * sizeof(float));
+double zero_comm_ms(const Zero *z) { return z->dp ? (comm_busy_seconds(z->dp) - z->comm_busy_at_start) * 1e3 : 0.0; }
+double zero_exposed_ms(const Zero *z) { return z->exposed_s * 1e3; }
+
+void zero_gather_master(Zero *z, float *host) {
+    GPT2 *m = z->model;
+    const Backend *be = m->be;
+    if (z->stage == 0) {
+        be->to_host(host, z->master, m->num_params * sizeof(float));
+        return;
+    }
+    float *full = xmalloc(sizeof(float) * m->num_params), *mine = xmalloc(sizeof(float) * (z->shard_elems + 1));
+    be->to_host(mine, z->master, z->shard_elems * sizeof(float));
+    for (int b = 0; b < z->nbuckets; b++)
+        comm_all_gather(z->dp, mine + z->shard_pos[b], full + z->bstart[b], z->blen[b], CT_F32);
+    memcpy(host, full, sizeof(float) * m->num_params);
+    free(full);
+    free(mine);
 }

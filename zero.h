@@ -1,9 +1,21 @@
-// zero.h: the optimizer side of data parallelism: fp32 master weights and AdamW moments, the global
-// gradient norm and clipping, and the update. With one data-parallel rank nothing is sharded; the
-// ZeRO stages shard exactly these buffers.
+// zero.h: data parallelism and the optimizer: gradient buckets reduced across the data-parallel group
+// while the backward runs, fp32 master weights and AdamW moments sharded by ZeRO stage, the global
+// gradient norm and clipping, and the update.
+//
+// Buckets are contiguous ranges of whole units (see model.h), formed in backward order. Within bucket
+// b of n elements, data-parallel rank d owns the segment [d·⌈n/DP⌉, (d+1)·⌈n/DP⌉) ∩ [0, n): the one a
+// ring reduce-scatter leaves on it. Every stage computes the same reduced values in the same order,
+// so all four stages give bitwise identical parameters for a given DP size.
+//   ZeRO-0: gradients all-reduced; every rank keeps full master weights and moments.
+//   ZeRO-1: gradients reduce-scattered; each rank keeps and updates only its shard of the master
+//           weights and moments, then the updated working weights are all-gathered.
+//   ZeRO-2: as 1, and only the shard of the reduced gradient is kept (see README for its memory).
+//   ZeRO-3: as 2, and the working weights are sharded too: each unit is all-gathered just before the
+//           forward or backward needs it (the next one prefetched) and released afterwards.
 #ifndef LLM4D_ZERO_H
 #define LLM4D_ZERO_H
 
+#include "collectives.h"
 #include "model.h"
 
 typedef struct {
@@ -11,22 +23,56 @@ typedef struct {
     float clip; // global-norm clipping threshold; 0 disables it
 } AdamWConfig;
 
+typedef struct ZeroSlot ZeroSlot;
+
 typedef struct {
     AdamWConfig cfg;
-    float *master; // fp32 master weights; the working weights themselves when those are fp32
+    GPT2 *model;
+    int stage;
+    Comm *dp; // NULL when there is one data-parallel rank
+    int dp_rank, dp_size;
+    // buckets
+    int nbuckets;
+    size_t *bstart, *blen;   // in elements of the internal order
+    int *bucket_first_unit;  // lowest unit of each bucket: its gradients are final last
+    int *unit_bucket;        // [nunits]
+    size_t *own_off, *own_len, *shard_pos; // this rank's segment of each bucket, and where it sits in the shard
+    size_t shard_elems;
+    CommRequest **breq;
+    // state: sharded (stage ≥ 1) or full (stage 0); master aliases the working weights for fp32 stage 0
+    float *master, *m, *v;
     int master_owned;
-    float *m, *v;  // AdamW moments
-    int t;         // updates taken
-} Optimizer;
+    void *wshard; // ZeRO-3: this rank's shard of the working weights
+    int t;        // updates taken
+    // ZeRO-3 gather slots
+    int nslots;
+    ZeroSlot *slots;
+    int backward; // the train loop says which pass is running (prefetch direction)
+    int last_micro; // reductions start only during the last micro-batch's backward
+    uint64_t use_clock;
+    int last_unit; // the unit fetched before, to tell the head's use of the embeddings from the encoder's
+    // timing of the current step
+    double comm_busy_at_start, exposed_s;
+} Zero;
 
-void optimizer_init(Optimizer *opt, GPT2 *model, const float *host_params, const AdamWConfig *cfg);
-void optimizer_free(Optimizer *opt, GPT2 *model);
-// ‖g‖₂ over every parameter gradient.
-float optimizer_grad_norm(const Optimizer *opt, const GPT2 *model);
-// One AdamW update at learning rate lr; gradients are scaled by clip/(norm + 1e-6) when clipping is
-// on and the norm exceeds it (PyTorch's clip_grad_norm_ rule). Refreshes the working weights.
-void optimizer_step(Optimizer *opt, GPT2 *model, float lr, float grad_norm);
-// Copies the fp32 master weights to the host (the trained model, for saving).
-void optimizer_master_to_host(const Optimizer *opt, const GPT2 *model, float *host);
+// Sets up buckets and shards for the model, installs the model's hooks, and initialises the state
+// from host fp32 parameters in the internal order (under ZeRO-3 this also fills the weight shards).
+void zero_init(Zero *z, GPT2 *model, Comm *dp, int stage, double bucket_mb, const float *host_params,
+               const AdamWConfig *cfg);
+void zero_free(Zero *z);
+// Before the micro-batches of a step / before each backward.
+void zero_begin_step(Zero *z);
+void zero_begin_backward(Zero *z, int last_micro);
+// After the last backward: waits for the reductions; returns ‖g‖₂ of the reduced gradient.
+float zero_finish_grads(Zero *z);
+// AdamW at learning rate lr with clipping against grad_norm; refreshes the working weights.
+void zero_step(Zero *z, float lr, float grad_norm);
+// Milliseconds this step spent in data-parallel collectives, and waiting for them after the backward.
+double zero_comm_ms(const Zero *z);
+double zero_exposed_ms(const Zero *z);
+// The full fp32 master weights in internal order, gathered onto every rank's host array.
+void zero_gather_master(Zero *z, float *host);
+// Sums a per-rank double over the data-parallel group in rank order (the same on every rank).
+double zero_sum_double(Zero *z, double x);
 
 #endif

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "collectives.h"
 #include "common.h"
 #include "data.h"
 #include "kernels.h"
@@ -211,6 +212,23 @@ static void test_formats(void) {
     free(q);
 }
 
+static void test_slurm_hostlist(void) {
+    static const char *cases[][2] = {
+        { "gpu[01-04,07],login2", "gpu01" }, { "node7", "node7" },       { "login2,gpu[1-2]", "login2" },
+        { "a[3]", "a3" },                    { "rack[1-2]-n[07,09]", "rack1-n07" }, { "x[009-011]", "x009" },
+    };
+    int ok = 1;
+    char out[64];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        slurm_first_host(cases[i][0], out, sizeof out);
+        if (strcmp(out, cases[i][1]) != 0) {
+            printf("  %s -> %s (expected %s)\n", cases[i][0], out, cases[i][1]);
+            ok = 0;
+        }
+    }
+    check(ok, "Slurm host lists: the first host", 0);
+}
+
 int main(void) {
     const Backend *be = backend_cpu();
     snprintf(tmpdir, sizeof tmpdir, "/tmp/llm4d-unit-XXXXXX");
@@ -224,6 +242,7 @@ int main(void) {
     test_sumsq(be);
     test_crossentropy(be);
     test_formats();
+    test_slurm_hostlist();
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
     if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", tmpdir);

@@ -1,0 +1,174 @@
+// bench_comm.c: `./train bench-comm [--nproc N] ...`, a collective bandwidth and latency table in the
+// manner of nccl-tests. For each size (doubling from --min-bytes to --max-bytes) every rank warms up,
+// the ranks meet at a barrier, each times --iters operations, and rank 0 prints the slowest rank's mean.
+// algbw = bytes / time; busbw = algbw·2(n−1)/n for all-reduce, algbw·(n−1)/n for reduce-scatter and
+// all-gather (bytes = the whole input or gathered vector), busbw = algbw for broadcast. The check
+// column compares one operation's output against a closed form: rank r contributes v(r) to every
+// element, so a sum is Σ v(r), exact in the element type.
+#define _GNU_SOURCE
+#include <stdlib.h>
+#include <string.h>
+
+#include "collectives.h"
+#include "common.h"
+#include "kernels.h"
+
+enum { BC_ALLREDUCE, BC_REDUCE_SCATTER, BC_ALL_GATHER, BC_BROADCAST };
+static const char *const OP_FLAGS[] = { "allreduce", "reduce_scatter", "all_gather", "broadcast" };
+
+static long long parse_num(const char *flag, const char *s, long long lo, long long hi, int size_suffix) {
+    char *end;
+    long long x = strtoll(s, &end, 10);
+    if (end == s) die("%s: '%s' is not a number", flag, s);
+    if (size_suffix && *end) { // K, M, G: binary multiples
+        int shift = (*end == 'K' || *end == 'k') ? 10 : (*end == 'M' || *end == 'm') ? 20 : (*end == 'G' || *end == 'g') ? 30 : -1;
+        if (shift < 0 || (end[1] && strcmp(end + 1, "iB") && strcmp(end + 1, "B"))) die("%s: '%s' is not a byte count", flag, s);
+        if (x > hi >> shift) die("%s: %s is out of range [%lld, %lld]", flag, s, lo, hi);
+        x <<= shift;
+        end += strlen(end);
+    }
+    if (*end || x < lo || x > hi) die("%s: '%s' is not a whole number in [%lld, %lld]", flag, s, lo, hi);
+    return x;
+}
+
+// v(r): rank r's contribution; small integers so that every partial sum is exact (bf16: up to 256)
+static int contrib(int r, int n, CommType t) { return t == CT_BF16 && (long)n * (n + 1) / 2 > 256 ? 1 : r + 1; }
+static void put(void *buf, size_t i, CommType t, float v) {
+    if (t == CT_BF16) ((uint16_t *)buf)[i] = f32_to_bf16(v);
+    else ((float *)buf)[i] = v;
+}
+static float get(const void *buf, size_t i, CommType t) {
+    return t == CT_BF16 ? bf16_to_f32(((const uint16_t *)buf)[i]) : ((const float *)buf)[i];
+}
+
+static void run_op(Comm *c, int op, void *send, void *recv, size_t count, CommType t) {
+    switch (op) {
+    case BC_ALLREDUCE: comm_all_reduce(c, send, recv, count, t, OP_SUM); break;
+    case BC_REDUCE_SCATTER: comm_reduce_scatter(c, send, recv, count, t, OP_SUM); break;
+    case BC_ALL_GATHER: comm_all_gather(c, send, recv, count, t); break;
+    default: comm_broadcast(c, recv, count, t, 0); break;
+    }
+}
+
+// Fills the inputs for one checked operation (recv poisoned), runs it, returns 1 when the output is right.
+static int checked_run(Comm *c, int op, void *send, void *recv, size_t count, CommType t) {
+    int n = comm_size(c), r = comm_rank(c);
+    size_t seg = (count + n - 1) / n, in_count = op == BC_ALL_GATHER ? seg : count;
+    size_t out_count = op == BC_REDUCE_SCATTER ? seg : count;
+    for (size_t i = 0; i < in_count; i++) put(send, i, t, (float)contrib(r, n, t));
+    for (size_t i = 0; i < out_count; i++) put(recv, i, t, -1.0f);
+    if (op == BC_BROADCAST && r == 0)
+        for (size_t i = 0; i < count; i++) put(recv, i, t, (float)(i % 251));
+    run_op(c, op, send, recv, count, t);
+    float sum = 0;
+    for (int q = 0; q < n; q++) sum += (float)contrib(q, n, t);
+    size_t lo = op == BC_REDUCE_SCATTER ? (size_t)r * seg : 0, hi = lo + out_count > count ? count : lo + out_count;
+    for (size_t i = lo; i < hi; i++) {
+        float want = op == BC_BROADCAST ? (float)(i % 251) : op == BC_ALL_GATHER ? (float)contrib((int)(i / seg), n, t) : sum;
+        if (get(recv, i - lo, t) != want) return 0;
+    }
+    return 1;
+}
+
+static uint64_t hash_str(const char *s) {
+    uint64_t h = 1469598103934665603ULL;
+    while (*s) h = (h ^ (unsigned char)*s++) * 1099511628211ULL;
+    return h >> 2; // non-negative as an int64, so that its negation is too
+}
+
+int bench_comm_main(int argc, char **argv) {
+    int op = BC_ALLREDUCE, iters = 0, warmup = 5;
+    long long min_bytes = 8, max_bytes = 64LL << 20;
+    CommType t = CT_F32;
+    double timeout = 60;
+    for (int i = 1; i < argc; i++) {
+        const char *f = argv[i];
+        static const char *const known[] = { "--op", "--min-bytes", "--max-bytes", "--iters", "--warmup", "--comm-timeout", "--dtype" };
+        int k = 0;
+        while (k < 7 && strcmp(f, known[k])) k++;
+        if (k == 7) die(strncmp(f, "--", 2) ? "bench-comm: unexpected argument '%s'" : "bench-comm: unknown flag '%s'", f);
+        if (i + 1 >= argc) die("%s needs a value", f);
+        const char *v = argv[++i];
+        if (!strcmp(f, "--op")) {
+            op = -1;
+            for (int k = 0; k < 4; k++)
+                if (!strcmp(v, OP_FLAGS[k])) op = k;
+            if (op < 0) die("--op: '%s' is not one of allreduce, reduce_scatter, all_gather, broadcast", v);
+        } else if (!strcmp(f, "--min-bytes")) min_bytes = parse_num(f, v, 1, 1LL << 40, 1);
+        else if (!strcmp(f, "--max-bytes")) max_bytes = parse_num(f, v, 1, 1LL << 40, 1);
+        else if (!strcmp(f, "--iters")) iters = (int)parse_num(f, v, 1, 100000000, 0);
+        else if (!strcmp(f, "--warmup")) warmup = (int)parse_num(f, v, 0, 100000000, 0);
+        else if (!strcmp(f, "--comm-timeout")) {
+            char *end;
+            timeout = strtod(v, &end);
+            if (end == v || *end || !(timeout > 0 && timeout <= 1e6)) die("--comm-timeout: '%s' is not a number of seconds in (0, 1e6]", v);
+        }
+        else if (!strcmp(f, "--dtype")) {
+            if (!strcmp(v, "fp32")) t = CT_F32;
+            else if (!strcmp(v, "bf16")) t = CT_BF16;
+            else die("--dtype: '%s' is not fp32 or bf16", v);
+        }
+    }
+    size_t es = comm_type_size(t);
+    if (min_bytes < (long long)es) die("--min-bytes: %lld is smaller than one %s element", min_bytes, comm_type_name(t));
+    if (max_bytes < min_bytes) die("--max-bytes: %lld is below --min-bytes %lld", max_bytes, min_bytes);
+
+    LaunchEnv env;
+    if (!launch_env_read(&env)) { // no launcher: a world of one
+        env = (LaunchEnv){ .rank = 0, .world = 1, .local_world = 1, .master_port = 0 };
+        snprintf(env.master_addr, sizeof env.master_addr, "127.0.0.1");
+        snprintf(env.token, sizeof env.token, "single");
+        snprintf(env.node_id, sizeof env.node_id, "local");
+    }
+    Comm *world = comm_init(&env, timeout);
+    int n = comm_size(world), rank = comm_rank(world);
+    int64_t node[2] = { (int64_t)hash_str(env.node_id), -(int64_t)hash_str(env.node_id) }, nodes[2];
+    comm_all_reduce(world, node, nodes, 2, CT_I64, OP_MAX);
+    int one_node = nodes[0] == -nodes[1];
+    // reduce-scatter and all-gather move n equal parts (at least one element each), as in nccl-tests
+    int parts = op == BC_REDUCE_SCATTER || op == BC_ALL_GATHER ? n : 1;
+    size_t max_count = (size_t)max_bytes / es;
+    if (max_count < (size_t)parts) max_count = (size_t)parts;
+    unsigned char *send = xmalloc(max_count * es), *recv = xmalloc(max_count * es);
+    double bus = op == BC_ALLREDUCE ? 2.0 * (n - 1) / n : op == BC_BROADCAST ? 1.0 : (double)(n - 1) / n;
+    if (rank == 0) {
+        printf("# bench-comm: %s, %d rank(s), transport %s, %s, warmup %d, iters %s\n", OP_FLAGS[op], n,
+               n == 1 ? "none (one rank)" : one_node ? "shared memory" : "shm+tcp", comm_type_name(t), warmup,
+               iters ? "fixed" : "auto");
+        printf("# %14s %14s %12s %6s %10s %12s %12s %6s\n", "op", "bytes", "count", "type", "time(us)", "algbw(GB/s)",
+               "busbw(GB/s)", "check");
+        fflush(stdout);
+    }
+    int wrong = 0;
+    for (long long b = min_bytes; b <= max_bytes; b *= 2) {
+        size_t count = (size_t)b / es / (size_t)parts * (size_t)parts;
+        if (count < (size_t)parts) count = (size_t)parts;
+        size_t bytes = count * es;
+        int it = iters;
+        if (!it) { // about 256 MiB of traffic per size, between 5 and 1000 operations
+            long long a = (256LL << 20) / (long long)bytes;
+            it = a < 5 ? 5 : a > 1000 ? 1000 : (int)a;
+        }
+        for (int w = 0; w < warmup; w++) run_op(world, op, send, recv, count, t);
+        int ok = checked_run(world, op, send, recv, count, t);
+        comm_barrier(world);
+        double t0 = now_seconds();
+        for (int k = 0; k < it; k++) run_op(world, op, send, recv, count, t);
+        double mean = (now_seconds() - t0) / it;
+        int64_t mine[2] = { (int64_t)(mean * 1e9 + 0.5), ok ? 0 : 1 }, worst[2];
+        comm_all_reduce(world, mine, worst, 2, CT_I64, OP_MAX);
+        if (worst[1]) wrong = 1;
+        if (rank == 0) {
+            double us = (double)worst[0] / 1e3, algbw = (double)bytes / ((double)worst[0] > 0 ? (double)worst[0] : 1);
+            printf("  %14s %14zu %12zu %6s %10.2f %12.3f %12.3f %6s\n", OP_FLAGS[op], bytes, count, comm_type_name(t),
+                   us, algbw, algbw * bus, worst[1] ? "WRONG" : "ok");
+            fflush(stdout);
+        }
+        if (b > max_bytes / 2) break;
+    }
+    free(send);
+    free(recv);
+    comm_destroy(world);
+    if (wrong && rank == 0) fprintf(stderr, "error: bench-comm: %s gave a wrong result on some rank\n", OP_FLAGS[op]);
+    return wrong ? 1 : 0;
+}
