@@ -6,8 +6,10 @@
 // column compares one operation's output against a closed form: rank r contributes v(r) to every
 // element, so a sum is Σ v(r), exact in the element type.
 #define _GNU_SOURCE
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "collectives.h"
 #include "common.h"
@@ -16,18 +18,34 @@
 enum { BC_ALLREDUCE, BC_REDUCE_SCATTER, BC_ALL_GATHER, BC_BROADCAST };
 static const char *const OP_FLAGS[] = { "allreduce", "reduce_scatter", "all_gather", "broadcast" };
 
+// A bad command line: every rank of `--nproc N` sees it, rank 0 alone says so (one line), the others
+// exit quietly a moment later (the launcher stops them once rank 0 has failed).
+static void __attribute__((noreturn, format(printf, 1, 2))) flag_error(const char *fmt, ...) {
+    const char *r = getenv("RANK") ? getenv("RANK") : getenv("SLURM_PROCID");
+    if (r && strcmp(r, "0")) {
+        usleep(500000);
+        exit(1);
+    }
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    die("%s", msg);
+}
+
 static long long parse_num(const char *flag, const char *s, long long lo, long long hi, int size_suffix) {
     char *end;
     long long x = strtoll(s, &end, 10);
-    if (end == s) die("%s: '%s' is not a number", flag, s);
+    if (end == s) flag_error("%s: '%s' is not a number", flag, s);
     if (size_suffix && *end) { // K, M, G: binary multiples
         int shift = (*end == 'K' || *end == 'k') ? 10 : (*end == 'M' || *end == 'm') ? 20 : (*end == 'G' || *end == 'g') ? 30 : -1;
-        if (shift < 0 || (end[1] && strcmp(end + 1, "iB") && strcmp(end + 1, "B"))) die("%s: '%s' is not a byte count", flag, s);
-        if (x > hi >> shift) die("%s: %s is out of range [%lld, %lld]", flag, s, lo, hi);
+        if (shift < 0 || (end[1] && strcmp(end + 1, "iB") && strcmp(end + 1, "B"))) flag_error("%s: '%s' is not a byte count", flag, s);
+        if (x > hi >> shift) flag_error("%s: %s is out of range [%lld, %lld]", flag, s, lo, hi);
         x <<= shift;
         end += strlen(end);
     }
-    if (*end || x < lo || x > hi) die("%s: '%s' is not a whole number in [%lld, %lld]", flag, s, lo, hi);
+    if (*end || x < lo || x > hi) flag_error("%s: '%s' is not a whole number in [%lld, %lld]", flag, s, lo, hi);
     return x;
 }
 
@@ -86,14 +104,14 @@ int bench_comm_main(int argc, char **argv) {
         static const char *const known[] = { "--op", "--min-bytes", "--max-bytes", "--iters", "--warmup", "--comm-timeout", "--dtype" };
         int k = 0;
         while (k < 7 && strcmp(f, known[k])) k++;
-        if (k == 7) die(strncmp(f, "--", 2) ? "bench-comm: unexpected argument '%s'" : "bench-comm: unknown flag '%s'", f);
-        if (i + 1 >= argc) die("%s needs a value", f);
+        if (k == 7) flag_error(strncmp(f, "--", 2) ? "bench-comm: unexpected argument '%s'" : "bench-comm: unknown flag '%s'", f);
+        if (i + 1 >= argc) flag_error("%s needs a value", f);
         const char *v = argv[++i];
         if (!strcmp(f, "--op")) {
             op = -1;
-            for (int k = 0; k < 4; k++)
-                if (!strcmp(v, OP_FLAGS[k])) op = k;
-            if (op < 0) die("--op: '%s' is not one of allreduce, reduce_scatter, all_gather, broadcast", v);
+            for (int o = 0; o < 4; o++)
+                if (!strcmp(v, OP_FLAGS[o])) op = o;
+            if (op < 0) flag_error("--op: '%s' is not one of allreduce, reduce_scatter, all_gather, broadcast", v);
         } else if (!strcmp(f, "--min-bytes")) min_bytes = parse_num(f, v, 1, 1LL << 40, 1);
         else if (!strcmp(f, "--max-bytes")) max_bytes = parse_num(f, v, 1, 1LL << 40, 1);
         else if (!strcmp(f, "--iters")) iters = (int)parse_num(f, v, 1, 100000000, 0);
@@ -101,17 +119,16 @@ int bench_comm_main(int argc, char **argv) {
         else if (!strcmp(f, "--comm-timeout")) {
             char *end;
             timeout = strtod(v, &end);
-            if (end == v || *end || !(timeout > 0 && timeout <= 1e6)) die("--comm-timeout: '%s' is not a number of seconds in (0, 1e6]", v);
-        }
-        else if (!strcmp(f, "--dtype")) {
+            if (end == v || *end || !(timeout > 0 && timeout <= 1e6)) flag_error("--comm-timeout: '%s' is not a number of seconds in (0, 1e6]", v);
+        } else if (!strcmp(f, "--dtype")) {
             if (!strcmp(v, "fp32")) t = CT_F32;
             else if (!strcmp(v, "bf16")) t = CT_BF16;
-            else die("--dtype: '%s' is not fp32 or bf16", v);
+            else flag_error("--dtype: '%s' is not fp32 or bf16", v);
         }
     }
     size_t es = comm_type_size(t);
-    if (min_bytes < (long long)es) die("--min-bytes: %lld is smaller than one %s element", min_bytes, comm_type_name(t));
-    if (max_bytes < min_bytes) die("--max-bytes: %lld is below --min-bytes %lld", max_bytes, min_bytes);
+    if (min_bytes < (long long)es) flag_error("--min-bytes: %lld is smaller than one %s element", min_bytes, comm_type_name(t));
+    if (max_bytes < min_bytes) flag_error("--max-bytes: %lld is below --min-bytes %lld", max_bytes, min_bytes);
 
     LaunchEnv env;
     if (!launch_env_read(&env)) { // no launcher: a world of one

@@ -13,6 +13,7 @@
 #include <math.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -327,6 +328,8 @@ struct Comm {
     int any_tcp;
     uint32_t split_seq;
     unsigned char *scratch; // one chunk for incoming partial sums
+    unsigned char *work;    // reduce-scatter's working copy of the input; grows, never shrinks
+    size_t work_bytes;
     pthread_t thread;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -850,6 +853,7 @@ void comm_destroy(Comm *c) {
     free(c->ch);
     free(c->world_ranks);
     free(c->scratch);
+    free(c->work);
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->cv);
     free(c);
@@ -892,8 +896,13 @@ static void waiter_pass(Waiter *wt, int progressed, Channel *waiting_on, Channel
         wt->bell_seen = atomic_load_explicit(&c->bell->seq, memory_order_acquire);
         return;
     }
-    if (++wt->idle < 200) return; // spin briefly: the peer is usually microseconds away
+    // spin (yielding the core) for up to 100 µs: the peer is usually microseconds away, and a futex
+    // or poll wake-up costs far more than that
     double now = now_seconds();
+    if (++wt->idle < 64 || now - wt->last_progress < 100e-6) {
+        if (wt->idle >= 64) sched_yield();
+        return;
+    }
     if (now - wt->last_progress > c->w->timeout)
         die("timeout: %s on communicator %s (rank %d of %d, world rank %d): no progress with rank %d for %.1f s", wt->op,
             c->name, c->rank, c->size, c->world_ranks[c->rank], waiting_on ? waiting_on->peer_world : -1,
@@ -1101,7 +1110,12 @@ static void execute(Comm *c, struct CommRequest *q) {
     }
     case REQ_REDUCE_SCATTER: {
         size_t seg = (q->count + n - 1) / n;
-        unsigned char *work = xmalloc(q->count * es + 1);
+        if (c->work_bytes < q->count * es) { // reused: a fresh large buffer would page-fault on every call
+            free(c->work);
+            c->work_bytes = q->count * es;
+            c->work = xmalloc(c->work_bytes);
+        }
+        unsigned char *work = c->work;
         if (q->count) memcpy(work, q->send, q->count * es);
         Ring g = { work, q->count, seg, q->t, q->op, n - 1, n - 1, c->rank - 1, c->rank - 2 };
         run_ring(c, &g, "reduce_scatter");
@@ -1109,7 +1123,6 @@ static void execute(Comm *c, struct CommRequest *q) {
         size_t off, len;
         seg_range(&g, n, c->rank, &off, &len);
         if (len) memmove(q->recv, work + off * es, len * es);
-        free(work);
         break;
     }
     case REQ_ALLGATHER: {
@@ -1196,6 +1209,8 @@ CommRequest *comm_irecv(Comm *c, void *buf, size_t bytes, int peer) {
 
 void comm_wait(CommRequest *q) {
     Comm *c = q->c;
+    double t0 = now_seconds();
+    while (!atomic_load(&q->done) && now_seconds() - t0 < 50e-6) sched_yield(); // short operations end here
     pthread_mutex_lock(&c->mu);
     while (!atomic_load(&q->done)) pthread_cond_wait(&c->cv, &c->mu);
     pthread_mutex_unlock(&c->mu);

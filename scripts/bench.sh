@@ -28,3 +28,6 @@ for th in 1 2; do
     run "d12 (124M) T64 B1" $th --model d12 --seq-len 64 --micro-batch 1
 done
 ./build/bench_matmul 1024
+
+# collectives against OpenMPI on this node (skipped, saying so, when mpicc is not installed)
+bash scripts/bench/compare_mpi.sh

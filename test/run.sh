@@ -228,6 +228,57 @@ t_learns() {
     awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 1.5) }'
 }
 
+# Data parallelism: every DP size, ZeRO stage and micro-batch count takes the single-rank step
+# (losses and final parameters within 1e-5), the four stages agree bitwise, and a rerun is bitwise.
+DPFLAGS=(--layers 2 --channels 32 --heads 4 --vocab 256 --seq-len 32 --micro-batch 2 --steps 10 --lr 1e-3
+    --warmup 2 --weight-decay 0.1 --clip 1.0 --bucket-mb 0.02)
+t_data_parallel() {
+    have_torch || return $?
+    local d=$WORK/dp ok=0
+    mkdir -p "$d"
+    for dp in 2 3 4; do
+        for m in 1 3; do
+            local tokens=$((dp * m * 2 * 32)) runs=()
+            $TRAIN "${DPFLAGS[@]}" --train "$DATA/train.bin" --batch-tokens $tokens --log "$d/ref_${dp}_$m.jsonl" \
+                --save-model "$d/ref_${dp}_$m.bin" >/dev/null || return 1
+            for z in 0 1 2 3; do
+                timeout 300 $TRAIN --nproc $dp "${DPFLAGS[@]}" --train "$DATA/train.bin" --batch-tokens $tokens --zero $z \
+                    --comm-timeout 60 --log "$d/dp${dp}_m${m}_z$z.jsonl" --save-model "$d/dp${dp}_m${m}_z$z.bin" >/dev/null || { echo "DP $dp M $m ZeRO-$z failed"; return 1; }
+                runs+=("$d/dp${dp}_m${m}_z$z")
+            done
+            $PY test/compare_runs.py 1e-5 "$d/ref_${dp}_$m" "${runs[@]}" || ok=1
+            for z in 1 2 3; do
+                cmp "$d/dp${dp}_m${m}_z0.bin" "$d/dp${dp}_m${m}_z$z.bin" || { echo "DP $dp M $m: ZeRO-$z differs from ZeRO-0"; ok=1; }
+            done
+        done
+    done
+    # a rerun is bitwise identical
+    timeout 300 $TRAIN --nproc 3 "${DPFLAGS[@]}" --train "$DATA/train.bin" --batch-tokens 576 --zero 3 \
+        --log "$d/rerun.jsonl" --save-model "$d/rerun.bin" >/dev/null || return 1
+    cmp "$d/rerun.bin" "$d/dp3_m3_z3.bin" || { echo "rerun differs"; ok=1; }
+    return $ok
+}
+
+# bf16 data parallelism against the single-rank bf16 run, and clipping that bites.
+t_data_parallel_bf16_clip() {
+    have_torch || return $?
+    local d=$WORK/dpb ok=0
+    mkdir -p "$d"
+    $TRAIN "${DPFLAGS[@]}" --train "$DATA/train.bin" --batch-tokens 256 --dtype bf16 --log "$d/ref.jsonl" --save-model "$d/ref.bin" >/dev/null || return 1
+    for z in 1 3; do
+        timeout 300 $TRAIN --nproc 2 "${DPFLAGS[@]}" --train "$DATA/train.bin" --batch-tokens 256 --dtype bf16 --zero $z \
+            --log "$d/z$z.jsonl" --save-model "$d/z$z.bin" >/dev/null || return 1
+    done
+    $PY test/compare_runs.py 1e-2 "$d/ref" "$d/z1" "$d/z3" || ok=1
+    # clipping active on every step: a small threshold
+    $TRAIN "${DPFLAGS[@]}" --train "$DATA/train.bin" --batch-tokens 256 --clip 0.05 --log "$d/cref.jsonl" --save-model "$d/cref.bin" >/dev/null || return 1
+    timeout 300 $TRAIN --nproc 2 "${DPFLAGS[@]}" --train "$DATA/train.bin" --batch-tokens 256 --clip 0.05 --zero 2 \
+        --log "$d/c.jsonl" --save-model "$d/c.bin" >/dev/null || return 1
+    grep -q '"grad_norm":0.0[0-4]' "$d/cref.jsonl" && { echo "clipping threshold was never exceeded"; ok=1; }
+    $PY test/compare_runs.py 1e-5 "$d/cref" "$d/c" || ok=1
+    return $ok
+}
+
 # ---------------------------------------------------------------------------------------------
 
 prepare || { echo "FAIL prepare"; echo "0 passed, 1 failed"; exit 1; }
@@ -243,6 +294,8 @@ run_test "model files round trip (fp32 bitwise, bf16 exact)" t_model_roundtrip
 run_test "bf16: master weights move below bf16 resolution" t_bf16_master
 run_test "bad input: one-line errors, non-zero exit, no crash (ASan)" t_bad_input
 run_test "the model learns and samples" t_learns
+run_test "data parallel DP 2,3,4 x ZeRO 0-3 x M 1,3 equals one rank; stages bitwise" t_data_parallel
+run_test "data parallel bf16 and active clipping equal one rank" t_data_parallel_bf16_clip
 
 if [ $skipped -gt 0 ]; then
     echo "$passed passed, $failed failed, $skipped skipped"
