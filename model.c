@@ -13,7 +13,7 @@ const char *const PARAM_NAMES[NUM_PARAM_TENSORS] = {
     "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
     "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb",
 };
-const char *const MEM_NAMES[MEM_NCAT] = { "weights", "gradients", "optimizer", "activations" };
+const char *const MEM_NAMES[MEM_NCAT] = { "weights", "gradients", "optimizer", "activations", "comm buffers" };
 
 void *mem_alloc(MemAccount *acct, int category, size_t bytes, const char *what) {
     void *p = acct->be->alloc(bytes);
@@ -220,7 +220,7 @@ static void permute(const GPT2 *m, const float *src, float *dst, int to_internal
 void gpt2_file_to_internal(const GPT2 *m, const float *file, float *internal) { permute(m, file, internal, 1); }
 void gpt2_internal_to_file(const GPT2 *m, const float *internal, float *file) { permute(m, internal, file, 0); }
 
-void gpt2_build(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, int B, int T, int own_params) {
+void gpt2_build(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, int B, int T, int own_params, int own_grads) {
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
     m->dt = dt;
@@ -237,7 +237,11 @@ void gpt2_build(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, int
         m->params = mem_alloc(a, MEM_WEIGHTS, m->num_params * ds, "weights");
         for (int u = 0; u < m->nunits; u++) m->unit_params[u] = at(m->params, m->unit_offset[u], dt);
     }
-    m->grads = mem_alloc(a, MEM_GRADS, m->num_params * sizeof(float), "gradients");
+    m->unit_grads = xcalloc((size_t)m->nunits, sizeof(float *));
+    if (own_grads) {
+        m->grads = mem_alloc(a, MEM_GRADS, m->num_params * sizeof(float), "gradients");
+        for (int u = 0; u < m->nunits; u++) m->unit_grads[u] = m->grads + m->unit_offset[u];
+    }
 
     size_t L = cfg->L, C = cfg->C, BT = (size_t)B * T, att = (size_t)B * cfg->NH * T * T;
     Activations *x = &m->act;
@@ -279,9 +283,11 @@ void gpt2_free(GPT2 *m) {
     void *bufs[] = { x->encoded, x->ln1, x->ln1_mean, x->ln1_rstd, x->qkv, x->atty, x->att, x->attproj,
                      x->residual2, x->ln2, x->ln2_mean, x->ln2_rstd, x->fch, x->fch_gelu, x->fcproj,
                      x->residual3, x->lnf, x->lnf_mean, x->lnf_rstd, x->logits, x->losses, x->inputs,
-                     x->targets, x->dresidual, x->dbuf_c, x->dbuf_4c, x->dqkv, x->datt, m->grads };
+                     x->targets, x->dresidual, x->dbuf_c, x->dbuf_4c, x->dqkv, x->datt };
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(bufs[i]);
     if (m->params) be->free(m->params);
+    if (m->grads) be->free(m->grads);
+    free(m->unit_grads);
     free(m->unit_offset);
     free(m->unit_params);
     memset(m, 0, sizeof *m);
@@ -301,11 +307,7 @@ void gpt2_upload_params(GPT2 *m, const float *host) {
 void *gpt2_param(const GPT2 *m, int k, int l) {
     return at(m->unit_params[gpt2_unit_of(m, k, l)], m->in_unit[k], m->dt);
 }
-float *gpt2_grad(const GPT2 *m, int k, int l) {
-    size_t off, len;
-    gpt2_tensor_range(m, k, l, &off, &len);
-    return m->grads + off;
-}
+float *gpt2_grad(const GPT2 *m, int k, int l) { return m->unit_grads[gpt2_unit_of(m, k, l)] + m->in_unit[k]; }
 
 static void fetch(GPT2 *m, int unit) {
     if (m->fetch_unit) m->fetch_unit(m->hook_ctx, unit);
@@ -417,7 +419,9 @@ void gpt2_backward(GPT2 *m, float dloss_scale) {
     ready(m, UNIT_EMBED);
 }
 
-void gpt2_zero_grad(GPT2 *m) { m->be->zero(m->grads, m->num_params * sizeof(float)); }
+void gpt2_zero_grad(GPT2 *m) {
+    if (m->grads) m->be->zero(m->grads, m->num_params * sizeof(float)); // streamed buckets start zeroed
+}
 
 void gpt2_logits_at(const GPT2 *m, int b, int t, int T, float *out) {
     size_t row = ((size_t)b * T + t) * m->cfg.Vp;

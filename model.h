@@ -29,7 +29,7 @@ enum {
 extern const char *const PARAM_NAMES[NUM_PARAM_TENSORS];
 
 // Memory is counted per rank by category, as allocated, for the start-up summary and the planner.
-enum { MEM_WEIGHTS, MEM_GRADS, MEM_OPTIMIZER, MEM_ACTIVATIONS, MEM_NCAT };
+enum { MEM_WEIGHTS, MEM_GRADS, MEM_OPTIMIZER, MEM_ACTIVATIONS, MEM_COMM, MEM_NCAT };
 extern const char *const MEM_NAMES[MEM_NCAT];
 typedef struct {
     const Backend *be;
@@ -68,7 +68,8 @@ typedef struct {
     size_t num_params;
     void *params;       // working weights in dt (internal order); NULL under ZeRO-3
     void **unit_params; // [nunits] where each unit's working weights are now
-    float *grads;       // fp32, internal order, accumulated over micro-batches
+    float *grads;       // fp32, internal order, accumulated over micro-batches; NULL when streamed
+    float **unit_grads; // [nunits] where each unit's gradients are now (ZeRO-2/3 stream them in buckets)
     Activations act;
     MemAccount mem;
     // data-parallel hooks (zero.c); NULL when unused
@@ -94,8 +95,9 @@ float *gpt2_load_file(const char *path, GPT2Config *cfg);
 void gpt2_save_file(const char *path, const GPT2Config *cfg, const float *host_params);
 
 // Builds the model; with own_params 0 the caller (ZeRO-3) provides unit_params instead of a full
-// working-weight buffer.
-void gpt2_build(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, int B, int T, int own_params);
+// working-weight buffer, and with own_grads 0 (ZeRO-2/3 streaming) unit_grads instead of a full
+// gradient buffer.
+void gpt2_build(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, int B, int T, int own_params, int own_grads);
 void gpt2_free(GPT2 *m);
 int gpt2_unit_of(const GPT2 *m, int tensor, int layer);
 // Where tensor k (layer l for per-layer tensors) lies in the internal order: offset and length.

@@ -409,14 +409,14 @@ static int train_main(int argc, char **argv) {
 
     if (!host_params) host_params = gpt2_init_params(&cfg, o.seed);
     GPT2 model;
-    gpt2_build(&model, &cfg, dt, be, B, T, stage != 3);
+    gpt2_build(&model, &cfg, dt, be, B, T, stage != 3, !zero_streams_gradients(stage, dp_size, accum));
     float *host_internal = xmalloc(sizeof(float) * model.num_params);
     gpt2_file_to_internal(&model, host_params, host_internal);
     free(host_params);
     if (stage != 3) gpt2_upload_params(&model, host_internal);
     AdamWConfig acfg = { o.beta1, o.beta2, o.eps, o.weight_decay, o.clip };
     Zero zero;
-    zero_init(&zero, &model, world, stage, o.bucket_mb, host_internal, &acfg);
+    zero_init(&zero, &model, world, stage, o.bucket_mb, accum, host_internal, &acfg);
     free(host_internal);
 
     double flops_per_token = gpt2_flops_per_token(&cfg, T);
@@ -485,7 +485,7 @@ static int train_main(int argc, char **argv) {
         }
         float loss = (float)(zero_sum_double(&zero, loss_sum) / (accum * dp_size));
         float norm = zero_finish_grads(&zero);
-        if (o.dump && step == 0) {
+        if (o.dump && step == 0) { // single rank: the full gradient buffer exists
             float *g = xmalloc(sizeof(float) * model.num_params), *gf = xmalloc(sizeof(float) * model.num_params);
             be->to_host(g, model.grads, sizeof(float) * model.num_params);
             gpt2_internal_to_file(&model, g, gf);

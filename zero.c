@@ -99,8 +99,42 @@ static ZeroSlot *gather_bucket(Zero *z, int b, int protect) {
     return victim;
 }
 
+// ZeRO-2/3 streaming: a pool buffer for the unit's bucket, zeroed, before its first gradient write.
+static void grads_acquire(Zero *z, int unit) {
+    GPT2 *m = z->model;
+    int b = z->unit_bucket[unit];
+    if (z->bucket_buf[b]) return;
+    int s = -1;
+    for (int i = 0; i < z->npool && s < 0; i++)
+        if (z->pool_bucket[i] < 0) s = i;
+    // none free: reclaim the buffer whose reduction was issued first (buckets are issued in order)
+    for (int i = 0; i < z->npool && s < 0; i++) {
+        int hb = z->pool_bucket[i];
+        if (z->breq[hb] == NULL) continue; // still being written by this backward
+        double t0 = now_seconds();
+        comm_wait(z->breq[hb]);
+        z->exposed_s += now_seconds() - t0;
+        z->breq[hb] = NULL;
+        s = i;
+    }
+    if (s < 0) die("internal: ZeRO gradient pool exhausted (%d buffers)", z->npool);
+    int old = z->pool_bucket[s];
+    if (old >= 0) {
+        z->bucket_buf[old] = NULL;
+        for (int u = 0; u < m->nunits; u++)
+            if (z->unit_bucket[u] == old) m->unit_grads[u] = NULL;
+    }
+    z->pool_bucket[s] = b;
+    z->bucket_buf[b] = z->pool[s];
+    m->be->zero(z->pool[s], z->blen[b] * sizeof(float));
+    for (int u = 0; u < m->nunits; u++)
+        if (z->unit_bucket[u] == b) m->unit_grads[u] = z->pool[s] + (m->unit_offset[u] - z->bstart[b]);
+}
+
 static void fetch_unit(void *ctx, int unit) {
     Zero *z = ctx;
+    if (z->stream && z->backward) grads_acquire(z, unit);
+    if (z->stage != 3) return;
     GPT2 *m = z->model;
     int b = z->unit_bucket[unit];
     ZeroSlot *s = gather_bucket(z, b, -1);
@@ -126,14 +160,23 @@ static void grads_ready(void *ctx, int unit) {
     if (!z->last_micro || !z->dp) return;
     int b = z->unit_bucket[unit];
     if (z->bucket_first_unit[b] != unit) return;
-    float *g = z->model->grads + z->bstart[b];
+    float *g = z->stream ? z->bucket_buf[b] : z->model->grads + z->bstart[b];
     if (z->stage == 0) z->breq[b] = comm_iall_reduce(z->dp, g, g, z->blen[b], CT_F32, OP_SUM);
-    else z->breq[b] = comm_ireduce_scatter(z->dp, g, z->model->grads + z->own_off[b], z->blen[b], CT_F32, OP_SUM);
+    else if (z->stage == 1) z->breq[b] = comm_ireduce_scatter(z->dp, g, z->model->grads + z->own_off[b], z->blen[b], CT_F32, OP_SUM);
+    else z->breq[b] = comm_ireduce_scatter(z->dp, g, z->gshard + z->shard_pos[b], z->blen[b], CT_F32, OP_SUM);
 }
 
 // ---------------------------------------------------------------------------------------------
 
-void zero_init(Zero *z, GPT2 *model, Comm *dp, int stage, double bucket_mb, const float *host, const AdamWConfig *cfg) {
+int zero_streams_gradients(int stage, int dp_size, int accum) { return stage >= 2 && dp_size > 1 && accum == 1; }
+
+// The reduced gradient of this rank's segment of bucket b.
+static float *reduced_grad(const Zero *z, int b) {
+    return z->stage >= 2 ? z->gshard + z->shard_pos[b] : z->model->grads + z->own_off[b];
+}
+
+void zero_init(Zero *z, GPT2 *model, Comm *dp, int stage, double bucket_mb, int accum, const float *host,
+               const AdamWConfig *cfg) {
     memset(z, 0, sizeof *z);
     z->cfg = *cfg;
     z->model = model;
@@ -160,16 +203,31 @@ void zero_init(Zero *z, GPT2 *model, Comm *dp, int stage, double bucket_mb, cons
     }
     z->m = mem_alloc(&model->mem, MEM_OPTIMIZER, n * sizeof(float), "AdamW first moment");
     z->v = mem_alloc(&model->mem, MEM_OPTIMIZER, n * sizeof(float), "AdamW second moment");
+    size_t biggest = 0;
+    for (int b = 0; b < z->nbuckets; b++)
+        if (z->blen[b] > biggest) biggest = z->blen[b];
+    if (stage >= 2) z->gshard = mem_alloc(&model->mem, MEM_GRADS, (z->shard_elems + 1) * sizeof(float), "gradient shard");
+    z->stream = zero_streams_gradients(stage, z->dp_size, accum);
+    z->bucket_buf = xcalloc((size_t)z->nbuckets, sizeof(float *));
+    if (z->stream) {
+        // the bucket holding the embeddings lives through the whole backward (the head writes it first,
+        // the encoder last), one is being written, and the rest carry reductions in flight
+        z->npool = 4;
+        z->pool = xcalloc((size_t)z->npool, sizeof(float *));
+        z->pool_bucket = xmalloc(sizeof(int) * z->npool);
+        for (int i = 0; i < z->npool; i++) {
+            z->pool[i] = mem_alloc(&model->mem, MEM_COMM, biggest * sizeof(float), "gradient bucket");
+            z->pool_bucket[i] = -1;
+        }
+        model->fetch_unit = fetch_unit;
+    }
     if (stage == 3) {
         z->wshard = mem_alloc(&model->mem, MEM_WEIGHTS, z->shard_elems * dtype_size(dt), "weight shard");
         be->cast(z->wshard, dt, z->master, DT_F32, z->shard_elems);
-        size_t biggest = 0;
-        for (int b = 0; b < z->nbuckets; b++)
-            if (z->blen[b] > biggest) biggest = z->blen[b];
         z->nslots = 3; // the unit in use, the one prefetched, and the embeddings' second use
         z->slots = xcalloc((size_t)z->nslots, sizeof(ZeroSlot));
         for (int s = 0; s < z->nslots; s++) {
-            z->slots[s].buf = mem_alloc(&model->mem, MEM_WEIGHTS, biggest * dtype_size(dt), "gathered unit");
+            z->slots[s].buf = mem_alloc(&model->mem, MEM_COMM, biggest * dtype_size(dt), "gathered unit");
             z->slots[s].bucket = -1;
         }
         model->fetch_unit = fetch_unit;
@@ -189,6 +247,11 @@ void zero_free(Zero *z) {
         be->free(z->slots[s].buf);
     }
     free(z->slots);
+    if (z->gshard) be->free(z->gshard);
+    for (int i = 0; i < z->npool; i++) be->free(z->pool[i]);
+    free(z->pool);
+    free(z->pool_bucket);
+    free(z->bucket_buf);
     free(z->bstart);
     free(z->blen);
     free(z->bucket_first_unit);
@@ -232,15 +295,23 @@ float zero_finish_grads(Zero *z) {
             z->breq[b] = NULL;
         }
     z->exposed_s += now_seconds() - t0;
+    for (int i = 0; i < z->npool; i++) { // every bucket is reduced: the pool is free for the next step
+        if (z->pool_bucket[i] >= 0) z->bucket_buf[z->pool_bucket[i]] = NULL;
+        z->pool_bucket[i] = -1;
+    }
+    if (z->stream)
+        for (int u = 0; u < z->model->nunits; u++) z->model->unit_grads[u] = NULL;
     // every stage sums the squares of the segments this rank owns, then the ranks' sums in rank order
     const Backend *be = z->model->be;
     double local = 0;
-    for (int b = 0; b < z->nbuckets; b++) local += be->sumsq(z->model->grads + z->own_off[b], z->own_len[b]);
+    for (int b = 0; b < z->nbuckets; b++) local += be->sumsq(reduced_grad(z, b), z->own_len[b]);
     return (float)sqrt(zero_sum_double(z, local));
 }
 
 // AdamW over [off, off+len) of the internal order, whose state sits at spos (shard or full vector).
-static void adamw_range(Zero *z, size_t off, size_t len, size_t spos, float lr, float bc1, float bc2, float scale) {
+// grad holds the gradient of [off, off+len).
+static void adamw_range(Zero *z, size_t off, size_t len, size_t spos, const float *grad, float lr, float bc1, float bc2,
+                        float scale) {
     GPT2 *m = z->model;
     const AdamWConfig *c = &z->cfg;
     // split the range by tensor: decay applies to matrices only
@@ -256,7 +327,7 @@ static void adamw_range(Zero *z, size_t off, size_t len, size_t spos, float lr, 
             void *working = NULL;
             if (z->stage == 3) working = at(z->wshard, s, m->dt);
             else if (!(z->stage == 0 && m->dt == DT_F32)) working = at(m->params, a, m->dt);
-            m->be->adamw(m->dt, z->master + s, working, m->grads + a, z->m + s, z->v + s, e - a, lr, c->beta1, c->beta2,
+            m->be->adamw(m->dt, z->master + s, working, grad + (a - off), z->m + s, z->v + s, e - a, lr, c->beta1, c->beta2,
                          c->eps, wd, bc1, bc2, scale);
         }
     }
@@ -270,10 +341,11 @@ void zero_step(Zero *z, float lr, float grad_norm) {
     float scale = 1.0f;
     if (c->clip > 0.0f && grad_norm > c->clip) scale = c->clip / (grad_norm + 1e-6f);
     if (z->stage == 0) {
-        adamw_range(z, 0, m->num_params, 0, lr, bc1, bc2, scale);
+        adamw_range(z, 0, m->num_params, 0, m->grads, lr, bc1, bc2, scale);
         return;
     }
-    for (int b = 0; b < z->nbuckets; b++) adamw_range(z, z->own_off[b], z->own_len[b], z->shard_pos[b], lr, bc1, bc2, scale);
+    for (int b = 0; b < z->nbuckets; b++)
+        adamw_range(z, z->own_off[b], z->own_len[b], z->shard_pos[b], reduced_grad(z, b), lr, bc1, bc2, scale);
     if (z->stage == 3) {
         // the gathered copies are stale now
         for (int s = 0; s < z->nslots; s++) {

@@ -43,6 +43,13 @@ typedef struct {
     float *master, *m, *v;
     int master_owned;
     void *wshard; // ZeRO-3: this rank's shard of the working weights
+    float *gshard; // ZeRO-2/3: this rank's shard of the reduced gradient
+    // ZeRO-2/3 with one micro-batch stream gradients: each bucket's gradients live in a pool buffer
+    // from its first write in the backward until its reduce-scatter has finished
+    int stream, npool;
+    float **pool;
+    int *pool_bucket;  // bucket held by each pool buffer, -1 when free
+    float **bucket_buf; // [nbuckets] pool buffer of a bucket, NULL when none
     int t;        // updates taken
     // ZeRO-3 gather slots
     int nslots;
@@ -57,7 +64,11 @@ typedef struct {
 
 // Sets up buckets and shards for the model, installs the model's hooks, and initialises the state
 // from host fp32 parameters in the internal order (under ZeRO-3 this also fills the weight shards).
-void zero_init(Zero *z, GPT2 *model, Comm *dp, int stage, double bucket_mb, const float *host_params,
+// Whether ZeRO stage `stage` streams gradients with this many micro-batches (then the model is built
+// without a full gradient buffer). With several micro-batches the gradients accumulate locally and are
+// reduced once, after the last, so that every stage computes bitwise the same step.
+int zero_streams_gradients(int stage, int dp_size, int accum);
+void zero_init(Zero *z, GPT2 *model, Comm *dp, int stage, double bucket_mb, int accum, const float *host_params,
                const AdamWConfig *cfg);
 void zero_free(Zero *z);
 // Before the micro-batches of a step / before each backward.

@@ -228,6 +228,16 @@ t_learns() {
     awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 1.5) }'
 }
 
+# Every collective against a serial reference (test/test_comm.c), on 1, 2, 3, 4, 5 and 8 ranks.
+t_collectives() {
+    for n in 1 2 3 4 5 8; do
+        timeout 600 ./build/test_comm --nproc $n --comm-timeout 60 || { echo "collectives failed on $n ranks"; return 1; }
+    done
+    local left
+    left=$(ls /dev/shm | grep '^llm4d-' || true)
+    [ -z "$left" ] || { echo "left behind in /dev/shm: $left"; return 1; }
+}
+
 # Data parallelism: every DP size, ZeRO stage and micro-batch count takes the single-rank step
 # (losses and final parameters within 1e-5), the four stages agree bitwise, and a rerun is bitwise.
 DPFLAGS=(--layers 2 --channels 32 --heads 4 --vocab 256 --seq-len 32 --micro-batch 2 --steps 10 --lr 1e-3
@@ -257,6 +267,43 @@ t_data_parallel() {
         --log "$d/rerun.jsonl" --save-model "$d/rerun.bin" >/dev/null || return 1
     cmp "$d/rerun.bin" "$d/dp3_m3_z3.bin" || { echo "rerun differs"; ok=1; }
     return $ok
+}
+
+# Memory per rank at DP 4 follows the ZeRO formula, per parameter (fp32 gradients; W = 4 bytes of
+# fp32 or 2 of bf16 working weights): ZeRO-0 W + 4 + 12 (fp32 weights are their own master: 4+4+8),
+# ZeRO-1 W + 4 + 12/DP, ZeRO-2 W + (4 + 12)/DP, ZeRO-3 (W + 4 + 12)/DP; gradient buckets and gathered
+# units are counted apart, as comm buffers.
+t_zero_memory() {
+    have_torch || return $?
+    local d=$WORK/mem
+    mkdir -p "$d"
+    for dt in fp32 bf16; do
+        for z in 0 1 2 3; do
+            timeout 120 $TRAIN --nproc 4 --layers 4 --channels 128 --heads 4 --vocab 256 --seq-len 32 --micro-batch 1 \
+                --steps 0 --zero $z --dtype $dt --bucket-mb 0.1 >"$d/$dt-$z.out" || return 1
+        done
+    done
+    $PY - "$d" <<'EOF'
+import re, sys
+d = sys.argv[1]
+bad = 0
+for dt, w in (("fp32", 4), ("bf16", 2)):
+    for z in range(4):
+        out = open(f"{d}/{dt}-{z}.out").read()
+        n = int(re.search(r"\| (\d+) parameters", out).group(1))
+        master = 0 if (z == 0 and dt == "fp32") else 4
+        want = {0: (w, 4, 8 + master), 1: (w, 4, (8 + master) / 4), 2: (w, 4 / 4, (8 + master) / 4),
+                3: (w / 4, 4 / 4, (8 + master) / 4)}[z]
+        for line in re.findall(r"memory of rank \d+ .*", out):
+            got = [float(x) * 1048576 for x in re.findall(r"(?:weights|gradients|optimizer) ([0-9.]+) MiB", line)]
+            for name, g, e in zip(("weights", "gradients", "optimizer"), got, want):
+                err = abs(g - e * n) / (e * n)
+                if err > 0.05:
+                    print(f"FAIL {dt} ZeRO-{z} {name}: {g:.0f} bytes, formula {e * n:.0f} ({err:.1%})")
+                    bad += 1
+        print(f"{dt} ZeRO-{z}: {line}")
+sys.exit(1 if bad else 0)
+EOF
 }
 
 # bf16 data parallelism against the single-rank bf16 run, and clipping that bites.
@@ -294,8 +341,10 @@ run_test "model files round trip (fp32 bitwise, bf16 exact)" t_model_roundtrip
 run_test "bf16: master weights move below bf16 resolution" t_bf16_master
 run_test "bad input: one-line errors, non-zero exit, no crash (ASan)" t_bad_input
 run_test "the model learns and samples" t_learns
+run_test "collectives: every op, type, count, placement; 1-8 ranks; sub-communicators" t_collectives
 run_test "data parallel DP 2,3,4 x ZeRO 0-3 x M 1,3 equals one rank; stages bitwise" t_data_parallel
 run_test "data parallel bf16 and active clipping equal one rank" t_data_parallel_bf16_clip
+run_test "ZeRO memory per rank at DP 4 follows the formula" t_zero_memory
 
 if [ $skipped -gt 0 ]; then
     echo "$passed passed, $failed failed, $skipped skipped"
