@@ -483,8 +483,8 @@ static int train_main(int argc, char **argv) {
             zero_begin_backward(&zero, mb == accum - 1);
             gpt2_backward(&model, 1.0f / (float)batch_tokens);
         }
+        float norm = zero_finish_grads(&zero); // first: the loss's reduction would queue behind the buckets
         float loss = (float)(zero_sum_double(&zero, loss_sum) / (accum * dp_size));
-        float norm = zero_finish_grads(&zero);
         if (o.dump && step == 0) { // single rank: the full gradient buffer exists
             float *g = xmalloc(sizeof(float) * model.num_params), *gf = xmalloc(sizeof(float) * model.num_params);
             be->to_host(g, model.grads, sizeof(float) * model.num_params);
