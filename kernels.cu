@@ -431,26 +431,32 @@ static void cu_matmul_bwd(DType dt, void *dinp, float *dweight, float *dbias, co
 // ---------------------------------------------------------------------------------------------
 // encoder
 
+// Token embeddings come from a slice of the vocabulary: wte holds rows vstart..vstart+vlen-1, and a token
+// outside the slice contributes 0. wpe may be NULL (no position embedding).
 template <typename T>
-__global__ void encoder_fwd_kernel(T *out, const int32_t *tokens, const T *wte, const T *wpe, int B, int T_, int C) {
+__global__ void encoder_fwd_kernel(T *out, const int32_t *tokens, const T *wte, const T *wpe, int B, int T_, int C,
+                                   int vstart, int vlen) {
     size_t n = (size_t)B * T_ * C;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         size_t bt = i / C;
         int c = (int)(i % C), t = (int)(bt % T_);
-        out[i] = fromf<T>(tof(wte[(size_t)tokens[bt] * C + c]) + tof(wpe[(size_t)t * C + c]));
+        long long row = (long long)tokens[bt] - vstart;
+        float v = (row >= 0 && row < vlen) ? tof(wte[(size_t)row * C + c]) : 0.0f;
+        if (wpe) v += tof(wpe[(size_t)t * C + c]);
+        out[i] = fromf<T>(v);
     }
 }
 
 static void cu_encoder_fwd(DType dt, void *out, const int32_t *tokens, const void *wte, const void *wpe, int B, int T,
-                           int C) {
+                           int C, int vstart, int vlen) {
+    if (B <= 0 || T <= 0 || C <= 0) return;
     size_t n = (size_t)B * T * C;
-    if (n == 0) return;
     if (dt == DT_BF16)
         encoder_fwd_kernel<bf16s><<<ew_blocks(n, 256), 256>>>((bf16s *)out, tokens, (const bf16s *)wte,
-                                                               (const bf16s *)wpe, B, T, C);
+                                                               (const bf16s *)wpe, B, T, C, vstart, vlen);
     else
         encoder_fwd_kernel<float><<<ew_blocks(n, 256), 256>>>((float *)out, tokens, (const float *)wte,
-                                                               (const float *)wpe, B, T, C);
+                                                               (const float *)wpe, B, T, C, vstart, vlen);
     check_launch("encoder_fwd_kernel");
 }
 
@@ -465,28 +471,33 @@ __global__ void encoder_bwd_wpe_kernel(float *dwpe, const T *dout, int B, int T_
     }
 }
 
-// dwte[tok,c] += dout[bt,c] over bt in order. Thread (c, bucket) scans every token in order and handles
-// the tokens with tok % ENC_BUCKETS == bucket, so each (tok, c) is still summed by one thread in bt order,
-// as on the CPU, but the dependent read-modify-write chain per thread is ENC_BUCKETS times shorter.
+// dwte[tok - vstart,c] += dout[bt,c] over bt in order, for the tokens of the slice [vstart, vstart+vlen).
+// Thread (c, bucket) scans every token in order and handles the slice rows with row % ENC_BUCKETS ==
+// bucket, so each (row, c) is still summed by one thread in bt order, as on the CPU, but the dependent
+// read-modify-write chain per thread is ENC_BUCKETS times shorter.
 #define ENC_BUCKETS 64
 #define ENC_TOK_TILE 256
 
 template <typename T>
-__global__ void encoder_bwd_wte_kernel(float *dwte, const T *dout, const int32_t *tokens, int BT, int C) {
-    __shared__ int32_t tok[ENC_TOK_TILE];
+__global__ void encoder_bwd_wte_kernel(float *dwte, const T *dout, const int32_t *tokens, int BT, int C, int vstart,
+                                       int vlen) {
+    __shared__ int32_t rows[ENC_TOK_TILE];
     int c = blockIdx.x * 32 + threadIdx.x;
     int bucket = blockIdx.y * blockDim.y + threadIdx.y;
     int lt = threadIdx.y * 32 + threadIdx.x, nthreads = blockDim.x * blockDim.y;
     for (int base = 0; base < BT; base += ENC_TOK_TILE) {
         int cnt = min(ENC_TOK_TILE, BT - base);
         __syncthreads();
-        for (int i = lt; i < cnt; i += nthreads) tok[i] = tokens[base + i];
+        for (int i = lt; i < cnt; i += nthreads) {
+            long long row = (long long)tokens[base + i] - vstart;
+            rows[i] = (row >= 0 && row < vlen) ? (int32_t)row : -1; // -1: not in this slice
+        }
         __syncthreads();
         if (c < C) {
             for (int i = 0; i < cnt; i++) {
-                int tk = tok[i];
-                if ((int)((unsigned)tk % ENC_BUCKETS) != bucket) continue;
-                float *p = dwte + (size_t)tk * C + c;
+                int r = rows[i];
+                if (r < 0 || r % ENC_BUCKETS != bucket) continue;
+                float *p = dwte + (size_t)r * C + c;
                 *p = *p + tof(dout[(size_t)(base + i) * C + c]);
             }
         }
@@ -494,20 +505,22 @@ __global__ void encoder_bwd_wte_kernel(float *dwte, const T *dout, const int32_t
 }
 
 static void cu_encoder_bwd(DType dt, float *dwte, float *dwpe, const void *dout, const int32_t *tokens, int B, int T,
-                           int C) {
+                           int C, int vstart, int vlen) {
     if (B <= 0 || T <= 0 || C <= 0) return;
     size_t ntc = (size_t)T * C;
-    dim3 gw(cdiv(C, 32), ENC_BUCKETS / 8), bw(32, 8);
-    if (dt == DT_BF16) {
-        encoder_bwd_wpe_kernel<bf16s><<<ew_blocks(ntc, 256), 256>>>(dwpe, (const bf16s *)dout, B, T, C);
+    if (dwpe) {
+        if (dt == DT_BF16)
+            encoder_bwd_wpe_kernel<bf16s><<<ew_blocks(ntc, 256), 256>>>(dwpe, (const bf16s *)dout, B, T, C);
+        else encoder_bwd_wpe_kernel<float><<<ew_blocks(ntc, 256), 256>>>(dwpe, (const float *)dout, B, T, C);
         check_launch("encoder_bwd_wpe_kernel");
-        encoder_bwd_wte_kernel<bf16s><<<gw, bw>>>(dwte, (const bf16s *)dout, tokens, B * T, C);
-    } else {
-        encoder_bwd_wpe_kernel<float><<<ew_blocks(ntc, 256), 256>>>(dwpe, (const float *)dout, B, T, C);
-        check_launch("encoder_bwd_wpe_kernel");
-        encoder_bwd_wte_kernel<float><<<gw, bw>>>(dwte, (const float *)dout, tokens, B * T, C);
     }
-    check_launch("encoder_bwd_wte_kernel");
+    if (dwte && vlen > 0) {
+        dim3 gw(cdiv(C, 32), ENC_BUCKETS / 8), bw(32, 8);
+        if (dt == DT_BF16)
+            encoder_bwd_wte_kernel<bf16s><<<gw, bw>>>(dwte, (const bf16s *)dout, tokens, B * T, C, vstart, vlen);
+        else encoder_bwd_wte_kernel<float><<<gw, bw>>>(dwte, (const float *)dout, tokens, B * T, C, vstart, vlen);
+        check_launch("encoder_bwd_wte_kernel");
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -844,77 +857,76 @@ static void cu_residual_bwd(DType dt, void *dst, const void *src, size_t n) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// softmax + cross-entropy over columns < V: one block per row.
+// softmax + cross-entropy over a vocabulary slice: logits[N, Vloc] hold columns vstart.. of the padded
+// vocabulary, of which the first vreal are real. One block per row.
 
 #define CE_THREADS 512
 
+// Per row: max and Σ exp(x - max) over the real local columns (-inf and 0 when there are none), and the
+// target's logit when this slice holds it (else 0).
 template <typename T>
-__device__ void ce_row_stats(const T *x, int V, float *mx, float *sum, float *sh) {
+__global__ void crossentropy_stats_kernel(float *rowmax, float *rowsum, float *target, const T *logits,
+                                          const int32_t *targets, int vstart, int vreal, int Vloc) {
+    __shared__ float sh[32];
+    int n = blockIdx.x;
+    const T *x = logits + (size_t)n * Vloc;
     float m = -INFINITY;
-    for (int j = threadIdx.x; j < V; j += blockDim.x) {
+    for (int j = threadIdx.x; j < vreal; j += blockDim.x) {
         float v = tof(x[j]);
         if (v > m) m = v; // NaNs are ignored by the max, as on the CPU
     }
     m = block_max(m, sh);
     float s = 0.0f;
-    for (int j = threadIdx.x; j < V; j += blockDim.x) s += expf(tof(x[j]) - m);
+    for (int j = threadIdx.x; j < vreal; j += blockDim.x) s += expf(tof(x[j]) - m);
     s = block_sum(s, sh);
-    *mx = m;
-    *sum = s;
-}
-
-template <typename T>
-__global__ void crossentropy_fwd_kernel(float *losses, const T *logits, const int32_t *targets, int V, int Vp) {
-    __shared__ float sh[32];
-    int n = blockIdx.x;
-    const T *x = logits + (size_t)n * Vp;
-    float mx, sum;
-    ce_row_stats(x, V, &mx, &sum, sh);
     if (threadIdx.x == 0) {
-        int tg = targets[n];
-        float xt = (tg >= 0 && tg < Vp) ? tof(x[tg]) : NAN;
-        losses[n] = logf(sum) + mx - xt;
+        long long tj = (long long)targets[n] - vstart;
+        rowmax[n] = m;
+        rowsum[n] = s;
+        target[n] = (tj >= 0 && tj < vreal) ? tof(x[tj]) : 0.0f;
     }
 }
 
-// dlogits may alias logits: every thread reads the row for the statistics before the barrier inside the
-// last block reduction, and afterwards reads and writes only its own elements.
+// dlogits = (exp(x - gmax[n]) / gsum[n] - onehot) * dloss on the real columns, 0 on the rest. dlogits may
+// alias logits: each element is read and written by the same thread.
 template <typename T>
-__global__ void crossentropy_bwd_kernel(T *dlogits, const T *logits, const int32_t *targets, float dloss, int V,
-                                        int Vp) {
-    __shared__ float sh[32];
+__global__ void crossentropy_bwd_kernel(T *dlogits, const T *logits, const int32_t *targets, const float *gmax,
+                                        const float *gsum, float dloss, int vstart, int vreal, int Vloc) {
     int n = blockIdx.x;
-    const T *x = logits + (size_t)n * Vp;
-    T *d = dlogits + (size_t)n * Vp;
-    float mx, sum;
-    ce_row_stats(x, V, &mx, &sum, sh);
-    float inv = 1.0f / sum;
-    int tg = targets[n];
-    for (int j = threadIdx.x; j < V; j += blockDim.x) {
+    const T *x = logits + (size_t)n * Vloc;
+    T *d = dlogits + (size_t)n * Vloc;
+    float mx = gmax[n], inv = 1.0f / gsum[n];
+    long long tj = (long long)targets[n] - vstart;
+    int vr = vreal < Vloc ? vreal : Vloc;
+    for (int j = threadIdx.x; j < vr; j += blockDim.x) {
         float p = expf(tof(x[j]) - mx) * inv;
-        d[j] = fromf<T>((p - (j == tg ? 1.0f : 0.0f)) * dloss);
+        d[j] = fromf<T>((p - (j == tj ? 1.0f : 0.0f)) * dloss);
     }
-    for (int j = V + threadIdx.x; j < Vp; j += blockDim.x) d[j] = fromf<T>(0.0f);
+    for (int j = (vr > 0 ? vr : 0) + threadIdx.x; j < Vloc; j += blockDim.x) d[j] = fromf<T>(0.0f);
 }
 
-static void cu_crossentropy_fwd(DType dt, float *losses, const void *logits, const int32_t *targets, int N, int V,
-                                int Vp) {
+static void cu_crossentropy_stats(DType dt, float *rowmax, float *rowsum, float *target, const void *logits,
+                                  const int32_t *targets, int N, int vstart, int vreal, int Vloc) {
     if (N <= 0) return;
+    if (vreal > Vloc) vreal = Vloc;
     if (dt == DT_BF16)
-        crossentropy_fwd_kernel<bf16s><<<N, CE_THREADS>>>(losses, (const bf16s *)logits, targets, V, Vp);
-    else crossentropy_fwd_kernel<float><<<N, CE_THREADS>>>(losses, (const float *)logits, targets, V, Vp);
-    check_launch("crossentropy_fwd_kernel");
-}
-
-static void cu_crossentropy_bwd(DType dt, void *dlogits, const void *logits, const int32_t *targets, float dloss, int N,
-                                int V, int Vp) {
-    if (N <= 0) return;
-    if (dt == DT_BF16)
-        crossentropy_bwd_kernel<bf16s><<<N, CE_THREADS>>>((bf16s *)dlogits, (const bf16s *)logits, targets, dloss, V,
-                                                          Vp);
+        crossentropy_stats_kernel<bf16s><<<N, CE_THREADS>>>(rowmax, rowsum, target, (const bf16s *)logits, targets,
+                                                            vstart, vreal, Vloc);
     else
-        crossentropy_bwd_kernel<float><<<N, CE_THREADS>>>((float *)dlogits, (const float *)logits, targets, dloss, V,
-                                                          Vp);
+        crossentropy_stats_kernel<float><<<N, CE_THREADS>>>(rowmax, rowsum, target, (const float *)logits, targets,
+                                                            vstart, vreal, Vloc);
+    check_launch("crossentropy_stats_kernel");
+}
+
+static void cu_crossentropy_bwd(DType dt, void *dlogits, const void *logits, const int32_t *targets, const float *gmax,
+                                const float *gsum, float dloss, int N, int vstart, int vreal, int Vloc) {
+    if (N <= 0 || Vloc <= 0) return;
+    if (dt == DT_BF16)
+        crossentropy_bwd_kernel<bf16s><<<N, CE_THREADS>>>((bf16s *)dlogits, (const bf16s *)logits, targets, gmax, gsum,
+                                                          dloss, vstart, vreal, Vloc);
+    else
+        crossentropy_bwd_kernel<float><<<N, CE_THREADS>>>((float *)dlogits, (const float *)logits, targets, gmax, gsum,
+                                                          dloss, vstart, vreal, Vloc);
     check_launch("crossentropy_bwd_kernel");
 }
 
@@ -1043,7 +1055,7 @@ static void fill_table(Backend *b) {
     b->gelu_bwd = cu_gelu_bwd;
     b->residual_fwd = cu_residual_fwd;
     b->residual_bwd = cu_residual_bwd;
-    b->crossentropy_fwd = cu_crossentropy_fwd;
+    b->crossentropy_stats = cu_crossentropy_stats;
     b->crossentropy_bwd = cu_crossentropy_bwd;
     b->adamw = cu_adamw;
     b->sumsq = cu_sumsq;

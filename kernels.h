@@ -47,12 +47,14 @@ typedef struct Backend {
     void (*sync)(void);
     void (*set_threads)(int n); // CPU worker threads; ignored by device backends
 
-    // out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]
+    // Token and position embedding over a slice of the vocabulary (tensor parallelism splits wte by
+    // rows): out[b,t,:] = wte[tok - vstart,:] when vstart <= tok < vstart + vlen, else 0; plus wpe[t,:]
+    // when wpe is not NULL.
     void (*encoder_fwd)(DType dt, void *out, const int32_t *tokens, const void *wte, const void *wpe,
-                        int B, int T, int C);
-    // dwte[tokens[b,t],:] += dout[b,t,:]; dwpe[t,:] += dout[b,t,:]
+                        int B, int T, int C, int vstart, int vlen);
+    // dwte[tok - vstart,:] += dout[b,t,:] for tokens in the slice; dwpe[t,:] += dout[b,t,:] when not NULL
     void (*encoder_bwd)(DType dt, float *dwte, float *dwpe, const void *dout, const int32_t *tokens,
-                        int B, int T, int C);
+                        int B, int T, int C, int vstart, int vlen);
     // LayerNorm over the last dim (eps 1e-5); saves mean and 1/std per row for the backward.
     void (*layernorm_fwd)(DType dt, void *out, float *mean, float *rstd, const void *inp,
                           const void *weight, const void *bias, int N, int C);
@@ -81,12 +83,18 @@ typedef struct Backend {
     void (*residual_fwd)(DType dt, void *out, const void *a, const void *b, size_t n);
     // dst += src (the residual's backward: the gradient flows unchanged into both branches)
     void (*residual_bwd)(DType dt, void *dst, const void *src, size_t n);
-    // losses[n] = -log softmax(logits[n, 0:V])[targets[n]]; columns V..Vp-1 are padding, never counted.
-    void (*crossentropy_fwd)(DType dt, float *losses, const void *logits, const int32_t *targets,
-                             int N, int V, int Vp);
-    // dlogits = (softmax(logits) - onehot(target)) * dloss; padding columns 0. dlogits may alias logits.
+    // Softmax cross-entropy over a vocabulary that may be split across ranks. logits[N, Vloc] hold
+    // columns vstart..vstart+Vloc-1 of the (padded) vocabulary, of which the first vreal are real words
+    // (padding never counts). Per row: rowmax = max over the real local columns (-inf when none),
+    // rowsum = Σ exp(x - rowmax), target = the target's logit when this slice holds it, else 0.
+    // The caller combines the slices: loss = log Σ_r rowsum_r·exp(rowmax_r - M) + M - target, M = max_r rowmax_r.
+    void (*crossentropy_stats)(DType dt, float *rowmax, float *rowsum, float *target, const void *logits,
+                               const int32_t *targets, int N, int vstart, int vreal, int Vloc);
+    // dlogits = (exp(x - gmax[n]) / gsum[n] - onehot(target)) * dloss on real columns, 0 on padding;
+    // dlogits may alias logits.
     void (*crossentropy_bwd)(DType dt, void *dlogits, const void *logits, const int32_t *targets,
-                             float dloss, int N, int V, int Vp);
+                             const float *gmax, const float *gsum, float dloss, int N, int vstart, int vreal,
+                             int Vloc);
     // AdamW on one tensor with bias-corrected moments and decoupled weight decay:
     //   g = grad*grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g²
     //   master = master*(1 - lr*wd) - lr * (m/bc1) / (sqrt(v/bc2) + eps)

@@ -222,25 +222,31 @@ static void cpu_matmul_bwd(DType dt, void *dinp, float *dweight, float *dbias, c
 // encoder
 
 static void cpu_encoder_fwd(DType dt, void *out, const int32_t *tokens, const void *wte, const void *wpe, int B,
-                            int T, int C) {
+                            int T, int C, int vstart, int vlen) {
 #pragma omp parallel for schedule(static)
     for (int bt = 0; bt < B * T; bt++) {
-        int t = bt % T;
-        size_t te = (size_t)tokens[bt] * C, pe = (size_t)t * C, o = (size_t)bt * C;
-        for (int c = 0; c < C; c++) st(dt, out, o + c, ld(dt, wte, te + c) + ld(dt, wpe, pe + c));
+        int t = bt % T, row = tokens[bt] - vstart;
+        int have = row >= 0 && row < vlen;
+        size_t te = (size_t)(have ? row : 0) * C, pe = (size_t)t * C, o = (size_t)bt * C;
+        for (int c = 0; c < C; c++) {
+            float v = have ? ld(dt, wte, te + c) : 0.0f;
+            if (wpe) v += ld(dt, wpe, pe + c);
+            st(dt, out, o + c, v);
+        }
     }
 }
 
 // Parallel over channels so that rows sharing a token or a position never race, and each sum runs
 // over (b, t) in order.
 static void cpu_encoder_bwd(DType dt, float *dwte, float *dwpe, const void *dout, const int32_t *tokens, int B,
-                            int T, int C) {
+                            int T, int C, int vstart, int vlen) {
 #pragma omp parallel for schedule(static)
     for (int c = 0; c < C; c++) {
         for (int bt = 0; bt < B * T; bt++) {
             float g = ld(dt, dout, (size_t)bt * C + c);
-            dwte[(size_t)tokens[bt] * C + c] += g;
-            dwpe[(size_t)(bt % T) * C + c] += g;
+            int row = tokens[bt] - vstart;
+            if (row >= 0 && row < vlen) dwte[(size_t)row * C + c] += g;
+            if (dwpe) dwpe[(size_t)(bt % T) * C + c] += g;
         }
     }
 }
@@ -446,42 +452,37 @@ static void cpu_residual_bwd(DType dt, void *dst, const void *src, size_t n) {
 // ---------------------------------------------------------------------------------------------
 // softmax + cross-entropy over the real vocabulary (columns < V)
 
-static void row_max_sum(DType dt, const void *logits, size_t o, int V, float *mx, float *sum) {
-    float m = -INFINITY;
-    for (int j = 0; j < V; j++) {
-        float x = ld(dt, logits, o + j);
-        if (x > m) m = x;
-    }
-    float s = 0.0f;
-    for (int j = 0; j < V; j++) s += expf(ld(dt, logits, o + j) - m);
-    *mx = m;
-    *sum = s;
-}
-
-static void cpu_crossentropy_fwd(DType dt, float *losses, const void *logits, const int32_t *targets, int N, int V,
-                                 int Vp) {
+static void cpu_crossentropy_stats(DType dt, float *rowmax, float *rowsum, float *target, const void *logits,
+                                   const int32_t *targets, int N, int vstart, int vreal, int Vloc) {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
-        size_t o = (size_t)n * Vp;
-        float mx, sum;
-        row_max_sum(dt, logits, o, V, &mx, &sum);
-        losses[n] = logf(sum) + mx - ld(dt, logits, o + targets[n]);
-    }
-}
-
-static void cpu_crossentropy_bwd(DType dt, void *dlogits, const void *logits, const int32_t *targets, float dloss,
-                                 int N, int V, int Vp) {
-#pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
-        size_t o = (size_t)n * Vp;
-        float mx, sum;
-        row_max_sum(dt, logits, o, V, &mx, &sum);
-        float inv = 1.0f / sum;
-        for (int j = 0; j < V; j++) {
-            float p = expf(ld(dt, logits, o + j) - mx) * inv;
-            st(dt, dlogits, o + j, (p - (j == targets[n] ? 1.0f : 0.0f)) * dloss);
+        size_t o = (size_t)n * Vloc;
+        float m = -INFINITY;
+        for (int j = 0; j < vreal; j++) {
+            float x = ld(dt, logits, o + j);
+            if (x > m) m = x;
         }
-        for (int j = V; j < Vp; j++) st(dt, dlogits, o + j, 0.0f);
+        float s = 0.0f;
+        for (int j = 0; j < vreal; j++) s += expf(ld(dt, logits, o + j) - m);
+        int tj = targets[n] - vstart;
+        rowmax[n] = m;
+        rowsum[n] = s;
+        target[n] = (tj >= 0 && tj < vreal) ? ld(dt, logits, o + tj) : 0.0f;
+    }
+}
+
+static void cpu_crossentropy_bwd(DType dt, void *dlogits, const void *logits, const int32_t *targets, const float *gmax,
+                                 const float *gsum, float dloss, int N, int vstart, int vreal, int Vloc) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        size_t o = (size_t)n * Vloc;
+        float inv = 1.0f / gsum[n];
+        int tj = targets[n] - vstart;
+        for (int j = 0; j < vreal; j++) {
+            float p = expf(ld(dt, logits, o + j) - gmax[n]) * inv;
+            st(dt, dlogits, o + j, (p - (j == tj ? 1.0f : 0.0f)) * dloss);
+        }
+        for (int j = vreal > 0 ? vreal : 0; j < Vloc; j++) st(dt, dlogits, o + j, 0.0f);
     }
 }
 
@@ -551,7 +552,7 @@ static const Backend CPU_BACKEND = {
     .gelu_bwd = cpu_gelu_bwd,
     .residual_fwd = cpu_residual_fwd,
     .residual_bwd = cpu_residual_bwd,
-    .crossentropy_fwd = cpu_crossentropy_fwd,
+    .crossentropy_stats = cpu_crossentropy_stats,
     .crossentropy_bwd = cpu_crossentropy_bwd,
     .adamw = cpu_adamw,
     .sumsq = cpu_sumsq,

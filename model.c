@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "collectives.h"
 #include "common.h"
 
 const char *const PARAM_NAMES[NUM_PARAM_TENSORS] = {
@@ -177,6 +178,12 @@ static void *at(const void *base, size_t elems, DType dt) { return (char *)base 
 
 static int is_layer_tensor(int k) { return k != P_WTE && k != P_WPE && k != P_LNFW && k != P_LNFB; }
 
+int gpt2_tensor_replicated(const GPT2 *m, int k) {
+    if (m->tp == 1) return 0;
+    return k == P_WPE || k == P_LN1W || k == P_LN1B || k == P_LN2W || k == P_LN2B || k == P_ATTPROJB ||
+           k == P_FCPROJB || k == P_LNFW || k == P_LNFB;
+}
+
 int gpt2_unit_of(const GPT2 *m, int k, int l) {
     if (k == P_WTE || k == P_WPE) return UNIT_EMBED;
     if (k == P_LNFW || k == P_LNFB) return m->cfg.L + 1;
@@ -186,6 +193,21 @@ int gpt2_unit_of(const GPT2 *m, int k, int l) {
 void gpt2_tensor_range(const GPT2 *m, int k, int l, size_t *off, size_t *len) {
     *len = is_layer_tensor(k) ? m->param_sizes[k] / m->cfg.L : m->param_sizes[k];
     *off = m->unit_offset[gpt2_unit_of(m, k, l)] + m->in_unit[k];
+}
+
+// This rank's tensor sizes: the tensor-parallel splits of Megatron-LM. QKV and the MLP's first matmul
+// are split by output rows (whole heads), the two output projections by input columns, the token
+// embedding by vocabulary rows; the rest is replicated.
+static void local_sizes(GPT2 *m) {
+    size_t C = m->cfg.C, L = m->cfg.L, Ct = (size_t)m->C_tp;
+    size_t *s = m->param_sizes;
+    s[P_WTE] = (size_t)m->Vp_tp * C;
+    s[P_QKVW] = L * 3 * Ct * C;
+    s[P_QKVB] = L * 3 * Ct;
+    s[P_ATTPROJW] = L * C * Ct;
+    s[P_FCW] = L * 4 * Ct * C;
+    s[P_FCB] = L * 4 * Ct;
+    s[P_FCPROJW] = L * C * 4 * Ct;
 }
 
 // Unit-major layout: unit offsets and each tensor's place inside its unit.
@@ -203,24 +225,64 @@ static void build_units(GPT2 *m) {
     m->unit_offset[1] = embed;
     for (int l = 0; l < L; l++) m->unit_offset[2 + l] = m->unit_offset[1 + l] + layer;
     m->unit_offset[L + 2] = m->unit_offset[L + 1] + fin;
+    m->num_params = m->unit_offset[L + 2];
 }
 
-static void permute(const GPT2 *m, const float *src, float *dst, int to_internal) {
+// Index in the full model file of element i of this rank's slice of tensor k, layer l (tensor-
+// parallel rank r); SIZE_MAX for the internal vocabulary padding past Vp.
+static size_t full_index(const GPT2 *m, int r, int k, int l, size_t i) {
+    size_t C = m->cfg.C, Ct = (size_t)m->C_tp, base = m->file_offsets[k];
+    switch (k) {
+    case P_WTE: {
+        size_t row = (size_t)r * m->Vp_tp + i / C;
+        return row < (size_t)m->cfg.Vp ? base + row * C + i % C : SIZE_MAX;
+    }
+    case P_QKVW: case P_QKVB: {
+        size_t width = k == P_QKVW ? C : 1, row = i / width, part = row / Ct;
+        size_t full_row = part * C + (size_t)r * Ct + row % Ct;
+        return base + (size_t)l * 3 * C * width + full_row * width + i % width;
+    }
+    case P_ATTPROJW: return base + (size_t)l * C * C + (i / Ct) * C + (size_t)r * Ct + i % Ct;
+    case P_FCW: return base + (size_t)l * 4 * C * C + (size_t)r * 4 * Ct * C + i;
+    case P_FCB: return base + (size_t)l * 4 * C + (size_t)r * 4 * Ct + i;
+    case P_FCPROJW: return base + (size_t)l * C * 4 * C + (i / (4 * Ct)) * 4 * C + (size_t)r * 4 * Ct + i % (4 * Ct);
+    default: { // replicated
+        size_t per_layer = is_layer_tensor(k) ? m->param_sizes[k] / m->cfg.L : 0;
+        return base + (size_t)l * per_layer + i;
+    }
+    }
+}
+
+// Copies between a full model in file order and a tensor-parallel rank's slice in internal order.
+static void map_slice(const GPT2 *m, int r, float *full, float *local, int to_local) {
     for (int k = 0; k < NUM_PARAM_TENSORS; k++) {
         int layers = is_layer_tensor(k) ? m->cfg.L : 1;
         for (int l = 0; l < layers; l++) {
             size_t off, len;
             gpt2_tensor_range(m, k, l, &off, &len);
-            size_t foff = m->file_offsets[k] + (size_t)l * len;
-            if (to_internal) memcpy(dst + off, src + foff, len * sizeof(float));
-            else memcpy(dst + foff, src + off, len * sizeof(float));
+            for (size_t i = 0; i < len; i++) {
+                size_t f = full_index(m, r, k, l, i);
+                if (to_local) local[off + i] = f == SIZE_MAX ? 0.0f : full[f];
+                else if (f != SIZE_MAX) full[f] = local[off + i];
+            }
         }
     }
 }
-void gpt2_file_to_internal(const GPT2 *m, const float *file, float *internal) { permute(m, file, internal, 1); }
-void gpt2_internal_to_file(const GPT2 *m, const float *internal, float *file) { permute(m, internal, file, 0); }
+void gpt2_full_to_local(const GPT2 *m, const float *file, float *local) { map_slice(m, m->tp_rank, (float *)file, local, 1); }
 
-void gpt2_build(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, int B, int T, int own_params, int own_grads) {
+void gpt2_gather_full(const GPT2 *m, const float *local, float *file) {
+    if (m->tp == 1) {
+        map_slice(m, 0, file, (float *)local, 0);
+        return;
+    }
+    float *all = xmalloc(sizeof(float) * m->num_params * m->tp);
+    comm_all_gather(m->tp_comm, local, all, m->num_params * m->tp, CT_F32);
+    for (int r = 0; r < m->tp; r++) map_slice(m, r, file, all + (size_t)r * m->num_params, 0);
+    free(all);
+}
+
+void gpt2_build(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, int B, int T, int own_params, int own_grads,
+                Comm *tp) {
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
     m->dt = dt;
@@ -228,7 +290,19 @@ void gpt2_build(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, int
     m->B = B;
     m->T = T;
     m->mem.be = be;
-    m->num_params = gpt2_param_layout(cfg, m->param_sizes, m->file_offsets);
+    m->tp_comm = tp && comm_size(tp) > 1 ? tp : NULL;
+    m->tp = m->tp_comm ? comm_size(tp) : 1;
+    m->tp_rank = m->tp_comm ? comm_rank(tp) : 0;
+    if (cfg->NH % m->tp) die("internal: tensor parallelism %d does not divide %d heads", m->tp, cfg->NH);
+    m->C_tp = cfg->C / m->tp;
+    m->NH_tp = cfg->NH / m->tp;
+    m->Vp_tp = (cfg->Vp + m->tp - 1) / m->tp; // padded internally when the ranks do not divide Vp
+    m->v_start = m->tp_rank * m->Vp_tp;
+    m->v_real = cfg->V - m->v_start;
+    if (m->v_real > m->Vp_tp) m->v_real = m->Vp_tp;
+    if (m->v_real < 0) m->v_real = 0;
+    gpt2_param_layout(cfg, m->param_sizes, m->file_offsets);
+    local_sizes(m);
     build_units(m);
     size_t ds = dtype_size(dt);
     MemAccount *a = &m->mem;
@@ -243,38 +317,42 @@ void gpt2_build(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, int
         for (int u = 0; u < m->nunits; u++) m->unit_grads[u] = m->grads + m->unit_offset[u];
     }
 
-    size_t L = cfg->L, C = cfg->C, BT = (size_t)B * T, att = (size_t)B * cfg->NH * T * T;
+    size_t L = cfg->L, C = cfg->C, Ct = (size_t)m->C_tp, BT = (size_t)B * T, att = (size_t)B * m->NH_tp * T * T;
     Activations *x = &m->act;
 #define ACT(field, elems, esize) x->field = mem_alloc(a, MEM_ACTIVATIONS, (elems) * (esize), #field)
     ACT(encoded, BT * C, ds);
     ACT(ln1, L * BT * C, ds);
     ACT(ln1_mean, L * BT, 4);
     ACT(ln1_rstd, L * BT, 4);
-    ACT(qkv, L * BT * 3 * C, ds);
-    ACT(atty, L * BT * C, ds);
+    ACT(qkv, L * BT * 3 * Ct, ds);
+    ACT(atty, L * BT * Ct, ds);
     ACT(att, L * att, 4);
     ACT(attproj, L * BT * C, ds);
     ACT(residual2, L * BT * C, ds);
     ACT(ln2, L * BT * C, ds);
     ACT(ln2_mean, L * BT, 4);
     ACT(ln2_rstd, L * BT, 4);
-    ACT(fch, L * BT * 4 * C, ds);
-    ACT(fch_gelu, L * BT * 4 * C, ds);
+    ACT(fch, L * BT * 4 * Ct, ds);
+    ACT(fch_gelu, L * BT * 4 * Ct, ds);
     ACT(fcproj, L * BT * C, ds);
     ACT(residual3, L * BT * C, ds);
     ACT(lnf, BT * C, ds);
     ACT(lnf_mean, BT, 4);
     ACT(lnf_rstd, BT, 4);
-    ACT(logits, BT * cfg->Vp, ds);
+    ACT(logits, BT * m->Vp_tp, ds);
     ACT(losses, BT, 4);
+    ACT(ce_max, BT, 4);
+    ACT(ce_sum, BT, 4);
+    ACT(ce_target, BT, 4);
     ACT(inputs, BT, 4);
     ACT(targets, BT, 4);
     ACT(dresidual, BT * C, ds);
     ACT(dbuf_c, BT * C, ds);
-    ACT(dbuf_4c, BT * 4 * C, ds);
-    ACT(dqkv, BT * 3 * C, ds);
+    ACT(dbuf_4c, BT * 4 * Ct, ds);
+    ACT(dqkv, BT * 3 * Ct, ds);
     ACT(datt, att, 4);
 #undef ACT
+    m->logits_bytes = BT * m->Vp_tp * ds;
 }
 
 void gpt2_free(GPT2 *m) {
@@ -282,14 +360,16 @@ void gpt2_free(GPT2 *m) {
     Activations *x = &m->act;
     void *bufs[] = { x->encoded, x->ln1, x->ln1_mean, x->ln1_rstd, x->qkv, x->atty, x->att, x->attproj,
                      x->residual2, x->ln2, x->ln2_mean, x->ln2_rstd, x->fch, x->fch_gelu, x->fcproj,
-                     x->residual3, x->lnf, x->lnf_mean, x->lnf_rstd, x->logits, x->losses, x->inputs,
-                     x->targets, x->dresidual, x->dbuf_c, x->dbuf_4c, x->dqkv, x->datt };
+                     x->residual3, x->lnf, x->lnf_mean, x->lnf_rstd, x->logits, x->losses, x->ce_max,
+                     x->ce_sum, x->ce_target, x->inputs, x->targets, x->dresidual, x->dbuf_c, x->dbuf_4c,
+                     x->dqkv, x->datt };
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(bufs[i]);
     if (m->params) be->free(m->params);
     if (m->grads) be->free(m->grads);
-    free(m->unit_grads);
     free(m->unit_offset);
     free(m->unit_params);
+    free(m->unit_grads);
+    free(m->stage_host);
     memset(m, 0, sizeof *m);
 }
 
@@ -316,8 +396,63 @@ static void ready(GPT2 *m, int unit) {
     if (m->grads_ready) m->grads_ready(m->hook_ctx, unit);
 }
 
+// Sums a partial activation over the tensor-parallel group. Device memory is staged through the host
+// (collectives move host memory; CUDA IPC will remove the copies).
+static void tp_sum(GPT2 *m, void *buf, size_t n) {
+    if (m->tp == 1) return;
+    CommType t = m->dt == DT_BF16 ? CT_BF16 : CT_F32;
+    size_t bytes = n * dtype_size(m->dt);
+    if (!strcmp(m->be->name, "cpu")) {
+        comm_all_reduce(m->tp_comm, buf, buf, n, t, OP_SUM);
+        return;
+    }
+    if (m->stage_bytes < bytes) {
+        free(m->stage_host);
+        m->stage_host = xmalloc(bytes);
+        m->stage_bytes = bytes;
+    }
+    m->be->to_host(m->stage_host, buf, bytes);
+    comm_all_reduce(m->tp_comm, m->stage_host, m->stage_host, n, t, OP_SUM);
+    m->be->to_device(buf, m->stage_host, bytes);
+}
+
 // ---------------------------------------------------------------------------------------------
 // forward and backward
+
+// Cross-entropy over the vocabulary slices of the tensor-parallel group: each rank's row statistics
+// are gathered and combined in rank order (so every rank gets the same bits); returns the mean loss
+// and leaves the global row max and sum on the device for the backward.
+static float vocab_parallel_loss(GPT2 *m, int N) {
+    const Backend *be = m->be;
+    Activations *x = &m->act;
+    be->crossentropy_stats(m->dt, x->ce_max, x->ce_sum, x->ce_target, x->logits, x->targets, N, m->v_start, m->v_real,
+                           m->Vp_tp);
+    float *mine = xmalloc(sizeof(float) * 3 * N), *all = xmalloc(sizeof(float) * 3 * N * m->tp);
+    be->to_host(mine, x->ce_max, sizeof(float) * N);
+    be->to_host(mine + N, x->ce_sum, sizeof(float) * N);
+    be->to_host(mine + 2 * N, x->ce_target, sizeof(float) * N);
+    if (m->tp > 1) comm_all_gather(m->tp_comm, mine, all, (size_t)3 * N * m->tp, CT_F32);
+    else memcpy(all, mine, sizeof(float) * 3 * N);
+    double total = 0.0;
+    for (int n = 0; n < N; n++) {
+        float gmax = -INFINITY, gsum = 0.0f, target = 0.0f;
+        for (int r = 0; r < m->tp; r++)
+            if (all[(size_t)r * 3 * N + n] > gmax) gmax = all[(size_t)r * 3 * N + n];
+        for (int r = 0; r < m->tp; r++) {
+            const float *s = all + (size_t)r * 3 * N;
+            if (s[N + n] > 0.0f) gsum += s[N + n] * expf(s[n] - gmax);
+            target += s[2 * N + n];
+        }
+        mine[n] = gmax;
+        mine[N + n] = gsum;
+        total += logf(gsum) + gmax - target;
+    }
+    be->to_device(x->ce_max, mine, sizeof(float) * N);
+    be->to_device(x->ce_sum, mine + N, sizeof(float) * N);
+    free(mine);
+    free(all);
+    return (float)(total / N);
+}
 
 float gpt2_forward(GPT2 *m, const int32_t *inputs, const int32_t *targets, int B, int T) {
     if (B > m->B || T > m->T || B <= 0 || T <= 0)
@@ -326,51 +461,53 @@ float gpt2_forward(GPT2 *m, const int32_t *inputs, const int32_t *targets, int B
     const GPT2Config *cfg = &m->cfg;
     DType dt = m->dt;
     Activations *x = &m->act;
-    int C = cfg->C, NH = cfg->NH, N = B * T;
+    int C = cfg->C, Ct = m->C_tp, N = B * T;
     size_t BTC = (size_t)N * C;
     // per-layer strides use the allocated B·T so buffers stay where the backward expects them
-    size_t sBTC = (size_t)m->B * m->T * C, sBT = (size_t)m->B * m->T, sAtt = (size_t)m->B * NH * m->T * m->T;
+    size_t sBTC = (size_t)m->B * m->T * C, sBTCt = (size_t)m->B * m->T * Ct, sBT = (size_t)m->B * m->T;
+    size_t sAtt = (size_t)m->B * m->NH_tp * m->T * m->T;
+    int lead = m->tp_rank == 0; // adds what must be added once: position embedding, row-parallel biases
 
     be->to_device(x->inputs, inputs, sizeof(int32_t) * N);
     fetch(m, UNIT_EMBED);
-    be->encoder_fwd(dt, x->encoded, x->inputs, gpt2_param(m, P_WTE, 0), gpt2_param(m, P_WPE, 0), B, T, C);
+    be->encoder_fwd(dt, x->encoded, x->inputs, gpt2_param(m, P_WTE, 0), lead ? gpt2_param(m, P_WPE, 0) : NULL, B, T, C,
+                    m->v_start, m->Vp_tp);
+    tp_sum(m, x->encoded, BTC);
     for (int l = 0; l < cfg->L; l++) {
         void *res = l == 0 ? x->encoded : at(x->residual3, (l - 1) * sBTC, dt);
-        void *ln1 = at(x->ln1, l * sBTC, dt), *qkv = at(x->qkv, l * 3 * sBTC, dt), *atty = at(x->atty, l * sBTC, dt);
+        void *ln1 = at(x->ln1, l * sBTC, dt), *qkv = at(x->qkv, l * 3 * sBTCt, dt), *atty = at(x->atty, l * sBTCt, dt);
         void *attproj = at(x->attproj, l * sBTC, dt), *r2 = at(x->residual2, l * sBTC, dt);
-        void *ln2 = at(x->ln2, l * sBTC, dt), *fch = at(x->fch, l * 4 * sBTC, dt);
-        void *fchg = at(x->fch_gelu, l * 4 * sBTC, dt), *fcproj = at(x->fcproj, l * sBTC, dt);
+        void *ln2 = at(x->ln2, l * sBTC, dt), *fch = at(x->fch, l * 4 * sBTCt, dt);
+        void *fchg = at(x->fch_gelu, l * 4 * sBTCt, dt), *fcproj = at(x->fcproj, l * sBTC, dt);
         void *r3 = at(x->residual3, l * sBTC, dt);
         fetch(m, 1 + l);
         be->layernorm_fwd(dt, ln1, x->ln1_mean + l * sBT, x->ln1_rstd + l * sBT, res, gpt2_param(m, P_LN1W, l),
                           gpt2_param(m, P_LN1B, l), N, C);
-        be->matmul_fwd(dt, qkv, ln1, gpt2_param(m, P_QKVW, l), gpt2_param(m, P_QKVB, l), N, C, 3 * C);
-        be->attention_fwd(dt, atty, x->att + l * sAtt, qkv, B, T, C, NH);
-        be->matmul_fwd(dt, attproj, atty, gpt2_param(m, P_ATTPROJW, l), gpt2_param(m, P_ATTPROJB, l), N, C, C);
+        be->matmul_fwd(dt, qkv, ln1, gpt2_param(m, P_QKVW, l), gpt2_param(m, P_QKVB, l), N, C, 3 * Ct);
+        be->attention_fwd(dt, atty, x->att + l * sAtt, qkv, B, T, Ct, m->NH_tp);
+        be->matmul_fwd(dt, attproj, atty, gpt2_param(m, P_ATTPROJW, l), lead ? gpt2_param(m, P_ATTPROJB, l) : NULL, N,
+                       Ct, C);
+        tp_sum(m, attproj, BTC);
         be->residual_fwd(dt, r2, res, attproj, BTC);
         be->layernorm_fwd(dt, ln2, x->ln2_mean + l * sBT, x->ln2_rstd + l * sBT, r2, gpt2_param(m, P_LN2W, l),
                           gpt2_param(m, P_LN2B, l), N, C);
-        be->matmul_fwd(dt, fch, ln2, gpt2_param(m, P_FCW, l), gpt2_param(m, P_FCB, l), N, C, 4 * C);
-        be->gelu_fwd(dt, fchg, fch, 4 * BTC);
-        be->matmul_fwd(dt, fcproj, fchg, gpt2_param(m, P_FCPROJW, l), gpt2_param(m, P_FCPROJB, l), N, 4 * C, C);
+        be->matmul_fwd(dt, fch, ln2, gpt2_param(m, P_FCW, l), gpt2_param(m, P_FCB, l), N, C, 4 * Ct);
+        be->gelu_fwd(dt, fchg, fch, (size_t)N * 4 * Ct);
+        be->matmul_fwd(dt, fcproj, fchg, gpt2_param(m, P_FCPROJW, l), lead ? gpt2_param(m, P_FCPROJB, l) : NULL, N,
+                       4 * Ct, C);
+        tp_sum(m, fcproj, BTC);
         be->residual_fwd(dt, r3, r2, fcproj, BTC);
     }
     void *last = at(x->residual3, (cfg->L - 1) * sBTC, dt);
     fetch(m, cfg->L + 1);
     be->layernorm_fwd(dt, x->lnf, x->lnf_mean, x->lnf_rstd, last, gpt2_param(m, P_LNFW, 0), gpt2_param(m, P_LNFB, 0), N, C);
     fetch(m, UNIT_EMBED); // the tied LM head
-    be->matmul_fwd(dt, x->logits, x->lnf, gpt2_param(m, P_WTE, 0), NULL, N, C, cfg->Vp);
+    be->matmul_fwd(dt, x->logits, x->lnf, gpt2_param(m, P_WTE, 0), NULL, N, C, m->Vp_tp);
     m->act_B = B;
     m->act_T = T;
     if (!targets) return 0.0f;
     be->to_device(x->targets, targets, sizeof(int32_t) * N);
-    be->crossentropy_fwd(dt, x->losses, x->logits, x->targets, N, cfg->V, cfg->Vp);
-    float *losses = xmalloc(sizeof(float) * N);
-    be->to_host(losses, x->losses, sizeof(float) * N);
-    double sum = 0.0;
-    for (int i = 0; i < N; i++) sum += losses[i];
-    free(losses);
-    return (float)(sum / N);
+    return vocab_parallel_loss(m, N);
 }
 
 void gpt2_backward(GPT2 *m, float dloss_scale) {
@@ -379,14 +516,17 @@ void gpt2_backward(GPT2 *m, float dloss_scale) {
     DType dt = m->dt;
     Activations *x = &m->act;
     int B = m->act_B, T = m->act_T;
-    int C = cfg->C, NH = cfg->NH, N = B * T;
+    int C = cfg->C, Ct = m->C_tp, N = B * T;
     size_t BTC = (size_t)N * C;
-    size_t sBTC = (size_t)m->B * m->T * C, sBT = (size_t)m->B * m->T, sAtt = (size_t)m->B * NH * m->T * m->T;
+    size_t sBTC = (size_t)m->B * m->T * C, sBTCt = (size_t)m->B * m->T * Ct, sBT = (size_t)m->B * m->T;
+    size_t sAtt = (size_t)m->B * m->NH_tp * m->T * m->T;
 
     // LM head: dlogits in place, then into the final LayerNorm; its input gradient starts the residual stream.
-    be->crossentropy_bwd(dt, x->logits, x->logits, x->targets, dloss_scale, N, cfg->V, cfg->Vp);
+    be->crossentropy_bwd(dt, x->logits, x->logits, x->targets, x->ce_max, x->ce_sum, dloss_scale, N, m->v_start,
+                         m->v_real, m->Vp_tp);
     fetch(m, UNIT_EMBED);
-    be->matmul_bwd(dt, x->dbuf_c, gpt2_grad(m, P_WTE, 0), NULL, x->logits, x->lnf, gpt2_param(m, P_WTE, 0), N, C, cfg->Vp);
+    be->matmul_bwd(dt, x->dbuf_c, gpt2_grad(m, P_WTE, 0), NULL, x->logits, x->lnf, gpt2_param(m, P_WTE, 0), N, C, m->Vp_tp);
+    tp_sum(m, x->dbuf_c, BTC);
     be->zero(x->dresidual, BTC * dtype_size(dt));
     void *last = at(x->residual3, (cfg->L - 1) * sBTC, dt);
     fetch(m, cfg->L + 1);
@@ -395,27 +535,32 @@ void gpt2_backward(GPT2 *m, float dloss_scale) {
     ready(m, cfg->L + 1);
     for (int l = cfg->L - 1; l >= 0; l--) {
         void *res = l == 0 ? x->encoded : at(x->residual3, (l - 1) * sBTC, dt);
-        void *ln1 = at(x->ln1, l * sBTC, dt), *qkv = at(x->qkv, l * 3 * sBTC, dt), *atty = at(x->atty, l * sBTC, dt);
+        void *ln1 = at(x->ln1, l * sBTC, dt), *qkv = at(x->qkv, l * 3 * sBTCt, dt), *atty = at(x->atty, l * sBTCt, dt);
         void *r2 = at(x->residual2, l * sBTC, dt), *ln2 = at(x->ln2, l * sBTC, dt);
-        void *fch = at(x->fch, l * 4 * sBTC, dt), *fchg = at(x->fch_gelu, l * 4 * sBTC, dt);
+        void *fch = at(x->fch, l * 4 * sBTCt, dt), *fchg = at(x->fch_gelu, l * 4 * sBTCt, dt);
         fetch(m, 1 + l);
-        // MLP: dresidual is the gradient of residual3 = residual2 + fcproj
+        // MLP: dresidual is the gradient of residual3 = residual2 + fcproj (replicated on the group)
         be->matmul_bwd(dt, x->dbuf_4c, gpt2_grad(m, P_FCPROJW, l), gpt2_grad(m, P_FCPROJB, l), x->dresidual, fchg,
-                       gpt2_param(m, P_FCPROJW, l), N, 4 * C, C);
-        be->gelu_bwd(dt, x->dbuf_4c, fch, x->dbuf_4c, 4 * BTC);
-        be->matmul_bwd(dt, x->dbuf_c, gpt2_grad(m, P_FCW, l), gpt2_grad(m, P_FCB, l), x->dbuf_4c, ln2, gpt2_param(m, P_FCW, l), N, C, 4 * C);
-        be->layernorm_bwd(dt, x->dresidual, gpt2_grad(m, P_LN2W, l), gpt2_grad(m, P_LN2B, l), x->dbuf_c, r2, gpt2_param(m, P_LN2W, l),
-                          x->ln2_mean + l * sBT, x->ln2_rstd + l * sBT, N, C);
+                       gpt2_param(m, P_FCPROJW, l), N, 4 * Ct, C);
+        be->gelu_bwd(dt, x->dbuf_4c, fch, x->dbuf_4c, (size_t)N * 4 * Ct);
+        be->matmul_bwd(dt, x->dbuf_c, gpt2_grad(m, P_FCW, l), gpt2_grad(m, P_FCB, l), x->dbuf_4c, ln2,
+                       gpt2_param(m, P_FCW, l), N, C, 4 * Ct);
+        tp_sum(m, x->dbuf_c, BTC);
+        be->layernorm_bwd(dt, x->dresidual, gpt2_grad(m, P_LN2W, l), gpt2_grad(m, P_LN2B, l), x->dbuf_c, r2,
+                          gpt2_param(m, P_LN2W, l), x->ln2_mean + l * sBT, x->ln2_rstd + l * sBT, N, C);
         // attention: dresidual is now the gradient of residual2 = residual + attproj
         be->matmul_bwd(dt, x->dbuf_c, gpt2_grad(m, P_ATTPROJW, l), gpt2_grad(m, P_ATTPROJB, l), x->dresidual, atty,
-                       gpt2_param(m, P_ATTPROJW, l), N, C, C);
-        be->attention_bwd(dt, x->dqkv, x->datt, x->dbuf_c, qkv, x->att + l * sAtt, B, T, C, NH);
-        be->matmul_bwd(dt, x->dbuf_c, gpt2_grad(m, P_QKVW, l), gpt2_grad(m, P_QKVB, l), x->dqkv, ln1, gpt2_param(m, P_QKVW, l), N, C, 3 * C);
-        be->layernorm_bwd(dt, x->dresidual, gpt2_grad(m, P_LN1W, l), gpt2_grad(m, P_LN1B, l), x->dbuf_c, res, gpt2_param(m, P_LN1W, l),
-                          x->ln1_mean + l * sBT, x->ln1_rstd + l * sBT, N, C);
+                       gpt2_param(m, P_ATTPROJW, l), N, Ct, C);
+        be->attention_bwd(dt, x->dqkv, x->datt, x->dbuf_c, qkv, x->att + l * sAtt, B, T, Ct, m->NH_tp);
+        be->matmul_bwd(dt, x->dbuf_c, gpt2_grad(m, P_QKVW, l), gpt2_grad(m, P_QKVB, l), x->dqkv, ln1,
+                       gpt2_param(m, P_QKVW, l), N, C, 3 * Ct);
+        tp_sum(m, x->dbuf_c, BTC);
+        be->layernorm_bwd(dt, x->dresidual, gpt2_grad(m, P_LN1W, l), gpt2_grad(m, P_LN1B, l), x->dbuf_c, res,
+                          gpt2_param(m, P_LN1W, l), x->ln1_mean + l * sBT, x->ln1_rstd + l * sBT, N, C);
         ready(m, 1 + l);
     }
-    be->encoder_bwd(dt, gpt2_grad(m, P_WTE, 0), gpt2_grad(m, P_WPE, 0), x->dresidual, x->inputs, B, T, C);
+    be->encoder_bwd(dt, gpt2_grad(m, P_WTE, 0), gpt2_grad(m, P_WPE, 0), x->dresidual, x->inputs, B, T, C, m->v_start,
+                    m->Vp_tp);
     ready(m, UNIT_EMBED);
 }
 
@@ -423,17 +568,22 @@ void gpt2_zero_grad(GPT2 *m) {
     if (m->grads) m->be->zero(m->grads, m->num_params * sizeof(float)); // streamed buckets start zeroed
 }
 
-void gpt2_logits_at(const GPT2 *m, int b, int t, int T, float *out) {
-    size_t row = ((size_t)b * T + t) * m->cfg.Vp;
-    size_t V = m->cfg.V;
+void gpt2_logits_at(GPT2 *m, int b, int t, int T, float *out) {
+    size_t row = ((size_t)b * T + t) * m->Vp_tp, n = (size_t)m->Vp_tp;
+    float *mine = xmalloc(sizeof(float) * n), *all = xmalloc(sizeof(float) * n * m->tp);
     if (m->dt == DT_F32) {
-        m->be->to_host(out, at(m->act.logits, row, DT_F32), V * sizeof(float));
-        return;
+        m->be->to_host(mine, at(m->act.logits, row, DT_F32), n * sizeof(float));
+    } else {
+        uint16_t *tmp = xmalloc(2 * n);
+        m->be->to_host(tmp, at(m->act.logits, row, DT_BF16), n * 2);
+        for (size_t i = 0; i < n; i++) mine[i] = bf16_to_f32(tmp[i]);
+        free(tmp);
     }
-    uint16_t *tmp = xmalloc(2 * V);
-    m->be->to_host(tmp, at(m->act.logits, row, DT_BF16), V * 2);
-    for (size_t i = 0; i < V; i++) out[i] = bf16_to_f32(tmp[i]);
-    free(tmp);
+    if (m->tp > 1) comm_all_gather(m->tp_comm, mine, all, n * m->tp, CT_F32);
+    else memcpy(all, mine, n * sizeof(float));
+    memcpy(out, all, sizeof(float) * m->cfg.V); // slices are consecutive: the real words come first
+    free(mine);
+    free(all);
 }
 
 double gpt2_flops_per_token(const GPT2Config *cfg, int T) {

@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "collectives.h"
 #include "kernels.h"
 
 #define MODEL_MAGIC 20240326
@@ -41,6 +42,7 @@ void *mem_alloc(MemAccount *acct, int category, size_t bytes, const char *what);
 typedef struct {
     void *encoded, *ln1, *qkv, *atty, *attproj, *residual2, *ln2, *fch, *fch_gelu, *fcproj, *residual3, *lnf;
     float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd, *lnf_mean, *lnf_rstd, *att, *losses;
+    float *ce_max, *ce_sum, *ce_target; // cross-entropy row statistics, combined over the vocabulary slices
     void *logits; // [B,T,Vp]; the backward overwrites it with dlogits
     int32_t *inputs, *targets;
     // backward scratch
@@ -58,10 +60,19 @@ typedef struct {
     GPT2Config cfg;
     DType dt;
     const Backend *be;
+    // tensor parallelism: this rank's slice (tp = 1: the whole model)
+    Comm *tp_comm;
+    int tp, tp_rank;
+    int C_tp, NH_tp;      // channels and heads of this rank's attention and MLP slices (C/tp, NH/tp)
+    int Vp_tp;            // vocabulary rows per rank: ceil(Vp/tp), padded internally
+    int v_start, v_real;  // first vocabulary row of this rank, and how many of its rows are real words
+    size_t logits_bytes;  // the largest logits buffer: B·T·Vp_tp elements
+    void *stage_host;     // host staging for tensor-parallel sums of device memory
+    size_t stage_bytes;
     int B, T;         // largest micro-batch the activation buffers hold
     int act_B, act_T; // shape of the last forward, which the backward differentiates
-    size_t param_sizes[NUM_PARAM_TENSORS];   // elements, whole tensor (all layers)
-    size_t file_offsets[NUM_PARAM_TENSORS];  // offsets in llm.c's file order
+    size_t param_sizes[NUM_PARAM_TENSORS];   // elements of this rank's slice, all layers
+    size_t file_offsets[NUM_PARAM_TENSORS];  // offsets of the full tensors in llm.c's file order
     size_t in_unit[NUM_PARAM_TENSORS];       // offset of a tensor (one layer's slice) inside its unit
     int nunits;                              // L + 2
     size_t *unit_offset;                     // [nunits + 1] offsets of the units in the internal order
@@ -94,17 +105,23 @@ float *gpt2_init_params(const GPT2Config *cfg, uint64_t seed);
 float *gpt2_load_file(const char *path, GPT2Config *cfg);
 void gpt2_save_file(const char *path, const GPT2Config *cfg, const float *host_params);
 
-// Builds the model; with own_params 0 the caller (ZeRO-3) provides unit_params instead of a full
+// Builds this rank's part of the model: its tensor-parallel slice when tp (the tensor-parallel group)
+// has several ranks. With own_params 0 the caller (ZeRO-3) provides unit_params instead of a full
 // working-weight buffer, and with own_grads 0 (ZeRO-2/3 streaming) unit_grads instead of a full
 // gradient buffer.
-void gpt2_build(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, int B, int T, int own_params, int own_grads);
+void gpt2_build(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, int B, int T, int own_params, int own_grads,
+                Comm *tp);
 void gpt2_free(GPT2 *m);
 int gpt2_unit_of(const GPT2 *m, int tensor, int layer);
 // Where tensor k (layer l for per-layer tensors) lies in the internal order: offset and length.
 void gpt2_tensor_range(const GPT2 *m, int k, int l, size_t *off, size_t *len);
-// Host fp32 arrays: llm.c file order <-> internal order.
-void gpt2_file_to_internal(const GPT2 *m, const float *file, float *internal);
-void gpt2_internal_to_file(const GPT2 *m, const float *internal, float *file);
+// Replicated across the tensor-parallel group (LayerNorms, position embedding, row-parallel biases):
+// counted once in the global norm.
+int gpt2_tensor_replicated(const GPT2 *m, int tensor);
+// Host fp32 arrays: the full model in file order -> this rank's slice in internal order.
+void gpt2_full_to_local(const GPT2 *m, const float *file, float *local);
+// The tensor-parallel group's slices -> the full model in file order (collective over the group).
+void gpt2_gather_full(const GPT2 *m, const float *local, float *file);
 void gpt2_upload_params(GPT2 *m, const float *host_internal); // host fp32 -> working weights (dt)
 
 // Forward over one micro-batch of B sequences of T tokens (host arrays, copied to the device).
@@ -117,7 +134,7 @@ void gpt2_zero_grad(GPT2 *m);
 void *gpt2_param(const GPT2 *m, int tensor, int layer); // device pointer into the working weights
 float *gpt2_grad(const GPT2 *m, int tensor, int layer);  // device pointer to its gradient
 // Copies the logits of position t of sequence b (fp32, V entries) to the host after a forward.
-void gpt2_logits_at(const GPT2 *m, int b, int t, int T, float *out);
+void gpt2_logits_at(GPT2 *m, int b, int t, int T, float *out); // collective over the tensor-parallel group
 
 // FLOPs of one forward+backward per token (matmuls and attention, the usual 3x forward estimate).
 double gpt2_flops_per_token(const GPT2Config *cfg, int T);

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "collectives.h"
 #include "common.h"
@@ -74,6 +75,9 @@ static const char USAGE[] =
     "parallelism:\n"
     "  --nproc N                  fork N local ranks running this command (or launch with torchrun-style\n"
     "                             RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT variables, or under srun)\n"
+    "  --tp N                     tensor parallelism: N consecutive ranks share each block (QKV and MLP\n"
+    "                             split by heads/columns, output projections by rows, embedding and loss\n"
+    "                             by vocabulary); N must divide the heads (default 1); DP = ranks / N\n"
     "  --zero 0|1|2|3             ZeRO stage of the data-parallel state (default 0): 0 all-reduces\n"
     "                             gradients; 1 shards master weights and AdamW moments; 2 also the\n"
     "                             reduced gradient; 3 also the working weights, gathered unit by unit\n"
@@ -87,7 +91,7 @@ static const char USAGE[] =
     "  --device cpu|cuda          default cuda when a GPU is present, else cpu\n"
     "  --dtype fp32|bf16          weights and activations (default bf16 on cuda, fp32 on cpu); bf16\n"
     "                             stores bf16, computes in fp32 and updates fp32 master weights\n"
-    "  --threads N                CPU threads (default: all cores)\n"
+    "  --threads N                CPU threads per rank (default: the node's cores shared among its ranks)\n"
     "  -h, --help                 this text\n";
 
 typedef struct {
@@ -98,7 +102,7 @@ typedef struct {
     float lr, lr_min_frac, beta1, beta2, eps, weight_decay, clip, temperature;
     uint64_t seed;
     int dtype; // -1 = default for the device
-    int zero;
+    int zero, tp;
     double bucket_mb, comm_timeout;
 } Options;
 
@@ -127,7 +131,7 @@ static void parse_options(Options *o, int argc, char **argv) {
     *o = (Options){ .micro_batch = 4, .steps = 20, .val_steps = 10, .sample_tokens = 64, .lr = 3e-4f,
                     .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .clip = 1.0f, .temperature = 1.0f,
                     .seed = 1337, .dtype = -1, .schedule = "cosine", .bucket_mb = 25,
-                    .comm_timeout = 300 };
+                    .comm_timeout = 300, .tp = 1 };
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
@@ -181,6 +185,7 @@ static void parse_options(Options *o, int argc, char **argv) {
             else die("--dtype must be fp32 or bf16, got '%s'", v);
         } else if (IS("--threads")) o->threads = (int)parse_int(f, v, 1, 4096);
         else if (IS("--zero")) o->zero = (int)parse_int(f, v, 0, 3);
+        else if (IS("--tp")) o->tp = (int)parse_int(f, v, 1, 4096);
         else if (IS("--bucket-mb")) o->bucket_mb = parse_float(f, v, 0, 1e6);
         else if (IS("--comm-timeout")) o->comm_timeout = parse_float(f, v, 0.1, 1e7);
         else die("unknown flag %s (see --help)", f);
@@ -246,7 +251,7 @@ static void print_memory(const GPT2 *m, int rank) {
         printf(" %s %.2f MiB |", MEM_NAMES[c], m->mem.bytes[c] / 1048576.0);
         total += m->mem.bytes[c];
     }
-    printf(" total %.2f MiB\n", total / 1048576.0);
+    printf(" total %.2f MiB | largest logits buffer %zu bytes\n", total / 1048576.0, m->logits_bytes);
     fflush(stdout);
 }
 
@@ -346,7 +351,15 @@ static int train_main(int argc, char **argv) {
     Comm *world = NULL;
     if (launch_env_read(&env)) world = comm_init(&env, o.comm_timeout);
     int rank = world ? comm_rank(world) : 0, nranks = world ? comm_size(world) : 1;
-    int dp_size = nranks, dp_rank = rank; // data parallelism spans the world (no other axis yet)
+    // layout: rank = dp·TP + tp, so a tensor-parallel group is consecutive ranks (one node when it fits)
+    int tp_size = o.tp;
+    if (nranks % tp_size) die("--tp %d does not divide the %d ranks", tp_size, nranks);
+    int dp_size = nranks / tp_size, dp_rank = rank / tp_size;
+    Comm *tp_comm = NULL, *dp_comm = NULL;
+    if (world) {
+        tp_comm = comm_split(world, rank / tp_size, rank % tp_size, "tp");
+        dp_comm = comm_split(world, rank % tp_size, rank / tp_size, "dp");
+    }
     int stage = dp_size > 1 ? o.zero : (o.zero == 3 ? 0 : o.zero);
     int lead = rank == 0;
     if (o.dump && nranks > 1) die("--dump works on a single rank only");
@@ -360,11 +373,19 @@ static int train_main(int argc, char **argv) {
     } else {
         be = backend_cpu();
     }
-    if (o.threads) be->set_threads(o.threads);
+    // ranks sharing a node share its cores: OpenMP threads that outnumber the cores spin against each
+    // other and against the progress threads, and a step can take 100x longer
+    int threads = o.threads;
+    if (!threads && world && env.local_world > 1) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = cores / env.local_world > 1 ? (int)(cores / env.local_world) : 1;
+    }
+    if (threads) be->set_threads(threads);
     DType dt = o.dtype >= 0 ? (DType)o.dtype : (be == backend_cpu() ? DT_F32 : DT_BF16);
 
     float *host_params;
     GPT2Config cfg = resolve_shape(&o, &host_params);
+    if (cfg.NH % tp_size) die("--tp %d does not divide the model's %d heads", tp_size, cfg.NH);
     int T = o.seq_len ? o.seq_len : cfg.maxT;
     if (T > cfg.maxT) die("--seq-len %d is above the model's maximum sequence length %d", T, cfg.maxT);
     int B = o.micro_batch;
@@ -409,22 +430,25 @@ static int train_main(int argc, char **argv) {
 
     if (!host_params) host_params = gpt2_init_params(&cfg, o.seed);
     GPT2 model;
-    gpt2_build(&model, &cfg, dt, be, B, T, stage != 3, !zero_streams_gradients(stage, dp_size, accum));
+    gpt2_build(&model, &cfg, dt, be, B, T, stage != 3, !zero_streams_gradients(stage, dp_size, accum), tp_comm);
     float *host_internal = xmalloc(sizeof(float) * model.num_params);
-    gpt2_file_to_internal(&model, host_params, host_internal);
+    gpt2_full_to_local(&model, host_params, host_internal);
     free(host_params);
     if (stage != 3) gpt2_upload_params(&model, host_internal);
     AdamWConfig acfg = { o.beta1, o.beta2, o.eps, o.weight_decay, o.clip };
     Zero zero;
-    zero_init(&zero, &model, world, stage, o.bucket_mb, accum, host_internal, &acfg);
+    zero_init(&zero, &model, dp_comm, stage, o.bucket_mb, accum, host_internal, &acfg);
     free(host_internal);
 
     double flops_per_token = gpt2_flops_per_token(&cfg, T);
     if (lead) {
-        printf("llm4d | device %s | dtype %s | model L=%d C=%d H=%d V=%d Vp=%d maxT=%d | %zu parameters\n", be->name,
-               dtype_name(dt), cfg.L, cfg.C, cfg.NH, cfg.V, cfg.Vp, cfg.maxT, model.num_params);
-        printf("layout: %d rank(s) | data parallel %d | ZeRO-%d | %d gradient bucket(s)\n", nranks, dp_size, stage,
-               zero.nbuckets);
+        size_t full_n = gpt2_param_layout(&cfg, (size_t[NUM_PARAM_TENSORS]){ 0 }, (size_t[NUM_PARAM_TENSORS]){ 0 });
+        printf("llm4d | device %s | dtype %s | model L=%d C=%d H=%d V=%d Vp=%d maxT=%d | %zu parameters", be->name,
+               dtype_name(dt), cfg.L, cfg.C, cfg.NH, cfg.V, cfg.Vp, cfg.maxT, full_n);
+        if (tp_size > 1) printf(", %zu on each tensor-parallel rank", model.num_params);
+        printf("\n");
+        printf("layout: %d rank(s) | data parallel %d x tensor parallel %d | ZeRO-%d | %d gradient bucket(s)\n", nranks,
+               dp_size, tp_size, stage, zero.nbuckets);
         printf("batch: %lld tokens per step = %d micro-batch(es) of %d x %d on each of %d rank(s) | %d steps\n",
                batch_tokens, accum, B, T, dp_size, o.steps);
         if (have_train)
@@ -488,7 +512,7 @@ static int train_main(int argc, char **argv) {
         if (o.dump && step == 0) { // single rank: the full gradient buffer exists
             float *g = xmalloc(sizeof(float) * model.num_params), *gf = xmalloc(sizeof(float) * model.num_params);
             be->to_host(g, model.grads, sizeof(float) * model.num_params);
-            gpt2_internal_to_file(&model, g, gf);
+            gpt2_gather_full(&model, g, gf);
             write_raw(o.dump, "grads.bin", gf, sizeof(float) * model.num_params);
             free(g);
             free(gf);
@@ -521,10 +545,11 @@ static int train_main(int argc, char **argv) {
     }
     if (logf) xfclose(logf, o.log);
     if (o.save_model) {
-        float *host = xmalloc(sizeof(float) * model.num_params), *file = xmalloc(sizeof(float) * model.num_params);
-        zero_gather_master(&zero, host); // collective: every rank takes part, rank 0 writes
+        size_t full_n = gpt2_param_layout(&cfg, (size_t[NUM_PARAM_TENSORS]){ 0 }, (size_t[NUM_PARAM_TENSORS]){ 0 });
+        float *host = xmalloc(sizeof(float) * model.num_params), *file = xmalloc(sizeof(float) * full_n);
+        zero_gather_master(&zero, host);     // collective over the data-parallel group
+        gpt2_gather_full(&model, host, file); // collective over the tensor-parallel group
         if (lead) {
-            gpt2_internal_to_file(&model, host, file);
             gpt2_save_file(o.save_model, &cfg, file);
             printf("saved %s\n", o.save_model);
         }
@@ -540,6 +565,8 @@ static int train_main(int argc, char **argv) {
     if (have_tk) tokenizer_free(&tk);
     if (world) {
         comm_barrier(world); // nobody leaves while another rank still needs it
+        comm_destroy(tp_comm);
+        comm_destroy(dp_comm);
         comm_destroy(world);
     }
     return 0;

@@ -276,13 +276,35 @@ void zero_begin_backward(Zero *z, int last_micro) {
     z->last_micro = last_micro;
 }
 
-double zero_sum_double(Zero *z, double x) {
-    if (!z->dp) return x;
-    double *all = xmalloc(sizeof(double) * z->dp_size);
-    comm_all_gather(z->dp, &x, all, (size_t)z->dp_size, CT_I64); // raw bits: summed below in rank order
+// Sums a per-rank double over a group in rank order: the same bits on every rank.
+static double sum_over(Comm *c, double x) {
+    if (!c || comm_size(c) == 1) return x;
+    int n = comm_size(c);
+    double *all = xmalloc(sizeof(double) * n);
+    comm_all_gather(c, &x, all, (size_t)n, CT_I64); // raw bits: summed below in rank order
     double s = 0;
-    for (int r = 0; r < z->dp_size; r++) s += all[r];
+    for (int r = 0; r < n; r++) s += all[r];
     free(all);
+    return s;
+}
+
+double zero_sum_double(Zero *z, double x) { return sum_over(z->dp, x); }
+
+// Σ g² over [off, off+len) of the internal order (gradient at grad), split by tensor so that tensors
+// replicated across the tensor-parallel group count once in the global norm.
+static double sumsq_range(const Zero *z, size_t off, size_t len, const float *grad) {
+    const GPT2 *m = z->model;
+    double s = 0;
+    for (int k = 0; k < NUM_PARAM_TENSORS; k++) {
+        if (gpt2_tensor_replicated(m, k) && m->tp_rank != 0) continue;
+        int layers = (k == P_WTE || k == P_WPE || k == P_LNFW || k == P_LNFB) ? 1 : m->cfg.L;
+        for (int l = 0; l < layers; l++) {
+            size_t toff, tlen;
+            gpt2_tensor_range(m, k, l, &toff, &tlen);
+            size_t a = toff > off ? toff : off, e = toff + tlen < off + len ? toff + tlen : off + len;
+            if (a < e) s += m->be->sumsq(grad + (a - off), e - a);
+        }
+    }
     return s;
 }
 
@@ -302,10 +324,9 @@ float zero_finish_grads(Zero *z) {
     if (z->stream)
         for (int u = 0; u < z->model->nunits; u++) z->model->unit_grads[u] = NULL;
     // every stage sums the squares of the segments this rank owns, then the ranks' sums in rank order
-    const Backend *be = z->model->be;
     double local = 0;
-    for (int b = 0; b < z->nbuckets; b++) local += be->sumsq(reduced_grad(z, b), z->own_len[b]);
-    return (float)sqrt(zero_sum_double(z, local));
+    for (int b = 0; b < z->nbuckets; b++) local += sumsq_range(z, z->own_off[b], z->own_len[b], reduced_grad(z, b));
+    return (float)sqrt(sum_over(z->model->tp_comm, sum_over(z->dp, local)));
 }
 
 // AdamW over [off, off+len) of the internal order, whose state sits at spos (shard or full vector).

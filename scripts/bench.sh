@@ -28,6 +28,9 @@ for th in 1 2; do
     run "d12 (124M) T64 B1" $th --model d12 --seq-len 64 --micro-batch 1
 done
 ./build/bench_matmul 1024
+echo
+echo "== data parallelism (scripts/bench_dp.sh) =="
+bash scripts/bench_dp.sh
 
 # collectives against OpenMPI on this node (skipped, saying so, when mpicc is not installed)
 bash scripts/bench/compare_mpi.sh

@@ -65,6 +65,7 @@ struct Case {
     char name[200];
     DType dt;
     int B, T, C, NH, N, OC, V, Vp;
+    int vstart, vlen; // vocabulary slice: first row/column, and rows (encoder) or real columns (cross-entropy)
     size_t n;
     int flag;
     Ten t[MAXT];
@@ -240,29 +241,32 @@ static double tol_mm(DType dt) { return dt == DT_BF16 ? 2e-2 : 1e-4; }
 // the ops
 
 static void run_encoder_fwd(const Backend *be, Case *c, int side) {
-    be->encoder_fwd(c->dt, P(0), P(1), P(2), P(3), c->B, c->T, c->C);
+    be->encoder_fwd(c->dt, P(0), P(1), P(2), c->flag ? P(3) : NULL, c->B, c->T, c->C, c->vstart, c->vlen);
 }
-static void test_encoder_fwd(DType dt, int B, int T, int C, int V) {
+// tokens in [0, V); wte holds the slice [vstart, vstart + vlen) of the vocabulary
+static void test_encoder_fwd(DType dt, int B, int T, int C, int V, int vstart, int vlen, int wpe) {
     Case c;
-    case_init(&c, dt, "encoder_fwd[%s,B=%d,T=%d,C=%d,V=%d]", dtype_name(dt), B, T, C, V);
-    c.B = B, c.T = T, c.C = C, c.V = V;
+    case_init(&c, dt, "encoder_fwd[%s,B=%d,T=%d,C=%d,V=%d,slice=%d+%d,%s]", dtype_name(dt), B, T, C, V, vstart, vlen,
+              wpe ? "wpe" : "nowpe");
+    c.B = B, c.T = T, c.C = C, c.V = V, c.vstart = vstart, c.vlen = vlen, c.flag = wpe;
     add_rand(&c, dt, (size_t)B * T * C, -1, 1);
     add_tokens(&c, (size_t)B * T, V);
-    add_rand(&c, dt, (size_t)V * C, -1, 1);
+    add_rand(&c, dt, (size_t)vlen * C, -1, 1);
     add_rand(&c, dt, (size_t)T * C, -1, 1);
     add_out(&c, 0, EXACT);
     run_case(&c, run_encoder_fwd);
 }
 
 static void run_encoder_bwd(const Backend *be, Case *c, int side) {
-    be->encoder_bwd(c->dt, P(0), P(1), P(2), P(3), c->B, c->T, c->C);
+    be->encoder_bwd(c->dt, P(0), c->flag ? P(1) : NULL, P(2), P(3), c->B, c->T, c->C, c->vstart, c->vlen);
 }
-static void test_encoder_bwd(DType dt, int B, int T, int C, int V) {
+static void test_encoder_bwd(DType dt, int B, int T, int C, int V, int vstart, int vlen, int wpe) {
     Case c;
-    case_init(&c, dt, "encoder_bwd[%s,B=%d,T=%d,C=%d,V=%d]", dtype_name(dt), B, T, C, V);
-    c.B = B, c.T = T, c.C = C, c.V = V;
-    add_rand(&c, DT_F32, (size_t)V * C, -1, 1);
-    add_rand(&c, DT_F32, (size_t)T * C, -1, 1);
+    case_init(&c, dt, "encoder_bwd[%s,B=%d,T=%d,C=%d,V=%d,slice=%d+%d,%s]", dtype_name(dt), B, T, C, V, vstart, vlen,
+              wpe ? "dwpe" : "nodwpe");
+    c.B = B, c.T = T, c.C = C, c.V = V, c.vstart = vstart, c.vlen = vlen, c.flag = wpe;
+    add_rand(&c, DT_F32, (size_t)vlen * C, -1, 1);
+    add_rand(&c, DT_F32, (size_t)T * C, -1, 1); // dwpe: must stay untouched when not passed
     add_rand(&c, dt, (size_t)B * T * C, -1, 1);
     add_tokens(&c, (size_t)B * T, V);
     // same additions in the same order as the CPU: bitwise equal
@@ -429,36 +433,58 @@ static void test_residual_bwd(DType dt, size_t n) {
     run_case(&c, run_residual_bwd);
 }
 
-static void run_ce_fwd(const Backend *be, Case *c, int side) {
-    be->crossentropy_fwd(c->dt, P(0), P(1), P(2), c->N, c->V, c->Vp);
-}
-static void test_crossentropy_fwd(DType dt, int N, int V, int Vp) {
-    Case c;
-    case_init(&c, dt, "crossentropy_fwd[%s,N=%d,V=%d,Vp=%d]", dtype_name(dt), N, V, Vp);
-    c.N = N, c.V = V, c.Vp = Vp;
-    add_rand(&c, DT_F32, N, -1, 1);
-    int l = add_rand(&c, dt, (size_t)N * Vp, -3, 3);
-    // huge values in the padding columns: they must never be counted
+// Cross-entropy over a vocabulary slice: logits[N, Vloc] hold columns vstart.. of a padded vocabulary of V
+// words, the first vreal of them real; targets are in [0, V).
+
+// huge values in the padding columns (j >= vreal): they must never be counted
+static int add_logits(Case *c, DType dt, int N, int vreal, int Vloc) {
+    int l = add_rand(c, dt, (size_t)N * Vloc, -3, 3);
     for (int n = 0; n < N; n++)
-        for (int j = V; j < Vp; j++) set_val(&c.t[l], (size_t)n * Vp + j, 1e4f);
+        for (int j = vreal > 0 ? vreal : 0; j < Vloc; j++) set_val(&c->t[l], (size_t)n * Vloc + j, 1e4f);
+    return l;
+}
+
+static void run_ce_stats(const Backend *be, Case *c, int side) {
+    be->crossentropy_stats(c->dt, P(0), P(1), P(2), P(3), P(4), c->N, c->vstart, c->vlen, c->Vp);
+}
+static void test_crossentropy_stats(DType dt, int N, int V, int vstart, int vreal, int Vloc) {
+    Case c;
+    case_init(&c, dt, "crossentropy_stats[%s,N=%d,V=%d,vstart=%d,vreal=%d,Vloc=%d]", dtype_name(dt), N, V, vstart,
+              vreal, Vloc);
+    c.N = N, c.V = V, c.vstart = vstart, c.vlen = vreal, c.Vp = Vloc;
+    add_rand(&c, DT_F32, N, -1, 1); // rowmax
+    add_rand(&c, DT_F32, N, -1, 1); // rowsum
+    add_rand(&c, DT_F32, N, -1, 1); // target
+    add_logits(&c, dt, N, vreal, Vloc);
     add_tokens(&c, N, V);
-    add_out(&c, 0, tol_ew(dt));
-    run_case(&c, run_ce_fwd);
+    add_out(&c, 0, EXACT);            // a max does not depend on the order (also -inf with no real column)
+    add_out(&c, 1, tol_ew(DT_F32));   // fp32 sums in a different order
+    add_out(&c, 2, EXACT);            // the logit itself, or 0
+    run_case(&c, run_ce_stats);
 }
 
 static void run_ce_bwd(const Backend *be, Case *c, int side) {
-    be->crossentropy_bwd(c->dt, c->flag ? P(1) : P(0), P(1), P(2), 1.0f / (float)c->N, c->N, c->V, c->Vp);
+    be->crossentropy_bwd(c->dt, c->flag ? P(1) : P(0), P(1), P(2), P(3), P(4), 1.0f / (float)c->N, c->N, c->vstart,
+                         c->vlen, c->Vp);
 }
-static void test_crossentropy_bwd(DType dt, int N, int V, int Vp, int alias) {
+// from_stats: gmax/gsum are this single slice's own statistics (the whole vocabulary when vstart is 0 and
+// vreal is V), computed by the CPU reference; otherwise arbitrary positive values.
+static void test_crossentropy_bwd(DType dt, int N, int V, int vstart, int vreal, int Vloc, int alias, int from_stats) {
     Case c;
-    case_init(&c, dt, "crossentropy_bwd[%s,N=%d,V=%d,Vp=%d%s]", dtype_name(dt), N, V, Vp,
-              alias ? ",dlogits=logits" : "");
-    c.N = N, c.V = V, c.Vp = Vp, c.flag = alias;
-    add_rand(&c, dt, (size_t)N * Vp, -1, 1); // dlogits: random, so the padding must be zeroed
-    int l = add_rand(&c, dt, (size_t)N * Vp, -3, 3);
-    for (int n = 0; n < N; n++)
-        for (int j = V; j < Vp; j++) set_val(&c.t[l], (size_t)n * Vp + j, 1e4f);
-    add_tokens(&c, N, V);
+    case_init(&c, dt, "crossentropy_bwd[%s,N=%d,V=%d,vstart=%d,vreal=%d,Vloc=%d,%s%s]", dtype_name(dt), N, V, vstart,
+              vreal, Vloc, from_stats ? "stats" : "arbitrary", alias ? ",dlogits=logits" : "");
+    c.N = N, c.V = V, c.vstart = vstart, c.vlen = vreal, c.Vp = Vloc, c.flag = alias;
+    add_rand(&c, dt, (size_t)N * Vloc, -1, 1); // dlogits: random, so the padding must be zeroed
+    int l = add_logits(&c, dt, N, vreal, Vloc);
+    int tg = add_tokens(&c, N, V);
+    int gm = add_rand(&c, DT_F32, N, -1, 4);
+    int gs = add_rand(&c, DT_F32, N, 0.5f, 200);
+    if (from_stats) { // the CPU backend's memory is host memory
+        float *target = xmalloc(sizeof(float) * (size_t)N);
+        CPU->crossentropy_stats(dt, (float *)c.t[gm].init, (float *)c.t[gs].init, target, c.t[l].init,
+                                (const int32_t *)c.t[tg].init, N, vstart, vreal, Vloc);
+        free(target);
+    }
     add_out(&c, alias ? 1 : 0, tol_ew(dt));
     run_case(&c, run_ce_bwd);
 }
@@ -583,9 +609,15 @@ int main(void) {
 
     for (int d = 0; d < 2; d++) {
         DType dt = d ? DT_BF16 : DT_F32;
-        test_encoder_fwd(dt, 2, 37, 48, 100);
-        test_encoder_bwd(dt, 2, 37, 48, 100);
-        test_encoder_bwd(dt, 4, 300, 40, 7); // many repeated tokens, more tokens than one shared tile
+        test_encoder_fwd(dt, 2, 37, 48, 100, 0, 100, 1);
+        test_encoder_fwd(dt, 2, 37, 48, 100, 30, 45, 1); // tokens on both sides of the slice
+        test_encoder_fwd(dt, 2, 37, 48, 100, 30, 45, 0);
+        test_encoder_fwd(dt, 2, 37, 48, 100, 0, 100, 0);
+        test_encoder_bwd(dt, 2, 37, 48, 100, 0, 100, 1);
+        test_encoder_bwd(dt, 4, 300, 40, 7, 0, 7, 1); // many repeated tokens, more tokens than one shared tile
+        test_encoder_bwd(dt, 2, 37, 48, 100, 30, 45, 1);
+        test_encoder_bwd(dt, 2, 37, 48, 100, 30, 45, 0);
+        test_encoder_bwd(dt, 4, 300, 40, 200, 70, 90, 0); // slice rows spanning more than ENC_BUCKETS
 
         test_layernorm_fwd(dt, 67, 40);
         test_layernorm_fwd(dt, 5, 800);
@@ -615,11 +647,20 @@ int main(void) {
         test_residual_fwd(dt, 100003);
         test_residual_bwd(dt, 100003);
 
-        test_crossentropy_fwd(dt, 67, 100, 128);
-        test_crossentropy_fwd(dt, 4, 5000, 5056);
-        test_crossentropy_bwd(dt, 67, 100, 128, 0);
-        test_crossentropy_bwd(dt, 67, 100, 128, 1);
-        test_crossentropy_bwd(dt, 4, 5000, 5056, 0);
+        test_crossentropy_stats(dt, 67, 100, 0, 100, 128);
+        test_crossentropy_stats(dt, 4, 5000, 0, 5000, 5056);
+        test_crossentropy_stats(dt, 67, 300, 100, 90, 128); // targets before, inside and after the slice
+        test_crossentropy_stats(dt, 5, 9000, 2528, 2472, 2528);
+        test_crossentropy_stats(dt, 67, 300, 256, 0, 128);  // a slice made only of padding
+        test_crossentropy_bwd(dt, 67, 100, 0, 100, 128, 0, 1);
+        test_crossentropy_bwd(dt, 67, 100, 0, 100, 128, 1, 1);
+        test_crossentropy_bwd(dt, 4, 5000, 0, 5000, 5056, 0, 1);
+        test_crossentropy_bwd(dt, 67, 300, 100, 90, 128, 0, 1);
+        test_crossentropy_bwd(dt, 67, 300, 100, 90, 128, 0, 0);
+        test_crossentropy_bwd(dt, 67, 300, 100, 90, 128, 1, 0);
+        test_crossentropy_bwd(dt, 5, 9000, 2528, 2472, 2528, 0, 0);
+        test_crossentropy_bwd(dt, 67, 300, 256, 0, 128, 0, 0);
+        test_crossentropy_bwd(dt, 67, 300, 256, 0, 128, 1, 0);
 
         test_adamw(dt, 100003, 1);
         test_adamw(dt, 100003, 0);

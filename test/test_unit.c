@@ -114,27 +114,46 @@ static void test_sumsq(const Backend *be) {
     free(x);
 }
 
+// Cross-entropy split over two vocabulary slices (as tensor parallelism does), combined here, against
+// a direct softmax over the real vocabulary; padding columns never count.
 static void test_crossentropy(const Backend *be) {
-    int N = 5, V = 7, Vp = 16;
-    float *logits = randv((size_t)N * Vp), *losses = xcalloc(N, 4), *dl = xcalloc((size_t)N * Vp, 4);
-    int32_t targets[5] = { 0, 6, 3, 2, 1 };
+    int N = 5, V = 13, Vloc = 8; // slice 0: columns 0-7, slice 1: 8-12 real, 13-15 padding
+    float *logits = randv((size_t)N * 2 * Vloc), *dl = xcalloc((size_t)N * 2 * Vloc, 4);
+    int32_t targets[5] = { 0, 12, 3, 8, 7 };
+    float mx[2][5], sm[2][5], tg[2][5], gmax[5], gsum[5];
     for (int n = 0; n < N; n++)
-        for (int j = V; j < Vp; j++) logits[n * Vp + j] = 100.0f; // padding must never count
-    be->crossentropy_fwd(DT_F32, losses, logits, targets, N, V, Vp);
-    be->crossentropy_bwd(DT_F32, dl, logits, targets, 0.5f, N, V, Vp);
+        for (int j = V - Vloc; j < Vloc; j++) logits[(size_t)Vloc * N + n * Vloc + j] = 100.0f; // padding
+    for (int s = 0; s < 2; s++)
+        be->crossentropy_stats(DT_F32, mx[s], sm[s], tg[s], logits + (size_t)s * N * Vloc, targets, N, s * Vloc,
+                               s == 0 ? Vloc : V - Vloc, Vloc);
     double err = 0, pad = 0;
     for (int n = 0; n < N; n++) {
-        double s = 0;
-        for (int j = 0; j < V; j++) s += exp(logits[n * Vp + j]);
-        err = fmax(err, fabs(losses[n] - (log(s) - logits[n * Vp + targets[n]])));
+        gmax[n] = mx[0][n] > mx[1][n] ? mx[0][n] : mx[1][n];
+        gsum[n] = sm[0][n] * expf(mx[0][n] - gmax[n]) + sm[1][n] * expf(mx[1][n] - gmax[n]);
+        double loss = log(gsum[n]) + gmax[n] - (tg[0][n] + tg[1][n]);
+        double s = 0, x[13];
         for (int j = 0; j < V; j++) {
-            double g = (exp(logits[n * Vp + j]) / s - (j == targets[n])) * 0.5;
-            err = fmax(err, fabs(dl[n * Vp + j] - g));
+            x[j] = logits[(size_t)(j / Vloc) * N * Vloc + n * Vloc + j % Vloc];
+            s += exp(x[j]);
         }
-        for (int j = V; j < Vp; j++) pad = fmax(pad, fabs(dl[n * Vp + j]));
+        err = fmax(err, fabs(loss - (log(s) - x[targets[n]])));
     }
-    check(err < 1e-5 && pad == 0, "cross-entropy over the real vocabulary only", err + pad);
-    free(logits); free(losses); free(dl);
+    for (int s = 0; s < 2; s++)
+        be->crossentropy_bwd(DT_F32, dl + (size_t)s * N * Vloc, logits + (size_t)s * N * Vloc, targets, gmax, gsum, 0.5f,
+                             N, s * Vloc, s == 0 ? Vloc : V - Vloc, Vloc);
+    for (int n = 0; n < N; n++) {
+        double s = 0;
+        for (int j = 0; j < V; j++) s += exp(logits[(size_t)(j / Vloc) * N * Vloc + n * Vloc + j % Vloc]);
+        for (int j = 0; j < V; j++) {
+            size_t at = (size_t)(j / Vloc) * N * Vloc + n * Vloc + j % Vloc;
+            double g = (exp(logits[at]) / s - (j == targets[n])) * 0.5;
+            err = fmax(err, fabs(dl[at] - g));
+        }
+        for (int j = V - Vloc; j < Vloc; j++) pad = fmax(pad, fabs(dl[(size_t)Vloc * N + n * Vloc + j]));
+    }
+    check(err < 1e-5 && pad == 0, "cross-entropy over vocabulary slices, padding excluded", err + pad);
+    free(logits);
+    free(dl);
 }
 
 static char tmpdir[256];
