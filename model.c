@@ -282,7 +282,7 @@ void gpt2_gather_full(const GPT2 *m, const float *local, float *file) {
 }
 
 void gpt2_build(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, int B, int T, int own_params, int own_grads,
-                Comm *tp) {
+                Comm *tp, int sp) {
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
     m->dt = dt;
@@ -294,6 +294,8 @@ void gpt2_build(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, int
     m->tp = m->tp_comm ? comm_size(tp) : 1;
     m->tp_rank = m->tp_comm ? comm_rank(tp) : 0;
     if (cfg->NH % m->tp) die("internal: tensor parallelism %d does not divide %d heads", m->tp, cfg->NH);
+    m->sp = sp && m->tp > 1;
+    if (m->sp && ((size_t)B * T) % m->tp) die("internal: sequence parallelism needs B*T divisible by %d", m->tp);
     m->C_tp = cfg->C / m->tp;
     m->NH_tp = cfg->NH / m->tp;
     m->Vp_tp = (cfg->Vp + m->tp - 1) / m->tp; // padded internally when the ranks do not divide Vp
@@ -318,27 +320,27 @@ void gpt2_build(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, int
     }
 
     size_t L = cfg->L, C = cfg->C, Ct = (size_t)m->C_tp, BT = (size_t)B * T, att = (size_t)B * m->NH_tp * T * T;
+    size_t R = m->sp ? BT / m->tp : BT; // rows of the residual stream on this rank
     Activations *x = &m->act;
 #define ACT(field, elems, esize) x->field = mem_alloc(a, MEM_ACTIVATIONS, (elems) * (esize), #field)
-    ACT(encoded, BT * C, ds);
-    ACT(ln1, L * BT * C, ds);
-    ACT(ln1_mean, L * BT, 4);
-    ACT(ln1_rstd, L * BT, 4);
+    ACT(encoded, R * C, ds);
+    ACT(ln1, L * R * C, ds);
+    ACT(ln1_mean, L * R, 4);
+    ACT(ln1_rstd, L * R, 4);
     ACT(qkv, L * BT * 3 * Ct, ds);
     ACT(atty, L * BT * Ct, ds);
     ACT(att, L * att, 4);
-    ACT(attproj, L * BT * C, ds);
-    ACT(residual2, L * BT * C, ds);
-    ACT(ln2, L * BT * C, ds);
-    ACT(ln2_mean, L * BT, 4);
-    ACT(ln2_rstd, L * BT, 4);
+    ACT(residual2, L * R * C, ds);
+    ACT(ln2, L * R * C, ds);
+    ACT(ln2_mean, L * R, 4);
+    ACT(ln2_rstd, L * R, 4);
     ACT(fch, L * BT * 4 * Ct, ds);
     ACT(fch_gelu, L * BT * 4 * Ct, ds);
-    ACT(fcproj, L * BT * C, ds);
-    ACT(residual3, L * BT * C, ds);
-    ACT(lnf, BT * C, ds);
-    ACT(lnf_mean, BT, 4);
-    ACT(lnf_rstd, BT, 4);
+    ACT(residual3, L * R * C, ds);
+    ACT(lnf, R * C, ds);
+    ACT(lnf_mean, R, 4);
+    ACT(lnf_rstd, R, 4);
+    ACT(partial, BT * C, ds);
     ACT(logits, BT * m->Vp_tp, ds);
     ACT(losses, BT, 4);
     ACT(ce_max, BT, 4);
@@ -346,11 +348,16 @@ void gpt2_build(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, int
     ACT(ce_target, BT, 4);
     ACT(inputs, BT, 4);
     ACT(targets, BT, 4);
-    ACT(dresidual, BT * C, ds);
+    ACT(dresidual, R * C, ds);
     ACT(dbuf_c, BT * C, ds);
     ACT(dbuf_4c, BT * 4 * Ct, ds);
     ACT(dqkv, BT * 3 * Ct, ds);
     ACT(datt, att, 4);
+    if (m->sp) {
+        ACT(full, BT * C, ds);
+        ACT(dshard, R * C, ds);
+        ACT(ln_grad, 2 * C, 4);
+    }
 #undef ACT
     m->logits_bytes = BT * m->Vp_tp * ds;
 }
@@ -358,12 +365,12 @@ void gpt2_build(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, int
 void gpt2_free(GPT2 *m) {
     const Backend *be = m->be;
     Activations *x = &m->act;
-    void *bufs[] = { x->encoded, x->ln1, x->ln1_mean, x->ln1_rstd, x->qkv, x->atty, x->att, x->attproj,
-                     x->residual2, x->ln2, x->ln2_mean, x->ln2_rstd, x->fch, x->fch_gelu, x->fcproj,
-                     x->residual3, x->lnf, x->lnf_mean, x->lnf_rstd, x->logits, x->losses, x->ce_max,
-                     x->ce_sum, x->ce_target, x->inputs, x->targets, x->dresidual, x->dbuf_c, x->dbuf_4c,
-                     x->dqkv, x->datt };
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(bufs[i]);
+    void *bufs[] = { x->encoded, x->ln1, x->ln1_mean, x->ln1_rstd, x->qkv, x->atty, x->att, x->residual2, x->ln2,
+                     x->ln2_mean, x->ln2_rstd, x->fch, x->fch_gelu, x->residual3, x->lnf, x->lnf_mean, x->lnf_rstd,
+                     x->partial, x->logits, x->losses, x->ce_max, x->ce_sum, x->ce_target, x->inputs, x->targets,
+                     x->dresidual, x->dbuf_c, x->dbuf_4c, x->dqkv, x->datt, x->full, x->dshard, x->ln_grad };
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]) be->free(bufs[i]);
     if (m->params) be->free(m->params);
     if (m->grads) be->free(m->grads);
     free(m->unit_offset);
@@ -396,24 +403,83 @@ static void ready(GPT2 *m, int unit) {
     if (m->grads_ready) m->grads_ready(m->hook_ctx, unit);
 }
 
-// Sums a partial activation over the tensor-parallel group. Device memory is staged through the host
-// (collectives move host memory; CUDA IPC will remove the copies).
-static void tp_sum(GPT2 *m, void *buf, size_t n) {
+enum { TP_SUM, TP_GATHER, TP_SCATTER };
+
+// Tensor-parallel collectives on activations: TP_SUM all-reduces n elements in place; TP_GATHER
+// all-gathers the rows of n elements (this rank's shard at send) into recv; TP_SCATTER reduce-
+// scatters n elements of partial sums at send into this rank's shard at recv. Device memory is
+// staged through the host (the collectives move host memory; CUDA IPC will remove the copies).
+static void tp_collective(GPT2 *m, int kind, const void *send, void *recv, size_t n) {
     if (m->tp == 1) return;
     CommType t = m->dt == DT_BF16 ? CT_BF16 : CT_F32;
-    size_t bytes = n * dtype_size(m->dt);
+    size_t es = dtype_size(m->dt), shard = n / m->tp;
     if (!strcmp(m->be->name, "cpu")) {
-        comm_all_reduce(m->tp_comm, buf, buf, n, t, OP_SUM);
+        if (kind == TP_SUM) comm_all_reduce(m->tp_comm, send, recv, n, t, OP_SUM);
+        else if (kind == TP_GATHER) comm_all_gather(m->tp_comm, send, recv, n, t);
+        else comm_reduce_scatter(m->tp_comm, send, recv, n, t, OP_SUM);
         return;
     }
-    if (m->stage_bytes < bytes) {
+    if (m->stage_bytes < n * es) {
         free(m->stage_host);
-        m->stage_host = xmalloc(bytes);
-        m->stage_bytes = bytes;
+        m->stage_host = xmalloc(n * es);
+        m->stage_bytes = n * es;
     }
-    m->be->to_host(m->stage_host, buf, bytes);
-    comm_all_reduce(m->tp_comm, m->stage_host, m->stage_host, n, t, OP_SUM);
-    m->be->to_device(buf, m->stage_host, bytes);
+    char *h = m->stage_host;
+    if (kind == TP_SUM) {
+        m->be->to_host(h, send, n * es);
+        comm_all_reduce(m->tp_comm, h, h, n, t, OP_SUM);
+        m->be->to_device(recv, h, n * es);
+    } else if (kind == TP_GATHER) {
+        m->be->to_host(h + (size_t)m->tp_rank * shard * es, send, shard * es);
+        comm_all_gather(m->tp_comm, h + (size_t)m->tp_rank * shard * es, h, n, t);
+        m->be->to_device(recv, h, n * es);
+    } else {
+        m->be->to_host(h, send, n * es);
+        comm_reduce_scatter(m->tp_comm, h, h, n, t, OP_SUM);
+        m->be->to_device(recv, h, shard * es);
+    }
+}
+static void tp_sum(GPT2 *m, void *buf, size_t n) { tp_collective(m, TP_SUM, buf, buf, n); }
+
+// A row-parallel matmul's partial sums (in x->partial, n elements) become this rank's rows of the
+// residual stream: reduce-scattered under sequence parallelism, all-reduced otherwise. Returns where.
+static void *tp_finish_partial(GPT2 *m, void *shard_scratch, size_t n) {
+    if (m->sp) {
+        tp_collective(m, TP_SCATTER, m->act.partial, shard_scratch, n);
+        return shard_scratch;
+    }
+    tp_sum(m, m->act.partial, n);
+    return m->act.partial;
+}
+
+// A column-parallel matmul's input: the whole rows, gathered under sequence parallelism.
+static void *tp_full_rows(GPT2 *m, void *shard, size_t n) {
+    if (!m->sp) return shard;
+    tp_collective(m, TP_GATHER, shard, m->act.full, n);
+    return m->act.full;
+}
+
+// LayerNorm backward; under sequence parallelism each rank saw only its rows, so the parameter
+// gradients are summed over the group before they join the accumulated gradients.
+static void layernorm_bwd_tp(GPT2 *m, void *dinp, float *dweight, const void *dout, const void *inp, const void *weight,
+                             const float *mean, const float *rstd, int rows) {
+    int C = m->cfg.C;
+    if (!m->sp) {
+        m->be->layernorm_bwd(m->dt, dinp, dweight, dweight + C, dout, inp, weight, mean, rstd, rows, C);
+        return;
+    }
+    m->be->zero(m->act.ln_grad, 2 * C * sizeof(float));
+    m->be->layernorm_bwd(m->dt, dinp, m->act.ln_grad, m->act.ln_grad + C, dout, inp, weight, mean, rstd, rows, C);
+    if (!strcmp(m->be->name, "cpu")) {
+        comm_all_reduce(m->tp_comm, m->act.ln_grad, m->act.ln_grad, 2 * (size_t)C, CT_F32, OP_SUM);
+    } else {
+        float *h = xmalloc(sizeof(float) * 2 * C);
+        m->be->to_host(h, m->act.ln_grad, sizeof(float) * 2 * C);
+        comm_all_reduce(m->tp_comm, h, h, 2 * (size_t)C, CT_F32, OP_SUM);
+        m->be->to_device(m->act.ln_grad, h, sizeof(float) * 2 * C);
+        free(h);
+    }
+    m->be->residual_bwd(DT_F32, dweight, m->act.ln_grad, 2 * (size_t)C);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -457,52 +523,51 @@ static float vocab_parallel_loss(GPT2 *m, int N) {
 float gpt2_forward(GPT2 *m, const int32_t *inputs, const int32_t *targets, int B, int T) {
     if (B > m->B || T > m->T || B <= 0 || T <= 0)
         die("internal: micro-batch %dx%d exceeds the allocated %dx%d", B, T, m->B, m->T);
+    if (m->sp && ((size_t)B * T) % m->tp) die("internal: sequence parallelism needs B*T divisible by %d", m->tp);
     const Backend *be = m->be;
     const GPT2Config *cfg = &m->cfg;
     DType dt = m->dt;
     Activations *x = &m->act;
-    int C = cfg->C, Ct = m->C_tp, N = B * T;
-    size_t BTC = (size_t)N * C;
+    int C = cfg->C, Ct = m->C_tp, N = B * T, R = m->sp ? N / m->tp : N;
+    size_t BTC = (size_t)N * C, RC = (size_t)R * C;
     // per-layer strides use the allocated B·T so buffers stay where the backward expects them
-    size_t sBTC = (size_t)m->B * m->T * C, sBTCt = (size_t)m->B * m->T * Ct, sBT = (size_t)m->B * m->T;
-    size_t sAtt = (size_t)m->B * m->NH_tp * m->T * m->T;
+    size_t sR = (size_t)m->B * m->T / (m->sp ? m->tp : 1), sRC = sR * C;
+    size_t sBTCt = (size_t)m->B * m->T * Ct, sAtt = (size_t)m->B * m->NH_tp * m->T * m->T;
     int lead = m->tp_rank == 0; // adds what must be added once: position embedding, row-parallel biases
 
     be->to_device(x->inputs, inputs, sizeof(int32_t) * N);
     fetch(m, UNIT_EMBED);
-    be->encoder_fwd(dt, x->encoded, x->inputs, gpt2_param(m, P_WTE, 0), lead ? gpt2_param(m, P_WPE, 0) : NULL, B, T, C,
+    be->encoder_fwd(dt, x->partial, x->inputs, gpt2_param(m, P_WTE, 0), lead ? gpt2_param(m, P_WPE, 0) : NULL, B, T, C,
                     m->v_start, m->Vp_tp);
-    tp_sum(m, x->encoded, BTC);
+    void *embedded = tp_finish_partial(m, x->encoded, BTC);
+    if (embedded != x->encoded) be->copy(x->encoded, embedded, RC * dtype_size(dt));
     for (int l = 0; l < cfg->L; l++) {
-        void *res = l == 0 ? x->encoded : at(x->residual3, (l - 1) * sBTC, dt);
-        void *ln1 = at(x->ln1, l * sBTC, dt), *qkv = at(x->qkv, l * 3 * sBTCt, dt), *atty = at(x->atty, l * sBTCt, dt);
-        void *attproj = at(x->attproj, l * sBTC, dt), *r2 = at(x->residual2, l * sBTC, dt);
-        void *ln2 = at(x->ln2, l * sBTC, dt), *fch = at(x->fch, l * 4 * sBTCt, dt);
-        void *fchg = at(x->fch_gelu, l * 4 * sBTCt, dt), *fcproj = at(x->fcproj, l * sBTC, dt);
-        void *r3 = at(x->residual3, l * sBTC, dt);
+        void *res = l == 0 ? x->encoded : at(x->residual3, (l - 1) * sRC, dt);
+        void *ln1 = at(x->ln1, l * sRC, dt), *qkv = at(x->qkv, l * 3 * sBTCt, dt), *atty = at(x->atty, l * sBTCt, dt);
+        void *r2 = at(x->residual2, l * sRC, dt), *ln2 = at(x->ln2, l * sRC, dt), *fch = at(x->fch, l * 4 * sBTCt, dt);
+        void *fchg = at(x->fch_gelu, l * 4 * sBTCt, dt), *r3 = at(x->residual3, l * sRC, dt);
         fetch(m, 1 + l);
-        be->layernorm_fwd(dt, ln1, x->ln1_mean + l * sBT, x->ln1_rstd + l * sBT, res, gpt2_param(m, P_LN1W, l),
-                          gpt2_param(m, P_LN1B, l), N, C);
-        be->matmul_fwd(dt, qkv, ln1, gpt2_param(m, P_QKVW, l), gpt2_param(m, P_QKVB, l), N, C, 3 * Ct);
+        be->layernorm_fwd(dt, ln1, x->ln1_mean + l * sR, x->ln1_rstd + l * sR, res, gpt2_param(m, P_LN1W, l),
+                          gpt2_param(m, P_LN1B, l), R, C);
+        be->matmul_fwd(dt, qkv, tp_full_rows(m, ln1, BTC), gpt2_param(m, P_QKVW, l), gpt2_param(m, P_QKVB, l), N, C,
+                       3 * Ct);
         be->attention_fwd(dt, atty, x->att + l * sAtt, qkv, B, T, Ct, m->NH_tp);
-        be->matmul_fwd(dt, attproj, atty, gpt2_param(m, P_ATTPROJW, l), lead ? gpt2_param(m, P_ATTPROJB, l) : NULL, N,
-                       Ct, C);
-        tp_sum(m, attproj, BTC);
-        be->residual_fwd(dt, r2, res, attproj, BTC);
-        be->layernorm_fwd(dt, ln2, x->ln2_mean + l * sBT, x->ln2_rstd + l * sBT, r2, gpt2_param(m, P_LN2W, l),
-                          gpt2_param(m, P_LN2B, l), N, C);
-        be->matmul_fwd(dt, fch, ln2, gpt2_param(m, P_FCW, l), gpt2_param(m, P_FCB, l), N, C, 4 * Ct);
+        be->matmul_fwd(dt, x->partial, atty, gpt2_param(m, P_ATTPROJW, l), lead ? gpt2_param(m, P_ATTPROJB, l) : NULL,
+                       N, Ct, C);
+        be->residual_fwd(dt, r2, res, tp_finish_partial(m, r2, BTC), RC);
+        be->layernorm_fwd(dt, ln2, x->ln2_mean + l * sR, x->ln2_rstd + l * sR, r2, gpt2_param(m, P_LN2W, l),
+                          gpt2_param(m, P_LN2B, l), R, C);
+        be->matmul_fwd(dt, fch, tp_full_rows(m, ln2, BTC), gpt2_param(m, P_FCW, l), gpt2_param(m, P_FCB, l), N, C, 4 * Ct);
         be->gelu_fwd(dt, fchg, fch, (size_t)N * 4 * Ct);
-        be->matmul_fwd(dt, fcproj, fchg, gpt2_param(m, P_FCPROJW, l), lead ? gpt2_param(m, P_FCPROJB, l) : NULL, N,
+        be->matmul_fwd(dt, x->partial, fchg, gpt2_param(m, P_FCPROJW, l), lead ? gpt2_param(m, P_FCPROJB, l) : NULL, N,
                        4 * Ct, C);
-        tp_sum(m, fcproj, BTC);
-        be->residual_fwd(dt, r3, r2, fcproj, BTC);
+        be->residual_fwd(dt, r3, r2, tp_finish_partial(m, r3, BTC), RC);
     }
-    void *last = at(x->residual3, (cfg->L - 1) * sBTC, dt);
+    void *last = at(x->residual3, (cfg->L - 1) * sRC, dt);
     fetch(m, cfg->L + 1);
-    be->layernorm_fwd(dt, x->lnf, x->lnf_mean, x->lnf_rstd, last, gpt2_param(m, P_LNFW, 0), gpt2_param(m, P_LNFB, 0), N, C);
+    be->layernorm_fwd(dt, x->lnf, x->lnf_mean, x->lnf_rstd, last, gpt2_param(m, P_LNFW, 0), gpt2_param(m, P_LNFB, 0), R, C);
     fetch(m, UNIT_EMBED); // the tied LM head
-    be->matmul_fwd(dt, x->logits, x->lnf, gpt2_param(m, P_WTE, 0), NULL, N, C, m->Vp_tp);
+    be->matmul_fwd(dt, x->logits, tp_full_rows(m, x->lnf, BTC), gpt2_param(m, P_WTE, 0), NULL, N, C, m->Vp_tp);
     m->act_B = B;
     m->act_T = T;
     if (!targets) return 0.0f;
@@ -516,51 +581,54 @@ void gpt2_backward(GPT2 *m, float dloss_scale) {
     DType dt = m->dt;
     Activations *x = &m->act;
     int B = m->act_B, T = m->act_T;
-    int C = cfg->C, Ct = m->C_tp, N = B * T;
-    size_t BTC = (size_t)N * C;
-    size_t sBTC = (size_t)m->B * m->T * C, sBTCt = (size_t)m->B * m->T * Ct, sBT = (size_t)m->B * m->T;
-    size_t sAtt = (size_t)m->B * m->NH_tp * m->T * m->T;
+    int C = cfg->C, Ct = m->C_tp, N = B * T, R = m->sp ? N / m->tp : N;
+    size_t BTC = (size_t)N * C, RC = (size_t)R * C;
+    size_t sR = (size_t)m->B * m->T / (m->sp ? m->tp : 1), sRC = sR * C;
+    size_t sBTCt = (size_t)m->B * m->T * Ct, sAtt = (size_t)m->B * m->NH_tp * m->T * m->T;
+    // the input gradient of a column-parallel matmul is partial: all-reduced, or reduce-scattered to rows
+    void *dln; // a LayerNorm's output gradient, this rank's rows
 
     // LM head: dlogits in place, then into the final LayerNorm; its input gradient starts the residual stream.
     be->crossentropy_bwd(dt, x->logits, x->logits, x->targets, x->ce_max, x->ce_sum, dloss_scale, N, m->v_start,
                          m->v_real, m->Vp_tp);
     fetch(m, UNIT_EMBED);
-    be->matmul_bwd(dt, x->dbuf_c, gpt2_grad(m, P_WTE, 0), NULL, x->logits, x->lnf, gpt2_param(m, P_WTE, 0), N, C, m->Vp_tp);
-    tp_sum(m, x->dbuf_c, BTC);
-    be->zero(x->dresidual, BTC * dtype_size(dt));
-    void *last = at(x->residual3, (cfg->L - 1) * sBTC, dt);
+    be->matmul_bwd(dt, x->partial, gpt2_grad(m, P_WTE, 0), NULL, x->logits, tp_full_rows(m, x->lnf, BTC),
+                   gpt2_param(m, P_WTE, 0), N, C, m->Vp_tp);
+    dln = tp_finish_partial(m, x->dshard, BTC);
+    be->zero(x->dresidual, RC * dtype_size(dt));
+    void *last = at(x->residual3, (cfg->L - 1) * sRC, dt);
     fetch(m, cfg->L + 1);
-    be->layernorm_bwd(dt, x->dresidual, gpt2_grad(m, P_LNFW, 0), gpt2_grad(m, P_LNFB, 0), x->dbuf_c, last,
-                      gpt2_param(m, P_LNFW, 0), x->lnf_mean, x->lnf_rstd, N, C);
+    layernorm_bwd_tp(m, x->dresidual, gpt2_grad(m, P_LNFW, 0), dln, last, gpt2_param(m, P_LNFW, 0), x->lnf_mean,
+                     x->lnf_rstd, R);
     ready(m, cfg->L + 1);
     for (int l = cfg->L - 1; l >= 0; l--) {
-        void *res = l == 0 ? x->encoded : at(x->residual3, (l - 1) * sBTC, dt);
-        void *ln1 = at(x->ln1, l * sBTC, dt), *qkv = at(x->qkv, l * 3 * sBTCt, dt), *atty = at(x->atty, l * sBTCt, dt);
-        void *r2 = at(x->residual2, l * sBTC, dt), *ln2 = at(x->ln2, l * sBTC, dt);
+        void *res = l == 0 ? x->encoded : at(x->residual3, (l - 1) * sRC, dt);
+        void *ln1 = at(x->ln1, l * sRC, dt), *qkv = at(x->qkv, l * 3 * sBTCt, dt), *atty = at(x->atty, l * sBTCt, dt);
+        void *r2 = at(x->residual2, l * sRC, dt), *ln2 = at(x->ln2, l * sRC, dt);
         void *fch = at(x->fch, l * 4 * sBTCt, dt), *fchg = at(x->fch_gelu, l * 4 * sBTCt, dt);
         fetch(m, 1 + l);
-        // MLP: dresidual is the gradient of residual3 = residual2 + fcproj (replicated on the group)
-        be->matmul_bwd(dt, x->dbuf_4c, gpt2_grad(m, P_FCPROJW, l), gpt2_grad(m, P_FCPROJB, l), x->dresidual, fchg,
-                       gpt2_param(m, P_FCPROJW, l), N, 4 * Ct, C);
+        // MLP: dresidual is the gradient of residual3 = residual2 + fcproj (every row: gathered under SP)
+        be->matmul_bwd(dt, x->dbuf_4c, gpt2_grad(m, P_FCPROJW, l), gpt2_grad(m, P_FCPROJB, l),
+                       tp_full_rows(m, x->dresidual, BTC), fchg, gpt2_param(m, P_FCPROJW, l), N, 4 * Ct, C);
         be->gelu_bwd(dt, x->dbuf_4c, fch, x->dbuf_4c, (size_t)N * 4 * Ct);
-        be->matmul_bwd(dt, x->dbuf_c, gpt2_grad(m, P_FCW, l), gpt2_grad(m, P_FCB, l), x->dbuf_4c, ln2,
-                       gpt2_param(m, P_FCW, l), N, C, 4 * Ct);
-        tp_sum(m, x->dbuf_c, BTC);
-        be->layernorm_bwd(dt, x->dresidual, gpt2_grad(m, P_LN2W, l), gpt2_grad(m, P_LN2B, l), x->dbuf_c, r2,
-                          gpt2_param(m, P_LN2W, l), x->ln2_mean + l * sBT, x->ln2_rstd + l * sBT, N, C);
+        be->matmul_bwd(dt, x->partial, gpt2_grad(m, P_FCW, l), gpt2_grad(m, P_FCB, l), x->dbuf_4c,
+                       tp_full_rows(m, ln2, BTC), gpt2_param(m, P_FCW, l), N, C, 4 * Ct);
+        dln = tp_finish_partial(m, x->dshard, BTC);
+        layernorm_bwd_tp(m, x->dresidual, gpt2_grad(m, P_LN2W, l), dln, r2, gpt2_param(m, P_LN2W, l),
+                         x->ln2_mean + l * sR, x->ln2_rstd + l * sR, R);
         // attention: dresidual is now the gradient of residual2 = residual + attproj
-        be->matmul_bwd(dt, x->dbuf_c, gpt2_grad(m, P_ATTPROJW, l), gpt2_grad(m, P_ATTPROJB, l), x->dresidual, atty,
-                       gpt2_param(m, P_ATTPROJW, l), N, Ct, C);
+        be->matmul_bwd(dt, x->dbuf_c, gpt2_grad(m, P_ATTPROJW, l), gpt2_grad(m, P_ATTPROJB, l),
+                       tp_full_rows(m, x->dresidual, BTC), atty, gpt2_param(m, P_ATTPROJW, l), N, Ct, C);
         be->attention_bwd(dt, x->dqkv, x->datt, x->dbuf_c, qkv, x->att + l * sAtt, B, T, Ct, m->NH_tp);
-        be->matmul_bwd(dt, x->dbuf_c, gpt2_grad(m, P_QKVW, l), gpt2_grad(m, P_QKVB, l), x->dqkv, ln1,
-                       gpt2_param(m, P_QKVW, l), N, C, 3 * Ct);
-        tp_sum(m, x->dbuf_c, BTC);
-        be->layernorm_bwd(dt, x->dresidual, gpt2_grad(m, P_LN1W, l), gpt2_grad(m, P_LN1B, l), x->dbuf_c, res,
-                          gpt2_param(m, P_LN1W, l), x->ln1_mean + l * sBT, x->ln1_rstd + l * sBT, N, C);
+        be->matmul_bwd(dt, x->partial, gpt2_grad(m, P_QKVW, l), gpt2_grad(m, P_QKVB, l), x->dqkv,
+                       tp_full_rows(m, ln1, BTC), gpt2_param(m, P_QKVW, l), N, C, 3 * Ct);
+        dln = tp_finish_partial(m, x->dshard, BTC);
+        layernorm_bwd_tp(m, x->dresidual, gpt2_grad(m, P_LN1W, l), dln, res, gpt2_param(m, P_LN1W, l),
+                         x->ln1_mean + l * sR, x->ln1_rstd + l * sR, R);
         ready(m, 1 + l);
     }
-    be->encoder_bwd(dt, gpt2_grad(m, P_WTE, 0), gpt2_grad(m, P_WPE, 0), x->dresidual, x->inputs, B, T, C, m->v_start,
-                    m->Vp_tp);
+    be->encoder_bwd(dt, gpt2_grad(m, P_WTE, 0), gpt2_grad(m, P_WPE, 0), tp_full_rows(m, x->dresidual, BTC), x->inputs, B,
+                    T, C, m->v_start, m->Vp_tp);
     ready(m, UNIT_EMBED);
 }
 

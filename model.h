@@ -40,7 +40,13 @@ void *mem_alloc(MemAccount *acct, int category, size_t bytes, const char *what);
 
 // Activations of one micro-batch; each per-layer buffer is stacked over L.
 typedef struct {
-    void *encoded, *ln1, *qkv, *atty, *attproj, *residual2, *ln2, *fch, *fch_gelu, *fcproj, *residual3, *lnf;
+    // With sequence parallelism the residual stream and LayerNorm buffers (encoded, ln1, residual2, ln2,
+    // residual3, lnf, their statistics, dresidual, dshard) hold this rank's 1/tp of the B·T rows.
+    void *encoded, *ln1, *qkv, *atty, *residual2, *ln2, *fch, *fch_gelu, *residual3, *lnf;
+    void *partial; // [B·T, C] a row-parallel matmul's partial sums (or the vocab-parallel embedding's)
+    void *full;    // [B·T, C] sequence parallelism: a gathered LayerNorm output or residual gradient
+    void *dshard;  // sequence parallelism: the reduce-scattered input gradient of a LayerNorm
+    float *ln_grad; // [2C] sequence parallelism: one LayerNorm's partial parameter gradients
     float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd, *lnf_mean, *lnf_rstd, *att, *losses;
     float *ce_max, *ce_sum, *ce_target; // cross-entropy row statistics, combined over the vocabulary slices
     void *logits; // [B,T,Vp]; the backward overwrites it with dlogits
@@ -66,6 +72,7 @@ typedef struct {
     int C_tp, NH_tp;      // channels and heads of this rank's attention and MLP slices (C/tp, NH/tp)
     int Vp_tp;            // vocabulary rows per rank: ceil(Vp/tp), padded internally
     int v_start, v_real;  // first vocabulary row of this rank, and how many of its rows are real words
+    int sp;               // sequence parallelism: LayerNorm and residual regions split by rows
     size_t logits_bytes;  // the largest logits buffer: B·T·Vp_tp elements
     void *stage_host;     // host staging for tensor-parallel sums of device memory
     size_t stage_bytes;
@@ -110,7 +117,7 @@ void gpt2_save_file(const char *path, const GPT2Config *cfg, const float *host_p
 // working-weight buffer, and with own_grads 0 (ZeRO-2/3 streaming) unit_grads instead of a full
 // gradient buffer.
 void gpt2_build(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, int B, int T, int own_params, int own_grads,
-                Comm *tp);
+                Comm *tp, int sp);
 void gpt2_free(GPT2 *m);
 int gpt2_unit_of(const GPT2 *m, int tensor, int layer);
 // Where tensor k (layer l for per-layer tensors) lies in the internal order: offset and length.

@@ -78,6 +78,9 @@ static const char USAGE[] =
     "  --tp N                     tensor parallelism: N consecutive ranks share each block (QKV and MLP\n"
     "                             split by heads/columns, output projections by rows, embedding and loss\n"
     "                             by vocabulary); N must divide the heads (default 1); DP = ranks / N\n"
+    "  --sp                       sequence parallelism with --tp: LayerNorm and residual regions split by\n"
+    "                             rows, all-gather before and reduce-scatter after each tensor-parallel\n"
+    "                             region (--seq-len divisible by --tp)\n"
     "  --zero 0|1|2|3             ZeRO stage of the data-parallel state (default 0): 0 all-reduces\n"
     "                             gradients; 1 shards master weights and AdamW moments; 2 also the\n"
     "                             reduced gradient; 3 also the working weights, gathered unit by unit\n"
@@ -102,7 +105,7 @@ typedef struct {
     float lr, lr_min_frac, beta1, beta2, eps, weight_decay, clip, temperature;
     uint64_t seed;
     int dtype; // -1 = default for the device
-    int zero, tp;
+    int zero, tp, sp;
     double bucket_mb, comm_timeout;
 } Options;
 
@@ -186,6 +189,7 @@ static void parse_options(Options *o, int argc, char **argv) {
         } else if (IS("--threads")) o->threads = (int)parse_int(f, v, 1, 4096);
         else if (IS("--zero")) o->zero = (int)parse_int(f, v, 0, 3);
         else if (IS("--tp")) o->tp = (int)parse_int(f, v, 1, 4096);
+        else if (!strcmp(f, "--sp")) o->sp = 1;
         else if (IS("--bucket-mb")) o->bucket_mb = parse_float(f, v, 0, 1e6);
         else if (IS("--comm-timeout")) o->comm_timeout = parse_float(f, v, 0.1, 1e7);
         else die("unknown flag %s (see --help)", f);
@@ -281,8 +285,10 @@ static void sample(GPT2 *m, const Options *o, const Tokenizer *tk, int first_tok
         if (print) fputs(buf, stdout);
     }
     for (int t = 1; t <= n; t++) {
-        gpt2_forward(m, ctx, NULL, 1, t);
-        gpt2_logits_at(m, 0, t - 1, t, probs);
+        // the whole window each time: causal attention leaves positions < t untouched by the zeros after
+        // them, and the shape stays divisible for sequence parallelism
+        gpt2_forward(m, ctx, NULL, 1, T);
+        gpt2_logits_at(m, 0, t - 1, T, probs);
         int V = m->cfg.V;
         float mx = -INFINITY;
         for (int i = 0; i < V; i++) {
@@ -386,9 +392,11 @@ static int train_main(int argc, char **argv) {
     float *host_params;
     GPT2Config cfg = resolve_shape(&o, &host_params);
     if (cfg.NH % tp_size) die("--tp %d does not divide the model's %d heads", tp_size, cfg.NH);
+    if (o.sp && tp_size == 1) die("--sp needs tensor parallelism (--tp 2 or more)");
     int T = o.seq_len ? o.seq_len : cfg.maxT;
     if (T > cfg.maxT) die("--seq-len %d is above the model's maximum sequence length %d", T, cfg.maxT);
     int B = o.micro_batch;
+    if (o.sp && T % tp_size) die("--sp splits sequences over the --tp %d ranks: --seq-len %d must be divisible by it", tp_size, T);
     long long micro_tokens = (long long)B * T * dp_size; // one micro-batch on every data-parallel rank
     long long batch_tokens = o.batch_tokens ? o.batch_tokens : micro_tokens;
     if (batch_tokens % micro_tokens != 0) {
@@ -430,7 +438,7 @@ static int train_main(int argc, char **argv) {
 
     if (!host_params) host_params = gpt2_init_params(&cfg, o.seed);
     GPT2 model;
-    gpt2_build(&model, &cfg, dt, be, B, T, stage != 3, !zero_streams_gradients(stage, dp_size, accum), tp_comm);
+    gpt2_build(&model, &cfg, dt, be, B, T, stage != 3, !zero_streams_gradients(stage, dp_size, accum), tp_comm, o.sp);
     float *host_internal = xmalloc(sizeof(float) * model.num_params);
     gpt2_full_to_local(&model, host_params, host_internal);
     free(host_params);

@@ -311,28 +311,33 @@ t_tensor_parallel() {
     have_torch || return $?
     local d=$WORK/tp ok=0
     mkdir -p "$d"
-    local A=(--layers 2 --channels 32 --heads 4 --vocab 256) S=(--layers 2 --channels 48 --heads 6 --vocab 200)
-    local common=(--seq-len 32 --micro-batch 2 --batch-tokens 256 --steps 10 --lr 1e-3 --warmup 2 --weight-decay 0.1
-        --clip 1.0 --bucket-mb 0.02 --train "$DATA/train.bin")
+    # shape A (4 heads) for TP 2 and 4; shape S (6 heads, V=200, T=48) for TP 3, where T divides by 3
+    local A=(--layers 2 --channels 32 --heads 4 --vocab 256 --seq-len 32 --batch-tokens 256)
+    local S=(--layers 2 --channels 48 --heads 6 --vocab 200 --seq-len 48 --batch-tokens 384)
+    local common=(--micro-batch 2 --steps 10 --lr 1e-3 --warmup 2 --weight-decay 0.1 --clip 1.0 --bucket-mb 0.02
+        --train "$DATA/train.bin")
     $TRAIN "${A[@]}" "${common[@]}" --log "$d/refA.jsonl" --save-model "$d/refA.bin" >/dev/null || return 1
     $TRAIN "${S[@]}" "${common[@]}" --log "$d/refS.jsonl" --save-model "$d/refS.bin" >/dev/null || return 1
     local runsA=() runsS=()
-    tprun() { # shape-name nproc tp zero
-        local name="$1-n$2-tp$3-z$4" shape
+    tprun() { # shape nproc tp zero [--sp]
+        local name="$1-n$2-tp$3-z$4${5:+-sp}" shape
         if [ "$1" = A ]; then shape=("${A[@]}"); else shape=("${S[@]}"); fi
-        timeout 300 $TRAIN --nproc "$2" --tp "$3" --zero "$4" "${shape[@]}" "${common[@]}" --comm-timeout 60 \
+        timeout 300 $TRAIN --nproc "$2" --tp "$3" --zero "$4" ${5:-} "${shape[@]}" "${common[@]}" --comm-timeout 60 \
             --log "$d/$name.jsonl" --save-model "$d/$name.bin" >/dev/null || { echo "$name failed"; return 1; }
         if [ "$1" = A ]; then runsA+=("$d/$name"); else runsS+=("$d/$name"); fi
     }
-    tprun A 2 2 0 && tprun A 4 4 0 && tprun A 4 2 0 && tprun A 4 2 1 && tprun A 4 2 3 && tprun A 8 4 1 || return 1
-    tprun S 3 3 0 && tprun S 6 3 0 && tprun S 6 3 1 && tprun S 6 3 3 || return 1
+    for sp in "" --sp; do
+        tprun A 2 2 0 $sp && tprun A 4 4 0 $sp && tprun A 4 2 0 $sp && tprun A 4 2 1 $sp && tprun A 4 2 3 $sp || return 1
+        tprun S 3 3 0 $sp && tprun S 6 3 0 $sp && tprun S 6 3 1 $sp && tprun S 6 3 3 $sp || return 1
+    done
+    tprun A 8 4 1 --sp || return 1
     $PY test/compare_runs.py 1e-5 "$d/refA" "${runsA[@]}" || ok=1
     $PY test/compare_runs.py 1e-5 "$d/refS" "${runsS[@]}" || ok=1
-    timeout 300 $TRAIN --nproc 6 --tp 3 --zero 3 "${S[@]}" "${common[@]}" --save-model "$d/rerun.bin" >/dev/null || return 1
-    cmp "$d/rerun.bin" "$d/S-n6-tp3-z3.bin" || { echo "rerun differs"; ok=1; }
+    timeout 300 $TRAIN --nproc 6 --tp 3 --zero 3 --sp "${S[@]}" "${common[@]}" --save-model "$d/rerun.bin" >/dev/null || return 1
+    cmp "$d/rerun.bin" "$d/S-n6-tp3-z3-sp.bin" || { echo "rerun differs"; ok=1; }
     # heads that the tensor-parallel size does not divide: a clear error
     local err
-    err=$($TRAIN --nproc 3 --tp 3 "${A[@]}" --steps 0 2>&1 >/dev/null)
+    err=$($TRAIN --nproc 3 --tp 3 --layers 2 --channels 32 --heads 4 --vocab 256 --seq-len 32 --steps 0 2>&1 >/dev/null)
     grep -q "error: --tp 3 does not divide the model's 4 heads" <<<"$err" || { echo "bad error: $err"; ok=1; }
     return $ok
 }
@@ -345,23 +350,31 @@ t_tensor_parallel_memory() {
     local d=$WORK/tpm
     mkdir -p "$d"
     for tp in 1 2 4; do
-        timeout 120 $TRAIN --nproc $tp --tp $tp --layers 4 --channels 128 --heads 4 --vocab 256 --seq-len 32 \
-            --micro-batch 2 --steps 0 >"$d/$tp.out" || return 1
+        for sp in "" --sp; do
+            [ $tp = 1 ] && [ -n "$sp" ] && continue
+            timeout 120 $TRAIN --nproc $tp --tp $tp $sp --layers 4 --channels 128 --heads 4 --vocab 256 --seq-len 32 \
+                --micro-batch 2 --steps 0 >"$d/$tp$sp.out" || return 1
+        done
     done
     $PY - "$d" <<'EOF'
 import math, re, sys
 d = sys.argv[1]
 L, C, V, Vp, T, B, maxT = 4, 128, 256, 256, 32, 2, 32
+BT = B * T
 replicated = maxT * C + L * 6 * C + 2 * C            # wpe, 2 LayerNorms + 2 row-parallel biases per block, lnf
+def rows_bytes(R):  # residual-stream buffers: ln1, residual2, ln2, residual3 and 2 LayerNorm statistics per block,
+    return 4 * (L * (4 * R * C + 4 * R) + 3 * R * C + 2 * R)  # encoded, lnf, dresidual and lnf's statistics
 bad = 0
+def mem(path):
+    out = open(path).read()
+    lines = re.findall(r"memory of rank \d+ .*", out)
+    return out, [dict((k, float(v) * 1048576) for k, v in re.findall(r"(\w+(?: buffers)?) ([0-9.]+) MiB", l)) for l in lines], lines
 for tp in (1, 2, 4):
-    out = open(f"{d}/{tp}.out").read()
+    out, mems, lines = mem(f"{d}/{tp}.out")
     n_full = int(re.search(r"\| (\d+) parameters", out).group(1))
     vp_tp = math.ceil(Vp / tp)
-    split = n_full - replicated - Vp * C
-    local = split / tp + replicated + vp_tp * C
-    for line in re.findall(r"memory of rank \d+ .*", out):
-        got = dict((k, float(v) * 1048576) for k, v in re.findall(r"(weights|gradients|optimizer) ([0-9.]+) MiB", line))
+    local = (n_full - replicated - Vp * C) / tp + replicated + vp_tp * C
+    for got, line in zip(mems, lines):
         for name, per in (("weights", 4), ("gradients", 4), ("optimizer", 8)):
             err = abs(got[name] - per * local) / (per * local)
             if err > 0.10:
@@ -371,7 +384,17 @@ for tp in (1, 2, 4):
         if logits != B * T * vp_tp * 4:
             print(f"FAIL TP {tp}: largest logits buffer {logits} bytes, expected B*T*Vp/TP*4 = {B * T * vp_tp * 4}")
             bad += 1
-    print(f"TP {tp}: {line}")
+    print(f"TP {tp}: {lines[-1]}")
+    if tp == 1:
+        continue
+    # sequence parallelism: the residual-stream buffers fall to 1/TP (plus a gathered buffer and a shard)
+    _, sp_mems, sp_lines = mem(f"{d}/{tp}--sp.out")
+    want = mems[0]["activations"] - rows_bytes(BT) + rows_bytes(BT // tp) + 4 * (BT * C + BT // tp * C + 2 * C)
+    got = sp_mems[0]["activations"]
+    print(f"TP {tp} --sp: {sp_lines[0]}")
+    if abs(got - want) / want > 0.01 or got >= mems[0]["activations"]:
+        print(f"FAIL TP {tp} --sp activations {got:.0f} bytes, expected {want:.0f} (without --sp {mems[0]['activations']:.0f})")
+        bad += 1
 sys.exit(1 if bad else 0)
 EOF
 }
@@ -415,8 +438,8 @@ run_test "collectives: every op, type, count, placement; 1-8 ranks; sub-communic
 run_test "data parallel DP 2,3,4 x ZeRO 0-3 x M 1,3 equals one rank; stages bitwise" t_data_parallel
 run_test "data parallel bf16 and active clipping equal one rank" t_data_parallel_bf16_clip
 run_test "ZeRO memory per rank at DP 4 follows the formula" t_zero_memory
-run_test "tensor parallel TP 2,3,4, alone and with DP 2 x ZeRO 0,1,3, equals one rank" t_tensor_parallel
-run_test "tensor parallel memory falls to 1/TP; logits buffer B x T x Vp/TP" t_tensor_parallel_memory
+run_test "tensor parallel TP 2,3,4 with and without --sp, alone and with DP 2 x ZeRO 0,1,3, equals one rank" t_tensor_parallel
+run_test "tensor parallel memory falls to 1/TP (activations too with --sp); logits B x T x Vp/TP" t_tensor_parallel_memory
 
 if [ $skipped -gt 0 ]; then
     echo "$passed passed, $failed failed, $skipped skipped"
