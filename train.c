@@ -493,7 +493,7 @@ static int train_main(int argc, char **argv) {
             sample(&model, &o, have_tk ? &tk : NULL, first_token, T, step, lead);
         if (last) break;
 
-        double t0 = now_seconds();
+        double t0 = now_seconds(), tp_busy0 = tp_size > 1 ? comm_busy_seconds(tp_comm) : 0;
         zero_begin_step(&zero);
         gpt2_zero_grad(&model);
         double loss_sum = 0.0;
@@ -535,19 +535,21 @@ static int train_main(int argc, char **argv) {
         double ms = (now_seconds() - t0) * 1e3;
         double tps = batch_tokens / (ms / 1e3);
         double comm_ms = zero_comm_ms(&zero), exposed_ms = zero_exposed_ms(&zero);
+        double tp_ms = tp_size > 1 ? (comm_busy_seconds(tp_comm) - tp_busy0) * 1e3 : 0.0;
         if (!isfinite(loss)) die("loss is %f at step %d: training diverged", loss, step + 1);
         if (lead) {
             printf("step %4d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s | %.2f GFLOP/s", step + 1,
                    o.steps, loss, lr, norm, ms, tps, tps * flops_per_token / 1e9);
             if (dp_size > 1) printf(" | comm %.1f ms, exposed %.1f ms", comm_ms, exposed_ms);
+            if (tp_size > 1) printf(" | tp comm %.1f ms", tp_ms);
             printf("\n");
             fflush(stdout);
         }
         if (logf) {
             fprintf(logf,
                     "{\"step\":%d,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"ms\":%.3f,\"tokens_per_s\":%.1f,"
-                    "\"comm_ms\":%.3f,\"exposed_comm_ms\":%.3f}\n",
-                    step + 1, loss, lr, norm, ms, tps, comm_ms, exposed_ms);
+                    "\"comm_ms\":%.3f,\"exposed_comm_ms\":%.3f,\"tp_comm_ms\":%.3f}\n",
+                    step + 1, loss, lr, norm, ms, tps, comm_ms, exposed_ms, tp_ms);
             if (fflush(logf) != 0) die("cannot write %s: %s", o.log, strerror(errno));
         }
     }

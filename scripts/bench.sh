@@ -31,6 +31,9 @@ done
 echo
 echo "== data parallelism (scripts/bench_dp.sh) =="
 bash scripts/bench_dp.sh
+echo
+echo "== tensor parallelism (scripts/bench_tp.sh) =="
+bash scripts/bench_tp.sh
 
 # collectives against OpenMPI on this node (skipped, saying so, when mpicc is not installed)
 bash scripts/bench/compare_mpi.sh
