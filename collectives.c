@@ -1230,6 +1230,16 @@ void comm_broadcast(Comm *c, void *buf, size_t n, CommType t, int root) { comm_w
 void comm_send(Comm *c, const void *buf, size_t bytes, int peer) { comm_wait(comm_isend(c, buf, bytes, peer)); }
 void comm_recv(Comm *c, void *buf, size_t bytes, int peer) { comm_wait(comm_irecv(c, buf, bytes, peer)); }
 
+double comm_sum_double(Comm *c, double x) {
+    if (!c || c->size == 1) return x;
+    double *all = xmalloc(sizeof(double) * c->size);
+    comm_all_gather(c, &x, all, (size_t)c->size, CT_I64); // raw bits: summed below in rank order
+    double s = 0;
+    for (int r = 0; r < c->size; r++) s += all[r];
+    free(all);
+    return s;
+}
+
 void comm_barrier(Comm *c) {
     int32_t one = 1, sum = 0;
     comm_all_reduce(c, &one, &sum, 1, CT_I32, OP_SUM);

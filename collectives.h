@@ -82,5 +82,7 @@ void comm_broadcast(Comm *c, void *buf, size_t count, CommType t, int root);
 void comm_send(Comm *c, const void *buf, size_t bytes, int peer);
 void comm_recv(Comm *c, void *buf, size_t bytes, int peer);
 void comm_barrier(Comm *c);
+// Sums one double per rank in rank order, so every rank gets the same bits (c may be NULL: x).
+double comm_sum_double(Comm *c, double x);
 
 #endif

@@ -186,12 +186,12 @@ int gpt2_tensor_replicated(const GPT2 *m, int k) {
 
 int gpt2_unit_of(const GPT2 *m, int k, int l) {
     if (k == P_WTE || k == P_WPE) return UNIT_EMBED;
-    if (k == P_LNFW || k == P_LNFB) return m->cfg.L + 1;
+    if (k == P_LNFW || k == P_LNFB) return m->nl + 1;
     return 1 + l;
 }
 
 void gpt2_tensor_range(const GPT2 *m, int k, int l, size_t *off, size_t *len) {
-    *len = is_layer_tensor(k) ? m->param_sizes[k] / m->cfg.L : m->param_sizes[k];
+    *len = is_layer_tensor(k) ? m->param_sizes[k] / m->nl : m->param_sizes[k];
     *off = m->unit_offset[gpt2_unit_of(m, k, l)] + m->in_unit[k];
 }
 
@@ -199,9 +199,16 @@ void gpt2_tensor_range(const GPT2 *m, int k, int l, size_t *off, size_t *len) {
 // are split by output rows (whole heads), the two output projections by input columns, the token
 // embedding by vocabulary rows; the rest is replicated.
 static void local_sizes(GPT2 *m) {
-    size_t C = m->cfg.C, L = m->cfg.L, Ct = (size_t)m->C_tp;
+    size_t C = m->cfg.C, L = (size_t)m->nl, Ct = (size_t)m->C_tp;
     size_t *s = m->param_sizes;
-    s[P_WTE] = (size_t)m->Vp_tp * C;
+    // per-layer tensors: this pipeline stage's blocks; the embeddings live on the first stage and (for
+    // the tied head) on the last; the final LayerNorm on the last
+    for (int k = 0; k < NUM_PARAM_TENSORS; k++)
+        if (k != P_WTE && k != P_WPE && k != P_LNFW && k != P_LNFB) s[k] = s[k] / m->cfg.L * L;
+    int embed = m->first || m->last;
+    s[P_WTE] = embed ? (size_t)m->Vp_tp * C : 0;
+    s[P_WPE] = embed ? s[P_WPE] : 0;
+    s[P_LNFW] = s[P_LNFB] = m->last ? C : 0;
     s[P_QKVW] = L * 3 * Ct * C;
     s[P_QKVB] = L * 3 * Ct;
     s[P_ATTPROJW] = L * C * Ct;
@@ -212,7 +219,7 @@ static void local_sizes(GPT2 *m) {
 
 // Unit-major layout: unit offsets and each tensor's place inside its unit.
 static void build_units(GPT2 *m) {
-    int L = m->cfg.L;
+    int L = m->nl;
     m->nunits = L + 2;
     m->unit_offset = xmalloc(sizeof(size_t) * (m->nunits + 1));
     size_t embed = 0, layer = 0, fin = 0;
@@ -247,7 +254,7 @@ static size_t full_index(const GPT2 *m, int r, int k, int l, size_t i) {
     case P_FCB: return base + (size_t)l * 4 * C + (size_t)r * 4 * Ct + i;
     case P_FCPROJW: return base + (size_t)l * C * 4 * C + (i / (4 * Ct)) * 4 * C + (size_t)r * 4 * Ct + i % (4 * Ct);
     default: { // replicated
-        size_t per_layer = is_layer_tensor(k) ? m->param_sizes[k] / m->cfg.L : 0;
+        size_t per_layer = is_layer_tensor(k) ? m->param_sizes[k] / m->nl : 0;
         return base + (size_t)l * per_layer + i;
     }
     }
@@ -256,12 +263,15 @@ static size_t full_index(const GPT2 *m, int r, int k, int l, size_t i) {
 // Copies between a full model in file order and a tensor-parallel rank's slice in internal order.
 static void map_slice(const GPT2 *m, int r, float *full, float *local, int to_local) {
     for (int k = 0; k < NUM_PARAM_TENSORS; k++) {
-        int layers = is_layer_tensor(k) ? m->cfg.L : 1;
+        // the last stage's copy of the tied embedding is the first stage's: written out once
+        if (!to_local && (k == P_WTE || k == P_WPE) && !m->first) continue;
+        int layers = is_layer_tensor(k) ? m->nl : 1;
         for (int l = 0; l < layers; l++) {
             size_t off, len;
             gpt2_tensor_range(m, k, l, &off, &len);
+            int gl = is_layer_tensor(k) ? m->layer0 + l : 0;
             for (size_t i = 0; i < len; i++) {
-                size_t f = full_index(m, r, k, l, i);
+                size_t f = full_index(m, r, k, gl, i);
                 if (to_local) local[off + i] = f == SIZE_MAX ? 0.0f : full[f];
                 else if (f != SIZE_MAX) full[f] = local[off + i];
             }
@@ -271,19 +281,34 @@ static void map_slice(const GPT2 *m, int r, float *full, float *local, int to_lo
 void gpt2_full_to_local(const GPT2 *m, const float *file, float *local) { map_slice(m, m->tp_rank, (float *)file, local, 1); }
 
 void gpt2_gather_full(const GPT2 *m, const float *local, float *file) {
+    size_t full_n = m->file_offsets[P_LNFB] + m->cfg.C;
+    memset(file, 0, sizeof(float) * full_n);
     if (m->tp == 1) {
         map_slice(m, 0, file, (float *)local, 0);
-        return;
+    } else {
+        float *all = xmalloc(sizeof(float) * (m->num_params * m->tp + 1));
+        comm_all_gather(m->tp_comm, local, all, m->num_params * m->tp, CT_F32);
+        for (int r = 0; r < m->tp; r++) map_slice(m, r, file, all + (size_t)r * m->num_params, 0);
+        free(all);
     }
-    float *all = xmalloc(sizeof(float) * m->num_params * m->tp);
-    comm_all_gather(m->tp_comm, local, all, m->num_params * m->tp, CT_F32);
-    for (int r = 0; r < m->tp; r++) map_slice(m, r, file, all + (size_t)r * m->num_params, 0);
-    free(all);
+    // each stage wrote its own blocks and zeros elsewhere: a sum over the stages assembles the model exactly
+    if (m->pp > 1) comm_all_reduce(m->pp_comm, file, file, full_n, CT_F32, OP_SUM);
 }
 
 void gpt2_build(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, int B, int T, int own_params, int own_grads,
-                Comm *tp, int sp) {
+                const Placement *pl) {
     memset(m, 0, sizeof *m);
+    Comm *tp = pl->tp;
+    int sp = pl->sp;
+    m->pp_comm = pl->pp && comm_size(pl->pp) > 1 ? pl->pp : NULL;
+    m->pp = m->pp_comm ? comm_size(pl->pp) : 1;
+    m->pp_rank = m->pp_comm ? comm_rank(pl->pp) : 0;
+    m->layer0 = m->pp_comm ? pl->layer0 : 0;
+    m->nl = m->pp_comm ? pl->nlayers : cfg->L;
+    m->first = m->pp_rank == 0;
+    m->last = m->pp_rank == m->pp - 1;
+    m->embed_comm = pl->embed;
+    m->nslots = pl->nslots > 0 ? pl->nslots : 1;
     m->cfg = *cfg;
     m->dt = dt;
     m->be = be;
@@ -319,58 +344,72 @@ void gpt2_build(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, int
         for (int u = 0; u < m->nunits; u++) m->unit_grads[u] = m->grads + m->unit_offset[u];
     }
 
-    size_t L = cfg->L, C = cfg->C, Ct = (size_t)m->C_tp, BT = (size_t)B * T, att = (size_t)B * m->NH_tp * T * T;
+    size_t L = (size_t)m->nl, C = cfg->C, Ct = (size_t)m->C_tp, BT = (size_t)B * T, att = (size_t)B * m->NH_tp * T * T;
     size_t R = m->sp ? BT / m->tp : BT; // rows of the residual stream on this rank
-    Activations *x = &m->act;
+    m->slots = xcalloc((size_t)m->nslots, sizeof(Activations));
+    for (int s = 0; s < m->nslots; s++) { // what a micro-batch keeps from its forward to its backward
+        Activations *x = &m->slots[s];
 #define ACT(field, elems, esize) x->field = mem_alloc(a, MEM_ACTIVATIONS, (elems) * (esize), #field)
-    ACT(encoded, R * C, ds);
-    ACT(ln1, L * R * C, ds);
-    ACT(ln1_mean, L * R, 4);
-    ACT(ln1_rstd, L * R, 4);
-    ACT(qkv, L * BT * 3 * Ct, ds);
-    ACT(atty, L * BT * Ct, ds);
-    ACT(att, L * att, 4);
-    ACT(residual2, L * R * C, ds);
-    ACT(ln2, L * R * C, ds);
-    ACT(ln2_mean, L * R, 4);
-    ACT(ln2_rstd, L * R, 4);
-    ACT(fch, L * BT * 4 * Ct, ds);
-    ACT(fch_gelu, L * BT * 4 * Ct, ds);
-    ACT(residual3, L * R * C, ds);
-    ACT(lnf, R * C, ds);
-    ACT(lnf_mean, R, 4);
-    ACT(lnf_rstd, R, 4);
-    ACT(partial, BT * C, ds);
-    ACT(logits, BT * m->Vp_tp, ds);
-    ACT(losses, BT, 4);
-    ACT(ce_max, BT, 4);
-    ACT(ce_sum, BT, 4);
-    ACT(ce_target, BT, 4);
-    ACT(inputs, BT, 4);
-    ACT(targets, BT, 4);
-    ACT(dresidual, R * C, ds);
-    ACT(dbuf_c, BT * C, ds);
-    ACT(dbuf_4c, BT * 4 * Ct, ds);
-    ACT(dqkv, BT * 3 * Ct, ds);
-    ACT(datt, att, 4);
-    if (m->sp) {
-        ACT(full, BT * C, ds);
-        ACT(dshard, R * C, ds);
-        ACT(ln_grad, 2 * C, 4);
-    }
+        ACT(encoded, R * C, ds);
+        ACT(ln1, L * R * C, ds);
+        ACT(ln1_mean, L * R, 4);
+        ACT(ln1_rstd, L * R, 4);
+        ACT(qkv, L * BT * 3 * Ct, ds);
+        ACT(atty, L * BT * Ct, ds);
+        ACT(att, L * att, 4);
+        ACT(residual2, L * R * C, ds);
+        ACT(ln2, L * R * C, ds);
+        ACT(ln2_mean, L * R, 4);
+        ACT(ln2_rstd, L * R, 4);
+        ACT(fch, L * BT * 4 * Ct, ds);
+        ACT(fch_gelu, L * BT * 4 * Ct, ds);
+        ACT(residual3, L * R * C, ds);
+        ACT(lnf, R * C, ds);
+        ACT(lnf_mean, R, 4);
+        ACT(lnf_rstd, R, 4);
+        ACT(logits, BT * m->Vp_tp, ds);
+        ACT(ce_max, BT, 4);
+        ACT(ce_sum, BT, 4);
+        ACT(ce_target, BT, 4);
+        ACT(inputs, BT, 4);
+        ACT(targets, BT, 4);
+        ACT(dresidual, R * C, ds); // also what a pipeline stage sends back, so one per micro-batch
+        if (s > 0) { // scratch lives only inside one forward or backward: shared
+            Activations *x0 = &m->slots[0];
+            x->partial = x0->partial, x->dbuf_c = x0->dbuf_c, x->dbuf_4c = x0->dbuf_4c, x->dqkv = x0->dqkv;
+            x->datt = x0->datt, x->full = x0->full, x->dshard = x0->dshard, x->ln_grad = x0->ln_grad;
+            continue;
+        }
+        ACT(partial, BT * C, ds);
+        ACT(dbuf_c, BT * C, ds);
+        ACT(dbuf_4c, BT * 4 * Ct, ds);
+        ACT(dqkv, BT * 3 * Ct, ds);
+        ACT(datt, att, 4);
+        if (m->sp) {
+            ACT(full, BT * C, ds);
+            ACT(dshard, R * C, ds);
+            ACT(ln_grad, 2 * C, 4);
+        }
 #undef ACT
+    }
+    m->act = &m->slots[0];
     m->logits_bytes = BT * m->Vp_tp * ds;
 }
 
 void gpt2_free(GPT2 *m) {
     const Backend *be = m->be;
-    Activations *x = &m->act;
-    void *bufs[] = { x->encoded, x->ln1, x->ln1_mean, x->ln1_rstd, x->qkv, x->atty, x->att, x->residual2, x->ln2,
-                     x->ln2_mean, x->ln2_rstd, x->fch, x->fch_gelu, x->residual3, x->lnf, x->lnf_mean, x->lnf_rstd,
-                     x->partial, x->logits, x->losses, x->ce_max, x->ce_sum, x->ce_target, x->inputs, x->targets,
-                     x->dresidual, x->dbuf_c, x->dbuf_4c, x->dqkv, x->datt, x->full, x->dshard, x->ln_grad };
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
-        if (bufs[i]) be->free(bufs[i]);
+    for (int s = 0; s < m->nslots; s++) {
+        Activations *x = &m->slots[s];
+        void *own[] = { x->encoded, x->ln1, x->ln1_mean, x->ln1_rstd, x->qkv, x->atty, x->att, x->residual2, x->ln2,
+                        x->ln2_mean, x->ln2_rstd, x->fch, x->fch_gelu, x->residual3, x->lnf, x->lnf_mean, x->lnf_rstd,
+                        x->logits, x->ce_max, x->ce_sum, x->ce_target, x->inputs, x->targets, x->dresidual };
+        for (size_t i = 0; i < sizeof own / sizeof own[0]; i++) be->free(own[i]);
+        if (s > 0) continue;
+        void *scratch[] = { x->partial, x->dbuf_c, x->dbuf_4c, x->dqkv, x->datt, x->full, x->dshard, x->ln_grad };
+        for (size_t i = 0; i < sizeof scratch / sizeof scratch[0]; i++)
+            if (scratch[i]) be->free(scratch[i]);
+    }
+    free(m->slots);
     if (m->params) be->free(m->params);
     if (m->grads) be->free(m->grads);
     free(m->unit_offset);
@@ -397,7 +436,18 @@ void *gpt2_param(const GPT2 *m, int k, int l) {
 float *gpt2_grad(const GPT2 *m, int k, int l) { return m->unit_grads[gpt2_unit_of(m, k, l)] + m->in_unit[k]; }
 
 static void fetch(GPT2 *m, int unit) {
-    if (m->fetch_unit) m->fetch_unit(m->hook_ctx, unit);
+    if (m->fetch_unit && m->unit_offset[unit + 1] > m->unit_offset[unit]) m->fetch_unit(m->hook_ctx, unit);
+}
+
+void gpt2_use_slot(GPT2 *m, int slot) { m->act = &m->slots[slot % m->nslots]; }
+void *gpt2_stage_input(const GPT2 *m) { return m->act->encoded; }
+void *gpt2_stage_output(const GPT2 *m) {
+    size_t sRC = (size_t)m->B * m->T / (m->sp ? m->tp : 1) * m->cfg.C;
+    return at(m->act->residual3, (size_t)(m->nl - 1) * sRC, m->dt);
+}
+void *gpt2_stage_grad(const GPT2 *m) { return m->act->dresidual; }
+size_t gpt2_stage_bytes(const GPT2 *m, int B, int T) {
+    return (size_t)B * T / (m->sp ? m->tp : 1) * m->cfg.C * dtype_size(m->dt);
 }
 static void ready(GPT2 *m, int unit) {
     if (m->grads_ready) m->grads_ready(m->hook_ctx, unit);
@@ -445,18 +495,18 @@ static void tp_sum(GPT2 *m, void *buf, size_t n) { tp_collective(m, TP_SUM, buf,
 // residual stream: reduce-scattered under sequence parallelism, all-reduced otherwise. Returns where.
 static void *tp_finish_partial(GPT2 *m, void *shard_scratch, size_t n) {
     if (m->sp) {
-        tp_collective(m, TP_SCATTER, m->act.partial, shard_scratch, n);
+        tp_collective(m, TP_SCATTER, m->act->partial, shard_scratch, n);
         return shard_scratch;
     }
-    tp_sum(m, m->act.partial, n);
-    return m->act.partial;
+    tp_sum(m, m->act->partial, n);
+    return m->act->partial;
 }
 
 // A column-parallel matmul's input: the whole rows, gathered under sequence parallelism.
 static void *tp_full_rows(GPT2 *m, void *shard, size_t n) {
     if (!m->sp) return shard;
-    tp_collective(m, TP_GATHER, shard, m->act.full, n);
-    return m->act.full;
+    tp_collective(m, TP_GATHER, shard, m->act->full, n);
+    return m->act->full;
 }
 
 // LayerNorm backward; under sequence parallelism each rank saw only its rows, so the parameter
@@ -468,18 +518,18 @@ static void layernorm_bwd_tp(GPT2 *m, void *dinp, float *dweight, const void *do
         m->be->layernorm_bwd(m->dt, dinp, dweight, dweight + C, dout, inp, weight, mean, rstd, rows, C);
         return;
     }
-    m->be->zero(m->act.ln_grad, 2 * C * sizeof(float));
-    m->be->layernorm_bwd(m->dt, dinp, m->act.ln_grad, m->act.ln_grad + C, dout, inp, weight, mean, rstd, rows, C);
+    m->be->zero(m->act->ln_grad, 2 * C * sizeof(float));
+    m->be->layernorm_bwd(m->dt, dinp, m->act->ln_grad, m->act->ln_grad + C, dout, inp, weight, mean, rstd, rows, C);
     if (!strcmp(m->be->name, "cpu")) {
-        comm_all_reduce(m->tp_comm, m->act.ln_grad, m->act.ln_grad, 2 * (size_t)C, CT_F32, OP_SUM);
+        comm_all_reduce(m->tp_comm, m->act->ln_grad, m->act->ln_grad, 2 * (size_t)C, CT_F32, OP_SUM);
     } else {
         float *h = xmalloc(sizeof(float) * 2 * C);
-        m->be->to_host(h, m->act.ln_grad, sizeof(float) * 2 * C);
+        m->be->to_host(h, m->act->ln_grad, sizeof(float) * 2 * C);
         comm_all_reduce(m->tp_comm, h, h, 2 * (size_t)C, CT_F32, OP_SUM);
-        m->be->to_device(m->act.ln_grad, h, sizeof(float) * 2 * C);
+        m->be->to_device(m->act->ln_grad, h, sizeof(float) * 2 * C);
         free(h);
     }
-    m->be->residual_bwd(DT_F32, dweight, m->act.ln_grad, 2 * (size_t)C);
+    m->be->residual_bwd(DT_F32, dweight, m->act->ln_grad, 2 * (size_t)C);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -490,7 +540,7 @@ static void layernorm_bwd_tp(GPT2 *m, void *dinp, float *dweight, const void *do
 // and leaves the global row max and sum on the device for the backward.
 static float vocab_parallel_loss(GPT2 *m, int N) {
     const Backend *be = m->be;
-    Activations *x = &m->act;
+    Activations *x = m->act;
     be->crossentropy_stats(m->dt, x->ce_max, x->ce_sum, x->ce_target, x->logits, x->targets, N, m->v_start, m->v_real,
                            m->Vp_tp);
     float *mine = xmalloc(sizeof(float) * 3 * N), *all = xmalloc(sizeof(float) * 3 * N * m->tp);
@@ -527,7 +577,7 @@ float gpt2_forward(GPT2 *m, const int32_t *inputs, const int32_t *targets, int B
     const Backend *be = m->be;
     const GPT2Config *cfg = &m->cfg;
     DType dt = m->dt;
-    Activations *x = &m->act;
+    Activations *x = m->act;
     int C = cfg->C, Ct = m->C_tp, N = B * T, R = m->sp ? N / m->tp : N;
     size_t BTC = (size_t)N * C, RC = (size_t)R * C;
     // per-layer strides use the allocated B·T so buffers stay where the backward expects them
@@ -535,13 +585,17 @@ float gpt2_forward(GPT2 *m, const int32_t *inputs, const int32_t *targets, int B
     size_t sBTCt = (size_t)m->B * m->T * Ct, sAtt = (size_t)m->B * m->NH_tp * m->T * m->T;
     int lead = m->tp_rank == 0; // adds what must be added once: position embedding, row-parallel biases
 
-    be->to_device(x->inputs, inputs, sizeof(int32_t) * N);
-    fetch(m, UNIT_EMBED);
-    be->encoder_fwd(dt, x->partial, x->inputs, gpt2_param(m, P_WTE, 0), lead ? gpt2_param(m, P_WPE, 0) : NULL, B, T, C,
-                    m->v_start, m->Vp_tp);
-    void *embedded = tp_finish_partial(m, x->encoded, BTC);
-    if (embedded != x->encoded) be->copy(x->encoded, embedded, RC * dtype_size(dt));
-    for (int l = 0; l < cfg->L; l++) {
+    x->B = B;
+    x->T = T;
+    if (m->first) { // later stages find their input in x->encoded, received from the previous stage
+        be->to_device(x->inputs, inputs, sizeof(int32_t) * N);
+        fetch(m, UNIT_EMBED);
+        be->encoder_fwd(dt, x->partial, x->inputs, gpt2_param(m, P_WTE, 0), lead ? gpt2_param(m, P_WPE, 0) : NULL, B, T,
+                        C, m->v_start, m->Vp_tp);
+        void *embedded = tp_finish_partial(m, x->encoded, BTC);
+        if (embedded != x->encoded) be->copy(x->encoded, embedded, RC * dtype_size(dt));
+    }
+    for (int l = 0; l < m->nl; l++) {
         void *res = l == 0 ? x->encoded : at(x->residual3, (l - 1) * sRC, dt);
         void *ln1 = at(x->ln1, l * sRC, dt), *qkv = at(x->qkv, l * 3 * sBTCt, dt), *atty = at(x->atty, l * sBTCt, dt);
         void *r2 = at(x->residual2, l * sRC, dt), *ln2 = at(x->ln2, l * sRC, dt), *fch = at(x->fch, l * 4 * sBTCt, dt);
@@ -563,13 +617,12 @@ float gpt2_forward(GPT2 *m, const int32_t *inputs, const int32_t *targets, int B
                        4 * Ct, C);
         be->residual_fwd(dt, r3, r2, tp_finish_partial(m, r3, BTC), RC);
     }
-    void *last = at(x->residual3, (cfg->L - 1) * sRC, dt);
-    fetch(m, cfg->L + 1);
+    if (!m->last) return 0.0f; // the output (the last block's residual) goes to the next stage
+    void *last = at(x->residual3, (m->nl - 1) * sRC, dt);
+    fetch(m, m->nl + 1);
     be->layernorm_fwd(dt, x->lnf, x->lnf_mean, x->lnf_rstd, last, gpt2_param(m, P_LNFW, 0), gpt2_param(m, P_LNFB, 0), R, C);
     fetch(m, UNIT_EMBED); // the tied LM head
     be->matmul_fwd(dt, x->logits, tp_full_rows(m, x->lnf, BTC), gpt2_param(m, P_WTE, 0), NULL, N, C, m->Vp_tp);
-    m->act_B = B;
-    m->act_T = T;
     if (!targets) return 0.0f;
     be->to_device(x->targets, targets, sizeof(int32_t) * N);
     return vocab_parallel_loss(m, N);
@@ -579,8 +632,8 @@ void gpt2_backward(GPT2 *m, float dloss_scale) {
     const Backend *be = m->be;
     const GPT2Config *cfg = &m->cfg;
     DType dt = m->dt;
-    Activations *x = &m->act;
-    int B = m->act_B, T = m->act_T;
+    Activations *x = m->act;
+    int B = x->B, T = x->T;
     int C = cfg->C, Ct = m->C_tp, N = B * T, R = m->sp ? N / m->tp : N;
     size_t BTC = (size_t)N * C, RC = (size_t)R * C;
     size_t sR = (size_t)m->B * m->T / (m->sp ? m->tp : 1), sRC = sR * C;
@@ -588,20 +641,23 @@ void gpt2_backward(GPT2 *m, float dloss_scale) {
     // the input gradient of a column-parallel matmul is partial: all-reduced, or reduce-scattered to rows
     void *dln; // a LayerNorm's output gradient, this rank's rows
 
-    // LM head: dlogits in place, then into the final LayerNorm; its input gradient starts the residual stream.
-    be->crossentropy_bwd(dt, x->logits, x->logits, x->targets, x->ce_max, x->ce_sum, dloss_scale, N, m->v_start,
-                         m->v_real, m->Vp_tp);
-    fetch(m, UNIT_EMBED);
-    be->matmul_bwd(dt, x->partial, gpt2_grad(m, P_WTE, 0), NULL, x->logits, tp_full_rows(m, x->lnf, BTC),
-                   gpt2_param(m, P_WTE, 0), N, C, m->Vp_tp);
-    dln = tp_finish_partial(m, x->dshard, BTC);
-    be->zero(x->dresidual, RC * dtype_size(dt));
-    void *last = at(x->residual3, (cfg->L - 1) * sRC, dt);
-    fetch(m, cfg->L + 1);
-    layernorm_bwd_tp(m, x->dresidual, gpt2_grad(m, P_LNFW, 0), dln, last, gpt2_param(m, P_LNFW, 0), x->lnf_mean,
-                     x->lnf_rstd, R);
-    ready(m, cfg->L + 1);
-    for (int l = cfg->L - 1; l >= 0; l--) {
+    if (m->last) {
+        // LM head: dlogits in place, then into the final LayerNorm; its input gradient starts the residual
+        // stream. Earlier stages find that gradient in x->dresidual, received from the next stage.
+        be->crossentropy_bwd(dt, x->logits, x->logits, x->targets, x->ce_max, x->ce_sum, dloss_scale, N, m->v_start,
+                             m->v_real, m->Vp_tp);
+        fetch(m, UNIT_EMBED);
+        be->matmul_bwd(dt, x->partial, gpt2_grad(m, P_WTE, 0), NULL, x->logits, tp_full_rows(m, x->lnf, BTC),
+                       gpt2_param(m, P_WTE, 0), N, C, m->Vp_tp);
+        dln = tp_finish_partial(m, x->dshard, BTC);
+        be->zero(x->dresidual, RC * dtype_size(dt));
+        void *last = at(x->residual3, (m->nl - 1) * sRC, dt);
+        fetch(m, m->nl + 1);
+        layernorm_bwd_tp(m, x->dresidual, gpt2_grad(m, P_LNFW, 0), dln, last, gpt2_param(m, P_LNFW, 0), x->lnf_mean,
+                         x->lnf_rstd, R);
+        ready(m, m->nl + 1);
+    }
+    for (int l = m->nl - 1; l >= 0; l--) {
         void *res = l == 0 ? x->encoded : at(x->residual3, (l - 1) * sRC, dt);
         void *ln1 = at(x->ln1, l * sRC, dt), *qkv = at(x->qkv, l * 3 * sBTCt, dt), *atty = at(x->atty, l * sBTCt, dt);
         void *r2 = at(x->residual2, l * sRC, dt), *ln2 = at(x->ln2, l * sRC, dt);
@@ -627,9 +683,10 @@ void gpt2_backward(GPT2 *m, float dloss_scale) {
                          x->ln1_mean + l * sR, x->ln1_rstd + l * sR, R);
         ready(m, 1 + l);
     }
-    be->encoder_bwd(dt, gpt2_grad(m, P_WTE, 0), gpt2_grad(m, P_WPE, 0), tp_full_rows(m, x->dresidual, BTC), x->inputs, B,
-                    T, C, m->v_start, m->Vp_tp);
-    ready(m, UNIT_EMBED);
+    if (m->first)
+        be->encoder_bwd(dt, gpt2_grad(m, P_WTE, 0), gpt2_grad(m, P_WPE, 0), tp_full_rows(m, x->dresidual, BTC), x->inputs,
+                        B, T, C, m->v_start, m->Vp_tp);
+    if (m->first || m->last) ready(m, UNIT_EMBED); // x->dresidual now holds the gradient for the previous stage
 }
 
 void gpt2_zero_grad(GPT2 *m) {
@@ -640,10 +697,10 @@ void gpt2_logits_at(GPT2 *m, int b, int t, int T, float *out) {
     size_t row = ((size_t)b * T + t) * m->Vp_tp, n = (size_t)m->Vp_tp;
     float *mine = xmalloc(sizeof(float) * n), *all = xmalloc(sizeof(float) * n * m->tp);
     if (m->dt == DT_F32) {
-        m->be->to_host(mine, at(m->act.logits, row, DT_F32), n * sizeof(float));
+        m->be->to_host(mine, at(m->act->logits, row, DT_F32), n * sizeof(float));
     } else {
         uint16_t *tmp = xmalloc(2 * n);
-        m->be->to_host(tmp, at(m->act.logits, row, DT_BF16), n * 2);
+        m->be->to_host(tmp, at(m->act->logits, row, DT_BF16), n * 2);
         for (size_t i = 0; i < n; i++) mine[i] = bf16_to_f32(tmp[i]);
         free(tmp);
     }

@@ -47,7 +47,8 @@ typedef struct {
     void *full;    // [B·T, C] sequence parallelism: a gathered LayerNorm output or residual gradient
     void *dshard;  // sequence parallelism: the reduce-scattered input gradient of a LayerNorm
     float *ln_grad; // [2C] sequence parallelism: one LayerNorm's partial parameter gradients
-    float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd, *lnf_mean, *lnf_rstd, *att, *losses;
+    int B, T;       // shape of the last forward in this set, which the backward differentiates
+    float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd, *lnf_mean, *lnf_rstd, *att;
     float *ce_max, *ce_sum, *ce_target; // cross-entropy row statistics, combined over the vocabulary slices
     void *logits; // [B,T,Vp]; the backward overwrites it with dlogits
     int32_t *inputs, *targets;
@@ -55,6 +56,16 @@ typedef struct {
     void *dresidual, *dbuf_c, *dbuf_4c, *dqkv;
     float *datt;
 } Activations;
+
+// Where this rank's part of the model sits in the layout.
+typedef struct {
+    Comm *tp;            // tensor-parallel group (NULL: none)
+    int sp;              // sequence parallelism
+    Comm *pp;            // pipeline group (NULL: one stage)
+    int layer0, nlayers; // this stage's blocks
+    Comm *embed;         // first and last stage, which both hold the tied embedding (NULL: none)
+    int nslots;          // activation sets: micro-batches in flight
+} Placement;
 
 // Inside the trainer the parameters are laid out unit by unit, in the order the forward uses them:
 // unit 0 holds the embeddings (wte, wpe), unit 1 + l block l's twelve tensors, unit L + 1 the final
@@ -73,11 +84,13 @@ typedef struct {
     int Vp_tp;            // vocabulary rows per rank: ceil(Vp/tp), padded internally
     int v_start, v_real;  // first vocabulary row of this rank, and how many of its rows are real words
     int sp;               // sequence parallelism: LayerNorm and residual regions split by rows
+    // pipeline parallelism: this stage's blocks [layer0, layer0 + nl) of cfg.L
+    Comm *pp_comm, *embed_comm;
+    int pp, pp_rank, layer0, nl, first, last;
     size_t logits_bytes;  // the largest logits buffer: B·T·Vp_tp elements
     void *stage_host;     // host staging for tensor-parallel sums of device memory
     size_t stage_bytes;
     int B, T;         // largest micro-batch the activation buffers hold
-    int act_B, act_T; // shape of the last forward, which the backward differentiates
     size_t param_sizes[NUM_PARAM_TENSORS];   // elements of this rank's slice, all layers
     size_t file_offsets[NUM_PARAM_TENSORS];  // offsets of the full tensors in llm.c's file order
     size_t in_unit[NUM_PARAM_TENSORS];       // offset of a tensor (one layer's slice) inside its unit
@@ -88,7 +101,10 @@ typedef struct {
     void **unit_params; // [nunits] where each unit's working weights are now
     float *grads;       // fp32, internal order, accumulated over micro-batches; NULL when streamed
     float **unit_grads; // [nunits] where each unit's gradients are now (ZeRO-2/3 stream them in buckets)
-    Activations act;
+    // One activation set per micro-batch a pipeline stage keeps in flight (1 without pipelining);
+    // act is the one forward and backward use now (gpt2_use_slot).
+    int nslots;
+    Activations *slots, *act;
     MemAccount mem;
     // data-parallel hooks (zero.c); NULL when unused
     void *hook_ctx;
@@ -117,7 +133,15 @@ void gpt2_save_file(const char *path, const GPT2Config *cfg, const float *host_p
 // working-weight buffer, and with own_grads 0 (ZeRO-2/3 streaming) unit_grads instead of a full
 // gradient buffer.
 void gpt2_build(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, int B, int T, int own_params, int own_grads,
-                Comm *tp, int sp);
+                const Placement *pl);
+// Pipeline stages: choose the activation set of a micro-batch, and the buffers that travel between
+// stages (this rank's rows of the residual stream): the input a stage receives, the output it sends,
+// and the gradient of its input that its backward leaves for the previous stage.
+void gpt2_use_slot(GPT2 *m, int slot);
+void *gpt2_stage_input(const GPT2 *m);
+void *gpt2_stage_output(const GPT2 *m);
+void *gpt2_stage_grad(const GPT2 *m);
+size_t gpt2_stage_bytes(const GPT2 *m, int B, int T);
 void gpt2_free(GPT2 *m);
 int gpt2_unit_of(const GPT2 *m, int tensor, int layer);
 // Where tensor k (layer l for per-layer tensors) lies in the internal order: offset and length.

@@ -15,6 +15,7 @@
 #include "data.h"
 #include "kernels.h"
 #include "model.h"
+#include "pipeline.h"
 #include "zero.h"
 
 static const char USAGE[] =
@@ -81,6 +82,11 @@ static const char USAGE[] =
     "  --sp                       sequence parallelism with --tp: LayerNorm and residual regions split by\n"
     "                             rows, all-gather before and reduce-scatter after each tensor-parallel\n"
     "                             region (--seq-len divisible by --tp)\n"
+    "  --pp N                     pipeline parallelism: the blocks in N contiguous stages (embedding on the\n"
+    "                             first, final LayerNorm and head on the last), 1F1B over the micro-batches;\n"
+    "                             bubble (N-1)/(M+N-1) for M micro-batches per step\n"
+    "  --pp-layers a,b,...        blocks per stage (default: equal, earlier stages one longer)\n"
+    "  --pp-trace DIR             testing aid: each stage appends its per-step schedule to DIR/stageS.txt\n"
     "  --zero 0|1|2|3             ZeRO stage of the data-parallel state (default 0): 0 all-reduces\n"
     "                             gradients; 1 shards master weights and AdamW moments; 2 also the\n"
     "                             reduced gradient; 3 also the working weights, gathered unit by unit\n"
@@ -105,7 +111,8 @@ typedef struct {
     float lr, lr_min_frac, beta1, beta2, eps, weight_decay, clip, temperature;
     uint64_t seed;
     int dtype; // -1 = default for the device
-    int zero, tp, sp;
+    int zero, tp, sp, pp;
+    const char *pp_layers, *pp_trace;
     double bucket_mb, comm_timeout;
 } Options;
 
@@ -134,7 +141,7 @@ static void parse_options(Options *o, int argc, char **argv) {
     *o = (Options){ .micro_batch = 4, .steps = 20, .val_steps = 10, .sample_tokens = 64, .lr = 3e-4f,
                     .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .clip = 1.0f, .temperature = 1.0f,
                     .seed = 1337, .dtype = -1, .schedule = "cosine", .bucket_mb = 25,
-                    .comm_timeout = 300, .tp = 1 };
+                    .comm_timeout = 300, .tp = 1, .pp = 1 };
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
@@ -190,6 +197,9 @@ static void parse_options(Options *o, int argc, char **argv) {
         else if (IS("--zero")) o->zero = (int)parse_int(f, v, 0, 3);
         else if (IS("--tp")) o->tp = (int)parse_int(f, v, 1, 4096);
         else if (!strcmp(f, "--sp")) o->sp = 1;
+        else if (IS("--pp")) o->pp = (int)parse_int(f, v, 1, 4096);
+        else if (IS("--pp-layers")) o->pp_layers = v;
+        else if (IS("--pp-trace")) o->pp_trace = v;
         else if (IS("--bucket-mb")) o->bucket_mb = parse_float(f, v, 0, 1e6);
         else if (IS("--comm-timeout")) o->comm_timeout = parse_float(f, v, 0.1, 1e7);
         else die("unknown flag %s (see --help)", f);
@@ -270,8 +280,11 @@ static void write_raw(const char *dir, const char *name, const void *data, size_
     free(path);
 }
 
+static int sample_token(const Options *o, float *probs, int *order, int V, uint64_t *rng);
+
 // Sampling: the model continues the first token of the training data, one token per forward.
-static void sample(GPT2 *m, const Options *o, const Tokenizer *tk, int first_token, int T, int step, int print) {
+static void sample(Pipeline *p, const Options *o, const Tokenizer *tk, int first_token, int T, int step, int print) {
+    GPT2 *m = p->model;
     int n = o->sample_tokens < T - 1 ? o->sample_tokens : T - 1;
     int32_t *ctx = xcalloc((size_t)T, sizeof(int32_t));
     float *probs = xmalloc(sizeof(float) * m->cfg.V);
@@ -287,38 +300,16 @@ static void sample(GPT2 *m, const Options *o, const Tokenizer *tk, int first_tok
     for (int t = 1; t <= n; t++) {
         // the whole window each time: causal attention leaves positions < t untouched by the zeros after
         // them, and the shape stays divisible for sequence parallelism
-        gpt2_forward(m, ctx, NULL, 1, T);
-        gpt2_logits_at(m, 0, t - 1, T, probs);
-        int V = m->cfg.V;
-        float mx = -INFINITY;
-        for (int i = 0; i < V; i++) {
-            probs[i] /= o->temperature;
-            if (probs[i] > mx) mx = probs[i];
+        pipeline_forward(p, ctx, NULL, 1, T);
+        int V = m->cfg.V, next = 0;
+        if (m->last) { // the last stage holds the logits and samples; the others learn the token from it
+            gpt2_logits_at(m, 0, t - 1, T, probs);
+            next = sample_token(o, probs, order, V, &rng);
         }
-        // top-k: the k largest by partial selection
-        int k = (o->top_k > 0 && o->top_k < V) ? o->top_k : V;
-        for (int i = 0; i < V; i++) order[i] = i;
-        for (int i = 0; i < k && k < V; i++) {
-            int best = i;
-            for (int j = i + 1; j < V; j++)
-                if (probs[order[j]] > probs[order[best]]) best = j;
-            int tmp = order[i];
-            order[i] = order[best];
-            order[best] = tmp;
-        }
-        double sum = 0.0;
-        for (int i = 0; i < k; i++) sum += exp(probs[order[i]] - mx);
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        double r = (rng >> 11) / 9007199254740992.0 * sum, acc = 0.0;
-        int next = order[k - 1];
-        for (int i = 0; i < k; i++) {
-            acc += exp(probs[order[i]] - mx);
-            if (r < acc) {
-                next = order[i];
-                break;
-            }
+        if (m->pp > 1) {
+            int32_t tok = next;
+            comm_broadcast(m->pp_comm, &tok, 1, CT_I32, m->pp - 1);
+            next = tok;
         }
         ctx[t] = next;
         if (!print) continue;
@@ -336,16 +327,59 @@ static void sample(GPT2 *m, const Options *o, const Tokenizer *tk, int first_tok
     free(order);
 }
 
-static float validate(GPT2 *m, TokenSet *val, int B, int T, int steps) {
+// Temperature and top-k sampling from the logits in probs (overwritten).
+static int sample_token(const Options *o, float *probs, int *order, int V, uint64_t *rng) {
+    float mx = -INFINITY;
+    for (int i = 0; i < V; i++) {
+        probs[i] /= o->temperature;
+        if (probs[i] > mx) mx = probs[i];
+    }
+    // top-k: the k largest by partial selection
+    int k = (o->top_k > 0 && o->top_k < V) ? o->top_k : V;
+    for (int i = 0; i < V; i++) order[i] = i;
+    for (int i = 0; i < k && k < V; i++) {
+        int best = i;
+        for (int j = i + 1; j < V; j++)
+            if (probs[order[j]] > probs[order[best]]) best = j;
+        int tmp = order[i];
+        order[i] = order[best];
+        order[best] = tmp;
+    }
+    double sum = 0.0;
+    for (int i = 0; i < k; i++) sum += exp(probs[order[i]] - mx);
+    *rng ^= *rng << 13;
+    *rng ^= *rng >> 7;
+    *rng ^= *rng << 17;
+    double r = (*rng >> 11) / 9007199254740992.0 * sum, acc = 0.0;
+    for (int i = 0; i < k; i++) {
+        acc += exp(probs[order[i]] - mx);
+        if (r < acc) return order[i];
+    }
+    return order[k - 1];
+}
+
+static float validate(Pipeline *p, TokenSet *val, int B, int T, int steps) {
     int32_t *inp = xmalloc(sizeof(int32_t) * B * T), *tgt = xmalloc(sizeof(int32_t) * B * T);
     double sum = 0.0;
     for (int s = 0; s < steps; s++) {
         for (int b = 0; b < B; b++) tokenset_sequence(val, (uint64_t)s * B + b, inp + b * T, tgt + b * T);
-        sum += gpt2_forward(m, inp, tgt, B, T);
+        sum += pipeline_forward(p, inp, tgt, B, T);
     }
     free(inp);
     free(tgt);
-    return (float)(sum / steps);
+    return (float)(comm_sum_double(p->model->pp_comm, sum) / steps); // the loss lives on the last stage
+}
+
+// --pp-trace: one line per step, "step S peak K: F0 F1 B0 ...", appended to DIR/stageS.txt.
+static void write_trace(const char *dir, int stage, int step, const Pipeline *p) {
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) die("--pp-trace: cannot create %s: %s", dir, strerror(errno));
+    size_t n = strlen(dir) + 32;
+    char *path = xmalloc(n);
+    snprintf(path, n, "%s/stage%d.txt", dir, stage);
+    FILE *f = xfopen(path, "a");
+    fprintf(f, "step %d peak %d: %s\n", step, p->peak_live, p->trace ? p->trace : "");
+    xfclose(f, path);
+    free(path);
 }
 
 static int train_main(int argc, char **argv) {
@@ -357,14 +391,20 @@ static int train_main(int argc, char **argv) {
     Comm *world = NULL;
     if (launch_env_read(&env)) world = comm_init(&env, o.comm_timeout);
     int rank = world ? comm_rank(world) : 0, nranks = world ? comm_size(world) : 1;
-    // layout: rank = dp·TP + tp, so a tensor-parallel group is consecutive ranks (one node when it fits)
-    int tp_size = o.tp;
-    if (nranks % tp_size) die("--tp %d does not divide the %d ranks", tp_size, nranks);
-    int dp_size = nranks / tp_size, dp_rank = rank / tp_size;
-    Comm *tp_comm = NULL, *dp_comm = NULL;
+    // layout: rank = (dp·PP + pp)·TP + tp, so a tensor-parallel group is consecutive ranks (one node when
+    // it fits) and a pipeline's stages are TP ranks apart
+    int tp_size = o.tp, pp_size = o.pp;
+    if (nranks % (tp_size * pp_size))
+        die("--tp %d x --pp %d = %d does not divide the %d ranks", tp_size, pp_size, tp_size * pp_size, nranks);
+    int dp_size = nranks / (tp_size * pp_size);
+    int tp_rank = rank % tp_size, pp_rank = rank / tp_size % pp_size, dp_rank = rank / (tp_size * pp_size);
+    Comm *tp_comm = NULL, *dp_comm = NULL, *pp_comm = NULL, *embed_comm = NULL;
     if (world) {
-        tp_comm = comm_split(world, rank / tp_size, rank % tp_size, "tp");
-        dp_comm = comm_split(world, rank % tp_size, rank / tp_size, "dp");
+        tp_comm = comm_split(world, rank / tp_size, tp_rank, "tp");
+        pp_comm = comm_split(world, dp_rank * tp_size + tp_rank, pp_rank, "pp");
+        dp_comm = comm_split(world, pp_rank * tp_size + tp_rank, dp_rank, "dp");
+        int ends = pp_size > 1 && (pp_rank == 0 || pp_rank == pp_size - 1);
+        embed_comm = comm_split(world, ends ? dp_rank * tp_size + tp_rank : -1, pp_rank, "embedding");
     }
     int stage = dp_size > 1 ? o.zero : (o.zero == 3 ? 0 : o.zero);
     int lead = rank == 0;
@@ -438,7 +478,14 @@ static int train_main(int argc, char **argv) {
 
     if (!host_params) host_params = gpt2_init_params(&cfg, o.seed);
     GPT2 model;
-    gpt2_build(&model, &cfg, dt, be, B, T, stage != 3, !zero_streams_gradients(stage, dp_size, accum), tp_comm, o.sp);
+    int *stage_first = xmalloc(sizeof(int) * pp_size), *stage_count = xmalloc(sizeof(int) * pp_size);
+    pipeline_split_layers(cfg.L, pp_size, o.pp_layers, stage_first, stage_count);
+    Placement place = { .tp = tp_comm, .sp = o.sp, .pp = pp_comm, .layer0 = stage_first[pp_rank],
+                        .nlayers = stage_count[pp_rank], .embed = embed_comm,
+                        .nslots = pp_size - pp_rank < accum ? pp_size - pp_rank : accum };
+    free(stage_first);
+    free(stage_count);
+    gpt2_build(&model, &cfg, dt, be, B, T, stage != 3, !zero_streams_gradients(stage, dp_size, accum), &place);
     float *host_internal = xmalloc(sizeof(float) * model.num_params);
     gpt2_full_to_local(&model, host_params, host_internal);
     free(host_params);
@@ -447,6 +494,8 @@ static int train_main(int argc, char **argv) {
     Zero zero;
     zero_init(&zero, &model, dp_comm, stage, o.bucket_mb, accum, host_internal, &acfg);
     free(host_internal);
+    Pipeline pipe;
+    pipeline_init(&pipe, &model, &zero, pp_comm);
 
     double flops_per_token = gpt2_flops_per_token(&cfg, T);
     if (lead) {
@@ -455,8 +504,8 @@ static int train_main(int argc, char **argv) {
                dtype_name(dt), cfg.L, cfg.C, cfg.NH, cfg.V, cfg.Vp, cfg.maxT, full_n);
         if (tp_size > 1) printf(", %zu on each tensor-parallel rank", model.num_params);
         printf("\n");
-        printf("layout: %d rank(s) | data parallel %d x tensor parallel %d | ZeRO-%d | %d gradient bucket(s)\n", nranks,
-               dp_size, tp_size, stage, zero.nbuckets);
+        printf("layout: %d rank(s) | data parallel %d x pipeline %d x tensor parallel %d%s | ZeRO-%d | %d gradient "
+               "bucket(s)\n", nranks, dp_size, pp_size, tp_size, o.sp ? " (sequence parallel)" : "", stage, zero.nbuckets);
         printf("batch: %lld tokens per step = %d micro-batch(es) of %d x %d on each of %d rank(s) | %d steps\n",
                batch_tokens, accum, B, T, dp_size, o.steps);
         if (have_train)
@@ -471,7 +520,8 @@ static int train_main(int argc, char **argv) {
 
     FILE *logf = NULL;
     if (o.log && lead) logf = xfopen(o.log, "w");
-    int32_t *inputs = xmalloc(sizeof(int32_t) * B * T), *targets = xmalloc(sizeof(int32_t) * B * T);
+    size_t step_tokens = (size_t)accum * B * T; // this rank's share of a step, all micro-batches
+    int32_t *inputs = xmalloc(sizeof(int32_t) * step_tokens), *targets = xmalloc(sizeof(int32_t) * step_tokens);
     int first_token = 0;
     if (have_train) {
         uint16_t t0;
@@ -483,40 +533,36 @@ static int train_main(int argc, char **argv) {
         int last = step == o.steps;
         // validation and sampling run on every rank alike (ZeRO-3 gathers need every rank); rank 0 reports
         if (o.val && o.val_every > 0 && (step % o.val_every == 0 || last) && (step > 0 || !last)) {
-            float vl = validate(&model, &val_set, B, T, o.val_steps);
+            float vl = validate(&pipe, &val_set, B, T, o.val_steps);
             if (lead) {
                 printf("step %d | val loss %.6f\n", step, vl);
                 if (logf) fprintf(logf, "{\"step\":%d,\"val_loss\":%.9g}\n", step, vl);
             }
         }
         if (o.sample_every > 0 && have_train && ((step > 0 && step % o.sample_every == 0) || (last && step > 0)))
-            sample(&model, &o, have_tk ? &tk : NULL, first_token, T, step, lead);
+            sample(&pipe, &o, have_tk ? &tk : NULL, first_token, T, step, lead);
         if (last) break;
 
         double t0 = now_seconds(), tp_busy0 = tp_size > 1 ? comm_busy_seconds(tp_comm) : 0;
         zero_begin_step(&zero);
         gpt2_zero_grad(&model);
-        double loss_sum = 0.0;
-        for (int mb = 0; mb < accum; mb++) {
-            // this rank's sequences of the global batch: a contiguous block of accum x B
-            for (int b = 0; b < B; b++) {
-                uint64_t g = (uint64_t)step * G + ((uint64_t)dp_rank * accum + mb) * B + b;
-                tokenset_sequence(&train_set, g, inputs + b * T, targets + b * T);
-            }
-            loss_sum += gpt2_forward(&model, inputs, targets, B, T);
-            if (o.dump && step == 0 && mb == 0) {
-                float *logits = xmalloc(sizeof(float) * cfg.V * B * T);
-                for (int b = 0; b < B; b++)
-                    for (int t = 0; t < T; t++) gpt2_logits_at(&model, b, t, T, logits + ((size_t)b * T + t) * cfg.V);
-                if (mkdir(o.dump, 0755) != 0 && errno != EEXIST) die("--dump: cannot create %s: %s", o.dump, strerror(errno));
-                write_raw(o.dump, "logits.bin", logits, sizeof(float) * cfg.V * B * T);
-                free(logits);
-            }
-            zero_begin_backward(&zero, mb == accum - 1);
-            gpt2_backward(&model, 1.0f / (float)batch_tokens);
+        // this rank's sequences of the global batch: a contiguous block of accum x B
+        for (int i = 0; i < accum * B; i++) {
+            uint64_t g = (uint64_t)step * G + (uint64_t)dp_rank * accum * B + i;
+            tokenset_sequence(&train_set, g, inputs + (size_t)i * T, targets + (size_t)i * T);
         }
+        if (o.dump && step == 0) { // the first micro-batch's logits, by a forward that changes no state
+            gpt2_forward(&model, inputs, targets, B, T);
+            float *logits = xmalloc(sizeof(float) * cfg.V * B * T);
+            for (int b = 0; b < B; b++)
+                for (int t = 0; t < T; t++) gpt2_logits_at(&model, b, t, T, logits + ((size_t)b * T + t) * cfg.V);
+            if (mkdir(o.dump, 0755) != 0 && errno != EEXIST) die("--dump: cannot create %s: %s", o.dump, strerror(errno));
+            write_raw(o.dump, "logits.bin", logits, sizeof(float) * cfg.V * B * T);
+            free(logits);
+        }
+        double loss_sum = pipeline_step(&pipe, inputs, targets, accum, B, T, 1.0f / (float)batch_tokens);
         float norm = zero_finish_grads(&zero); // first: the loss's reduction would queue behind the buckets
-        float loss = (float)(zero_sum_double(&zero, loss_sum) / (accum * dp_size));
+        float loss = (float)(comm_sum_double(pp_comm, zero_sum_double(&zero, loss_sum)) / (accum * dp_size));
         if (o.dump && step == 0) { // single rank: the full gradient buffer exists
             float *g = xmalloc(sizeof(float) * model.num_params), *gf = xmalloc(sizeof(float) * model.num_params);
             be->to_host(g, model.grads, sizeof(float) * model.num_params);
@@ -536,20 +582,35 @@ static int train_main(int argc, char **argv) {
         double tps = batch_tokens / (ms / 1e3);
         double comm_ms = zero_comm_ms(&zero), exposed_ms = zero_exposed_ms(&zero);
         double tp_ms = tp_size > 1 ? (comm_busy_seconds(tp_comm) - tp_busy0) * 1e3 : 0.0;
+        // the bubble: the share of the step each stage waited for activations or gradients
+        double bubble_max = 0, bubble_mean = 0, bubble_formula = (pp_size - 1.0) / (accum + pp_size - 1.0);
+        if (pp_size > 1) {
+            double mine = pipe.wait_s / (ms / 1e3), *all = xmalloc(sizeof(double) * pp_size);
+            comm_all_gather(pp_comm, &mine, all, (size_t)pp_size, CT_I64);
+            for (int s = 0; s < pp_size; s++) {
+                bubble_mean += all[s] / pp_size;
+                if (all[s] > bubble_max) bubble_max = all[s];
+            }
+            free(all);
+            if (o.pp_trace && dp_rank == 0 && tp_rank == 0) write_trace(o.pp_trace, pp_rank, step + 1, &pipe);
+        }
         if (!isfinite(loss)) die("loss is %f at step %d: training diverged", loss, step + 1);
         if (lead) {
             printf("step %4d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s | %.2f GFLOP/s", step + 1,
                    o.steps, loss, lr, norm, ms, tps, tps * flops_per_token / 1e9);
             if (dp_size > 1) printf(" | comm %.1f ms, exposed %.1f ms", comm_ms, exposed_ms);
             if (tp_size > 1) printf(" | tp comm %.1f ms", tp_ms);
+            if (pp_size > 1) printf(" | bubble %.1f%% max, %.1f%% mean (formula %.1f%%)", 100 * bubble_max, 100 * bubble_mean,
+                                    100 * bubble_formula);
             printf("\n");
             fflush(stdout);
         }
         if (logf) {
             fprintf(logf,
                     "{\"step\":%d,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"ms\":%.3f,\"tokens_per_s\":%.1f,"
-                    "\"comm_ms\":%.3f,\"exposed_comm_ms\":%.3f,\"tp_comm_ms\":%.3f}\n",
-                    step + 1, loss, lr, norm, ms, tps, comm_ms, exposed_ms, tp_ms);
+                    "\"comm_ms\":%.3f,\"exposed_comm_ms\":%.3f,\"tp_comm_ms\":%.3f,\"bubble_max\":%.4f,"
+                    "\"bubble_mean\":%.4f,\"bubble_formula\":%.4f}\n",
+                    step + 1, loss, lr, norm, ms, tps, comm_ms, exposed_ms, tp_ms, bubble_max, bubble_mean, bubble_formula);
             if (fflush(logf) != 0) die("cannot write %s: %s", o.log, strerror(errno));
         }
     }
@@ -568,6 +629,7 @@ static int train_main(int argc, char **argv) {
     }
     free(inputs);
     free(targets);
+    pipeline_free(&pipe);
     zero_free(&zero);
     gpt2_free(&model);
     if (have_train) tokenset_close(&train_set);
@@ -577,6 +639,8 @@ static int train_main(int argc, char **argv) {
         comm_barrier(world); // nobody leaves while another rank still needs it
         comm_destroy(tp_comm);
         comm_destroy(dp_comm);
+        comm_destroy(pp_comm);
+        comm_destroy(embed_comm);
         comm_destroy(world);
     }
     return 0;

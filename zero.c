@@ -144,7 +144,7 @@ static void fetch_unit(void *ctx, int unit) {
     // prefetch the unit the pass needs next, so that its gather overlaps this unit's compute. The
     // forward visits 0, 1, ..., L+1 and then 0 again for the tied head; the backward visits 0 (the
     // head), L+1, L, ..., 1 (the embedding's own gradient needs no weights).
-    int L = m->cfg.L, next;
+    int L = m->nl, next;
     if (z->backward) next = unit == UNIT_EMBED ? L + 1 : unit - 1;
     else if (unit == UNIT_EMBED) next = z->last_unit == L + 1 ? L + 1 : 1;
     else next = unit == L + 1 ? UNIT_EMBED : unit + 1;
@@ -155,15 +155,29 @@ static void fetch_unit(void *ctx, int unit) {
 // ---------------------------------------------------------------------------------------------
 // gradient reduction, started as soon as a bucket's gradients are final
 
-static void grads_ready(void *ctx, int unit) {
-    Zero *z = ctx;
-    if (!z->last_micro || !z->dp) return;
-    int b = z->unit_bucket[unit];
-    if (z->bucket_first_unit[b] != unit) return;
+static void launch_bucket(Zero *z, int b) {
     float *g = z->stream ? z->bucket_buf[b] : z->model->grads + z->bstart[b];
     if (z->stage == 0) z->breq[b] = comm_iall_reduce(z->dp, g, g, z->blen[b], CT_F32, OP_SUM);
     else if (z->stage == 1) z->breq[b] = comm_ireduce_scatter(z->dp, g, z->model->grads + z->own_off[b], z->blen[b], CT_F32, OP_SUM);
     else z->breq[b] = comm_ireduce_scatter(z->dp, g, z->gshard + z->shard_pos[b], z->blen[b], CT_F32, OP_SUM);
+}
+
+static void grads_ready(void *ctx, int unit) {
+    Zero *z = ctx;
+    if (!z->last_micro) return;
+    GPT2 *m = z->model;
+    int b = z->unit_bucket[unit];
+    int complete = z->bucket_first_unit[b] == unit;
+    if (unit == UNIT_EMBED && m->embed_comm) {
+        // the first and last stage hold the tied embedding: their gradients are summed first, without
+        // blocking (the last stage still has to send its input gradient back), and the bucket's
+        // data-parallel reduction waits for that sum in zero_finish_grads
+        z->embed_req = comm_iall_reduce(m->embed_comm, m->unit_grads[UNIT_EMBED], m->unit_grads[UNIT_EMBED],
+                                        m->unit_offset[1] - m->unit_offset[0], CT_F32, OP_SUM);
+        z->embed_bucket = complete && z->dp ? b : -1;
+        return;
+    }
+    if (z->dp && complete) launch_bucket(z, b);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -271,24 +285,14 @@ void zero_begin_step(Zero *z) {
     z->backward = 0;
 }
 
+void zero_begin_forward(Zero *z) { z->backward = 0; }
+
 void zero_begin_backward(Zero *z, int last_micro) {
     z->backward = 1;
     z->last_micro = last_micro;
 }
 
-// Sums a per-rank double over a group in rank order: the same bits on every rank.
-static double sum_over(Comm *c, double x) {
-    if (!c || comm_size(c) == 1) return x;
-    int n = comm_size(c);
-    double *all = xmalloc(sizeof(double) * n);
-    comm_all_gather(c, &x, all, (size_t)n, CT_I64); // raw bits: summed below in rank order
-    double s = 0;
-    for (int r = 0; r < n; r++) s += all[r];
-    free(all);
-    return s;
-}
-
-double zero_sum_double(Zero *z, double x) { return sum_over(z->dp, x); }
+double zero_sum_double(Zero *z, double x) { return comm_sum_double(z->dp, x); }
 
 // Σ g² over [off, off+len) of the internal order (gradient at grad), split by tensor so that tensors
 // replicated across the tensor-parallel group count once in the global norm.
@@ -297,7 +301,8 @@ static double sumsq_range(const Zero *z, size_t off, size_t len, const float *gr
     double s = 0;
     for (int k = 0; k < NUM_PARAM_TENSORS; k++) {
         if (gpt2_tensor_replicated(m, k) && m->tp_rank != 0) continue;
-        int layers = (k == P_WTE || k == P_WPE || k == P_LNFW || k == P_LNFB) ? 1 : m->cfg.L;
+        if ((k == P_WTE || k == P_WPE) && !m->first) continue; // the tied copy counts on the first stage
+        int layers = (k == P_WTE || k == P_WPE || k == P_LNFW || k == P_LNFB) ? 1 : m->nl;
         for (int l = 0; l < layers; l++) {
             size_t toff, tlen;
             gpt2_tensor_range(m, k, l, &toff, &tlen);
@@ -311,6 +316,11 @@ static double sumsq_range(const Zero *z, size_t off, size_t len, const float *gr
 float zero_finish_grads(Zero *z) {
     z->backward = 0;
     double t0 = now_seconds();
+    if (z->embed_req) {
+        comm_wait(z->embed_req);
+        z->embed_req = NULL;
+        if (z->embed_bucket >= 0) launch_bucket(z, z->embed_bucket);
+    }
     for (int b = 0; b < z->nbuckets; b++)
         if (z->breq[b]) {
             comm_wait(z->breq[b]);
@@ -326,7 +336,8 @@ float zero_finish_grads(Zero *z) {
     // every stage sums the squares of the segments this rank owns, then the ranks' sums in rank order
     double local = 0;
     for (int b = 0; b < z->nbuckets; b++) local += sumsq_range(z, z->own_off[b], z->own_len[b], reduced_grad(z, b));
-    return (float)sqrt(sum_over(z->model->tp_comm, sum_over(z->dp, local)));
+    GPT2 *m = z->model;
+    return (float)sqrt(comm_sum_double(m->pp_comm, comm_sum_double(m->tp_comm, comm_sum_double(z->dp, local))));
 }
 
 // AdamW over [off, off+len) of the internal order, whose state sits at spos (shard or full vector).
@@ -337,7 +348,7 @@ static void adamw_range(Zero *z, size_t off, size_t len, size_t spos, const floa
     const AdamWConfig *c = &z->cfg;
     // split the range by tensor: decay applies to matrices only
     for (int k = 0; k < NUM_PARAM_TENSORS; k++) {
-        int layers = (k == P_WTE || k == P_WPE || k == P_LNFW || k == P_LNFB) ? 1 : m->cfg.L;
+        int layers = (k == P_WTE || k == P_WPE || k == P_LNFW || k == P_LNFB) ? 1 : m->nl;
         for (int l = 0; l < layers; l++) {
             size_t toff, tlen;
             gpt2_tensor_range(m, k, l, &toff, &tlen);

@@ -39,6 +39,8 @@ typedef struct {
     size_t *own_off, *own_len, *shard_pos; // this rank's segment of each bucket, and where it sits in the shard
     size_t shard_elems;
     CommRequest **breq;
+    CommRequest *embed_req; // pipeline: the sum of the tied embedding's gradients over the end stages
+    int embed_bucket;       // the bucket whose reduction waits for it (-1: none)
     // state: sharded (stage ≥ 1) or full (stage 0); master aliases the working weights for fp32 stage 0
     float *master, *m, *v;
     int master_owned;
@@ -73,6 +75,7 @@ void zero_init(Zero *z, GPT2 *model, Comm *dp, int stage, double bucket_mb, int 
 void zero_free(Zero *z);
 // Before the micro-batches of a step / before each backward.
 void zero_begin_step(Zero *z);
+void zero_begin_forward(Zero *z);
 void zero_begin_backward(Zero *z, int last_micro);
 // After the last backward: waits for the reductions; returns ‖g‖₂ of the reduced gradient.
 float zero_finish_grads(Zero *z);

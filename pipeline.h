@@ -1,0 +1,42 @@
+// pipeline.h: pipeline parallelism. The blocks are split into contiguous stages; micro-batches flow
+// forward through them and their gradients back, on the 1F1B schedule: stage s of P first runs
+// min(P - s - 1, M) forwards (warm-up), then alternates one forward and one backward, then finishes
+// the remaining backwards (cool-down), so that it never holds more than P micro-batches' activations.
+// The bubble — the share of a step a stage spends waiting — is (P - 1)/(M + P - 1) for M micro-batches.
+#ifndef LLM4D_PIPELINE_H
+#define LLM4D_PIPELINE_H
+
+#include <stdio.h>
+
+#include "collectives.h"
+#include "model.h"
+#include "zero.h"
+
+typedef struct {
+    GPT2 *model;
+    Zero *zero;
+    Comm *pp;
+    int stages, stage;
+    void **host_in, **host_out; // host staging per activation set, for device backends
+    CommRequest **send_out, **send_grad; // sends still in flight from each activation set
+    double wait_s;   // this step: time spent waiting for activations or gradients
+    int live, peak_live; // micro-batches whose activations this stage holds
+    char *trace;     // this step's operations, "F0 F1 B0 ...", for tests
+    size_t trace_len, trace_cap;
+} Pipeline;
+
+// Splits L blocks into P stages: equal (the first L mod P stages one block longer) unless counts
+// (comma-separated, from --pp-layers) says otherwise; dies with a message naming the flag when it
+// cannot. Fills first[P] and count[P].
+void pipeline_split_layers(int L, int P, const char *counts, int *first, int *count);
+void pipeline_init(Pipeline *p, GPT2 *model, Zero *zero, Comm *pp);
+void pipeline_free(Pipeline *p);
+// One step's forwards and backwards over M micro-batches (inputs and targets: M·B·T tokens each, used
+// by the first and the last stage). Returns the sum of the micro-batch losses on the last stage, 0
+// elsewhere.
+double pipeline_step(Pipeline *p, const int32_t *inputs, const int32_t *targets, int M, int B, int T, float dloss);
+// A forward of one micro-batch through every stage (validation, sampling): the loss on the last
+// stage when targets are given, 0 elsewhere.
+float pipeline_forward(Pipeline *p, const int32_t *inputs, const int32_t *targets, int B, int T);
+
+#endif
