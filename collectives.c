@@ -197,6 +197,7 @@ int launch_env_read(LaunchEnv *e) {
 
 static volatile sig_atomic_t launcher_signal; // set by the launcher's SIGINT/SIGTERM handler
 static void launcher_on_signal(int sig) { launcher_signal = sig; }
+static void launcher_on_child(int sig) { (void)sig; } // only interrupts sigsuspend
 
 int launch_local(int nproc, int argc, char **argv) {
     if (nproc < 1) die("--nproc must be at least 1");
@@ -219,16 +220,30 @@ int launch_local(int nproc, int argc, char **argv) {
         }
         child_argv[k++] = argv[i];
     }
-    struct sigaction sa = { .sa_handler = launcher_on_signal };
+    // Signals stay blocked except inside sigsuspend, so one that arrives while the ranks are being
+    // forked or reaped is never lost.
+    sigset_t block, orig;
+    sigemptyset(&block);
+    sigaddset(&block, SIGINT);
+    sigaddset(&block, SIGTERM);
+    sigaddset(&block, SIGCHLD);
+    if (sigprocmask(SIG_BLOCK, &block, &orig) != 0) die("sigprocmask: %s", strerror(errno));
+    struct sigaction sa = { .sa_handler = launcher_on_signal }, sc = { .sa_handler = launcher_on_child };
     sigemptyset(&sa.sa_mask);
-    if (sigaction(SIGINT, &sa, NULL) || sigaction(SIGTERM, &sa, NULL)) die("sigaction: %s", strerror(errno));
+    sigemptyset(&sc.sa_mask);
+    if (sigaction(SIGINT, &sa, NULL) || sigaction(SIGTERM, &sa, NULL) || sigaction(SIGCHLD, &sc, NULL))
+        die("sigaction: %s", strerror(errno));
     pid_t *pids = xcalloc((size_t)nproc, sizeof(pid_t));
     pid_t launcher = getpid();
     for (int r = 0; r < nproc; r++) {
         pid_t pid = fork();
         if (pid < 0) die("fork: %s", strerror(errno));
         if (pid == 0) {
-            // a launcher that dies, even by SIGKILL, takes its ranks with it
+            // the rank starts with default signal handling, and dies with its launcher, even on SIGKILL
+            signal(SIGINT, SIG_DFL);
+            signal(SIGTERM, SIG_DFL);
+            signal(SIGCHLD, SIG_DFL);
+            sigprocmask(SIG_SETMASK, &orig, NULL);
             if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || getppid() != launcher) _exit(1);
             char buf[32];
             snprintf(buf, sizeof buf, "%d", r);
@@ -250,16 +265,18 @@ int launch_local(int nproc, int argc, char **argv) {
     }
     int alive = nproc, status_out = 0, stopping = 0;
     while (alive > 0) {
+        if (launcher_signal && !stopping) {
+            stopping = 1;
+            status_out = 128 + launcher_signal;
+            fprintf(stderr, "error: interrupted by signal %d; stopping the %d rank(s)\n", (int)launcher_signal, alive);
+            for (int r = 0; r < nproc; r++)
+                if (pids[r]) kill(pids[r], SIGTERM);
+        }
         int st;
-        pid_t pid = waitpid(-1, &st, 0);
-        if (pid < 0) {
-            if (errno != EINTR) die("waitpid: %s", strerror(errno));
-            if (launcher_signal && !stopping) {
-                stopping = 1;
-                status_out = 128 + launcher_signal;
-                for (int r = 0; r < nproc; r++)
-                    if (pids[r]) kill(pids[r], SIGTERM);
-            }
+        pid_t pid = waitpid(-1, &st, WNOHANG);
+        if (pid < 0) die("waitpid: %s", strerror(errno));
+        if (pid == 0) {
+            sigsuspend(&orig); // returns after a handler ran: a child ended or a stop signal came
             continue;
         }
         int r = 0;
@@ -276,6 +293,7 @@ int launch_local(int nproc, int argc, char **argv) {
                 if (pids[q]) kill(pids[q], SIGTERM);
         }
     }
+    sigprocmask(SIG_SETMASK, &orig, NULL);
     free(pids);
     free(child_argv);
     return status_out;
@@ -598,7 +616,7 @@ static int take_pending(World *w, uint64_t comm_id, int src, double deadline) {
 static char shm_names[MAX_SHM_NAMES][96]; // written before the segment exists, read by the signal handler
 static volatile sig_atomic_t shm_name_used[MAX_SHM_NAMES];
 
-static void on_fatal_signal(int sig) {
+static void unlink_tracked_shm(void) {
     for (int i = 0; i < MAX_SHM_NAMES; i++)
         if (shm_name_used[i]) {
             char path[128] = "/dev/shm";
@@ -607,6 +625,12 @@ static void on_fatal_signal(int sig) {
             path[n] = 0;
             unlink(path);
         }
+}
+
+// Segments not yet unlinked (a peer died before mapping one) go with the process: on a fatal signal
+// here, on any exit (die() included) through atexit.
+static void on_fatal_signal(int sig) {
+    unlink_tracked_shm();
     signal(sig, SIG_DFL);
     raise(sig);
 }
@@ -733,6 +757,7 @@ Comm *comm_init(const LaunchEnv *env, double timeout_s) {
     struct sigaction sa = { .sa_handler = on_fatal_signal };
     sigemptyset(&sa.sa_mask);
     if (sigaction(SIGINT, &sa, NULL) || sigaction(SIGTERM, &sa, NULL)) die("sigaction: %s", strerror(errno));
+    if (atexit(unlink_tracked_shm) != 0) die("atexit failed");
     if (env->rank == 0) {
         Store *s = xcalloc(1, sizeof *s);
         s->env = *env;

@@ -238,6 +238,12 @@ t_collectives() {
     [ -z "$left" ] || { echo "left behind in /dev/shm: $left"; return 1; }
 }
 
+# Two nodes simulated with network namespaces (shared memory inside a node, TCP across), and the
+# collectives' failure modes: a rank that never joins, a rank killed mid-collective, a wrong token,
+# random bytes at the bootstrap port, SIGTERM to the launcher.
+t_two_nodes() { bash test/two_nodes.sh; }
+t_comm_failures() { bash test/comm_failures.sh; }
+
 # Data parallelism: every DP size, ZeRO stage and micro-batch count takes the single-rank step
 # (losses and final parameters within 1e-5), the four stages agree bitwise, and a rerun is bitwise.
 DPFLAGS=(--layers 2 --channels 32 --heads 4 --vocab 256 --seq-len 32 --micro-batch 2 --steps 10 --lr 1e-3
@@ -399,6 +405,48 @@ sys.exit(1 if bad else 0)
 EOF
 }
 
+# Pipeline parallelism: PP 2, 3, 4 x M in {1, PP, 2PP+1}, alone and in 3D layouts up to 8 ranks, equals
+# one rank; the schedule every stage ran is 1F1B as simulated independently, holding at most PP
+# micro-batches; reruns are bitwise; bad layouts are refused clearly.
+t_pipeline() {
+    have_torch || return $?
+    local d=$WORK/pp ok=0
+    mkdir -p "$d"
+    local shape=(--layers 4 --channels 32 --heads 4 --vocab 256 --seq-len 32 --micro-batch 2 --steps 10 --lr 1e-3
+        --warmup 2 --weight-decay 0.1 --clip 1.0 --bucket-mb 0.02 --train "$DATA/train.bin")
+    for pp in 2 3 4; do
+        for m in 1 $pp $((2 * pp + 1)); do
+            local tokens=$((m * 64)) runs=()
+            $TRAIN "${shape[@]}" --batch-tokens $tokens --log "$d/ref$m.jsonl" --save-model "$d/ref$m.bin" >/dev/null || return 1
+            rm -rf "$d/trace-$pp-$m"
+            timeout 300 $TRAIN --nproc $pp --pp $pp "${shape[@]}" --batch-tokens $tokens --comm-timeout 60 \
+                --pp-trace "$d/trace-$pp-$m" --log "$d/pp$pp-m$m.jsonl" --save-model "$d/pp$pp-m$m.bin" >/dev/null || { echo "PP $pp M $m failed"; return 1; }
+            $PY test/compare_runs.py 1e-5 "$d/ref$m" "$d/pp$pp-m$m" || ok=1
+            $PY test/pp_schedule.py "$d/trace-$pp-$m" $pp $m || ok=1
+        done
+    done
+    # 3D layouts (M = 5 micro-batches per data-parallel rank) and an uneven split
+    $TRAIN "${shape[@]}" --batch-tokens 640 --log "$d/ref3d.jsonl" --save-model "$d/ref3d.bin" >/dev/null || return 1
+    local runs=()
+    for cfg in "8 --tp 2 --pp 2 --zero 0" "8 --tp 2 --pp 2 --zero 1 --sp" "8 --tp 2 --pp 2 --zero 3" "4 --pp 2 --zero 2" \
+        "6 --pp 3 --zero 1" "4 --tp 2 --pp 2 --pp-layers 3,1"; do
+        local n=${cfg%% *} name
+        name=l3d-$(echo "${cfg#* }" | tr -d ' ,-')
+        timeout 300 $TRAIN --nproc $n ${cfg#* } "${shape[@]}" --batch-tokens 640 --comm-timeout 60 --log "$d/$name.jsonl" \
+            --save-model "$d/$name.bin" >/dev/null || { echo "$cfg failed"; return 1; }
+        runs+=("$d/$name")
+    done
+    $PY test/compare_runs.py 1e-5 "$d/ref3d" "${runs[@]}" || ok=1
+    timeout 300 $TRAIN --nproc 8 --tp 2 --pp 2 --zero 3 "${shape[@]}" --batch-tokens 640 --save-model "$d/rerun.bin" >/dev/null || return 1
+    cmp "$d/rerun.bin" "$d/l3d-tp2pp2zero3.bin" || { echo "rerun differs"; ok=1; }
+    local err
+    err=$($TRAIN --nproc 4 --pp 4 --layers 2 --channels 32 --heads 4 --vocab 256 --seq-len 32 --steps 0 2>&1 >/dev/null)
+    grep -q "error: --pp 4: more pipeline stages than the model's 2 blocks" <<<"$err" || { echo "bad error: $err"; ok=1; }
+    err=$($TRAIN --nproc 2 --pp 2 --pp-layers 3,2 "${shape[@]}" --steps 0 2>&1 >/dev/null)
+    grep -q "error: --pp-layers '3,2' adds up to 5 blocks, but the model has 4" <<<"$err" || { echo "bad error: $err"; ok=1; }
+    return $ok
+}
+
 # bf16 data parallelism against the single-rank bf16 run, and clipping that bites.
 t_data_parallel_bf16_clip() {
     have_torch || return $?
@@ -435,10 +483,13 @@ run_test "bf16: master weights move below bf16 resolution" t_bf16_master
 run_test "bad input: one-line errors, non-zero exit, no crash (ASan)" t_bad_input
 run_test "the model learns and samples" t_learns
 run_test "collectives: every op, type, count, placement; 1-8 ranks; sub-communicators" t_collectives
+run_test "collectives across two simulated nodes (network namespaces)" t_two_nodes
+run_test "collectives: dead, missing and impostor ranks, SIGTERM" t_comm_failures
 run_test "data parallel DP 2,3,4 x ZeRO 0-3 x M 1,3 equals one rank; stages bitwise" t_data_parallel
 run_test "data parallel bf16 and active clipping equal one rank" t_data_parallel_bf16_clip
 run_test "ZeRO memory per rank at DP 4 follows the formula" t_zero_memory
 run_test "tensor parallel TP 2,3,4 with and without --sp, alone and with DP 2 x ZeRO 0,1,3, equals one rank" t_tensor_parallel
+run_test "pipeline PP 2,3,4 x M 1,PP,2PP+1 and 3D layouts equal one rank; 1F1B schedule" t_pipeline
 run_test "tensor parallel memory falls to 1/TP (activations too with --sp); logits B x T x Vp/TP" t_tensor_parallel_memory
 
 if [ $skipped -gt 0 ]; then

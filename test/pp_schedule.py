@@ -1,0 +1,43 @@
+#!/usr/bin/python3
+"""Checks the pipeline schedule each stage ran (--pp-trace DIR) against 1F1B computed here, and that
+no stage held more than P micro-batches' activations. Usage: pp_schedule.py DIR P M"""
+import sys
+
+
+def one_f_one_b(P, M, s):
+    """Stage s of P over M micro-batches: warm-up forwards, then one forward / one backward, then
+    the remaining backwards."""
+    warm = min(P - s - 1, M)
+    ops = [f"F{i}" for i in range(warm)]
+    for i in range(M - warm):
+        ops += [f"F{warm + i}", f"B{i}"]
+    ops += [f"B{i}" for i in range(M - warm, M)]
+    return ops
+
+
+def live_peak(ops):
+    live = peak = 0
+    for op in ops:
+        live += 1 if op[0] == "F" else -1
+        peak = max(peak, live)
+    return peak
+
+
+d, P, M = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+bad = 0
+for s in range(P):
+    lines = open(f"{d}/stage{s}.txt").read().splitlines()
+    assert lines, f"stage {s}: no trace"
+    want = one_f_one_b(P, M, s)
+    for line in lines:
+        head, ops = line.split(": ", 1)
+        ops = ops.split()
+        peak = int(head.split()[3])
+        if ops != want:
+            print(f"FAIL stage {s}: ran {' '.join(ops)}, 1F1B is {' '.join(want)}")
+            bad += 1
+        if peak != live_peak(want) or peak > P:
+            print(f"FAIL stage {s}: peak {peak} live micro-batches (1F1B: {live_peak(want)}, bound {P})")
+            bad += 1
+    print(f"stage {s}: {len(lines)} step(s) of {' '.join(want)} (peak {live_peak(want)} <= {P})")
+sys.exit(1 if bad else 0)
