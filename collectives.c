@@ -139,10 +139,17 @@ void slurm_first_host(const char *list, char *out, size_t cap) {
     out[w] = 0;
 }
 
+// The leading count of a Slurm tasks-per-node list such as "2(x2),1".
+static int slurm_tasks_here(const char *v, int fallback) {
+    if (!v || !isdigit((unsigned char)*v)) return fallback;
+    return atoi(v);
+}
+
 int launch_env_read(LaunchEnv *e) {
     memset(e, 0, sizeof *e);
     int have_torchrun = getenv("RANK") && getenv("WORLD_SIZE");
-    int have_slurm = getenv("SLURM_PROCID") && getenv("SLURM_NTASKS");
+    // only a job step (srun) is a launch: a batch script's own shell carries SLURM_PROCID too
+    int have_slurm = getenv("SLURM_PROCID") && getenv("SLURM_NTASKS") && getenv("SLURM_STEP_ID");
     if (!have_torchrun && !have_slurm) return 0;
     const char *addr = getenv("MASTER_ADDR");
     if (have_torchrun) {
@@ -160,12 +167,12 @@ int launch_env_read(LaunchEnv *e) {
         env_int("SLURM_NTASKS", &e->world);
         env_int("SLURM_LOCALID", &e->local_rank);
         env_int("SLURM_NODEID", &e->node_rank);
-        e->local_world = 1;
-        if (!env_int("SLURM_NTASKS_PER_NODE", &e->local_world)) e->local_world = e->world;
+        e->local_world = slurm_tasks_here(getenv("SLURM_STEP_TASKS_PER_NODE"), e->world);
         if (addr) {
             snprintf(e->master_addr, sizeof e->master_addr, "%s", addr);
         } else {
-            const char *nl = getenv("SLURM_JOB_NODELIST");
+            const char *nl = getenv("SLURM_STEP_NODELIST");
+            if (!nl) nl = getenv("SLURM_JOB_NODELIST");
             if (!nl) nl = getenv("SLURM_NODELIST");
             if (!nl) die("Slurm launch: neither MASTER_ADDR nor SLURM_JOB_NODELIST is set");
             slurm_first_host(nl, e->master_addr, sizeof e->master_addr);
@@ -173,17 +180,25 @@ int launch_env_read(LaunchEnv *e) {
     }
     if (e->world < 1 || e->rank >= e->world)
         die("launch environment: rank %d is not inside a world of %d", e->rank, e->world);
+    // job and step ids are large numbers, not counts: parsed without a bound, mixed into port and token
+    unsigned long long job = 0, step = 0;
+    if (have_slurm) {
+        job = strtoull(getenv("SLURM_JOB_ID") ? getenv("SLURM_JOB_ID") : "0", NULL, 10);
+        step = strtoull(getenv("SLURM_STEP_ID"), NULL, 10);
+    }
     e->master_port = 29500;
     if (getenv("MASTER_PORT")) {
         env_int("MASTER_PORT", &e->master_port);
         if (e->master_port < 1 || e->master_port > 65535) die("MASTER_PORT=%d is not a TCP port", e->master_port);
-    } else if (have_slurm && getenv("SLURM_JOB_ID")) {
-        int job = 0;
-        env_int("SLURM_JOB_ID", &job);
-        e->master_port = 20000 + job % 20000; // every rank of a job derives the same port
+    } else if (have_slurm) {
+        e->master_port = 20000 + (int)((job * 31 + step) % 20000); // every rank of a step derives the same port
     }
     const char *tok = getenv("LLM4D_JOB_TOKEN");
-    if (!tok && have_slurm) tok = getenv("SLURM_JOB_ID"); // every rank of a Slurm job knows it
+    char slurm_tok[64];
+    if (!tok && have_slurm) { // every rank of a Slurm job step knows these
+        snprintf(slurm_tok, sizeof slurm_tok, "slurm-%llu.%llu", job, step);
+        tok = slurm_tok;
+    }
     if (!tok) tok = "llm4d-default-token";
     snprintf(e->token, sizeof e->token, "%s", tok);
     const char *node = getenv("LLM4D_NODE_ID");

@@ -1029,6 +1029,8 @@ extern "C" int cuda_device_count(void) {
     return n;
 }
 
+extern "C" void cuda_use_device(int ordinal) { CK(cudaSetDevice, (ordinal)); }
+
 // Forces the GEMM tile size (64 or 128; 0 restores the automatic choice). Results do not depend on it;
 // the tests use it to check exactly that.
 extern "C" void cuda_set_gemm_tile(int tile) { g_gemm_tile = tile; }

@@ -111,6 +111,8 @@ typedef struct Backend {
 const Backend *backend_cpu(void);
 // Number of usable CUDA devices: 0 when the binary was built without CUDA or no device answers.
 int cuda_device_count(void);
+// Makes device `ordinal` this process's device (one rank per GPU); no-op without CUDA.
+void cuda_use_device(int ordinal);
 // The CUDA backend; NULL when this binary was built without CUDA.
 const Backend *backend_cuda(void);
 

@@ -5,6 +5,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -382,6 +383,10 @@ static void write_trace(const char *dir, int stage, int step, const Pipeline *p)
     free(path);
 }
 
+// Slurm's --signal=USR1@N warns a job before its time limit; the step loop checks this flag.
+static volatile sig_atomic_t usr1_received;
+static void on_usr1(int sig) { (void)sig; usr1_received = 1; }
+
 static int train_main(int argc, char **argv) {
     Options o;
     parse_options(&o, argc, argv);
@@ -415,6 +420,7 @@ static int train_main(int argc, char **argv) {
     if (o.device ? !strcmp(o.device, "cuda") : ncuda > 0) {
         if (!backend_cuda()) die("--device cuda: this binary was built without CUDA (nvcc was not found)");
         if (ncuda == 0) die("--device cuda: no CUDA device is available");
+        if (world) cuda_use_device(env.local_rank % ncuda); // one GPU per rank of this node
         be = backend_cuda();
     } else {
         be = backend_cpu();
@@ -529,7 +535,19 @@ static int train_main(int argc, char **argv) {
         first_token = t0;
     }
 
+    struct sigaction su = { .sa_handler = on_usr1 };
+    sigemptyset(&su.sa_mask);
+    if (sigaction(SIGUSR1, &su, NULL) != 0) die("sigaction: %s", strerror(errno));
     for (int step = 0; step <= o.steps; step++) {
+        // every rank stops at the same step: the flag is combined over the world
+        int32_t stop = usr1_received, any = stop;
+        if (world) comm_all_reduce(world, &stop, &any, 1, CT_I32, OP_MAX);
+        if (any && step < o.steps) {
+            if (lead)
+                printf("received SIGUSR1 (the job's time limit is near): llm4d has no checkpoints yet, so it stops "
+                       "cleanly after %d of %d steps%s\n", step, o.steps, o.save_model ? " and saves the model" : "");
+            o.steps = step;
+        }
         int last = step == o.steps;
         // validation and sampling run on every rank alike (ZeRO-3 gathers need every rank); rank 0 reports
         if (o.val && o.val_every > 0 && (step % o.val_every == 0 || last) && (step > 0 || !last)) {

@@ -34,6 +34,9 @@ bash scripts/bench_dp.sh
 echo
 echo "== tensor parallelism (scripts/bench_tp.sh) =="
 bash scripts/bench_tp.sh
+echo
+echo "== pipeline parallelism (scripts/bench_pp.sh) =="
+bash scripts/bench_pp.sh
 
 # collectives against OpenMPI on this node (skipped, saying so, when mpicc is not installed)
 bash scripts/bench/compare_mpi.sh

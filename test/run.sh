@@ -242,7 +242,30 @@ t_collectives() {
 # collectives' failure modes: a rank that never joins, a rank killed mid-collective, a wrong token,
 # random bytes at the bootstrap port, SIGTERM to the launcher.
 t_two_nodes() { bash test/two_nodes.sh; }
+# A real two-node Slurm cluster (test/slurm_cluster.sh): collectives and training under srun and sbatch.
+t_slurm() { timeout 900 bash test/slurm_tests.sh; }
 t_comm_failures() { bash test/comm_failures.sh; }
+
+# Slurm's warning signal (--signal=USR1@N): every rank stops at the same step, exits 0, saves the model.
+t_usr1() {
+    local d=$WORK/usr1
+    mkdir -p "$d"
+    $TRAIN --nproc 2 "${TINY[@]}" --train "$DATA/train.bin" --steps 100000 --log "$d/log.jsonl" --save-model "$d/m.bin" \
+        >"$d/out" 2>&1 &
+    local launcher=$! i
+    for i in $(seq 1 600); do # until the run is training (bounded: 60 s)
+        grep -q '"step":2,' "$d/log.jsonl" 2>/dev/null && break
+        sleep 0.1
+    done
+    pkill -USR1 -P "$launcher" || { kill $launcher; return 1; }
+    local rc=0
+    timeout 60 tail --pid=$launcher -f /dev/null || rc=1
+    wait $launcher || rc=1
+    grep -q "received SIGUSR1 .* stops cleanly after [0-9]* of 100000 steps and saves the model" "$d/out" || rc=1
+    grep -q "^saved $d/m.bin" "$d/out" || rc=1
+    cat "$d/out" | grep -v "^step" | tail -3
+    return $rc
+}
 
 # Data parallelism: every DP size, ZeRO stage and micro-batch count takes the single-rank step
 # (losses and final parameters within 1e-5), the four stages agree bitwise, and a rerun is bitwise.
@@ -485,6 +508,8 @@ run_test "the model learns and samples" t_learns
 run_test "collectives: every op, type, count, placement; 1-8 ranks; sub-communicators" t_collectives
 run_test "collectives across two simulated nodes (network namespaces)" t_two_nodes
 run_test "collectives: dead, missing and impostor ranks, SIGTERM" t_comm_failures
+run_test "Slurm: 2 nodes x 2 ranks under srun and sbatch equal one rank" t_slurm
+run_test "SIGUSR1 (Slurm time-limit warning) stops every rank cleanly" t_usr1
 run_test "data parallel DP 2,3,4 x ZeRO 0-3 x M 1,3 equals one rank; stages bitwise" t_data_parallel
 run_test "data parallel bf16 and active clipping equal one rank" t_data_parallel_bf16_clip
 run_test "ZeRO memory per rank at DP 4 follows the formula" t_zero_memory
