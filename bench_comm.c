@@ -131,12 +131,7 @@ int bench_comm_main(int argc, char **argv) {
     if (max_bytes < min_bytes) flag_error("--max-bytes: %lld is below --min-bytes %lld", max_bytes, min_bytes);
 
     LaunchEnv env;
-    if (!launch_env_read(&env)) { // no launcher: a world of one
-        env = (LaunchEnv){ .rank = 0, .world = 1, .local_world = 1, .master_port = 0 };
-        snprintf(env.master_addr, sizeof env.master_addr, "127.0.0.1");
-        snprintf(env.token, sizeof env.token, "single");
-        snprintf(env.node_id, sizeof env.node_id, "local");
-    }
+    launch_env_read(&env); // without a launcher: a world of one
     Comm *world = comm_init(&env, timeout);
     int n = comm_size(world), rank = comm_rank(world);
     int64_t node[2] = { (int64_t)hash_str(env.node_id), -(int64_t)hash_str(env.node_id) }, nodes[2];

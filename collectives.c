@@ -150,7 +150,13 @@ int launch_env_read(LaunchEnv *e) {
     int have_torchrun = getenv("RANK") && getenv("WORLD_SIZE");
     // only a job step (srun) is a launch: a batch script's own shell carries SLURM_PROCID too
     int have_slurm = getenv("SLURM_PROCID") && getenv("SLURM_NTASKS") && getenv("SLURM_STEP_ID");
-    if (!have_torchrun && !have_slurm) return 0;
+    if (!have_torchrun && !have_slurm) { // a world of one: rank 0 serves itself on any free port
+        *e = (LaunchEnv){ .rank = 0, .world = 1, .local_world = 1, .master_port = 0 };
+        snprintf(e->master_addr, sizeof e->master_addr, "127.0.0.1");
+        snprintf(e->token, sizeof e->token, "single");
+        snprintf(e->node_id, sizeof e->node_id, "local");
+        return 0;
+    }
     const char *addr = getenv("MASTER_ADDR");
     if (have_torchrun) {
         env_int("RANK", &e->rank);

@@ -32,7 +32,7 @@ typedef struct {
 // Reads the torchrun-style variables (RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE NODE_RANK
 // MASTER_ADDR MASTER_PORT), or Slurm's (SLURM_PROCID SLURM_NTASKS SLURM_LOCALID SLURM_NODEID
 // SLURM_JOB_NODELIST; MASTER_ADDR overrides the first node of the list). Returns 0 when neither is
-// set (a single process); dies naming the variable when one is malformed.
+// set, with env describing a world of one; dies naming the variable when one is malformed.
 int launch_env_read(LaunchEnv *env);
 // Expands a Slurm host list ("gpu[01-04,07],login2") and returns its first host in out.
 void slurm_first_host(const char *nodelist, char *out, size_t cap);

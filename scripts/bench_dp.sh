@@ -3,13 +3,8 @@
 # waited for them after the backward (exposed_comm_ms) and tokens/s, medians over steps 2-6, for
 # DP 1, 2 and 4 at each ZeRO stage, with buckets on (2 MiB) and off (one bucket after the backward).
 # Each rank runs one thread, so DP 2 fills this machine's 2 cores and DP 4 oversubscribes them.
-set -euo pipefail
-cd "$(dirname "$0")/.."
-W=$(mktemp -d /tmp/llm4d-bench-dp.XXXXXX)
-trap 'rm -rf "$W"' EXIT
-./train prepare /usr/share/common-licenses/GPL-3 "$W/data" >/dev/null
+source "$(dirname "$0")/bench_common.sh"
 SHAPE=(--layers 4 --channels 256 --heads 4 --vocab 256 --seq-len 128 --micro-batch 2 --threads 1 --steps 6)
-med() { grep '"loss"' "$1" | sed -n '2,6p' | grep -o "\"$2\":[0-9.e+-]*" | cut -d: -f2 | sort -g | sed -n 3p; }
 printf '%-4s %-6s %-8s %10s %10s %12s %10s %8s\n' DP ZeRO buckets step_ms comm_ms exposed_ms tokens/s exp/comm
 run() { # dp zero bucket_mb
     local dp=$1 z=$2 mb=$3

@@ -2,12 +2,7 @@
 # Pipeline benchmark (make bench): measured bubble (max and mean over stages, median over steps 2-6)
 # against the formula (P-1)/(M+P-1), for 4 stages of equal cost and M = 4, 16, 64 micro-batches.
 # One thread per rank; the 4 ranks share this machine's cores, which inflates waits.
-set -euo pipefail
-cd "$(dirname "$0")/.."
-W=$(mktemp -d /tmp/llm4d-bench-pp.XXXXXX)
-trap 'rm -rf "$W"' EXIT
-./train prepare /usr/share/common-licenses/GPL-3 "$W/data" >/dev/null
-med() { grep '"loss"' "$1" | sed -n '2,6p' | grep -o "\"$2\":[0-9.e+-]*" | cut -d: -f2 | sort -g | sed -n 3p; }
+source "$(dirname "$0")/bench_common.sh"
 printf '%-4s %-4s %10s %12s %12s %10s\n' PP M step_ms bubble_max bubble_mean formula
 for m in 4 16 64; do
     ./train --nproc 4 --pp 4 --layers 8 --channels 64 --heads 4 --vocab 256 --seq-len 64 --micro-batch 1 --threads 1 \

@@ -2,13 +2,8 @@
 # Tensor-parallel benchmark (make bench): step time and the share of it spent in tensor-parallel
 # collectives (tp_comm_ms: time the TP communicator's progress thread was busy), medians over steps
 # 2-6, for TP 1, 2 and 4 on this node, with and without sequence parallelism. One thread per rank.
-set -euo pipefail
-cd "$(dirname "$0")/.."
-W=$(mktemp -d /tmp/llm4d-bench-tp.XXXXXX)
-trap 'rm -rf "$W"' EXIT
-./train prepare /usr/share/common-licenses/GPL-3 "$W/data" >/dev/null
+source "$(dirname "$0")/bench_common.sh"
 SHAPE=(--layers 4 --channels 256 --heads 8 --vocab 256 --seq-len 128 --micro-batch 4 --threads 1 --steps 6)
-med() { grep '"loss"' "$1" | sed -n '2,6p' | grep -o "\"$2\":[0-9.e+-]*" | cut -d: -f2 | sort -g | sed -n 3p; }
 printf '%-4s %-4s %10s %12s %8s %10s\n' TP SP step_ms tp_comm_ms share tokens/s
 for tp in 1 2 4; do
     for sp in "" --sp; do

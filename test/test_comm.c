@@ -241,12 +241,7 @@ int main(int argc, char **argv) {
     for (int i = 1; i + 1 < argc; i++)
         if (!strcmp(argv[i], "--comm-timeout")) timeout = atof(argv[i + 1]);
     LaunchEnv env;
-    if (!launch_env_read(&env)) {
-        env = (LaunchEnv){ .rank = 0, .world = 1, .local_world = 1, .master_port = 0 };
-        snprintf(env.master_addr, sizeof env.master_addr, "127.0.0.1");
-        snprintf(env.token, sizeof env.token, "single");
-        snprintf(env.node_id, sizeof env.node_id, "local");
-    }
+    launch_env_read(&env); // without a launcher: a world of one
     Comm *world = comm_init(&env, timeout);
     int r = comm_rank(world), n = comm_size(world);
     suite(world, 1);
