@@ -146,6 +146,15 @@ t_dp() {
     $PY "$ROOT/test/compare_runs.py" 1e-5 "$WORK/ref" "$WORK/dp" >>"$log" 2>&1
 }
 
+# --- a 3D layout: tensor parallel inside each node, pipeline across the two (rank = pp*TP + tp, and
+# srun puts ranks 0-1 on the first node, 2-3 on the second), equals one rank
+t_3d() {
+    local log=$WORK/3d.log
+    bounded "$log" "${SRUN[@]}" "$TRAIN" "${MODEL[@]}" --tp 2 --pp 2 --threads 1 --comm-timeout 60 \
+        --train "$WORK/data/train.bin" --log "$WORK/3d.jsonl" --save-model "$WORK/3d.bin" || return 1
+    $PY "$ROOT/test/compare_runs.py" 1e-5 "$WORK/ref" "$WORK/3d" >>"$log" 2>&1
+}
+
 # --- the same through scripts/train.sbatch (no GPUs here: --gpus-per-node=0 overrides the script's).
 # Polls the job instead of `sbatch --wait`, which looks only every 10 s.
 # shellcheck disable=SC2016 # expanded by the inner bash
@@ -175,6 +184,8 @@ verdict $? "collectives (build/test_comm) under srun, 2 nodes x 2 ranks" "$WORK/
 if t_prepare; then
     t_dp
     verdict $? "data parallel ZeRO-1 under srun, 2 nodes x 2 ranks, equals one rank" "$WORK/dp.log"
+    t_3d
+    verdict $? "TP 2 inside each node x PP 2 across the nodes under srun equals one rank" "$WORK/3d.log"
     if [ "$MODE" = local ]; then
         t_sbatch
         verdict $? "scripts/train.sbatch, 2 nodes x 2 ranks, equals one rank" "$WORK/sbatch.log"
