@@ -434,6 +434,11 @@ static int train_main(int argc, char **argv) {
     }
     if (threads) be->set_threads(threads);
     DType dt = o.dtype >= 0 ? (DType)o.dtype : (be == backend_cpu() ? DT_F32 : DT_BF16);
+    // zero.c hands gradient and weight buffers straight to the host collectives: on a GPU that needs
+    // device-aware transports (CUDA IPC), which are not built yet
+    if (be != backend_cpu() && (dp_size > 1 || pp_size > 1))
+        die("--device cuda: data and pipeline parallelism need device-aware collectives, not built yet (use --device cpu, "
+            "or --tp alone)");
 
     float *host_params;
     GPT2Config cfg = resolve_shape(&o, &host_params);

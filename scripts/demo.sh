@@ -13,6 +13,6 @@ if [ ! -f "$DATA/train.bin" ]; then
 fi
 exec ./train --train "$DATA/train.bin" --val "$DATA/val.bin" \
     --layers 4 --channels 128 --heads 4 --vocab 256 --seq-len 128 --micro-batch 8 \
-    --steps 400 --lr 1.5e-3 --warmup 20 --lr-min-frac 0.1 --weight-decay 0.1 \
-    --val-every 100 --val-steps 8 --sample-every 200 --sample-tokens 120 --top-k 40 --temperature 0.8 \
+    --steps 1200 --lr 2e-3 --warmup 50 --lr-min-frac 0.1 --weight-decay 0.1 \
+    --val-every 200 --val-steps 8 --sample-every 400 --sample-tokens 120 --top-k 40 --temperature 0.8 \
     --log "$DATA/demo.jsonl" --save-model "$DATA/demo_model.bin" "$@"
