@@ -375,6 +375,7 @@ struct Comm {
     struct CommRequest *head, *tail;
     int shutdown;
     _Atomic uint64_t busy_ns; // time the progress thread spent running requests
+    const char *op;           // the operation the progress thread runs (for channel error lines)
 };
 
 enum { REQ_ALLREDUCE, REQ_REDUCE_SCATTER, REQ_ALLGATHER, REQ_BROADCAST, REQ_SEND, REQ_RECV };
@@ -563,8 +564,9 @@ static char *store_get(World *w, const char *key, uint32_t *vlen, const char *wh
     pthread_mutex_lock(&w->store_mu);
     if (tcp_write_all(w->store_fd, &h, sizeof h, dl) || tcp_write_all(w->store_fd, key, h.klen, dl))
         die("bootstrap store: lost the connection to rank 0 (%s:%d)", w->env.master_addr, w->env.master_port);
-    if (tcp_read_all(w->store_fd, &h, sizeof h, dl) != 0)
-        die("timeout: %s: waited %.1f s for '%s' from the bootstrap store", what, w->timeout, key);
+    int rc = tcp_read_all(w->store_fd, &h, sizeof h, dl);
+    if (rc == TCP_CLOSED) die("%s: rank 0 at %s:%d closed the bootstrap connection (it exited)", what, w->env.master_addr, w->env.master_port);
+    if (rc != 0) die("timeout: %s: waited %.1f s for '%s' from the bootstrap store", what, w->timeout, key);
     if (h.magic != WIRE_MAGIC || h.type != MSG_VALUE || h.vlen > MAX_STORE_VALUE) die("bootstrap store: malformed reply");
     char *v = xmalloc(h.vlen + 1);
     if (tcp_read_all(w->store_fd, v, h.vlen, dl) != 0) die("bootstrap store: truncated reply");
@@ -761,6 +763,8 @@ static void comm_connect(Comm *c) {
     for (int r = 0; r < c->size; r++) {
         c->ch[r].peer = r;
         c->ch[r].peer_world = c->world_ranks[r];
+        c->ch[r].comm = c->name;
+        c->ch[r].op = &c->op;
     }
     free(local);
     c->scratch = xmalloc(CHUNK_BYTES);
@@ -808,8 +812,11 @@ Comm *comm_init(const LaunchEnv *env, double timeout_s) {
     WireHdr h = { WIRE_MAGIC, MSG_HELLO, 0, sizeof me };
     if (tcp_write_all(w->store_fd, &h, sizeof h, deadline) || tcp_write_all(w->store_fd, &me, sizeof me, deadline))
         die("bootstrap: cannot greet rank 0 at %s:%d", env->master_addr, env->master_port);
-    if (tcp_read_all(w->store_fd, &h, sizeof h, deadline) != 0)
-        die("timeout: bootstrap: not every rank joined within %.1f s (world size %d)", timeout_s, env->world);
+    int rc = tcp_read_all(w->store_fd, &h, sizeof h, deadline);
+    if (rc == TCP_CLOSED)
+        die("bootstrap: rank 0 at %s:%d closed the connection (a wrong LLM4D_JOB_TOKEN or WORLD_SIZE, a rank that "
+            "already joined, or rank 0 exited)", env->master_addr, w->env.master_port);
+    if (rc != 0) die("timeout: bootstrap: not every rank joined within %.1f s (world size %d)", timeout_s, env->world);
     if (h.magic != WIRE_MAGIC || h.type != MSG_TABLE || h.vlen != sizeof(RankInfo) * env->world)
         die("bootstrap: malformed rank table from rank 0");
     w->ranks = xmalloc(h.vlen);
@@ -927,6 +934,7 @@ typedef struct {
 static void waiter_start(Waiter *wt, Comm *c, const char *op) {
     wt->c = c;
     wt->op = op;
+    c->op = op;
     wt->last_progress = now_seconds();
     wt->idle = 0;
     wt->bell_seen = atomic_load_explicit(&c->bell->seq, memory_order_acquire);
@@ -1136,7 +1144,7 @@ static void run_p2p(Comm *c, struct CommRequest *first) {
                 continue;
             }
             waiting = ch;
-            wt.op = REQ_NAMES[q->kind];
+            wt.op = c->op = REQ_NAMES[q->kind];
             if (q->kind == REQ_SEND) sb = ch;
             else ra = ch;
         }

@@ -40,6 +40,8 @@ typedef struct {
     pid_t peer_pid;
     // NET_TCP
     int fd;
+    const char *comm;          // communicator name and the operation running on it, for error lines
+    const char *const *op;
 } Channel;
 
 size_t chan_send(Channel *ch, const void *buf, size_t n);
@@ -53,7 +55,9 @@ int tcp_listen_any(int *port);                           // listening socket on 
 int tcp_connect(const char *host, int port, double deadline_s); // retries until the deadline; -1 on failure
 void tcp_set_options(int fd);                           // TCP_NODELAY and large buffers
 int tcp_write_all(int fd, const void *buf, size_t n, double deadline_s); // 0 on success
-int tcp_read_all(int fd, void *buf, size_t n, double deadline_s);        // 0 on success
+// 0 on success, TCP_TIMEOUT when the deadline passed, TCP_CLOSED when the peer closed or reset
+enum { TCP_TIMEOUT = -1, TCP_CLOSED = -2 };
+int tcp_read_all(int fd, void *buf, size_t n, double deadline_s);
 void tcp_local_ip(int fd, char *out, size_t cap);
 
 #endif

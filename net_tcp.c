@@ -100,9 +100,9 @@ int tcp_read_all(int fd, void *buf, size_t n, double deadline_s) {
             p += r;
             n -= (size_t)r;
         } else if (r < 0 && (errno == EAGAIN || errno == EINTR)) {
-            if (wait_fd(fd, POLLIN, deadline_s) != 0) return -1;
+            if (wait_fd(fd, POLLIN, deadline_s) != 0) return TCP_TIMEOUT;
         } else {
-            return -1;
+            return TCP_CLOSED;
         }
     }
     return 0;
@@ -119,13 +119,15 @@ size_t tcp_chan_send(Channel *ch, const void *buf, size_t n) {
     ssize_t w = send(ch->fd, buf, n, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (w >= 0) return (size_t)w;
     if (errno == EAGAIN || errno == EINTR) return 0;
-    die("connection to rank %d lost while sending: %s", ch->peer_world, strerror(errno));
+    die("%s on communicator %s: connection to rank %d lost while sending: %s", ch->op && *ch->op ? *ch->op : "setup",
+        ch->comm ? ch->comm : "?", ch->peer_world, strerror(errno));
 }
 
 size_t tcp_chan_recv(Channel *ch, void *buf, size_t n) {
     ssize_t r = recv(ch->fd, buf, n, MSG_DONTWAIT);
     if (r > 0) return (size_t)r;
-    if (r == 0) die("rank %d closed its connection (it exited or died)", ch->peer_world);
+    const char *op = ch->op && *ch->op ? *ch->op : "setup", *comm = ch->comm ? ch->comm : "?";
+    if (r == 0) die("%s on communicator %s: rank %d closed its connection (it exited or died)", op, comm, ch->peer_world);
     if (errno == EAGAIN || errno == EINTR) return 0;
-    die("connection to rank %d lost while receiving: %s", ch->peer_world, strerror(errno));
+    die("%s on communicator %s: connection to rank %d lost while receiving: %s", op, comm, ch->peer_world, strerror(errno));
 }
