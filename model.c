@@ -260,6 +260,12 @@ static size_t full_index(const GPT2 *m, int r, int k, int l, size_t i) {
     }
 }
 
+static int layer_global(const GPT2 *m, int l) {
+    int c = 0;
+    while (c + 1 < m->nchunks && l >= m->chunk_l0[c + 1]) c++;
+    return m->chunk_g0[c] + l - m->chunk_l0[c];
+}
+
 // Copies between a full model in file order and a tensor-parallel rank's slice in internal order.
 static void map_slice(const GPT2 *m, int r, float *full, float *local, int to_local) {
     for (int k = 0; k < NUM_PARAM_TENSORS; k++) {
@@ -269,7 +275,7 @@ static void map_slice(const GPT2 *m, int r, float *full, float *local, int to_lo
         for (int l = 0; l < layers; l++) {
             size_t off, len;
             gpt2_tensor_range(m, k, l, &off, &len);
-            int gl = is_layer_tensor(k) ? m->layer0 + l : 0;
+            int gl = is_layer_tensor(k) ? layer_global(m, l) : 0;
             for (size_t i = 0; i < len; i++) {
                 size_t f = full_index(m, r, k, gl, i);
                 if (to_local) local[off + i] = f == SIZE_MAX ? 0.0f : full[f];
@@ -303,8 +309,15 @@ void gpt2_build(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, int
     m->pp_comm = pl->pp && comm_size(pl->pp) > 1 ? pl->pp : NULL;
     m->pp = m->pp_comm ? comm_size(pl->pp) : 1;
     m->pp_rank = m->pp_comm ? comm_rank(pl->pp) : 0;
-    m->layer0 = m->pp_comm ? pl->layer0 : 0;
-    m->nl = m->pp_comm ? pl->nlayers : cfg->L;
+    m->nchunks = m->pp_comm ? pl->nchunks : 1;
+    if (m->nchunks < 1 || m->nchunks > MAX_CHUNKS) die("internal: %d chunks per stage", m->nchunks);
+    m->nl = 0;
+    for (int k = 0; k < m->nchunks; k++) {
+        m->chunk_g0[k] = m->pp_comm ? pl->chunk_first[k] : 0;
+        m->chunk_nl[k] = m->pp_comm ? pl->chunk_len[k] : cfg->L;
+        m->chunk_l0[k] = m->nl;
+        m->nl += m->chunk_nl[k];
+    }
     m->first = m->pp_rank == 0;
     m->last = m->pp_rank == m->pp - 1;
     m->embed_comm = pl->embed;
@@ -350,7 +363,7 @@ void gpt2_build(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, int
     for (int s = 0; s < m->nslots; s++) { // what a micro-batch keeps from its forward to its backward
         Activations *x = &m->slots[s];
 #define ACT(field, elems, esize) x->field = mem_alloc(a, MEM_ACTIVATIONS, (elems) * (esize), #field)
-        ACT(encoded, R * C, ds);
+        ACT(encoded, m->nchunks * R * C, ds); // each chunk's input
         ACT(ln1, L * R * C, ds);
         ACT(ln1_mean, L * R, 4);
         ACT(ln1_rstd, L * R, 4);
@@ -440,10 +453,13 @@ static void fetch(GPT2 *m, int unit) {
 }
 
 void gpt2_use_slot(GPT2 *m, int slot) { m->act = &m->slots[slot % m->nslots]; }
-void *gpt2_stage_input(const GPT2 *m) { return m->act->encoded; }
-void *gpt2_stage_output(const GPT2 *m) {
+void *gpt2_stage_input(const GPT2 *m, int chunk) {
     size_t sRC = (size_t)m->B * m->T / (m->sp ? m->tp : 1) * m->cfg.C;
-    return at(m->act->residual3, (size_t)(m->nl - 1) * sRC, m->dt);
+    return at(m->act->encoded, (size_t)chunk * sRC, m->dt);
+}
+void *gpt2_stage_output(const GPT2 *m, int chunk) {
+    size_t sRC = (size_t)m->B * m->T / (m->sp ? m->tp : 1) * m->cfg.C;
+    return at(m->act->residual3, (size_t)(m->chunk_l0[chunk] + m->chunk_nl[chunk] - 1) * sRC, m->dt);
 }
 void *gpt2_stage_grad(const GPT2 *m) { return m->act->dresidual; }
 size_t gpt2_stage_bytes(const GPT2 *m, int B, int T) {
@@ -571,6 +587,10 @@ static float vocab_parallel_loss(GPT2 *m, int N) {
 }
 
 float gpt2_forward(GPT2 *m, const int32_t *inputs, const int32_t *targets, int B, int T) {
+    return gpt2_forward_chunk(m, 0, inputs, targets, B, T);
+}
+
+float gpt2_forward_chunk(GPT2 *m, int chunk, const int32_t *inputs, const int32_t *targets, int B, int T) {
     if (B > m->B || T > m->T || B <= 0 || T <= 0)
         die("internal: micro-batch %dx%d exceeds the allocated %dx%d", B, T, m->B, m->T);
     if (m->sp && ((size_t)B * T) % m->tp) die("internal: sequence parallelism needs B*T divisible by %d", m->tp);
@@ -587,7 +607,9 @@ float gpt2_forward(GPT2 *m, const int32_t *inputs, const int32_t *targets, int B
 
     x->B = B;
     x->T = T;
-    if (m->first) { // later stages find their input in x->encoded, received from the previous stage
+    void *input = at(x->encoded, (size_t)chunk * sRC, dt);
+    int head = m->last && chunk == m->nchunks - 1;
+    if (m->first && chunk == 0) { // other chunks find their input in place, received from the previous stage
         be->to_device(x->inputs, inputs, sizeof(int32_t) * N);
         fetch(m, UNIT_EMBED);
         be->encoder_fwd(dt, x->partial, x->inputs, gpt2_param(m, P_WTE, 0), lead ? gpt2_param(m, P_WPE, 0) : NULL, B, T,
@@ -595,8 +617,8 @@ float gpt2_forward(GPT2 *m, const int32_t *inputs, const int32_t *targets, int B
         void *embedded = tp_finish_partial(m, x->encoded, BTC);
         if (embedded != x->encoded) be->copy(x->encoded, embedded, RC * dtype_size(dt));
     }
-    for (int l = 0; l < m->nl; l++) {
-        void *res = l == 0 ? x->encoded : at(x->residual3, (l - 1) * sRC, dt);
+    for (int l = m->chunk_l0[chunk]; l < m->chunk_l0[chunk] + m->chunk_nl[chunk]; l++) {
+        void *res = l == m->chunk_l0[chunk] ? input : at(x->residual3, (l - 1) * sRC, dt);
         void *ln1 = at(x->ln1, l * sRC, dt), *qkv = at(x->qkv, l * 3 * sBTCt, dt), *atty = at(x->atty, l * sBTCt, dt);
         void *r2 = at(x->residual2, l * sRC, dt), *ln2 = at(x->ln2, l * sRC, dt), *fch = at(x->fch, l * 4 * sBTCt, dt);
         void *fchg = at(x->fch_gelu, l * 4 * sBTCt, dt), *r3 = at(x->residual3, l * sRC, dt);
@@ -617,7 +639,7 @@ float gpt2_forward(GPT2 *m, const int32_t *inputs, const int32_t *targets, int B
                        4 * Ct, C);
         be->residual_fwd(dt, r3, r2, tp_finish_partial(m, r3, BTC), RC);
     }
-    if (!m->last) return 0.0f; // the output (the last block's residual) goes to the next stage
+    if (!head) return 0.0f; // the output (the chunk's last residual) goes to the next stage
     void *last = at(x->residual3, (m->nl - 1) * sRC, dt);
     fetch(m, m->nl + 1);
     be->layernorm_fwd(dt, x->lnf, x->lnf_mean, x->lnf_rstd, last, gpt2_param(m, P_LNFW, 0), gpt2_param(m, P_LNFB, 0), R, C);
@@ -628,7 +650,9 @@ float gpt2_forward(GPT2 *m, const int32_t *inputs, const int32_t *targets, int B
     return vocab_parallel_loss(m, N);
 }
 
-void gpt2_backward(GPT2 *m, float dloss_scale) {
+void gpt2_backward(GPT2 *m, float dloss_scale) { gpt2_backward_chunk(m, 0, dloss_scale); }
+
+void gpt2_backward_chunk(GPT2 *m, int chunk, float dloss_scale) {
     const Backend *be = m->be;
     const GPT2Config *cfg = &m->cfg;
     DType dt = m->dt;
@@ -641,7 +665,8 @@ void gpt2_backward(GPT2 *m, float dloss_scale) {
     // the input gradient of a column-parallel matmul is partial: all-reduced, or reduce-scattered to rows
     void *dln; // a LayerNorm's output gradient, this rank's rows
 
-    if (m->last) {
+    int head = m->last && chunk == m->nchunks - 1;
+    if (head) {
         // LM head: dlogits in place, then into the final LayerNorm; its input gradient starts the residual
         // stream. Earlier stages find that gradient in x->dresidual, received from the next stage.
         be->crossentropy_bwd(dt, x->logits, x->logits, x->targets, x->ce_max, x->ce_sum, dloss_scale, N, m->v_start,
@@ -657,8 +682,9 @@ void gpt2_backward(GPT2 *m, float dloss_scale) {
                          x->lnf_rstd, R);
         ready(m, m->nl + 1);
     }
-    for (int l = m->nl - 1; l >= 0; l--) {
-        void *res = l == 0 ? x->encoded : at(x->residual3, (l - 1) * sRC, dt);
+    int l0 = m->chunk_l0[chunk];
+    for (int l = l0 + m->chunk_nl[chunk] - 1; l >= l0; l--) {
+        void *res = l == l0 ? at(x->encoded, (size_t)chunk * sRC, dt) : at(x->residual3, (l - 1) * sRC, dt);
         void *ln1 = at(x->ln1, l * sRC, dt), *qkv = at(x->qkv, l * 3 * sBTCt, dt), *atty = at(x->atty, l * sBTCt, dt);
         void *r2 = at(x->residual2, l * sRC, dt), *ln2 = at(x->ln2, l * sRC, dt);
         void *fch = at(x->fch, l * 4 * sBTCt, dt), *fchg = at(x->fch_gelu, l * 4 * sBTCt, dt);
@@ -683,10 +709,11 @@ void gpt2_backward(GPT2 *m, float dloss_scale) {
                          x->ln1_mean + l * sR, x->ln1_rstd + l * sR, R);
         ready(m, 1 + l);
     }
-    if (m->first)
+    if (m->first && chunk == 0)
         be->encoder_bwd(dt, gpt2_grad(m, P_WTE, 0), gpt2_grad(m, P_WPE, 0), tp_full_rows(m, x->dresidual, BTC), x->inputs,
                         B, T, C, m->v_start, m->Vp_tp);
-    if (m->first || m->last) ready(m, UNIT_EMBED); // x->dresidual now holds the gradient for the previous stage
+    // x->dresidual now holds the gradient of the chunk's input, for the previous stage
+    if ((m->first && chunk == 0) || (head && !m->first)) ready(m, UNIT_EMBED);
 }
 
 void gpt2_zero_grad(GPT2 *m) {

@@ -57,12 +57,16 @@ typedef struct {
     float *datt;
 } Activations;
 
+#define MAX_CHUNKS 16
+
 // Where this rank's part of the model sits in the layout.
 typedef struct {
     Comm *tp;            // tensor-parallel group (NULL: none)
     int sp;              // sequence parallelism
     Comm *pp;            // pipeline group (NULL: one stage)
-    int layer0, nlayers; // this stage's blocks
+    // this stage's blocks: nchunks runs (more than one with the interleaved schedule), each of
+    // chunk_len[c] blocks from global block chunk_first[c]
+    int nchunks, chunk_first[MAX_CHUNKS], chunk_len[MAX_CHUNKS];
     Comm *embed;         // first and last stage, which both hold the tied embedding (NULL: none)
     int nslots;          // activation sets: micro-batches in flight
 } Placement;
@@ -84,9 +88,11 @@ typedef struct {
     int Vp_tp;            // vocabulary rows per rank: ceil(Vp/tp), padded internally
     int v_start, v_real;  // first vocabulary row of this rank, and how many of its rows are real words
     int sp;               // sequence parallelism: LayerNorm and residual regions split by rows
-    // pipeline parallelism: this stage's blocks [layer0, layer0 + nl) of cfg.L
+    // pipeline parallelism: this stage's nl blocks, in nchunks runs; local block chunk_l0[c] + i is
+    // global block chunk_g0[c] + i. The first stage holds the embedding, the last the head.
     Comm *pp_comm, *embed_comm;
-    int pp, pp_rank, layer0, nl, first, last;
+    int pp, pp_rank, nl, first, last;
+    int nchunks, chunk_l0[MAX_CHUNKS], chunk_nl[MAX_CHUNKS], chunk_g0[MAX_CHUNKS];
     size_t logits_bytes;  // the largest logits buffer: B·T·Vp_tp elements
     void *stage_host;     // host staging for tensor-parallel sums of device memory
     size_t stage_bytes;
@@ -138,8 +144,8 @@ void gpt2_build(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, int
 // stages (this rank's rows of the residual stream): the input a stage receives, the output it sends,
 // and the gradient of its input that its backward leaves for the previous stage.
 void gpt2_use_slot(GPT2 *m, int slot);
-void *gpt2_stage_input(const GPT2 *m);
-void *gpt2_stage_output(const GPT2 *m);
+void *gpt2_stage_input(const GPT2 *m, int chunk);
+void *gpt2_stage_output(const GPT2 *m, int chunk);
 void *gpt2_stage_grad(const GPT2 *m);
 size_t gpt2_stage_bytes(const GPT2 *m, int B, int T);
 void gpt2_free(GPT2 *m);
@@ -158,6 +164,10 @@ void gpt2_upload_params(GPT2 *m, const float *host_internal); // host fp32 -> wo
 // Forward over one micro-batch of B sequences of T tokens (host arrays, copied to the device).
 // With targets, returns the mean loss over the B·T tokens; without, returns 0 and leaves the logits.
 float gpt2_forward(GPT2 *m, const int32_t *inputs, const int32_t *targets, int B, int T);
+// The same for one chunk of this stage's blocks (interleaved pipelines): chunk 0 of the first stage
+// embeds, the last chunk of the last stage computes the head and the loss.
+float gpt2_forward_chunk(GPT2 *m, int chunk, const int32_t *inputs, const int32_t *targets, int B, int T);
+void gpt2_backward_chunk(GPT2 *m, int chunk, float dloss_scale);
 // Backward of the last forward; adds the parameter gradients of loss·dloss_scale into m->grads
 // (dloss_scale = 1/(tokens in the global batch), so accumulated micro-batches sum to the batch mean).
 void gpt2_backward(GPT2 *m, float dloss_scale);

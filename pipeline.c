@@ -6,10 +6,16 @@
 
 #include "common.h"
 
-void pipeline_split_layers(int L, int P, const char *counts, int *first, int *count) {
+void pipeline_split_layers(int L, int P, int V, const char *counts, int *first, int *count) {
     if (P > L) die("--pp %d: more pipeline stages than the model's %d blocks", P, L);
+    if (P * V > L) die("--pp %d x --pp-virtual %d = %d chunks: more than the model's %d blocks", P, V, P * V, L);
+    if (V > 1 && counts) die("--pp-layers cannot be combined with --pp-virtual");
     if (!counts) {
-        for (int s = 0; s < P; s++) count[s] = L / P + (s < L % P);
+        int n = P * V;
+        for (int s = 0; s < n; s++) count[s] = L / n + (s < L % n);
+        first[0] = 0;
+        for (int s = 1; s < n; s++) first[s] = first[s - 1] + count[s - 1];
+        return;
     } else {
         const char *c = counts;
         int sum = 0;
@@ -32,16 +38,18 @@ void pipeline_split_layers(int L, int P, const char *counts, int *first, int *co
     for (int s = 1; s < P; s++) first[s] = first[s - 1] + count[s - 1];
 }
 
-void pipeline_init(Pipeline *p, GPT2 *m, Zero *z, Comm *pp) {
+void pipeline_init(Pipeline *p, GPT2 *m, Zero *z, Comm *fwd, Comm *bwd) {
     memset(p, 0, sizeof *p);
     p->model = m;
     p->zero = z;
-    p->pp = pp;
+    p->fwd = fwd;
+    p->bwd = bwd;
     p->stages = m->pp;
     p->stage = m->pp_rank;
+    p->chunks = m->nchunks;
     int n = m->nslots;
-    p->send_out = xcalloc((size_t)n, sizeof(CommRequest *));
-    p->send_grad = xcalloc((size_t)n, sizeof(CommRequest *));
+    p->send_out = xcalloc((size_t)n * p->chunks, sizeof(CommRequest *));
+    p->send_grad = xcalloc((size_t)n * p->chunks, sizeof(CommRequest *));
     p->host_in = xcalloc((size_t)n, sizeof(void *));
     p->host_out = xcalloc((size_t)n, sizeof(void *));
     if (strcmp(m->be->name, "cpu") != 0) {
@@ -59,9 +67,11 @@ static void drain(CommRequest **r) {
 }
 
 void pipeline_free(Pipeline *p) {
-    for (int s = 0; s < p->model->nslots; s++) {
+    for (int s = 0; s < p->model->nslots * p->chunks; s++) {
         drain(&p->send_out[s]);
         drain(&p->send_grad[s]);
+    }
+    for (int s = 0; s < p->model->nslots; s++) {
         free(p->host_in[s]);
         free(p->host_out[s]);
     }
@@ -73,66 +83,98 @@ void pipeline_free(Pipeline *p) {
     memset(p, 0, sizeof *p);
 }
 
-static void trace_op(Pipeline *p, char kind, int mb) {
-    if (p->trace_len + 16 > p->trace_cap) {
+static void trace_op(Pipeline *p, char kind, int mb, int chunk) {
+    if (p->trace_len + 24 > p->trace_cap) {
         p->trace_cap = p->trace_cap ? 2 * p->trace_cap : 256;
         p->trace = realloc(p->trace, p->trace_cap);
         if (!p->trace) die("out of memory");
     }
-    p->trace_len += (size_t)snprintf(p->trace + p->trace_len, p->trace_cap - p->trace_len, "%s%c%d",
-                                     p->trace_len ? " " : "", kind, mb);
+    p->trace_len += (size_t)snprintf(p->trace + p->trace_len, p->trace_cap - p->trace_len, "%s%c%d", p->trace_len ? " " : "",
+                                     kind, mb);
+    if (p->chunks > 1) p->trace_len += (size_t)snprintf(p->trace + p->trace_len, p->trace_cap - p->trace_len, "c%d", chunk);
 }
 
-// Receives n bytes from stage `from` into device buffer dst (through host staging on devices),
+// Receives n bytes from rank `from` of c into device buffer dst (through host staging on devices),
 // counting the wait.
-static void recv_into(Pipeline *p, void *dst, size_t n, int from, int slot) {
+static void recv_into(Pipeline *p, Comm *c, void *dst, size_t n, int from, int slot) {
     GPT2 *m = p->model;
     double t0 = now_seconds();
     if (p->host_in[slot]) {
-        comm_recv(p->pp, p->host_in[slot], n, from);
+        comm_recv(c, p->host_in[slot], n, from);
         m->be->to_device(dst, p->host_in[slot], n);
     } else {
-        comm_recv(p->pp, dst, n, from);
+        comm_recv(c, dst, n, from);
     }
     p->wait_s += now_seconds() - t0;
 }
 
-static CommRequest *send_from(Pipeline *p, const void *src, size_t n, int to, int slot) {
+static CommRequest *send_from(Pipeline *p, Comm *c, const void *src, size_t n, int to, int slot) {
     GPT2 *m = p->model;
     if (p->host_out[slot]) {
         m->be->to_host(p->host_out[slot], src, n);
-        return comm_isend(p->pp, p->host_out[slot], n, to);
+        return comm_isend(c, p->host_out[slot], n, to);
     }
-    return comm_isend(p->pp, src, n, to);
+    return comm_isend(c, src, n, to);
 }
 
-static double forward_mb(Pipeline *p, const int32_t *inputs, const int32_t *targets, int mb, int B, int T) {
+// Neighbours in the virtual pipeline: chunk c of stage s follows chunk c of stage s-1, and chunk c of
+// the last stage feeds chunk c+1 of the first. -1: none (the model's ends).
+static int prev_stage(const Pipeline *p, int chunk) {
+    if (p->stage > 0) return p->stage - 1;
+    return chunk > 0 ? p->stages - 1 : -1;
+}
+static int next_stage(const Pipeline *p, int chunk) {
+    if (p->stage < p->stages - 1) return p->stage + 1;
+    return chunk < p->chunks - 1 ? 0 : -1;
+}
+
+static double forward_op(Pipeline *p, const int32_t *inputs, const int32_t *targets, int mb, int chunk, int B, int T) {
     GPT2 *m = p->model;
-    int slot = mb % m->nslots;
-    drain(&p->send_out[slot]); // the set's previous micro-batch has left
-    drain(&p->send_grad[slot]);
+    int slot = mb % m->nslots, sc = slot * p->chunks + chunk;
+    if (chunk == 0) // the set's previous micro-batch has left
+        for (int c = 0; c < p->chunks; c++) {
+            drain(&p->send_out[slot * p->chunks + c]);
+            drain(&p->send_grad[slot * p->chunks + c]);
+        }
     gpt2_use_slot(m, slot);
     size_t bytes = gpt2_stage_bytes(m, B, T), tokens = (size_t)B * T;
-    if (!m->first) recv_into(p, gpt2_stage_input(m), bytes, p->stage - 1, slot);
+    int from = prev_stage(p, chunk), to = next_stage(p, chunk);
+    if (from >= 0) recv_into(p, p->fwd, gpt2_stage_input(m, chunk), bytes, from, slot);
     zero_begin_forward(p->zero);
-    float loss = gpt2_forward(m, inputs + mb * tokens, targets ? targets + mb * tokens : NULL, B, T);
-    if (!m->last) p->send_out[slot] = send_from(p, gpt2_stage_output(m), bytes, p->stage + 1, slot);
-    trace_op(p, 'F', mb);
+    float loss = gpt2_forward_chunk(m, chunk, inputs + mb * tokens, targets ? targets + mb * tokens : NULL, B, T);
+    if (to >= 0) p->send_out[sc] = send_from(p, p->fwd, gpt2_stage_output(m, chunk), bytes, to, slot);
+    trace_op(p, 'F', mb, chunk);
     if (++p->live > p->peak_live) p->peak_live = p->live;
-    return m->last ? loss : 0.0;
+    return to < 0 ? loss : 0.0;
 }
 
-static void backward_mb(Pipeline *p, int mb, int M, int B, int T, float dloss) {
+static void backward_op(Pipeline *p, int mb, int chunk, int M, int B, int T, float dloss) {
     GPT2 *m = p->model;
     int slot = mb % m->nslots;
+    for (int c = 0; c < p->chunks; c++) drain(&p->send_grad[slot * p->chunks + c]); // dresidual is reused
     gpt2_use_slot(m, slot);
     size_t bytes = gpt2_stage_bytes(m, B, T);
-    if (!m->last) recv_into(p, gpt2_stage_grad(m), bytes, p->stage + 1, slot);
+    int from = next_stage(p, chunk), to = prev_stage(p, chunk);
+    if (from >= 0) recv_into(p, p->bwd, gpt2_stage_grad(m), bytes, from, slot);
     zero_begin_backward(p->zero, mb == M - 1);
-    gpt2_backward(m, dloss);
-    if (!m->first) p->send_grad[slot] = send_from(p, gpt2_stage_grad(m), bytes, p->stage - 1, slot);
-    trace_op(p, 'B', mb);
+    gpt2_backward_chunk(m, chunk, dloss);
+    if (to >= 0) p->send_grad[slot * p->chunks + chunk] = send_from(p, p->bwd, gpt2_stage_grad(m), bytes, to, slot);
+    trace_op(p, 'B', mb, chunk);
     p->live--;
+}
+
+// The k-th forward (or backward) of a stage: groups of P micro-batches visit the chunks in turn,
+// forwards in chunk order and backwards in reverse.
+static void op_at(const Pipeline *p, int k, int backward, int *mb, int *chunk) {
+    int P = p->stages, V = p->chunks;
+    if (V == 1) {
+        *mb = k;
+        *chunk = 0;
+        return;
+    }
+    *mb = (k / (P * V)) * P + k % P;
+    *chunk = (k / P) % V;
+    if (backward) *chunk = V - 1 - *chunk;
 }
 
 double pipeline_step(Pipeline *p, const int32_t *inputs, const int32_t *targets, int M, int B, int T, float dloss) {
@@ -140,16 +182,26 @@ double pipeline_step(Pipeline *p, const int32_t *inputs, const int32_t *targets,
     p->live = p->peak_live = 0;
     p->trace_len = 0;
     if (p->trace) p->trace[0] = 0;
-    int warm = p->stages - p->stage - 1;
-    if (warm > M) warm = M;
+    int P = p->stages, V = p->chunks, total = M * V;
+    int warm = V == 1 ? P - p->stage - 1 : (P - p->stage - 1) * 2 + (V - 1) * P;
+    if (warm > total) warm = total;
     double loss = 0;
-    for (int i = 0; i < warm; i++) loss += forward_mb(p, inputs, targets, i, B, T);
-    for (int i = 0; i < M - warm; i++) {
-        loss += forward_mb(p, inputs, targets, warm + i, B, T);
-        backward_mb(p, i, M, B, T, dloss);
+    int mb, chunk;
+    for (int k = 0; k < warm; k++) {
+        op_at(p, k, 0, &mb, &chunk);
+        loss += forward_op(p, inputs, targets, mb, chunk, B, T);
     }
-    for (int i = M - warm; i < M; i++) backward_mb(p, i, M, B, T, dloss);
-    for (int s = 0; s < p->model->nslots; s++) { // every hand-off of this step has left
+    for (int i = 0; i < total - warm; i++) {
+        op_at(p, warm + i, 0, &mb, &chunk);
+        loss += forward_op(p, inputs, targets, mb, chunk, B, T);
+        op_at(p, i, 1, &mb, &chunk);
+        backward_op(p, mb, chunk, M, B, T, dloss);
+    }
+    for (int i = total - warm; i < total; i++) {
+        op_at(p, i, 1, &mb, &chunk);
+        backward_op(p, mb, chunk, M, B, T, dloss);
+    }
+    for (int s = 0; s < p->model->nslots * V; s++) { // every hand-off of this step has left
         drain(&p->send_out[s]);
         drain(&p->send_grad[s]);
     }
@@ -161,11 +213,17 @@ float pipeline_forward(Pipeline *p, const int32_t *inputs, const int32_t *target
     if (p->stages == 1) return gpt2_forward(m, inputs, targets, B, T);
     gpt2_use_slot(m, 0);
     size_t bytes = gpt2_stage_bytes(m, B, T);
-    if (!m->first) recv_into(p, gpt2_stage_input(m), bytes, p->stage - 1, 0);
-    float loss = gpt2_forward(m, inputs, targets, B, T);
-    if (!m->last) {
-        p->send_out[0] = send_from(p, gpt2_stage_output(m), bytes, p->stage + 1, 0);
-        drain(&p->send_out[0]);
+    float loss = 0.0f;
+    for (int c = 0; c < p->chunks; c++) { // through the virtual stages in order
+        int from = prev_stage(p, c), to = next_stage(p, c);
+        if (from >= 0) recv_into(p, p->fwd, gpt2_stage_input(m, c), bytes, from, 0);
+        float l = gpt2_forward_chunk(m, c, inputs, targets, B, T);
+        if (to >= 0) {
+            CommRequest *r = send_from(p, p->fwd, gpt2_stage_output(m, c), bytes, to, 0);
+            drain(&r);
+        } else {
+            loss = l;
+        }
     }
-    return m->last ? loss : 0.0f;
+    return loss;
 }

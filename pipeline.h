@@ -3,6 +3,9 @@
 // min(P - s - 1, M) forwards (warm-up), then alternates one forward and one backward, then finishes
 // the remaining backwards (cool-down), so that it never holds more than P micro-batches' activations.
 // The bubble — the share of a step a stage spends waiting — is (P - 1)/(M + P - 1) for M micro-batches.
+// The interleaved schedule (V chunks per stage, Megatron-LM's) visits the P·V virtual stages round
+// robin, groups of P micro-batches at a time, and shrinks the bubble to (P - 1)/(V·M + P - 1); it
+// needs M to be a multiple of P.
 #ifndef LLM4D_PIPELINE_H
 #define LLM4D_PIPELINE_H
 
@@ -15,10 +18,11 @@
 typedef struct {
     GPT2 *model;
     Zero *zero;
-    Comm *pp;
-    int stages, stage;
+    Comm *fwd, *bwd; // the pipeline's ranks, twice: activations flow on one, gradients on the other,
+                     // so each direction of each channel carries one kind of message in schedule order
+    int stages, stage, chunks;
     void **host_in, **host_out; // host staging per activation set, for device backends
-    CommRequest **send_out, **send_grad; // sends still in flight from each activation set
+    CommRequest **send_out, **send_grad; // sends still in flight, per activation set and chunk
     double wait_s;   // this step: time spent waiting for activations or gradients
     int live, peak_live; // micro-batches whose activations this stage holds
     char *trace;     // this step's operations, "F0 F1 B0 ...", for tests
@@ -28,8 +32,10 @@ typedef struct {
 // Splits L blocks into P stages: equal (the first L mod P stages one block longer) unless counts
 // (comma-separated, from --pp-layers) says otherwise; dies with a message naming the flag when it
 // cannot. Fills first[P] and count[P].
-void pipeline_split_layers(int L, int P, const char *counts, int *first, int *count);
-void pipeline_init(Pipeline *p, GPT2 *model, Zero *zero, Comm *pp);
+// With V > 1 chunks the L blocks form P·V chunks and stage s gets chunks s, s+P, ...; first and count
+// then hold P·V entries.
+void pipeline_split_layers(int L, int P, int V, const char *counts, int *first, int *count);
+void pipeline_init(Pipeline *p, GPT2 *model, Zero *zero, Comm *fwd, Comm *bwd);
 void pipeline_free(Pipeline *p);
 // One step's forwards and backwards over M micro-batches (inputs and targets: M·B·T tokens each, used
 // by the first and the last stage). Returns the sum of the micro-batch losses on the last stage, 0

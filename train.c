@@ -87,6 +87,8 @@ static const char USAGE[] =
     "                             first, final LayerNorm and head on the last), 1F1B over the micro-batches;\n"
     "                             bubble (N-1)/(M+N-1) for M micro-batches per step\n"
     "  --pp-layers a,b,...        blocks per stage (default: equal, earlier stages one longer)\n"
+    "  --pp-virtual V             interleaved 1F1B: each stage holds V chunks of blocks (stage s: chunks s,\n"
+    "                             s+N, ...); bubble (N-1)/(V*M+N-1); M must be a multiple of N\n"
     "  --pp-trace DIR             testing aid: each stage appends its per-step schedule to DIR/stageS.txt\n"
     "  --zero 0|1|2|3             ZeRO stage of the data-parallel state (default 0): 0 all-reduces\n"
     "                             gradients; 1 shards master weights and AdamW moments; 2 also the\n"
@@ -112,7 +114,7 @@ typedef struct {
     float lr, lr_min_frac, beta1, beta2, eps, weight_decay, clip, temperature;
     uint64_t seed;
     int dtype; // -1 = default for the device
-    int zero, tp, sp, pp;
+    int zero, tp, sp, pp, pp_virtual;
     const char *pp_layers, *pp_trace;
     double bucket_mb, comm_timeout;
 } Options;
@@ -142,7 +144,7 @@ static void parse_options(Options *o, int argc, char **argv) {
     *o = (Options){ .micro_batch = 4, .steps = 20, .val_steps = 10, .sample_tokens = 64, .lr = 3e-4f,
                     .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .clip = 1.0f, .temperature = 1.0f,
                     .seed = 1337, .dtype = -1, .schedule = "cosine", .bucket_mb = 25,
-                    .comm_timeout = 300, .tp = 1, .pp = 1 };
+                    .comm_timeout = 300, .tp = 1, .pp = 1, .pp_virtual = 1 };
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
@@ -200,6 +202,7 @@ static void parse_options(Options *o, int argc, char **argv) {
         else if (!strcmp(f, "--sp")) o->sp = 1;
         else if (IS("--pp")) o->pp = (int)parse_int(f, v, 1, 4096);
         else if (IS("--pp-layers")) o->pp_layers = v;
+        else if (IS("--pp-virtual")) o->pp_virtual = (int)parse_int(f, v, 1, MAX_CHUNKS);
         else if (IS("--pp-trace")) o->pp_trace = v;
         else if (IS("--bucket-mb")) o->bucket_mb = parse_float(f, v, 0, 1e6);
         else if (IS("--comm-timeout")) o->comm_timeout = parse_float(f, v, 0.1, 1e7);
@@ -403,10 +406,12 @@ static int train_main(int argc, char **argv) {
         die("--tp %d x --pp %d = %d does not divide the %d ranks", tp_size, pp_size, tp_size * pp_size, nranks);
     int dp_size = nranks / (tp_size * pp_size);
     int tp_rank = rank % tp_size, pp_rank = rank / tp_size % pp_size, dp_rank = rank / (tp_size * pp_size);
-    Comm *tp_comm = NULL, *dp_comm = NULL, *pp_comm = NULL, *embed_comm = NULL;
+    Comm *tp_comm = NULL, *dp_comm = NULL, *pp_comm = NULL, *embed_comm = NULL, *pp_fwd = NULL, *pp_bwd = NULL;
     if (world) {
         tp_comm = comm_split(world, rank / tp_size, tp_rank, "tp");
         pp_comm = comm_split(world, dp_rank * tp_size + tp_rank, pp_rank, "pp");
+        pp_fwd = comm_split(world, dp_rank * tp_size + tp_rank, pp_rank, "pp activations");
+        pp_bwd = comm_split(world, dp_rank * tp_size + tp_rank, pp_rank, "pp gradients");
         dp_comm = comm_split(world, pp_rank * tp_size + tp_rank, dp_rank, "dp");
         int ends = pp_size > 1 && (pp_rank == 0 || pp_rank == pp_size - 1);
         embed_comm = comm_split(world, ends ? dp_rank * tp_size + tp_rank : -1, pp_rank, "embedding");
@@ -489,13 +494,21 @@ static int train_main(int argc, char **argv) {
 
     if (!host_params) host_params = gpt2_init_params(&cfg, o.seed);
     GPT2 model;
-    int *stage_first = xmalloc(sizeof(int) * pp_size), *stage_count = xmalloc(sizeof(int) * pp_size);
-    pipeline_split_layers(cfg.L, pp_size, o.pp_layers, stage_first, stage_count);
-    Placement place = { .tp = tp_comm, .sp = o.sp, .pp = pp_comm, .layer0 = stage_first[pp_rank],
-                        .nlayers = stage_count[pp_rank], .embed = embed_comm,
-                        .nslots = pp_size - pp_rank < accum ? pp_size - pp_rank : accum };
-    free(stage_first);
-    free(stage_count);
+    int V = pp_size > 1 ? o.pp_virtual : 1;
+    if (V > 1 && accum % pp_size)
+        die("--pp-virtual %d: the %d micro-batch(es) per step must be a multiple of --pp %d for the interleaved schedule",
+            V, accum, pp_size);
+    int *chunk_first = xmalloc(sizeof(int) * pp_size * V), *chunk_count = xmalloc(sizeof(int) * pp_size * V);
+    pipeline_split_layers(cfg.L, pp_size, V, o.pp_layers, chunk_first, chunk_count);
+    Placement place = { .tp = tp_comm, .sp = o.sp, .pp = pp_comm, .nchunks = V, .embed = embed_comm };
+    for (int c = 0; c < V; c++) { // stage s holds chunks s, s + PP, ...
+        place.chunk_first[c] = chunk_first[c * pp_size + pp_rank];
+        place.chunk_len[c] = chunk_count[c * pp_size + pp_rank];
+    }
+    // micro-batches whose activations a stage holds at once: at most PP with 1F1B; every one interleaved
+    place.nslots = V > 1 ? accum : (pp_size - pp_rank < accum ? pp_size - pp_rank : accum);
+    free(chunk_first);
+    free(chunk_count);
     gpt2_build(&model, &cfg, dt, be, B, T, stage != 3, !zero_streams_gradients(stage, dp_size, accum), &place);
     float *host_internal = xmalloc(sizeof(float) * model.num_params);
     gpt2_full_to_local(&model, host_params, host_internal);
@@ -506,7 +519,7 @@ static int train_main(int argc, char **argv) {
     zero_init(&zero, &model, dp_comm, stage, o.bucket_mb, accum, host_internal, &acfg);
     free(host_internal);
     Pipeline pipe;
-    pipeline_init(&pipe, &model, &zero, pp_comm);
+    pipeline_init(&pipe, &model, &zero, pp_fwd, pp_bwd);
 
     double flops_per_token = gpt2_flops_per_token(&cfg, T);
     if (lead) {
@@ -606,7 +619,7 @@ static int train_main(int argc, char **argv) {
         double comm_ms = zero_comm_ms(&zero), exposed_ms = zero_exposed_ms(&zero);
         double tp_ms = tp_size > 1 ? (comm_busy_seconds(tp_comm) - tp_busy0) * 1e3 : 0.0;
         // the bubble: the share of the step each stage waited for activations or gradients
-        double bubble_max = 0, bubble_mean = 0, bubble_formula = (pp_size - 1.0) / (accum + pp_size - 1.0);
+        double bubble_max = 0, bubble_mean = 0, bubble_formula = (pp_size - 1.0) / ((double)V * accum + pp_size - 1.0);
         if (pp_size > 1) {
             double mine = pipe.wait_s / (ms / 1e3), *all = xmalloc(sizeof(double) * pp_size);
             comm_all_gather(pp_comm, &mine, all, (size_t)pp_size, CT_I64);
@@ -663,6 +676,8 @@ static int train_main(int argc, char **argv) {
         comm_destroy(tp_comm);
         comm_destroy(dp_comm);
         comm_destroy(pp_comm);
+        comm_destroy(pp_fwd);
+        comm_destroy(pp_bwd);
         comm_destroy(embed_comm);
         comm_destroy(world);
     }

@@ -448,6 +448,21 @@ t_pipeline() {
             $PY test/pp_schedule.py "$d/trace-$pp-$m" $pp $m || ok=1
         done
     done
+    # interleaved 1F1B: V = 2 chunks per stage (8 blocks), M a multiple of PP
+    local ishape=("${shape[@]}" --layers 8)
+    for pp in 2 3 4; do
+        for m in $pp $((2 * pp)); do
+            $TRAIN "${ishape[@]}" --batch-tokens $((m * 64)) --log "$d/iref$m.jsonl" --save-model "$d/iref$m.bin" >/dev/null || return 1
+            rm -rf "$d/itrace-$pp-$m"
+            timeout 300 $TRAIN --nproc $pp --pp $pp --pp-virtual 2 "${ishape[@]}" --batch-tokens $((m * 64)) --comm-timeout 60 \
+                --pp-trace "$d/itrace-$pp-$m" --log "$d/ipp$pp-m$m.jsonl" --save-model "$d/ipp$pp-m$m.bin" >/dev/null || { echo "interleaved PP $pp M $m failed"; return 1; }
+            $PY test/compare_runs.py 1e-5 "$d/iref$m" "$d/ipp$pp-m$m" || ok=1
+            $PY test/pp_schedule.py "$d/itrace-$pp-$m" $pp $m 2 || ok=1
+        done
+    done
+    timeout 300 $TRAIN --nproc 8 --tp 2 --pp 2 --pp-virtual 2 --zero 1 "${ishape[@]}" --batch-tokens 256 --comm-timeout 60 \
+        --log "$d/i3d.jsonl" --save-model "$d/i3d.bin" >/dev/null || { echo "interleaved 3D failed"; return 1; }
+    $PY test/compare_runs.py 1e-5 "$d/iref4" "$d/i3d" || ok=1
     # 3D layouts (M = 5 micro-batches per data-parallel rank) and an uneven split
     $TRAIN "${shape[@]}" --batch-tokens 640 --log "$d/ref3d.jsonl" --save-model "$d/ref3d.bin" >/dev/null || return 1
     local runs=()
@@ -467,6 +482,8 @@ t_pipeline() {
     grep -q "error: --pp 4: more pipeline stages than the model's 2 blocks" <<<"$err" || { echo "bad error: $err"; ok=1; }
     err=$($TRAIN --nproc 2 --pp 2 --pp-layers 3,2 "${shape[@]}" --steps 0 2>&1 >/dev/null)
     grep -q "error: --pp-layers '3,2' adds up to 5 blocks, but the model has 4" <<<"$err" || { echo "bad error: $err"; ok=1; }
+    err=$($TRAIN --nproc 2 --pp 2 --pp-virtual 2 "${shape[@]}" --batch-tokens 192 --steps 1 2>&1 >/dev/null)
+    grep -q "error: --pp-virtual 2: the 3 micro-batch(es) per step must be a multiple of --pp 2" <<<"$err" || { echo "bad error: $err"; ok=1; }
     return $ok
 }
 
@@ -514,7 +531,7 @@ run_test "data parallel DP 2,3,4 x ZeRO 0-3 x M 1,3 equals one rank; stages bitw
 run_test "data parallel bf16 and active clipping equal one rank" t_data_parallel_bf16_clip
 run_test "ZeRO memory per rank at DP 4 follows the formula" t_zero_memory
 run_test "tensor parallel TP 2,3,4 with and without --sp, alone and with DP 2 x ZeRO 0,1,3, equals one rank" t_tensor_parallel
-run_test "pipeline PP 2,3,4 x M 1,PP,2PP+1 and 3D layouts equal one rank; 1F1B schedule" t_pipeline
+run_test "pipeline PP 2,3,4 x M, plain and interleaved (V 2), and 3D layouts equal one rank; schedules" t_pipeline
 run_test "tensor parallel memory falls to 1/TP (activations too with --sp); logits B x T x Vp/TP" t_tensor_parallel_memory
 
 if [ $skipped -gt 0 ]; then
