@@ -709,9 +709,11 @@ void gpt2_backward_chunk(GPT2 *m, int chunk, float dloss_scale) {
                          x->ln1_mean + l * sR, x->ln1_rstd + l * sR, R);
         ready(m, 1 + l);
     }
-    if (m->first && chunk == 0)
+    if (m->first && chunk == 0) {
+        fetch(m, UNIT_EMBED); // its weights are not read, but ZeRO-2/3 streaming places its gradients here
         be->encoder_bwd(dt, gpt2_grad(m, P_WTE, 0), gpt2_grad(m, P_WPE, 0), tp_full_rows(m, x->dresidual, BTC), x->inputs,
                         B, T, C, m->v_start, m->Vp_tp);
+    }
     // x->dresidual now holds the gradient of the chunk's input, for the previous stage
     if ((m->first && chunk == 0) || (head && !m->first)) ready(m, UNIT_EMBED);
 }

@@ -475,6 +475,15 @@ t_pipeline() {
         runs+=("$d/$name")
     done
     $PY test/compare_runs.py 1e-5 "$d/ref3d" "${runs[@]}" || ok=1
+    # one micro-batch per step: ZeRO-2/3 stream gradients through bucket buffers on every stage
+    runs=()
+    $TRAIN "${shape[@]}" --batch-tokens 128 --log "$d/ref1.jsonl" --save-model "$d/ref1.bin" >/dev/null || return 1
+    for z in 2 3; do
+        timeout 300 $TRAIN --nproc 4 --pp 2 --zero $z "${shape[@]}" --batch-tokens 128 --comm-timeout 60 \
+            --log "$d/s1z$z.jsonl" --save-model "$d/s1z$z.bin" >/dev/null || { echo "PP 2 x DP 2 ZeRO-$z M 1 failed"; return 1; }
+        runs+=("$d/s1z$z")
+    done
+    $PY test/compare_runs.py 1e-5 "$d/ref1" "${runs[@]}" || ok=1
     timeout 300 $TRAIN --nproc 8 --tp 2 --pp 2 --zero 3 "${shape[@]}" --batch-tokens 640 --save-model "$d/rerun.bin" >/dev/null || return 1
     cmp "$d/rerun.bin" "$d/l3d-tp2pp2zero3.bin" || { echo "rerun differs"; ok=1; }
     local err
