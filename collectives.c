@@ -671,13 +671,6 @@ static int shm_track(const char *name) {
 // ---------------------------------------------------------------------------------------------
 // communicator setup
 
-static uint64_t mix64(uint64_t x) {
-    x += 0x9e3779b97f4a7c15ULL;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
-}
-
 static void *progress_main(void *arg);
 
 static void comm_connect(Comm *c) {

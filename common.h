@@ -20,4 +20,13 @@ FILE *atomic_open(const char *path, char *tmp_path, size_t tmp_cap);
 void atomic_commit(FILE *f, const char *tmp_path, const char *path);
 double now_seconds(void); // monotonic clock
 
+// The splitmix64 finaliser: a counter-based hash behind initialisation, shuffling and communicator ids.
+static inline uint64_t mix64(uint64_t x) {
+    x += 0x9e3779b97f4a7c15ULL;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
+
+
 #endif

@@ -12,13 +12,6 @@
 
 #include "common.h"
 
-static uint64_t mix64(uint64_t x) {
-    x += 0x9e3779b97f4a7c15ULL;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
-}
-
 static void pread_all(int fd, void *dst, size_t n, off_t off, const char *path) {
     char *p = dst;
     while (n > 0) {

@@ -70,16 +70,9 @@ int gpt2_param_decays(int k) {
 // ---------------------------------------------------------------------------------------------
 // initialisation
 
-static uint64_t splitmix64(uint64_t x) {
-    x += 0x9e3779b97f4a7c15ULL;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
-}
-
 // Standard normal from a counter: Box-Muller on two 53-bit uniforms derived from (key, i).
 static double normal_at(uint64_t key, uint64_t i) {
-    uint64_t a = splitmix64(key ^ splitmix64(2 * i)), b = splitmix64(key ^ splitmix64(2 * i + 1));
+    uint64_t a = mix64(key ^ mix64(2 * i)), b = mix64(key ^ mix64(2 * i + 1));
     double u1 = ((a >> 11) + 1.0) / 9007199254740993.0; // (0, 1]
     double u2 = (b >> 11) / 9007199254740992.0;         // [0, 1)
     return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
@@ -102,7 +95,7 @@ float *gpt2_init_params(const GPT2Config *cfg, uint64_t seed) {
             continue;
         }
         double std = (k == P_ATTPROJW || k == P_FCPROJW) ? resid_std : 0.02;
-        uint64_t key = splitmix64(splitmix64(seed) + (uint64_t)k);
+        uint64_t key = mix64(mix64(seed) + (uint64_t)k);
         // padded vocabulary rows stay zero so that their logits are exactly 0 and never trained
         size_t live = (k == P_WTE) ? (size_t)cfg->V * cfg->C : sz;
 #pragma omp parallel for schedule(static)
@@ -183,6 +176,8 @@ int gpt2_tensor_replicated(const GPT2 *m, int k) {
     return k == P_WPE || k == P_LN1W || k == P_LN1B || k == P_LN2W || k == P_LN2B || k == P_ATTPROJB ||
            k == P_FCPROJB || k == P_LNFW || k == P_LNFB;
 }
+
+int gpt2_tensor_layers(const GPT2 *m, int k) { return is_layer_tensor(k) ? m->nl : 1; }
 
 int gpt2_unit_of(const GPT2 *m, int k, int l) {
     if (k == P_WTE || k == P_WPE) return UNIT_EMBED;
@@ -271,7 +266,7 @@ static void map_slice(const GPT2 *m, int r, float *full, float *local, int to_lo
     for (int k = 0; k < NUM_PARAM_TENSORS; k++) {
         // the last stage's copy of the tied embedding is the first stage's: written out once
         if (!to_local && (k == P_WTE || k == P_WPE) && !m->first) continue;
-        int layers = is_layer_tensor(k) ? m->nl : 1;
+        int layers = gpt2_tensor_layers(m, k);
         for (int l = 0; l < layers; l++) {
             size_t off, len;
             gpt2_tensor_range(m, k, l, &off, &len);

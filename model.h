@@ -150,6 +150,8 @@ void *gpt2_stage_grad(const GPT2 *m);
 size_t gpt2_stage_bytes(const GPT2 *m, int B, int T);
 void gpt2_free(GPT2 *m);
 int gpt2_unit_of(const GPT2 *m, int tensor, int layer);
+// How many slices of a tensor this rank holds: its blocks for per-block tensors, else 1.
+int gpt2_tensor_layers(const GPT2 *m, int tensor);
 // Where tensor k (layer l for per-layer tensors) lies in the internal order: offset and length.
 void gpt2_tensor_range(const GPT2 *m, int k, int l, size_t *off, size_t *len);
 // Replicated across the tensor-parallel group (LayerNorms, position embedding, row-parallel biases):

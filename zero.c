@@ -302,7 +302,7 @@ static double sumsq_range(const Zero *z, size_t off, size_t len, const float *gr
     for (int k = 0; k < NUM_PARAM_TENSORS; k++) {
         if (gpt2_tensor_replicated(m, k) && m->tp_rank != 0) continue;
         if ((k == P_WTE || k == P_WPE) && !m->first) continue; // the tied copy counts on the first stage
-        int layers = (k == P_WTE || k == P_WPE || k == P_LNFW || k == P_LNFB) ? 1 : m->nl;
+        int layers = gpt2_tensor_layers(m, k);
         for (int l = 0; l < layers; l++) {
             size_t toff, tlen;
             gpt2_tensor_range(m, k, l, &toff, &tlen);
@@ -348,7 +348,7 @@ static void adamw_range(Zero *z, size_t off, size_t len, size_t spos, const floa
     const AdamWConfig *c = &z->cfg;
     // split the range by tensor: decay applies to matrices only
     for (int k = 0; k < NUM_PARAM_TENSORS; k++) {
-        int layers = (k == P_WTE || k == P_WPE || k == P_LNFW || k == P_LNFB) ? 1 : m->nl;
+        int layers = gpt2_tensor_layers(m, k);
         for (int l = 0; l < layers; l++) {
             size_t toff, tlen;
             gpt2_tensor_range(m, k, l, &toff, &tlen);
