@@ -63,6 +63,29 @@ int gpt2_config_valid(const GPT2Config *cfg, char *why, size_t cap) {
     return 1;
 }
 
+GPT2Config gpt2_shape(const char *preset, int L, int C, int NH, int V, int max_seq_len, int seq_len) {
+    GPT2Config cfg;
+    const char *name = preset ? preset : "d12";
+    int depth;
+    if (!strcmp(name, "d12")) depth = 12;
+    else if (!strcmp(name, "d24")) depth = 24;
+    else if (!strcmp(name, "d36")) depth = 36;
+    else if (!strcmp(name, "d48")) depth = 48;
+    else die("--model must be d12, d24, d36 or d48, got '%s'", name);
+    static const int channels[] = { 768, 1024, 1280, 1600 }, heads[] = { 12, 16, 20, 25 };
+    cfg.L = L ? L : depth;
+    cfg.C = C ? C : channels[depth / 12 - 1];
+    cfg.NH = NH ? NH : heads[depth / 12 - 1];
+    cfg.V = V ? V : 50257;
+    cfg.maxT = 1024;
+    if (!preset && (L || C || NH || V || max_seq_len) && seq_len) cfg.maxT = seq_len; // a custom shape is as long as asked
+    if (max_seq_len) cfg.maxT = max_seq_len;
+    cfg.Vp = (cfg.V + 127) / 128 * 128;
+    char why[256];
+    if (!gpt2_config_valid(&cfg, why, sizeof why)) die("bad model shape: %s", why);
+    return cfg;
+}
+
 int gpt2_param_decays(int k) {
     return k == P_WTE || k == P_WPE || k == P_QKVW || k == P_ATTPROJW || k == P_FCW || k == P_FCPROJW;
 }

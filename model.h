@@ -122,6 +122,10 @@ typedef struct {
 size_t gpt2_param_layout(const GPT2Config *cfg, size_t sizes[NUM_PARAM_TENSORS], size_t offsets[NUM_PARAM_TENSORS]);
 // Checks a shape for consistency; on failure writes a reason and returns 0.
 int gpt2_config_valid(const GPT2Config *cfg, char *why, size_t why_cap);
+// The shape a command line asks for: preset d12|d24|d36|d48 (NULL: d12; GPT-2 124M to 1558M, maxT 1024,
+// V 50257), each nonzero value overriding it; a custom shape (no preset) is seq_len long unless
+// max_seq_len says otherwise. Vp pads V to a multiple of 128. Dies with one line on a bad preset or shape.
+GPT2Config gpt2_shape(const char *preset, int L, int C, int NH, int V, int max_seq_len, int seq_len);
 // Decoupled weight decay applies to matrices only (embeddings and linear weights), never to biases
 // or LayerNorm parameters.
 int gpt2_param_decays(int tensor);

@@ -1,6 +1,7 @@
 // train.c: the command line, the step loop, validation, sampling and logging.
 //
 //   ./train prepare INPUT.txt DIR      byte-level token shards from any text
+//   ./train plan [flags]               the layout planner (plan.c; ./train plan --help)
 //   ./train [flags]                    train (see --help)
 #define _GNU_SOURCE
 #include <errno.h>
@@ -23,6 +24,10 @@ static const char USAGE[] =
     "usage: ./train [flags]                      train a GPT-2 model\n"
     "       ./train prepare INPUT.txt DIR        write DIR/train.bin, DIR/val.bin (last 10% of the bytes)\n"
     "                                            and DIR/tokenizer.bin with a byte-level tokenizer (V = 256)\n"
+    "       ./train plan --gpus G --batch-tokens N [flags]\n"
+    "                                            every (TP, PP, DP) layout of G GPUs: memory per GPU, bubble,\n"
+    "                                            communication and compute (./train plan --help)\n"
+    "       ./train bench-comm --nproc N [flags] collective bandwidth table, as nccl-tests prints\n"
     "\n"
     "model (a preset, then any shape flag overrides it; default d12):\n"
     "  --model d12|d24|d36|d48    GPT-2 124M / 350M / 774M / 1558M shapes (maxT 1024, V 50257)\n"
@@ -69,8 +74,9 @@ static const char USAGE[] =
     "  --sample-tokens N          tokens per sample (default 64, at most T - 1)\n"
     "  --temperature F            sampling temperature (default 1.0)\n"
     "  --top-k N                  sample among the N most likely tokens; 0 = all (default 0)\n"
-    "  --log FILE                 JSON Lines: {\"step\",\"loss\",\"lr\",\"grad_norm\",\"ms\",\"tokens_per_s\"}\n"
-    "                             per step and {\"step\",\"val_loss\"} per validation\n"
+    "  --log FILE                 JSON Lines: {\"step\",\"tokens\",\"loss\",\"lr\",\"grad_norm\",\"ms\",\"tokens_per_s\",...}\n"
+    "                             per step (tokens: trained so far) and {\"step\",\"val_loss\"} per validation;\n"
+    "                             scripts/plot.py draws them\n"
     "  --dump DIR                 testing aid: write step 0's global batch tokens, first micro-batch\n"
     "                             logits and accumulated gradients (raw int32/fp32) into DIR\n"
     "\n"
@@ -215,8 +221,6 @@ static void parse_options(Options *o, int argc, char **argv) {
         die("--device must be cpu or cuda, got '%s'", o->device);
 }
 
-static int padded_vocab(int V) { return (V + 127) / 128 * 128; }
-
 // The model's shape: from --init-from, or a preset overridden by the shape flags.
 static GPT2Config resolve_shape(const Options *o, float **host_params) {
     GPT2Config cfg;
@@ -227,30 +231,8 @@ static GPT2Config resolve_shape(const Options *o, float **host_params) {
         *host_params = gpt2_load_file(o->init_from, &cfg);
         return cfg;
     }
-    const char *preset = o->preset ? o->preset : "d12";
-    int depth;
-    if (!strcmp(preset, "d12")) depth = 12;
-    else if (!strcmp(preset, "d24")) depth = 24;
-    else if (!strcmp(preset, "d36")) depth = 36;
-    else if (!strcmp(preset, "d48")) depth = 48;
-    else die("--model must be d12, d24, d36 or d48, got '%s'", preset);
-    static const int channels[] = { 768, 1024, 1280, 1600 }, heads[] = { 12, 16, 20, 25 };
-    cfg.L = depth;
-    cfg.C = channels[depth / 12 - 1];
-    cfg.NH = heads[depth / 12 - 1];
-    cfg.V = 50257;
-    cfg.maxT = 1024;
-    if (o->layers) cfg.L = o->layers;
-    if (o->channels) cfg.C = o->channels;
-    if (o->heads) cfg.NH = o->heads;
-    if (o->vocab) cfg.V = o->vocab;
-    if (!o->preset && shape_flags && o->seq_len) cfg.maxT = o->seq_len; // a custom shape is as long as asked
-    if (o->max_seq_len) cfg.maxT = o->max_seq_len;
-    cfg.Vp = padded_vocab(cfg.V);
-    char why[256];
-    if (!gpt2_config_valid(&cfg, why, sizeof why)) die("bad model shape: %s", why);
     *host_params = NULL;
-    return cfg;
+    return gpt2_shape(o->preset, o->layers, o->channels, o->heads, o->vocab, o->max_seq_len, o->seq_len);
 }
 
 static float lr_at(const Options *o, int step) {
@@ -643,10 +625,10 @@ static int train_main(int argc, char **argv) {
         }
         if (logf) {
             fprintf(logf,
-                    "{\"step\":%d,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"ms\":%.3f,\"tokens_per_s\":%.1f,"
+                    "{\"step\":%d,\"tokens\":%lld,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"ms\":%.3f,\"tokens_per_s\":%.1f,"
                     "\"comm_ms\":%.3f,\"exposed_comm_ms\":%.3f,\"tp_comm_ms\":%.3f,\"bubble_max\":%.4f,"
                     "\"bubble_mean\":%.4f,\"bubble_formula\":%.4f}\n",
-                    step + 1, loss, lr, norm, ms, tps, comm_ms, exposed_ms, tp_ms, bubble_max, bubble_mean, bubble_formula);
+                    step + 1, (step + 1) * batch_tokens, loss, lr, norm, ms, tps, comm_ms, exposed_ms, tp_ms, bubble_max, bubble_mean, bubble_formula);
             if (fflush(logf) != 0) die("cannot write %s: %s", o.log, strerror(errno));
         }
     }
@@ -685,6 +667,7 @@ static int train_main(int argc, char **argv) {
 }
 
 int bench_comm_main(int argc, char **argv); // bench_comm.c
+int plan_main(int argc, char **argv);       // plan.c
 
 int main(int argc, char **argv) {
     // --nproc N: this process becomes the launcher of N local ranks running the same command
@@ -694,6 +677,7 @@ int main(int argc, char **argv) {
             return launch_local((int)parse_int("--nproc", argv[i + 1], 1, 4096), argc, argv);
         }
     if (argc >= 2 && !strcmp(argv[1], "bench-comm")) return bench_comm_main(argc - 1, argv + 1);
+    if (argc >= 2 && !strcmp(argv[1], "plan")) return plan_main(argc - 1, argv + 1);
     if (argc >= 2 && !strcmp(argv[1], "prepare")) {
         if (argc != 4) die("usage: ./train prepare INPUT.txt DIR");
         data_prepare(argv[2], argv[3]);

@@ -3,8 +3,9 @@
 # alone. Without root it installs nothing and says loudly what is missing; the tests that need a
 # missing package then report themselves as skipped.
 set -euo pipefail
-# slurm-wlm and munge: the two-node Slurm tests; iproute2: the simulated nodes (network namespaces)
-PACKAGES=(gcc make libgomp1 python3 python3-numpy python3-torch iproute2 slurm-wlm munge)
+# slurm-wlm and munge: the two-node Slurm tests; iproute2: the simulated nodes (network namespaces);
+# python3-matplotlib: scripts/plot.py (training curves, the planner's memory bars)
+PACKAGES=(gcc make libgomp1 python3 python3-numpy python3-torch python3-matplotlib iproute2 slurm-wlm munge)
 missing=()
 for p in "${PACKAGES[@]}"; do
     dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -1,0 +1,495 @@
+// plan.c: `./train plan`, the layout planner. Given a model, a cluster and a batch, it lists every way
+// of splitting the GPUs into tensor (TP), pipeline (PP) and data (DP) parallel groups, and for each one
+// the bytes per GPU, whether they fit, the pipeline bubble, the communication and the compute time of
+// one optimizer step, best first. It predicts from shapes alone; nothing is allocated or run.
+//
+// The estimate is the seed's model of a mixed-precision Megatron-style run (the README walks through
+// it). Symbols: N parameters, L layers, C channels, H heads, T tokens per sequence, G GPUs, batch =
+// tokens per optimizer step, M micro-batches per data-parallel replica and step, e = 2 bytes per
+// activation element (bf16; 4 with --dtype fp32).
+//
+//   parameters of one GPU's shard    P = N / (TP·PP)
+//   bytes per parameter (bf16)       weights 2, gradients 2, optimizer 12 (fp32 master 4 + Adam m, v 8);
+//                                    fp32: 4, 4, 8 (the weights are the master copy)
+//   ZeRO                             1 divides the optimizer's bytes by DP, 2 also the gradients',
+//                                    3 also the weights'
+//   layers per stage                 Ls = L / PP (fractional: an estimate, not a split)
+//   tokens per replica and step      R = batch / DP;  per micro-batch  m = R / M
+//   activations per token per layer  a = 17·e·C (34·C in bf16, Korthikanti et al. 2022, with sequence
+//                                    parallelism, so all of it divides by TP); flash attention keeps
+//                                    no T² term; --attention full adds the probabilities, 2.5·e·H·T
+//                                    --recompute selective: a = 11·e·C (22·C in bf16): the two LayerNorm
+//                                    outputs (2·e·C) and GELU's input (4·e·C) are recomputed, and with
+//                                    --attention full the probabilities too
+//   activations, upper bound         R · Ls · a / TP                  the whole replica batch resident
+//   activations, 1F1B                k · m · Ls · a / TP              k = min(PP, M) micro-batches in
+//                                                                     flight on the first stage
+//   --recompute full (keep each block's input, e·C per token, rerun the block's forward before its
+//   backward; one block's activations a live during it):
+//     upper bound                    R · (Ls·e·C + a) / TP            (Ls·2·C + 34·C)/TP in bf16, all M
+//                                                                     micro-batches resident
+//     1F1B                           (k · m · Ls · e·C + m · a) / TP
+//   total                            weights + gradients + optimizer + activations (1F1B); fits when
+//                                    total <= --gpu-mem (nothing reserved for buffers or fragmentation)
+//   bubble                           (PP − 1) / (M + PP − 1); interleaved (PP − 1) / (V·M + PP − 1)
+//                                    (V = --pp-virtual; only where PP·V <= L and M is a multiple of PP)
+//   DP gradient all-reduce           f·(DP − 1)/DP · g·P / bw, g = gradient bytes per parameter; f = 2
+//                                    (a ring all-reduce, or ZeRO-1/2's reduce-scatter of the gradients
+//                                    plus all-gather of the weights), 3 with ZeRO-3 (the weights are
+//                                    gathered again for the backward); bw = --intra-bw when the whole
+//                                    DP group sits in one node, else --inter-bw (per GPU)
+//   TP communication                 n · Ls · M all-reduces of m·C·e bytes per step, each
+//                                    2·(TP − 1)/TP · bytes / --intra-bw (Megatron: 2 in the forward and
+//                                    2 in the backward per layer, n = 4; 6 with --recompute full, whose
+//                                    rerun forward repeats its 2; sequence parallelism moves the same
+//                                    bytes as all-gathers and reduce-scatters)
+//   compute                          c · N · batch / G / --flops, c = 6 (forward 2, backward 4), 8 with
+//                                    --recompute full (one more forward)
+// Not counted: the embedding and logits activations, the pipeline's point-to-point hand-offs,
+// communication buffers, and any overlap of communication with compute.
+//
+// Layouts: every (TP, PP, DP) with TP·PP·DP = G, TP <= --max-tp and every TP group (TP consecutive
+// ranks) inside one node (nodes of --gpus-per-node consecutive ranks), in llm4d's rank order
+// rank = (dp·PP + pp)·TP + tp.
+// A layout llm4d cannot run is listed with the reason: TP not dividing the heads, more stages than
+// layers, or a batch that does not split into whole sequences per micro-batch. Sorted: fitting layouts
+// first, then those that do not fit, then those that cannot run; inside each by bubble, then by
+// DP + TP communication time.
+#define _GNU_SOURCE
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common.h"
+#include "model.h"
+
+static const char PLAN_USAGE[] =
+    "usage: ./train plan --gpus G --batch-tokens N [flags]\n"
+    "  every (TP, PP, DP) with TP x PP x DP = G: bytes per GPU, fits, bubble, communication and compute per\n"
+    "  step, best first (the formulas: plan.c and README)\n"
+    "\n"
+    "model (as for training; default d12):\n"
+    "  --model d12|d24|d36|d48    GPT-2 124M / 350M / 774M / 1558M (maxT 1024, V 50257)\n"
+    "  --layers L --channels C --heads H --vocab V --max-seq-len N\n"
+    "                             a custom shape (parameters from the shape, vocab padded to 128)\n"
+    "  --seq-len T                tokens per sequence (default: maxT)\n"
+    "  --params N                 the parameter count instead of the shape's (with --layers and --channels;\n"
+    "                             --heads defaults to C/64), e.g. 70B or 7e10\n"
+    "\n"
+    "cluster:\n"
+    "  --gpus G                   GPUs in all (required)\n"
+    "  --gpus-per-node N          default 8; each TP group (TP consecutive ranks) stays inside a node\n"
+    "  --max-tp N                 largest TP considered (default 8)\n"
+    "  --gpu-mem BYTES            memory per GPU, e.g. 80GB (1e9) or 80GiB (2^30) (default 80GB)\n"
+    "  --intra-bw GB/s            per-GPU link bandwidth inside a node (default 300)\n"
+    "  --inter-bw GB/s            per-GPU link bandwidth across nodes (default 50)\n"
+    "  --flops F                  sustained FLOP/s per GPU, e.g. 400T or 4e14 (default 400T)\n"
+    "\n"
+    "training step:\n"
+    "  --batch-tokens N           tokens per optimizer step (required); K, M, G are 2^10, 2^20, 2^30\n"
+    "                             (4M = 4194304 = 1024 sequences of 4096)\n"
+    "  --micro-batches M          micro-batches per data-parallel replica and step (default 8)\n"
+    "  --pp-virtual V             chunks per stage for the interleaved bubble (default 2)\n"
+    "  --zero 0|1|2|3             ZeRO stage (default 0)\n"
+    "  --recompute none|selective|full\n"
+    "                             activation checkpointing (default none): selective recomputes the\n"
+    "                             LayerNorm outputs and GELU's input, full keeps only each block's input\n"
+    "  --attention flash|full     flash (default) keeps no T x T probabilities; full keeps them\n"
+    "  --dtype bf16|fp32          working weights, gradients and activations (default bf16)\n"
+    "\n"
+    "output:\n"
+    "  --top N                    print the N best layouts only (default all)\n"
+    "  --json                     one JSON object (inputs, model, every layout) instead of the table\n"
+    "  --plot FILE.png            memory per GPU by category for each layout, stacked bars with the limit\n"
+    "                             marked (scripts/plot.py, matplotlib)\n";
+
+typedef enum { RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL } Recompute;
+static const char *const RECOMPUTE_NAMES[] = { "none", "selective", "full" };
+
+typedef struct {
+    GPT2Config cfg;
+    int T;
+    double params;       // N
+    int gpus, gpus_per_node, max_tp, micro_batches, pp_virtual, zero, top;
+    Recompute recompute;
+    int flash, fp32, json;
+    double gpu_mem, intra_bw, inter_bw, flops, batch_tokens; // bytes, bytes/s, bytes/s, FLOP/s, tokens
+    const char *plot;
+} PlanInput;
+
+// One layout and what the estimate says of it. cp is 1 until context parallelism exists; it is the
+// place its axis goes (rank = ((dp·PP + pp)·CP + cp)·TP + tp).
+typedef struct {
+    int tp, pp, cp, dp;
+    const char *why; // NULL, or why llm4d cannot run this layout
+    double layers_per_stage, tokens_per_replica, micro_tokens, sequences_per_micro;
+    double params_per_gpu;
+    double weights, grads, optimizer, act_upper, act_1f1b, total, total_upper; // bytes per GPU
+    int fits;
+    double bubble, bubble_interleaved; // the latter NaN where the interleaved schedule does not apply
+    int dp_intra;                      // the DP group sits inside one node
+    double dp_allreduce_s, tp_comm_s, compute_s;
+} Layout;
+
+// ---------------------------------------------------------------------------------------------
+// the command line: numbers with units, every error naming its flag
+
+typedef struct {
+    const char *suffix;
+    double mult;
+} Unit;
+static const Unit NO_UNITS[] = { { NULL, 0 } };
+static const Unit TOKEN_UNITS[] = { { "K", 1024.0 }, { "M", 1048576.0 }, { "G", 1073741824.0 }, { NULL, 0 } };
+static const Unit COUNT_UNITS[] = { { "K", 1e3 }, { "M", 1e6 }, { "B", 1e9 }, { "T", 1e12 }, { NULL, 0 } };
+static const Unit FLOP_UNITS[] = { { "G", 1e9 }, { "T", 1e12 }, { "P", 1e15 }, { NULL, 0 } };
+static const Unit BYTE_UNITS[] = { { "B", 1 },          { "KB", 1e3 },         { "MB", 1e6 },
+                                   { "GB", 1e9 },       { "TB", 1e12 },        { "KiB", 1024.0 },
+                                   { "MiB", 1048576.0 }, { "GiB", 1073741824.0 }, { "TiB", 1099511627776.0 },
+                                   { NULL, 0 } };
+
+// A number (decimal or with an exponent), optionally followed by one of the units, in [lo, hi]; whole:
+// it must be an integer.
+static double parse_amount(const char *flag, const char *s, const Unit *units, double lo, double hi, int whole) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || !isfinite(v)) die("%s expects a number, got '%s'", flag, s);
+    if (*end) {
+        const Unit *u = units;
+        while (u->suffix && strcmp(end, u->suffix)) u++;
+        if (!u->suffix) {
+            if (units == NO_UNITS) die("%s expects a number, got '%s'", flag, s);
+            char list[128] = "";
+            for (u = units; u->suffix; u++) snprintf(list + strlen(list), sizeof list - strlen(list), " %s", u->suffix);
+            die("%s: unknown unit '%s' in '%s' (units:%s)", flag, end, s, list);
+        }
+        v *= u->mult;
+    }
+    if (whole && v != floor(v)) die("%s expects a whole number, got '%s'", flag, s);
+    if (v < lo || v > hi) die("%s must be between %g and %g, got '%s'", flag, lo, hi, s);
+    return v;
+}
+
+static void parse_plan(PlanInput *in, int argc, char **argv) {
+    const char *preset = NULL;
+    int L = 0, C = 0, NH = 0, V = 0, maxT = 0, T = 0;
+    *in = (PlanInput){ .gpus_per_node = 8, .max_tp = 8, .micro_batches = 8, .pp_virtual = 2, .flash = 1,
+                       .gpu_mem = 80e9, .intra_bw = 300e9, .inter_bw = 50e9, .flops = 400e12 };
+    for (int i = 1; i < argc; i++) {
+        const char *f = argv[i];
+        if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
+            fputs(PLAN_USAGE, stdout);
+            exit(0);
+        }
+        if (!strcmp(f, "--json")) {
+            in->json = 1;
+            continue;
+        }
+        // --exact (later): count llm4d's own buffers for each layout instead of the seed's model, once
+        // activation recompute and flash attention have settled model.c's buffers. Its estimate goes
+        // into estimate_exact() beside estimate_seed() below, filling the same Layout fields.
+        if (!strcmp(f, "--exact"))
+            die("--exact (llm4d's own buffers) is not built yet; the planner uses the seed's model (see --help)");
+        if (strncmp(f, "--", 2) != 0) die("plan: unexpected argument '%s' (see ./train plan --help)", f);
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define IS(name) (!strcmp(f, name) && (v ? (i++, 1) : (die("%s needs a value", name), 0)))
+#define INT(lo, hi) (int)parse_amount(f, v, NO_UNITS, lo, hi, 1)
+        if (IS("--model")) preset = v;
+        else if (IS("--layers")) L = INT(1, 4096);
+        else if (IS("--channels")) C = INT(1, 65536);
+        else if (IS("--heads")) NH = INT(1, 65536);
+        else if (IS("--vocab")) V = INT(1, 65536);
+        else if (IS("--max-seq-len")) maxT = INT(1, 1048576);
+        else if (IS("--seq-len")) T = INT(1, 1048576);
+        else if (IS("--params")) in->params = parse_amount(f, v, COUNT_UNITS, 1, 1e16, 0);
+        else if (IS("--gpus")) in->gpus = INT(1, 1 << 24);
+        else if (IS("--gpus-per-node")) in->gpus_per_node = INT(1, 1 << 16);
+        else if (IS("--max-tp")) in->max_tp = INT(1, 1 << 16);
+        else if (IS("--gpu-mem")) in->gpu_mem = parse_amount(f, v, BYTE_UNITS, 1, 1e18, 0);
+        else if (IS("--intra-bw")) in->intra_bw = 1e9 * parse_amount(f, v, NO_UNITS, 1e-6, 1e9, 0);
+        else if (IS("--inter-bw")) in->inter_bw = 1e9 * parse_amount(f, v, NO_UNITS, 1e-6, 1e9, 0);
+        else if (IS("--flops")) in->flops = parse_amount(f, v, FLOP_UNITS, 1, 1e21, 0);
+        else if (IS("--batch-tokens")) in->batch_tokens = parse_amount(f, v, TOKEN_UNITS, 1, 1e15, 1);
+        else if (IS("--micro-batches")) in->micro_batches = INT(1, 1 << 24);
+        else if (IS("--pp-virtual")) in->pp_virtual = INT(1, MAX_CHUNKS);
+        else if (IS("--zero")) in->zero = INT(0, 3);
+        else if (IS("--top")) in->top = INT(1, 1 << 30);
+        else if (IS("--plot")) in->plot = v;
+        else if (IS("--recompute")) {
+            if (!strcmp(v, "none")) in->recompute = RECOMPUTE_NONE;
+            else if (!strcmp(v, "selective")) in->recompute = RECOMPUTE_SELECTIVE;
+            else if (!strcmp(v, "full")) in->recompute = RECOMPUTE_FULL;
+            else die("--recompute must be none, selective or full, got '%s'", v);
+        } else if (IS("--attention")) {
+            if (strcmp(v, "flash") && strcmp(v, "full")) die("--attention must be flash or full, got '%s'", v);
+            in->flash = !strcmp(v, "flash");
+        } else if (IS("--dtype")) {
+            if (strcmp(v, "bf16") && strcmp(v, "fp32")) die("--dtype must be bf16 or fp32, got '%s'", v);
+            in->fp32 = !strcmp(v, "fp32");
+        } else die("plan: unknown flag %s (see ./train plan --help)", f);
+#undef INT
+#undef IS
+    }
+    if (!in->gpus) die("plan: --gpus is required (the number of GPUs to split the model over)");
+    if (!in->batch_tokens) die("plan: --batch-tokens is required (tokens per optimizer step, e.g. 4M)");
+    if (in->params > 0) {
+        if (preset || V || maxT) die("--params replaces the shape's parameter count: drop --model, --vocab and --max-seq-len");
+        if (!L || !C) die("--params needs --layers and --channels (the activations depend on them)");
+        if (!NH && C % 64) die("--params: --heads is needed when --channels %d is not a multiple of 64", C);
+        in->cfg = (GPT2Config){ .L = L, .C = C, .NH = NH ? NH : C / 64, .V = 0, .Vp = 0, .maxT = T ? T : 1024 };
+        if (C % in->cfg.NH) die("bad model shape: channels (%d) must be divisible by heads (%d)", C, in->cfg.NH);
+        in->T = in->cfg.maxT;
+    } else {
+        in->cfg = gpt2_shape(preset, L, C, NH, V, maxT, T);
+        size_t sizes[NUM_PARAM_TENSORS], offsets[NUM_PARAM_TENSORS];
+        in->params = (double)gpt2_param_layout(&in->cfg, sizes, offsets);
+        in->T = T ? T : in->cfg.maxT;
+        if (in->T > in->cfg.maxT) die("--seq-len %d is above the model's maximum sequence length %d", in->T, in->cfg.maxT);
+    }
+    if (in->max_tp > in->gpus_per_node) in->max_tp = in->gpus_per_node;
+}
+
+// ---------------------------------------------------------------------------------------------
+// the estimate
+
+// Whether every group of `size` ranks `stride` apart lies inside one node. Ranks fill the nodes in
+// order (node = rank / gpus_per_node), and the groups of one axis tile the ranks in blocks of
+// stride·size consecutive ranks, so it is enough that no block crosses a node boundary.
+static int group_in_node(int stride, int size, int world, int gpus_per_node) {
+    long span = (long)stride * size;
+    if (size == 1) return 1;
+    for (long first = 0; first < world; first += span)
+        if (first / gpus_per_node != (first + span - 1) / gpus_per_node) return 0;
+    return 1;
+}
+
+// The seed's model, the formulas at the top of this file.
+static void estimate_seed(const PlanInput *in, Layout *y) {
+    const GPT2Config *c = &in->cfg;
+    double e = in->fp32 ? 4 : 2;                                 // bytes per activation element
+    double wb = in->fp32 ? 4 : 2, gb = wb, ob = in->fp32 ? 8 : 12; // bytes per parameter
+    double C = c->C, M = in->micro_batches, T = in->T;
+    int tp = y->tp, pp = y->pp, dp = y->dp;
+
+    y->why = NULL;
+    if (c->NH % tp) y->why = "TP does not divide the heads";
+    else if (pp > c->L) y->why = "more stages than layers";
+    else if (fmod(in->batch_tokens, (double)dp * M * T) != 0)
+        y->why = "the batch does not split into whole sequences per micro-batch";
+
+    y->params_per_gpu = in->params / ((double)tp * pp);
+    double P = y->params_per_gpu;
+    y->weights = wb * P / (in->zero >= 3 ? dp : 1);
+    y->grads = gb * P / (in->zero >= 2 ? dp : 1);
+    y->optimizer = ob * P / (in->zero >= 1 ? dp : 1);
+
+    double Ls = (double)c->L / pp, R = in->batch_tokens / dp, m = R / M, k = pp < M ? pp : M;
+    y->layers_per_stage = Ls;
+    y->tokens_per_replica = R;
+    y->micro_tokens = m;
+    y->sequences_per_micro = m / T;
+    double attn = in->flash ? 0 : 2.5 * e * c->NH * T;     // the T x T probabilities, per token
+    double a_full = 17 * e * C + attn;                        // 34·C in bf16
+    double a = in->recompute == RECOMPUTE_SELECTIVE ? 11 * e * C : a_full;
+    if (in->recompute == RECOMPUTE_FULL) {
+        y->act_upper = R * (Ls * e * C + a_full) / tp;
+        y->act_1f1b = (k * m * Ls * e * C + m * a_full) / tp;
+    } else {
+        y->act_upper = R * Ls * a / tp;
+        y->act_1f1b = k * m * Ls * a / tp;
+    }
+    double state = y->weights + y->grads + y->optimizer;
+    y->total = state + y->act_1f1b;
+    y->total_upper = state + y->act_upper;
+    y->fits = !y->why && y->total <= in->gpu_mem;
+
+    y->bubble = (pp - 1.0) / (M + pp - 1.0);
+    int interleaves = pp > 1 && pp * in->pp_virtual <= c->L && in->micro_batches % pp == 0;
+    y->bubble_interleaved = interleaves ? (pp - 1.0) / (in->pp_virtual * M + pp - 1.0) : NAN;
+
+    // the DP group: ranks TP·PP·CP apart (rank order above)
+    y->dp_intra = group_in_node(tp * pp * y->cp, dp, in->gpus, in->gpus_per_node);
+    double dp_bw = y->dp_intra ? in->intra_bw : in->inter_bw, f = in->zero == 3 ? 3 : 2;
+    y->dp_allreduce_s = f * (dp - 1.0) / dp * gb * P / dp_bw;
+    double n_ar = in->recompute == RECOMPUTE_FULL ? 6 : 4;
+    y->tp_comm_s = n_ar * Ls * M * (2.0 * (tp - 1) / tp * m * C * e) / in->intra_bw;
+    double c_flops = in->recompute == RECOMPUTE_FULL ? 8 : 6;
+    y->compute_s = c_flops * in->params * in->batch_tokens / in->gpus / in->flops;
+}
+
+// Every (TP, PP, DP) with product G, TP <= max-tp and every TP group inside one node. The CP axis,
+// when it exists, is one more loop between PP and DP. Returns the count; *out is malloc'd.
+static int enumerate_layouts(const PlanInput *in, Layout **out) {
+    int cap = 16, n = 0, G = in->gpus;
+    Layout *ys = xmalloc(sizeof(Layout) * cap);
+    for (int tp = 1; tp <= in->max_tp && tp <= G; tp++) {
+        if (G % tp || !group_in_node(1, tp, G, in->gpus_per_node)) continue;
+        for (int pp = 1; pp <= G / tp; pp++) {
+            if ((G / tp) % pp) continue;
+            if (n == cap) ys = realloc(ys, sizeof(Layout) * (cap *= 2));
+            if (!ys) die("out of memory");
+            ys[n++] = (Layout){ .tp = tp, .pp = pp, .cp = 1, .dp = G / tp / pp };
+        }
+    }
+    *out = ys;
+    return n;
+}
+
+static int layout_rank(const Layout *y) { return y->fits ? 0 : y->why ? 2 : 1; }
+
+static int layout_order(const void *pa, const void *pb) {
+    const Layout *a = pa, *b = pb;
+    if (layout_rank(a) != layout_rank(b)) return layout_rank(a) - layout_rank(b);
+    if (a->bubble != b->bubble) return a->bubble < b->bubble ? -1 : 1;
+    double ca = a->dp_allreduce_s + a->tp_comm_s, cb = b->dp_allreduce_s + b->tp_comm_s;
+    if (ca != cb) return ca < cb ? -1 : 1;
+    return a->tp != b->tp ? a->tp - b->tp : a->pp - b->pp;
+}
+
+// ---------------------------------------------------------------------------------------------
+// output
+
+static void print_table(const PlanInput *in, const Layout *ys, int n) {
+    const GPT2Config *c = &in->cfg;
+    char count[32];
+    if (in->params >= 1e9) snprintf(count, sizeof count, "%.2f B", in->params / 1e9);
+    else snprintf(count, sizeof count, "%.1f M", in->params / 1e6);
+    printf("llm4d plan: the seed's model; bytes per GPU in GB (1e9), times per optimizer step in ms\n");
+    if (c->V) printf("model: L %d, C %d, H %d, V %d (padded %d), maxT %d, T %d | %s parameters\n", c->L, c->C, c->NH, c->V,
+                     c->Vp, c->maxT, in->T, count);
+    else printf("model: L %d, C %d, H %d, T %d | %s parameters (--params)\n", c->L, c->C, c->NH, in->T, count);
+    printf("cluster: %d GPUs, %d per node, %.4g GB each, TP <= %d | %.4g GB/s inside a node, %.4g GB/s across | "
+           "%.4g TFLOP/s per GPU\n", in->gpus, in->gpus_per_node, in->gpu_mem / 1e9, in->max_tp, in->intra_bw / 1e9,
+           in->inter_bw / 1e9, in->flops / 1e12);
+    printf("step: %.0f tokens (%.6g sequences of %d), %d micro-batches per replica | ZeRO-%d | recompute %s | %s | "
+           "%s attention\n", in->batch_tokens, in->batch_tokens / in->T, in->T, in->micro_batches, in->zero,
+           RECOMPUTE_NAMES[in->recompute], in->fp32 ? "fp32" : "bf16", in->flash ? "flash (no T^2 term)" : "full (T^2 probabilities kept)");
+    printf("act upper: the whole replica batch resident; act 1F1B: min(PP, M) micro-batches in flight (total and fits "
+           "use it); interleaved bubble with V = %d\n\n", in->pp_virtual);
+    printf("  TP   PP     DP  layers/st  tok/replica  weights    grads    optim  act upper  act 1F1B    total  fits  "
+           "bubble  interlvd   DP all-reduce    TP comm   compute\n");
+    int rows = in->top && in->top < n ? in->top : n;
+    for (int i = 0; i < rows; i++) {
+        const Layout *y = &ys[i];
+        char intl[16] = "-";
+        if (!isnan(y->bubble_interleaved)) snprintf(intl, sizeof intl, "%.1f%%", 100 * y->bubble_interleaved);
+        printf("%4d %4d %6d %10.3f %12.0f %8.2f %8.2f %8.2f %10.2f %9.2f %8.2f  %-4s %6.1f%% %9s %9.1f %-5s %10.1f %9.1f", y->tp,
+               y->pp, y->dp, y->layers_per_stage, y->tokens_per_replica, y->weights / 1e9, y->grads / 1e9,
+               y->optimizer / 1e9, y->act_upper / 1e9, y->act_1f1b / 1e9, y->total / 1e9,
+               y->fits ? "yes" : "no", 100 * y->bubble, intl, 1e3 * y->dp_allreduce_s,
+               y->dp == 1 ? "" : y->dp_intra ? "intra" : "inter", 1e3 * y->tp_comm_s, 1e3 * y->compute_s);
+        if (y->why) printf("  (%s)", y->why);
+        printf("\n");
+    }
+    if (rows < n) printf("... %d more layout(s) (--top)\n", n - rows);
+}
+
+static void json_num(FILE *f, const char *key, double v, const char *sep) {
+    if (isnan(v)) fprintf(f, "\"%s\":null%s", key, sep);
+    else fprintf(f, "\"%s\":%.17g%s", key, v, sep);
+}
+
+static void write_json(FILE *f, const PlanInput *in, const Layout *ys, int n) {
+    const GPT2Config *c = &in->cfg;
+    fprintf(f, "{\"model\":{\"layers\":%d,\"channels\":%d,\"heads\":%d,\"vocab\":%d,\"padded_vocab\":%d,\"max_seq_len\":%d,"
+               "\"seq_len\":%d,", c->L, c->C, c->NH, c->V, c->Vp, c->maxT, in->T);
+    json_num(f, "params", in->params, "},");
+    fprintf(f, "\"inputs\":{\"gpus\":%d,\"gpus_per_node\":%d,\"max_tp\":%d,\"micro_batches\":%d,\"pp_virtual\":%d,"
+               "\"zero\":%d,\"recompute\":\"%s\",\"attention\":\"%s\",\"dtype\":\"%s\",", in->gpus, in->gpus_per_node,
+            in->max_tp, in->micro_batches, in->pp_virtual, in->zero, RECOMPUTE_NAMES[in->recompute],
+            in->flash ? "flash" : "full", in->fp32 ? "fp32" : "bf16");
+    json_num(f, "batch_tokens", in->batch_tokens, ",");
+    json_num(f, "gpu_mem_bytes", in->gpu_mem, ",");
+    json_num(f, "intra_bw_bytes_per_s", in->intra_bw, ",");
+    json_num(f, "inter_bw_bytes_per_s", in->inter_bw, ",");
+    json_num(f, "flops_per_s", in->flops, "},\"layouts\":[");
+    for (int i = 0; i < n; i++) {
+        const Layout *y = &ys[i];
+        fprintf(f, "%s{\"tp\":%d,\"pp\":%d,\"cp\":%d,\"dp\":%d,\"runs\":%s,\"why\":", i ? "," : "", y->tp, y->pp, y->cp,
+                y->dp, y->why ? "false" : "true");
+        if (y->why) fprintf(f, "\"%s\",", y->why);
+        else fprintf(f, "null,");
+        json_num(f, "layers_per_stage", y->layers_per_stage, ",");
+        json_num(f, "tokens_per_replica", y->tokens_per_replica, ",");
+        json_num(f, "micro_batch_tokens", y->micro_tokens, ",");
+        json_num(f, "sequences_per_micro_batch", y->sequences_per_micro, ",");
+        json_num(f, "params_per_gpu", y->params_per_gpu, ",");
+        fprintf(f, "\"bytes\":{");
+        json_num(f, "weights", y->weights, ",");
+        json_num(f, "gradients", y->grads, ",");
+        json_num(f, "optimizer", y->optimizer, ",");
+        json_num(f, "activations_upper", y->act_upper, ",");
+        json_num(f, "activations_1f1b", y->act_1f1b, ",");
+        json_num(f, "total", y->total, ",");
+        json_num(f, "total_upper", y->total_upper, "},");
+        fprintf(f, "\"fits\":%s,", y->fits ? "true" : "false");
+        json_num(f, "bubble", y->bubble, ",");
+        json_num(f, "bubble_interleaved", y->bubble_interleaved, ",");
+        fprintf(f, "\"dp_intra_node\":%s,", y->dp_intra ? "true" : "false");
+        json_num(f, "dp_allreduce_s", y->dp_allreduce_s, ",");
+        json_num(f, "tp_comm_s", y->tp_comm_s, ",");
+        json_num(f, "compute_s", y->compute_s, "}");
+    }
+    fprintf(f, "]}\n");
+}
+
+// --plot: the JSON goes to scripts/plot.py (next to this binary) on its standard input; the script
+// writes the PNG and reports errors itself. Python: $LLM4D_PYTHON, else Debian's /usr/bin/python3
+// (where scripts/deps.sh installs matplotlib), else python3 on the PATH.
+static int plot_layouts(const PlanInput *in, const Layout *ys, int n) {
+    char exe[4096];
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (len < 0) die("--plot: cannot find this binary's directory: %s", strerror(errno));
+    exe[len] = 0;
+    char *slash = strrchr(exe, '/');
+    if (slash) *slash = 0;
+    char script[4200];
+    snprintf(script, sizeof script, "%s/scripts/plot.py", exe);
+    struct stat st;
+    if (stat(script, &st) != 0) die("--plot: %s not found (plots are drawn by scripts/plot.py next to ./train)", script);
+    const char *py = getenv("LLM4D_PYTHON");
+    if (!py || !*py) py = access("/usr/bin/python3", X_OK) == 0 ? "/usr/bin/python3" : "python3";
+    int fd[2];
+    if (pipe(fd) != 0) die("--plot: pipe: %s", strerror(errno));
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid < 0) die("--plot: fork: %s", strerror(errno));
+    if (pid == 0) {
+        if (dup2(fd[0], 0) < 0) die("--plot: dup2: %s", strerror(errno));
+        close(fd[0]);
+        close(fd[1]);
+        execlp(py, py, script, "--plan", "-", "-o", in->plot, (char *)NULL);
+        die("--plot: cannot run %s: %s", py, strerror(errno));
+    }
+    close(fd[0]);
+    signal(SIGPIPE, SIG_IGN); // a script that fails early reports why; its exit status is what counts
+    FILE *f = fdopen(fd[1], "w");
+    if (!f) die("--plot: fdopen: %s", strerror(errno));
+    write_json(f, in, ys, n);
+    fclose(f);
+    int status;
+    while (waitpid(pid, &status, 0) < 0)
+        if (errno != EINTR) die("--plot: waitpid: %s", strerror(errno));
+    if (WIFEXITED(status)) return WEXITSTATUS(status);
+    die("--plot: %s %s was killed by signal %d", py, script, WTERMSIG(status));
+}
+
+int plan_main(int argc, char **argv) {
+    PlanInput in;
+    parse_plan(&in, argc, argv);
+    Layout *ys;
+    int n = enumerate_layouts(&in, &ys); // at least TP 1 x PP 1 x DP G
+    for (int i = 0; i < n; i++) estimate_seed(&in, &ys[i]);
+    qsort(ys, (size_t)n, sizeof(Layout), layout_order);
+    if (in.json) write_json(stdout, &in, ys, n);
+    else print_table(&in, ys, n);
+    if (fflush(stdout) != 0) die("plan: cannot write the output: %s", strerror(errno));
+    int rc = in.plot ? plot_layouts(&in, ys, n) : 0;
+    free(ys);
+    return rc;
+}

@@ -1,0 +1,256 @@
+#!/usr/bin/env python3
+"""llm4d's pictures, drawn with matplotlib (Debian's python3-matplotlib; scripts/deps.sh installs it).
+
+  scripts/plot.py RUN.jsonl [MORE.jsonl ...] -o OUT.png
+      training logs (./train --log): loss and validation loss against steps and against tokens,
+      tokens/s, and where the logs have them the pipeline bubble, the communication times and the
+      memory per category. Several logs share the panels, one colour each.
+  scripts/plot.py --plan PLAN.json -o OUT.png      (PLAN.json: ./train plan --json; '-' reads stdin)
+      memory per GPU by category for each layout the planner can run, stacked bars in its order, the
+      GPU memory marked; ./train plan --plot OUT.png calls this.
+
+Log records it reads: {"step","loss","tokens","tokens_per_s", "bubble_max","bubble_mean",
+"bubble_formula","comm_ms","exposed_comm_ms","tp_comm_ms"} per step, {"step","val_loss"} per
+validation, and any record with an object "memory..." of bytes per category (optionally with "rank"),
+e.g. {"memory_peak":{"weights":..,"activations":..},"rank":0}. Fields a log lacks are left out.
+Errors: one line "error: ..." on stderr, exit status 1; OUT is written whole or not at all.
+"""
+import json
+import os
+import sys
+
+
+def fail(msg):
+    print("error: " + msg, file=sys.stderr)
+    sys.exit(1)
+
+
+def load_matplotlib():
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        return plt
+    except ImportError:
+        fail("scripts/plot.py needs matplotlib: install python3-matplotlib (scripts/deps.sh does, as root)")
+
+
+def read_log(path):
+    steps, vals, mems = [], [], []
+    try:
+        f = open(path)
+    except OSError as e:
+        fail("cannot open %s: %s" % (path, e.strerror))
+    with f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                r = json.loads(line)
+            except ValueError:
+                fail("%s:%d: not a JSON line" % (path, n))
+            if not isinstance(r, dict):
+                fail("%s:%d: not a JSON object" % (path, n))
+            if "loss" in r and "step" in r:
+                steps.append(r)
+            elif "val_loss" in r and "step" in r:
+                vals.append(r)
+            for k, v in r.items():
+                if k.startswith("memory") and isinstance(v, dict):
+                    mems.append((k, r.get("rank"), v))
+    if not steps and not vals:
+        fail("%s: no step or validation records" % path)
+    return steps, vals, mems
+
+
+def column(records, key):
+    return [r[key] for r in records if key in r]
+
+
+def has_nonzero(logs, key):
+    return any(any(r.get(key, 0) for r in steps) for _, steps, _, _ in logs)
+
+
+def save(fig, plt, out):
+    tmp = out + ".tmp"
+    try:
+        fig.savefig(tmp, format="png", dpi=110)
+        os.replace(tmp, out)
+    except OSError as e:
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        fail("cannot write %s: %s" % (out, e.strerror))
+    plt.close(fig)
+    print("plot: wrote %s" % out, file=sys.stderr)  # stdout may carry the planner's JSON
+
+
+def plot_logs(paths, out):
+    plt = load_matplotlib()
+    logs = [(os.path.basename(p),) + read_log(p) for p in paths]
+    panels = ["loss_step", "loss_tokens", "throughput"]
+    if has_nonzero(logs, "bubble_max") or has_nonzero(logs, "bubble_formula"):
+        panels.append("bubble")
+    if any(has_nonzero(logs, k) for k in ("comm_ms", "exposed_comm_ms", "tp_comm_ms")):
+        panels.append("comm")
+    if any(mems for _, _, _, mems in logs):
+        panels.append("memory")
+    rows = (len(panels) + 1) // 2
+    fig, axes = plt.subplots(rows, 2, figsize=(13, 4 * rows), squeeze=False)
+    axes = [a for row in axes for a in row]
+    for a in axes[len(panels):]:
+        a.axis("off")
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, (name, steps, vals, mems) in enumerate(logs):
+        c = colors[i % len(colors)]
+        s = column(steps, "step")
+        tokens_at = {0: 0}
+        for r in steps:
+            if "tokens" in r:
+                tokens_at[r["step"]] = r["tokens"]
+        for p, ax in zip(panels, axes):
+            if p == "loss_step":
+                ax.plot(s, column(steps, "loss"), color=c, lw=1, label=name + " train")
+                if vals:
+                    ax.plot(column(vals, "step"), column(vals, "val_loss"), "o--", color=c, ms=4, label=name + " val")
+            elif p == "loss_tokens":
+                pts = [(tokens_at[r["step"]], r["loss"]) for r in steps if r["step"] in tokens_at]
+                if pts:
+                    ax.plot([t for t, _ in pts], [l for _, l in pts], color=c, lw=1, label=name + " train")
+                vpts = [(tokens_at[r["step"]], r["val_loss"]) for r in vals if r["step"] in tokens_at]
+                if vpts and len(tokens_at) > 1:
+                    ax.plot([t for t, _ in vpts], [l for _, l in vpts], "o--", color=c, ms=4, label=name + " val")
+                if len(tokens_at) == 1:
+                    ax.text(0.5, 0.5, "no \"tokens\" field in the log", ha="center", transform=ax.transAxes)
+            elif p == "throughput":
+                ax.plot(s, column(steps, "tokens_per_s"), color=c, lw=1, label=name)
+            elif p == "bubble":
+                if not any(r.get("bubble_max", 0) or r.get("bubble_formula", 0) for r in steps):
+                    continue  # no pipeline in this run
+                for key, style in (("bubble_max", "-"), ("bubble_mean", ":"), ("bubble_formula", "--")):
+                    ys = [100 * r.get(key, 0) for r in steps]
+                    ax.plot(s, ys, style, color=c, lw=1, label="%s %s" % (name, key.split("_")[1]))
+            elif p == "comm":
+                for key, style in (("comm_ms", "-"), ("exposed_comm_ms", "--"), ("tp_comm_ms", ":")):
+                    if any(r.get(key, 0) for r in steps):
+                        ax.plot(s, [r.get(key, 0) for r in steps], style, color=c, lw=1,
+                                label="%s %s" % (name, key[:-3].replace("_", " ")))
+    titles = {
+        "loss_step": ("loss", "step", "loss"),
+        "loss_tokens": ("loss against tokens", "tokens", "loss"),
+        "throughput": ("throughput", "step", "tokens/s"),
+        "bubble": ("pipeline bubble (share of the step a stage waits)", "step", "%"),
+        "comm": ("communication per step", "step", "ms"),
+        "memory": ("memory per rank by category", "", "MiB"),
+    }
+    for p, ax in zip(panels, axes):
+        if p == "memory":
+            plot_memory_bars(ax, logs)
+        t, xl, yl = titles[p]
+        ax.set_title(t)
+        ax.set_xlabel(xl)
+        ax.set_ylabel(yl)
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    save(fig, plt, out)
+
+
+def plot_memory_bars(ax, logs):
+    bars = []
+    for name, _, _, mems in logs:
+        for key, rank, cats in mems:
+            label = name if rank is None else "%s rank %s" % (name, rank)
+            bars.append((label + "\n" + key, cats))
+    cats = []
+    for _, c in bars:
+        for k in c:
+            if k not in cats:
+                cats.append(k)
+    bottom = [0.0] * len(bars)
+    for k in cats:
+        h = [c.get(k, 0) / 2**20 for _, c in bars]
+        ax.bar(range(len(bars)), h, bottom=bottom, label=k)
+        bottom = [b + x for b, x in zip(bottom, h)]
+    ax.set_xticks(range(len(bars)))
+    ax.set_xticklabels([b for b, _ in bars], fontsize=7)
+
+
+def plot_plan(path, out, max_bars=40):
+    plt = load_matplotlib()
+    try:
+        plan = json.load(sys.stdin if path == "-" else open(path))
+        layouts, inputs, model = plan["layouts"], plan["inputs"], plan["model"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        fail("%s: not a ./train plan --json document (%s)" % ("standard input" if path == "-" else path, e))
+    runs = [y for y in layouts if y["runs"]]
+    shown = runs[:max_bars]
+    fig, ax = plt.subplots(figsize=(max(8, 0.45 * len(shown) + 3), 6))
+    cats = (("weights", "weights"), ("gradients", "gradients"), ("optimizer", "optimizer state"),
+            ("activations_1f1b", "activations (1F1B)"))
+    bottom = [0.0] * len(shown)
+    for key, label in cats:
+        h = [y["bytes"][key] / 1e9 for y in shown]
+        ax.bar(range(len(shown)), h, bottom=bottom, label=label)
+        bottom = [b + x for b, x in zip(bottom, h)]
+    limit = inputs["gpu_mem_bytes"] / 1e9
+    ax.axhline(limit, color="red", ls="--", lw=1.5, label="GPU memory %.4g GB" % limit)
+    for i, y in enumerate(shown):
+        ax.text(i, bottom[i], "%.0f%%" % (100 * y["bubble"]), ha="center", va="bottom", fontsize=7)
+    if not shown:
+        ax.text(0.5, 0.5, "no layout llm4d can run", ha="center", transform=ax.transAxes)
+    ax.set_xticks(range(len(shown)))
+    ax.set_xticklabels(["TP%d PP%d DP%d" % (y["tp"], y["pp"], y["dp"]) for y in shown], rotation=60, ha="right",
+                       fontsize=8)
+    ax.set_ylabel("GB per GPU (1e9 bytes)")
+    more = "" if len(runs) == len(shown) else ", the first %d of %d" % (len(shown), len(runs))
+    n = model["params"]
+    count = "%.1f B" % (n / 1e9) if n >= 1e9 else "%.1f M" % (n / 1e6)
+    ax.set_title("memory per GPU: L %d, C %d, %s parameters on %d GPUs, %d micro-batches, ZeRO-%d, recompute %s, %s\n"
+                 "layouts llm4d can run, best first%s; the number above each bar is its bubble"
+                 % (model["layers"], model["channels"], count, inputs["gpus"], inputs["micro_batches"], inputs["zero"],
+                    inputs["recompute"], inputs["dtype"], more), fontsize=9)
+    ax.set_ylim(0, max([limit] + bottom) * 1.12)
+    ax.legend(fontsize=8, loc="upper left")
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    save(fig, plt, out)
+
+
+def main(argv):
+    out, plan, logs = None, None, []
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a in ("-h", "--help"):
+            print(__doc__)
+            return
+        if a in ("-o", "--plan"):
+            if i + 1 >= len(argv):
+                fail("%s needs a value" % a)
+            if a == "-o":
+                out = argv[i + 1]
+            else:
+                plan = argv[i + 1]
+            i += 2
+            continue
+        if a.startswith("-") and a != "-":
+            fail("unknown flag %s (see scripts/plot.py --help)" % a)
+        logs.append(a)
+        i += 1
+    if not out:
+        fail("-o OUT.png is required")
+    if plan and logs:
+        fail("--plan takes one planner document and no logs")
+    if plan:
+        plot_plan(plan, out)
+    elif logs:
+        plot_logs(logs, out)
+    else:
+        fail("nothing to plot: give one or more JSONL logs, or --plan PLAN.json")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,198 @@
+#!/usr/bin/env python3
+"""Checks `./train plan --json` against the seed's formulas, recomputed here from the inputs alone
+(the shapes below are written out, not read back from the planner), for several models, clusters,
+ZeRO stages, recompute modes and dtypes: every field of every layout, the set of layouts (exactly the
+(TP, PP, DP) triples the rules allow), the reasons a layout cannot run, and the order. Then checks the
+README's 70B table against the same closed forms.
+
+usage: plan_check.py TRAIN_BINARY README.md
+"""
+import json
+import math
+import re
+import subprocess
+import sys
+
+TRAIN, README = sys.argv[1], sys.argv[2]
+
+
+def gpt2_params(L, C, V, maxT):
+    Vp = (V + 127) // 128 * 128
+    per_layer = 12 * C * C + 13 * C  # ln1 2C, qkv 3C^2+3C, proj C^2+C, ln2 2C, fc 4C^2+4C, fcproj 4C^2+C
+    return Vp * C + maxT * C + L * per_layer + 2 * C
+
+
+# Each case: the command line, and the same facts written out for the reference.
+D12 = dict(L=12, C=768, H=12, T=1024, N=gpt2_params(12, 768, 50257, 1024))
+D24 = dict(L=24, C=1024, H=16, T=1024, N=gpt2_params(24, 1024, 50257, 1024))
+B70 = dict(L=80, C=8192, H=64, T=4096, N=gpt2_params(80, 8192, 50257, 4096))
+B405 = dict(L=126, C=16384, H=128, T=4096, N=gpt2_params(126, 16384, 50257, 4096))
+SHAPE70 = "--layers 80 --channels 8192 --heads 64 --vocab 50257 --seq-len 4096"
+SHAPE405 = "--layers 126 --channels 16384 --heads 128 --seq-len 4096"
+BASE = dict(gpn=8, max_tp=8, M=8, V=2, zero=0, recompute="none", flash=True, fp32=False, mem=80e9, intra=300e9,
+            inter=50e9, flops=400e12)
+CASES = [
+    (SHAPE70 + " --gpus 512 --batch-tokens 4M --micro-batches 32 --zero 1",
+     dict(BASE, model=B70, G=512, batch=4 * 2**20, M=32, zero=1)),
+    (SHAPE70 + " --gpus 512 --batch-tokens 4M --micro-batches 32 --zero 3",
+     dict(BASE, model=B70, G=512, batch=4 * 2**20, M=32, zero=3)),
+    (SHAPE405 + " --gpus 16384 --batch-tokens 16M --micro-batches 8 --zero 1 --recompute full",
+     dict(BASE, model=B405, G=16384, batch=16 * 2**20, M=8, zero=1, recompute="full")),
+    ("--model d12 --gpus 24 --gpus-per-node 4 --batch-tokens 96K --micro-batches 4 --zero 2 --dtype fp32 "
+     "--recompute selective --attention full --gpu-mem 16GiB --intra-bw 100 --inter-bw 12.5 --flops 2.5e13 --pp-virtual 3",
+     dict(BASE, model=D12, G=24, gpn=4, max_tp=4, batch=96 * 1024, M=4, zero=2, fp32=True, recompute="selective",
+          flash=False, mem=16 * 2**30, intra=100e9, inter=12.5e9, flops=2.5e13, V=3)),
+    ("--model d24 --gpus 6 --gpus-per-node 6 --batch-tokens 48K --micro-batches 2 --recompute full --attention full",
+     dict(BASE, model=D24, G=6, gpn=6, max_tp=6, batch=48 * 1024, M=2, recompute="full", flash=False)),
+    # 6 GPUs on one 8-GPU node: every group inside it, TP 3 and 6 too
+    ("--model d12 --gpus 6 --batch-tokens 24K --micro-batches 2 --zero 3",
+     dict(BASE, model=D12, G=6, batch=24 * 1024, M=2, zero=3)),
+    # 12 GPUs, 8 per node: TP 4 groups stay in a node, TP 3 and 6 groups would cross one
+    ("--model d12 --gpus 12 --batch-tokens 48K --micro-batches 4 --zero 1",
+     dict(BASE, model=D12, G=12, batch=48 * 1024, M=4, zero=1)),
+    ("--params 7B --layers 32 --channels 4096 --seq-len 2048 --gpus 64 --batch-tokens 2M --micro-batches 16 --max-tp 4 "
+     "--gpu-mem 40GB --flops 300T",
+     dict(BASE, model=dict(L=32, C=4096, H=64, T=2048, N=7e9), G=64, max_tp=4, batch=2 * 2**20, M=16, mem=40e9,
+          flops=300e12)),
+]
+
+
+def in_one_node(stride, size, G, gpn):
+    """Every group {r, r + stride, ...} of `size` ranks lies in one node (node = rank // gpn)."""
+    groups = {}
+    for r in range(G):
+        first = r % stride + r // (stride * size) * stride * size
+        groups.setdefault(first, set()).add(r // gpn)
+    return all(len(nodes) == 1 for nodes in groups.values())
+
+
+def reference(case, tp, pp, dp):
+    m = case["model"]
+    L, C, H, T, N = m["L"], m["C"], m["H"], m["T"], m["N"]
+    M, zero, rc = case["M"], case["zero"], case["recompute"]
+    e = 4 if case["fp32"] else 2
+    w, g, o = (4, 4, 8) if case["fp32"] else (2, 2, 12)
+    P = N / (tp * pp)
+    r = {}
+    r["params_per_gpu"] = P
+    r["weights"] = w * P / (dp if zero == 3 else 1)
+    r["gradients"] = g * P / (dp if zero >= 2 else 1)
+    r["optimizer"] = o * P / (dp if zero >= 1 else 1)
+    Ls, R = L / pp, case["batch"] / dp
+    mt = R / M
+    k = min(pp, M)
+    r["layers_per_stage"], r["tokens_per_replica"], r["micro_batch_tokens"] = Ls, R, mt
+    r["sequences_per_micro_batch"] = mt / T
+    per_layer = 34 * C * e / 2  # Korthikanti's 34·C bytes in bf16
+    probs = 0 if case["flash"] else 5 * H * T * e / 2  # the 5·a·s term, per token
+    if rc == "none":
+        a = per_layer + probs
+        up, f1 = R * Ls * a / tp, k * mt * Ls * a / tp
+    elif rc == "selective":  # LayerNorm outputs (2 x 2C) and GELU's input (8C) recomputed, probabilities too
+        a = (34 - 4 - 8) * C * e / 2
+        up, f1 = R * Ls * a / tp, k * mt * Ls * a / tp
+    else:  # block inputs kept (2C in bf16), one block's activations rebuilt at a time
+        a = per_layer + probs
+        up = R * (Ls * C * e + a) / tp
+        f1 = (k * mt * Ls * C * e + mt * a) / tp
+    r["activations_upper"], r["activations_1f1b"] = up, f1
+    state = r["weights"] + r["gradients"] + r["optimizer"]
+    r["total"], r["total_upper"] = state + f1, state + up
+    why = None
+    if H % tp:
+        why = "TP does not divide the heads"
+    elif pp > L:
+        why = "more stages than layers"
+    elif case["batch"] % (dp * M * T):
+        why = "the batch does not split into whole sequences per micro-batch"
+    r["why"], r["runs"] = why, why is None
+    r["fits"] = why is None and r["total"] <= case["mem"]
+    r["bubble"] = (pp - 1) / (M + pp - 1)
+    V = case["V"]
+    r["bubble_interleaved"] = (pp - 1) / (V * M + pp - 1) if pp > 1 and pp * V <= L and M % pp == 0 else None
+    intra = in_one_node(tp * pp, dp, case["G"], case["gpn"])
+    r["dp_intra_node"] = intra
+    bw = case["intra"] if intra else case["inter"]
+    r["dp_allreduce_s"] = (3 if zero == 3 else 2) * (dp - 1) / dp * g * P / bw
+    n_ar = 6 if rc == "full" else 4
+    one_allreduce = 2 * (tp - 1) / tp * mt * C * e / case["intra"]
+    r["tp_comm_s"] = n_ar * Ls * M * one_allreduce
+    r["compute_s"] = (8 if rc == "full" else 6) * N * case["batch"] / case["G"] / case["flops"]
+    return r
+
+
+def close(a, b):
+    if a is None or b is None or isinstance(a, (bool, str)) or isinstance(b, (bool, str)):
+        return a == b
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+
+
+def check_case(args, case):
+    out = subprocess.run([TRAIN, "plan", "--json"] + args.split(), stdout=subprocess.PIPE, check=True).stdout
+    plan = json.loads(out)
+    if not close(plan["model"]["params"], case["model"]["N"]):
+        raise AssertionError("%s: parameters %s, expected %s" % (args, plan["model"]["params"], case["model"]["N"]))
+    G = case["G"]
+    expect = {(t, p, G // (t * p)) for t in range(1, case["max_tp"] + 1) for p in range(1, G + 1)
+              if G % t == 0 and (G // t) % p == 0 and in_one_node(1, t, G, case["gpn"])}
+    got = [(y["tp"], y["pp"], y["dp"]) for y in plan["layouts"]]
+    assert len(got) == len(set(got)), "%s: a layout is listed twice" % args
+    assert set(got) == expect, "%s: layouts %s, expected %s" % (args, sorted(set(got) ^ expect), "")
+    keys = []
+    for y in plan["layouts"]:
+        ref = reference(case, y["tp"], y["pp"], y["dp"])
+        flat = dict(y, **y["bytes"])
+        for k, v in ref.items():
+            if not close(flat[k], v):
+                raise AssertionError("%s: TP %d PP %d DP %d: %s = %r, expected %r" % (args, y["tp"], y["pp"], y["dp"], k,
+                                                                                     flat[k], v))
+        group = 0 if ref["fits"] else 2 if ref["why"] else 1
+        keys.append((group, ref["bubble"], ref["dp_allreduce_s"] + ref["tp_comm_s"], y["tp"], y["pp"]))
+    assert keys == sorted(keys), "%s: layouts not sorted (fitting first, then by bubble, then communication)" % args
+    assert plan["inputs"]["gpus"] == G and plan["inputs"]["zero"] == case["zero"]
+    print("ok: %-100.100s %3d layouts, %d fit" % (args, len(got), sum(y["fits"] for y in plan["layouts"])))
+    return plan
+
+
+def check_readme(case1, case3):
+    """The README's 70B table (TP 8, PP 8, DP 8; ZeRO-1 and ZeRO-3 columns) against the closed forms."""
+    text = open(README).read()
+    start = text.index("| 70B-class")
+    rows = {}
+    for line in text[start:].splitlines():
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        rows[cells[0]] = cells[1:]
+    r1, r3 = reference(case1, 8, 8, 8), reference(case3, 8, 8, 8)
+
+    def num(s):
+        return float(re.sub(r"[^0-9.]", "", s.split()[0]))
+
+    want = {
+        "weights": (r1["weights"] / 1e9, r3["weights"] / 1e9, 2),
+        "gradients": (r1["gradients"] / 1e9, r3["gradients"] / 1e9, 2),
+        "optimizer state": (r1["optimizer"] / 1e9, r3["optimizer"] / 1e9, 2),
+        "activations, 1F1B": (r1["activations_1f1b"] / 1e9, r3["activations_1f1b"] / 1e9, 2),
+        "total": (r1["total"] / 1e9, r3["total"] / 1e9, 2),
+        "tokens per replica": (r1["tokens_per_replica"], r3["tokens_per_replica"], 0),
+        "layers per stage": (r1["layers_per_stage"], r3["layers_per_stage"], 0),
+        "bubble": (100 * r1["bubble"], 100 * r3["bubble"], 1),
+        "interleaved bubble (V 2)": (100 * r1["bubble_interleaved"], 100 * r3["bubble_interleaved"], 1),
+    }
+    for label, (a, b, digits) in want.items():
+        got = [c for k, c in rows.items() if k.startswith(label)]
+        assert got, "README's 70B table has no row '%s'" % label
+        for value, cell in zip((a, b), got[0]):
+            if round(value, digits) != round(num(cell), digits):
+                raise AssertionError("README 70B table, %s: '%s', the formula gives %.*f" % (label, cell, digits, value))
+    print("ok: README's 70B table (TP 8, PP 8, DP 8, ZeRO-1 and ZeRO-3) matches the formulas")
+
+
+def main():
+    for args, case in CASES:
+        check_case(args, case)
+    check_readme(CASES[0][1], CASES[1][1])
+
+
+main()
