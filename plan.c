@@ -102,6 +102,8 @@ static const char PLAN_USAGE[] =
     "  --attention flash|full     flash (default) keeps no T x T probabilities; full keeps them\n"
     "  --dtype bf16|fp32          working weights, gradients and activations (default bf16)\n"
     "\n"
+    "  --tp N, --pp N, --dp N     list only the layouts with this many ranks on that axis\n"
+    "\n"
     "output:\n"
     "  --top N                    print the N best layouts only (default all)\n"
     "  --json                     one JSON object (inputs, model, every layout) instead of the table\n"
@@ -116,6 +118,7 @@ typedef struct {
     int T;
     double params;       // N
     int gpus, gpus_per_node, max_tp, micro_batches, pp_virtual, zero, top;
+    int only_tp, only_pp, only_dp; // 0, or the one value of that axis to list
     Recompute recompute;
     int flash, fp32, json;
     double gpu_mem, intra_bw, inter_bw, flops, batch_tokens; // bytes, bytes/s, bytes/s, FLOP/s, tokens
@@ -130,7 +133,7 @@ typedef struct {
     double layers_per_stage, tokens_per_replica, micro_tokens, sequences_per_micro;
     double params_per_gpu;
     double weights, grads, optimizer, act_upper, act_1f1b, total, total_upper; // bytes per GPU
-    int fits;
+    int fits; // total <= --gpu-mem
     double bubble, bubble_interleaved; // the latter NaN where the interleaved schedule does not apply
     int dp_intra;                      // the DP group sits inside one node
     double dp_allreduce_s, tp_comm_s, compute_s;
@@ -219,6 +222,9 @@ static void parse_plan(PlanInput *in, int argc, char **argv) {
         else if (IS("--pp-virtual")) in->pp_virtual = INT(1, MAX_CHUNKS);
         else if (IS("--zero")) in->zero = INT(0, 3);
         else if (IS("--top")) in->top = INT(1, 1 << 30);
+        else if (IS("--tp")) in->only_tp = INT(1, 1 << 24);
+        else if (IS("--pp")) in->only_pp = INT(1, 1 << 24);
+        else if (IS("--dp")) in->only_dp = INT(1, 1 << 24);
         else if (IS("--plot")) in->plot = v;
         else if (IS("--recompute")) {
             if (!strcmp(v, "none")) in->recompute = RECOMPUTE_NONE;
@@ -306,7 +312,7 @@ static void estimate_seed(const PlanInput *in, Layout *y) {
     double state = y->weights + y->grads + y->optimizer;
     y->total = state + y->act_1f1b;
     y->total_upper = state + y->act_upper;
-    y->fits = !y->why && y->total <= in->gpu_mem;
+    y->fits = y->total <= in->gpu_mem; // memory only; why says whether llm4d can run it at all
 
     y->bubble = (pp - 1.0) / (M + pp - 1.0);
     int interleaves = pp > 1 && pp * in->pp_virtual <= c->L && in->micro_batches % pp == 0;
@@ -331,6 +337,9 @@ static int enumerate_layouts(const PlanInput *in, Layout **out) {
         if (G % tp || !group_in_node(1, tp, G, in->gpus_per_node)) continue;
         for (int pp = 1; pp <= G / tp; pp++) {
             if ((G / tp) % pp) continue;
+            if ((in->only_tp && tp != in->only_tp) || (in->only_pp && pp != in->only_pp) ||
+                (in->only_dp && G / tp / pp != in->only_dp))
+                continue;
             if (n == cap) ys = realloc(ys, sizeof(Layout) * (cap *= 2));
             if (!ys) die("out of memory");
             ys[n++] = (Layout){ .tp = tp, .pp = pp, .cp = 1, .dp = G / tp / pp };
@@ -340,7 +349,7 @@ static int enumerate_layouts(const PlanInput *in, Layout **out) {
     return n;
 }
 
-static int layout_rank(const Layout *y) { return y->fits ? 0 : y->why ? 2 : 1; }
+static int layout_rank(const Layout *y) { return y->why ? 2 : y->fits ? 0 : 1; }
 
 static int layout_order(const void *pa, const void *pb) {
     const Layout *a = pa, *b = pb;
@@ -381,7 +390,7 @@ static void print_table(const PlanInput *in, const Layout *ys, int n) {
         printf("%4d %4d %6d %10.3f %12.0f %8.2f %8.2f %8.2f %10.2f %9.2f %8.2f  %-4s %6.1f%% %9s %9.1f %-5s %10.1f %9.1f", y->tp,
                y->pp, y->dp, y->layers_per_stage, y->tokens_per_replica, y->weights / 1e9, y->grads / 1e9,
                y->optimizer / 1e9, y->act_upper / 1e9, y->act_1f1b / 1e9, y->total / 1e9,
-               y->fits ? "yes" : "no", 100 * y->bubble, intl, 1e3 * y->dp_allreduce_s,
+               y->why ? "-" : y->fits ? "yes" : "no", 100 * y->bubble, intl, 1e3 * y->dp_allreduce_s,
                y->dp == 1 ? "" : y->dp_intra ? "intra" : "inter", 1e3 * y->tp_comm_s, 1e3 * y->compute_s);
         if (y->why) printf("  (%s)", y->why);
         printf("\n");
@@ -483,7 +492,10 @@ int plan_main(int argc, char **argv) {
     PlanInput in;
     parse_plan(&in, argc, argv);
     Layout *ys;
-    int n = enumerate_layouts(&in, &ys); // at least TP 1 x PP 1 x DP G
+    int n = enumerate_layouts(&in, &ys);
+    if (n == 0) // only --tp, --pp or --dp can exclude TP 1 x PP 1 x DP G
+        die("plan: no layout of %d GPUs has the --tp/--pp/--dp asked for (TP <= %d, each TP group inside a node of %d)",
+            in.gpus, in.max_tp, in.gpus_per_node);
     for (int i = 0; i < n; i++) estimate_seed(&in, &ys[i]);
     qsort(ys, (size_t)n, sizeof(Layout), layout_order);
     if (in.json) write_json(stdout, &in, ys, n);

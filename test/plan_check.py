@@ -50,6 +50,11 @@ CASES = [
     # 12 GPUs, 8 per node: TP 4 groups stay in a node, TP 3 and 6 groups would cross one
     ("--model d12 --gpus 12 --batch-tokens 48K --micro-batches 4 --zero 1",
      dict(BASE, model=D12, G=12, batch=48 * 1024, M=4, zero=1)),
+    # fixed axes: one layout, and the TP 4 slice of another search
+    (SHAPE70 + " --gpus 512 --batch-tokens 4M --micro-batches 32 --zero 1 --tp 8 --pp 8",
+     dict(BASE, model=B70, G=512, batch=4 * 2**20, M=32, zero=1, only=(8, 8, None))),
+    ("--model d12 --gpus 12 --batch-tokens 48K --micro-batches 4 --tp 4",
+     dict(BASE, model=D12, G=12, batch=48 * 1024, M=4, only=(4, None, None))),
     ("--params 7B --layers 32 --channels 4096 --seq-len 2048 --gpus 64 --batch-tokens 2M --micro-batches 16 --max-tp 4 "
      "--gpu-mem 40GB --flops 300T",
      dict(BASE, model=dict(L=32, C=4096, H=64, T=2048, N=7e9), G=64, max_tp=4, batch=2 * 2**20, M=16, mem=40e9,
@@ -106,7 +111,7 @@ def reference(case, tp, pp, dp):
     elif case["batch"] % (dp * M * T):
         why = "the batch does not split into whole sequences per micro-batch"
     r["why"], r["runs"] = why, why is None
-    r["fits"] = why is None and r["total"] <= case["mem"]
+    r["fits"] = r["total"] <= case["mem"]
     r["bubble"] = (pp - 1) / (M + pp - 1)
     V = case["V"]
     r["bubble_interleaved"] = (pp - 1) / (V * M + pp - 1) if pp > 1 and pp * V <= L and M % pp == 0 else None
@@ -135,6 +140,9 @@ def check_case(args, case):
     G = case["G"]
     expect = {(t, p, G // (t * p)) for t in range(1, case["max_tp"] + 1) for p in range(1, G + 1)
               if G % t == 0 and (G // t) % p == 0 and in_one_node(1, t, G, case["gpn"])}
+    for axis, value in enumerate(case.get("only", (None, None, None))):
+        if value:
+            expect = {y for y in expect if y[axis] == value}
     got = [(y["tp"], y["pp"], y["dp"]) for y in plan["layouts"]]
     assert len(got) == len(set(got)), "%s: a layout is listed twice" % args
     assert set(got) == expect, "%s: layouts %s, expected %s" % (args, sorted(set(got) ^ expect), "")
@@ -146,11 +154,11 @@ def check_case(args, case):
             if not close(flat[k], v):
                 raise AssertionError("%s: TP %d PP %d DP %d: %s = %r, expected %r" % (args, y["tp"], y["pp"], y["dp"], k,
                                                                                      flat[k], v))
-        group = 0 if ref["fits"] else 2 if ref["why"] else 1
+        group = 2 if ref["why"] else 0 if ref["fits"] else 1
         keys.append((group, ref["bubble"], ref["dp_allreduce_s"] + ref["tp_comm_s"], y["tp"], y["pp"]))
     assert keys == sorted(keys), "%s: layouts not sorted (fitting first, then by bubble, then communication)" % args
     assert plan["inputs"]["gpus"] == G and plan["inputs"]["zero"] == case["zero"]
-    print("ok: %-100.100s %3d layouts, %d fit" % (args, len(got), sum(y["fits"] for y in plan["layouts"])))
+    print("ok: %s: %d layouts, %d run and fit" % (args, len(got), sum(y["runs"] and y["fits"] for y in plan["layouts"])))
     return plan
 
 

@@ -516,6 +516,85 @@ t_data_parallel_bf16_clip() {
     return $ok
 }
 
+# ./train plan against the seed's formulas recomputed in test/plan_check.py (every field of every
+# layout, the set of layouts, the reasons, the order, and the README's 70B table); the planner also
+# runs clean under ASan/UBSan, table and JSON.
+t_plan() {
+    $PY test/plan_check.py "$TRAIN" README.md || return 1
+    $ASAN plan --layers 126 --channels 16384 --heads 128 --seq-len 4096 --gpus 16384 --batch-tokens 16M \
+        --micro-batches 8 --zero 1 --recompute full >"$WORK/plan.txt" || return 1
+    grep -q '^   8    4    512 ' "$WORK/plan.txt" || { echo "the 405B table lacks TP 8 x PP 4 x DP 512"; return 1; }
+    $ASAN plan --model d12 --gpus 6 --batch-tokens 24K --json | $PY -c 'import json, sys; json.load(sys.stdin)'
+}
+
+t_plan_bad_input() {
+    local ok=0 p=(plan --gpus 8 --batch-tokens 64K)
+    expect_error "plan: --gpus is required" plan --batch-tokens 4M || ok=1
+    expect_error "plan: --batch-tokens is required" plan --gpus 8 || ok=1
+    expect_error "--gpus must be between 1 and" plan --gpus 0 --batch-tokens 4M || ok=1
+    expect_error "--gpus expects a whole number, got '8.5'" plan --gpus 8.5 --batch-tokens 4M || ok=1
+    expect_error "--gpu-mem: unknown unit 'XB' in '80XB'" "${p[@]}" --gpu-mem 80XB || ok=1
+    expect_error "--batch-tokens: unknown unit 'm'" plan --gpus 8 --batch-tokens 4m || ok=1
+    expect_error "--flops expects a number, got 'fast'" "${p[@]}" --flops fast || ok=1
+    expect_error "--intra-bw must be between" "${p[@]}" --intra-bw 0 || ok=1
+    expect_error "--recompute must be none, selective or full, got 'some'" "${p[@]}" --recompute some || ok=1
+    expect_error "--attention must be flash or full" "${p[@]}" --attention paged || ok=1
+    expect_error "--dtype must be bf16 or fp32, got 'fp16'" "${p[@]}" --dtype fp16 || ok=1
+    expect_error "--zero must be between 0 and 3, got '4'" "${p[@]}" --zero 4 || ok=1
+    expect_error "--model must be d12, d24, d36 or d48, got 'd13'" "${p[@]}" --model d13 || ok=1
+    expect_error "channels (768) must be divisible by heads (5)" "${p[@]}" --heads 5 || ok=1
+    expect_error "--seq-len 2048 is above the model's maximum sequence length 1024" "${p[@]}" --seq-len 2048 || ok=1
+    expect_error "--params needs --layers and --channels" "${p[@]}" --params 70B || ok=1
+    expect_error "--params replaces the shape's parameter count" "${p[@]}" --params 70B --model d12 || ok=1
+    expect_error "--exact (llm4d's own buffers) is not built yet" "${p[@]}" --exact || ok=1
+    expect_error "plan: unknown flag --bogus" "${p[@]}" --bogus 1 || ok=1
+    expect_error "--plot needs a value" "${p[@]}" --plot || ok=1
+    expect_error "plan: no layout of 8 GPUs has the --tp/--pp/--dp asked for" "${p[@]}" --tp 3 || ok=1
+    return $ok
+}
+
+have_matplotlib() { $PY -c 'import matplotlib' 2>/dev/null || { echo "python3-matplotlib is not installed (scripts/deps.sh as root installs it)"; return 77; }; }
+
+# scripts/plot.py draws a real training log (a two-stage pipeline, so the bubble and communication
+# panels appear) beside a single-rank log, and ./train plan --plot draws the planner's bars: both
+# PNGs decode, the log's has its six panels' size, neither is blank. Bad logs and unwritable outputs
+# fail with one line and leave no file.
+t_plot() {
+    have_matplotlib || return $?
+    local d=$WORK/plot
+    mkdir -p "$d"
+    local run=("${TINY[@]}" --train "$DATA/train.bin" --val "$DATA/val.bin" --micro-batch 2 --batch-tokens 256 --steps 8
+        --lr 3e-3 --val-every 4)
+    timeout 120 $TRAIN --nproc 2 --pp 2 "${run[@]}" --log "$d/pp.jsonl" >/dev/null || return 1
+    $TRAIN "${run[@]}" --log "$d/one.jsonl" >/dev/null || return 1
+    $PY scripts/plot.py "$d/one.jsonl" "$d/pp.jsonl" -o "$d/log.png" || return 1
+    $TRAIN plan --model d12 --gpus 8 --batch-tokens 512K --plot "$d/plan.png" >/dev/null || return 1
+    $PY - "$d" <<'EOF' || return 1
+import sys, json, matplotlib
+matplotlib.use("Agg")
+import matplotlib.image as mpimg
+d = sys.argv[1]
+steps = [json.loads(l) for l in open(d + "/pp.jsonl") if '"loss"' in l]
+assert [r["tokens"] for r in steps] == [256 * (i + 1) for i in range(8)], "tokens is not the running total"
+for name, size in (("log.png", (1320, 1430)), ("plan.png", None)):
+    img = mpimg.imread(d + "/" + name)
+    print(name, img.shape, "pixel std", img[..., :3].std())
+    if size:  # 3 rows x 2 columns: loss, loss/tokens, tokens/s, bubble, communication, (empty)
+        assert img.shape[:2] == size, img.shape
+    assert img[..., :3].std() > 0.05, name + " is blank"
+EOF
+    printf '{"step":1,"loss":5}\nnot json\n' >"$d/bad.jsonl"
+    local err
+    err=$($PY scripts/plot.py "$d/bad.jsonl" -o "$d/bad.png" 2>&1)
+    [ $? -ne 0 ] && [ "$err" = "error: $d/bad.jsonl:2: not a JSON line" ] || { echo "bad log: $err"; return 1; }
+    err=$($PY scripts/plot.py "$d/one.jsonl" -o "$d/missing/x.png" 2>&1)
+    [ $? -ne 0 ] && [ "$(printf '%s\n' "$err" | wc -l)" -eq 1 ] && grep -q "^error: cannot write $d/missing/x.png" <<<"$err" ||
+        { echo "unwritable output: $err"; return 1; }
+    err=$($TRAIN plan --model d12 --gpus 8 --batch-tokens 512K --plot "$d/missing/p.png" 2>&1 >/dev/null)
+    [ $? -ne 0 ] && grep -q "^error: cannot write $d/missing/p.png" <<<"$err" || { echo "plan --plot: $err"; return 1; }
+    [ ! -e "$d/bad.png" ] && [ ! -e "$d/bad.png.tmp" ]
+}
+
 # ---------------------------------------------------------------------------------------------
 
 prepare || { echo "FAIL prepare"; echo "0 passed, 1 failed"; exit 1; }
@@ -542,6 +621,9 @@ run_test "ZeRO memory per rank at DP 4 follows the formula" t_zero_memory
 run_test "tensor parallel TP 2,3,4 with and without --sp, alone and with DP 2 x ZeRO 0,1,3, equals one rank" t_tensor_parallel
 run_test "pipeline PP 2,3,4 x M, plain and interleaved (V 2), and 3D layouts equal one rank; schedules" t_pipeline
 run_test "tensor parallel memory falls to 1/TP (activations too with --sp); logits B x T x Vp/TP" t_tensor_parallel_memory
+run_test "plan: every layout's bytes, bubble, communication and compute against the formulas; README's 70B table" t_plan
+run_test "plan: bad input, one-line errors naming the flag (ASan)" t_plan_bad_input
+run_test "plot.py: training logs and the planner's memory bars as PNG" t_plot
 
 if [ $skipped -gt 0 ]; then
     echo "$passed passed, $failed failed, $skipped skipped"
