@@ -92,7 +92,8 @@ def plot_logs(paths, out):
     panels = ["loss_step", "loss_tokens", "throughput"]
     if has_nonzero(logs, "bubble_max") or has_nonzero(logs, "bubble_formula"):
         panels.append("bubble")
-    if any(has_nonzero(logs, k) for k in ("comm_ms", "exposed_comm_ms", "tp_comm_ms")):
+    # a single rank's exposed wait is timer noise: the panel is for runs whose DP or TP groups talk
+    if has_nonzero(logs, "comm_ms") or has_nonzero(logs, "tp_comm_ms"):
         panels.append("comm")
     if any(mems for _, _, _, mems in logs):
         panels.append("memory")
@@ -132,6 +133,8 @@ def plot_logs(paths, out):
                     ys = [100 * r.get(key, 0) for r in steps]
                     ax.plot(s, ys, style, color=c, lw=1, label="%s %s" % (name, key.split("_")[1]))
             elif p == "comm":
+                if not any(r.get("comm_ms", 0) or r.get("tp_comm_ms", 0) for r in steps):
+                    continue
                 for key, style in (("comm_ms", "-"), ("exposed_comm_ms", "--"), ("tp_comm_ms", ":")):
                     if any(r.get(key, 0) for r in steps):
                         ax.plot(s, [r.get(key, 0) for r in steps], style, color=c, lw=1,

@@ -555,8 +555,8 @@ t_plan_bad_input() {
 
 have_matplotlib() { $PY -c 'import matplotlib' 2>/dev/null || { echo "python3-matplotlib is not installed (scripts/deps.sh as root installs it)"; return 77; }; }
 
-# scripts/plot.py draws a real training log (a two-stage pipeline, so the bubble and communication
-# panels appear) beside a single-rank log, and ./train plan --plot draws the planner's bars: both
+# scripts/plot.py draws a real training log (PP 2 x DP 2, so the bubble and communication panels
+# appear) beside a single-rank log, and ./train plan --plot draws the planner's bars: both
 # PNGs decode, the log's has its six panels' size, neither is blank. Bad logs and unwritable outputs
 # fail with one line and leave no file.
 t_plot() {
@@ -565,10 +565,13 @@ t_plot() {
     mkdir -p "$d"
     local run=("${TINY[@]}" --train "$DATA/train.bin" --val "$DATA/val.bin" --micro-batch 2 --batch-tokens 256 --steps 8
         --lr 3e-3 --val-every 4)
-    timeout 120 $TRAIN --nproc 2 --pp 2 "${run[@]}" --log "$d/pp.jsonl" >/dev/null || return 1
+    timeout 120 $TRAIN --nproc 4 --pp 2 --zero 1 "${run[@]}" --log "$d/pp.jsonl" >/dev/null || return 1
     $TRAIN "${run[@]}" --log "$d/one.jsonl" >/dev/null || return 1
     $PY scripts/plot.py "$d/one.jsonl" "$d/pp.jsonl" -o "$d/log.png" || return 1
     $TRAIN plan --model d12 --gpus 8 --batch-tokens 512K --plot "$d/plan.png" >/dev/null || return 1
+    # the memory panel, from a record in the format plot.py documents
+    { cat "$d/one.jsonl"; echo '{"memory_peak":{"weights":3e6,"gradients":3e6,"activations":5e7},"rank":0}'; } >"$d/mem.jsonl"
+    $PY scripts/plot.py "$d/mem.jsonl" -o "$d/mem.png" || return 1
     $PY - "$d" <<'EOF' || return 1
 import sys, json, matplotlib
 matplotlib.use("Agg")
@@ -576,10 +579,10 @@ import matplotlib.image as mpimg
 d = sys.argv[1]
 steps = [json.loads(l) for l in open(d + "/pp.jsonl") if '"loss"' in l]
 assert [r["tokens"] for r in steps] == [256 * (i + 1) for i in range(8)], "tokens is not the running total"
-for name, size in (("log.png", (1320, 1430)), ("plan.png", None)):
+for name, size in (("log.png", (1320, 1430)), ("mem.png", (880, 1430)), ("plan.png", None)):
     img = mpimg.imread(d + "/" + name)
     print(name, img.shape, "pixel std", img[..., :3].std())
-    if size:  # 3 rows x 2 columns: loss, loss/tokens, tokens/s, bubble, communication, (empty)
+    if size:  # rows of 2 panels: loss, loss/tokens, tokens/s, then bubble and communication, or memory
         assert img.shape[:2] == size, img.shape
     assert img[..., :3].std() > 0.05, name + " is blank"
 EOF
