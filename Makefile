@@ -12,6 +12,18 @@ HOST_SRC = train.c model.c zero.c pipeline.c data.c common.c kernels_cpu.c colle
 HOST_OBJ = $(HOST_SRC:%.c=build/%.o)
 LIB_OBJ = $(filter-out build/train.o build/bench_comm.o build/plan.o,$(HOST_OBJ))
 
+# RDMA verbs: net_verbs.c is compiled where libibverbs' headers are installed (libibverbs-dev); the
+# library itself is opened at run time (dlopen), so ./train never links it and runs without rdma-core.
+ifeq ($(shell $(CC) -E -include infiniband/verbs.h -x c /dev/null -o /dev/null 2>/dev/null && echo yes),yes)
+HOST_SRC += net_verbs.c
+CFLAGS += -DLLM4D_VERBS
+TRANSPORTS = shm, tcp, verbs (libibverbs loaded at run time)
+VERBS_BIN = build/verbs_pair
+else
+TRANSPORTS = shm, tcp (no verbs: <infiniband/verbs.h> not found; scripts/deps.sh installs libibverbs-dev)
+VERBS_BIN =
+endif
+
 ifeq ($(NVCC),)
 BACKENDS = cpu
 CUDA_OBJ =
@@ -22,9 +34,9 @@ CUDA_OBJ = build/kernels_cu.o
 LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lstdc++
 endif
 
-.PHONY: all deps demo test test-gpu bench clean
+.PHONY: all deps demo test test-bins test-gpu bench clean
 all: train
-	@echo "built ./train with backends: $(BACKENDS)"
+	@echo "built ./train with backends: $(BACKENDS); transports: $(TRANSPORTS)"
 
 train: $(HOST_OBJ) $(CUDA_OBJ)
 	$(CC) $(filter %.o,$^) -o $@ $(LDLIBS)
@@ -57,6 +69,17 @@ build/asan/test_comm.o: test/test_comm.c | build
 	@mkdir -p build/asan
 	$(CC) $(filter-out -O3 -DLLM4D_CUDA,$(CFLAGS)) -I. $(SAN) -c $< -o $@
 
+# Binaries for the QEMU guest (test/verbs_vm.sh): software emulation has no AVX-512, so these are
+# built for the baseline x86-64 instruction set instead of -march=native.
+PORTABLE_CFLAGS = $(filter-out -march=native -O3 -DLLM4D_CUDA,$(CFLAGS)) -O2
+build/portable/%.o: %.c | build
+	@mkdir -p build/portable
+	$(CC) $(PORTABLE_CFLAGS) -c $< -o $@
+
+# two processes over one RDMA device through net_verbs.c (test/run.sh runs it inside a QEMU guest)
+build/verbs_pair: test/verbs_pair.c build/portable/net_verbs.o build/portable/common.o | build
+	$(CC) $(filter-out -fopenmp,$(PORTABLE_CFLAGS)) -I. $(filter %.c %.o,$^) -o $@
+
 build/test_cuda: test/test_cuda.c $(LIB_OBJ) $(CUDA_OBJ)
 	$(CC) $(CFLAGS) -I. -I$(CUDA_HOME)/include $(filter %.c %.o,$^) -o $@ $(LDLIBS)
 
@@ -73,8 +96,12 @@ deps:
 demo: deps train
 	bash scripts/demo.sh
 
-test: deps train build/train-asan build/test_unit build/test_comm
+# deps first, then a fresh make: what deps installed (libibverbs-dev) decides what gets built
+test: deps
+	@$(MAKE) --no-print-directory test-bins
 	bash test/run.sh
+
+test-bins: train build/train-asan build/test_unit build/test_comm $(VERBS_BIN)
 
 test-gpu:
 	bash scripts/gpu_check.sh
@@ -85,4 +112,4 @@ bench: train build/bench_matmul
 clean:
 	rm -rf build train
 
--include $(wildcard build/*.d build/asan/*.d)
+-include $(wildcard build/*.d build/asan/*.d build/portable/*.d)

@@ -1,0 +1,75 @@
+// net_verbs.h: RDMA verbs between two ranks on different nodes (InfiniBand or RoCE), as a reliable,
+// ordered, non-blocking byte stream in each direction: the same contract as the shared-memory and TCP
+// channels, so a transport table can wrap it without knowing how the bytes move.
+//
+// libibverbs is opened with dlopen at run time: ./train never links it, and on a machine without
+// rdma-core verbs_open() fails with a one-line reason instead of the binary failing to start.
+//
+// Use, per process (one VerbsDev) and per peer (one VerbsEp):
+//   VerbsDev *d = verbs_open(&opt, err, sizeof err);         // device, port, GID, MTU chosen here
+//   VerbsEp *e = verbs_ep_create(d, 0, 0, "rank 3 at node7", err, sizeof err);
+//   verbs_ep_blob(e, mine);                 // VERBS_BLOB_BYTES opaque bytes: QP number, PSN, LID,
+//   ...exchange blobs through the bootstrap store...   // GID, MTU, receive-buffer address and rkey
+//   verbs_ep_connect(e, theirs);            // INIT -> RTR -> RTS
+//   ...barrier through the bootstrap store...  // each side must be in RTR before the other sends
+//   verbs_send(e, buf, n) / verbs_recv(e, buf, n)   // move what they can now, return the byte count
+//   verbs_ep_arm(e) then verbs_wait(d, ms)   // sleep until a completion arrives (the wait hint)
+//   verbs_ep_destroy(e); verbs_close(d);
+//
+// Every function that can fail returns NULL or -1 and leaves one line (no "error: " prefix) in the
+// caller's buffer (verbs_open, verbs_ep_create) or in verbs_ep_error(e); the caller adds its context
+// (communicator, operation) and decides whether to die. An endpoint that has failed stays failed.
+// An endpoint is not thread-safe: one thread at a time (the communicator's progress thread) calls it.
+#ifndef LLM4D_NET_VERBS_H
+#define LLM4D_NET_VERBS_H
+
+#include <stddef.h>
+#include <stdio.h>
+#include <sys/types.h>
+
+typedef struct VerbsDev VerbsDev;
+typedef struct VerbsEp VerbsEp;
+
+typedef struct {
+    const char *dev; // "mlx5_0" or "mlx5_0:1" (device[:port]); NULL or "": the first active port
+    int gid_index;   // -1: automatic (RoCE v2 over IPv4, else routable RoCE v2 over IPv6)
+} VerbsOptions;
+
+enum { VERBS_BLOB_BYTES = 64 };
+// Default staging: slots x slot bytes of registered host memory per direction per peer.
+enum { VERBS_DEFAULT_SLOTS = 16, VERBS_DEFAULT_SLOT_BYTES = 256 << 10 };
+
+VerbsDev *verbs_open(const VerbsOptions *opt, char *err, size_t errcap);
+// "rxe0 port 1, RoCE v2 GID index 1 (::ffff:192.0.2.1), path MTU 1024": for the start-up log line
+const char *verbs_describe(const VerbsDev *d);
+void verbs_close(VerbsDev *d);
+
+// slots, slot_bytes: 0 for the defaults; both ends must use the same values (connect checks).
+// peer names the other end in error lines, e.g. "rank 3 at node7".
+VerbsEp *verbs_ep_create(VerbsDev *d, unsigned slots, size_t slot_bytes, const char *peer, char *err,
+                         size_t errcap);
+void verbs_ep_blob(const VerbsEp *e, unsigned char blob[VERBS_BLOB_BYTES]);
+int verbs_ep_connect(VerbsEp *e, const unsigned char peer_blob[VERBS_BLOB_BYTES]);
+// Non-blocking: the bytes accepted into send slots (0 when the peer has returned no credit yet) or
+// received, -1 on error. Bytes arrive in order, however the two sides cut them.
+ssize_t verbs_send(VerbsEp *e, const void *buf, size_t n);
+ssize_t verbs_recv(VerbsEp *e, void *buf, size_t n);
+// Polls completions (arrivals, returned credits, finished writes): 1 if any, 0 if none, -1 on error.
+int verbs_progress(VerbsEp *e);
+// 1 when every byte handed to verbs_send has been written into the peer's memory and acknowledged.
+int verbs_sent_all(const VerbsEp *e);
+// Wait hint: verbs_ep_arm asks for an event on the next completion and returns 1 if completions
+// arrived meanwhile (do not sleep), 0 if armed, -1 on error; verbs_wait then sleeps on the device's
+// completion channel for at most timeout_ms (1: woken, 0: timed out, -1: error, in the caller's err).
+int verbs_ep_arm(VerbsEp *e);
+int verbs_wait(VerbsDev *d, int timeout_ms, char *err, size_t errcap);
+int verbs_wait_fd(const VerbsDev *d); // the completion channel's descriptor, for poll() beside others
+const char *verbs_ep_error(const VerbsEp *e);
+void verbs_ep_destroy(VerbsEp *e);
+
+// One line per GID of the chosen port (index, GID, type from both the verbs query and sysfs): for
+// `verbs_pair --list` and for checking that both ways of reading a GID's type agree. Returns the
+// number of mismatching types (0 when they agree), -1 on error.
+int verbs_print_gids(VerbsDev *d, FILE *out);
+
+#endif
