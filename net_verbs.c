@@ -40,9 +40,10 @@
 
 #define VERBS_LIB "libibverbs.so.1"
 #define CREDIT_FLAG 0x80000000u
-// Local ACK timeout 4.096 us * 2^17 = 0.54 s, 7 retries: a dead peer is reported after about 4 s,
-// while a loaded machine (or a software RoCE device under emulation) that answers late is not.
-enum { QP_TIMEOUT = 17, QP_RETRY = 7, QP_RNR_RETRY = 7 /* 7: retry forever */ };
+// Local ACK timeout 4.096 us * 2^18 = 1.07 s, 6 retries: a dead peer is reported after about 7.5 s,
+// while a loaded machine (or a software RoCE device under emulation) that answers late is not. Not 7
+// retries: soft-RoCE (rdma_rxe) treats a retry count of 7 as "forever", like the RNR count.
+enum { QP_TIMEOUT = 18, QP_RETRY = 6, QP_RNR_RETRY = 7 /* 7: retry forever */ };
 enum { BLOB_MAGIC = 0x4c56424c /* "LBVL" */ };
 
 typedef struct {

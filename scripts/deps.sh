@@ -3,24 +3,58 @@
 # alone. Without root it installs nothing and says loudly what is missing; the tests that need a
 # missing package then report themselves as skipped.
 set -euo pipefail
-# slurm-wlm and munge: the two-node Slurm tests; iproute2: the simulated nodes (network namespaces);
-# python3-matplotlib: scripts/plot.py (training curves, the planner's memory bars)
-PACKAGES=(gcc make libgomp1 python3 python3-numpy python3-torch python3-matplotlib iproute2 slurm-wlm munge)
+# slurm-wlm and munge: the two-node Slurm tests; iproute2: the simulated nodes (network namespaces)
+# and, inside the QEMU guest, `ip` and `rdma`; python3-matplotlib: scripts/plot.py (training curves,
+# the planner's memory bars); libibverbs-dev: the verbs headers (net_verbs.c; the library is opened
+# at run time); ibverbs-providers: the soft-RoCE provider (librxe) for the guest; qemu-system-x86 and
+# busybox-static: the guest that runs the RDMA tests (test/verbs_vm.sh)
+PACKAGES=(gcc make libgomp1 python3 python3-numpy python3-torch python3-matplotlib iproute2 slurm-wlm munge
+          libibverbs-dev ibverbs-providers qemu-system-x86 busybox-static)
+# The guest's kernel: Debian's linux-image-6.1 package, downloaded (not installed) into this cache;
+# test/verbs_vm.sh takes vmlinuz and the modules it needs out of the .deb.
+CACHE=${LLM4D_CACHE:-/var/cache/llm4d}
+root=0
+[ "$(id -u)" -eq 0 ] && root=1
+updated=0
+apt_update() { [ $updated -eq 1 ] || apt-get update -qq; updated=1; }
+
 missing=()
 for p in "${PACKAGES[@]}"; do
     dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
 done
 if [ ${#missing[@]} -eq 0 ]; then
     echo "deps: all packages present (${PACKAGES[*]})"
-    exit 0
-fi
-if [ "$(id -u)" -ne 0 ]; then
+elif [ $root -eq 0 ]; then
     echo "deps: WARNING: not root, cannot install: ${missing[*]}" >&2
     echo "deps: WARNING: tests that need them will be SKIPPED; run 'sudo bash scripts/deps.sh' to install" >&2
-    exit 0
+else
+    echo "deps: installing ${missing[*]} with apt-get"
+    export DEBIAN_FRONTEND=noninteractive
+    apt_update
+    # other apt users on the machine (unattended upgrades, a parallel build) hold the lock for a while
+    apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${missing[@]}"
+    echo "deps: installed ${missing[*]}"
 fi
-echo "deps: installing ${missing[*]} with apt-get"
-export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-apt-get install -y -qq --no-install-recommends "${missing[@]}"
-echo "deps: installed ${missing[*]}"
+
+if compgen -G "$CACHE/kernel/linux-image-6.1.*.deb" >/dev/null; then
+    echo "deps: guest kernel cached ($(basename "$(ls "$CACHE"/kernel/linux-image-6.1.*.deb | sort -V | tail -n 1)"))"
+elif ! mkdir -p "$CACHE/kernel" 2>/dev/null || [ ! -w "$CACHE/kernel" ]; then
+    echo "deps: WARNING: cannot write $CACHE/kernel: the RDMA tests in a QEMU guest will be SKIPPED (run as root, or set LLM4D_CACHE)" >&2
+else
+    newest() { apt-cache pkgnames linux-image-6.1.0- 2>/dev/null | grep -E '^linux-image-6\.1\.0-[0-9]+-amd64$' | sort -V | tail -n 1; }
+    pkg=$(newest)
+    if [ -z "$pkg" ] && [ $root -eq 1 ]; then apt_update; pkg=$(newest); fi
+    if [ -z "$pkg" ]; then
+        echo "deps: WARNING: apt knows no linux-image-6.1.0-N-amd64 package: the RDMA tests in a QEMU guest will be SKIPPED" >&2
+    else
+        tmp=$(mktemp -d "$CACHE/kernel/download.XXXXXX")
+        # root downloads as itself (apt's _apt sandbox user cannot write the cache); then one rename,
+        # so an interrupted download never leaves a partial .deb under the name the tests look for
+        if (cd "$tmp" && apt-get -q -o APT::Sandbox::User="$(id -un)" download "$pkg" >/dev/null) && mv "$tmp"/*.deb "$CACHE/kernel/"; then
+            echo "deps: guest kernel $pkg downloaded into $CACHE/kernel"
+        else
+            echo "deps: WARNING: could not download $pkg: the RDMA tests in a QEMU guest will be SKIPPED" >&2
+        fi
+        rm -rf "$tmp"
+    fi
+fi
