@@ -109,7 +109,6 @@ struct VerbsDev {
     VerbsLib lib;
     struct ibv_context *ctx;
     struct ibv_pd *pd;
-    struct ibv_comp_channel *channel;
     char name[64];
     int port;
     struct ibv_port_attr attr;
@@ -127,6 +126,7 @@ struct VerbsEp {
     size_t slot_bytes;
     unsigned char *sbuf, *rbuf; // send staging, receive buffer the peer writes into
     struct ibv_mr *smr, *rmr;
+    struct ibv_comp_channel *channel; // one per endpoint: each communicator's thread sleeps on its own
     struct ibv_cq *cq;
     struct ibv_qp *qp;
     uint32_t psn;
@@ -403,15 +403,6 @@ VerbsDev *verbs_open(const VerbsOptions *opt, char *err, size_t cap) {
         say(err, cap, "%s: cannot allocate a protection domain: %s", d->name, strerror(errno));
         goto fail;
     }
-    if (!(d->channel = d->lib.create_comp_channel(d->ctx))) {
-        say(err, cap, "%s: cannot create a completion channel: %s", d->name, strerror(errno));
-        goto fail;
-    }
-    int flags = fcntl(d->channel->fd, F_GETFL);
-    if (flags < 0 || fcntl(d->channel->fd, F_SETFL, flags | O_NONBLOCK) != 0) { // verbs_wait drains without blocking
-        say(err, cap, "%s: completion channel: %s", d->name, strerror(errno));
-        goto fail;
-    }
     char g[INET6_ADDRSTRLEN];
     gid_text(&d->gid, g, sizeof g);
     if (d->attr.link_layer == IBV_LINK_LAYER_ETHERNET)
@@ -422,20 +413,23 @@ VerbsDev *verbs_open(const VerbsOptions *opt, char *err, size_t cap) {
                  d->use_grh ? ", global routing" : "", mtu_bytes(d->attr.active_mtu));
     return d;
 fail:
-    verbs_close(d);
+    if (d->pd) d->lib.dealloc_pd(d->pd); // already failing: the first reason is the one to report
+    if (d->ctx) d->lib.close_device(d->ctx);
+    dlclose(d->lib.so);
+    free(d);
     return NULL;
 }
 
 const char *verbs_describe(const VerbsDev *d) { return d->describe; }
-int verbs_wait_fd(const VerbsDev *d) { return d->channel->fd; }
 
-void verbs_close(VerbsDev *d) {
-    if (!d) return;
-    if (d->channel) d->lib.destroy_comp_channel(d->channel);
-    if (d->pd) d->lib.dealloc_pd(d->pd);
-    if (d->ctx) d->lib.close_device(d->ctx);
-    if (d->lib.so) dlclose(d->lib.so);
+int verbs_close(VerbsDev *d, char *err, size_t cap) {
+    if (!d) return 0;
+    int pd_rc = d->pd ? d->lib.dealloc_pd(d->pd) : 0, ctx_rc = d->ctx ? d->lib.close_device(d->ctx) : 0;
+    if (pd_rc) say(err, cap, "verbs: cannot free the protection domain of %s: %s", d->name, strerror(pd_rc));
+    else if (ctx_rc) say(err, cap, "verbs: cannot close %s: %s", d->name, strerror(errno));
+    dlclose(d->lib.so);
     free(d);
+    return pd_rc || ctx_rc ? -1 : 0;
 }
 
 static int post_recv(VerbsEp *e, uint64_t id) {
@@ -477,7 +471,16 @@ VerbsEp *verbs_ep_create(VerbsDev *d, unsigned slots, size_t slot_bytes, const c
             slots * slot_bytes, peer, strerror(errno));
         goto fail;
     }
-    if (!(e->cq = d->lib.create_cq(d->ctx, e->sq_depth + e->rq_depth, e, d->channel, 0))) {
+    if (!(e->channel = d->lib.create_comp_channel(d->ctx))) {
+        say(err, cap, "%s: cannot create a completion channel for %s: %s", d->name, peer, strerror(errno));
+        goto fail;
+    }
+    int flags = fcntl(e->channel->fd, F_GETFL);
+    if (flags < 0 || fcntl(e->channel->fd, F_SETFL, flags | O_NONBLOCK) != 0) { // events are drained without blocking
+        say(err, cap, "%s: completion channel for %s: %s", d->name, peer, strerror(errno));
+        goto fail;
+    }
+    if (!(e->cq = d->lib.create_cq(d->ctx, e->sq_depth + e->rq_depth, e, e->channel, 0))) {
         say(err, cap, "%s: cannot create a completion queue for %s: %s", d->name, peer, strerror(errno));
         goto fail;
     }
@@ -505,7 +508,7 @@ VerbsEp *verbs_ep_create(VerbsDev *d, unsigned slots, size_t slot_bytes, const c
     e->credits = slots;
     return e;
 fail:
-    verbs_ep_destroy(e);
+    verbs_ep_destroy(e, NULL, 0);
     return NULL;
 }
 
@@ -675,40 +678,49 @@ int verbs_ep_arm(VerbsEp *e) {
     return verbs_progress(e); // completions that arrived before the request raise no event
 }
 
-int verbs_wait(VerbsDev *d, int timeout_ms, char *err, size_t cap) {
-    struct pollfd p = { .fd = d->channel->fd, .events = POLLIN };
-    int rc = poll(&p, 1, timeout_ms);
-    if (rc < 0) {
-        if (errno == EINTR) return 1;
-        say(err, cap, "verbs: waiting for completions on %s: %s", d->name, strerror(errno));
-        return -1;
-    }
-    if (rc == 0) return 0;
+int verbs_ep_fd(const VerbsEp *e) { return e->channel->fd; }
+
+int verbs_ep_clear(VerbsEp *e) {
     for (;;) {
         struct ibv_cq *cq;
         void *cq_ctx;
-        if (d->lib.get_cq_event(d->channel, &cq, &cq_ctx) != 0) {
-            if (errno == EAGAIN || errno == EWOULDBLOCK) return 1;
-            say(err, cap, "verbs: reading completion events on %s: %s", d->name, strerror(errno));
-            return -1;
+        if (e->d->lib.get_cq_event(e->channel, &cq, &cq_ctx) != 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+            return ep_fail(e, "verbs: reading completion events for %s: %s", e->peer, strerror(errno));
         }
-        d->lib.ack_cq_events(cq, 1); // acknowledged at once, so destroying the queue never waits
+        e->d->lib.ack_cq_events(cq, 1); // acknowledged at once, so destroying the queue never waits
     }
+}
+
+int verbs_ep_wait(VerbsEp *e, int timeout_ms) {
+    int rc = verbs_ep_arm(e);
+    if (rc != 0) return rc;
+    struct pollfd p = { .fd = e->channel->fd, .events = POLLIN };
+    rc = poll(&p, 1, timeout_ms);
+    if (rc < 0 && errno != EINTR) return ep_fail(e, "verbs: waiting for completions from %s: %s", e->peer, strerror(errno));
+    if (rc <= 0) return rc < 0; // EINTR counts as a wake-up
+    return verbs_ep_clear(e) < 0 ? -1 : 1;
 }
 
 const char *verbs_ep_error(const VerbsEp *e) { return e->err; }
 
-void verbs_ep_destroy(VerbsEp *e) {
-    if (!e) return;
+int verbs_ep_destroy(VerbsEp *e, char *err, size_t cap) {
+    if (!e) return 0;
     const VerbsLib *lib = &e->d->lib;
-    if (e->qp) lib->destroy_qp(e->qp);
-    if (e->cq) lib->destroy_cq(e->cq);
-    if (e->smr) lib->dereg_mr(e->smr);
-    if (e->rmr) lib->dereg_mr(e->rmr);
+    const char *what = NULL;
+    int rc = 0;
+    // in dependency order; the first failure is reported, the rest is still released
+    if (e->qp && (rc = lib->destroy_qp(e->qp)) != 0 && !what) what = "queue pair";
+    if (e->cq && (rc = lib->destroy_cq(e->cq)) != 0 && !what) what = "completion queue";
+    if (e->channel && (rc = lib->destroy_comp_channel(e->channel)) != 0 && !what) what = "completion channel";
+    if (e->smr && (rc = lib->dereg_mr(e->smr)) != 0 && !what) what = "send staging registration";
+    if (e->rmr && (rc = lib->dereg_mr(e->rmr)) != 0 && !what) what = "receive buffer registration";
+    if (what && err) say(err, cap, "verbs: cannot destroy the %s for %s", what, e->peer);
     free(e->sbuf);
     free(e->rbuf);
     free(e->length);
     free(e);
+    return what ? -1 : 0;
 }
 
 int verbs_print_gids(VerbsDev *d, FILE *out) {

@@ -13,8 +13,9 @@
 //   verbs_ep_connect(e, theirs);            // INIT -> RTR -> RTS
 //   ...barrier through the bootstrap store...  // each side must be in RTR before the other sends
 //   verbs_send(e, buf, n) / verbs_recv(e, buf, n)   // move what they can now, return the byte count
-//   verbs_ep_arm(e) then verbs_wait(d, ms)   // sleep until a completion arrives (the wait hint)
-//   verbs_ep_destroy(e); verbs_close(d);
+//   verbs_ep_wait(e, ms)                    // sleep until a completion arrives (the wait hint)
+//   ...until verbs_sent_all(e), then a barrier...  // nobody tears down while the peer awaits acks
+//   verbs_ep_destroy(e, err, cap); verbs_close(d, err, cap);
 //
 // Every function that can fail returns NULL or -1 and leaves one line (no "error: " prefix) in the
 // caller's buffer (verbs_open, verbs_ep_create) or in verbs_ep_error(e); the caller adds its context
@@ -40,9 +41,9 @@ enum { VERBS_BLOB_BYTES = 64 };
 enum { VERBS_DEFAULT_SLOTS = 16, VERBS_DEFAULT_SLOT_BYTES = 256 << 10 };
 
 VerbsDev *verbs_open(const VerbsOptions *opt, char *err, size_t errcap);
-// "rxe0 port 1, RoCE v2 GID index 1 (::ffff:192.0.2.1), path MTU 1024": for the start-up log line
+// "rxe0 port 1, RoCE v2 GID index 1 (::ffff:192.0.2.1), MTU 1024": for the start-up log line
 const char *verbs_describe(const VerbsDev *d);
-void verbs_close(VerbsDev *d);
+int verbs_close(VerbsDev *d, char *err, size_t errcap); // after every endpoint is destroyed
 
 // slots, slot_bytes: 0 for the defaults; both ends must use the same values (connect checks).
 // peer names the other end in error lines, e.g. "rank 3 at node7".
@@ -58,14 +59,17 @@ ssize_t verbs_recv(VerbsEp *e, void *buf, size_t n);
 int verbs_progress(VerbsEp *e);
 // 1 when every byte handed to verbs_send has been written into the peer's memory and acknowledged.
 int verbs_sent_all(const VerbsEp *e);
-// Wait hint: verbs_ep_arm asks for an event on the next completion and returns 1 if completions
-// arrived meanwhile (do not sleep), 0 if armed, -1 on error; verbs_wait then sleeps on the device's
-// completion channel for at most timeout_ms (1: woken, 0: timed out, -1: error, in the caller's err).
+// Wait hint. Each endpoint has its own completion channel, so threads serving different endpoints
+// never take each other's wake-ups. verbs_ep_wait(e, ms) sleeps until a completion arrives or ms
+// pass (1: woken or progressed, 0: timed out, -1: error). To sleep on several endpoints (and other
+// descriptors) at once: verbs_ep_arm each (1: completions arrived meanwhile, do not sleep; 0: armed),
+// poll() their verbs_ep_fd for POLLIN, then verbs_ep_clear each that is readable.
+int verbs_ep_wait(VerbsEp *e, int timeout_ms);
 int verbs_ep_arm(VerbsEp *e);
-int verbs_wait(VerbsDev *d, int timeout_ms, char *err, size_t errcap);
-int verbs_wait_fd(const VerbsDev *d); // the completion channel's descriptor, for poll() beside others
+int verbs_ep_fd(const VerbsEp *e);
+int verbs_ep_clear(VerbsEp *e);
 const char *verbs_ep_error(const VerbsEp *e);
-void verbs_ep_destroy(VerbsEp *e);
+int verbs_ep_destroy(VerbsEp *e, char *err, size_t errcap);
 
 // One line per GID of the chosen port (index, GID, type from both the verbs query and sysfs): for
 // `verbs_pair --list` and for checking that both ways of reading a GID's type agree. Returns the

@@ -97,11 +97,10 @@ static void wait_progress(Conn *c, const char *doing) {
     int rc = verbs_ep_arm(c->e);
     if (rc < 0) die("%s", verbs_ep_error(c->e));
     if (rc > 0) return;
-    struct pollfd p[2] = { { .fd = verbs_wait_fd(c->d), .events = POLLIN }, { .fd = c->peer_fd, .events = POLLRDHUP } };
+    struct pollfd p[2] = { { .fd = verbs_ep_fd(c->e), .events = POLLIN }, { .fd = c->peer_fd, .events = POLLRDHUP } };
     if (poll(p, c->peer_fd >= 0 ? 2 : 1, 100) < 0 && errno != EINTR) die("poll: %s", strerror(errno));
     if (c->peer_fd >= 0 && p[1].revents) die("the other process exited while this one was %s", doing);
-    char err[256];
-    if (p[0].revents && verbs_wait(c->d, 0, err, sizeof err) < 0) die("%s", err); // consume the event
+    if (p[0].revents && verbs_ep_clear(c->e) < 0) die("%s", verbs_ep_error(c->e));
     if (now_seconds() > c->deadline) die("timed out %s", doing);
 }
 
@@ -175,14 +174,13 @@ static int run_process(int me, int fd, const Args *a) {
         if (me == 1) _exit(0); // the kernel destroys this process's queue pair: the peer's writes go unanswered
         unsigned char *buf = xcalloc(1, a->slot_bytes);
         for (;;) { // keep writing until the adapter gives up on the dead peer
-            if (verbs_send(c.e, buf, a->slot_bytes) < 0) die("%s", verbs_ep_error(c.e));
-            wait_progress(&c, "waiting for the dead peer to be reported");
+            if (verbs_send(c.e, buf, a->slot_bytes) < 0 || verbs_ep_wait(c.e, 100) < 0) die("%s", verbs_ep_error(c.e));
+            if (now_seconds() > c.deadline) die("timed out waiting for the dead peer to be reported");
         }
     }
     run_stream(&c, me, a);
     barrier(fd);
-    verbs_ep_destroy(c.e);
-    verbs_close(c.d);
+    if (verbs_ep_destroy(c.e, err, sizeof err) != 0 || verbs_close(c.d, err, sizeof err) != 0) die("%s", err);
     return 0;
 }
 
@@ -207,14 +205,14 @@ int main(int argc, char **argv) {
         VerbsDev *d = verbs_open(&a.opt, err, sizeof err);
         if (!d) die("%s", err);
         int bad = verbs_print_gids(d, stdout);
-        verbs_close(d);
+        if (verbs_close(d, err, sizeof err) != 0) die("%s", err);
         if (bad < 0) die("cannot read the GID table");
         if (bad > 0) die("%d GID type(s) differ between libibverbs and sysfs", bad);
         return 0;
     }
     VerbsDev *probe = verbs_open(&a.opt, err, sizeof err); // fail once, before there are two processes to say so
     if (!probe) die("%s", err);
-    verbs_close(probe);
+    if (verbs_close(probe, err, sizeof err) != 0) die("%s", err);
     int sv[2];
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) die("socketpair: %s", strerror(errno));
     fflush(stdout);
