@@ -18,7 +18,7 @@ ifeq ($(shell $(CC) -E -include infiniband/verbs.h -x c /dev/null -o /dev/null 2
 HOST_SRC += net_verbs.c
 CFLAGS += -DLLM4D_VERBS
 TRANSPORTS = shm, tcp, verbs (libibverbs loaded at run time)
-VERBS_BIN = build/verbs_pair
+VERBS_BIN = build/verbs_pair build/verbs_pair-asan
 else
 TRANSPORTS = shm, tcp (no verbs: <infiniband/verbs.h> not found; scripts/deps.sh installs libibverbs-dev)
 VERBS_BIN =
@@ -79,6 +79,9 @@ build/portable/%.o: %.c | build
 # two processes over one RDMA device through net_verbs.c (test/run.sh runs it inside a QEMU guest)
 build/verbs_pair: test/verbs_pair.c build/portable/net_verbs.o build/portable/common.o | build
 	$(CC) $(filter-out -fopenmp,$(PORTABLE_CFLAGS)) -I. $(filter %.c %.o,$^) -o $@
+
+build/verbs_pair-asan: test/verbs_pair.c net_verbs.c common.c net_verbs.h common.h | build
+	$(CC) $(filter-out -fopenmp -O2 -MMD -MP,$(PORTABLE_CFLAGS)) $(SAN) -I. $(filter %.c,$^) -o $@
 
 build/test_cuda: test/test_cuda.c $(LIB_OBJ) $(CUDA_OBJ)
 	$(CC) $(CFLAGS) -I. -I$(CUDA_HOME)/include $(filter %.c %.o,$^) -o $@ $(LDLIBS)

@@ -631,12 +631,15 @@ t_verbs_absent() {
 
 # RDMA verbs for real, on soft-RoCE inside a QEMU guest (test/verbs_vm.sh; skipped where the guest
 # cannot run): two processes stream 1 B .. 64 MiB both ways, every byte checked, through staging
-# rings of 8, 3 and 1 slots; device, port and GID selection and their errors; a peer that dies.
+# rings of 8, 3 and 1 slots (and a short stream under ASan+UBSan); device, port and GID selection
+# and their errors; a peer that dies.
 t_verbs_vm() {
     [ -x build/verbs_pair ] || { echo "built without <infiniband/verbs.h> (scripts/deps.sh as root installs libibverbs-dev)"; return 77; }
     local out rc ok=0
-    out=$(bash test/verbs_vm.sh --timeout 500 --bin build/verbs_pair -- sh -c '
+    out=$(bash test/verbs_vm.sh --timeout 500 --bin build/verbs_pair --bin build/verbs_pair-asan -- sh -c '
+        export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
         run() { echo "== $*"; build/verbs_pair "$@" 2>&1; echo "== rc $?"; }
+        asan() { echo "== asan $*"; build/verbs_pair-asan "$@" 2>&1; echo "== rc $?"; }
         run --list
         run
         run --slots 3 --slot-bytes 1000 --max-bytes 200000
@@ -645,7 +648,9 @@ t_verbs_vm() {
         run --ib-dev mlx5_0
         run --ib-dev rxe0:2
         run --ib-gid-index 100000
-        run --kill-peer --timeout 120')
+        run --kill-peer --timeout 120
+        asan --slots 3 --slot-bytes 5000 --max-bytes 1M
+        asan --ib-dev rxe0:2')
     rc=$?
     echo "$out"
     [ $rc -eq 77 ] && return 77
@@ -669,6 +674,8 @@ t_verbs_vm() {
     expect "--ib-dev rxe0:2" 1 '^error: --ib-dev rxe0:2: device rxe0 has 1 port' 1
     expect "--ib-gid-index 100000" 1 '^error: --ib-gid-index 100000: rxe0 port 1 has GID indices 0-' 1
     expect "--kill-peer --timeout 120" 1 '^error: rank 1 at llm4d-vm unreachable over verbs '
+    expect "asan --slots 3 --slot-bytes 5000 --max-bytes 1M" 0 '3 slots x 5000 bytes' 2
+    expect "asan --ib-dev rxe0:2" 1 '^error: --ib-dev rxe0:2: device rxe0 has 1 port' 1
     return $ok
 }
 
