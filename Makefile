@@ -76,6 +76,10 @@ build/portable/%.o: %.c | build
 	@mkdir -p build/portable
 	$(CC) $(PORTABLE_CFLAGS) -c $< -o $@
 
+# ./train for the guest: CPU backend only, baseline x86-64
+build/train-portable: $(HOST_SRC:%.c=build/portable/%.o)
+	$(CC) $^ -o $@ -lm -fopenmp -lpthread
+
 # two processes over one RDMA device through net_verbs.c (test/run.sh runs it inside a QEMU guest)
 build/verbs_pair: test/verbs_pair.c build/portable/net_verbs.o build/portable/common.o | build
 	$(CC) $(filter-out -fopenmp,$(PORTABLE_CFLAGS)) -I. $(filter %.c %.o,$^) -o $@

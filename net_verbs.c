@@ -582,8 +582,12 @@ static int post(VerbsEp *e, struct ibv_send_wr *wr) {
     return 0;
 }
 
+// Credits go back in batches of a quarter of the slots: fewer messages, and the sender still has three
+// quarters to fill meanwhile. Never a deadlock: a sender out of credits means every slot holds data
+// this side has not consumed yet, or has consumed and is returning now.
 static int return_credits(VerbsEp *e) {
-    if (!e->credits_owed || e->sq_busy >= e->sq_depth) return 0;
+    unsigned batch = e->slots / 4 ? e->slots / 4 : 1;
+    if (e->credits_owed < batch || e->sq_busy >= e->sq_depth) return 0; // a full send queue: the next progress retries
     struct ibv_send_wr wr = { .wr_id = UINT64_MAX, .opcode = IBV_WR_SEND_WITH_IMM, .num_sge = 0,
                               .imm_data = htonl(CREDIT_FLAG | e->credits_owed) };
     if (post(e, &wr) != 0) return -1;
@@ -620,7 +624,7 @@ int verbs_progress(VerbsEp *e) {
         any |= n > 0;
         if (n < 16) break;
     }
-    if (return_credits(e) != 0) return -1; // a batch deferred by a full send queue
+    if (return_credits(e) != 0) return -1; // a batch that a full send queue deferred
     return any;
 }
 
@@ -661,15 +665,10 @@ ssize_t verbs_recv(VerbsEp *e, void *buf, size_t n) {
             e->credits_owed++;
         }
     }
-    // Credits go back in batches of a quarter of the slots: fewer messages, and the sender still has
-    // three quarters to fill meanwhile. Never a deadlock: a sender out of credits means every slot
-    // holds data this side has not consumed or has consumed and is about to return.
-    unsigned batch = e->slots / 4 ? e->slots / 4 : 1;
-    if (e->credits_owed >= batch && return_credits(e) != 0) return -1;
-    return (ssize_t)done;
+    return return_credits(e) != 0 ? -1 : (ssize_t)done;
 }
 
-int verbs_sent_all(const VerbsEp *e) { return e->sq_busy == 0 && e->credits_owed == 0; }
+int verbs_sent_all(const VerbsEp *e) { return e->sq_busy == 0; }
 
 int verbs_ep_arm(VerbsEp *e) {
     if (e->failed) return -1;

@@ -14,7 +14,7 @@
 # this script's. The initramfs is cached under build/vm/, keyed by the hash of everything in it.
 #
 # In the guest: rxe0 (GID index 1 = RoCE v2 over IPv4 192.0.2.1, path MTU 1024) on dummy0, 2 CPUs,
-# 1 GiB, hostname llm4d-vm. Binaries must run on a baseline x86-64 CPU (TCG has no AVX-512): build
+# 1 GiB, hostname llm4d-vm, /tmp and /dev/shm in memory, no network beyond dummy0 and lo. Binaries must run on a baseline x86-64 CPU (TCG has no AVX-512): build
 # them without -march=native (the Makefile's build/portable/ objects).
 #
 # Exit status: COMMAND's; 77 (test/run.sh's "skipped") with the reason on the last line when
@@ -112,7 +112,8 @@ if [ ! -f "$VMDIR/initrd.cpio" ]; then
 export PATH=/usr/sbin:/usr/bin LD_LIBRARY_PATH=$libpath HOME=/tmp
 EOF
     cat >>"$root/init" <<'EOF'
-mount -t proc proc /proc && mount -t sysfs sysfs /sys && mount -t devtmpfs dev /dev && mount -t tmpfs tmp /tmp
+mount -t proc proc /proc && mount -t sysfs sysfs /sys && mount -t devtmpfs dev /dev && mount -t tmpfs tmp /tmp &&
+    mkdir -p /dev/shm && mount -t tmpfs shm /dev/shm
 say() { echo "llm4d-vm: $*" >/dev/console; }
 die() { say "$*"; sync; poweroff -f; }
 for m in $(cat /etc/llm4d/modules); do insmod /lib/modules/llm4d/$m.ko || die "insmod $m failed"; done
