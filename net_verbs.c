@@ -310,6 +310,17 @@ static int choose_gid(VerbsDev *d, int requested, char *err, size_t cap) {
     return 0;
 }
 
+// Appends to a list for an error message; a list too long for the buffer is cut.
+static void append(char *buf, size_t cap, size_t *used, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static void append(char *buf, size_t cap, size_t *used, const char *fmt, ...) {
+    if (*used + 1 >= cap) return;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf + *used, cap - *used, fmt, ap);
+    va_end(ap);
+    if (n > 0) *used = *used + (size_t)n < cap ? *used + (size_t)n : cap - 1;
+}
+
 // The device named by opt->dev ("name" or "name:port"), or the first device with an active port.
 static int choose_port(VerbsDev *d, const VerbsOptions *opt, char *err, size_t cap) {
     char want[64] = "";
@@ -339,7 +350,7 @@ static int choose_port(VerbsDev *d, const VerbsOptions *opt, char *err, size_t c
     for (int i = 0; i < ndev && !found; i++) {
         const char *name = d->lib.get_device_name(list[i]);
         if (*want && strcmp(name, want)) {
-            used += (size_t)snprintf(seen + used, used < sizeof seen ? sizeof seen - used : 0, "%s%s", used ? ", " : "", name);
+            append(seen, sizeof seen, &used, "%s%s", used ? ", " : "", name);
             continue;
         }
         matched = 1;
@@ -372,8 +383,7 @@ static int choose_port(VerbsDev *d, const VerbsOptions *opt, char *err, size_t c
                 d->attr = pa;
                 snprintf(d->name, sizeof d->name, "%s", name);
             } else {
-                used += (size_t)snprintf(seen + used, used < sizeof seen ? sizeof seen - used : 0, "%s%s port %d %s", used ? ", " : "",
-                                         name, p, port_state_name(pa.state));
+                append(seen, sizeof seen, &used, "%s%s port %d %s", used ? ", " : "", name, p, port_state_name(pa.state));
             }
         }
         if (!found && *want && want_port > dattr.phys_port_cnt) {
