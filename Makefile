@@ -2,7 +2,11 @@
 CC ?= gcc
 NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
-CUDA_ARCH ?= sm_90
+# GPU code: sm_90a for Hopper (wgmma and setmaxnreg need the "a" target; written as -gencode because
+# nvcc 13.0's -arch=sm_90a shorthand is reported to run a plain sm_90 pass that rejects them), sm_80
+# machine code for Ampere and Ada, and compute_80 PTX that the driver compiles for anything newer.
+CUDA_GENCODE ?= -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_80,code=[sm_80,compute_80]
+NVCCFLAGS = -O3 -std=c++17 $(CUDA_GENCODE) -Xcompiler -Wall,-Wextra,-Werror -DLLM4D_CUDA
 CFLAGS ?= -O3 -march=native
 CFLAGS += -std=gnu11 -Wall -Wextra -Werror -fopenmp -MMD -MP
 LDLIBS = -lm -fopenmp -lpthread
@@ -30,7 +34,7 @@ CUDA_OBJ =
 else
 BACKENDS = cpu+cuda
 CFLAGS += -DLLM4D_CUDA
-CUDA_OBJ = build/kernels_cu.o
+CUDA_OBJ = build/kernels_cu.o build/gemm_cu.o
 LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lstdc++
 endif
 
@@ -45,7 +49,18 @@ build/%.o: %.c | build
 	$(CC) $(CFLAGS) -c $< -o $@
 
 build/kernels_cu.o: kernels.cu kernels.h common.h | build
-	$(NVCC) -O3 -std=c++17 -arch=$(CUDA_ARCH) -Xcompiler -Wall,-Wextra,-Werror -DLLM4D_CUDA -c $< -o $@
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+build/gemm_cu.o: gemm.cu gemm.h common.h | build
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+# The tensor-core GEMM's check and benchmark (scripts/gpu_check.sh builds it; never part of ./train).
+# cuBLAS is linked here only, as the benchmark's comparator, and left out when the toolkit lacks it.
+CUBLAS_LIB = $(wildcard $(CUDA_HOME)/lib64/libcublas.so)
+GEMM_CHECK_CUBLAS = $(if $(CUBLAS_LIB),-DGEMM_CHECK_CUBLAS -lcublas)
+build/gemm_check: test/gemm_check.cu build/gemm_cu.o build/common.o gemm.h | build
+	$(NVCC) $(NVCCFLAGS) -I. -Xcompiler -fopenmp test/gemm_check.cu build/gemm_cu.o build/common.o -o $@ \
+		$(GEMM_CHECK_CUBLAS) -lgomp
 
 # AddressSanitizer + UBSan builds (CPU only) for the unit tests and the bad-input tests
 build/asan/%.o: %.c | build
@@ -61,6 +76,10 @@ build/test_unit: build/asan/test_unit.o $(LIB_OBJ:build/%=build/asan/%)
 build/asan/test_unit.o: test/test_unit.c | build
 	@mkdir -p build/asan
 	$(CC) $(filter-out -O3 -DLLM4D_CUDA,$(CFLAGS)) -I. $(SAN) -c $< -o $@
+
+# the GEMM's host-side index arithmetic (gemm.h), no GPU needed
+build/test_gemm: test/test_gemm.c gemm.h | build
+	$(CC) $(filter-out -O3 -DLLM4D_CUDA -fopenmp,$(CFLAGS)) -I. $(SAN) $< -o $@
 
 build/test_comm: build/asan/test_comm.o $(LIB_OBJ:build/%=build/asan/%)
 	$(CC) $(SAN) $^ -o $@ -lm -fopenmp -lpthread
@@ -108,7 +127,7 @@ test: deps
 	@$(MAKE) --no-print-directory test-bins
 	bash test/run.sh
 
-test-bins: train build/train-asan build/test_unit build/test_comm $(VERBS_BIN)
+test-bins: train build/train-asan build/test_unit build/test_comm build/test_gemm $(VERBS_BIN)
 
 test-gpu:
 	bash scripts/gpu_check.sh
