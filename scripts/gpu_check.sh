@@ -6,6 +6,8 @@
 #   3. build/test_cuda: every CUDA kernel against the CPU reference, fp32 and bf16, and determinism
 #   4. training: 5 steps of a small model on CPU and on GPU (both fp32), losses equal to 1e-4 relative
 #   5. throughput: 10 steps of GPT-2 124M (d12) in bf16 on the GPU
+#   6. tensor-core GEMM (gemm.cu): build/gemm_check, each kernel against a CPU fp64 reference, then the
+#      timing table against cuBLAS (build/gpucheck/gemm_table.md, and $OUT/gemm_table.md)
 # Each section prints PASS or FAIL; the script exits non-zero if any section failed. Logs go to
 # build/gpucheck/ and, when $OUT is set, are copied there at the end.
 set -euo pipefail
@@ -58,7 +60,7 @@ check_device() {
 
 BUILD_OK=0
 check_build() {
-    make 2>&1 | tee "$LOG/make.log"
+    make -j"$(nproc)" 2>&1 | tee "$LOG/make.log"
     [ "${PIPESTATUS[0]}" -eq 0 ] || return 1
     grep -q "cpu+cuda" "$LOG/make.log" || { echo "./train was built without the CUDA backend (nvcc not found?)"; return 1; }
     make build/test_cuda 2>&1 | tee -a "$LOG/make.log"
@@ -172,9 +174,52 @@ if later:
 EOF
 }
 
+# ---------------------------------------------------------------------------------------------------
+# 6. the tensor-core GEMM: each kernel checked in its own process (one that faults or traps cannot hide
+#    the other), the SASS looked at when cuobjdump is there, then the benchmark of those that passed
+
+check_gemm() {
+    [ "$BUILD_OK" -eq 1 ] || { echo "skipped: build failed"; return 1; }
+    make -j"$(nproc)" build/gemm_check 2>&1 | tee "$LOG/gemm_build.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || return 1
+    local ok=0 good=() k rc
+    if command -v cuobjdump >/dev/null; then
+        cuobjdump --dump-sass build/gemm_cu.o > "$LOG/gemm_sass.txt" 2>&1
+        local hg hm
+        hg=$(grep -c HGMMA "$LOG/gemm_sass.txt" || true)
+        hm=$(grep -c HMMA "$LOG/gemm_sass.txt" || true)
+        echo "SASS of gemm_cu.o: $hg HGMMA, $hm HMMA instructions"
+        [ "$hg" -gt 0 ] && [ "$hm" -gt 0 ] || { echo "expected both HGMMA (wgmma kernel) and HMMA (mma.sync kernel)"; ok=1; }
+    fi
+    for k in mma wgmma; do
+        timeout 300 ./build/gemm_check --check --kernel "$k" > "$LOG/gemm_check_$k.log" 2>&1
+        rc=$?
+        grep -E "^(FAIL|gemm_check:|device:)|skipped" "$LOG/gemm_check_$k.log" | head -n 40
+        tail -n 3 "$LOG/gemm_check_$k.log"
+        if [ "$rc" -eq 0 ]; then
+            grep -q "skipped" "$LOG/gemm_check_$k.log" || good+=("$k")
+        else
+            echo "gemm_check --check --kernel $k exited with status $rc"
+            ok=1
+        fi
+    done
+    if [ "${#good[@]}" -eq 0 ]; then
+        echo "no GEMM kernel passed its check: no benchmark"
+        return 1
+    fi
+    k=all
+    [ "${#good[@]}" -eq 1 ] && k=${good[0]}
+    timeout 300 ./build/gemm_check --bench --kernel "$k" --table "$LOG/gemm_table.md" 2>&1 | tee "$LOG/gemm_bench.log"
+    rc=${PIPESTATUS[0]}
+    [ "$rc" -eq 0 ] || { echo "gemm_check --bench exited with status $rc"; ok=1; }
+    if [ -n "${OUT:-}" ] && [ -f "$LOG/gemm_table.md" ]; then cp -f "$LOG/gemm_table.md" "$OUT/gemm_table.md"; fi
+    return $ok
+}
+
 section "device" check_device
 section "build" check_build
 section "kernels (build/test_cuda)" check_kernels
+section "tensor-core GEMM (build/gemm_check)" check_gemm
 section "training cpu vs gpu" check_training
 section "throughput" check_throughput
 
