@@ -4,8 +4,8 @@
 //   build/gemm_check --bench [--kernel ...] [--table F]  timing table against cuBLAS
 //
 // Correctness: every kernel, for the three products of a linear layer at d12's shapes (M = B*T = 4096,
-// K and N from {768, 2304, 3072}; one weight gradient with K = 65536) and for ragged shapes in all four
-// operand layouts (A k- or m-major, B k- or n-major) with every epilogue (bias, GELU with its input
+// K and N from {768, 2304, 3072}; one weight gradient with K = 65536), each with its operands stored as
+// the model stores them and both transposed, and for ragged shapes in all four operand layouts (A k- or m-major, B k- or n-major) with every epilogue (bias, GELU with its input
 // stored, GELU backward, residual, bf16 or fp32 store, fp32 accumulate) and with split-K forced, is
 // compared with a CPU reference in fp64 on fresh random inputs. Outputs start poisoned (NaN), padding
 // beyond N and the row after M hold a sentinel that must survive, and input padding holds NaN that
@@ -359,11 +359,16 @@ static int check(const std::vector<GemmKernel> &kernels) {
     Totals t;
     uint64_t seed = 1;
     for (GemmKernel k : kernels) {
-        printf("\n--- %s: d12 shapes (B*T = %d), the three products of each linear layer\n", gemm_kernel_name(k), BT);
-        for (const Case &c : d12) {
-            t.cases++;
-            t.failed += !run_case(c, k, 0, ws, ws_bytes, seed++);
-        }
+        printf("\n--- %s: d12 shapes (B*T = %d), the three products of each linear layer, with their operands as\n"
+               "    the model stores them and with both operands stored transposed\n",
+               gemm_kernel_name(k), BT);
+        for (int flip = 0; flip <= 1; flip++)
+            for (Case c : d12) {
+                c.ak ^= flip;
+                c.bk ^= flip;
+                t.cases++;
+                t.failed += !run_case(c, k, 0, ws, ws_bytes, seed++);
+            }
         printf("\n--- %s: ragged shapes x 4 layouts x epilogues, automatic and forced split-K\n", gemm_kernel_name(k));
         for (auto &sh : ragged)
             for (int layout = 0; layout < 4; layout++)
