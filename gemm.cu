@@ -312,27 +312,22 @@ __global__ void __launch_bounds__(GEMM_MMA_THREADS) gemm_mma_kernel(const MmaArg
 #pragma unroll
         for (int kk = 0; kk < BK / 16; kk++) {
             uint32_t af[4][4], bfr[4][2];
-            const int q = lane >> 3, r8 = lane & 7;
 #pragma unroll
             for (int mi = 0; mi < 4; mi++) {
-                if (A_KMAJOR) { // rows m: lanes 0-15 rows 0-15 at k 0-7, lanes 16-31 the same rows at k 8-15
-                    int row = wm + mi * 16 + (lane & 15), ch = kk * 2 + (lane >> 4);
-                    ldsm_x4(sA + (uint32_t)(row * ACPR + gemm_swizzle_chunk(row, ch, ACPR)) * 16u, af[mi]);
-                } else { // rows k, transposed: matrix q holds m +8*(q&1), k +8*(q>>1)
-                    int row = kk * 16 + (q >> 1) * 8 + r8, ch = (wm + mi * 16 + (q & 1) * 8) >> 3;
-                    ldsm_x4_t(sA + (uint32_t)(row * ACPR + gemm_swizzle_chunk(row, ch, ACPR)) * 16u, af[mi]);
-                }
+                int row, ch;
+                gemm_mma_ldsm_a(A_KMAJOR, wm + mi * 16, kk, lane, &row, &ch);
+                const uint32_t addr = sA + (uint32_t)(row * ACPR + gemm_swizzle_chunk(row, ch, ACPR)) * 16u;
+                if (A_KMAJOR) ldsm_x4(addr, af[mi]);
+                else ldsm_x4_t(addr, af[mi]);
             }
 #pragma unroll
             for (int nj = 0; nj < 2; nj++) {
-                uint32_t r[4]; // matrix q: n +8*(q>>1), k +8*(q&1)
-                if (B_KMAJOR) {
-                    int row = wn + nj * 16 + (q >> 1) * 8 + r8, ch = kk * 2 + (q & 1);
-                    ldsm_x4(sB + (uint32_t)(row * BCPR + gemm_swizzle_chunk(row, ch, BCPR)) * 16u, r);
-                } else {
-                    int row = kk * 16 + (q & 1) * 8 + r8, ch = (wn + nj * 16 + (q >> 1) * 8) >> 3;
-                    ldsm_x4_t(sB + (uint32_t)(row * BCPR + gemm_swizzle_chunk(row, ch, BCPR)) * 16u, r);
-                }
+                uint32_t r[4];
+                int row, ch;
+                gemm_mma_ldsm_b(B_KMAJOR, wn + nj * 16, kk, lane, &row, &ch);
+                const uint32_t addr = sB + (uint32_t)(row * BCPR + gemm_swizzle_chunk(row, ch, BCPR)) * 16u;
+                if (B_KMAJOR) ldsm_x4(addr, r);
+                else ldsm_x4_t(addr, r);
                 bfr[2 * nj][0] = r[0];
                 bfr[2 * nj][1] = r[1];
                 bfr[2 * nj + 1][0] = r[2];

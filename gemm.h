@@ -170,6 +170,32 @@ GEMM_HD int gemm_swizzle_chunk(int row, int chunk, int chunks) {
     return chunk;
 }
 
+// The mma.sync kernel's ldmatrix.x4 addresses (.trans for an operand that is not k-major): the
+// shared-memory row and logical chunk that lane `lane` points at. For A's 16x16 block at tile row m,
+// k-step kk, the four 8x8 matrices become the fragment registers a0..a3 of mma.m16n8k16 (rows +0/+8
+// of m, then k +0/+8). For B's two n8 blocks at tile column n: r0, r1 are block n's b0, b1 (k +0/+8),
+// r2, r3 block n+8's. Rows are m or n when k-major, else k.
+GEMM_HD void gemm_mma_ldsm_a(int kmajor, int m, int kk, int lane, int *row, int *chunk) {
+    const int q = lane >> 3, r8 = lane & 7;
+    if (kmajor) {
+        *row = m + (q & 1) * 8 + r8;
+        *chunk = kk * 2 + (q >> 1);
+    } else {
+        *row = kk * 16 + (q >> 1) * 8 + r8;
+        *chunk = (m + (q & 1) * 8) >> 3;
+    }
+}
+GEMM_HD void gemm_mma_ldsm_b(int kmajor, int n, int kk, int lane, int *row, int *chunk) {
+    const int q = lane >> 3, r8 = lane & 7;
+    if (kmajor) {
+        *row = n + (q >> 1) * 8 + r8;
+        *chunk = kk * 2 + (q & 1);
+    } else {
+        *row = kk * 16 + (q & 1) * 8 + r8;
+        *chunk = (n + (q >> 1) * 8) >> 3;
+    }
+}
+
 // wgmma shared-memory matrix descriptor (PTX ISA, "Matrix Descriptor Format"): bits 0-13 start address,
 // 16-29 leading-dimension byte offset, 32-45 stride-dimension byte offset (each >> 4), 49-51 base offset
 // (0: the operand's swizzle pattern starts on its 1024-byte boundary), 62-63 swizzle mode (1 = 128 B).

@@ -1,6 +1,8 @@
 // Host-side tests of the tensor-core GEMM's index arithmetic (gemm.h), each against an independent
 // model: tile order against nested loops, split-K against its cost model and the partition it must
-// make, the mma.sync shared-memory swizzle against a bank count, the wgmma descriptor against a
+// make, the mma.sync shared-memory swizzle against a bank count, the mma.sync kernel's ldmatrix
+// addresses and fragments on a model of ldmatrix and mma (a whole block tile against a plain product),
+// the wgmma descriptor against a
 // hand-encoded value and its bit fields, and the TMA boxes plus descriptors against a simulation of
 // both units on a model of shared memory: TMA writes boxes row by row through the 128-byte swizzle;
 // wgmma reads the canonical layouts of the PTX ISA (k-major: 8-row atoms of 128-byte rows, SBO apart;
@@ -141,6 +143,104 @@ static void test_mma_swizzle(void) {
         CHECK(!bad_ld, "swizzle (%d chunks/row): %d ldmatrix reads with bank conflicts", chunks, bad_ld);
         CHECK(!bad_st, "swizzle (%d chunks/row): %d cp.async stores with bank conflicts", chunks, bad_st);
     }
+}
+
+// ------------------------------------------------------------------------------------------------
+// The mma.sync kernel's block tile on a model of the warp instructions, per the PTX ISA: ldmatrix.x4
+// takes lane 8j+i's address as row i of 8x8 matrix j (8 consecutive 16-bit values) and gives thread t
+// register j = row t/4, values 2(t%4), +1 (with .trans: column t/4, rows 2(t%4), +1); mma.m16n8k16
+// takes A as a0 (rows g, k 2c..2c+1), a1 (rows g+8), a2 (k +8), a3 (rows g+8, k +8), B as b0
+// (k 2c..2c+1, column g), b1 (k +8), and gives c0,c1 at row g, columns 2c, 2c+1, c2,c3 at row g+8
+// (g = t/4, c = t%4). Small integers keep every sum exact.
+
+enum { TBM = GEMM_MMA_BM, TBN = GEMM_MMA_BN, TBK = GEMM_MMA_BK };
+
+// one operand's stage as mma_load_tile stores it: k-major rows of k, else rows of m (or n)
+static void store_tile(int kmajor, int ext, const int *logical /* [ext][TBK] */, int *smem) {
+    int cpr = kmajor ? TBK / 8 : ext / 8;
+    for (int mn = 0; mn < ext; mn++)
+        for (int k = 0; k < TBK; k++) {
+            int row = kmajor ? mn : k, chunk = kmajor ? k / 8 : mn / 8, e = kmajor ? k % 8 : mn % 8;
+            smem[(row * cpr + gemm_swizzle_chunk(row, chunk, cpr)) * 8 + e] = logical[mn * TBK + k];
+        }
+}
+
+// ldmatrix.x4 from per-lane (row, chunk) addresses: out[t][j][h]
+static void ldmatrix_x4(const int *smem, int cpr, const int (*addr)[2], int trans, int out[32][4][2]) {
+    for (int t = 0; t < 32; t++)
+        for (int j = 0; j < 4; j++)
+            for (int h = 0; h < 2; h++) {
+                int src_row = trans ? 8 * j + 2 * (t % 4) + h : 8 * j + t / 4, col = trans ? t / 4 : 2 * (t % 4) + h;
+                int row = addr[src_row][0], chunk = addr[src_row][1];
+                out[t][j][h] = smem[(row * cpr + gemm_swizzle_chunk(row, chunk, cpr)) * 8 + col];
+            }
+}
+
+static void test_mma_fragments(void) {
+    static int A[TBM * TBK], B[TBN * TBK], sa[TBM * TBK], sb[TBN * TBK];
+    uint64_t x = 99;
+    for (int i = 0; i < TBM * TBK; i++) A[i] = (int)((x = x * 6364136223846793005ULL + 1) >> 61) - 4;
+    for (int i = 0; i < TBN * TBK; i++) B[i] = (int)((x = x * 6364136223846793005ULL + 1) >> 61) - 4; // B(k,n) = B[n][k]
+    for (int ak = 0; ak <= 1; ak++)
+        for (int bk = 0; bk <= 1; bk++) {
+            store_tile(ak, TBM, A, sa);
+            store_tile(bk, TBN, B, sb);
+            int bad = 0;
+            for (int warp = 0; warp < GEMM_MMA_THREADS / 32; warp++) {
+                const int wm = (warp >> 2) * 64, wn = (warp & 3) * 32; // as gemm_mma_kernel
+                static int acc[32][4][4][4];
+                memset(acc, 0, sizeof acc);
+                for (int kk = 0; kk < TBK / 16; kk++) {
+                    int af[4][32][4][2], bfr[4][32][2][2], addr[32][2], r[32][4][2];
+                    for (int mi = 0; mi < 4; mi++) {
+                        for (int l = 0; l < 32; l++) gemm_mma_ldsm_a(ak, wm + mi * 16, kk, l, &addr[l][0], &addr[l][1]);
+                        ldmatrix_x4(sa, ak ? TBK / 8 : TBM / 8, (const int(*)[2])addr, !ak, af[mi]);
+                    }
+                    for (int nj = 0; nj < 2; nj++) {
+                        for (int l = 0; l < 32; l++) gemm_mma_ldsm_b(bk, wn + nj * 16, kk, l, &addr[l][0], &addr[l][1]);
+                        ldmatrix_x4(sb, bk ? TBK / 8 : TBN / 8, (const int(*)[2])addr, !bk, r);
+                        for (int t = 0; t < 32; t++)
+                            for (int h = 0; h < 2; h++) {
+                                bfr[2 * nj][t][0][h] = r[t][0][h];
+                                bfr[2 * nj][t][1][h] = r[t][1][h];
+                                bfr[2 * nj + 1][t][0][h] = r[t][2][h];
+                                bfr[2 * nj + 1][t][1][h] = r[t][3][h];
+                            }
+                    }
+                    for (int mi = 0; mi < 4; mi++)
+                        for (int ni = 0; ni < 4; ni++) {
+                            int fa[16][16], fb[16][8];
+                            for (int t = 0; t < 32; t++)
+                                for (int h = 0; h < 2; h++) {
+                                    int g = t / 4, c = t % 4;
+                                    fa[g][2 * c + h] = af[mi][t][0][h];
+                                    fa[g + 8][2 * c + h] = af[mi][t][1][h];
+                                    fa[g][2 * c + 8 + h] = af[mi][t][2][h];
+                                    fa[g + 8][2 * c + 8 + h] = af[mi][t][3][h];
+                                    fb[2 * c + h][g] = bfr[ni][t][0][h];
+                                    fb[2 * c + 8 + h][g] = bfr[ni][t][1][h];
+                                }
+                            for (int t = 0; t < 32; t++)
+                                for (int v = 0; v < 4; v++) {
+                                    int row = t / 4 + (v >= 2 ? 8 : 0), col = 2 * (t % 4) + (v & 1), d = 0;
+                                    for (int k = 0; k < 16; k++) d += fa[row][k] * fb[k][col];
+                                    acc[t][mi][ni][v] += d;
+                                }
+                        }
+                }
+                // the kernel's epilogue places acc[mi][ni][v] at row wm + mi*16 + g (+8), column wn + ni*8 + 2c (+1)
+                for (int t = 0; t < 32; t++)
+                    for (int mi = 0; mi < 4; mi++)
+                        for (int ni = 0; ni < 4; ni++)
+                            for (int v = 0; v < 4; v++) {
+                                int m = wm + mi * 16 + t / 4 + (v >= 2 ? 8 : 0), n = wn + ni * 8 + 2 * (t % 4) + (v & 1), ref = 0;
+                                for (int k = 0; k < TBK; k++) ref += A[m * TBK + k] * B[n * TBK + k];
+                                if (acc[t][mi][ni][v] != ref) bad++;
+                            }
+            }
+            CHECK(!bad, "mma.sync tile (A %s-major, B %s-major): %d of %d products wrong", ak ? "k" : "m", bk ? "k" : "n", bad,
+                  TBM * TBN);
+        }
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -313,6 +413,7 @@ int main(void) {
     test_tile_order();
     test_splits();
     test_mma_swizzle();
+    test_mma_fragments();
     test_wgmma_desc();
     test_tma_wgmma_layout();
     test_problem_check();
