@@ -10,6 +10,11 @@
 //   dinp     dinp[N,C]   = dout[N,OC] · weight  M=N,  N=C,  K=OC: a_kmajor=1, b_kmajor=0
 //   dweight  dw[OC,C]   += doutᵀ · inp          M=OC, N=C,  K=N:  a_kmajor=0, b_kmajor=0
 //
+// In the backend (kernels.cu, bf16 storage), e.g. the forward: fill a GemmProblem {M=N, N=OC, K=C,
+// A=inp, lda=C, a_kmajor=1, B=weight, ldb=C, b_kmajor=1, C=out, ldc=OC, store=GEMM_STORE_BF16,
+// bias=bias} and keep the SIMT GEMM when gemm_bf16 returns GEMM_KERNEL_NONE. A workspace allocated
+// once (gemm_workspace_bytes of the largest weight gradient) lets split-K fill the GPU.
+//
 // Determinism: every output element is summed by one thread in a fixed k order (ascending k-tiles,
 // then the tensor core's fixed order inside a tile). With split-K the splits write fp32 partial sums
 // to a workspace and one reduction adds them in split order, so results depend on the problem, the
