@@ -9,10 +9,10 @@ CUDA_GENCODE ?= -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_80,c
 NVCCFLAGS = -O3 -std=c++17 $(CUDA_GENCODE) -Xcompiler -Wall,-Wextra,-Werror -DLLM4D_CUDA
 CFLAGS ?= -O3 -march=native
 CFLAGS += -std=gnu11 -Wall -Wextra -Werror -fopenmp -MMD -MP
-LDLIBS = -lm -fopenmp -lpthread
+LDLIBS = -lm -fopenmp -lpthread -lz -ljansson
 SAN = -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
-HOST_SRC = train.c model.c zero.c pipeline.c data.c common.c kernels_cpu.c collectives.c net_shm.c net_tcp.c bench_comm.c plan.c
+HOST_SRC = train.c model.c zero.c pipeline.c data.c ckpt.c common.c kernels_cpu.c collectives.c net_shm.c net_tcp.c bench_comm.c plan.c
 HOST_OBJ = $(HOST_SRC:%.c=build/%.o)
 LIB_OBJ = $(filter-out build/train.o build/bench_comm.o build/plan.o,$(HOST_OBJ))
 
@@ -68,10 +68,10 @@ build/asan/%.o: %.c | build
 	$(CC) $(filter-out -O3 -DLLM4D_CUDA,$(CFLAGS)) $(SAN) -c $< -o $@
 
 build/train-asan: $(HOST_SRC:%.c=build/asan/%.o)
-	$(CC) $(SAN) $^ -o $@ -lm -fopenmp
+	$(CC) $(SAN) $^ -o $@ -lm -fopenmp -lpthread -lz -ljansson
 
 build/test_unit: build/asan/test_unit.o $(LIB_OBJ:build/%=build/asan/%)
-	$(CC) $(SAN) $^ -o $@ -lm -fopenmp
+	$(CC) $(SAN) $^ -o $@ -lm -fopenmp -lpthread -lz -ljansson
 
 build/asan/test_unit.o: test/test_unit.c | build
 	@mkdir -p build/asan
@@ -82,7 +82,7 @@ build/test_gemm: test/test_gemm.c gemm.h | build
 	$(CC) $(filter-out -O3 -DLLM4D_CUDA -fopenmp,$(CFLAGS)) -I. $(SAN) $< -o $@
 
 build/test_comm: build/asan/test_comm.o $(LIB_OBJ:build/%=build/asan/%)
-	$(CC) $(SAN) $^ -o $@ -lm -fopenmp -lpthread
+	$(CC) $(SAN) $^ -o $@ -lm -fopenmp -lpthread -lz -ljansson
 
 build/asan/test_comm.o: test/test_comm.c | build
 	@mkdir -p build/asan
@@ -97,14 +97,14 @@ build/portable/%.o: %.c | build
 
 # ./train for the guest: CPU backend only, baseline x86-64
 build/train-portable: $(HOST_SRC:%.c=build/portable/%.o)
-	$(CC) $^ -o $@ -lm -fopenmp -lpthread
+	$(CC) $^ -o $@ -lm -fopenmp -lpthread -lz -ljansson
 
 # two processes over one RDMA device through net_verbs.c (test/run.sh runs it inside a QEMU guest)
 build/verbs_pair: test/verbs_pair.c build/portable/net_verbs.o build/portable/common.o | build
-	$(CC) $(filter-out -fopenmp,$(PORTABLE_CFLAGS)) -I. $(filter %.c %.o,$^) -o $@
+	$(CC) $(filter-out -fopenmp,$(PORTABLE_CFLAGS)) -I. $(filter %.c %.o,$^) -o $@ -lz
 
 build/verbs_pair-asan: test/verbs_pair.c net_verbs.c common.c net_verbs.h common.h | build
-	$(CC) $(filter-out -fopenmp -O2 -MMD -MP,$(PORTABLE_CFLAGS)) $(SAN) -I. $(filter %.c,$^) -o $@
+	$(CC) $(filter-out -fopenmp -O2 -MMD -MP,$(PORTABLE_CFLAGS)) $(SAN) -I. $(filter %.c,$^) -o $@ -lz
 
 build/test_cuda: test/test_cuda.c $(LIB_OBJ) $(CUDA_OBJ)
 	$(CC) $(CFLAGS) -I. -I$(CUDA_HOME)/include $(filter %.c %.o,$^) -o $@ $(LDLIBS)

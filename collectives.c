@@ -219,6 +219,7 @@ int launch_env_read(LaunchEnv *e) {
 static volatile sig_atomic_t launcher_signal; // set by the launcher's SIGINT/SIGTERM handler
 static void launcher_on_signal(int sig) { launcher_signal = sig; }
 static void launcher_on_child(int sig) { (void)sig; } // only interrupts sigsuspend
+int launch_local_signal(void) { return launcher_signal; }
 
 int launch_local(int nproc, int argc, char **argv) {
     if (nproc < 1) die("--nproc must be at least 1");

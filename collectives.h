@@ -44,6 +44,8 @@ typedef struct CommRequest CommRequest;
 // torchrun-style environment and a fresh job token; waits for them, stops them all when one fails or
 // on SIGINT/SIGTERM, and returns the exit status for the launcher to exit with.
 int launch_local(int nproc, int argc, char **argv);
+// The SIGINT or SIGTERM that stopped the last launch_local, 0 when none did (the job ended by itself).
+int launch_local_signal(void);
 
 // Bootstraps the world communicator; timeout_s bounds every wait (connecting, every collective).
 Comm *comm_init(const LaunchEnv *env, double timeout_s);

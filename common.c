@@ -1,13 +1,18 @@
 // common.c: error reporting and checked system calls.
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE
 #include "common.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 void die(const char *fmt, ...) {
     va_list ap;
@@ -53,29 +58,216 @@ void xfclose(FILE *f, const char *path) {
     if (fclose(f) != 0) die("cannot write %s: %s", path, strerror(errno));
 }
 
-FILE *atomic_open(const char *path, char *tmp_path, size_t tmp_cap) {
-    int n = snprintf(tmp_path, tmp_cap, "%s.tmp.%d", path, (int)getpid());
-    if (n < 0 || (size_t)n >= tmp_cap) die("path too long: %s", path);
-    return xfopen(tmp_path, "wb");
+// ---------------------------------------------------------------------------------------------
+// the safe-write path
+
+// The directory part of path ("." when there is none).
+static void dir_of(const char *path, char *out, size_t cap) {
+    const char *slash = strrchr(path, '/');
+    if (!slash) snprintf(out, cap, ".");
+    else if (slash == path) snprintf(out, cap, "/");
+    else snprintf(out, cap, "%.*s", (int)(slash - path), path);
 }
 
-void atomic_commit(FILE *f, const char *tmp_path, const char *path) {
-    if (fflush(f) != 0 || fsync(fileno(f)) != 0) {
-        int e = errno;
-        fclose(f);
-        unlink(tmp_path);
-        die("cannot write %s: %s", path, strerror(e));
+static const char *file_kind(mode_t m) {
+    if (S_ISDIR(m)) return "a directory";
+    if (S_ISCHR(m)) return "a character device";
+    if (S_ISBLK(m)) return "a block device";
+    if (S_ISFIFO(m)) return "a FIFO";
+    if (S_ISSOCK(m)) return "a socket";
+    return "not a regular file";
+}
+
+// Where a write to path lands: path itself, or the target of the symlink at path. Fills mode with the
+// existing file's permissions (0666 for a new file). Returns 0, 1 for a symlink, -1 with err.
+static int resolve_target(const char *path, char *target, size_t cap, mode_t *mode, char *err, size_t ecap) {
+    struct stat st;
+    *mode = 0666;
+    if (strlen(path) + 32 >= cap) return snprintf(err, ecap, "path too long: %s", path), -1;
+    if (lstat(path, &st) != 0) {
+        if (errno != ENOENT) return snprintf(err, ecap, "cannot access %s: %s", path, strerror(errno)), -1;
+        snprintf(target, cap, "%s", path);
+        return 0;
     }
-    if (fclose(f) != 0) {
-        int e = errno;
-        unlink(tmp_path);
-        die("cannot write %s: %s", path, strerror(e));
+    int link = S_ISLNK(st.st_mode);
+    if (link) {
+        char *real = realpath(path, NULL);
+        if (!real) return snprintf(err, ecap, "%s is a symlink to a missing file or directory (%s)", path, strerror(errno)), -1;
+        int fits = strlen(real) + 32 < cap;
+        if (fits) snprintf(target, cap, "%s", real);
+        free(real);
+        if (!fits) return snprintf(err, ecap, "path too long: %s", path), -1;
+        if (stat(target, &st) != 0) return snprintf(err, ecap, "cannot access %s: %s", target, strerror(errno)), -1;
+    } else {
+        snprintf(target, cap, "%s", path);
     }
-    if (rename(tmp_path, path) != 0) {
-        int e = errno;
-        unlink(tmp_path);
-        die("cannot rename %s to %s: %s", tmp_path, path, strerror(e));
+    if (!S_ISREG(st.st_mode))
+        return snprintf(err, ecap, "%s%s%s is %s: refusing to replace it (only regular files are written)", path,
+                        link ? " -> " : "", link ? target : "", file_kind(st.st_mode)), -1;
+    *mode = st.st_mode & 07777;
+    return link;
+}
+
+static void fail(SafeFile *sf, const char *what, int e) {
+    snprintf(sf->err, sizeof sf->err, "cannot write %s: %s%s", sf->path, what, strerror(e));
+    safe_abort(sf);
+}
+
+int safe_open(SafeFile *sf, const char *path) {
+    memset(sf, 0, sizeof *sf);
+    mode_t mode;
+    if (resolve_target(path, sf->path, sizeof sf->path, &mode, sf->err, sizeof sf->err) < 0) return -1;
+    safe_clean_stale(sf->path); // what a killed writer of this path left
+    snprintf(sf->tmp, sizeof sf->tmp, "%s.tmp.%d", sf->path, (int)getpid());
+    int fd = open(sf->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, mode);
+    if (fd < 0) {
+        snprintf(sf->err, sizeof sf->err, "cannot write %s: cannot create its temporary file: %s", sf->path, strerror(errno));
+        sf->tmp[0] = 0;
+        return -1;
     }
+    if (mode != 0666 && fchmod(fd, mode) != 0) { // keep a replaced file's permissions
+        int e = errno;
+        close(fd);
+        unlink(sf->tmp);
+        snprintf(sf->err, sizeof sf->err, "cannot write %s: %s", sf->path, strerror(e));
+        return -1;
+    }
+    sf->f = fdopen(fd, "wb");
+    if (!sf->f) {
+        int e = errno;
+        close(fd);
+        unlink(sf->tmp);
+        snprintf(sf->err, sizeof sf->err, "cannot write %s: %s", sf->path, strerror(e));
+        return -1;
+    }
+    sf->crc = (uint32_t)crc32(0L, Z_NULL, 0);
+    return 0;
+}
+
+int safe_write(SafeFile *sf, const void *data, size_t n) {
+    if (!sf->f) return -1;
+    if (n && fwrite(data, 1, n, sf->f) != n) return fail(sf, "", errno), -1;
+    // zlib's crc32 takes at most UINT_MAX bytes at a time
+    const unsigned char *p = data;
+    for (size_t done = 0; done < n;) {
+        size_t take = n - done < (1u << 30) ? n - done : (1u << 30);
+        sf->crc = (uint32_t)crc32(sf->crc, p + done, (uInt)take);
+        done += take;
+    }
+    sf->bytes += n;
+    return 0;
+}
+
+int fsync_dir(const char *dir) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    int rc = fsync(fd);
+    int e = errno;
+    close(fd);
+    errno = e;
+    return rc;
+}
+
+int safe_commit(SafeFile *sf) {
+    if (!sf->f) return -1;
+    if (fflush(sf->f) != 0) return fail(sf, "", errno), -1;
+    if (fsync(fileno(sf->f)) != 0) return fail(sf, "fsync: ", errno), -1;
+    FILE *f = sf->f;
+    sf->f = NULL;
+    if (fclose(f) != 0) return fail(sf, "", errno), -1;
+    if (rename(sf->tmp, sf->path) != 0) return fail(sf, "rename: ", errno), -1;
+    sf->tmp[0] = 0;
+    char dir[SAFE_PATH_MAX];
+    dir_of(sf->path, dir, sizeof dir);
+    if (fsync_dir(dir) != 0) {
+        snprintf(sf->err, sizeof sf->err, "cannot write %s: fsync of %s: %s", sf->path, dir, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+void safe_abort(SafeFile *sf) {
+    if (sf->f) fclose(sf->f);
+    sf->f = NULL;
+    if (sf->tmp[0]) unlink(sf->tmp);
+    sf->tmp[0] = 0;
+}
+
+void safe_open_or_die(SafeFile *sf, const char *path) {
+    if (safe_open(sf, path) != 0) die("%s", sf->err);
+}
+void safe_write_or_die(SafeFile *sf, const void *data, size_t n) {
+    if (safe_write(sf, data, n) != 0) die("%s", sf->err);
+}
+void safe_commit_or_die(SafeFile *sf) {
+    if (safe_commit(sf) != 0) die("%s", sf->err);
+}
+
+int safe_clean_stale(const char *path) {
+    char dir[SAFE_PATH_MAX];
+    dir_of(path, dir, sizeof dir);
+    const char *slash = strrchr(path, '/');
+    const char *base = slash ? slash + 1 : path;
+    size_t blen = strlen(base);
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    int removed = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        const char *n = e->d_name;
+        if (strncmp(n, base, blen) != 0 || strncmp(n + blen, ".tmp.", 5) != 0) continue;
+        const char *digits = n + blen + 5;
+        char *end;
+        errno = 0;
+        long pid = strtol(digits, &end, 10);
+        if (end == digits || *end || errno || pid <= 0 || pid > INT32_MAX) continue;
+        if (pid == (long)getpid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue; // its writer still runs
+        char full[2 * SAFE_PATH_MAX];
+        snprintf(full, sizeof full, "%s/%s", dir, n);
+        if (unlink(full) == 0) removed++;
+    }
+    closedir(d);
+    return removed;
+}
+
+int safe_check(const char *what, const char *path, char *target, size_t tcap, char *err, size_t ecap) {
+    mode_t mode;
+    char why[2 * SAFE_PATH_MAX + 256];
+    int link = resolve_target(path, target, tcap, &mode, why, sizeof why);
+    if (link < 0) return snprintf(err, ecap, "%s %s", what, why), -1;
+    char dir[SAFE_PATH_MAX];
+    dir_of(target, dir, sizeof dir);
+    struct stat st;
+    if (stat(dir, &st) != 0)
+        return snprintf(err, ecap, "%s %s: directory %s %s", what, path, dir,
+                        errno == ENOENT ? "does not exist" : strerror(errno)), -1;
+    if (!S_ISDIR(st.st_mode)) return snprintf(err, ecap, "%s %s: %s is not a directory", what, path, dir), -1;
+    safe_clean_stale(target);
+    char probe[SAFE_PATH_MAX + 32];
+    snprintf(probe, sizeof probe, "%s.tmp.%d", target, (int)getpid());
+    int fd = open(probe, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) return snprintf(err, ecap, "%s %s: cannot create files in %s: %s", what, path, dir, strerror(errno)), -1;
+    close(fd);
+    unlink(probe);
+    return link;
+}
+
+int ensure_dir(const char *what, const char *dir, char *err, size_t ecap) {
+    struct stat st;
+    if (stat(dir, &st) != 0) {
+        if (errno != ENOENT) return snprintf(err, ecap, "%s %s: %s", what, dir, strerror(errno)), -1;
+        if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+            return snprintf(err, ecap, "%s %s: cannot create the directory: %s", what, dir, strerror(errno)), -1;
+        if (stat(dir, &st) != 0) return snprintf(err, ecap, "%s %s: %s", what, dir, strerror(errno)), -1;
+    }
+    if (!S_ISDIR(st.st_mode)) return snprintf(err, ecap, "%s %s is %s, not a directory", what, dir, file_kind(st.st_mode)), -1;
+    char probe[SAFE_PATH_MAX + 64];
+    snprintf(probe, sizeof probe, "%s/.llm4d-probe.%d", dir, (int)getpid());
+    int fd = open(probe, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) return snprintf(err, ecap, "%s %s: cannot create files in it: %s", what, dir, strerror(errno)), -1;
+    close(fd);
+    unlink(probe);
+    return 0;
 }
 
 double now_seconds(void) {

@@ -14,10 +14,44 @@ FILE *xfopen(const char *path, const char *mode); // dies naming the file
 void xfread(void *dst, size_t size, size_t n, FILE *f, const char *path); // dies on short read
 void xfwrite(const void *src, size_t size, size_t n, FILE *f, const char *path);
 void xfclose(FILE *f, const char *path); // checks buffered write errors too
-// Writes a file atomically: data goes to PATH.tmp, is flushed and fsynced, then renamed over PATH,
-// so a crash never leaves a half-written file under the final name.
-FILE *atomic_open(const char *path, char *tmp_path, size_t tmp_cap);
-void atomic_commit(FILE *f, const char *tmp_path, const char *path);
+
+// The one safe-write path for every file the trainer writes (model files, token shards, checkpoint
+// shards and manifests, test dumps). Data goes to PATH.tmp.PID in the same directory, is flushed and
+// fsynced, renamed over PATH, and the directory is fsynced, so a crash never leaves a half-written file
+// under the final name. Only a regular file is ever replaced: a directory, device node, FIFO or socket
+// at PATH is refused; a symlink is written through (its target is replaced, the link stays). Every
+// failure removes the temporary, and opening removes the stale temporaries of PATH (safe_clean_stale).
+// Calls that return int give 0 on success and -1 with the reason (one line naming the file) in sf->err.
+#define SAFE_PATH_MAX 4096
+typedef struct {
+    FILE *f;
+    char path[SAFE_PATH_MAX];     // where the file lands: PATH, or the target of the symlink at PATH
+    char tmp[SAFE_PATH_MAX + 32]; // the temporary, PATH.tmp.PID
+    uint32_t crc;                 // zlib crc32 of the bytes written so far
+    uint64_t bytes;
+    char err[2 * SAFE_PATH_MAX + 256];
+} SafeFile;
+int safe_open(SafeFile *sf, const char *path);
+int safe_write(SafeFile *sf, const void *data, size_t n);
+int safe_commit(SafeFile *sf); // flush, fsync, rename, fsync the directory
+void safe_abort(SafeFile *sf); // close and remove the temporary
+// The same, dying with the one-line reason (the temporary removed first).
+void safe_open_or_die(SafeFile *sf, const char *path);
+void safe_write_or_die(SafeFile *sf, const void *data, size_t n);
+void safe_commit_or_die(SafeFile *sf);
+// Whether PATH can take a file through the safe-write path, checked before any work starts: an
+// existing PATH must be a regular file or a symlink to one, its directory must exist and accept a new
+// file (probed by creating and removing the temporary). Also removes stale temporaries of PATH (see
+// safe_clean_stale). Returns 0 (target = PATH), 1 (PATH is a symlink; target = the file written), or -1
+// with the reason in err, which names PATH after `what` (e.g. "--save-model").
+int safe_check(const char *what, const char *path, char *target, size_t target_cap, char *err, size_t err_cap);
+// Removes PATH.tmp.PID files left by processes that no longer run (kill -9 or a crash mid-write);
+// returns how many. Temporaries of live processes are left alone.
+int safe_clean_stale(const char *path);
+// Makes directory DIR when missing (its parent must exist) and checks that it accepts new files.
+int ensure_dir(const char *what, const char *dir, char *err, size_t err_cap);
+// fsync of a directory, so that a rename or unlink inside it is durable.
+int fsync_dir(const char *dir);
 double now_seconds(void); // monotonic clock
 
 // The splitmix64 finaliser: a counter-based hash behind initialisation, shuffling and communicator ids.

@@ -50,6 +50,22 @@ static void shard_open(Shard *s, const char *path) {
             (unsigned long long)s->ntokens);
 }
 
+// One pass over a shard's tokens: the first one at or above the vocabulary is reported with its file
+// and place, when the data is opened rather than when (or if) its window is read.
+static void shard_validate(const Shard *s, int vocab) {
+    enum { CHUNK = 1 << 20 };
+    uint16_t *buf = xmalloc(sizeof(uint16_t) * CHUNK);
+    for (uint64_t at = 0; at < s->ntokens; at += CHUNK) {
+        size_t n = s->ntokens - at < CHUNK ? (size_t)(s->ntokens - at) : CHUNK;
+        pread_all(s->fd, buf, n * 2, (off_t)(1024 + 2 * at), s->path);
+        for (size_t j = 0; j < n; j++)
+            if (buf[j] >= vocab)
+                die("%s: token %u at position %llu (byte offset %llu) is not below the vocabulary size %d", s->path, buf[j],
+                    (unsigned long long)(at + j), (unsigned long long)(1024 + 2 * (at + j)), vocab);
+    }
+    free(buf);
+}
+
 void tokenset_open(TokenSet *ts, const char *pattern, const char *flag, int vocab, int T, int shuffle, uint64_t seed) {
     memset(ts, 0, sizeof *ts);
     glob_t g;
@@ -60,6 +76,7 @@ void tokenset_open(TokenSet *ts, const char *pattern, const char *flag, int voca
     ts->shards = xcalloc(g.gl_pathc, sizeof(Shard));
     for (size_t i = 0; i < g.gl_pathc; i++) {
         shard_open(&ts->shards[i], g.gl_pathv[i]);
+        shard_validate(&ts->shards[i], vocab);
         ts->shards[i].first = ts->ntokens;
         ts->ntokens += ts->shards[i].ntokens;
     }
@@ -142,11 +159,11 @@ void shard_write(const char *path, const uint16_t *tokens, size_t n) {
     h[0] = SHARD_MAGIC;
     h[1] = SHARD_VERSION;
     h[2] = (int32_t)n;
-    char tmp[4096];
-    FILE *f = atomic_open(path, tmp, sizeof tmp);
-    xfwrite(h, sizeof(int32_t), 256, f, tmp);
-    xfwrite(tokens, sizeof(uint16_t), n, f, tmp);
-    atomic_commit(f, tmp, path);
+    SafeFile sf;
+    safe_open_or_die(&sf, path);
+    safe_write_or_die(&sf, h, sizeof h);
+    safe_write_or_die(&sf, tokens, sizeof(uint16_t) * n);
+    safe_commit_or_die(&sf);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -159,14 +176,14 @@ void tokenizer_write_bytes(const char *path) {
     h[1] = 2;
     h[2] = 256;
     h[3] = 0; // byte-level text never contains NUL, so byte 0 serves as the end-of-text id
-    char tmp[4096];
-    FILE *f = atomic_open(path, tmp, sizeof tmp);
-    xfwrite(h, sizeof(int32_t), 256, f, tmp);
+    SafeFile sf;
+    safe_open_or_die(&sf, path);
+    safe_write_or_die(&sf, h, sizeof h);
     for (int i = 0; i < 256; i++) {
         unsigned char rec[2] = { 1, (unsigned char)i };
-        xfwrite(rec, 1, 2, f, tmp);
+        safe_write_or_die(&sf, rec, 2);
     }
-    atomic_commit(f, tmp, path);
+    safe_commit_or_die(&sf);
 }
 
 void tokenizer_load(Tokenizer *tk, const char *path) {
@@ -212,6 +229,10 @@ size_t tokenizer_decode(const Tokenizer *tk, int token, char *buf, size_t cap) {
 // ---------------------------------------------------------------------------------------------
 
 void data_prepare(const char *input, const char *dir) {
+    struct stat st;
+    if (stat(input, &st) != 0) die("prepare: cannot open %s: %s", input, strerror(errno));
+    if (!S_ISREG(st.st_mode))
+        die("prepare: %s is %s, not a regular file of text", input, S_ISDIR(st.st_mode) ? "a directory" : "a special file");
     FILE *f = xfopen(input, "rb");
     if (fseek(f, 0, SEEK_END) != 0) die("cannot seek %s: %s", input, strerror(errno));
     long size = ftell(f);

@@ -35,7 +35,8 @@ typedef struct {
     uint32_t *perm;
 } TokenSet;
 
-// Opens every shard matching the glob pattern; `flag` names the option in error messages.
+// Opens every shard matching the glob pattern, checking every token against the vocabulary (one pass);
+// `flag` names the option in error messages.
 void tokenset_open(TokenSet *ts, const char *pattern, const char *flag, int vocab, int T, int shuffle, uint64_t seed);
 void tokenset_close(TokenSet *ts);
 // Reads n tokens starting at position pos of the concatenation (pos + n ≤ ntokens), checking each

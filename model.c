@@ -180,11 +180,11 @@ void gpt2_save_file(const char *path, const GPT2Config *cfg, const float *host_p
     h[5] = cfg->NH;
     h[6] = cfg->C;
     h[7] = cfg->Vp;
-    char tmp[4096];
-    FILE *f = atomic_open(path, tmp, sizeof tmp);
-    xfwrite(h, sizeof(int32_t), 256, f, tmp);
-    xfwrite(host_params, sizeof(float), n, f, tmp);
-    atomic_commit(f, tmp, path);
+    SafeFile sf;
+    safe_open_or_die(&sf, path);
+    safe_write_or_die(&sf, h, sizeof h);
+    safe_write_or_die(&sf, host_params, sizeof(float) * n);
+    safe_commit_or_die(&sf);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -302,6 +302,10 @@ static void map_slice(const GPT2 *m, int r, float *full, float *local, int to_lo
         }
     }
 }
+size_t gpt2_file_index(const GPT2 *m, int k, int l, size_t i) {
+    return full_index(m, m->tp_rank, k, is_layer_tensor(k) ? layer_global(m, l) : 0, i);
+}
+
 void gpt2_full_to_local(const GPT2 *m, const float *file, float *local) { map_slice(m, m->tp_rank, (float *)file, local, 1); }
 
 void gpt2_gather_full(const GPT2 *m, const float *local, float *file) {

@@ -161,6 +161,9 @@ void gpt2_tensor_range(const GPT2 *m, int k, int l, size_t *off, size_t *len);
 // Replicated across the tensor-parallel group (LayerNorms, position embedding, row-parallel biases):
 // counted once in the global norm.
 int gpt2_tensor_replicated(const GPT2 *m, int tensor);
+// Where element i of this rank's slice of tensor k (local layer l) sits in a full model file, counted
+// from the file's first parameter; SIZE_MAX for the internal vocabulary padding past Vp.
+size_t gpt2_file_index(const GPT2 *m, int k, int l, size_t i);
 // Host fp32 arrays: the full model in file order -> this rank's slice in internal order.
 void gpt2_full_to_local(const GPT2 *m, const float *file, float *local);
 // The tensor-parallel group's slices -> the full model in file order (collective over the group).

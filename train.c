@@ -1,10 +1,12 @@
-// train.c: the command line, the step loop, validation, sampling and logging.
+// train.c: the command line, the launcher's restarts, the layout, the step loop, validation, sampling,
+// logging and checkpoints.
 //
 //   ./train prepare INPUT.txt DIR      byte-level token shards from any text
 //   ./train plan [flags]               the layout planner (plan.c; ./train plan --help)
 //   ./train [flags]                    train (see --help)
 #define _GNU_SOURCE
 #include <errno.h>
+#include <jansson.h>
 #include <math.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -14,6 +16,7 @@
 
 #include "collectives.h"
 #include "common.h"
+#include "ckpt.h"
 #include "data.h"
 #include "kernels.h"
 #include "model.h"
@@ -75,8 +78,9 @@ static const char USAGE[] =
     "  --temperature F            sampling temperature (default 1.0)\n"
     "  --top-k N                  sample among the N most likely tokens; 0 = all (default 0)\n"
     "  --log FILE                 JSON Lines: {\"step\",\"tokens\",\"loss\",\"lr\",\"grad_norm\",\"ms\",\"tokens_per_s\",...}\n"
-    "                             per step (tokens: trained so far) and {\"step\",\"val_loss\"} per validation;\n"
-    "                             scripts/plot.py draws them\n"
+    "                             per step (tokens: trained so far), {\"step\",\"val_loss\"} per validation,\n"
+    "                             {\"step\",\"ckpt\",...} per checkpoint (see README); scripts/plot.py draws\n"
+    "                             them; a resumed run keeps the records up to its checkpoint's step and appends\n"
     "  --dump DIR                 testing aid: write step 0's global batch tokens, first micro-batch\n"
     "                             logits and accumulated gradients (raw int32/fp32) into DIR\n"
     "\n"
@@ -105,6 +109,25 @@ static const char USAGE[] =
     "  --comm-timeout S           seconds any collective may wait before the job stops with an error\n"
     "                             naming the operation and the silent rank (default 300)\n"
     "\n"
+    "checkpoints and failures:\n"
+    "  --ckpt-dir DIR             checkpoints of the whole training state in DIR/ckpt_<step>/: one safetensors\n"
+    "                             shard per rank and a manifest.json written last (see README)\n"
+    "  --ckpt-every N             a checkpoint every N steps, written by a thread while training goes on\n"
+    "                             (default 0: only at the end and on SIGTERM or SIGUSR1)\n"
+    "  --keep K                   keep the newest K complete checkpoints, delete older ones (default 0: all)\n"
+    "  --resume [PATH]            continue from the newest usable checkpoint in --ckpt-dir (from step 0 when\n"
+    "                             it has none), or from the checkpoint directory PATH; any layout (ranks,\n"
+    "                             --tp, --pp, --pp-virtual, --zero) reads a checkpoint of any other\n"
+    "  --max-restarts R           with --nproc: when a rank dies, relaunch the job from the newest complete\n"
+    "                             checkpoint, up to R times (default 0)\n"
+    "  --skip-spikes F            skip (and count) the update of a step whose loss or gradient norm is not\n"
+    "                             finite or above F times its mean over the last 20 applied steps (0: off)\n"
+    "  --straggler F              report a rank whose compute time is above the median by more than the\n"
+    "                             share F (default 0.5) ...\n"
+    "  --straggler-steps N        ... for N steps in a row (default 5)\n"
+    "  SIGTERM or SIGUSR1 (Slurm's warning before the time limit) makes every rank stop at the next step\n"
+    "  boundary, write a checkpoint (with --ckpt-dir), save the model (with --save-model) and exit 0.\n"
+    "\n"
     "execution:\n"
     "  --device cpu|cuda          default cuda when a GPU is present, else cpu\n"
     "  --dtype fp32|bf16          weights and activations (default bf16 on cuda, fp32 on cpu); bf16\n"
@@ -123,6 +146,9 @@ typedef struct {
     int zero, tp, sp, pp, pp_virtual;
     const char *pp_layers, *pp_trace;
     double bucket_mb, comm_timeout;
+    const char *ckpt_dir, *resume_path;
+    int ckpt_every, keep, resume, max_restarts, straggler_steps;
+    float skip_spikes, straggler;
 } Options;
 
 // ---------------------------------------------------------------------------------------------
@@ -150,7 +176,8 @@ static void parse_options(Options *o, int argc, char **argv) {
     *o = (Options){ .micro_batch = 4, .steps = 20, .val_steps = 10, .sample_tokens = 64, .lr = 3e-4f,
                     .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .clip = 1.0f, .temperature = 1.0f,
                     .seed = 1337, .dtype = -1, .schedule = "cosine", .bucket_mb = 25,
-                    .comm_timeout = 300, .tp = 1, .pp = 1, .pp_virtual = 1 };
+                    .comm_timeout = 300, .tp = 1, .pp = 1, .pp_virtual = 1, .straggler = 0.5f,
+                    .straggler_steps = 5 };
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
@@ -159,6 +186,11 @@ static void parse_options(Options *o, int argc, char **argv) {
         }
         if (!strcmp(f, "--shuffle")) {
             o->shuffle = 1;
+            continue;
+        }
+        if (!strcmp(f, "--resume")) { // an optional value: a checkpoint directory
+            o->resume = 1;
+            if (i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0) o->resume_path = argv[++i];
             continue;
         }
         if (strncmp(f, "--", 2) != 0) die("unexpected argument '%s' (see --help)", f);
@@ -212,6 +244,14 @@ static void parse_options(Options *o, int argc, char **argv) {
         else if (IS("--pp-trace")) o->pp_trace = v;
         else if (IS("--bucket-mb")) o->bucket_mb = parse_float(f, v, 0, 1e6);
         else if (IS("--comm-timeout")) o->comm_timeout = parse_float(f, v, 0.1, 1e7);
+        else if (IS("--nproc")) parse_int(f, v, 1, 4096); // the launcher's (main)
+        else if (IS("--ckpt-dir")) o->ckpt_dir = v;
+        else if (IS("--ckpt-every")) o->ckpt_every = (int)parse_int(f, v, 0, INT32_MAX);
+        else if (IS("--keep")) o->keep = (int)parse_int(f, v, 0, INT32_MAX);
+        else if (IS("--max-restarts")) o->max_restarts = (int)parse_int(f, v, 0, 1000000);
+        else if (IS("--skip-spikes")) o->skip_spikes = parse_float(f, v, 0, 1e30);
+        else if (IS("--straggler")) o->straggler = parse_float(f, v, 0, 1e6);
+        else if (IS("--straggler-steps")) o->straggler_steps = (int)parse_int(f, v, 1, INT32_MAX);
         else die("unknown flag %s (see --help)", f);
 #undef IS
     }
@@ -219,6 +259,10 @@ static void parse_options(Options *o, int argc, char **argv) {
         die("--schedule must be cosine, linear or constant, got '%s'", o->schedule);
     if (o->device && strcmp(o->device, "cpu") && strcmp(o->device, "cuda"))
         die("--device must be cpu or cuda, got '%s'", o->device);
+    if (o->resume && !o->resume_path && !o->ckpt_dir)
+        die("--resume needs --ckpt-dir DIR (the newest checkpoint in it), or a checkpoint: --resume PATH");
+    if (!o->ckpt_dir && (o->ckpt_every || o->keep || o->max_restarts))
+        die("%s needs --ckpt-dir DIR", o->ckpt_every ? "--ckpt-every" : o->keep ? "--keep" : "--max-restarts");
 }
 
 // The model's shape: from --init-from, or a preset overridden by the shape flags.
@@ -259,10 +303,10 @@ static void write_raw(const char *dir, const char *name, const void *data, size_
     size_t n = strlen(dir) + strlen(name) + 2;
     char *path = xmalloc(n);
     snprintf(path, n, "%s/%s", dir, name);
-    char tmp[4096];
-    FILE *f = atomic_open(path, tmp, sizeof tmp);
-    xfwrite(data, 1, bytes, f, tmp);
-    atomic_commit(f, tmp, path);
+    SafeFile sf;
+    safe_open_or_die(&sf, path);
+    safe_write_or_die(&sf, data, bytes);
+    safe_commit_or_die(&sf);
     free(path);
 }
 
@@ -368,320 +412,895 @@ static void write_trace(const char *dir, int stage, int step, const Pipeline *p)
     free(path);
 }
 
-// Slurm's --signal=USR1@N warns a job before its time limit; the step loop checks this flag.
-static volatile sig_atomic_t usr1_received;
-static void on_usr1(int sig) { (void)sig; usr1_received = 1; }
+// ---------------------------------------------------------------------------------------------
+// signals and injected faults
 
-static int train_main(int argc, char **argv) {
-    Options o;
-    parse_options(&o, argc, argv);
-
-    // ranks: launched by --nproc, torchrun-style variables or Slurm; one process otherwise
-    LaunchEnv env;
-    Comm *world = NULL;
-    if (launch_env_read(&env)) world = comm_init(&env, o.comm_timeout);
-    int rank = world ? comm_rank(world) : 0, nranks = world ? comm_size(world) : 1;
-    // layout: rank = (dp·PP + pp)·TP + tp, so a tensor-parallel group is consecutive ranks (one node when
-    // it fits) and a pipeline's stages are TP ranks apart
-    int tp_size = o.tp, pp_size = o.pp;
-    if (nranks % (tp_size * pp_size))
-        die("--tp %d x --pp %d = %d does not divide the %d ranks", tp_size, pp_size, tp_size * pp_size, nranks);
-    int dp_size = nranks / (tp_size * pp_size);
-    int tp_rank = rank % tp_size, pp_rank = rank / tp_size % pp_size, dp_rank = rank / (tp_size * pp_size);
-    Comm *tp_comm = NULL, *dp_comm = NULL, *pp_comm = NULL, *embed_comm = NULL, *pp_fwd = NULL, *pp_bwd = NULL;
-    if (world) {
-        tp_comm = comm_split(world, rank / tp_size, tp_rank, "tp");
-        pp_comm = comm_split(world, dp_rank * tp_size + tp_rank, pp_rank, "pp");
-        pp_fwd = comm_split(world, dp_rank * tp_size + tp_rank, pp_rank, "pp activations");
-        pp_bwd = comm_split(world, dp_rank * tp_size + tp_rank, pp_rank, "pp gradients");
-        dp_comm = comm_split(world, pp_rank * tp_size + tp_rank, dp_rank, "dp");
-        int ends = pp_size > 1 && (pp_rank == 0 || pp_rank == pp_size - 1);
-        embed_comm = comm_split(world, ends ? dp_rank * tp_size + tp_rank : -1, pp_rank, "embedding");
+// SIGTERM (preemption, a launcher stopping its job) and SIGUSR1 (Slurm's warning before the time
+// limit) ask for a clean stop; the step loop reads this at every step boundary. A second one ends the
+// process at once (a step can be long).
+static volatile sig_atomic_t stop_signal;
+static void on_stop_signal(int sig) {
+    if (stop_signal) {
+        signal(sig, SIG_DFL);
+        raise(sig);
     }
-    int stage = dp_size > 1 ? o.zero : (o.zero == 3 ? 0 : o.zero);
-    int lead = rank == 0;
-    if (o.dump && nranks > 1) die("--dump works on a single rank only");
+    stop_signal = sig;
+}
 
-    int ncuda = cuda_device_count();
+// LLM4D_FAULT, a testing aid: faults injected into this process, items "rank=R,step=S[,at=WHAT]
+// [,ms=M][,launch=N]" separated by ';'. WHAT: kill (the default; rank R SIGKILLs itself as step S
+// begins), ckpt-write (it SIGKILLs itself halfway through its shard of the checkpoint of step S), nan
+// or spike (its loss of step S becomes NaN or 1000 times larger, a silent data corruption), slow
+// (every step from S on computes M ms longer). An item applies to launch N of --max-restarts (0, the
+// first launch, by default; the launcher sets LLM4D_LAUNCH).
+typedef struct {
+    int kill_step, ckpt_kill_step, nan_step, spike_step, slow_from, slow_ms;
+} Faults;
+
+static void parse_faults(Faults *f, int rank) {
+    *f = (Faults){ -1, -1, -1, -1, -1, 0 };
+    const char *spec = getenv("LLM4D_FAULT"), *l = getenv("LLM4D_LAUNCH");
+    if (!spec || !*spec) return;
+    int launch = l ? (int)parse_int("LLM4D_LAUNCH", l, 0, INT32_MAX) : 0;
+    char *copy = strdup(spec), *items = NULL;
+    if (!copy) die("out of memory");
+    for (char *item = strtok_r(copy, ";", &items); item; item = strtok_r(NULL, ";", &items)) {
+        int r = -1, s = -1, ms = 0, when = 0;
+        const char *at = "kill";
+        char *kvs = NULL;
+        for (char *kv = strtok_r(item, ",", &kvs); kv; kv = strtok_r(NULL, ",", &kvs)) {
+            char *eq = strchr(kv, '=');
+            if (!eq) die("LLM4D_FAULT: expected key=value, got '%s'", kv);
+            *eq = 0;
+            const char *v = eq + 1;
+            if (!strcmp(kv, "rank")) r = (int)parse_int("LLM4D_FAULT rank", v, 0, INT32_MAX);
+            else if (!strcmp(kv, "step")) s = (int)parse_int("LLM4D_FAULT step", v, 0, INT32_MAX);
+            else if (!strcmp(kv, "ms")) ms = (int)parse_int("LLM4D_FAULT ms", v, 0, 3600000);
+            else if (!strcmp(kv, "launch")) when = (int)parse_int("LLM4D_FAULT launch", v, 0, INT32_MAX);
+            else if (!strcmp(kv, "at")) at = v;
+            else die("LLM4D_FAULT: unknown key '%s' (rank, step, at, ms, launch)", kv);
+        }
+        if (r < 0 || s < 0) die("LLM4D_FAULT: every item needs rank= and step=");
+        int *slot = !strcmp(at, "kill") ? &f->kill_step : !strcmp(at, "ckpt-write") ? &f->ckpt_kill_step
+                  : !strcmp(at, "nan") ? &f->nan_step : !strcmp(at, "spike") ? &f->spike_step
+                  : !strcmp(at, "slow") ? &f->slow_from : NULL;
+        if (!slot) die("LLM4D_FAULT: at=%s is not kill, ckpt-write, nan, spike or slow", at);
+        if (r != rank || when != launch) continue;
+        *slot = s;
+        if (slot == &f->slow_from) f->slow_ms = ms;
+    }
+    free(copy);
+}
+
+// ---------------------------------------------------------------------------------------------
+// the layout: rank = (dp·PP + pp)·TP + tp, so a tensor-parallel group is consecutive ranks (one node
+// when it fits) and a pipeline's stages are TP ranks apart
+
+typedef struct {
+    LaunchEnv env;
+    Comm *world; // NULL: one process
+    Comm *tp, *pp, *pp_fwd, *pp_bwd, *dp, *embed;
+    int rank, nranks, lead;
+    int tp_size, pp_size, dp_size, tp_rank, pp_rank, dp_rank;
+} Topology;
+
+static void topology_init(Topology *t, const Options *o) {
+    memset(t, 0, sizeof *t);
+    if (launch_env_read(&t->env)) t->world = comm_init(&t->env, o->comm_timeout);
+    t->rank = t->world ? comm_rank(t->world) : 0;
+    t->nranks = t->world ? comm_size(t->world) : 1;
+    t->lead = t->rank == 0;
+    t->tp_size = o->tp;
+    t->pp_size = o->pp;
+    if (t->nranks % (t->tp_size * t->pp_size))
+        die("--tp %d x --pp %d = %d does not divide the %d ranks", t->tp_size, t->pp_size, t->tp_size * t->pp_size, t->nranks);
+    t->dp_size = t->nranks / (t->tp_size * t->pp_size);
+    t->tp_rank = t->rank % t->tp_size;
+    t->pp_rank = t->rank / t->tp_size % t->pp_size;
+    t->dp_rank = t->rank / (t->tp_size * t->pp_size);
+    if (!t->world) return;
+    int pipe = t->dp_rank * t->tp_size + t->tp_rank, ends = t->pp_size > 1 && (t->pp_rank == 0 || t->pp_rank == t->pp_size - 1);
+    t->tp = comm_split(t->world, t->rank / t->tp_size, t->tp_rank, "tp");
+    t->pp = comm_split(t->world, pipe, t->pp_rank, "pp");
+    t->pp_fwd = comm_split(t->world, pipe, t->pp_rank, "pp activations");
+    t->pp_bwd = comm_split(t->world, pipe, t->pp_rank, "pp gradients");
+    t->dp = comm_split(t->world, t->pp_rank * t->tp_size + t->tp_rank, t->dp_rank, "dp");
+    t->embed = comm_split(t->world, ends ? pipe : -1, t->pp_rank, "embedding");
+}
+
+static void topology_free(Topology *t) {
+    if (!t->world) return;
+    comm_barrier(t->world); // nobody leaves while another rank still needs it
+    comm_destroy(t->tp);
+    comm_destroy(t->dp);
+    comm_destroy(t->pp);
+    comm_destroy(t->pp_fwd);
+    comm_destroy(t->pp_bwd);
+    comm_destroy(t->embed);
+    comm_destroy(t->world);
+}
+
+// Whether every rank can go on: a problem (err) is printed once, by the lowest rank that has one, in
+// one line; the other ranks exit quietly.
+static void agree_or_exit(const Topology *t, const char *err) {
+    int32_t mine = err ? -t->rank : INT32_MIN, lowest = mine; // the maximum of -rank: there is no OP_MIN
+    if (t->world) comm_all_reduce(t->world, &mine, &lowest, 1, CT_I32, OP_MAX);
+    if (lowest == INT32_MIN) return;
+    if (err && -lowest == t->rank) die("%s", err);
+    exit(1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// the trainer
+
+typedef struct { // --skip-spikes: the recent applied steps
+    int n;
+    float loss[SPIKE_WINDOW], norm[SPIKE_WINDOW];
+    int64_t skipped;
+} SpikeGuard;
+#define SPIKE_MIN_HISTORY 5 // steps before the running mean is trusted (non-finite values are always skipped)
+
+typedef struct { // stragglers: consecutive slow steps of every rank, and its host
+    int *slow_for;
+    char (*host)[64];
+    double *compute; // this step's compute seconds of every rank
+} Stragglers;
+
+typedef struct {
+    Options o;
+    Topology topo;
     const Backend *be;
-    if (o.device ? !strcmp(o.device, "cuda") : ncuda > 0) {
+    DType dt;
+    GPT2Config cfg;
+    int B, T, accum, chunks; // chunks: --pp-virtual
+    long long batch_tokens, G; // G: sequences per step
+    TokenSet train, val;
+    int have_train, have_tk, first_token;
+    Tokenizer tk;
+    GPT2 model;
+    Zero zero;
+    Pipeline pipe;
+    Ckpt *ckpt;
+    int start_step, end_step, resumed;
+    int32_t *inputs, *targets; // this rank's tokens of a step
+    FILE *logf;
+    SpikeGuard spikes;
+    Stragglers strag;
+    Faults faults;
+    double flops_per_token, stall_ms; // the checkpoint stall before the coming step
+    int64_t stall_step[4];
+    double stall_hist[4]; // recent checkpoints' stalls, for their completion records
+    int nstalls;
+} Trainer;
+
+typedef struct { // what one step did, for the report
+    float loss, norm, lr;
+    int skipped;
+    double ms, compute_ms, comm_ms, exposed_ms, tp_ms;
+} StepResult;
+
+static void setup_device(Trainer *t) {
+    const Options *o = &t->o;
+    int ncuda = cuda_device_count();
+    if (o->device ? !strcmp(o->device, "cuda") : ncuda > 0) {
         if (!backend_cuda()) die("--device cuda: this binary was built without CUDA (nvcc was not found)");
         if (ncuda == 0) die("--device cuda: no CUDA device is available");
-        if (world) cuda_use_device(env.local_rank % ncuda); // one GPU per rank of this node
-        be = backend_cuda();
+        if (t->topo.world) cuda_use_device(t->topo.env.local_rank % ncuda); // one GPU per rank of this node
+        t->be = backend_cuda();
     } else {
-        be = backend_cpu();
+        t->be = backend_cpu();
     }
     // ranks sharing a node share its cores: OpenMP threads that outnumber the cores spin against each
     // other and against the progress threads, and a step can take 100x longer
-    int threads = o.threads;
-    if (!threads && world && env.local_world > 1) {
+    int threads = o->threads;
+    if (!threads && t->topo.world && t->topo.env.local_world > 1) {
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        threads = cores / env.local_world > 1 ? (int)(cores / env.local_world) : 1;
+        threads = cores / t->topo.env.local_world > 1 ? (int)(cores / t->topo.env.local_world) : 1;
     }
-    if (threads) be->set_threads(threads);
-    DType dt = o.dtype >= 0 ? (DType)o.dtype : (be == backend_cpu() ? DT_F32 : DT_BF16);
+    if (threads) t->be->set_threads(threads);
+    t->dt = o->dtype >= 0 ? (DType)o->dtype : (t->be == backend_cpu() ? DT_F32 : DT_BF16);
     // zero.c hands gradient and weight buffers straight to the host collectives: on a GPU that needs
     // device-aware transports (CUDA IPC), which are not built yet
-    if (be != backend_cpu() && (dp_size > 1 || pp_size > 1))
+    if (t->be != backend_cpu() && (t->topo.dp_size > 1 || t->topo.pp_size > 1))
         die("--device cuda: data and pipeline parallelism need device-aware collectives, not built yet (use --device cpu, "
             "or --tp alone)");
+}
 
-    float *host_params;
-    GPT2Config cfg = resolve_shape(&o, &host_params);
-    if (cfg.NH % tp_size) die("--tp %d does not divide the model's %d heads", tp_size, cfg.NH);
-    if (o.sp && tp_size == 1) die("--sp needs tensor parallelism (--tp 2 or more)");
-    int T = o.seq_len ? o.seq_len : cfg.maxT;
-    if (T > cfg.maxT) die("--seq-len %d is above the model's maximum sequence length %d", T, cfg.maxT);
-    int B = o.micro_batch;
-    if (o.sp && T % tp_size) die("--sp splits sequences over the --tp %d ranks: --seq-len %d must be divisible by it", tp_size, T);
-    long long micro_tokens = (long long)B * T * dp_size; // one micro-batch on every data-parallel rank
-    long long batch_tokens = o.batch_tokens ? o.batch_tokens : micro_tokens;
-    if (batch_tokens % micro_tokens != 0) {
-        if (dp_size > 1)
+// The batch arithmetic, bounded so that no count overflows: accum micro-batches of B x T tokens on
+// each of the data-parallel ranks, G sequences per step, global sequence indices below 2^62.
+#define MAX_MICRO_TOKENS (1LL << 24)
+#define MAX_ACCUM (1LL << 16)
+#define MAX_STEP_TOKENS (1LL << 28) // one rank's tokens of a step (two int32 copies)
+static void setup_batch(Trainer *t) {
+    const Options *o = &t->o;
+    int dp = t->topo.dp_size, tp = t->topo.tp_size;
+    t->T = o->seq_len ? o->seq_len : t->cfg.maxT;
+    if (t->T > t->cfg.maxT) die("--seq-len %d is above the model's maximum sequence length %d", t->T, t->cfg.maxT);
+    t->B = o->micro_batch;
+    if (o->sp && t->T % tp) die("--sp splits sequences over the --tp %d ranks: --seq-len %d must be divisible by it", tp, t->T);
+    long long micro = (long long)t->B * t->T;
+    if (micro > MAX_MICRO_TOKENS)
+        die("--micro-batch %d x --seq-len %d = %lld tokens per micro-batch, more than the %lld allowed", t->B, t->T, micro,
+            MAX_MICRO_TOKENS);
+    long long micro_tokens = micro * dp; // one micro-batch on every data-parallel rank
+    t->batch_tokens = o->batch_tokens ? o->batch_tokens : micro_tokens;
+    if (t->batch_tokens % micro_tokens != 0) {
+        if (dp > 1)
             die("--batch-tokens %lld is not a multiple of data-parallel ranks x --micro-batch x --seq-len = %d x %d x %d = %lld",
-                batch_tokens, dp_size, B, T, micro_tokens);
-        die("--batch-tokens %lld is not a multiple of --micro-batch x --seq-len = %d x %d = %lld", batch_tokens, B, T,
+                t->batch_tokens, dp, t->B, t->T, micro_tokens);
+        die("--batch-tokens %lld is not a multiple of --micro-batch x --seq-len = %d x %d = %lld", t->batch_tokens, t->B, t->T,
             micro_tokens);
     }
-    int accum = (int)(batch_tokens / micro_tokens);
-    long long G = batch_tokens / T; // sequences per optimizer step
+    long long accum = t->batch_tokens / micro_tokens;
+    if (accum > MAX_ACCUM || accum * micro > MAX_STEP_TOKENS)
+        die("--batch-tokens %lld means %lld micro-batches of %d x %d per data-parallel rank and step, more than the %lld "
+            "micro-batches (and %lld tokens) a step may accumulate", t->batch_tokens, accum, t->B, t->T, MAX_ACCUM,
+            MAX_STEP_TOKENS);
+    t->accum = (int)accum;
+    t->G = t->batch_tokens / t->T;
+    if (t->G > (1LL << 62) / ((long long)o->steps + 1))
+        die("--batch-tokens %lld x --steps %d: %lld sequences per step overflow the global sequence count", t->batch_tokens,
+            o->steps, t->G);
+}
 
-    // data first, so that a bad file is reported before any large allocation
-    TokenSet train_set = { 0 }, val_set = { 0 };
-    int have_train = o.steps > 0 || o.dump;
-    if (have_train) {
-        if (!o.train) die("no training data: pass --train PATTERN (make shards with ./train prepare INPUT.txt DIR)");
-        tokenset_open(&train_set, o.train, "--train", cfg.V, T, o.shuffle, o.seed);
+static void open_data(Trainer *t) {
+    const Options *o = &t->o;
+    t->have_train = o->steps > 0 || o->dump;
+    if (t->have_train) {
+        if (!o->train) die("no training data: pass --train PATTERN (make shards with ./train prepare INPUT.txt DIR)");
+        tokenset_open(&t->train, o->train, "--train", t->cfg.V, t->T, o->shuffle, o->seed);
+        uint16_t t0;
+        tokenset_read(&t->train, 0, 1, &t0);
+        t->first_token = t0;
     }
-    if (o.val) tokenset_open(&val_set, o.val, "--val", cfg.V, T, 0, o.seed);
-    Tokenizer tk = { 0 };
-    int have_tk = 0;
-    if (o.tokenizer) {
-        tokenizer_load(&tk, o.tokenizer);
-        have_tk = 1;
-    } else if (have_train) {
-        const char *first = train_set.shards[0].path;
+    if (o->val) tokenset_open(&t->val, o->val, "--val", t->cfg.V, t->T, 0, o->seed);
+    if (o->tokenizer) {
+        tokenizer_load(&t->tk, o->tokenizer);
+        t->have_tk = 1;
+    } else if (t->have_train) { // tokenizer.bin next to the first training shard
+        const char *first = t->train.shards[0].path;
         const char *slash = strrchr(first, '/');
         size_t dirlen = slash ? (size_t)(slash - first) : 1;
         char *path = xmalloc(dirlen + 16);
         snprintf(path, dirlen + 16, "%.*s/tokenizer.bin", (int)dirlen, slash ? first : ".");
         struct stat st;
         if (stat(path, &st) == 0) {
-            tokenizer_load(&tk, path);
-            have_tk = 1;
+            tokenizer_load(&t->tk, path);
+            t->have_tk = 1;
         }
         free(path);
     }
+}
 
-    if (!host_params) host_params = gpt2_init_params(&cfg, o.seed);
-    GPT2 model;
-    int V = pp_size > 1 ? o.pp_virtual : 1;
-    if (V > 1 && accum % pp_size)
+// The log is written in place (it may be /dev/stdout); a regular file or symlink goes through the
+// safe-write checks, since a resumed run rewrites it.
+static int check_log(const char *path, char *err, size_t cap) {
+    struct stat st;
+    char target[SAFE_PATH_MAX];
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) return 0;
+    return safe_check("--log", path, target, sizeof target, err, cap) < 0 ? -1 : 0;
+}
+
+// Every output location is checked before any work: a missing directory or a device node at a model
+// path is found now, not after the run.
+static void check_outputs(const Trainer *t) {
+    const Options *o = &t->o;
+    const Topology *tp = &t->topo;
+    char err[2 * SAFE_PATH_MAX] = "", target[SAFE_PATH_MAX];
+    int bad = 0;
+    if (tp->lead && o->save_model) {
+        int link = safe_check("--save-model", o->save_model, target, sizeof target, err, sizeof err);
+        bad = link < 0;
+        if (link == 1) printf("note: --save-model %s is a symlink: the model goes to its target, %s\n", o->save_model, target);
+    }
+    if (!bad && tp->lead && o->log) bad = check_log(o->log, err, sizeof err) < 0;
+    if (!bad && o->ckpt_dir) bad = ensure_dir("--ckpt-dir", o->ckpt_dir, err, sizeof err) < 0;
+    if (!bad && tp->lead && o->dump) bad = ensure_dir("--dump", o->dump, err, sizeof err) < 0;
+    if (!bad && o->pp_trace && tp->dp_rank == 0 && tp->tp_rank == 0) bad = ensure_dir("--pp-trace", o->pp_trace, err, sizeof err) < 0;
+    agree_or_exit(tp, bad ? err : NULL);
+}
+
+// What a checkpoint of the state after `step` steps records besides the tensors.
+static void fill_meta(const Trainer *t, int step, CkptMeta *m) {
+    const Options *o = &t->o;
+    memset(m, 0, sizeof *m);
+    m->step = step;
+    m->adam_t = t->zero.t;
+    m->seed = o->seed;
+    m->shuffle = o->shuffle;
+    m->model = t->cfg;
+    m->ranks = t->topo.nranks;
+    m->dp = t->topo.dp_size;
+    m->tp = t->topo.tp_size;
+    m->pp = t->topo.pp_size;
+    m->pp_virtual = t->chunks;
+    m->zero = t->zero.model ? t->zero.stage : o->zero;
+    m->sp = o->sp;
+    m->bucket_mb = o->bucket_mb;
+    snprintf(m->dtype, sizeof m->dtype, "%s", dtype_name(t->dt));
+    m->micro_batch = t->B;
+    m->seq_len = t->T;
+    m->batch_tokens = t->batch_tokens;
+    snprintf(m->train, sizeof m->train, "%s", o->train ? o->train : "");
+    m->train_tokens = t->have_train ? t->train.ntokens : 0;
+    snprintf(m->schedule, sizeof m->schedule, "%s", o->schedule);
+    m->lr = o->lr;
+    m->lr_min_frac = o->lr_min_frac;
+    m->beta1 = o->beta1;
+    m->beta2 = o->beta2;
+    m->eps = o->eps;
+    m->weight_decay = o->weight_decay;
+    m->clip = o->clip;
+    m->warmup = o->warmup;
+    m->steps = o->steps;
+    m->skip_spikes = o->skip_spikes;
+    m->skipped = t->spikes.skipped;
+    m->nhist = t->spikes.n;
+    memcpy(m->hist_loss, t->spikes.loss, sizeof m->hist_loss);
+    memcpy(m->hist_norm, t->spikes.norm, sizeof m->hist_norm);
+}
+
+// The model, the optimizer state and the pipeline: from a checkpoint (--resume), else from the seed or
+// --init-from (host_params, the full model in file order).
+static void build_model(Trainer *t, float *host_params) {
+    const Options *o = &t->o;
+    Topology *tp = &t->topo;
+    int P = tp->pp_size, V = P > 1 ? o->pp_virtual : 1;
+    t->chunks = V;
+    if (V > 1 && t->accum % P)
         die("--pp-virtual %d: the %d micro-batch(es) per step must be a multiple of --pp %d for the interleaved schedule",
-            V, accum, pp_size);
-    int *chunk_first = xmalloc(sizeof(int) * pp_size * V), *chunk_count = xmalloc(sizeof(int) * pp_size * V);
-    pipeline_split_layers(cfg.L, pp_size, V, o.pp_layers, chunk_first, chunk_count);
-    Placement place = { .tp = tp_comm, .sp = o.sp, .pp = pp_comm, .nchunks = V, .embed = embed_comm };
+            V, t->accum, P);
+    int *chunk_first = xmalloc(sizeof(int) * P * V), *chunk_count = xmalloc(sizeof(int) * P * V);
+    pipeline_split_layers(t->cfg.L, P, V, o->pp_layers, chunk_first, chunk_count);
+    Placement place = { .tp = tp->tp, .sp = o->sp, .pp = tp->pp, .nchunks = V, .embed = tp->embed };
     for (int c = 0; c < V; c++) { // stage s holds chunks s, s + PP, ...
-        place.chunk_first[c] = chunk_first[c * pp_size + pp_rank];
-        place.chunk_len[c] = chunk_count[c * pp_size + pp_rank];
+        place.chunk_first[c] = chunk_first[c * P + tp->pp_rank];
+        place.chunk_len[c] = chunk_count[c * P + tp->pp_rank];
     }
     // micro-batches whose activations a stage holds at once: at most PP with 1F1B; every one interleaved
-    place.nslots = V > 1 ? accum : (pp_size - pp_rank < accum ? pp_size - pp_rank : accum);
+    place.nslots = V > 1 ? t->accum : (P - tp->pp_rank < t->accum ? P - tp->pp_rank : t->accum);
     free(chunk_first);
     free(chunk_count);
-    gpt2_build(&model, &cfg, dt, be, B, T, stage != 3, !zero_streams_gradients(stage, dp_size, accum), &place);
-    float *host_internal = xmalloc(sizeof(float) * model.num_params);
-    gpt2_full_to_local(&model, host_params, host_internal);
+    int stage = tp->dp_size > 1 ? o->zero : 0; // one data-parallel rank: every stage is stage 0
+    gpt2_build(&t->model, &t->cfg, t->dt, t->be, t->B, t->T, stage != 3,
+               !zero_streams_gradients(stage, tp->dp_size, t->accum), &place);
+    size_t n = t->model.num_params;
+    float *master = xmalloc(sizeof(float) * n), *m = NULL, *v = NULL;
+    CkptMeta saved;
+    if (o->resume) {
+        m = xmalloc(sizeof(float) * n);
+        v = xmalloc(sizeof(float) * n);
+        CkptMeta now;
+        fill_meta(t, 0, &now);
+        char from[SAFE_PATH_MAX];
+        t->resumed = ckpt_resume(o->ckpt_dir, o->resume_path, &t->model, tp->world, &now, &saved, master, m, v, from, sizeof from);
+        if (t->resumed) {
+            t->start_step = (int)saved.step;
+            t->spikes.n = saved.nhist;
+            t->spikes.skipped = saved.skipped;
+            memcpy(t->spikes.loss, saved.hist_loss, sizeof saved.hist_loss);
+            memcpy(t->spikes.norm, saved.hist_norm, sizeof saved.hist_norm);
+            if (tp->lead)
+                printf("resumed from %s: step %lld (written by %d rank(s): DP %d x TP %d x PP %d, ZeRO-%d)\n", from,
+                       (long long)saved.step, saved.ranks, saved.dp, saved.tp, saved.pp, saved.zero);
+        } else if (tp->lead) {
+            printf("note: --resume: no complete checkpoint in %s, starting from step 0\n", o->ckpt_dir);
+        }
+    }
+    if (!t->resumed) {
+        if (!host_params) host_params = gpt2_init_params(&t->cfg, o->seed);
+        gpt2_full_to_local(&t->model, host_params, master);
+    }
     free(host_params);
-    if (stage != 3) gpt2_upload_params(&model, host_internal);
-    AdamWConfig acfg = { o.beta1, o.beta2, o.eps, o.weight_decay, o.clip };
-    Zero zero;
-    zero_init(&zero, &model, dp_comm, stage, o.bucket_mb, accum, host_internal, &acfg);
-    free(host_internal);
-    Pipeline pipe;
-    pipeline_init(&pipe, &model, &zero, pp_fwd, pp_bwd);
+    if (stage != 3) gpt2_upload_params(&t->model, master);
+    AdamWConfig acfg = { o->beta1, o->beta2, o->eps, o->weight_decay, o->clip };
+    zero_init(&t->zero, &t->model, tp->dp, stage, o->bucket_mb, t->accum, master, &acfg);
+    if (t->resumed) zero_set_moments(&t->zero, m, v, (int)saved.adam_t);
+    free(master);
+    free(m);
+    free(v);
+    pipeline_init(&t->pipe, &t->model, &t->zero, tp->pp_fwd, tp->pp_bwd);
+    t->end_step = o->steps;
+}
 
-    double flops_per_token = gpt2_flops_per_token(&cfg, T);
-    if (lead) {
-        size_t full_n = gpt2_param_layout(&cfg, (size_t[NUM_PARAM_TENSORS]){ 0 }, (size_t[NUM_PARAM_TENSORS]){ 0 });
-        printf("llm4d | device %s | dtype %s | model L=%d C=%d H=%d V=%d Vp=%d maxT=%d | %zu parameters", be->name,
-               dtype_name(dt), cfg.L, cfg.C, cfg.NH, cfg.V, cfg.Vp, cfg.maxT, full_n);
-        if (tp_size > 1) printf(", %zu on each tensor-parallel rank", model.num_params);
+static void setup_checkpoints(Trainer *t) {
+    const Options *o = &t->o;
+    if (!o->ckpt_dir) return;
+    char err[2 * SAFE_PATH_MAX] = "";
+    int bad = t->topo.lead && ckpt_prepare_dir(o->ckpt_dir, t->start_step, o->resume, !o->resume_path, err, sizeof err) < 0;
+    agree_or_exit(&t->topo, bad ? err : NULL); // also: nobody writes before rank 0 has cleaned up
+    t->ckpt = ckpt_open(o->ckpt_dir, &t->model, &t->zero, t->topo.world, o->keep);
+    if (t->faults.ckpt_kill_step >= 0) ckpt_kill_during_write(t->ckpt, t->faults.ckpt_kill_step);
+}
+
+static void print_header(const Trainer *t) {
+    const Options *o = &t->o;
+    const Topology *tp = &t->topo;
+    const GPT2Config *c = &t->cfg;
+    if (tp->lead) {
+        size_t full_n = gpt2_param_layout(c, (size_t[NUM_PARAM_TENSORS]){ 0 }, (size_t[NUM_PARAM_TENSORS]){ 0 });
+        printf("llm4d | device %s | dtype %s | model L=%d C=%d H=%d V=%d Vp=%d maxT=%d | %zu parameters", t->be->name,
+               dtype_name(t->dt), c->L, c->C, c->NH, c->V, c->Vp, c->maxT, full_n);
+        if (tp->tp_size > 1) printf(", %zu on each tensor-parallel rank", t->model.num_params);
         printf("\n");
         printf("layout: %d rank(s) | data parallel %d x pipeline %d x tensor parallel %d%s | ZeRO-%d | %d gradient "
-               "bucket(s)\n", nranks, dp_size, pp_size, tp_size, o.sp ? " (sequence parallel)" : "", stage, zero.nbuckets);
+               "bucket(s)\n", tp->nranks, tp->dp_size, tp->pp_size, tp->tp_size, o->sp ? " (sequence parallel)" : "",
+               t->zero.stage, t->zero.nbuckets);
         printf("batch: %lld tokens per step = %d micro-batch(es) of %d x %d on each of %d rank(s) | %d steps\n",
-               batch_tokens, accum, B, T, dp_size, o.steps);
-        if (have_train)
-            printf("data: %s (%llu tokens, %llu sequences of %d)%s\n", o.train, (unsigned long long)train_set.ntokens,
-                   (unsigned long long)train_set.windows, T, o.shuffle ? ", shuffled" : "");
+               t->batch_tokens, t->accum, t->B, t->T, tp->dp_size, o->steps);
+        if (t->have_train)
+            printf("data: %s (%llu tokens, %llu sequences of %d)%s\n", o->train, (unsigned long long)t->train.ntokens,
+                   (unsigned long long)t->train.windows, t->T, o->shuffle ? ", shuffled" : "");
+        if (t->ckpt) {
+            printf("checkpoints: %s | ", o->ckpt_dir);
+            if (o->ckpt_every) printf("every %d steps, ", o->ckpt_every);
+            if (o->keep) printf("at the end and on SIGTERM/SIGUSR1 | keeping the newest %d", o->keep);
+            else printf("at the end and on SIGTERM/SIGUSR1 | keeping all");
+            printf(" | staging %.2f MiB of host memory on rank 0\n", ckpt_staging_bytes(t->ckpt) / 1048576.0);
+        }
     }
     // every rank reports its own memory, one line each, in rank order
-    for (int r = 0; r < nranks; r++) {
-        if (r == rank) print_memory(&model, rank);
-        if (world) comm_barrier(world);
+    for (int r = 0; r < tp->nranks; r++) {
+        if (r == tp->rank) print_memory(&t->model, tp->rank);
+        if (tp->world) comm_barrier(tp->world);
     }
+}
 
-    FILE *logf = NULL;
-    if (o.log && lead) logf = xfopen(o.log, "w");
-    size_t step_tokens = (size_t)accum * B * T; // this rank's share of a step, all micro-batches
-    int32_t *inputs = xmalloc(sizeof(int32_t) * step_tokens), *targets = xmalloc(sizeof(int32_t) * step_tokens);
-    int first_token = 0;
-    if (have_train) {
-        uint16_t t0;
-        tokenset_read(&train_set, 0, 1, &t0);
-        first_token = t0;
+// A JSON string, escaped, for the log.
+static void log_string(FILE *f, const char *s) {
+    json_t *j = json_string(s);
+    char *e = j ? json_dumps(j, JSON_ENCODE_ANY) : NULL;
+    fputs(e ? e : "\"\"", f);
+    free(e);
+    json_decref(j);
+}
+
+// A resumed run keeps the log's records up to its checkpoint's step (complete lines only), so that
+// the log of a run with restarts reads like the uninterrupted run's.
+static void keep_log_until(const char *path, int step) {
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISREG(st.st_mode)) return;
+    FILE *in = xfopen(path, "r");
+    SafeFile sf;
+    safe_open_or_die(&sf, path);
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n;
+    while ((n = getline(&line, &cap, in)) > 0) {
+        long long s;
+        if (line[n - 1] == '\n' && sscanf(line, "{\"step\":%lld", &s) == 1 && s <= step) safe_write_or_die(&sf, line, (size_t)n);
     }
+    free(line);
+    fclose(in);
+    safe_commit_or_die(&sf);
+}
 
-    struct sigaction su = { .sa_handler = on_usr1 };
-    sigemptyset(&su.sa_mask);
-    if (sigaction(SIGUSR1, &su, NULL) != 0) die("sigaction: %s", strerror(errno));
-    for (int step = 0; step <= o.steps; step++) {
-        // every rank stops at the same step: the flag is combined over the world
-        int32_t stop = usr1_received, any = stop;
-        if (world) comm_all_reduce(world, &stop, &any, 1, CT_I32, OP_MAX);
-        if (any && step < o.steps) {
-            if (lead)
-                printf("received SIGUSR1 (the job's time limit is near): llm4d has no checkpoints yet, so it stops "
-                       "cleanly after %d of %d steps%s\n", step, o.steps, o.save_model ? " and saves the model" : "");
-            o.steps = step;
-        }
-        int last = step == o.steps;
-        // validation and sampling run on every rank alike (ZeRO-3 gathers need every rank); rank 0 reports
-        if (o.val && o.val_every > 0 && (step % o.val_every == 0 || last) && (step > 0 || !last)) {
-            float vl = validate(&pipe, &val_set, B, T, o.val_steps);
-            if (lead) {
-                printf("step %d | val loss %.6f\n", step, vl);
-                if (logf) fprintf(logf, "{\"step\":%d,\"val_loss\":%.9g}\n", step, vl);
-            }
-        }
-        if (o.sample_every > 0 && have_train && ((step > 0 && step % o.sample_every == 0) || (last && step > 0)))
-            sample(&pipe, &o, have_tk ? &tk : NULL, first_token, T, step, lead);
-        if (last) break;
+static void open_log(Trainer *t) {
+    const Options *o = &t->o;
+    if (!o->log || !t->topo.lead) return;
+    if (t->resumed) keep_log_until(o->log, t->start_step);
+    t->logf = xfopen(o->log, t->resumed ? "a" : "w");
+    if (t->resumed) {
+        const char *l = getenv("LLM4D_LAUNCH");
+        fprintf(t->logf, "{\"step\":%d,\"resumed\":true,\"launch\":%s}\n", t->start_step, l && *l ? l : "0");
+    }
+}
 
-        double t0 = now_seconds(), tp_busy0 = tp_size > 1 ? comm_busy_seconds(tp_comm) : 0;
-        zero_begin_step(&zero);
-        gpt2_zero_grad(&model);
-        // this rank's sequences of the global batch: a contiguous block of accum x B
-        for (int i = 0; i < accum * B; i++) {
-            uint64_t g = (uint64_t)step * G + (uint64_t)dp_rank * accum * B + i;
-            tokenset_sequence(&train_set, g, inputs + (size_t)i * T, targets + (size_t)i * T);
+static void trainer_init(Trainer *t, int argc, char **argv) {
+    memset(t, 0, sizeof *t);
+    Options *o = &t->o;
+    parse_options(o, argc, argv);
+    if (o->max_restarts && !getenv("LLM4D_LAUNCH"))
+        die("--max-restarts relaunches a --nproc job (under Slurm, scripts/train.sbatch relaunches job steps)");
+    signal(SIGXFSZ, SIG_IGN); // a file over the size limit is a write error (EFBIG), not the end of the process
+    topology_init(&t->topo, o);
+    Topology *tp = &t->topo;
+    if (o->dump && tp->nranks > 1) die("--dump works on a single rank only");
+    check_outputs(t);
+    parse_faults(&t->faults, tp->rank);
+    setup_device(t);
+    float *host_params;
+    t->cfg = resolve_shape(o, &host_params);
+    if (t->cfg.NH % tp->tp_size) die("--tp %d does not divide the model's %d heads", tp->tp_size, t->cfg.NH);
+    if (o->sp && tp->tp_size == 1) die("--sp needs tensor parallelism (--tp 2 or more)");
+    setup_batch(t);
+    open_data(t); // before any large allocation, so that a bad file is reported first
+    build_model(t, host_params);
+    setup_checkpoints(t);
+    t->flops_per_token = gpt2_flops_per_token(&t->cfg, t->T);
+    print_header(t);
+    open_log(t);
+    size_t step_tokens = (size_t)t->accum * t->B * t->T;
+    t->inputs = xmalloc(sizeof(int32_t) * step_tokens);
+    t->targets = xmalloc(sizeof(int32_t) * step_tokens);
+    t->strag.slow_for = xcalloc((size_t)tp->nranks, sizeof(int));
+    t->strag.compute = xcalloc((size_t)tp->nranks, sizeof(double));
+    t->strag.host = xcalloc((size_t)tp->nranks, 64);
+    snprintf(t->strag.host[tp->rank], 64, "%.63s", tp->env.node_id[0] ? tp->env.node_id : "localhost");
+    if (tp->world) { // every rank's host, for straggler reports
+        char mine[64];
+        memcpy(mine, t->strag.host[tp->rank], 64);
+        comm_all_gather(tp->world, mine, t->strag.host, 16 * (size_t)tp->nranks, CT_I32);
+    }
+    struct sigaction sa = { .sa_handler = on_stop_signal };
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(SIGTERM, &sa, NULL) != 0 || sigaction(SIGUSR1, &sa, NULL) != 0) die("sigaction: %s", strerror(errno));
+}
+
+// ---------------------------------------------------------------------------------------------
+// the step
+
+// This rank's sequences of step `step`: a contiguous block of accum x B of the global batch.
+static void next_batch(Trainer *t, int step) {
+    for (int i = 0; i < t->accum * t->B; i++) {
+        uint64_t g = (uint64_t)step * t->G + (uint64_t)t->topo.dp_rank * t->accum * t->B + i;
+        tokenset_sequence(&t->train, g, t->inputs + (size_t)i * t->T, t->targets + (size_t)i * t->T);
+    }
+}
+
+// --skip-spikes: whether to skip the update of a step with this loss and gradient norm (the same on
+// every rank: the decision is combined over the world, in case one rank's loss was corrupted).
+static int spike(Trainer *t, float loss, float norm) {
+    SpikeGuard *g = &t->spikes;
+    int32_t bad = !isfinite(loss) || !isfinite(norm), any;
+    if (!bad && g->n >= SPIKE_MIN_HISTORY) {
+        double ml = 0, mn = 0;
+        for (int i = 0; i < g->n; i++) {
+            ml += g->loss[i] / g->n;
+            mn += g->norm[i] / g->n;
         }
-        if (o.dump && step == 0) { // the first micro-batch's logits, by a forward that changes no state
-            gpt2_forward(&model, inputs, targets, B, T);
-            float *logits = xmalloc(sizeof(float) * cfg.V * B * T);
-            for (int b = 0; b < B; b++)
-                for (int t = 0; t < T; t++) gpt2_logits_at(&model, b, t, T, logits + ((size_t)b * T + t) * cfg.V);
-            if (mkdir(o.dump, 0755) != 0 && errno != EEXIST) die("--dump: cannot create %s: %s", o.dump, strerror(errno));
-            write_raw(o.dump, "logits.bin", logits, sizeof(float) * cfg.V * B * T);
-            free(logits);
+        bad = loss > t->o.skip_spikes * ml || norm > t->o.skip_spikes * mn;
+    }
+    any = bad;
+    if (t->topo.world) comm_all_reduce(t->topo.world, &bad, &any, 1, CT_I32, OP_MAX);
+    if (any) {
+        g->skipped++;
+        return 1;
+    }
+    if (g->n == SPIKE_WINDOW) { // the oldest leaves
+        memmove(g->loss, g->loss + 1, sizeof(float) * (SPIKE_WINDOW - 1));
+        memmove(g->norm, g->norm + 1, sizeof(float) * (SPIKE_WINDOW - 1));
+        g->n--;
+    }
+    g->loss[g->n] = loss;
+    g->norm[g->n++] = norm;
+    return 0;
+}
+
+// One optimizer step: the batch; forward, loss and backward of every micro-batch (the pipeline
+// schedule, with the data-parallel reductions started inside); the reduced gradient and its norm;
+// the update.
+static void train_step(Trainer *t, int step, StepResult *r) {
+    Topology *tp = &t->topo;
+    if (step + 1 == t->faults.kill_step) raise(SIGKILL);
+    double t0 = now_seconds(), tp_busy0 = tp->tp_size > 1 ? comm_busy_seconds(tp->tp) : 0;
+    zero_begin_step(&t->zero);
+    gpt2_zero_grad(&t->model);
+    next_batch(t, step);
+
+    double c0 = now_seconds();
+    if (t->faults.slow_from >= 0 && step + 1 >= t->faults.slow_from) usleep((useconds_t)t->faults.slow_ms * 1000);
+    double loss_sum = pipeline_step(&t->pipe, t->inputs, t->targets, t->accum, t->B, t->T, 1.0f / (float)t->batch_tokens);
+    double tp_busy = tp->tp_size > 1 ? comm_busy_seconds(tp->tp) - tp_busy0 : 0;
+    // compute: the schedule's time less its waits for other ranks (pipeline hand-offs, ZeRO gathers and
+    // buckets, tensor-parallel collectives)
+    r->compute_ms = (now_seconds() - c0 - t->pipe.wait_s - tp_busy) * 1e3 - zero_exposed_ms(&t->zero);
+    if (step + 1 == t->faults.nan_step) loss_sum = NAN;
+    if (step + 1 == t->faults.spike_step) loss_sum *= 1000;
+
+    r->norm = zero_finish_grads(&t->zero); // first: the loss's reduction would queue behind the buckets
+    r->loss = (float)(comm_sum_double(tp->pp, zero_sum_double(&t->zero, loss_sum)) / (t->accum * tp->dp_size));
+
+    r->lr = lr_at(&t->o, step);
+    r->skipped = t->o.skip_spikes > 0 ? spike(t, r->loss, r->norm) : 0;
+    if (!r->skipped && !isfinite(r->loss)) die("loss is %f at step %d: training diverged (--skip-spikes F skips such steps)", r->loss, step + 1);
+    if (!r->skipped) zero_step(&t->zero, r->lr, r->norm);
+    t->be->sync();
+    r->ms = (now_seconds() - t0) * 1e3;
+    r->comm_ms = zero_comm_ms(&t->zero);
+    r->exposed_ms = zero_exposed_ms(&t->zero);
+    r->tp_ms = tp_busy * 1e3;
+}
+
+// Stragglers: every rank's compute time; a rank above the median by more than --straggler (and by more
+// than STRAGGLER_MIN_MS: a busy machine's jitter on short steps is no straggler) for --straggler-steps
+// steps in a row is reported once per streak. Collective.
+#define STRAGGLER_MIN_MS 20.0
+static void stragglers(Trainer *t, int step, const StepResult *r, double *max_ms, double *median_ms, int *slowest) {
+    Topology *tp = &t->topo;
+    Stragglers *s = &t->strag;
+    double mine = r->compute_ms;
+    if (tp->world) comm_all_gather(tp->world, &mine, s->compute, (size_t)tp->nranks, CT_I64);
+    else s->compute[0] = mine;
+    double *sorted = xmalloc(sizeof(double) * tp->nranks);
+    memcpy(sorted, s->compute, sizeof(double) * tp->nranks);
+    for (int i = 1; i < tp->nranks; i++)
+        for (int j = i; j > 0 && sorted[j] < sorted[j - 1]; j--) {
+            double x = sorted[j];
+            sorted[j] = sorted[j - 1];
+            sorted[j - 1] = x;
         }
-        double loss_sum = pipeline_step(&pipe, inputs, targets, accum, B, T, 1.0f / (float)batch_tokens);
-        float norm = zero_finish_grads(&zero); // first: the loss's reduction would queue behind the buckets
-        float loss = (float)(comm_sum_double(pp_comm, zero_sum_double(&zero, loss_sum)) / (accum * dp_size));
-        if (o.dump && step == 0) { // single rank: the full gradient buffer exists
-            float *g = xmalloc(sizeof(float) * model.num_params), *gf = xmalloc(sizeof(float) * model.num_params);
-            be->to_host(g, model.grads, sizeof(float) * model.num_params);
-            gpt2_gather_full(&model, g, gf);
-            write_raw(o.dump, "grads.bin", gf, sizeof(float) * model.num_params);
-            free(g);
-            free(gf);
-            int32_t *tok = xmalloc(sizeof(int32_t) * 2 * G * T);
-            for (long long i = 0; i < G; i++) tokenset_sequence(&train_set, (uint64_t)i, tok + i * T, tok + (G + i) * T);
-            write_raw(o.dump, "tokens.bin", tok, sizeof(int32_t) * 2 * G * T);
-            free(tok);
-        }
-        float lr = lr_at(&o, step);
-        zero_step(&zero, lr, norm);
-        be->sync();
-        double ms = (now_seconds() - t0) * 1e3;
-        double tps = batch_tokens / (ms / 1e3);
-        double comm_ms = zero_comm_ms(&zero), exposed_ms = zero_exposed_ms(&zero);
-        double tp_ms = tp_size > 1 ? (comm_busy_seconds(tp_comm) - tp_busy0) * 1e3 : 0.0;
-        // the bubble: the share of the step each stage waited for activations or gradients
-        double bubble_max = 0, bubble_mean = 0, bubble_formula = (pp_size - 1.0) / ((double)V * accum + pp_size - 1.0);
-        if (pp_size > 1) {
-            double mine = pipe.wait_s / (ms / 1e3), *all = xmalloc(sizeof(double) * pp_size);
-            comm_all_gather(pp_comm, &mine, all, (size_t)pp_size, CT_I64);
-            for (int s = 0; s < pp_size; s++) {
-                bubble_mean += all[s] / pp_size;
-                if (all[s] > bubble_max) bubble_max = all[s];
-            }
-            free(all);
-            if (o.pp_trace && dp_rank == 0 && tp_rank == 0) write_trace(o.pp_trace, pp_rank, step + 1, &pipe);
-        }
-        if (!isfinite(loss)) die("loss is %f at step %d: training diverged", loss, step + 1);
-        if (lead) {
-            printf("step %4d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s | %.2f GFLOP/s", step + 1,
-                   o.steps, loss, lr, norm, ms, tps, tps * flops_per_token / 1e9);
-            if (dp_size > 1) printf(" | comm %.1f ms, exposed %.1f ms", comm_ms, exposed_ms);
-            if (tp_size > 1) printf(" | tp comm %.1f ms", tp_ms);
-            if (pp_size > 1) printf(" | bubble %.1f%% max, %.1f%% mean (formula %.1f%%)", 100 * bubble_max, 100 * bubble_mean,
-                                    100 * bubble_formula);
-            printf("\n");
-            fflush(stdout);
-        }
-        if (logf) {
-            fprintf(logf,
-                    "{\"step\":%d,\"tokens\":%lld,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"ms\":%.3f,\"tokens_per_s\":%.1f,"
-                    "\"comm_ms\":%.3f,\"exposed_comm_ms\":%.3f,\"tp_comm_ms\":%.3f,\"bubble_max\":%.4f,"
-                    "\"bubble_mean\":%.4f,\"bubble_formula\":%.4f}\n",
-                    step + 1, (step + 1) * batch_tokens, loss, lr, norm, ms, tps, comm_ms, exposed_ms, tp_ms, bubble_max, bubble_mean, bubble_formula);
-            if (fflush(logf) != 0) die("cannot write %s: %s", o.log, strerror(errno));
+    int n = tp->nranks;
+    *median_ms = n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
+    free(sorted);
+    *slowest = 0;
+    for (int q = 0; q < tp->nranks; q++) {
+        if (s->compute[q] > s->compute[*slowest]) *slowest = q;
+        int slow = tp->nranks > 1 && s->compute[q] > *median_ms * (1.0 + t->o.straggler) &&
+                   s->compute[q] - *median_ms > STRAGGLER_MIN_MS;
+        s->slow_for[q] = slow ? s->slow_for[q] + 1 : 0;
+        if (s->slow_for[q] != t->o.straggler_steps || !tp->lead) continue;
+        fprintf(stderr, "warning: straggler: rank %d on %s has computed more than %.0f%% longer than the median for %d steps "
+               "(%.1f ms against %.1f ms at step %d)\n", q, s->host[q], 100 * t->o.straggler, t->o.straggler_steps,
+               s->compute[q], *median_ms, step + 1);
+        if (t->logf) {
+            fprintf(t->logf, "{\"step\":%d,\"straggler\":%d,\"host\":", step + 1, q);
+            log_string(t->logf, s->host[q]);
+            fprintf(t->logf, ",\"compute_ms\":%.3f,\"median_ms\":%.3f}\n", s->compute[q], *median_ms);
         }
     }
-    if (logf) xfclose(logf, o.log);
-    if (o.save_model) {
-        size_t full_n = gpt2_param_layout(&cfg, (size_t[NUM_PARAM_TENSORS]){ 0 }, (size_t[NUM_PARAM_TENSORS]){ 0 });
-        float *host = xmalloc(sizeof(float) * model.num_params), *file = xmalloc(sizeof(float) * full_n);
-        zero_gather_master(&zero, host);     // collective over the data-parallel group
-        gpt2_gather_full(&model, host, file); // collective over the tensor-parallel group
-        if (lead) {
-            gpt2_save_file(o.save_model, &cfg, file);
-            printf("saved %s\n", o.save_model);
+    *max_ms = s->compute[*slowest];
+}
+
+static void report(Trainer *t, int step, const StepResult *r) {
+    Topology *tp = &t->topo;
+    int P = tp->pp_size;
+    double tps = t->batch_tokens / (r->ms / 1e3);
+    // the bubble: the share of the step each stage waited for activations or gradients
+    double bubble_max = 0, bubble_mean = 0, bubble_formula = (P - 1.0) / ((double)t->chunks * t->accum + P - 1.0);
+    if (P > 1) {
+        double mine = t->pipe.wait_s / (r->ms / 1e3), *all = xmalloc(sizeof(double) * P);
+        comm_all_gather(tp->pp, &mine, all, (size_t)P, CT_I64);
+        for (int s = 0; s < P; s++) {
+            bubble_mean += all[s] / P;
+            if (all[s] > bubble_max) bubble_max = all[s];
+        }
+        free(all);
+        if (t->o.pp_trace && tp->dp_rank == 0 && tp->tp_rank == 0) write_trace(t->o.pp_trace, tp->pp_rank, step + 1, &t->pipe);
+    }
+    double cmax, cmed;
+    int slowest;
+    stragglers(t, step, r, &cmax, &cmed, &slowest);
+    if (tp->lead) {
+        printf("step %4d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s | %.2f GFLOP/s", step + 1, t->o.steps,
+               r->loss, r->lr, r->norm, r->ms, tps, tps * t->flops_per_token / 1e9);
+        if (tp->dp_size > 1) printf(" | comm %.1f ms, exposed %.1f ms", r->comm_ms, r->exposed_ms);
+        if (tp->tp_size > 1) printf(" | tp comm %.1f ms", r->tp_ms);
+        if (P > 1) printf(" | bubble %.1f%% max, %.1f%% mean (formula %.1f%%)", 100 * bubble_max, 100 * bubble_mean, 100 * bubble_formula);
+        if (t->stall_ms > 0) printf(" | checkpoint stall %.1f ms", t->stall_ms);
+        if (r->skipped) printf(" | SKIPPED (%lld so far)", (long long)t->spikes.skipped);
+        printf("\n");
+        fflush(stdout);
+    }
+    if (t->logf) {
+        fprintf(t->logf,
+                "{\"step\":%d,\"tokens\":%lld,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"ms\":%.3f,\"tokens_per_s\":%.1f,"
+                "\"comm_ms\":%.3f,\"exposed_comm_ms\":%.3f,\"tp_comm_ms\":%.3f,\"bubble_max\":%.4f,"
+                "\"bubble_mean\":%.4f,\"bubble_formula\":%.4f,\"compute_ms_max\":%.3f,\"compute_ms_median\":%.3f,"
+                "\"slowest_rank\":%d,\"ckpt_stall_ms\":%.3f,\"skipped\":%d,\"skipped_total\":%lld}\n",
+                step + 1, (step + 1) * t->batch_tokens, r->loss, r->lr, r->norm, r->ms, tps, r->comm_ms, r->exposed_ms, r->tp_ms, bubble_max, bubble_mean,
+                bubble_formula, cmax, cmed, slowest, t->stall_ms, r->skipped, (long long)t->spikes.skipped);
+        if (fflush(t->logf) != 0) die("cannot write %s: %s", t->o.log, strerror(errno));
+    }
+    t->stall_ms = 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// step boundaries: stopping, checkpoints, evaluation
+
+// Rank 0 reports finished checkpoints: complete ones with their size and write bandwidth.
+static void log_checkpoints(Trainer *t) {
+    CkptEvent ev;
+    while (t->ckpt && t->topo.lead && ckpt_event(t->ckpt, &ev)) {
+        double stall = 0;
+        for (int i = 0; i < 4; i++)
+            if (t->stall_step[i] == ev.step) stall = t->stall_hist[i];
+        double mibs = ev.write_s > 0 ? ev.bytes / 1048576.0 / ev.write_s : 0;
+        if (ev.ok)
+            printf("checkpoint %s: %.2f MiB in %.3f s (%.1f MiB/s), step stalled %.1f ms\n", ev.path, ev.bytes / 1048576.0,
+                   ev.write_s, mibs, stall);
+        else if (ev.msg[0] && !strstr(ev.msg, "rank ")) // a shard's failure was reported when it happened
+            fprintf(stderr, "warning: the checkpoint of step %lld was not completed (%s); training goes on\n",
+                    (long long)ev.step, ev.msg);
+        if (!t->logf) continue;
+        fprintf(t->logf, "{\"step\":%lld,\"ckpt\":", (long long)ev.step);
+        log_string(t->logf, ev.path);
+        fprintf(t->logf, ",\"ckpt_ok\":%s,\"ckpt_bytes\":%llu,\"ckpt_write_s\":%.6f,\"ckpt_MiB_per_s\":%.3f,\"ckpt_stall_ms\":%.3f",
+                ev.ok ? "true" : "false", (unsigned long long)ev.bytes, ev.write_s, mibs, stall);
+        if (!ev.ok) {
+            fprintf(t->logf, ",\"ckpt_error\":");
+            log_string(t->logf, ev.msg);
+        }
+        fprintf(t->logf, "}\n");
+        fflush(t->logf);
+    }
+}
+
+// What every rank agrees on at each step boundary: whether to stop (a signal reached any rank), and
+// whether every rank's shard of the checkpoint in flight is written. Returns 1 when the run ends here.
+static int step_boundary(Trainer *t, int step) {
+    int32_t f[2] = { stop_signal != 0, t->ckpt ? ckpt_writing(t->ckpt) : 0 }, g[2] = { f[0], f[1] };
+    if (t->topo.world) comm_all_reduce(t->topo.world, f, g, 2, CT_I32, OP_MAX);
+    if (t->ckpt) ckpt_advance(t->ckpt, g[1]);
+    log_checkpoints(t);
+    if (g[0] && step < t->end_step) {
+        if (t->topo.lead)
+            printf("received %s: stopping cleanly after %d of %d steps%s%s\n",
+                   stop_signal == SIGUSR1 ? "SIGUSR1 (the job's time limit is near)" : stop_signal == SIGTERM ? "SIGTERM"
+                                                                                    : "a stop signal (on another rank)",
+                   step, t->o.steps, t->ckpt && step > t->start_step ? ", with a checkpoint" : "",
+                   t->o.save_model ? " and the model saved" : "");
+        t->end_step = step;
+    }
+    return step >= t->end_step;
+}
+
+static void checkpoint(Trainer *t, int step) {
+    CkptMeta meta;
+    fill_meta(t, step, &meta);
+    t->stall_ms = ckpt_save(t->ckpt, &meta) * 1e3;
+    int i = t->nstalls++ % 4; // the completion record, a few steps later, looks it up
+    t->stall_step[i] = step;
+    t->stall_hist[i] = t->stall_ms;
+}
+
+// Validation and sampling run on every rank alike (ZeRO-3 gathers need every rank); rank 0 reports.
+// A resumed run skips its first boundary: that was evaluated before the checkpoint was written.
+static void evaluate(Trainer *t, int step, int last) {
+    const Options *o = &t->o;
+    if (t->resumed && step == t->start_step) return;
+    if (o->val && o->val_every > 0 && (step % o->val_every == 0 || last) && (step > 0 || !last)) {
+        float vl = validate(&t->pipe, &t->val, t->B, t->T, o->val_steps);
+        if (t->topo.lead) {
+            printf("step %d | val loss %.6f\n", step, vl);
+            if (t->logf) fprintf(t->logf, "{\"step\":%d,\"val_loss\":%.9g}\n", step, vl);
+        }
+    }
+    if (o->sample_every > 0 && t->have_train && ((step > 0 && step % o->sample_every == 0) || (last && step > 0)))
+        sample(&t->pipe, o, t->have_tk ? &t->tk : NULL, t->first_token, t->T, step, t->topo.lead);
+}
+
+// --dump, a testing aid (single rank): step 0's global batch tokens, the first micro-batch's logits
+// by a forward that changes no state, and the accumulated gradients; the step itself then runs as usual.
+static void dump_step0(Trainer *t) {
+    const char *dir = t->o.dump;
+    int B = t->B, T = t->T, V = t->cfg.V;
+    next_batch(t, 0);
+    gpt2_forward(&t->model, t->inputs, t->targets, B, T);
+    float *logits = xmalloc(sizeof(float) * V * B * T);
+    for (int b = 0; b < B; b++)
+        for (int p = 0; p < T; p++) gpt2_logits_at(&t->model, b, p, T, logits + ((size_t)b * T + p) * V);
+    write_raw(dir, "logits.bin", logits, sizeof(float) * V * B * T);
+    free(logits);
+    size_t n = t->model.num_params;
+    zero_begin_step(&t->zero);
+    gpt2_zero_grad(&t->model);
+    pipeline_step(&t->pipe, t->inputs, t->targets, t->accum, B, T, 1.0f / (float)t->batch_tokens);
+    zero_finish_grads(&t->zero);
+    float *g = xmalloc(sizeof(float) * n), *gf = xmalloc(sizeof(float) * n);
+    t->be->to_host(g, t->model.grads, sizeof(float) * n);
+    gpt2_gather_full(&t->model, g, gf);
+    write_raw(dir, "grads.bin", gf, sizeof(float) * n);
+    free(g);
+    free(gf);
+    long long G = t->G;
+    int32_t *tok = xmalloc(sizeof(int32_t) * 2 * G * T);
+    for (long long i = 0; i < G; i++) tokenset_sequence(&t->train, (uint64_t)i, tok + i * T, tok + (G + i) * T);
+    write_raw(dir, "tokens.bin", tok, sizeof(int32_t) * 2 * G * T);
+    free(tok);
+}
+
+static void trainer_finish(Trainer *t) {
+    const Options *o = &t->o;
+    if (t->ckpt) {
+        ckpt_finish(t->ckpt); // the last checkpoint complete, manifest included
+        log_checkpoints(t);
+    }
+    if (t->logf) xfclose(t->logf, o->log);
+    if (o->save_model) {
+        size_t full_n = gpt2_param_layout(&t->cfg, (size_t[NUM_PARAM_TENSORS]){ 0 }, (size_t[NUM_PARAM_TENSORS]){ 0 });
+        float *host = xmalloc(sizeof(float) * t->model.num_params), *file = xmalloc(sizeof(float) * full_n);
+        zero_gather_master(&t->zero, host);      // collective over the data-parallel group
+        gpt2_gather_full(&t->model, host, file); // collective over the tensor-parallel group
+        if (t->topo.lead) {
+            gpt2_save_file(o->save_model, &t->cfg, file);
+            printf("saved %s\n", o->save_model);
         }
         free(host);
         free(file);
     }
-    free(inputs);
-    free(targets);
-    pipeline_free(&pipe);
-    zero_free(&zero);
-    gpt2_free(&model);
-    if (have_train) tokenset_close(&train_set);
-    if (o.val) tokenset_close(&val_set);
-    if (have_tk) tokenizer_free(&tk);
-    if (world) {
-        comm_barrier(world); // nobody leaves while another rank still needs it
-        comm_destroy(tp_comm);
-        comm_destroy(dp_comm);
-        comm_destroy(pp_comm);
-        comm_destroy(pp_fwd);
-        comm_destroy(pp_bwd);
-        comm_destroy(embed_comm);
-        comm_destroy(world);
+    if (t->ckpt) ckpt_close(t->ckpt);
+    free(t->inputs);
+    free(t->targets);
+    free(t->strag.slow_for);
+    free(t->strag.compute);
+    free(t->strag.host);
+    pipeline_free(&t->pipe);
+    zero_free(&t->zero);
+    gpt2_free(&t->model);
+    if (t->have_train) tokenset_close(&t->train);
+    if (o->val) tokenset_close(&t->val);
+    if (t->have_tk) tokenizer_free(&t->tk);
+    topology_free(&t->topo);
+}
+
+static int train_main(int argc, char **argv) {
+    Trainer t;
+    trainer_init(&t, argc, argv); // layout, device, shapes, data, outputs, model and state, checkpoints
+    if (t.o.dump) dump_step0(&t);
+    for (int step = t.start_step;; step++) {
+        int last = step_boundary(&t, step);
+        evaluate(&t, step, last);
+        if (t.ckpt && step > t.start_step && (last || (t.o.ckpt_every && step % t.o.ckpt_every == 0))) checkpoint(&t, step);
+        if (last) break;
+        StepResult r;
+        train_step(&t, step, &r);
+        report(&t, step, &r);
     }
+    trainer_finish(&t);
     return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+// --nproc N [--max-restarts R]: launches the ranks; when the job fails (not when a signal stopped the
+// launcher), relaunches it, with --resume once --ckpt-dir holds a complete checkpoint, up to R times.
+static int launch_with_restarts(const Options *o, int nproc, int argc, char **argv) {
+    char **args = xcalloc((size_t)argc + 2, sizeof(char *));
+    int n = 0;
+    for (int i = 0; i < argc; i++) args[n++] = argv[i];
+    for (int attempt = 0;; attempt++) {
+        char buf[16];
+        snprintf(buf, sizeof buf, "%d", attempt);
+        setenv("LLM4D_LAUNCH", buf, 1);
+        int rc = launch_local(nproc, n, args);
+        if (rc == 0 || launch_local_signal() || attempt >= o->max_restarts) {
+            free(args);
+            return rc;
+        }
+        int64_t newest;
+        int have = ckpt_newest_complete(o->ckpt_dir, &newest);
+        if (have)
+            fprintf(stderr, "restart %d of %d: the job failed (exit status %d); relaunching from the newest complete "
+                    "checkpoint (step %lld)\n", attempt + 1, o->max_restarts, rc, (long long)newest);
+        else
+            fprintf(stderr, "restart %d of %d: the job failed (exit status %d) before its first complete checkpoint; "
+                    "relaunching it as it was\n", attempt + 1, o->max_restarts, rc);
+        if (!have) continue;
+        n = 0; // the newest complete checkpoint: a --resume PATH of the first launch gives way to it
+        for (int i = 0; i < argc; i++) {
+            if (!strcmp(argv[i], "--resume")) {
+                if (i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0) i++;
+                continue;
+            }
+            args[n++] = argv[i];
+        }
+        args[n++] = "--resume";
+    }
 }
 
 int bench_comm_main(int argc, char **argv); // bench_comm.c
 int plan_main(int argc, char **argv);       // plan.c
 
 int main(int argc, char **argv) {
-    // --nproc N: this process becomes the launcher of N local ranks running the same command
+    int nproc = 0;
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--nproc")) {
             if (i + 1 >= argc) die("--nproc needs a value");
-            return launch_local((int)parse_int("--nproc", argv[i + 1], 1, 4096), argc, argv);
+            nproc = (int)parse_int("--nproc", argv[i + 1], 1, 4096);
         }
-    if (argc >= 2 && !strcmp(argv[1], "bench-comm")) return bench_comm_main(argc - 1, argv + 1);
+    if (argc >= 2 && !strcmp(argv[1], "bench-comm"))
+        return nproc ? launch_local(nproc, argc, argv) : bench_comm_main(argc - 1, argv + 1);
     if (argc >= 2 && !strcmp(argv[1], "plan")) return plan_main(argc - 1, argv + 1);
     if (argc >= 2 && !strcmp(argv[1], "prepare")) {
         if (argc != 4) die("usage: ./train prepare INPUT.txt DIR");
         data_prepare(argv[2], argv[3]);
         return 0;
+    }
+    if (nproc) {
+        Options o;
+        parse_options(&o, argc, argv); // every flag checked before any rank starts
+        return launch_with_restarts(&o, nproc, argc, argv);
     }
     return train_main(argc, argv);
 }

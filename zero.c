@@ -198,7 +198,7 @@ void zero_init(Zero *z, GPT2 *model, Comm *dp, int stage, double bucket_mb, int 
     z->dp = dp && comm_size(dp) > 1 ? dp : NULL;
     z->dp_rank = z->dp ? comm_rank(dp) : 0;
     z->dp_size = z->dp ? comm_size(dp) : 1;
-    if (!z->dp) z->stage = stage = (stage == 3 ? 0 : stage); // one rank: nothing to shard or gather
+    if (!z->dp) z->stage = stage = 0; // one data-parallel rank: nothing to shard, gather or scatter
     build_buckets(z, bucket_mb);
     const Backend *be = model->be;
     DType dt = model->dt;
@@ -416,4 +416,35 @@ void zero_gather_master(Zero *z, float *host) {
     memcpy(host, full, sizeof(float) * m->num_params);
     free(full);
     free(mine);
+}
+
+void zero_state_to_host(const Zero *z, float *master, float *m, float *v) {
+    const Backend *be = z->model->be;
+    if (z->stage >= 1) { // the shard is this rank's segments already, in this order
+        be->to_host(master, z->master, z->shard_elems * sizeof(float));
+        be->to_host(m, z->m, z->shard_elems * sizeof(float));
+        be->to_host(v, z->v, z->shard_elems * sizeof(float));
+        return;
+    }
+    for (int b = 0; b < z->nbuckets; b++) {
+        size_t n = z->own_len[b] * sizeof(float), at = z->shard_pos[b], from = z->own_off[b];
+        be->to_host(master + at, z->master + from, n);
+        be->to_host(m + at, z->m + from, n);
+        be->to_host(v + at, z->v + from, n);
+    }
+}
+
+void zero_set_moments(Zero *z, const float *m, const float *v, int t) {
+    const Backend *be = z->model->be;
+    z->t = t;
+    if (z->stage == 0) {
+        be->to_device(z->m, m, z->model->num_params * sizeof(float));
+        be->to_device(z->v, v, z->model->num_params * sizeof(float));
+        return;
+    }
+    for (int b = 0; b < z->nbuckets; b++) {
+        size_t n = z->own_len[b] * sizeof(float), at = z->shard_pos[b], from = z->own_off[b];
+        be->to_device(z->m + at, m + from, n);
+        be->to_device(z->v + at, v + from, n);
+    }
 }

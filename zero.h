@@ -86,6 +86,14 @@ double zero_comm_ms(const Zero *z);
 double zero_exposed_ms(const Zero *z);
 // The full fp32 master weights in internal order, gathered onto every rank's host array.
 void zero_gather_master(Zero *z, float *host);
+// Checkpoints: each data-parallel rank owns, at every stage, the segment own_off[b] + [0, own_len[b])
+// of each bucket b (at stage 0 the others hold copies of it), placed at shard_pos[b] of a vector of
+// shard_elems. Copies this rank's segments of the fp32 master weights and AdamW moments into host
+// arrays of shard_elems, in that order.
+void zero_state_to_host(const Zero *z, float *master, float *m, float *v);
+// Sets the AdamW moments from host arrays of this rank's whole slice (internal order; each rank keeps
+// its segments) and the update count t (bias correction). The master weights come through zero_init.
+void zero_set_moments(Zero *z, const float *m, const float *v, int t);
 // Sums a per-rank double over the data-parallel group in rank order (the same on every rank).
 double zero_sum_double(Zero *z, double x);
 

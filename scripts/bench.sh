@@ -37,6 +37,9 @@ bash scripts/bench_tp.sh
 echo
 echo "== pipeline parallelism (scripts/bench_pp.sh) =="
 bash scripts/bench_pp.sh
+echo
+echo "== checkpoints (scripts/bench_ckpt.sh) =="
+bash scripts/bench_ckpt.sh
 
 # collectives against OpenMPI on this node (skipped, saying so, when mpicc is not installed)
 bash scripts/bench/compare_mpi.sh

@@ -7,8 +7,9 @@ set -euo pipefail
 # and, inside the QEMU guest, `ip` and `rdma`; python3-matplotlib: scripts/plot.py (training curves,
 # the planner's memory bars); libibverbs-dev: the verbs headers (net_verbs.c; the library is opened
 # at run time); ibverbs-providers: the soft-RoCE provider (librxe) for the guest; qemu-system-x86 and
-# busybox-static: the guest that runs the RDMA tests (test/verbs_vm.sh)
-PACKAGES=(gcc make libgomp1 python3 python3-numpy python3-torch python3-matplotlib iproute2 slurm-wlm munge
+# busybox-static: the guest that runs the RDMA tests (test/verbs_vm.sh); zlib1g-dev (crc32) and
+# libjansson-dev (JSON parsing): checkpoints
+PACKAGES=(gcc make libgomp1 zlib1g-dev libjansson-dev python3 python3-numpy python3-torch python3-matplotlib iproute2 slurm-wlm munge
           libibverbs-dev ibverbs-providers qemu-system-x86 busybox-static)
 # The guest's kernel: Debian's linux-image-6.1 package, downloaded (not installed) into this cache;
 # test/verbs_vm.sh takes vmlinuz and the modules it needs out of the .deb.

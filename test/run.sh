@@ -262,7 +262,7 @@ t_usr1() {
     local rc=0
     timeout 60 tail --pid=$launcher -f /dev/null || rc=1
     wait $launcher || rc=1
-    grep -q "received SIGUSR1 .* stops cleanly after [0-9]* of 100000 steps and saves the model" "$d/out" || rc=1
+    grep -q "received SIGUSR1 .*: stopping cleanly after [0-9]* of 100000 steps and the model saved" "$d/out" || rc=1
     grep -q "^saved $d/m.bin" "$d/out" || rc=1
     cat "$d/out" | grep -v "^step" | tail -3
     return $rc
@@ -680,6 +680,9 @@ t_verbs_vm() {
     return $ok
 }
 
+# checkpoints, restarts, bad checkpoints, loss spikes, stragglers, safe files
+source test/ckpt.sh
+
 # ---------------------------------------------------------------------------------------------
 
 prepare || { echo "FAIL prepare"; echo "0 passed, 1 failed"; exit 1; }
@@ -712,6 +715,16 @@ run_test "plan: bad input, one-line errors naming the flag (ASan)" t_plan_bad_in
 run_test "plot.py: training logs and the planner's memory bars as PNG" t_plot
 run_test "RDMA verbs absent: ./train does not link libibverbs, runs as before; verbs say why in one line" t_verbs_absent
 run_test "RDMA verbs on soft-RoCE in a QEMU guest: 1 B-64 MiB both ways checked, 8/3/1 slots, selection, dead peer" t_verbs_vm
+run_test "checkpoints: resume is bitwise (one rank, DP x ZeRO 0-3, TP, PP, interleaved, 3D)" t_ckpt_resume
+run_test "checkpoints: re-sharded to another layout equals one rank" t_ckpt_reshard
+run_test "checkpoints: the format read with numpy equals --save-model" t_ckpt_reader
+run_test "restarts: 10 injected rank deaths under --max-restarts end bitwise as the uninterrupted runs" t_ckpt_restarts
+run_test "checkpoints: flipped byte, truncated or missing shard, missing manifest, incompatible, --keep" t_ckpt_bad
+run_test "checkpoints: a full disk leaves the previous checkpoint and the run going" t_ckpt_full_disk
+run_test "SIGTERM: every rank checkpoints and exits 0; resuming is bitwise" t_ckpt_sigterm
+run_test "--skip-spikes: NaN and spiking losses are skipped on every rank" t_skip_spikes
+run_test "stragglers are reported by rank and host" t_stragglers
+run_test "safe files: outputs checked first, device nodes refused, symlinks, stale temporaries, write errors, bad input" t_safe_files
 
 if [ $skipped -gt 0 ]; then
     echo "$passed passed, $failed failed, $skipped skipped"

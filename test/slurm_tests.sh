@@ -4,7 +4,9 @@
 #   - build/test_comm, the collective suite (ranks on a node share memory, the nodes talk TCP);
 #   - data-parallel training (ZeRO-1) that must equal the single-rank run (losses and parameters
 #     within 1e-5; test/compare_runs.py);
-#   - the same training submitted with scripts/train.sbatch (local cluster only).
+#   - the same training submitted with scripts/train.sbatch (local cluster only), and again with a
+#     rank killed mid-run, which the script's restart resumes from its checkpoint, and with SIGUSR1 to
+#     the script, which requeues the job after the ranks checkpointed.
 # Prints "ok ..." or "FAIL ..." per case; exits 0 when all passed, 77 (skipped) when the cluster
 # cannot be started here (not root, no network namespaces, Slurm not installable). The cluster is
 # always torn down, also on failure and on Ctrl-C.
@@ -179,6 +181,57 @@ t_sbatch() {
     $PY "$ROOT/test/compare_runs.py" 1e-5 "$WORK/ref" "$WORK/sb" >>"$log" 2>&1
 }
 
+# --- rank 1 killed as step 5 begins, under scripts/train.sbatch with checkpoints: the script runs the job
+# step again from the newest complete checkpoint, and the model equals the uninterrupted sbatch run's,
+# byte for byte
+t_sbatch_restart() {
+    local log=$WORK/sbatch-restart.log rc
+    LLM4D_FAULT="rank=1,step=5" bounded "$log" bash -c "$SBATCH_WAIT" sbatch-wait --nodes=2 --ntasks-per-node=2 \
+        --gpus-per-node=0 --time=5 --output="$WORK/sbr-%j.out" "$ROOT/scripts/train.sbatch" "${MODEL[@]}" --zero 1 --threads 1 \
+        --comm-timeout 60 --train "$WORK/data/train.bin" --ckpt-dir "$WORK/sbr-ckpt" --ckpt-every 1 --log "$WORK/sbr.jsonl" \
+        --save-model "$WORK/sbr.bin"
+    rc=$?
+    cat "$WORK"/sbr-*.out >>"$log" 2>/dev/null
+    [ $rc -eq 0 ] || return 1
+    grep -q "restart 1 of 3 from the newest complete checkpoint" "$log" || { echo "    no restart" >>"$log"; return 1; }
+    grep -q "^resumed from $WORK/sbr-ckpt/ckpt_" "$log" || { echo "    did not resume" >>"$log"; return 1; }
+    cmp "$WORK/sb.bin" "$WORK/sbr.bin" >>"$log" 2>&1
+}
+
+# --- SIGUSR1 to the batch script (Slurm's warning before the time limit, --signal=B:USR1@120): the ranks
+# checkpoint and stop, the script requeues the job, and the job, run again, resumes and ends with the
+# model an uninterrupted job of the same layout writes, byte for byte
+t_sbatch_usr1() {
+    local log=$WORK/sbatch-usr1.log rc id i info
+    local RUN=(--nodes=2 --ntasks-per-node=2 --gpus-per-node=0 --time=5 "$ROOT/scripts/train.sbatch" "${MODEL[@]}"
+        --steps 600 --schedule constant --threads 1 --comm-timeout 60 --train "$WORK/data/train.bin")
+    bounded "$log" bash -c "$SBATCH_WAIT" sbatch-wait --output="$WORK/sbu-ref-%j.out" "${RUN[@]}" --save-model "$WORK/sbu-ref.bin" ||
+        return 1
+    id=$("${IN_CLUSTER[@]}" sbatch --parsable --output="$WORK/sbu-%j.out" "${RUN[@]}" --ckpt-dir "$WORK/sbu-ckpt" \
+        --log "$WORK/sbu.jsonl" --save-model "$WORK/sbu.bin") || return 1
+    for i in $(seq 1 600); do # until the job trains (bounded: 60 s)
+        grep -q '"step":10,' "$WORK/sbu.jsonl" 2>/dev/null && break
+        sleep 0.1
+    done
+    "${IN_CLUSTER[@]}" scancel --signal=USR1 --batch "$id" || return 1
+    rc=1
+    for i in $(seq 1 1200); do # until the requeued job completes (bounded: 120 s)
+        [ "$i" -eq 1200 ] && echo "    still not complete: $info" >>"$log"
+        info=$("${IN_CLUSTER[@]}" scontrol -o show job "$id") || break
+        case $info in
+        *JobState=COMPLETED*) rc=0; break ;;
+        *JobState=FAILED* | *JobState=TIMEOUT*) echo "    $info" >>"$log"; break ;; # (CANCELLED passes by: the requeue)
+        *Reason=BeginTime*) "${IN_CLUSTER[@]}" scontrol update JobId="$id" StartTime=now ;; # Slurm holds requeued jobs a while
+        esac
+        sleep 0.1
+    done
+    cat "$WORK"/sbu-[0-9]*.out >>"$log" 2>/dev/null
+    [ $rc -eq 0 ] || return 1
+    grep -q "^llm4d: requeueing job $id" "$log" || { echo "    not requeued" >>"$log"; return 1; }
+    grep -q "^resumed from $WORK/sbu-ckpt/ckpt_" "$log" || { echo "    did not resume" >>"$log"; return 1; }
+    cmp "$WORK/sbu-ref.bin" "$WORK/sbu.bin" >>"$log" 2>&1
+}
+
 t_comm
 verdict $? "collectives (build/test_comm) under srun, 2 nodes x 2 ranks" "$WORK/comm.log"
 if t_prepare; then
@@ -189,6 +242,12 @@ if t_prepare; then
     if [ "$MODE" = local ]; then
         t_sbatch
         verdict $? "scripts/train.sbatch, 2 nodes x 2 ranks, equals one rank" "$WORK/sbatch.log"
+        t_sbatch_restart
+        verdict $? "scripts/train.sbatch relaunches a failed job step from its checkpoint; the model is bitwise the same" \
+            "$WORK/sbatch-restart.log"
+        t_sbatch_usr1
+        verdict $? "scripts/train.sbatch: SIGUSR1 checkpoints, requeues and resumes; the model is bitwise the same" \
+            "$WORK/sbatch-usr1.log"
     fi
 else
     verdict 1 "single-rank reference run" "$WORK/ref.log"

@@ -1,0 +1,1103 @@
+// ckpt.c: checkpoints (see ckpt.h): the runs each rank owns, the writer thread, the manifest, and the
+// reader that assembles any layout's slice from any other layout's shards.
+#define _GNU_SOURCE
+#include "ckpt.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "common.h"
+
+#if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "checkpoint tensors are little-endian and written in host order"
+#endif
+
+#define FORMAT "llm4d-checkpoint"
+#define FORMAT_VERSION 1
+#define MANIFEST "manifest.json"
+#define CRC_KEY "\"manifest_crc32\""
+
+// A run: len consecutive elements at `state` of a rank's vector that are elements [full, full + len) of
+// one flattened full tensor.
+typedef struct {
+    uint64_t state, full, len;
+} Run;
+typedef struct {
+    Run *r;
+    size_t n, cap;
+    uint64_t elems;
+} Runs;
+
+static void runs_add(Runs *rs, uint64_t state, uint64_t full) {
+    if (rs->n) {
+        Run *l = &rs->r[rs->n - 1];
+        if (l->state + l->len == state && l->full + l->len == full) {
+            l->len++;
+            rs->elems++;
+            return;
+        }
+    }
+    if (rs->n == rs->cap) {
+        rs->cap = rs->cap ? 2 * rs->cap : 16;
+        rs->r = realloc(rs->r, rs->cap * sizeof(Run));
+        if (!rs->r) die("out of memory");
+    }
+    rs->r[rs->n++] = (Run){ state, full, 1 };
+    rs->elems++;
+}
+
+static void runs_free(Runs rs[NUM_PARAM_TENSORS]) {
+    for (int k = 0; k < NUM_PARAM_TENSORS; k++) free(rs[k].r);
+    memset(rs, 0, sizeof(Runs) * NUM_PARAM_TENSORS);
+}
+
+// Every element of the full model is written by one rank: the tied embedding by the first pipeline
+// stage, tensors replicated across tensor parallelism by its rank 0 (their copies are identical).
+static int writes_tensor(const GPT2 *m, int k) {
+    if ((k == P_WTE || k == P_WPE) && !m->first) return 0;
+    if (gpt2_tensor_replicated(m, k) && m->tp_rank != 0) return 0;
+    return 1;
+}
+
+// The runs of internal elements [a0, e0), which sit at state0 + (x - a0) of the rank's vector.
+static void collect_runs(const GPT2 *m, size_t a0, size_t e0, uint64_t state0, int owned_only, Runs rs[NUM_PARAM_TENSORS]) {
+    for (int k = 0; k < NUM_PARAM_TENSORS; k++) {
+        if (owned_only && !writes_tensor(m, k)) continue;
+        for (int l = 0; l < gpt2_tensor_layers(m, k); l++) {
+            size_t toff, tlen;
+            gpt2_tensor_range(m, k, l, &toff, &tlen);
+            size_t a = toff > a0 ? toff : a0, e = toff + tlen < e0 ? toff + tlen : e0;
+            for (size_t x = a; x < e; x++) {
+                size_t f = gpt2_file_index(m, k, l, x - toff);
+                if (f != SIZE_MAX) runs_add(&rs[k], state0 + (x - a0), f - m->file_offsets[k]);
+            }
+        }
+    }
+}
+
+static int by_full(const void *a, const void *b) {
+    const Run *x = a, *y = b;
+    return x->full < y->full ? -1 : x->full > y->full;
+}
+
+// The full shape of tensor k (llm.c's file layout, per-layer tensors stacked over L).
+static int full_shape(const GPT2Config *c, int k, int64_t d[3]) {
+    int64_t C = c->C, L = c->L;
+    switch (k) {
+    case P_WTE: d[0] = c->Vp, d[1] = C; return 2;
+    case P_WPE: d[0] = c->maxT, d[1] = C; return 2;
+    case P_QKVW: d[0] = L, d[1] = 3 * C, d[2] = C; return 3;
+    case P_QKVB: d[0] = L, d[1] = 3 * C; return 2;
+    case P_ATTPROJW: d[0] = L, d[1] = C, d[2] = C; return 3;
+    case P_FCW: d[0] = L, d[1] = 4 * C, d[2] = C; return 3;
+    case P_FCB: d[0] = L, d[1] = 4 * C; return 2;
+    case P_FCPROJW: d[0] = L, d[1] = C, d[2] = 4 * C; return 3;
+    case P_LNFW: case P_LNFB: d[0] = C; return 1;
+    default: d[0] = L, d[1] = C; return 2; // ln1w ln1b attprojb ln2w ln2b fcprojb
+    }
+}
+
+void ckpt_path(const char *dir, int64_t step, char *out, size_t cap) {
+    int n = snprintf(out, cap, "%s/ckpt_%08lld", dir, (long long)step);
+    if (n < 0 || (size_t)n >= cap) die("path too long: %s", dir);
+}
+
+// Checkpoint directories in dir (ckpt_<digits>), newest first.
+static int list_steps(const char *dir, int64_t **out) {
+    *out = NULL;
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    int n = 0, cap = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (strncmp(e->d_name, "ckpt_", 5) != 0) continue;
+        const char *s = e->d_name + 5;
+        char *end;
+        errno = 0;
+        long long v = strtoll(s, &end, 10);
+        if (end == s || *end || errno || v < 0) continue;
+        if (n == cap) {
+            cap = cap ? 2 * cap : 16;
+            *out = realloc(*out, sizeof(int64_t) * cap);
+            if (!*out) die("out of memory");
+        }
+        (*out)[n++] = v;
+    }
+    closedir(d);
+    for (int i = 1; i < n; i++) // newest first
+        for (int j = i; j > 0 && (*out)[j] > (*out)[j - 1]; j--) {
+            int64_t t = (*out)[j];
+            (*out)[j] = (*out)[j - 1];
+            (*out)[j - 1] = t;
+        }
+    return n;
+}
+
+static int is_complete(const char *ckdir) {
+    char p[SAFE_PATH_MAX + 32];
+    snprintf(p, sizeof p, "%s/" MANIFEST, ckdir);
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+int ckpt_newest_complete(const char *dir, int64_t *step) {
+    int64_t *steps;
+    int n = list_steps(dir, &steps), found = 0;
+    for (int i = 0; i < n && !found; i++) {
+        char d[SAFE_PATH_MAX];
+        ckpt_path(dir, steps[i], d, sizeof d);
+        if ((found = is_complete(d))) *step = steps[i];
+    }
+    free(steps);
+    return found;
+}
+
+// Removes a checkpoint directory and the files in it.
+static int remove_dir(const char *path) {
+    DIR *d = opendir(path);
+    if (!d) return errno == ENOENT ? 0 : -1;
+    struct dirent *e;
+    int rc = 0;
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        char p[2 * SAFE_PATH_MAX];
+        snprintf(p, sizeof p, "%s/%s", path, e->d_name);
+        if (unlink(p) != 0) rc = -1;
+    }
+    closedir(d);
+    if (rmdir(path) != 0) rc = -1;
+    return rc;
+}
+
+// Removes temporaries (NAME.tmp.PID) left in a checkpoint directory by processes that no longer run.
+static void clean_stale_in(const char *ckdir) {
+    DIR *d = opendir(ckdir);
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        const char *t = strstr(e->d_name, ".tmp.");
+        if (!t) continue;
+        char p[2 * SAFE_PATH_MAX];
+        snprintf(p, sizeof p, "%s/%.*s", ckdir, (int)(t - e->d_name), e->d_name);
+        safe_clean_stale(p);
+    }
+    closedir(d);
+}
+
+int ckpt_prepare_dir(const char *dir, int64_t start, int resumed, int remove_newer, char *err, size_t cap) {
+    int64_t *steps;
+    int n = list_steps(dir, &steps), rc = 0;
+    for (int i = 0; i < n && rc == 0; i++) {
+        char d[SAFE_PATH_MAX];
+        ckpt_path(dir, steps[i], d, sizeof d);
+        if (!is_complete(d)) {
+            if (remove_dir(d) == 0) printf("removed the incomplete checkpoint %s\n", d);
+            continue;
+        }
+        if (!resumed) {
+            snprintf(err, cap, "--ckpt-dir %s already holds checkpoints (the newest of step %lld): pass --resume to continue "
+                     "from it, or choose another directory", dir, (long long)steps[0]);
+            rc = -1;
+        } else if (steps[i] > start) {
+            if (!remove_newer) {
+                snprintf(err, cap, "--ckpt-dir %s holds a checkpoint (step %lld) newer than the one resumed from (step %lld), "
+                         "which training on would overwrite: move it away or choose another --ckpt-dir", dir,
+                         (long long)steps[i], (long long)start);
+                rc = -1;
+            } else if (remove_dir(d) == 0) {
+                printf("removed the unusable checkpoint %s\n", d);
+            }
+        } else {
+            clean_stale_in(d);
+        }
+    }
+    free(steps);
+    fflush(stdout);
+    return rc;
+}
+
+// ---------------------------------------------------------------------------------------------
+// the writer
+
+enum { JOB_SHARD, JOB_MANIFEST, JOB_REMOVE };
+typedef struct {
+    int kind;
+    int64_t step;
+    char *text; // the manifest
+    size_t text_len;
+    uint64_t bytes;
+    double write_s;
+} Job;
+
+#define QUEUE 8
+
+struct Ckpt {
+    char dir[SAFE_PATH_MAX];
+    GPT2 *model;
+    Zero *zero;
+    Comm *world;
+    int rank, nranks, keep;
+    Runs own[NUM_PARAM_TENSORS]; // state = position in the shard vector (zero.h)
+    size_t shard_elems;
+    float *snap_master, *snap_m, *snap_v; // the staged copy the writer thread reads
+    int64_t kill_step;
+    int inflight; // a checkpoint is staged and not yet finalized (every rank agrees)
+    CkptMeta meta; // its description
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    Job queue[QUEUE];
+    int qlen, busy, stop;
+    // the shard job's outcome (under mu)
+    int shard_done, shard_failed;
+    uint64_t shard_bytes;
+    uint32_t shard_crc;
+    double shard_s;
+    char shard_err[512];
+    // rank 0: finished checkpoints, for the log (under mu)
+    CkptEvent events[QUEUE];
+    int nevents;
+};
+
+static void push_event(Ckpt *c, const CkptEvent *ev) {
+    pthread_mutex_lock(&c->mu);
+    if (c->nevents < QUEUE) c->events[c->nevents++] = *ev;
+    pthread_mutex_unlock(&c->mu);
+}
+
+// The safetensors header of this rank's shard, padded with spaces to a multiple of 8 bytes.
+static char *shard_header(const Ckpt *c, int64_t step, size_t *len) {
+    json_t *h = json_object(), *meta = json_object();
+    char buf[96];
+    json_object_set_new(meta, "format", json_string(FORMAT));
+    snprintf(buf, sizeof buf, "%d", FORMAT_VERSION);
+    json_object_set_new(meta, "version", json_string(buf));
+    snprintf(buf, sizeof buf, "%lld", (long long)step);
+    json_object_set_new(meta, "step", json_string(buf));
+    snprintf(buf, sizeof buf, "%d", c->rank);
+    json_object_set_new(meta, "rank", json_string(buf));
+    snprintf(buf, sizeof buf, "%d", c->nranks);
+    json_object_set_new(meta, "ranks", json_string(buf));
+    for (int k = 0; k < NUM_PARAM_TENSORS; k++) {
+        int64_t d[3];
+        int nd = full_shape(&c->model->cfg, k, d);
+        int w = snprintf(buf, sizeof buf, "[%lld", (long long)d[0]);
+        for (int i = 1; i < nd; i++) w += snprintf(buf + w, sizeof buf - w, ", %lld", (long long)d[i]);
+        snprintf(buf + w, sizeof buf - w, "]");
+        char key[32];
+        snprintf(key, sizeof key, "shape.%s", PARAM_NAMES[k]);
+        json_object_set_new(meta, key, json_string(buf));
+    }
+    json_object_set_new(h, "__metadata__", meta);
+    uint64_t off = 0;
+    for (int k = 0; k < NUM_PARAM_TENSORS; k++) {
+        const Runs *rs = &c->own[k];
+        if (!rs->n) continue;
+        static const char *const what[] = { "runs", "master", "m", "v" };
+        for (int q = 0; q < 4; q++) {
+            uint64_t bytes = q == 0 ? rs->n * 16 : rs->elems * 4;
+            json_t *t = json_object();
+            json_object_set_new(t, "dtype", json_string(q == 0 ? "I64" : "F32"));
+            json_t *shape = json_array();
+            json_array_append_new(shape, json_integer(q == 0 ? (json_int_t)rs->n : (json_int_t)rs->elems));
+            if (q == 0) json_array_append_new(shape, json_integer(2));
+            json_object_set_new(t, "shape", shape);
+            json_t *offs = json_array();
+            json_array_append_new(offs, json_integer((json_int_t)off));
+            json_array_append_new(offs, json_integer((json_int_t)(off + bytes)));
+            json_object_set_new(t, "data_offsets", offs);
+            char key[32];
+            snprintf(key, sizeof key, "%s.%s", PARAM_NAMES[k], what[q]);
+            json_object_set_new(h, key, t);
+            off += bytes;
+        }
+    }
+    char *text = json_dumps(h, JSON_COMPACT);
+    json_decref(h);
+    if (!text) die("out of memory");
+    size_t n = strlen(text), padded = (n + 7) / 8 * 8;
+    char *out = xmalloc(padded + 1);
+    memcpy(out, text, n);
+    memset(out + n, ' ', padded - n);
+    out[padded] = 0;
+    free(text);
+    *len = padded;
+    return out;
+}
+
+static void write_shard(Ckpt *c, int64_t step) {
+    double t0 = now_seconds();
+    char d[SAFE_PATH_MAX], path[SAFE_PATH_MAX + 64];
+    ckpt_path(c->dir, step, d, sizeof d);
+    snprintf(path, sizeof path, "%s/rank_%05d.safetensors", d, c->rank);
+    SafeFile sf;
+    memset(&sf, 0, sizeof sf);
+    int ok = !(mkdir(d, 0755) != 0 && errno != EEXIST);
+    if (!ok) snprintf(sf.err, sizeof sf.err, "cannot create %s: %s", d, strerror(errno));
+    else ok = safe_open(&sf, path) == 0;
+    size_t hlen;
+    char *header = shard_header(c, step, &hlen);
+    uint64_t hl = hlen;
+    ok = ok && safe_write(&sf, &hl, 8) == 0 && safe_write(&sf, header, hlen) == 0;
+    free(header);
+    float *src[3] = { c->snap_master, c->snap_m, c->snap_v };
+    int64_t pairs[2 * 256];
+    for (int k = 0; k < NUM_PARAM_TENSORS && ok; k++) {
+        const Runs *rs = &c->own[k];
+        for (size_t i = 0; i < rs->n && ok; i += 256) { // the runs, as (start, length) pairs
+            size_t m = rs->n - i < 256 ? rs->n - i : 256;
+            for (size_t j = 0; j < m; j++) {
+                pairs[2 * j] = (int64_t)rs->r[i + j].full;
+                pairs[2 * j + 1] = (int64_t)rs->r[i + j].len;
+            }
+            ok = safe_write(&sf, pairs, m * 16) == 0;
+        }
+        for (int q = 0; q < 3 && ok; q++)
+            for (size_t i = 0; i < rs->n && ok; i++) ok = safe_write(&sf, src[q] + rs->r[i].state, rs->r[i].len * 4) == 0;
+        if (step == c->kill_step && ok) { // testing aid: die mid-write, leaving the temporary behind
+            fflush(sf.f);
+            raise(SIGKILL);
+        }
+    }
+    ok = ok && safe_commit(&sf) == 0;
+    if (!ok) safe_abort(&sf);
+    pthread_mutex_lock(&c->mu);
+    c->shard_done = 1;
+    c->shard_failed = !ok;
+    c->shard_bytes = sf.bytes;
+    c->shard_crc = sf.crc;
+    c->shard_s = now_seconds() - t0;
+    snprintf(c->shard_err, sizeof c->shard_err, "%.500s", ok ? "" : sf.err);
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+// --keep: removes the oldest complete checkpoints beyond the newest `keep`.
+static void prune(Ckpt *c) {
+    if (c->keep <= 0) return;
+    int64_t *steps;
+    int n = list_steps(c->dir, &steps), kept = 0;
+    for (int i = 0; i < n; i++) {
+        char d[SAFE_PATH_MAX];
+        ckpt_path(c->dir, steps[i], d, sizeof d);
+        if (!is_complete(d)) continue;
+        if (++kept > c->keep && remove_dir(d) != 0)
+            fprintf(stderr, "warning: --keep: cannot remove %s: %s\n", d, strerror(errno));
+    }
+    free(steps);
+}
+
+static void write_manifest(Ckpt *c, const Job *j) {
+    CkptEvent ev = { .step = j->step, .bytes = j->bytes, .write_s = j->write_s };
+    char d[SAFE_PATH_MAX], path[SAFE_PATH_MAX + 32];
+    ckpt_path(c->dir, j->step, d, sizeof d);
+    snprintf(path, sizeof path, "%s/" MANIFEST, d);
+    snprintf(ev.path, sizeof ev.path, "%s", d);
+    SafeFile sf;
+    ev.ok = safe_open(&sf, path) == 0 && safe_write(&sf, j->text, j->text_len) == 0 && safe_commit(&sf) == 0;
+    if (ev.ok && fsync_dir(c->dir) != 0) { // the checkpoint's directory entry, too
+        snprintf(sf.err, sizeof sf.err, "fsync of %s: %s", c->dir, strerror(errno));
+        ev.ok = 0;
+    }
+    if (ev.ok) {
+        prune(c);
+    } else {
+        snprintf(ev.msg, sizeof ev.msg, "%.500s", sf.err);
+        remove_dir(d); // an incomplete checkpoint only takes space
+    }
+    push_event(c, &ev);
+}
+
+static void *writer_main(void *arg) {
+    Ckpt *c = arg;
+    pthread_mutex_lock(&c->mu);
+    for (;;) {
+        while (!c->qlen && !c->stop) pthread_cond_wait(&c->cv, &c->mu);
+        if (!c->qlen) break;
+        Job j = c->queue[0];
+        memmove(c->queue, c->queue + 1, sizeof(Job) * (size_t)(--c->qlen));
+        c->busy = 1;
+        pthread_mutex_unlock(&c->mu);
+        if (j.kind == JOB_SHARD) {
+            write_shard(c, j.step);
+        } else if (j.kind == JOB_MANIFEST) {
+            write_manifest(c, &j);
+        } else {
+            char d[SAFE_PATH_MAX];
+            ckpt_path(c->dir, j.step, d, sizeof d);
+            remove_dir(d);
+        }
+        free(j.text);
+        pthread_mutex_lock(&c->mu);
+        c->busy = 0;
+        pthread_cond_broadcast(&c->cv);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return NULL;
+}
+
+static void enqueue(Ckpt *c, const Job *j) {
+    pthread_mutex_lock(&c->mu);
+    while (c->qlen == QUEUE) pthread_cond_wait(&c->cv, &c->mu);
+    c->queue[c->qlen++] = *j;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+Ckpt *ckpt_open(const char *dir, GPT2 *model, Zero *zero, Comm *world, int keep) {
+    Ckpt *c = xcalloc(1, sizeof(Ckpt));
+    snprintf(c->dir, sizeof c->dir, "%s", dir);
+    c->model = model;
+    c->zero = zero;
+    c->world = world;
+    c->rank = world ? comm_rank(world) : 0;
+    c->nranks = world ? comm_size(world) : 1;
+    c->keep = keep;
+    c->kill_step = -1;
+    for (int b = 0; b < zero->nbuckets; b++)
+        collect_runs(model, zero->own_off[b], zero->own_off[b] + zero->own_len[b], zero->shard_pos[b], 1, c->own);
+    c->shard_elems = zero->shard_elems;
+    // touched now, so that the first checkpoint's stall does not include the page faults
+    c->snap_master = xmalloc(sizeof(float) * (c->shard_elems + 1));
+    c->snap_m = xmalloc(sizeof(float) * (c->shard_elems + 1));
+    c->snap_v = xmalloc(sizeof(float) * (c->shard_elems + 1));
+    memset(c->snap_master, 0, sizeof(float) * c->shard_elems);
+    memset(c->snap_m, 0, sizeof(float) * c->shard_elems);
+    memset(c->snap_v, 0, sizeof(float) * c->shard_elems);
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv, NULL);
+    int e = pthread_create(&c->thread, NULL, writer_main, c);
+    if (e) die("cannot start the checkpoint writer thread: %s", strerror(e));
+    return c;
+}
+
+size_t ckpt_staging_bytes(const Ckpt *c) { return 3 * sizeof(float) * c->shard_elems; }
+
+void ckpt_kill_during_write(Ckpt *c, int64_t step) { c->kill_step = step; }
+
+int32_t ckpt_writing(Ckpt *c) {
+    if (!c->inflight) return 0;
+    pthread_mutex_lock(&c->mu);
+    int done = c->shard_done;
+    pthread_mutex_unlock(&c->mu);
+    return !done;
+}
+
+static void wait_own_shard(Ckpt *c) {
+    pthread_mutex_lock(&c->mu);
+    while (!c->shard_done) pthread_cond_wait(&c->cv, &c->mu);
+    pthread_mutex_unlock(&c->mu);
+}
+
+// The manifest: the description, then every shard's file, size and crc32, then manifest_crc32.
+static char *manifest_text(const Ckpt *c, const int64_t *all, size_t *len) {
+    const CkptMeta *mt = &c->meta;
+    json_t *r = json_object();
+    json_object_set_new(r, "format", json_string(FORMAT));
+    json_object_set_new(r, "version", json_integer(FORMAT_VERSION));
+    json_object_set_new(r, "step", json_integer(mt->step));
+    json_object_set_new(r, "adam_t", json_integer(mt->adam_t));
+    json_object_set_new(r, "seed", json_integer((json_int_t)mt->seed));
+    json_object_set_new(r, "shuffle", json_boolean(mt->shuffle));
+    json_t *mo = json_object();
+    json_object_set_new(mo, "layers", json_integer(mt->model.L));
+    json_object_set_new(mo, "channels", json_integer(mt->model.C));
+    json_object_set_new(mo, "heads", json_integer(mt->model.NH));
+    json_object_set_new(mo, "vocab", json_integer(mt->model.V));
+    json_object_set_new(mo, "padded_vocab", json_integer(mt->model.Vp));
+    json_object_set_new(mo, "max_seq_len", json_integer(mt->model.maxT));
+    json_object_set_new(r, "model", mo);
+    json_t *la = json_object();
+    json_object_set_new(la, "ranks", json_integer(mt->ranks));
+    json_object_set_new(la, "dp", json_integer(mt->dp));
+    json_object_set_new(la, "tp", json_integer(mt->tp));
+    json_object_set_new(la, "pp", json_integer(mt->pp));
+    json_object_set_new(la, "pp_virtual", json_integer(mt->pp_virtual));
+    json_object_set_new(la, "zero", json_integer(mt->zero));
+    json_object_set_new(la, "sp", json_boolean(mt->sp));
+    json_object_set_new(la, "bucket_mb", json_real(mt->bucket_mb));
+    json_object_set_new(la, "dtype", json_string(mt->dtype));
+    json_object_set_new(la, "micro_batch", json_integer(mt->micro_batch));
+    json_object_set_new(la, "seq_len", json_integer(mt->seq_len));
+    json_object_set_new(la, "batch_tokens", json_integer(mt->batch_tokens));
+    json_object_set_new(r, "layout", la);
+    json_t *da = json_object();
+    json_object_set_new(da, "train", json_string(mt->train));
+    json_object_set_new(da, "tokens", json_integer((json_int_t)mt->train_tokens));
+    json_object_set_new(da, "next_sequence", json_integer(mt->step * (mt->batch_tokens / mt->seq_len)));
+    json_object_set_new(r, "data", da);
+    json_t *op = json_object();
+    json_object_set_new(op, "schedule", json_string(mt->schedule));
+    json_object_set_new(op, "lr", json_real(mt->lr));
+    json_object_set_new(op, "lr_min_frac", json_real(mt->lr_min_frac));
+    json_object_set_new(op, "warmup", json_integer(mt->warmup));
+    json_object_set_new(op, "steps", json_integer(mt->steps));
+    json_object_set_new(op, "beta1", json_real(mt->beta1));
+    json_object_set_new(op, "beta2", json_real(mt->beta2));
+    json_object_set_new(op, "eps", json_real(mt->eps));
+    json_object_set_new(op, "weight_decay", json_real(mt->weight_decay));
+    json_object_set_new(op, "clip", json_real(mt->clip));
+    json_object_set_new(r, "optimizer", op);
+    json_t *sk = json_object(), *hl = json_array(), *hn = json_array();
+    json_object_set_new(sk, "threshold", json_real(mt->skip_spikes));
+    json_object_set_new(sk, "skipped", json_integer(mt->skipped));
+    for (int i = 0; i < mt->nhist; i++) {
+        json_array_append_new(hl, json_real(mt->hist_loss[i]));
+        json_array_append_new(hn, json_real(mt->hist_norm[i]));
+    }
+    json_object_set_new(sk, "loss", hl);
+    json_object_set_new(sk, "norm", hn);
+    json_object_set_new(r, "skip_spikes", sk);
+    json_t *sh = json_array();
+    for (int q = 0; q < c->nranks; q++) {
+        json_t *s = json_object();
+        char name[32];
+        snprintf(name, sizeof name, "rank_%05d.safetensors", q);
+        json_object_set_new(s, "file", json_string(name));
+        json_object_set_new(s, "rank", json_integer(q));
+        json_object_set_new(s, "bytes", json_integer(all[4 * q]));
+        json_object_set_new(s, "crc32", json_integer(all[4 * q + 1]));
+        json_array_append(sh, s);
+        json_decref(s);
+    }
+    json_object_set_new(r, "shards", sh);
+    char *body = json_dumps(r, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
+    json_decref(r);
+    if (!body) die("out of memory");
+    size_t n = strlen(body);
+    while (n && body[n - 1] != '}') n--; // reopen the object for its last member
+    n--;
+    while (n && (body[n - 1] == '\n' || body[n - 1] == ' ')) n--;
+    char *out = xmalloc(n + 64);
+    memcpy(out, body, n);
+    n += (size_t)sprintf(out + n, ",\n  ");
+    uint32_t crc = (uint32_t)crc32(crc32(0L, Z_NULL, 0), (const Bytef *)out, (uInt)n);
+    n += (size_t)sprintf(out + n, CRC_KEY ": %u\n}\n", crc);
+    free(body);
+    *len = n;
+    return out;
+}
+
+// Every rank's shard of the checkpoint in flight is written (or failed): rank 0 writes the manifest,
+// or gives the checkpoint up. Collective.
+static void finalize(Ckpt *c) {
+    int64_t mine[4];
+    char err[512];
+    pthread_mutex_lock(&c->mu);
+    mine[0] = (int64_t)c->shard_bytes;
+    mine[1] = c->shard_crc;
+    mine[2] = (int64_t)(c->shard_s * 1e9);
+    mine[3] = c->shard_failed;
+    snprintf(err, sizeof err, "%s", c->shard_err);
+    pthread_mutex_unlock(&c->mu);
+    int64_t *all = xmalloc(sizeof(int64_t) * 4 * c->nranks);
+    if (c->world) comm_all_gather(c->world, mine, all, 4 * (size_t)c->nranks, CT_I64);
+    else memcpy(all, mine, sizeof mine);
+    int failed = -1;
+    uint64_t bytes = 0;
+    double slowest = 0;
+    for (int q = 0; q < c->nranks; q++) {
+        if (all[4 * q + 3] && failed < 0) failed = q;
+        bytes += (uint64_t)all[4 * q];
+        if (all[4 * q + 2] * 1e-9 > slowest) slowest = all[4 * q + 2] * 1e-9;
+    }
+    if (failed >= 0) { // the failing rank's reason, for rank 0's one line
+        char *msgs = xmalloc(sizeof err * c->nranks);
+        if (c->world) comm_all_gather(c->world, err, msgs, sizeof err / 4 * c->nranks, CT_I32);
+        else memcpy(msgs, err, sizeof err);
+        if (c->rank == 0) {
+            CkptEvent ev = { .step = c->meta.step };
+            ckpt_path(c->dir, c->meta.step, ev.path, sizeof ev.path);
+            snprintf(ev.msg, sizeof ev.msg, "rank %d: %.400s", failed, msgs + sizeof err * failed);
+            fprintf(stderr, "warning: the checkpoint of step %lld was not written (%s); training goes on, and the "
+                    "previous complete checkpoint stays the newest\n", (long long)c->meta.step, ev.msg);
+            push_event(c, &ev);
+            enqueue(c, &(Job){ .kind = JOB_REMOVE, .step = c->meta.step });
+        }
+        free(msgs);
+    } else if (c->rank == 0) {
+        Job j = { .kind = JOB_MANIFEST, .step = c->meta.step, .bytes = bytes, .write_s = slowest };
+        j.text = manifest_text(c, all, &j.text_len);
+        enqueue(c, &j);
+    }
+    free(all);
+    c->inflight = 0;
+}
+
+void ckpt_advance(Ckpt *c, int32_t any_writing) {
+    if (c->inflight && !any_writing) finalize(c);
+}
+
+static void settle(Ckpt *c) { // the checkpoint in flight, finalized
+    if (!c->inflight) return;
+    wait_own_shard(c);
+    finalize(c);
+}
+
+double ckpt_save(Ckpt *c, const CkptMeta *meta) {
+    double t0 = now_seconds();
+    settle(c);
+    zero_state_to_host(c->zero, c->snap_master, c->snap_m, c->snap_v);
+    c->meta = *meta;
+    pthread_mutex_lock(&c->mu);
+    c->shard_done = c->shard_failed = 0;
+    pthread_mutex_unlock(&c->mu);
+    c->inflight = 1;
+    enqueue(c, &(Job){ .kind = JOB_SHARD, .step = meta->step });
+    return now_seconds() - t0;
+}
+
+void ckpt_finish(Ckpt *c) {
+    settle(c);
+    pthread_mutex_lock(&c->mu); // rank 0: its manifest written
+    while (c->qlen || c->busy) pthread_cond_wait(&c->cv, &c->mu);
+    pthread_mutex_unlock(&c->mu);
+}
+
+int ckpt_event(Ckpt *c, CkptEvent *ev) {
+    pthread_mutex_lock(&c->mu);
+    int got = c->nevents > 0;
+    if (got) {
+        *ev = c->events[0];
+        memmove(c->events, c->events + 1, sizeof(CkptEvent) * (size_t)(--c->nevents));
+    }
+    pthread_mutex_unlock(&c->mu);
+    return got;
+}
+
+void ckpt_close(Ckpt *c) {
+    ckpt_finish(c);
+    pthread_mutex_lock(&c->mu);
+    c->stop = 1;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    pthread_join(c->thread, NULL);
+    pthread_mutex_destroy(&c->mu);
+    pthread_cond_destroy(&c->cv);
+    runs_free(c->own);
+    free(c->snap_master);
+    free(c->snap_m);
+    free(c->snap_v);
+    free(c);
+}
+
+// ---------------------------------------------------------------------------------------------
+// the reader
+
+enum { LOAD_OK, LOAD_INCOMPLETE, LOAD_UNUSABLE, LOAD_INCOMPATIBLE };
+
+static int read_file(const char *path, unsigned char **buf, size_t *len, size_t limit, char *why, size_t cap) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return snprintf(why, cap, "%s: %s", path, strerror(errno)), -1;
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (size_t)st.st_size > limit) {
+        close(fd);
+        return snprintf(why, cap, "%s: not a regular file of at most %zu bytes", path, limit), -1;
+    }
+    *len = (size_t)st.st_size;
+    *buf = xmalloc(*len + 1);
+    size_t got = 0;
+    while (got < *len) {
+        ssize_t r = read(fd, *buf + got, *len - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            int e = r < 0 ? errno : EIO;
+            close(fd);
+            free(*buf);
+            return snprintf(why, cap, "%s: %s", path, strerror(e)), -1;
+        }
+        got += (size_t)r;
+    }
+    close(fd);
+    (*buf)[*len] = 0;
+    return 0;
+}
+
+static uint32_t crc_of(const unsigned char *p, size_t n) {
+    uLong crc = crc32(0L, Z_NULL, 0);
+    for (size_t done = 0; done < n;) {
+        size_t take = n - done < (1u << 30) ? n - done : (1u << 30);
+        crc = crc32(crc, p + done, (uInt)take);
+        done += take;
+    }
+    return (uint32_t)crc;
+}
+
+// Numbers and strings of the manifest: 0 when a member is missing or of the wrong type.
+static int get_int(json_t *o, const char *key, long long *out) {
+    json_t *v = json_object_get(o, key);
+    if (!json_is_integer(v)) return 0;
+    *out = json_integer_value(v);
+    return 1;
+}
+static int get_num(json_t *o, const char *key, double *out) {
+    json_t *v = json_object_get(o, key);
+    if (!json_is_number(v)) return 0;
+    *out = json_number_value(v);
+    return 1;
+}
+static int get_str(json_t *o, const char *key, char *out, size_t cap) {
+    json_t *v = json_object_get(o, key);
+    if (!json_is_string(v)) return 0;
+    snprintf(out, cap, "%s", json_string_value(v));
+    return 1;
+}
+
+// The manifest's description of the run into meta; returns the member that is missing, or NULL.
+static const char *parse_meta(json_t *r, CkptMeta *mt) {
+    long long i;
+    double d;
+    memset(mt, 0, sizeof *mt);
+#define INT(obj, key, field) if (!get_int(obj, key, &i)) return key; mt->field = i;
+#define NUM(obj, key, field) if (!get_num(obj, key, &d)) return key; mt->field = d;
+    char s[64];
+    if (!get_str(r, "format", s, sizeof s) || strcmp(s, FORMAT)) return "format";
+    if (!get_int(r, "version", &i) || i != FORMAT_VERSION) return "version";
+    INT(r, "step", step);
+    INT(r, "adam_t", adam_t);
+    INT(r, "seed", seed);
+    mt->shuffle = json_is_true(json_object_get(r, "shuffle"));
+    json_t *mo = json_object_get(r, "model"), *la = json_object_get(r, "layout"), *da = json_object_get(r, "data");
+    json_t *op = json_object_get(r, "optimizer"), *sk = json_object_get(r, "skip_spikes");
+    if (!json_is_object(mo)) return "model";
+    if (!json_is_object(la)) return "layout";
+    if (!json_is_object(da)) return "data";
+    if (!json_is_object(op)) return "optimizer";
+    if (!json_is_object(sk)) return "skip_spikes";
+    INT(mo, "layers", model.L);
+    INT(mo, "channels", model.C);
+    INT(mo, "heads", model.NH);
+    INT(mo, "vocab", model.V);
+    INT(mo, "padded_vocab", model.Vp);
+    INT(mo, "max_seq_len", model.maxT);
+    INT(la, "ranks", ranks);
+    INT(la, "dp", dp);
+    INT(la, "tp", tp);
+    INT(la, "pp", pp);
+    INT(la, "pp_virtual", pp_virtual);
+    INT(la, "zero", zero);
+    mt->sp = json_is_true(json_object_get(la, "sp"));
+    NUM(la, "bucket_mb", bucket_mb);
+    if (!get_str(la, "dtype", mt->dtype, sizeof mt->dtype)) return "dtype";
+    INT(la, "micro_batch", micro_batch);
+    INT(la, "seq_len", seq_len);
+    INT(la, "batch_tokens", batch_tokens);
+    if (!get_str(da, "train", mt->train, sizeof mt->train)) return "train";
+    INT(da, "tokens", train_tokens);
+    if (!get_str(op, "schedule", mt->schedule, sizeof mt->schedule)) return "schedule";
+    NUM(op, "lr", lr);
+    NUM(op, "lr_min_frac", lr_min_frac);
+    INT(op, "warmup", warmup);
+    INT(op, "steps", steps);
+    NUM(op, "beta1", beta1);
+    NUM(op, "beta2", beta2);
+    NUM(op, "eps", eps);
+    NUM(op, "weight_decay", weight_decay);
+    NUM(op, "clip", clip);
+    NUM(sk, "threshold", skip_spikes);
+    INT(sk, "skipped", skipped);
+    json_t *hl = json_object_get(sk, "loss"), *hn = json_object_get(sk, "norm");
+    if (!json_is_array(hl) || !json_is_array(hn) || json_array_size(hl) != json_array_size(hn) ||
+        json_array_size(hl) > SPIKE_WINDOW)
+        return "skip_spikes";
+    mt->nhist = (int)json_array_size(hl);
+    for (int k = 0; k < mt->nhist; k++) {
+        if (!json_is_number(json_array_get(hl, k)) || !json_is_number(json_array_get(hn, k))) return "skip_spikes";
+        mt->hist_loss[k] = (float)json_number_value(json_array_get(hl, k));
+        mt->hist_norm[k] = (float)json_number_value(json_array_get(hn, k));
+    }
+#undef INT
+#undef NUM
+    if (mt->step < 0 || mt->adam_t < 0 || mt->adam_t > mt->step || mt->seq_len <= 0 || mt->ranks <= 0) return "step";
+    return NULL;
+}
+
+// What a run cannot change and still continue the checkpoint: the model and the data order.
+static int compatible(const char *d, const CkptMeta *a, const CkptMeta *now, char *why, size_t cap) {
+    const GPT2Config *x = &a->model, *y = &now->model;
+    if (x->V != y->V)
+        return snprintf(why, cap, "checkpoint %s holds a model with a vocabulary of %d, this run's has %d", d, x->V, y->V), 0;
+    if (x->L != y->L || x->C != y->C || x->NH != y->NH || x->maxT != y->maxT || x->Vp != y->Vp)
+        return snprintf(why, cap, "checkpoint %s holds another model shape (layers %d, channels %d, heads %d, max seq len %d; "
+                        "this run: %d, %d, %d, %d)", d, x->L, x->C, x->NH, x->maxT, y->L, y->C, y->NH, y->maxT), 0;
+    if (a->seq_len != now->seq_len || a->batch_tokens != now->batch_tokens)
+        return snprintf(why, cap, "checkpoint %s was trained with --seq-len %d --batch-tokens %lld, this run has %d and %lld: "
+                        "the data position would not carry over", d, a->seq_len, a->batch_tokens, now->seq_len,
+                        now->batch_tokens), 0;
+    if (a->shuffle != now->shuffle)
+        return snprintf(why, cap, "checkpoint %s was trained %s --shuffle, this run %s it: the data order would not carry "
+                        "over", d, a->shuffle ? "with" : "without", now->shuffle ? "has" : "lacks"), 0;
+    if (a->shuffle && a->seed != now->seed)
+        return snprintf(why, cap, "checkpoint %s was shuffled with --seed %llu, this run has %llu: the data order would not "
+                        "carry over", d, (unsigned long long)a->seed, (unsigned long long)now->seed), 0;
+    if (now->train_tokens && a->train_tokens != now->train_tokens)
+        return snprintf(why, cap, "checkpoint %s was trained on %llu tokens of --train data, this run's has %llu", d,
+                        (unsigned long long)a->train_tokens, (unsigned long long)now->train_tokens), 0;
+    return 1;
+}
+
+// One tensor's values from a shard: src holds len values of each of the runs rs (full coordinates), in
+// run order; need holds this rank's runs of the same tensor, sorted by full position.
+static uint64_t scatter(const Runs *need, const int64_t *pairs, size_t nruns, const unsigned char *src[3], float *dst[3]) {
+    uint64_t copied = 0, pos = 0;
+    for (size_t i = 0; i < nruns; i++) {
+        uint64_t fs = (uint64_t)pairs[2 * i], len = (uint64_t)pairs[2 * i + 1], fe = fs + len;
+        size_t lo = 0, hi = need->n; // the first needed run that ends after fs
+        while (lo < hi) {
+            size_t mid = (lo + hi) / 2;
+            if (need->r[mid].full + need->r[mid].len <= fs) lo = mid + 1;
+            else hi = mid;
+        }
+        for (size_t j = lo; j < need->n && need->r[j].full < fe; j++) {
+            const Run *n = &need->r[j];
+            uint64_t a = n->full > fs ? n->full : fs, e = n->full + n->len < fe ? n->full + n->len : fe;
+            for (int q = 0; q < 3; q++)
+                memcpy(dst[q] + n->state + (a - n->full), src[q] + 4 * (pos + (a - fs)), 4 * (e - a));
+            copied += e - a;
+        }
+        pos += len;
+    }
+    return copied;
+}
+
+// Reads one shard into this rank's arrays; returns 0, or -1 with why (naming the file).
+static int read_shard(const char *file, const unsigned char *buf, size_t len, const CkptMeta *mt, int rank,
+                      const GPT2Config *cfg, const Runs need[NUM_PARAM_TENSORS], float *dst[3],
+                      uint64_t copied[NUM_PARAM_TENSORS], char *why, size_t cap) {
+    uint64_t hl;
+    if (len < 8) return snprintf(why, cap, "%s: shorter than a safetensors header", file), -1;
+    memcpy(&hl, buf, 8);
+    if (hl > len - 8) return snprintf(why, cap, "%s: header length %llu past the end of the file", file, (unsigned long long)hl), -1;
+    json_error_t jerr;
+    json_t *h = json_loadb((const char *)buf + 8, (size_t)hl, 0, &jerr);
+    if (!h) return snprintf(why, cap, "%s: malformed header: %s", file, jerr.text), -1;
+    const unsigned char *data = buf + 8 + hl;
+    uint64_t dlen = len - 8 - hl;
+    int rc = -1;
+    json_t *meta = json_object_get(h, "__metadata__");
+    char s[64] = "", want[32];
+    snprintf(want, sizeof want, "%lld", (long long)mt->step);
+    if (!get_str(meta, "format", s, sizeof s) || strcmp(s, FORMAT)) {
+        snprintf(why, cap, "%s: not an llm4d checkpoint shard", file);
+        goto out;
+    }
+    if (!get_str(meta, "step", s, sizeof s) || strcmp(s, want)) {
+        snprintf(why, cap, "%s: holds step %s, the manifest says %s", file, s, want);
+        goto out;
+    }
+    snprintf(want, sizeof want, "%d", rank);
+    if (!get_str(meta, "rank", s, sizeof s) || strcmp(s, want)) {
+        snprintf(why, cap, "%s: holds rank %s, the manifest says %s", file, s, want);
+        goto out;
+    }
+    for (int k = 0; k < NUM_PARAM_TENSORS; k++) {
+        static const char *const what[] = { "runs", "master", "m", "v" };
+        const unsigned char *p[4];
+        uint64_t n[4];
+        int present = 0;
+        for (int q = 0; q < 4; q++) {
+            char key[32];
+            snprintf(key, sizeof key, "%s.%s", PARAM_NAMES[k], what[q]);
+            json_t *t = json_object_get(h, key), *off = json_object_get(t, "data_offsets");
+            if (!t) continue;
+            present++;
+            const char *dt = json_string_value(json_object_get(t, "dtype"));
+            json_t *shape = json_object_get(t, "shape");
+            json_int_t a = json_integer_value(json_array_get(off, 0)), e = json_integer_value(json_array_get(off, 1));
+            json_int_t n0 = json_integer_value(json_array_get(shape, 0));
+            size_t es = q == 0 ? 16 : 4;
+            if (!dt || strcmp(dt, q == 0 ? "I64" : "F32") || json_array_size(shape) != (q == 0 ? 2u : 1u) || a < 0 ||
+                e < a || (uint64_t)e > dlen || n0 < 0 || (uint64_t)n0 > dlen / es || (uint64_t)(e - a) != (uint64_t)n0 * es) {
+                snprintf(why, cap, "%s: malformed tensor %s", file, key);
+                goto out;
+            }
+            p[q] = data + a;
+            n[q] = (uint64_t)n0;
+        }
+        if (present == 0) continue;
+        if (present != 4) {
+            snprintf(why, cap, "%s: tensor %s lacks some of runs, master, m and v", file, PARAM_NAMES[k]);
+            goto out;
+        }
+        int64_t d[3];
+        int nd = full_shape(cfg, k, d);
+        uint64_t full = 1, total = 0;
+        for (int i = 0; i < nd; i++) full *= (uint64_t)d[i];
+        int64_t *pairs = xmalloc(n[0] * 16 + 16);
+        memcpy(pairs, p[0], n[0] * 16);
+        for (uint64_t i = 0; i < n[0]; i++) {
+            if (pairs[2 * i] < 0 || pairs[2 * i + 1] < 0 || (uint64_t)pairs[2 * i] + (uint64_t)pairs[2 * i + 1] > full) {
+                free(pairs);
+                snprintf(why, cap, "%s: run %llu of %s lies outside the tensor", file, (unsigned long long)i, PARAM_NAMES[k]);
+                goto out;
+            }
+            total += (uint64_t)pairs[2 * i + 1];
+        }
+        if (total != n[1] || total != n[2] || total != n[3]) {
+            free(pairs);
+            snprintf(why, cap, "%s: the runs of %s cover %llu elements, its values %llu", file, PARAM_NAMES[k],
+                     (unsigned long long)total, (unsigned long long)n[1]);
+            goto out;
+        }
+        const unsigned char *src[3] = { p[1], p[2], p[3] };
+        copied[k] += scatter(&need[k], pairs, n[0], src, dst);
+        free(pairs);
+    }
+    rc = 0;
+out:
+    json_decref(h);
+    return rc;
+}
+
+// Loads checkpoint directory d; returns a LOAD_ code with why.
+static int load_one(const char *d, const GPT2 *model, const Runs need[NUM_PARAM_TENSORS], const CkptMeta *now, CkptMeta *mt,
+                    float *dst[3], char *why, size_t cap) {
+    char path[SAFE_PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/" MANIFEST, d);
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return snprintf(why, cap, "%s/" MANIFEST ": missing (an incomplete checkpoint)", d), LOAD_INCOMPLETE;
+    unsigned char *buf;
+    size_t len;
+    if (read_file(path, &buf, &len, (size_t)64 << 20, why, cap) != 0) return LOAD_UNUSABLE;
+    const char *key = NULL;
+    for (const char *p = (const char *)buf; (p = strstr(p, CRC_KEY)); p++) key = p;
+    if (!key) {
+        free(buf);
+        return snprintf(why, cap, "%s: no manifest_crc32", path), LOAD_UNUSABLE;
+    }
+    uint32_t crc = crc_of(buf, (size_t)(key - (const char *)buf));
+    json_error_t jerr;
+    json_t *r = json_loadb((const char *)buf, len, 0, &jerr);
+    free(buf);
+    if (!r) return snprintf(why, cap, "%s: not valid JSON (line %d: %s)", path, jerr.line, jerr.text), LOAD_UNUSABLE;
+    long long want = -1;
+    int code = LOAD_UNUSABLE;
+    const char *bad;
+    if (!get_int(r, "manifest_crc32", &want) || (uint32_t)want != crc) {
+        snprintf(why, cap, "%s: checksum mismatch (crc32 %08x, manifest_crc32 says %08x)", path, crc, (uint32_t)want);
+        goto out;
+    }
+    if ((bad = parse_meta(r, mt))) {
+        snprintf(why, cap, "%s: missing or malformed '%s'", path, bad);
+        goto out;
+    }
+    if (!compatible(d, mt, now, why, cap)) {
+        code = LOAD_INCOMPATIBLE;
+        goto out;
+    }
+    json_t *shards = json_object_get(r, "shards");
+    if (!json_is_array(shards) || json_array_size(shards) != (size_t)mt->ranks) {
+        snprintf(why, cap, "%s: the shard list does not hold the %d ranks", path, mt->ranks);
+        goto out;
+    }
+    uint64_t copied[NUM_PARAM_TENSORS] = { 0 };
+    for (int q = 0; q < mt->ranks; q++) {
+        json_t *s = json_array_get(shards, (size_t)q);
+        char name[256], file[SAFE_PATH_MAX + 300];
+        long long bytes, scrc, srank;
+        if (!get_str(s, "file", name, sizeof name) || strchr(name, '/') || !get_int(s, "bytes", &bytes) ||
+            !get_int(s, "crc32", &scrc) || !get_int(s, "rank", &srank) || srank != q) {
+            snprintf(why, cap, "%s: malformed shard entry %d", path, q);
+            goto out;
+        }
+        snprintf(file, sizeof file, "%s/%s", d, name);
+        if (stat(file, &st) != 0) {
+            snprintf(why, cap, "%s: %s (a missing shard)", file, strerror(errno));
+            goto out;
+        }
+        if ((long long)st.st_size != bytes) {
+            snprintf(why, cap, "%s: %s: %lld bytes, the manifest says %lld", file,
+                     (long long)st.st_size < bytes ? "truncated" : "too long", (long long)st.st_size, bytes);
+            goto out;
+        }
+        if (read_file(file, &buf, &len, SIZE_MAX, why, cap) != 0) goto out;
+        uint32_t got = crc_of(buf, len);
+        if (got != (uint32_t)scrc) {
+            free(buf);
+            snprintf(why, cap, "%s: checksum mismatch (crc32 %08x, the manifest says %08x)", file, got, (uint32_t)scrc);
+            goto out;
+        }
+        int rc = read_shard(file, buf, len, mt, q, &model->cfg, need, dst, copied, why, cap);
+        free(buf);
+        if (rc != 0) goto out;
+    }
+    for (int k = 0; k < NUM_PARAM_TENSORS; k++)
+        if (copied[k] != need[k].elems) {
+            snprintf(why, cap, "%s: the shards hold %llu of the %llu elements of %s this rank needs", d,
+                     (unsigned long long)copied[k], (unsigned long long)need[k].elems, PARAM_NAMES[k]);
+            goto out;
+        }
+    code = LOAD_OK;
+out:
+    json_decref(r);
+    return code;
+}
+
+static int32_t reduce_i32(Comm *world, int32_t x, CommOp op) {
+    if (!world) return x;
+    int32_t y;
+    comm_all_reduce(world, &x, &y, 1, CT_I32, op);
+    return y;
+}
+
+int ckpt_resume(const char *dir, const char *path, const GPT2 *model, Comm *world, const CkptMeta *now, CkptMeta *meta,
+                float *master, float *m, float *v, char *from, size_t from_cap) {
+    int rank = world ? comm_rank(world) : 0;
+    int64_t *steps = NULL, n = 1;
+    if (!path) { // rank 0 lists, so that every rank tries the same checkpoints in the same order
+        int cnt = rank == 0 ? list_steps(dir, &steps) : 0;
+        n = cnt;
+        if (world) comm_broadcast(world, &n, 1, CT_I64, 0);
+        if (rank != 0) steps = xmalloc(sizeof(int64_t) * (size_t)(n + 1));
+        if (world && n) comm_broadcast(world, steps, (size_t)n, CT_I64, 0);
+    }
+    Runs need[NUM_PARAM_TENSORS] = { 0 };
+    if (n) {
+        collect_runs(model, 0, model->num_params, 0, 0, need);
+        for (int k = 0; k < NUM_PARAM_TENSORS; k++) qsort(need[k].r, need[k].n, sizeof(Run), by_full);
+    }
+    int found = 0, any_complete = 0;
+    char why[2 * SAFE_PATH_MAX], d[SAFE_PATH_MAX];
+    for (int64_t i = 0; i < n && !found; i++) {
+        if (path) snprintf(d, sizeof d, "%s", path);
+        else ckpt_path(dir, steps[i], d, sizeof d);
+        size_t bytes = sizeof(float) * model->num_params;
+        memset(master, 0, bytes); // internal padding stays zero
+        memset(m, 0, bytes);
+        memset(v, 0, bytes);
+        float *dst[3] = { master, m, v };
+        int code = load_one(d, model, need, now, meta, dst, why, sizeof why);
+        int worst = reduce_i32(world, code, OP_MAX);
+        if (worst == LOAD_OK) {
+            found = 1;
+            break;
+        }
+        // the lowest rank that saw the worst says why, in one line
+        int lowest = -reduce_i32(world, code == worst ? -rank : INT32_MIN, OP_MAX); // there is no OP_MIN
+        any_complete |= worst != LOAD_INCOMPLETE;
+        if (worst == LOAD_INCOMPATIBLE || path) {
+            if (rank == lowest) die("%s%s", worst == LOAD_INCOMPATIBLE ? "" : "--resume: ", why);
+            exit(1);
+        }
+        if (rank == lowest) fprintf(stderr, "warning: checkpoint unusable: %s; trying the one before it\n", why);
+    }
+    runs_free(need);
+    if (!found && any_complete) {
+        if (rank == 0) die("--resume: none of the %lld checkpoint(s) in %s is usable (see above)", (long long)n, dir);
+        exit(1);
+    }
+    if (found) snprintf(from, from_cap, "%s", d);
+    free(steps);
+    return found;
+}

@@ -1,0 +1,316 @@
+# test/ckpt.sh: checkpoints, restarts, bad checkpoints, loss spikes, stragglers and safe files.
+# Sourced by test/run.sh, which provides TRAIN, ASAN, PY, WORK, DATA, have_torch and expect_error.
+
+CK=(--layers 4 --channels 32 --heads 4 --vocab 256 --seq-len 32 --micro-batch 1 --lr 1e-3 --warmup 2 --weight-decay 0.1
+    --bucket-mb 0.01 --comm-timeout 60)
+
+same_losses() { # A.jsonl B.jsonl: the per-step losses, byte for byte
+    diff <(grep -o '"step":[0-9]*,"loss":[^,]*' "$1") <(grep -o '"step":[0-9]*,"loss":[^,]*' "$2") >/dev/null
+}
+
+# Bitwise resume: under each layout, a run of 6 steps that checkpoints every 2, and a run resumed from its
+# checkpoint of step 2 (writing into another directory), give the same losses and the same model file.
+t_ckpt_resume() {
+    local d=$WORK/ckr ok=0 i=0 layout
+    mkdir -p "$d"
+    for layout in "" "--nproc 2 --zero 0" "--nproc 2 --zero 1" "--nproc 2 --zero 2" "--nproc 2 --zero 3" "--nproc 2 --tp 2 --sp" \
+        "--nproc 2 --pp 2" "--nproc 2 --pp 2 --pp-virtual 2" "--nproc 8 --tp 2 --pp 2 --pp-virtual 2 --zero 3"; do
+        i=$((i + 1))
+        local a=$d/$i args
+        read -ra args <<<"$layout"
+        args+=("${CK[@]}" --train "$DATA/train.bin" --batch-tokens 256 --steps 6)
+        timeout 300 $TRAIN "${args[@]}" --ckpt-dir "$a.c1" --ckpt-every 2 --log "$a.a.jsonl" --save-model "$a.a.bin" >"$a.out" 2>&1 ||
+            { echo "'$layout': the first run failed"; tail -5 "$a.out"; return 1; }
+        cp "$a.a.jsonl" "$a.b.jsonl"
+        timeout 300 $TRAIN "${args[@]}" --resume "$a.c1/ckpt_00000002" --ckpt-dir "$a.c2" --log "$a.b.jsonl" \
+            --save-model "$a.b.bin" >>"$a.out" 2>&1 || { echo "'$layout': the resumed run failed"; tail -5 "$a.out"; return 1; }
+        grep -q "^resumed from $a.c1/ckpt_00000002: step 2" "$a.out" || { echo "'$layout': did not resume"; ok=1; }
+        if cmp -s "$a.a.bin" "$a.b.bin" && same_losses "$a.a.jsonl" "$a.b.jsonl"; then
+            echo "ok '${layout:-one rank}': resumed bitwise"
+        else
+            echo "FAIL '${layout:-one rank}': the resumed run differs"
+            ok=1
+        fi
+    done
+    return $ok
+}
+
+# Re-sharding: a checkpoint of step 4 written under one layout, continued under another to step 8, equals
+# the uninterrupted single-rank run (losses of all 8 steps and final parameters within 1e-5).
+t_ckpt_reshard() {
+    have_torch || return $?
+    local d=$WORK/ckrs ok=0 i=0 pair
+    mkdir -p "$d"
+    local S=("${CK[@]}" --layers 8 --train "$DATA/train.bin" --batch-tokens 128 --steps 8)
+    $TRAIN "${S[@]}" --log "$d/ref.jsonl" --save-model "$d/ref.bin" >/dev/null || return 1
+    local runs=()
+    for pair in "--nproc 4 --zero 3|--nproc 4 --tp 2 --pp 2" "--nproc 4 --tp 2 --zero 1|" "|--nproc 4 --pp 4 --pp-virtual 2" \
+        "--nproc 8 --tp 2 --pp 2 --zero 3 --sp|--nproc 2 --zero 2" "--nproc 4 --pp 2 --pp-virtual 2 --zero 1|--nproc 4 --tp 4 --sp"; do
+        i=$((i + 1))
+        local from to
+        read -ra from <<<"${pair%|*}"
+        read -ra to <<<"${pair#*|}"
+        timeout 300 $TRAIN "${from[@]}" "${S[@]}" --ckpt-dir "$d/c$i" --ckpt-every 4 --log "$d/r$i.jsonl" >"$d/r$i.out" 2>&1 ||
+            { echo "'${pair%|*}' failed"; tail -5 "$d/r$i.out"; return 1; }
+        timeout 300 $TRAIN "${to[@]}" "${S[@]}" --resume "$d/c$i/ckpt_00000004" --log "$d/r$i.jsonl" --save-model "$d/r$i.bin" \
+            >>"$d/r$i.out" 2>&1 || { echo "'${pair#*|}' from '${pair%|*}' failed"; tail -5 "$d/r$i.out"; return 1; }
+        echo "$i: '${pair%|*}' -> '${pair#*|}'"
+        runs+=("$d/r$i")
+    done
+    $PY test/compare_runs.py 1e-5 "$d/ref" "${runs[@]}"
+}
+
+# The documented format, read without this project: test/ckpt_reader.py (numpy, zlib) checks the
+# checksums, puts the full tensors together from the runs of every shard and compares the master weights
+# with --save-model's file, for a 3D layout with ZeRO-3 and for TP 3 (the vocabulary padded internally).
+t_ckpt_reader() {
+    have_torch || return $?
+    local d=$WORK/ckrd
+    mkdir -p "$d"
+    timeout 300 $TRAIN --nproc 8 --tp 2 --pp 2 --zero 3 "${CK[@]}" --vocab 200 --train "$DATA/train.bin" --batch-tokens 256 \
+        --steps 3 --ckpt-dir "$d/a" --save-model "$d/a.bin" >"$d/a.out" 2>&1 || { tail -5 "$d/a.out"; return 1; }
+    $PY test/ckpt_reader.py "$d/a/ckpt_00000003" "$d/a.bin" || return 1
+    timeout 300 $TRAIN --nproc 6 --tp 3 --pp 2 --zero 1 --layers 2 --channels 48 --heads 6 --vocab 200 --seq-len 48 \
+        --micro-batch 1 --batch-tokens 96 --steps 2 --comm-timeout 60 --train "$DATA/train.bin" --ckpt-dir "$d/b" \
+        --save-model "$d/b.bin" >"$d/b.out" 2>&1 || { tail -5 "$d/b.out"; return 1; }
+    $PY test/ckpt_reader.py "$d/b/ckpt_00000002" "$d/b.bin"
+}
+
+# Automatic restart: 10 rank deaths at seeded random steps and ranks, over three layouts (one of them
+# killed halfway through writing its checkpoint shard), under --max-restarts; each run's final model
+# and losses equal the uninterrupted run's, byte for byte, and no temporary is left behind.
+t_ckpt_restarts() {
+    local d=$WORK/ckrst ok=0 i=0 plan layout deaths faults
+    mkdir -p "$d"
+    # within a run the steps increase, so that each fault fires after the relaunch before it resumed
+    plan=$($PY - <<'EOF'
+import random
+random.seed(11)
+for layout, deaths in (("--nproc 4 --zero 1", 4), ("--nproc 4 --tp 2 --pp 2", 3), ("--nproc 4 --pp 2 --pp-virtual 2 --zero 3", 3)):
+    items = []
+    for launch, step in enumerate(sorted(random.sample(range(2, 12), deaths))):
+        at = ",at=ckpt-write" if "zero 3" in layout and launch == deaths - 1 else ""
+        items.append(f"rank={random.randrange(4)},step={step},launch={launch}{at}")
+    print(f"{layout}|{deaths}|{';'.join(items)}")
+EOF
+    )
+    while IFS='|' read -r layout deaths faults; do
+        i=$((i + 1))
+        local args
+        read -ra args <<<"$layout"
+        args+=("${CK[@]}" --train "$DATA/train.bin" --batch-tokens 128 --steps 12 --comm-timeout 20)
+        timeout 300 $TRAIN "${args[@]}" --log "$d/ref$i.jsonl" --save-model "$d/ref$i.bin" >"$d/ref$i.out" 2>&1 || return 1
+        LLM4D_FAULT="$faults" timeout 600 $TRAIN "${args[@]}" --ckpt-dir "$d/c$i" --ckpt-every 1 --max-restarts "$deaths" \
+            --log "$d/f$i.jsonl" --save-model "$d/f$i.bin" >"$d/f$i.out" 2>&1
+        local rc=$? restarts
+        restarts=$(grep -c "^restart [0-9]* of $deaths: the job failed" "$d/f$i.out")
+        echo "'$layout' with LLM4D_FAULT='$faults': exit status $rc, $restarts restart(s)"
+        if [ $rc -ne 0 ] || [ "$restarts" -ne "$deaths" ]; then
+            echo "FAIL: expected $deaths restarts and success"
+            grep -v '^step\|^memory' "$d/f$i.out" | tail -20
+            ok=1
+            continue
+        fi
+        cmp "$d/ref$i.bin" "$d/f$i.bin" || { echo "FAIL: the model differs from the uninterrupted run's"; ok=1; }
+        same_losses "$d/ref$i.jsonl" "$d/f$i.jsonl" || { echo "FAIL: the losses differ"; ok=1; }
+        [ -z "$(find "$d/c$i" -name '*.tmp.*')" ] || { echo "FAIL: temporaries left: $(find "$d/c$i" -name '*.tmp.*')"; ok=1; }
+    done <<<"$plan"
+    return $ok
+}
+
+# Bad checkpoints: a flipped byte, a truncated shard, a missing shard, a missing manifest in the newest
+# checkpoint are each reported in one line naming the file, and the one before it is used (the final
+# model then equals the uninterrupted run's); --keep 2 kept only the newest two; incompatible
+# checkpoints and a used --ckpt-dir without --resume are refused in one line.
+t_ckpt_bad() {
+    local d=$WORK/ckbad ok=0 case f
+    mkdir -p "$d"
+    local S=(--nproc 2 "${CK[@]}" --layers 2 --train "$DATA/train.bin" --batch-tokens 64 --steps 6)
+    timeout 300 $TRAIN "${S[@]}" --ckpt-dir "$d/c" --ckpt-every 2 --keep 2 --save-model "$d/ref.bin" >"$d/ref.out" 2>&1 || return 1
+    [ "$(ls "$d/c")" = "$(printf 'ckpt_00000004\nckpt_00000006')" ] || { echo "FAIL --keep 2 left: $(ls "$d/c")"; ok=1; }
+    for case in flip truncate shard manifest; do
+        rm -rf "$d/$case"
+        cp -r "$d/c" "$d/$case"
+        f=$d/$case/ckpt_00000006/rank_00001.safetensors
+        case $case in
+        flip) printf '\xff' | dd of="$f" bs=1 seek=100000 conv=notrunc 2>/dev/null ;;
+        truncate) truncate -s 100000 "$f" ;;
+        shard) rm "$f" ;;
+        manifest) f=$d/$case/ckpt_00000006/manifest.json; rm "$f" ;;
+        esac
+        timeout 300 $TRAIN "${S[@]}" --ckpt-dir "$d/$case" --resume --save-model "$d/$case.bin" >"$d/$case.out" 2>"$d/$case.err"
+        local rc=$? warn
+        warn=$(grep -c . "$d/$case.err")
+        echo "$case: $(cat "$d/$case.err")"
+        if [ $rc -ne 0 ] || [ "$warn" -ne 1 ] || ! grep -q "^warning: checkpoint unusable: $f: " "$d/$case.err" ||
+            ! grep -q "^resumed from $d/$case/ckpt_00000004: step 4" "$d/$case.out" || ! cmp -s "$d/ref.bin" "$d/$case.bin"; then
+            echo "FAIL $case: expected one warning naming $f, the checkpoint of step 4 used, and the same model"
+            ok=1
+        fi
+    done
+    expect_error "holds another model shape (layers 2, channels 32, heads 4, max seq len 32; this run: 3," "${S[@]:2}" \
+        --layers 3 --resume "$d/c/ckpt_00000004" || ok=1
+    expect_error "holds a model with a vocabulary of 256, this run's has 300" "${S[@]:2}" --vocab 300 --resume "$d/c/ckpt_00000004" || ok=1
+    expect_error "trained with --seq-len 32 --batch-tokens 64, this run has 32 and 128" "${S[@]:2}" --batch-tokens 128 \
+        --resume "$d/c/ckpt_00000004" || ok=1
+    cp -r "$d/c/ckpt_00000006" "$d/given" # --resume PATH: no other checkpoint is tried
+    printf '\xff' | dd of="$d/given/rank_00000.safetensors" bs=1 seek=1000 conv=notrunc 2>/dev/null
+    expect_error "resume: $d/given/rank_00000.safetensors: checksum mismatch" "${S[@]:2}" --resume "$d/given" || ok=1
+    expect_error "ckpt-dir $d/c already holds checkpoints (the newest of step 6): pass --resume" "${S[@]:2}" --ckpt-dir "$d/c" || ok=1
+    return $ok
+}
+
+# A full disk during a save (a small tmpfs): the checkpoint is given up with a warning, the previous
+# one stays intact, no temporary is left, the run goes on and ends well; resuming from the survivor
+# gives the uninterrupted run's model.
+t_ckpt_full_disk() {
+    [ "$(id -u)" -eq 0 ] || { echo "not root: cannot mount a small tmpfs"; return 77; }
+    local d=$WORK/ckfull
+    mkdir -p "$d/mnt"
+    local S=(--nproc 2 "${CK[@]}" --layers 2 --train "$DATA/train.bin" --batch-tokens 64 --steps 6)
+    timeout 300 $TRAIN "${S[@]}" --ckpt-dir "$d/probe" --ckpt-every 6 --save-model "$d/ref.bin" >/dev/null 2>&1 || return 1
+    local bytes
+    bytes=$(cat "$d"/probe/ckpt_00000006/* | wc -c) # room for one checkpoint, not for another rank's shard besides
+    mount -t tmpfs -o size=$((bytes * 5 / 4)) llm4d-test "$d/mnt" 2>/dev/null || { echo "cannot mount a tmpfs here"; return 77; }
+    local rc=0
+    timeout 300 $TRAIN "${S[@]}" --ckpt-dir "$d/mnt/c" --ckpt-every 2 >"$d/out" 2>"$d/err" || { echo "FAIL: the run stopped"; rc=1; }
+    cat "$d/err"
+    grep -q "^warning: the checkpoint of step 4 was not written (rank [01]: cannot write $d/mnt/c/ckpt_00000004/rank_0000[01].safetensors: No space left on device); training goes on" "$d/err" ||
+        { echo "FAIL: no warning for the checkpoint of step 4"; rc=1; }
+    [ "$(ls "$d/mnt/c")" = ckpt_00000002 ] || { echo "FAIL: left in the tmpfs: $(ls "$d/mnt/c")"; rc=1; }
+    [ -z "$(find "$d/mnt" -name '*.tmp.*')" ] || { echo "FAIL: temporaries left"; rc=1; }
+    timeout 300 $TRAIN "${S[@]}" --ckpt-dir "$d/mnt/c" --resume --save-model "$d/resumed.bin" >"$d/out2" 2>&1 || rc=1
+    grep -q "^resumed from $d/mnt/c/ckpt_00000002: step 2" "$d/out2" || { echo "FAIL: did not resume from step 2"; rc=1; }
+    cmp "$d/ref.bin" "$d/resumed.bin" || rc=1
+    umount "$d/mnt"
+    return $rc
+}
+
+# SIGTERM (preemption) to every rank mid-run: each stops at the same step boundary, writes a
+# checkpoint and exits 0; continuing from it gives the uninterrupted run's model, byte for byte.
+t_ckpt_sigterm() {
+    local d=$WORK/ckterm
+    mkdir -p "$d"
+    local S=("${CK[@]}" --layers 2 --train "$DATA/train.bin" --batch-tokens 64 --schedule constant)
+    $TRAIN --nproc 2 "${S[@]}" --steps 100000 --ckpt-dir "$d/c" --log "$d/log.jsonl" >"$d/out" 2>&1 &
+    local launcher=$! i
+    for i in $(seq 1 600); do # until the run is training (bounded: 60 s)
+        grep -q '"step":3,' "$d/log.jsonl" 2>/dev/null && break
+        sleep 0.1
+    done
+    pkill -TERM -P "$launcher" || { kill $launcher; return 1; }
+    wait $launcher || { echo "FAIL: exit status $?"; return 1; }
+    local s
+    s=$(sed -n 's/^received SIGTERM: stopping cleanly after \([0-9]*\) of 100000 steps, with a checkpoint$/\1/p' "$d/out")
+    [ -n "$s" ] || { echo "FAIL: no stop message"; tail -5 "$d/out"; return 1; }
+    echo "stopped after $s steps"
+    [ -f "$d/c/$(printf 'ckpt_%08d' "$s")/manifest.json" ] || { echo "FAIL: no complete checkpoint of step $s"; return 1; }
+    $TRAIN --nproc 2 "${S[@]}" --steps $((s + 3)) --save-model "$d/ref.bin" >/dev/null 2>&1 || return 1
+    $TRAIN --nproc 2 "${S[@]}" --steps $((s + 3)) --resume "$d/c/$(printf 'ckpt_%08d' "$s")" --save-model "$d/resumed.bin" \
+        >/dev/null 2>&1 || return 1
+    cmp "$d/ref.bin" "$d/resumed.bin"
+}
+
+# --skip-spikes: a NaN loss on one rank (a silent data corruption) in the last step is skipped on every
+# rank, so the model equals the run one step shorter (constant learning rate); a 1000-fold loss spike
+# is skipped and counted; without --skip-spikes a NaN ends the run with one line.
+t_skip_spikes() {
+    local d=$WORK/spikes ok=0
+    mkdir -p "$d"
+    local S=(--nproc 4 --tp 2 "${CK[@]}" --layers 2 --train "$DATA/train.bin" --batch-tokens 64 --schedule constant --warmup 0)
+    timeout 300 $TRAIN "${S[@]}" --steps 7 --save-model "$d/ref.bin" >/dev/null 2>&1 || return 1
+    LLM4D_FAULT="rank=1,step=8,at=nan" timeout 300 $TRAIN "${S[@]}" --steps 8 --skip-spikes 3 --log "$d/nan.jsonl" \
+        --save-model "$d/nan.bin" >/dev/null 2>&1 || { echo "FAIL: the run with a NaN stopped"; return 1; }
+    cmp "$d/ref.bin" "$d/nan.bin" || { echo "FAIL: the NaN step was applied"; ok=1; }
+    grep -q '"step":8,.*"skipped":1,"skipped_total":1}' "$d/nan.jsonl" || { echo "FAIL: step 8 not logged as skipped"; ok=1; }
+    LLM4D_FAULT="rank=3,step=7,at=spike" timeout 300 $TRAIN "${S[@]}" --steps 8 --skip-spikes 3 --log "$d/spike.jsonl" \
+        >/dev/null 2>&1 || { echo "FAIL: the run with a spike stopped"; return 1; }
+    grep -q '"step":7,.*"skipped":1,"skipped_total":1}' "$d/spike.jsonl" || { echo "FAIL: step 7 not skipped"; ok=1; }
+    grep -q '"step":8,.*"skipped":0,"skipped_total":1}' "$d/spike.jsonl" || { echo "FAIL: step 8 not applied"; ok=1; }
+    LLM4D_FAULT="rank=0,step=3,at=nan" expect_error "loss is nan at step 3: training diverged" "${CK[@]}" --layers 2 \
+        --train "$DATA/train.bin" --batch-tokens 32 --steps 4 || ok=1
+    return $ok
+}
+
+# Stragglers: a rank made 300 ms slower per step from step 2 (LLM4D_FAULT at=slow) is reported by rank
+# and host after --straggler-steps 3 steps; every step record carries the slowest and median compute.
+t_stragglers() {
+    local d=$WORK/strag
+    mkdir -p "$d"
+    LLM4D_FAULT="rank=2,step=2,at=slow,ms=300" timeout 300 $TRAIN --nproc 3 "${CK[@]}" --layers 2 --train "$DATA/train.bin" \
+        --batch-tokens 96 --steps 5 --straggler-steps 3 --log "$d/log.jsonl" >"$d/out" 2>"$d/err" || return 1
+    cat "$d/err"
+    grep -q "^warning: straggler: rank 2 on $(hostname) has computed more than 50% longer than the median for 3 steps" "$d/err" || return 1
+    grep -q "\"straggler\":2,\"host\":\"$(hostname)\"" "$d/log.jsonl" || return 1
+    [ "$(grep -c '"compute_ms_max":[0-9.]*,"compute_ms_median":[0-9.]*,"slowest_rank":2' "$d/log.jsonl")" -ge 4 ]
+}
+
+# Safe files: each output location is checked before step 1; device nodes, /dev/null and directories
+# are refused and left as they were; a symlink is written through, with a note; stale temporaries of
+# dead writers are removed (a live writer's are kept); a write error removes its temporary and leaves
+# the old file; overflowing --batch-tokens, prepare on a directory and a bad token id at the end of a
+# shard are refused in one line.
+t_safe_files() {
+    local d=$WORK/safe ok=0
+    mkdir -p "$d"
+    local S=(--layers 2 --channels 32 --heads 4 --vocab 256 --seq-len 32 --train "$DATA/train.bin" --steps 2)
+    local flag
+    for flag in --save-model --log --ckpt-dir --dump; do # before step 1: nothing trained, nothing printed
+        local what=$d/missing/out
+        $TRAIN "${S[@]}" $flag "$what" >"$d/o" 2>"$d/e" && { echo "FAIL $flag into a missing directory succeeded"; ok=1; }
+        if grep -q '^step' "$d/o" || [ "$(grep -c . "$d/e")" -ne 1 ] || ! grep -q "^error: $flag $what" "$d/e"; then
+            echo "FAIL $flag: $(cat "$d/e")"
+            ok=1
+        fi
+    done
+    expect_error "save-model /dev/null is a character device: refusing to replace it" "${S[@]}" --save-model /dev/null || ok=1
+    [ -c /dev/null ] || { echo "FAIL /dev/null is no longer a device"; ok=1; }
+    mknod "$d/node" c 1 3 2>/dev/null && {
+        expect_error "save-model $d/node is a character device" "${S[@]}" --save-model "$d/node" || ok=1
+        [ -c "$d/node" ] || { echo "FAIL the device node was replaced"; ok=1; }
+    }
+    mkdir -p "$d/dir"
+    expect_error "save-model $d/dir is a directory" "${S[@]}" --save-model "$d/dir" || ok=1
+    # a symlink: its target is written, the link stays
+    $TRAIN "${S[@]}" --save-model "$d/direct.bin" >/dev/null || return 1
+    echo old >"$d/target.bin"
+    ln -sf target.bin "$d/link.bin"
+    $TRAIN "${S[@]}" --save-model "$d/link.bin" >"$d/o" || return 1
+    grep -q "^note: --save-model $d/link.bin is a symlink: the model goes to its target, $d/target.bin" "$d/o" || { echo "FAIL no note"; ok=1; }
+    [ -L "$d/link.bin" ] && cmp "$d/direct.bin" "$d/target.bin" || { echo "FAIL the symlink was not written through"; ok=1; }
+    # stale temporaries: a dead writer's go, a live one's and other names stay
+    sleep 0 &
+    local dead=$!
+    wait $dead
+    touch "$d/direct.bin.tmp.$dead" "$d/direct.bin.tmp.$$" "$d/direct.bin.tmp.x1"
+    $TRAIN "${S[@]}" --save-model "$d/direct.bin" >/dev/null || return 1
+    [ ! -e "$d/direct.bin.tmp.$dead" ] && [ -e "$d/direct.bin.tmp.$$" ] && [ -e "$d/direct.bin.tmp.x1" ] ||
+        { echo "FAIL stale temporaries: $(ls "$d")"; ok=1; }
+    rm -f "$d/direct.bin.tmp."*
+    # a write error (the file size limit): one line, the temporary removed, the old file intact
+    cp "$d/direct.bin" "$d/keep.bin"
+    (ulimit -f 64; expect_error "cannot write $d/direct.bin: File too large" "${S[@]}" --save-model "$d/direct.bin") || ok=1
+    cmp "$d/direct.bin" "$d/keep.bin" || ok=1
+    [ -z "$(ls "$d" | grep tmp)" ] || { echo "FAIL temporaries left: $(ls "$d")"; ok=1; }
+    local bt
+    for bt in 274877907008 549755813888 137438953472; do
+        expect_error "batch-tokens $bt means .* micro-batches of 1 x 32 per data-parallel rank and step, more than" \
+            "${S[@]}" --micro-batch 1 --batch-tokens $((bt / 32 * 32)) || ok=1
+    done
+    expect_error "batch-tokens 274877907008 is not a multiple of --micro-batch x --seq-len = 4 x 32 = 128" "${S[@]}" \
+        --batch-tokens 274877907008 || ok=1
+    expect_error "prepare: $d/dir is a directory, not a regular file" prepare "$d/dir" "$d/out" || ok=1
+    # a token id above the vocabulary in the very last position of a shard: reported when the data is opened
+    $PY - "$DATA/train.bin" "$d/badtok.bin" <<'EOF' || return 1
+import sys, numpy as np
+b = bytearray(open(sys.argv[1], "rb").read())
+n = np.frombuffer(bytes(b[:1024]), dtype=np.int32)[2]
+b[1024 + 2 * (n - 1):] = np.array([300], dtype=np.uint16).tobytes()
+open(sys.argv[2], "wb").write(b)
+EOF
+    local n
+    n=$(( ($(stat -c %s "$d/badtok.bin") - 1024) / 2 ))
+    expect_error "badtok.bin: token 300 at position $((n - 1)) (byte offset $((1024 + 2 * (n - 1)))) is not below the vocabulary size 256" \
+        "${S[@]}" --train "$d/badtok.bin" --steps 1 || ok=1
+    return $ok
+}
