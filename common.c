@@ -50,10 +50,6 @@ void xfread(void *dst, size_t size, size_t n, FILE *f, const char *path) {
     }
 }
 
-void xfwrite(const void *src, size_t size, size_t n, FILE *f, const char *path) {
-    if (fwrite(src, size, n, f) != n) die("cannot write %s: %s", path, strerror(errno));
-}
-
 void xfclose(FILE *f, const char *path) {
     if (fclose(f) != 0) die("cannot write %s: %s", path, strerror(errno));
 }

@@ -12,7 +12,6 @@ void *xmalloc(size_t bytes);  // dies on failure
 void *xcalloc(size_t n, size_t size);
 FILE *xfopen(const char *path, const char *mode); // dies naming the file
 void xfread(void *dst, size_t size, size_t n, FILE *f, const char *path); // dies on short read
-void xfwrite(const void *src, size_t size, size_t n, FILE *f, const char *path);
 void xfclose(FILE *f, const char *path); // checks buffered write errors too
 
 // The one safe-write path for every file the trainer writes (model files, token shards, checkpoint
