@@ -60,7 +60,7 @@ CUBLAS_LIB = $(wildcard $(CUDA_HOME)/lib64/libcublas.so)
 GEMM_CHECK_CUBLAS = $(if $(CUBLAS_LIB),-DGEMM_CHECK_CUBLAS -lcublas)
 build/gemm_check: test/gemm_check.cu build/gemm_cu.o build/common.o gemm.h | build
 	$(NVCC) $(NVCCFLAGS) -I. -Xcompiler -fopenmp test/gemm_check.cu build/gemm_cu.o build/common.o -o $@ \
-		$(GEMM_CHECK_CUBLAS) -lgomp -Xlinker -rpath -Xlinker $(CUDA_HOME)/lib64
+		$(GEMM_CHECK_CUBLAS) -lgomp -lz -Xlinker -rpath -Xlinker $(CUDA_HOME)/lib64
 
 # AddressSanitizer + UBSan builds (CPU only) for the unit tests and the bad-input tests
 build/asan/%.o: %.c | build
