@@ -6,8 +6,9 @@
 //
 // Conventions shared by every backend:
 //  - `dt` is the storage dtype of weights, activations and activation gradients (fp32 or bf16);
-//    arithmetic is always fp32. Parameter gradients, optimizer state, LayerNorm statistics,
-//    attention probabilities and per-token losses are always fp32.
+//    arithmetic is always fp32 (bf16 matmuls multiply bf16 operands exactly and accumulate in fp32).
+//    Parameter gradients, optimizer state, LayerNorm statistics, attention log-sum-exps and
+//    cross-entropy row statistics are always fp32.
 //  - Linear layers follow llm.c: weight[OC][C], out[N][OC] = inp[N][C] · weightᵀ + bias.
 //  - Backward ops overwrite activation gradients (dinp) unless documented as accumulating, and always
 //    accumulate (+=) into parameter gradients, so micro-batches accumulate without extra copies.
@@ -35,6 +36,25 @@ static inline float bf16_to_f32(uint16_t h) {
     return x.f;
 }
 
+// A [B, T, heads, hs] view of queries, keys, values, attention outputs or their gradients: element
+// (b, t, h, i) is at p[b*bstride + t*tstride + h*hs + i], stored in dt. Views of inputs point at const
+// memory too (p is never written through then).
+typedef struct {
+    DType dt;
+    void *p;
+    size_t bstride, tstride;
+} AttnView;
+
+// One tensor's share of an AdamW step (see Backend.adamw).
+typedef struct {
+    float *master;       // fp32 master weights
+    void *working;       // working weights in dt, refreshed from master; NULL when master is the working copy
+    const float *grad;   // fp32 gradient
+    float *m, *v;        // AdamW moments
+    size_t n;
+    float weight_decay;  // 0 for tensors that do not decay
+} AdamWSegment;
+
 typedef struct Backend {
     const char *name;
     // memory: alloc returns zeroed device memory or NULL; the caller reports the failure.
@@ -58,27 +78,46 @@ typedef struct Backend {
     // LayerNorm over the last dim (eps 1e-5); saves mean and 1/std per row for the backward.
     void (*layernorm_fwd)(DType dt, void *out, float *mean, float *rstd, const void *inp,
                           const void *weight, const void *bias, int N, int C);
-    // Accumulates: dinp += ∂L/∂inp (the residual stream's gradient), dweight/dbias +=.
+    // Fused residual add and LayerNorm in one pass: res = a + b, then out = LayerNorm(res) as
+    // layernorm_fwd. res may alias a or b.
+    void (*residual_layernorm_fwd)(DType dt, void *res, void *out, float *mean, float *rstd, const void *a,
+                                   const void *b, const void *weight, const void *bias, int N, int C);
+    // The backward of both: accumulates dinp += ∂L/∂inp, which is the residual stream's gradient (the
+    // residual add passes it on unchanged), and dweight/dbias +=, in one pass over the rows.
     void (*layernorm_bwd)(DType dt, void *dinp, float *dweight, float *dbias, const void *dout,
                           const void *inp, const void *weight, const float *mean, const float *rstd,
                           int N, int C);
-    // out[N,OC] = inp[N,C] · weight[OC,C]ᵀ (+ bias[OC] when bias is not NULL)
-    void (*matmul_fwd)(DType dt, void *out, const void *inp, const void *weight, const void *bias,
+    // out[N,OC] = inp[N,C] · weight[OC,C]ᵀ (+ bias[OC] when bias is not NULL). When pre is not NULL the
+    // epilogue applies the tanh-approximation GELU: pre = inp·weightᵀ + bias (kept for the backward),
+    // out = gelu(pre).
+    void (*matmul_fwd)(DType dt, void *out, void *pre, const void *inp, const void *weight, const void *bias,
                        int N, int C, int OC);
-    // dinp = dout · weight (overwritten; skipped when dinp is NULL); dweight += doutᵀ · inp;
-    // dbias += column sums of dout (skipped when dbias is NULL).
+    // dinp = dout · weight (overwritten; skipped when dinp is NULL), multiplied by gelu'(gelu_pre) when
+    // gelu_pre is not NULL (inp was gelu(gelu_pre): dinp is then the gradient of gelu_pre);
+    // dweight += doutᵀ · inp; dbias += column sums of dout (skipped when dbias is NULL).
     void (*matmul_bwd)(DType dt, void *dinp, float *dweight, float *dbias, const void *dout,
-                       const void *inp, const void *weight, int N, int C, int OC);
-    // Causal multi-head attention. qkv[B,T,3C] holds q, k, v, each [NH heads][C/NH]; out[B,T,C];
-    // att[B,NH,T,T] keeps the softmax probabilities for the backward (upper triangle left 0).
-    void (*attention_fwd)(DType dt, void *out, float *att, const void *qkv, int B, int T, int C, int NH);
-    // dqkv overwritten; datt is fp32 scratch of att's size.
-    void (*attention_bwd)(DType dt, void *dqkv, float *datt, const void *dout, const void *qkv,
-                          const float *att, int B, int T, int C, int NH);
-    // tanh-approximation GELU
-    void (*gelu_fwd)(DType dt, void *out, const void *inp, size_t n);
-    // dinp = gelu'(inp) * dout; dinp may alias dout
-    void (*gelu_bwd)(DType dt, void *dinp, const void *inp, const void *dout, size_t n);
+                       const void *inp, const void *weight, const void *gelu_pre, int N, int C, int OC);
+    // Causal multi-head attention, flash style (no T x T buffer). qkv[B,T,3C] holds q, k, v, each
+    // [NH heads][C/NH]; out[B,T,C]; lse[B,NH,T] (fp32) keeps each row's log-sum-exp of the scaled
+    // scores for the backward.
+    void (*attention_fwd)(DType dt, void *out, float *lse, const void *qkv, int B, int T, int C, int NH);
+    // dqkv overwritten; recomputes the probabilities tile by tile from qkv and lse.
+    void (*attention_bwd)(DType dt, void *dqkv, const void *dout, const void *qkv, const void *out,
+                          const float *lse, int B, int T, int C, int NH);
+    // The building block of both, for context parallelism: Tq queries at sequence positions q0.. against
+    // Tk keys and values at positions k0.. (key s is visible to query t when k0 + s <= q0 + t), NH heads
+    // of hs channels, scores scaled by 1/sqrt(hs). With merge 0 it writes the block's normalised output
+    // and per-row log-sum-exp lse[B,NH,Tq] (rows that see no key: output 0, lse -inf). With merge 1 it
+    // combines the block into the (out, lse) already there by the log-sum-exp rule, so that merging the
+    // key blocks in any fixed order gives attention over their union (fp32 accumulators recommended).
+    void (*attention_block_fwd)(AttnView out, float *lse, AttnView q, AttnView k, AttnView v, int B, int NH,
+                                int hs, int Tq, int q0, int Tk, int k0, int merge);
+    // The matching backward of one (query block, key block) pair, given the final out and lse of the
+    // query rows (after every key block was merged) and dout: dq += ∂L/∂q, dk += ∂L/∂k, dv += ∂L/∂v
+    // (accumulated, so the caller sums the pairs in a fixed order).
+    void (*attention_block_bwd)(AttnView dq, AttnView dk, AttnView dv, AttnView dout, AttnView out,
+                                const float *lse, AttnView q, AttnView k, AttnView v, int B, int NH, int hs,
+                                int Tq, int q0, int Tk, int k0);
     // out = a + b
     void (*residual_fwd)(DType dt, void *out, const void *a, const void *b, size_t n);
     // dst += src (the residual's backward: the gradient flows unchanged into both branches)
@@ -95,12 +134,17 @@ typedef struct Backend {
     void (*crossentropy_bwd)(DType dt, void *dlogits, const void *logits, const int32_t *targets,
                              const float *gmax, const float *gsum, float dloss, int N, int vstart, int vreal,
                              int Vloc);
-    // AdamW on one tensor with bias-corrected moments and decoupled weight decay:
+    // Both in one pass over the logits when one slice holds the whole vocabulary: the row statistics of
+    // crossentropy_stats, and dlogits as crossentropy_bwd with gmax = rowmax, gsum = rowsum (bitwise the
+    // same results); no probabilities are kept. dlogits may alias logits.
+    void (*crossentropy_fused)(DType dt, void *dlogits, float *rowmax, float *rowsum, float *target,
+                               const void *logits, const int32_t *targets, float dloss, int N, int vreal,
+                               int Vloc);
+    // AdamW over every segment in one pass, with bias-corrected moments and decoupled weight decay:
     //   g = grad*grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g²
     //   master = master*(1 - lr*wd) - lr * (m/bc1) / (sqrt(v/bc2) + eps)
-    // and, when working is not NULL, working = master rounded to dt.
-    void (*adamw)(DType dt, float *master, void *working, const float *grad, float *m, float *v,
-                  size_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
+    // and, when working is not NULL, working = master rounded to dt. segs is host memory.
+    void (*adamw)(DType dt, const AdamWSegment *segs, int nsegs, float lr, float beta1, float beta2, float eps,
                   float bc1, float bc2, float grad_scale);
     // Σ x² in double, summed in a fixed order (the same for every thread count).
     double (*sumsq)(const float *x, size_t n);
@@ -109,6 +153,12 @@ typedef struct Backend {
 } Backend;
 
 const Backend *backend_cpu(void);
+// The CPU backend's instruction set for bf16 matmuls: "avx512bf16" (bf16 operands multiplied by the
+// AVX512-BF16 dot-product instruction, fp32 accumulation) or "generic" (bf16 operands widened to fp32
+// while packing, fp32 FMA). cpu_select_isa(NULL) takes the best this CPU has; a name forces that path.
+// Returns the name now in use, or NULL (nothing changed) when the name is unknown or the CPU lacks it.
+const char *cpu_select_isa(const char *name);
+const char *cpu_isa(void);
 // Number of usable CUDA devices: 0 when the binary was built without CUDA or no device answers.
 int cuda_device_count(void);
 // Makes device `ordinal` this process's device (one rank per GPU); no-op without CUDA.

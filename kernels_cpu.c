@@ -1,7 +1,12 @@
-// kernels_cpu.c: the reference backend. Plain C with OpenMP threads; the matmul is blocked, packed
-// and vectorised (GCC vector extensions, so it compiles to AVX-512, AVX2 or SSE as the flags allow).
-// Every reduction runs in a fixed order that does not depend on the thread count, so results are
-// bitwise reproducible.
+// kernels_cpu.c: the reference backend. Plain C with OpenMP threads and GCC vector extensions (so it
+// compiles to AVX-512, AVX2 or SSE as the flags allow), plus an AVX512-BF16 matmul kernel that is chosen
+// at run time when the CPU has it. Every reduction runs in a fixed order that does not depend on the
+// thread count, so results are bitwise reproducible.
+//
+// What is fused (each saves a pass over memory): bias and GELU in the matmul epilogue (and GELU's
+// backward in the input-gradient matmul's epilogue); the residual add with the LayerNorm that follows
+// it; softmax, cross-entropy and its gradient in one pass over a row of logits; AdamW over every tensor
+// in one parallel loop. Attention never materialises the T x T scores (see the attention section).
 #include "kernels.h"
 
 #include <math.h>
@@ -11,8 +16,77 @@
 
 #include "common.h"
 
+#ifdef __AVX512F__
+#define VW 16
+#else
+#define VW 8
+#endif
+#if VW == 16 && defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define HAVE_BF16_KERNEL 1
+#else
+#define HAVE_BF16_KERNEL 0
+#endif
+
+typedef float vf __attribute__((vector_size(VW * 4)));
+typedef int32_t vi __attribute__((vector_size(VW * 4)));
+
+static inline vf vload(const float *p) {
+    vf v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+static inline void vstore(float *p, vf v) { memcpy(p, &v, sizeof v); }
+static inline vf vsplat(float x) { return (vf){ 0 } + x; }
+static inline vf vsel(vi mask, vf a, vf b) { return (vf)(((vi)a & mask) | ((vi)b & ~mask)); }
+static inline vf vmax(vf a, vf b) { return vsel(a > b, a, b); }
+static inline float hsum(vf v) { // a fixed pairwise tree
+    for (int w = VW / 2; w >= 1; w /= 2)
+        for (int i = 0; i < w; i++) v[i] += v[i + w];
+    return v[0];
+}
+static inline float hmax(vf v) {
+    float m = v[0];
+    for (int i = 1; i < VW; i++) m = v[i] > m ? v[i] : m;
+    return m;
+}
+
+// exp for VW lanes: x = n·ln2 + r with |r| <= ln2/2, e^r by its degree-6 Taylor polynomial (relative
+// error about 2e-7), 2^n put into the exponent bits. Inputs below -87 give 0 (exp(-inf) = 0), inputs
+// above 88 are clamped. Deterministic: the same bits on every run and thread.
+static inline vf vexp(vf x) {
+    vi under = x < vsplat(-87.0f);
+    x = vmax(x, vsplat(-87.0f));
+    x = vsel(x > vsplat(88.0f), vsplat(88.0f), x);
+    const float magic = 12582912.0f; // 1.5·2^23: adding it rounds to an integer held in the low mantissa bits
+    vf t = x * 1.44269504088896341f + magic;
+    vf n = t - magic;
+    vi ni = (vi)t - 0x4B400000;
+    vf r = x - n * 0.693145751953125f - n * 1.428606765330187e-06f;
+    vf p = vsplat(1.0f / 720);
+    p = p * r + 1.0f / 120;
+    p = p * r + 1.0f / 24;
+    p = p * r + 1.0f / 6;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    vf scale = (vf)((ni + 127) << 23);
+    return vsel(under, vsplat(0.0f), p * scale);
+}
+static inline vf vtanh(vf u) { return 1.0f - 2.0f / (vexp(2.0f * u) + 1.0f); }
+
+#define GELU_K 0.7978845608028654f // sqrt(2/pi)
+static inline vf vgelu(vf x) {
+    vf u = GELU_K * (x + 0.044715f * x * x * x);
+    return 0.5f * x * (1.0f + vtanh(u));
+}
+static inline vf vgelu_grad(vf x) {
+    vf th = vtanh(GELU_K * (x + 0.044715f * x * x * x));
+    return 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
+}
+
 // ---------------------------------------------------------------------------------------------
-// element access in either storage dtype
+// element and row access in either storage dtype
 
 static inline float ld(DType dt, const void *p, size_t i) {
     return dt == DT_BF16 ? bf16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
@@ -20,6 +94,94 @@ static inline float ld(DType dt, const void *p, size_t i) {
 static inline void st(DType dt, void *p, size_t i, float v) {
     if (dt == DT_BF16) ((uint16_t *)p)[i] = f32_to_bf16(v);
     else ((float *)p)[i] = v;
+}
+// dst[0..n) = p[off..off+n) in fp32
+static void row_load(DType dt, const void *p, size_t off, int n, float *restrict dst) {
+    if (dt == DT_F32) {
+        memcpy(dst, (const float *)p + off, sizeof(float) * (size_t)n);
+    } else {
+        const uint16_t *s = (const uint16_t *)p + off;
+        for (int i = 0; i < n; i++) dst[i] = bf16_to_f32(s[i]);
+    }
+}
+static void row_store(DType dt, void *p, size_t off, int n, const float *restrict src) {
+    if (dt == DT_F32) {
+        memmove((float *)p + off, src, sizeof(float) * (size_t)n);
+    } else {
+        uint16_t *d = (uint16_t *)p + off;
+        for (int i = 0; i < n; i++) d[i] = f32_to_bf16(src[i]);
+    }
+}
+
+// Σ x, Σ x·y and max x over n floats: VW lanes, then a fixed tree, then the tail in order.
+static float vsum(const float *x, int n) {
+    vf acc = vsplat(0.0f);
+    int i = 0;
+    for (; i + VW <= n; i += VW) acc += vload(x + i);
+    float s = hsum(acc);
+    for (; i < n; i++) s += x[i];
+    return s;
+}
+static float vdot(const float *x, const float *y, int n) {
+    vf acc = vsplat(0.0f);
+    int i = 0;
+    for (; i + VW <= n; i += VW) acc += vload(x + i) * vload(y + i);
+    float s = hsum(acc);
+    for (; i < n; i++) s += x[i] * y[i];
+    return s;
+}
+static float vmaxof(const float *x, int n) {
+    vf acc = vsplat(-INFINITY);
+    int i = 0;
+    for (; i + VW <= n; i += VW) acc = vmax(acc, vload(x + i));
+    float m = hmax(acc);
+    for (; i < n; i++) m = x[i] > m ? x[i] : m;
+    return m;
+}
+// x[i] = exp(x[i] - sub); returns Σ over the lanes in a fixed order
+static float vexp_sub_sum(float *x, int n, float sub) {
+    vf acc = vsplat(0.0f);
+    int i = 0;
+    for (; i + VW <= n; i += VW) {
+        vf e = vexp(vload(x + i) - sub);
+        vstore(x + i, e);
+        acc += e;
+    }
+    if (i < n) { // the tail padded with -inf, whose exp adds exactly 0
+        float t[VW];
+        for (int j = 0; j < VW; j++) t[j] = i + j < n ? x[i + j] : -INFINITY;
+        vf e = vexp(vload(t) - sub);
+        acc += e;
+        for (int j = 0; i + j < n; j++) x[i + j] = e[j];
+    }
+    return hsum(acc);
+}
+static void gelu_row(float *x, int n) {
+    int i = 0;
+    for (; i + VW <= n; i += VW) vstore(x + i, vgelu(vload(x + i)));
+    if (i < n) {
+        float t[VW] = { 0 };
+        memcpy(t, x + i, sizeof(float) * (size_t)(n - i));
+        vf g = vgelu(vload(t));
+        for (int j = 0; i + j < n; j++) x[i + j] = g[j];
+    }
+}
+// x[i] *= gelu'(pre[i])
+static void gelu_grad_row(float *x, const float *pre, int n) {
+    int i = 0;
+    for (; i + VW <= n; i += VW) vstore(x + i, vload(x + i) * vgelu_grad(vload(pre + i)));
+    if (i < n) {
+        float t[VW] = { 0 };
+        memcpy(t, pre + i, sizeof(float) * (size_t)(n - i));
+        vf g = vgelu_grad(vload(t));
+        for (int j = 0; i + j < n; j++) x[i + j] *= g[j];
+    }
+}
+
+static void *aligned_scratch(size_t bytes) {
+    void *p = NULL;
+    if (posix_memalign(&p, 64, bytes ? (bytes + 63) / 64 * 64 : 64) != 0) die("out of memory (%zu bytes of kernel scratch)", bytes);
+    return p;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -46,22 +208,55 @@ static void cpu_set_threads(int n) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// GEMM: C[M,N] (=, or += when accumulate) Σ_k A(m,k)·B(k,n) (+ bias[n]).
-// Operands are strided views (row stride, column stride) so that the three products of a linear
-// layer (x·Wᵀ, dy·W, dyᵀ·x) share one kernel. Each thread owns whole MC×NC tiles of C and sums
-// over k in the same order whatever the thread count.
+// instruction-set selection for bf16 matmuls. Process-wide, like the OpenMP thread count: chosen once
+// at start (cpu_select_isa), read by every matmul.
 
-#ifdef __AVX512F__
-#define VW 16
+enum { ISA_GENERIC, ISA_AVX512BF16 };
+static int g_isa = -1; // -1: not chosen yet; the first matmul takes the best available
+
+static int bf16_supported(void) {
+#if HAVE_BF16_KERNEL
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512bf16") != 0;
 #else
-#define VW 8
+    return 0;
 #endif
-typedef float vf __attribute__((vector_size(VW * 4)));
-#define MR 8
-#define NR (2 * VW)
+}
+
+const char *cpu_select_isa(const char *name) {
+    if (!name) g_isa = bf16_supported() ? ISA_AVX512BF16 : ISA_GENERIC;
+    else if (!strcmp(name, "generic")) g_isa = ISA_GENERIC;
+    else if (!strcmp(name, "avx512bf16") && bf16_supported()) g_isa = ISA_AVX512BF16;
+    else return NULL;
+    return cpu_isa();
+}
+
+const char *cpu_isa(void) {
+    if (g_isa < 0) cpu_select_isa(NULL);
+    return g_isa == ISA_AVX512BF16 ? "avx512bf16" : "generic";
+}
+
+// ---------------------------------------------------------------------------------------------
+// GEMM: C[M,N] (=, or += when accumulating) Σ_k A(m,k)·B(k,n), then an epilogue (bias, GELU, GELU's
+// derivative, dtype conversion). Operands are strided views (row stride, column stride) so that the
+// three products of a linear layer (x·Wᵀ, dy·W, dyᵀ·x) share one kernel.
+//
+// Goto/BLIS loop nest: for each NC-wide column block and KC-deep slice the threads pack B together
+// into one shared buffer, then take MC-row blocks of A in turn, pack them privately and run an MR x NR
+// register-tile kernel over the block. Each element of C sums k in ascending order, slice after slice,
+// with one fused multiply-add per term (or one bf16 dot-product pair), whichever thread computes it,
+// so results do not depend on the thread count.
+
+#if VW == 16
+#define NV 4 // vectors per tile row: 6 x 64 tiles, 24 accumulators
+#else
+#define NV 2 // 16 vector registers without AVX-512: 6 x 16 tiles
+#endif
+#define MR 6
+#define NR (NV * VW)
 #define MC (16 * MR)
-#define KC 256
-#define NC (8 * NR)
+#define KC 512
+#define NC (16 * NR)
 
 typedef struct {
     DType dt;
@@ -69,153 +264,310 @@ typedef struct {
     size_t rs, cs; // element (r, c) is at p[r*rs + c*cs]
 } View;
 
-// Ap[panel][k][r] = A(m0 + panel*MR + r, k0 + k), zero-padded past mc. The loop order follows the
-// source's unit stride so that packing streams through memory.
-static void pack_a(float *Ap, View A, int m0, int mc, int k0, int kc) {
-    for (int pm = 0; pm < mc; pm += MR) {
-        float *dst = Ap + (size_t)pm * kc;
-        int rows = mc - pm < MR ? mc - pm : MR;
-        if (A.cs == 1) {
-            for (int r = 0; r < rows; r++) {
-                size_t base = (size_t)(m0 + pm + r) * A.rs + (size_t)k0;
-                for (int k = 0; k < kc; k++) dst[k * MR + r] = ld(A.dt, A.p, base + (size_t)k);
-            }
-        } else {
-            for (int k = 0; k < kc; k++) {
-                size_t base = (size_t)(k0 + k) * A.cs + (size_t)(m0 + pm) * A.rs;
-                for (int r = 0; r < rows; r++) dst[k * MR + r] = ld(A.dt, A.p, base + (size_t)r * A.rs);
+typedef struct {
+    DType dt;
+    void *p;
+    size_t ld;
+    int accumulate;       // C += product
+    const void *bias;     // [N], same dtype as C, added to every row
+    void *pre;            // GELU: pre = product (+ bias), C = gelu(pre)
+    const void *gelu_pre; // GELU backward: C = product · gelu'(gelu_pre), gelu_pre laid out as C
+} Out;
+
+typedef struct {
+    int M, N, K;
+    View A, B;
+    Out o;
+    int bf16;       // operands packed as bf16 pairs for the AVX512-BF16 kernel
+    int direct;     // partial sums live in C itself (fp32 C without a GELU epilogue)
+    float *scratch; // otherwise partial sums of one column block, when K spans several slices
+    size_t lds;
+} Gemm;
+
+// fp32 panels: Ap[k][r] for MR rows, Bp[k][j] for NR columns, zero-padded
+static void pack_a_f32(float *restrict dst, View A, int m0, int rows, int k0, int kc) {
+    if (A.cs == 1) {
+        for (int r = 0; r < rows; r++) {
+            size_t base = (size_t)(m0 + r) * A.rs + (size_t)k0;
+            if (A.dt == DT_F32) {
+                const float *s = (const float *)A.p + base;
+                for (int k = 0; k < kc; k++) dst[k * MR + r] = s[k];
+            } else {
+                const uint16_t *s = (const uint16_t *)A.p + base;
+                for (int k = 0; k < kc; k++) dst[k * MR + r] = bf16_to_f32(s[k]);
             }
         }
-        for (int r = rows; r < MR; r++)
-            for (int k = 0; k < kc; k++) dst[k * MR + r] = 0.0f;
+    } else {
+        for (int k = 0; k < kc; k++) {
+            size_t base = (size_t)(k0 + k) * A.cs + (size_t)m0 * A.rs;
+            for (int r = 0; r < rows; r++) dst[k * MR + r] = ld(A.dt, A.p, base + (size_t)r * A.rs);
+        }
     }
+    for (int r = rows; r < MR; r++)
+        for (int k = 0; k < kc; k++) dst[k * MR + r] = 0.0f;
 }
 
-// Bp[panel][k][j] = B(k0 + k, n0 + panel*NR + j), zero-padded past nc
-static void pack_b_panel(float *dst, View B, int k0, int kc, int n0, int cols) {
+static void pack_b_f32(float *restrict dst, View B, int k0, int kc, int n0, int cols) {
     if (B.cs == 1) {
         for (int k = 0; k < kc; k++) {
             size_t base = (size_t)(k0 + k) * B.rs + (size_t)n0;
-            for (int j = 0; j < cols; j++) dst[k * NR + j] = ld(B.dt, B.p, base + (size_t)j);
+            row_load(B.dt, B.p, base, cols, dst + (size_t)k * NR);
+            for (int j = cols; j < NR; j++) dst[k * NR + j] = 0.0f;
         }
     } else {
         for (int j = 0; j < cols; j++) {
             size_t base = (size_t)(n0 + j) * B.cs + (size_t)k0 * B.rs;
-            for (int k = 0; k < kc; k++) dst[k * NR + j] = ld(B.dt, B.p, base + (size_t)k * B.rs);
+            if (B.dt == DT_F32 && B.rs == 1) {
+                const float *s = (const float *)B.p + base;
+                for (int k = 0; k < kc; k++) dst[k * NR + j] = s[k];
+            } else {
+                for (int k = 0; k < kc; k++) dst[k * NR + j] = ld(B.dt, B.p, base + (size_t)k * B.rs);
+            }
         }
+        for (int k = 0; k < kc; k++)
+            for (int j = cols; j < NR; j++) dst[k * NR + j] = 0.0f;
     }
-    for (int k = 0; k < kc; k++)
-        for (int j = cols; j < NR; j++) dst[k * NR + j] = 0.0f;
 }
 
-// acc[MR][NR] (row stride ldc) += Ap-panel · Bp-panel over kc
-static inline void micro_kernel(int kc, const float *restrict a, const float *restrict b, float *restrict acc,
-                                int ldc) {
-    vf c[MR][2];
-    for (int r = 0; r < MR; r++) {
-        memcpy(&c[r][0], acc + r * ldc, sizeof(vf));
-        memcpy(&c[r][1], acc + r * ldc + VW, sizeof(vf));
+// bf16 panels: pairs of consecutive k in one 32-bit word (low half even k), Ap[k/2][r], Bp[k/2][j]
+static inline uint32_t bf16_pair(const uint16_t *p, size_t lo, size_t stride, int have_hi) {
+    return (uint32_t)p[lo] | (have_hi ? (uint32_t)p[lo + stride] << 16 : 0u);
+}
+
+static void pack_a_bf16(uint32_t *restrict dst, View A, int m0, int rows, int k0, int kc) {
+    const uint16_t *p = A.p;
+    int kc2 = (kc + 1) / 2;
+    for (int kk = 0; kk < kc2; kk++) {
+        int hi = 2 * kk + 1 < kc;
+        for (int r = 0; r < rows; r++)
+            dst[kk * MR + r] = bf16_pair(p, (size_t)(m0 + r) * A.rs + (size_t)(k0 + 2 * kk) * A.cs, A.cs, hi);
+        for (int r = rows; r < MR; r++) dst[kk * MR + r] = 0;
     }
+}
+
+static void pack_b_bf16(uint32_t *restrict dst, View B, int k0, int kc, int n0, int cols) {
+    const uint16_t *p = B.p;
+    int kc2 = (kc + 1) / 2;
+    for (int kk = 0; kk < kc2; kk++) {
+        int hi = 2 * kk + 1 < kc;
+        size_t base = (size_t)(k0 + 2 * kk) * B.rs + (size_t)n0 * B.cs;
+        for (int j = 0; j < cols; j++) dst[kk * NR + j] = bf16_pair(p, base + (size_t)j * B.cs, B.rs, hi);
+        for (int j = cols; j < NR; j++) dst[kk * NR + j] = 0;
+    }
+}
+
+// dst[MR][NR] (row stride ldd) = src (or 0 when src is NULL) + Ap-panel · Bp-panel over kc.
+// src and dst may be the same tile.
+static void kernel_f32(int kc, const float *restrict a, const float *restrict b, const float *src, size_t lds,
+                       float *dst, size_t ldd) {
+    vf c[MR][NV];
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; r++)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) c[r][v] = src ? vload(src + r * lds + v * VW) : vsplat(0.0f);
     for (int k = 0; k < kc; k++) {
-        vf b0, b1;
-        memcpy(&b0, b + k * NR, sizeof(vf));
-        memcpy(&b1, b + k * NR + VW, sizeof(vf));
+        vf bv[NV];
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) bv[v] = vload(b + (size_t)k * NR + v * VW);
+#pragma GCC unroll 8
         for (int r = 0; r < MR; r++) {
             float av = a[k * MR + r];
-            c[r][0] += av * b0;
-            c[r][1] += av * b1;
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; v++) c[r][v] += av * bv[v];
         }
     }
-    for (int r = 0; r < MR; r++) {
-        memcpy(acc + r * ldc, &c[r][0], sizeof(vf));
-        memcpy(acc + r * ldc + VW, &c[r][1], sizeof(vf));
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; r++)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) vstore(dst + r * ldd + v * VW, c[r][v]);
+}
+
+#if HAVE_BF16_KERNEL
+// The same with bf16 pairs: vdpbf16ps adds a[2k]·b[2k] + a[2k+1]·b[2k+1] into each fp32 lane.
+__attribute__((target("avx512f,avx512bf16"))) static void kernel_bf16(int kc2, const uint32_t *restrict a,
+                                                                      const uint32_t *restrict b, const float *src,
+                                                                      size_t lds, float *dst, size_t ldd) {
+    __m512 c[MR][NV];
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; r++)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) c[r][v] = src ? _mm512_loadu_ps(src + r * lds + v * 16) : _mm512_setzero_ps();
+    for (int kk = 0; kk < kc2; kk++) {
+        __m512bh bv[NV];
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) bv[v] = (__m512bh)_mm512_loadu_si512(b + (size_t)kk * NR + v * 16);
+#pragma GCC unroll 8
+        for (int r = 0; r < MR; r++) {
+            __m512bh av = (__m512bh)_mm512_set1_epi32((int)a[kk * MR + r]);
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; v++) c[r][v] = _mm512_dpbf16_ps(c[r][v], av, bv[v]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; r++)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) _mm512_storeu_ps(dst + r * ldd + v * 16, c[r][v]);
+}
+#endif
+
+static void run_kernel(const Gemm *g, int kc, const void *ap, const void *bp, const float *src, size_t lds, float *dst,
+                       size_t ldd) {
+#if HAVE_BF16_KERNEL
+    if (g->bf16) {
+        kernel_bf16((kc + 1) / 2, ap, bp, src, lds, dst, ldd);
+        return;
+    }
+#endif
+    kernel_f32(kc, ap, bp, src, lds, dst, ldd);
+}
+
+// bias, accumulation into C (when partial sums did not already start from it), GELU or its derivative,
+// and the conversion to C's dtype, for rows x cols of a finished tile
+static void gemm_epilogue(const Gemm *g, float *tile, int i0, int j0, int rows, int cols) {
+    const Out *o = &g->o;
+    float tmp[NR];
+    for (int r = 0; r < rows; r++) {
+        float *x = tile + r * NR;
+        size_t off = (size_t)(i0 + r) * o->ld + (size_t)j0;
+        if (o->bias) {
+            row_load(o->dt, o->bias, (size_t)j0, cols, tmp);
+            for (int j = 0; j < cols; j++) x[j] += tmp[j];
+        }
+        if (o->accumulate && !g->direct) {
+            row_load(o->dt, o->p, off, cols, tmp);
+            for (int j = 0; j < cols; j++) x[j] = tmp[j] + x[j];
+        }
+        if (o->pre) { // GELU of the stored (rounded) value, which is what the backward will see
+            row_store(o->dt, o->pre, off, cols, x);
+            if (o->dt == DT_BF16) row_load(o->dt, o->pre, off, cols, x);
+            gelu_row(x, cols);
+        }
+        if (o->gelu_pre) {
+            row_load(o->dt, o->gelu_pre, off, cols, tmp);
+            gelu_grad_row(x, tmp, cols);
+        }
+        row_store(o->dt, o->p, off, cols, x);
     }
 }
 
-// Goto-style loop nest: for each NC-wide column block and KC-deep slice, A and B are packed once into
-// shared buffers and the threads split the (MC row block × NR column panel) tasks. Partial sums live
-// in an fp32 panel and reach C (with bias, accumulation and dtype conversion) after the last slice,
-// so each element of C sums its k-slices in the same order whatever the thread count.
-static void gemm(int M, int N, int K, View A, View B, DType cdt, void *C, int accumulate, const void *bias,
-                 DType bias_dt) {
+// One MR x NR tile of C over one k-slice: partial sums start from C (direct, accumulating), from the
+// previous slice, or from zero, and the last slice runs the epilogue.
+static void gemm_tile(const Gemm *g, const void *ap, const void *bp, int kc, int i0, int j0, int n0, int rows, int cols,
+                      int first, int last) {
+    float tile[MR * NR] __attribute__((aligned(64)));
+    float *part;
+    size_t ldp;
+    if (g->direct) {
+        part = (float *)g->o.p + (size_t)i0 * g->o.ld + (size_t)j0;
+        ldp = g->o.ld;
+    } else {
+        part = g->scratch ? g->scratch + (size_t)i0 * g->lds + (size_t)(j0 - n0) : NULL;
+        ldp = g->lds;
+    }
+    const float *src = first ? (g->direct && g->o.accumulate ? part : NULL) : part;
+    int epilogue = last && (!g->direct || g->o.bias);
+    if (rows == MR && cols == NR) {
+        if (epilogue) run_kernel(g, kc, ap, bp, src, ldp, tile, NR);
+        else run_kernel(g, kc, ap, bp, src, ldp, part, ldp);
+    } else { // an edge tile: computed whole on a local copy
+        if (src) {
+            memset(tile, 0, sizeof tile);
+            for (int r = 0; r < rows; r++) memcpy(tile + r * NR, src + r * ldp, sizeof(float) * (size_t)cols);
+        }
+        run_kernel(g, kc, ap, bp, src ? tile : NULL, NR, tile, NR);
+        if (!epilogue)
+            for (int r = 0; r < rows; r++) memcpy(part + r * ldp, tile + r * NR, sizeof(float) * (size_t)cols);
+    }
+    if (epilogue) gemm_epilogue(g, tile, i0, j0, rows, cols);
+}
+
+static void gemm(int M, int N, int K, View A, View B, Out o) {
     if (M <= 0 || N <= 0) return;
-    int Mp = (M + MR - 1) / MR * MR;
-    int kc_max = K < KC ? (K > 0 ? K : 1) : KC;
-    float *Ap = NULL, *Bp = NULL, *acc = NULL;
-    if (posix_memalign((void **)&Ap, 64, sizeof(float) * (size_t)Mp * kc_max) ||
-        posix_memalign((void **)&Bp, 64, sizeof(float) * (size_t)kc_max * NC) ||
-        posix_memalign((void **)&acc, 64, sizeof(float) * (size_t)Mp * NC))
-        die("out of memory in matmul scratch (%d x %d x %d)", M, N, K);
+    Gemm g = { .M = M, .N = N, .K = K, .A = A, .B = B, .o = o };
+    g.bf16 = HAVE_BF16_KERNEL && A.dt == DT_BF16 && B.dt == DT_BF16 && !strcmp(cpu_isa(), "avx512bf16");
+    g.direct = o.dt == DT_F32 && !o.pre && !o.gelu_pre;
+    int nslices = K > KC ? (K + KC - 1) / KC : 1;
+    int ncmax = N < NC ? N : NC, kcmax = K < KC ? (K > 0 ? K : 1) : KC;
+    size_t a_bytes = (size_t)MR * ((kcmax + 1) / 2 * 2) * 4, panel_bytes = (size_t)NR * ((kcmax + 1) / 2 * 2) * 4;
+    if (!g.direct && nslices > 1) {
+        g.lds = (size_t)ncmax;
+        g.scratch = aligned_scratch(sizeof(float) * (size_t)M * ncmax);
+    }
+    char *Bp = aligned_scratch(panel_bytes * (size_t)((ncmax + NR - 1) / NR));
     int mblocks = (M + MC - 1) / MC;
-    for (int n0 = 0; n0 < N; n0 += NC) {
-        int nc = N - n0 < NC ? N - n0 : NC;
-        int npanels = (nc + NR - 1) / NR;
-        memset(acc, 0, sizeof(float) * (size_t)Mp * NC);
-        for (int k0 = 0; k0 < K; k0 += KC) {
-            int kc = K - k0 < KC ? K - k0 : KC;
 #pragma omp parallel
-            {
-#pragma omp for schedule(static) nowait
+    {
+        char *Ap = aligned_scratch(a_bytes * (MC / MR));
+        for (int n0 = 0; n0 < N; n0 += NC) {
+            int nc = N - n0 < NC ? N - n0 : NC, npanels = (nc + NR - 1) / NR;
+            for (int s = 0; s < nslices; s++) {
+                int k0 = s * KC, kc = K - k0 < KC ? K - k0 : KC;
+                if (kc < 0) kc = 0;
+#pragma omp for schedule(static)
                 for (int p = 0; p < npanels; p++) {
                     int cols = nc - p * NR < NR ? nc - p * NR : NR;
-                    pack_b_panel(Bp + (size_t)p * NR * kc, B, k0, kc, n0 + p * NR, cols);
+                    if (g.bf16) pack_b_bf16((uint32_t *)(Bp + p * panel_bytes), B, k0, kc, n0 + p * NR, cols);
+                    else pack_b_f32((float *)(Bp + p * panel_bytes), B, k0, kc, n0 + p * NR, cols);
                 }
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 1)
                 for (int mb = 0; mb < mblocks; mb++) {
                     int m0 = mb * MC, mc = M - m0 < MC ? M - m0 : MC;
-                    pack_a(Ap + (size_t)m0 * kc, A, m0, mc, k0, kc);
-                }
-#pragma omp for collapse(2) schedule(static)
-                for (int mb = 0; mb < mblocks; mb++)
-                    for (int p = 0; p < npanels; p++) {
-                        int m0 = mb * MC, mcp = ((M - m0 < MC ? M - m0 : MC) + MR - 1) / MR * MR;
-                        for (int pm = 0; pm < mcp; pm += MR)
-                            micro_kernel(kc, Ap + (size_t)(m0 + pm) * kc, Bp + (size_t)p * NR * kc,
-                                         acc + (size_t)(m0 + pm) * NC + p * NR, NC);
+                    for (int pm = 0; pm < mc; pm += MR) {
+                        int rows = mc - pm < MR ? mc - pm : MR;
+                        if (g.bf16) pack_a_bf16((uint32_t *)(Ap + (pm / MR) * a_bytes), A, m0 + pm, rows, k0, kc);
+                        else pack_a_f32((float *)(Ap + (pm / MR) * a_bytes), A, m0 + pm, rows, k0, kc);
                     }
+                    for (int p = 0; p < npanels; p++) {
+                        int cols = nc - p * NR < NR ? nc - p * NR : NR;
+                        for (int pm = 0; pm < mc; pm += MR)
+                            gemm_tile(&g, Ap + (pm / MR) * a_bytes, Bp + p * panel_bytes, kc, m0 + pm, n0 + p * NR, n0,
+                                      mc - pm < MR ? mc - pm : MR, cols, s == 0, s == nslices - 1);
+                    }
+                }
             }
         }
-#pragma omp parallel for schedule(static)
-        for (int i = 0; i < M; i++) {
-            size_t row = (size_t)i * N + n0;
-            for (int j = 0; j < nc; j++) {
-                float v = acc[(size_t)i * NC + j];
-                if (bias) v += ld(bias_dt, bias, (size_t)(n0 + j));
-                if (accumulate) v = ld(cdt, C, row + j) + v;
-                st(cdt, C, row + j, v);
-            }
-        }
+        free(Ap);
     }
-    free(Ap);
     free(Bp);
-    free(acc);
+    free(g.scratch);
 }
 
-static void cpu_matmul_fwd(DType dt, void *out, const void *inp, const void *weight, const void *bias, int N,
+// dst[c] += Σ_n x[n, c] over column chunks, each summed row by row (a fixed order) by one thread
+#define COLSUM_W 64
+static void colsum_add(DType dt, float *dst, const void *x, int N, int C) {
+#pragma omp parallel for schedule(static)
+    for (int c0 = 0; c0 < C; c0 += COLSUM_W) {
+        int w = C - c0 < COLSUM_W ? C - c0 : COLSUM_W;
+        float acc[COLSUM_W] = { 0 }, tmp[COLSUM_W];
+        for (int n = 0; n < N; n++) {
+            row_load(dt, x, (size_t)n * C + c0, w, tmp);
+            for (int j = 0; j < w; j++) acc[j] += tmp[j];
+        }
+        for (int j = 0; j < w; j++) dst[c0 + j] += acc[j];
+    }
+}
+
+static void cpu_matmul_fwd(DType dt, void *out, void *pre, const void *inp, const void *weight, const void *bias, int N,
                            int C, int OC) {
     View A = { dt, inp, (size_t)C, 1 };
     View B = { dt, weight, 1, (size_t)C };
-    gemm(N, OC, C, A, B, dt, out, 0, bias, dt);
+    Out o = { .dt = dt, .p = out, .ld = (size_t)OC, .bias = bias, .pre = pre };
+    gemm(N, OC, C, A, B, o);
 }
 
 static void cpu_matmul_bwd(DType dt, void *dinp, float *dweight, float *dbias, const void *dout, const void *inp,
-                           const void *weight, int N, int C, int OC) {
+                           const void *weight, const void *gelu_pre, int N, int C, int OC) {
     if (dinp) {
         View A = { dt, dout, (size_t)OC, 1 };
         View B = { dt, weight, (size_t)C, 1 };
-        gemm(N, C, OC, A, B, dt, dinp, 0, NULL, dt);
+        Out o = { .dt = dt, .p = dinp, .ld = (size_t)C, .gelu_pre = gelu_pre };
+        gemm(N, C, OC, A, B, o);
     }
     View A = { dt, dout, 1, (size_t)OC };
     View B = { dt, inp, (size_t)C, 1 };
-    gemm(OC, C, N, A, B, DT_F32, dweight, 1, NULL, dt);
-    if (dbias) {
-#pragma omp parallel for schedule(static)
-        for (int o = 0; o < OC; o++) {
-            float s = 0.0f;
-            for (int n = 0; n < N; n++) s += ld(dt, dout, (size_t)n * OC + o);
-            dbias[o] += s;
-        }
-    }
+    Out o = { .dt = DT_F32, .p = dweight, .ld = (size_t)C, .accumulate = 1 };
+    gemm(OC, C, N, A, B, o);
+    if (dbias) colsum_add(dt, dbias, dout, N, OC);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -223,221 +575,468 @@ static void cpu_matmul_bwd(DType dt, void *dinp, float *dweight, float *dbias, c
 
 static void cpu_encoder_fwd(DType dt, void *out, const int32_t *tokens, const void *wte, const void *wpe, int B,
                             int T, int C, int vstart, int vlen) {
-#pragma omp parallel for schedule(static)
-    for (int bt = 0; bt < B * T; bt++) {
-        int t = bt % T, row = tokens[bt] - vstart;
-        int have = row >= 0 && row < vlen;
-        size_t te = (size_t)(have ? row : 0) * C, pe = (size_t)t * C, o = (size_t)bt * C;
-        for (int c = 0; c < C; c++) {
-            float v = have ? ld(dt, wte, te + c) : 0.0f;
-            if (wpe) v += ld(dt, wpe, pe + c);
-            st(dt, out, o + c, v);
+#pragma omp parallel
+    {
+        float *x = xmalloc(sizeof(float) * 2 * (size_t)C), *y = x + C;
+#pragma omp for schedule(static)
+        for (int bt = 0; bt < B * T; bt++) {
+            int t = bt % T, row = tokens[bt] - vstart;
+            if (row >= 0 && row < vlen) row_load(dt, wte, (size_t)row * C, C, x);
+            else memset(x, 0, sizeof(float) * (size_t)C);
+            if (wpe) {
+                row_load(dt, wpe, (size_t)t * C, C, y);
+                for (int c = 0; c < C; c++) x[c] += y[c];
+            }
+            row_store(dt, out, (size_t)bt * C, C, x);
         }
+        free(x);
     }
 }
 
-// Parallel over channels so that rows sharing a token or a position never race, and each sum runs
+// Parallel over column chunks so that rows sharing a token or a position never race, and each sum runs
 // over (b, t) in order.
 static void cpu_encoder_bwd(DType dt, float *dwte, float *dwpe, const void *dout, const int32_t *tokens, int B,
                             int T, int C, int vstart, int vlen) {
 #pragma omp parallel for schedule(static)
-    for (int c = 0; c < C; c++) {
+    for (int c0 = 0; c0 < C; c0 += COLSUM_W) {
+        int w = C - c0 < COLSUM_W ? C - c0 : COLSUM_W;
+        float g[COLSUM_W];
         for (int bt = 0; bt < B * T; bt++) {
-            float g = ld(dt, dout, (size_t)bt * C + c);
+            row_load(dt, dout, (size_t)bt * C + c0, w, g);
             int row = tokens[bt] - vstart;
-            if (row >= 0 && row < vlen) dwte[(size_t)row * C + c] += g;
-            if (dwpe) dwpe[(size_t)(bt % T) * C + c] += g;
+            if (row >= 0 && row < vlen)
+                for (int j = 0; j < w; j++) dwte[(size_t)row * C + c0 + j] += g[j];
+            if (dwpe)
+                for (int j = 0; j < w; j++) dwpe[(size_t)(bt % T) * C + c0 + j] += g[j];
         }
     }
 }
 
 // ---------------------------------------------------------------------------------------------
-// LayerNorm
+// LayerNorm (and the residual add before it)
+
+// y = (x - mean)·rstd·w + b over one row
+static void ln_row(const float *x, const float *w, const float *b, float *y, int C, float *mean, float *rstd) {
+    float m = vsum(x, C) / C;
+    for (int c = 0; c < C; c++) y[c] = x[c] - m;
+    float var = vdot(y, y, C) / C;
+    float s = 1.0f / sqrtf(var + 1e-5f);
+    for (int c = 0; c < C; c++) y[c] = y[c] * s * w[c] + b[c];
+    *mean = m;
+    *rstd = s;
+}
+
+static void layernorm_rows(DType dt, void *res, void *out, float *mean, float *rstd, const void *a, const void *b,
+                           const void *weight, const void *bias, int N, int C) {
+    float *wb = xmalloc(sizeof(float) * 2 * (size_t)C);
+    row_load(dt, weight, 0, C, wb);
+    row_load(dt, bias, 0, C, wb + C);
+#pragma omp parallel
+    {
+        float *x = xmalloc(sizeof(float) * 3 * (size_t)C), *y = x + C, *z = y + C;
+#pragma omp for schedule(static)
+        for (int n = 0; n < N; n++) {
+            size_t o = (size_t)n * C;
+            row_load(dt, a, o, C, x);
+            if (b) { // the residual add, stored as the stream's next value
+                row_load(dt, b, o, C, z);
+                for (int c = 0; c < C; c++) x[c] += z[c];
+                row_store(dt, res, o, C, x);
+                if (dt == DT_BF16) row_load(dt, res, o, C, x); // normalise what is stored
+            }
+            ln_row(x, wb, wb + C, y, C, &mean[n], &rstd[n]);
+            row_store(dt, out, o, C, y);
+        }
+        free(x);
+    }
+    free(wb);
+}
 
 static void cpu_layernorm_fwd(DType dt, void *out, float *mean, float *rstd, const void *inp, const void *weight,
                               const void *bias, int N, int C) {
-#pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
-        size_t o = (size_t)n * C;
-        float m = 0.0f;
-        for (int c = 0; c < C; c++) m += ld(dt, inp, o + c);
-        m /= C;
-        float var = 0.0f;
-        for (int c = 0; c < C; c++) {
-            float d = ld(dt, inp, o + c) - m;
-            var += d * d;
-        }
-        var /= C;
-        float s = 1.0f / sqrtf(var + 1e-5f);
-        for (int c = 0; c < C; c++) {
-            float xn = (ld(dt, inp, o + c) - m) * s;
-            st(dt, out, o + c, xn * ld(dt, weight, c) + ld(dt, bias, c));
-        }
-        mean[n] = m;
-        rstd[n] = s;
-    }
+    layernorm_rows(dt, NULL, out, mean, rstd, inp, NULL, weight, bias, N, C);
 }
 
+static void cpu_residual_layernorm_fwd(DType dt, void *res, void *out, float *mean, float *rstd, const void *a,
+                                       const void *b, const void *weight, const void *bias, int N, int C) {
+    layernorm_rows(dt, res, out, mean, rstd, a, b, weight, bias, N, C);
+}
+
+// One pass over the rows: each chunk of LN_ROWS rows adds its parameter gradients into its own partial
+// sums, and the chunks are then added in order, so the result does not depend on the thread count.
+#define LN_ROWS 32
 static void cpu_layernorm_bwd(DType dt, void *dinp, float *dweight, float *dbias, const void *dout, const void *inp,
                               const void *weight, const float *mean, const float *rstd, int N, int C) {
-#pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
-        size_t o = (size_t)n * C;
-        float dmean = 0.0f, dnorm_dot = 0.0f;
-        for (int c = 0; c < C; c++) {
-            float xn = (ld(dt, inp, o + c) - mean[n]) * rstd[n];
-            float dn = ld(dt, weight, c) * ld(dt, dout, o + c);
-            dmean += dn;
-            dnorm_dot += dn * xn;
+    int nchunks = (N + LN_ROWS - 1) / LN_ROWS;
+    float *partial = xmalloc(sizeof(float) * 2 * (size_t)C * (nchunks > 0 ? nchunks : 1));
+    float *w = xmalloc(sizeof(float) * (size_t)C);
+    row_load(dt, weight, 0, C, w);
+#pragma omp parallel
+    {
+        float *x = xmalloc(sizeof(float) * 4 * (size_t)C), *dy = x + C, *dn = dy + C, *di = dn + C;
+#pragma omp for schedule(static)
+        for (int ch = 0; ch < nchunks; ch++) {
+            float *pw = partial + (size_t)ch * 2 * C, *pb = pw + C;
+            memset(pw, 0, sizeof(float) * 2 * (size_t)C);
+            for (int n = ch * LN_ROWS; n < N && n < (ch + 1) * LN_ROWS; n++) {
+                size_t o = (size_t)n * C;
+                row_load(dt, inp, o, C, x);
+                row_load(dt, dout, o, C, dy);
+                row_load(dt, dinp, o, C, di);
+                float m = mean[n], s = rstd[n];
+                for (int c = 0; c < C; c++) {
+                    x[c] = (x[c] - m) * s; // x̂
+                    dn[c] = w[c] * dy[c];
+                    pw[c] += dy[c] * x[c];
+                    pb[c] += dy[c];
+                }
+                float dmean = vsum(dn, C) / C, ddot = vdot(dn, x, C) / C;
+                for (int c = 0; c < C; c++) di[c] += (dn[c] - dmean - x[c] * ddot) * s;
+                row_store(dt, dinp, o, C, di);
+            }
         }
-        dmean /= C;
-        dnorm_dot /= C;
+        free(x);
+#pragma omp for schedule(static)
         for (int c = 0; c < C; c++) {
-            float xn = (ld(dt, inp, o + c) - mean[n]) * rstd[n];
-            float dn = ld(dt, weight, c) * ld(dt, dout, o + c);
-            float g = (dn - dmean - xn * dnorm_dot) * rstd[n];
-            st(dt, dinp, o + c, ld(dt, dinp, o + c) + g);
+            float sw = 0.0f, sb = 0.0f;
+            for (int ch = 0; ch < nchunks; ch++) {
+                sw += partial[(size_t)ch * 2 * C + c];
+                sb += partial[(size_t)ch * 2 * C + C + c];
+            }
+            dweight[c] += sw;
+            dbias[c] += sb;
         }
     }
-#pragma omp parallel for schedule(static)
-    for (int c = 0; c < C; c++) {
-        float dw = 0.0f, db = 0.0f;
-        for (int n = 0; n < N; n++) {
-            size_t i = (size_t)n * C + c;
-            float g = ld(dt, dout, i);
-            dw += g * (ld(dt, inp, i) - mean[n]) * rstd[n];
-            db += g;
-        }
-        dweight[c] += dw;
-        dbias[c] += db;
-    }
+    free(w);
+    free(partial);
 }
 
 // ---------------------------------------------------------------------------------------------
-// attention: one (batch, head) pair per task, with q, k, v converted to fp32 once per task.
+// Attention, flash style. For each (batch, head) pair, queries are taken ATT_BQ rows at a time against
+// keys ATT_BK at a time; a tile's scores S = (q/√hs)·kᵀ live only in a small buffer. The forward keeps a
+// running row max m and sum l (online softmax): a new tile rescales the output accumulated so far by
+// exp(m_old - m_new). Tiles entirely above the causal diagonal are skipped. It saves
+// lse = m + log l per row. The backward recomputes P = exp(S - lse) tile by tile, with
+// D = rowsum(dout·out): dV += Pᵀ·dO, dP = dO·Vᵀ, dS = P·(dP - D), dQ += dS·K, dK += dSᵀ·Q. Key tiles are
+// the outer loop and query tiles the inner one, so dK and dV of a key tile sum the query tiles in order
+// and dQ of a query tile sums the key tiles in order. One task per (batch, head), so the results do not
+// depend on the thread count. The whole-sequence ops are the block ops with q, k, v from one qkv buffer.
 
-static void load_head(DType dt, float *dst, const void *qkv, int b, int T, int C, int part, int h, int hs) {
-    for (int t = 0; t < T; t++) {
-        size_t base = ((size_t)b * T + t) * 3 * C + (size_t)part * C + (size_t)h * hs;
-        for (int i = 0; i < hs; i++) dst[t * hs + i] = ld(dt, qkv, base + i);
+#define ATT_BQ 32
+#define ATT_BK 32         // a multiple of VW
+#define ATT_HC (4 * VW)   // head channels are padded with zeros to a multiple of this
+#define ATT_NK (ATT_BK / VW)
+
+typedef struct {
+    int B, NH, hs, Tq, q0, Tk, k0;
+    int hsp, Tqp, Tkp; // padded sizes
+    int kvis;          // keys visible to at least one query of the block (a prefix of the block)
+    float scale;
+} AttDims;
+
+static AttDims att_dims(int B, int NH, int hs, int Tq, int q0, int Tk, int k0) {
+    AttDims d = { B, NH, hs, Tq, q0, Tk, k0, 0, 0, 0, 0, 0.0f };
+    d.hsp = (hs + ATT_HC - 1) / ATT_HC * ATT_HC;
+    d.Tqp = (Tq + ATT_BQ - 1) / ATT_BQ * ATT_BQ;
+    d.kvis = q0 + Tq - k0; // keys at positions <= the last query's
+    if (d.kvis > Tk) d.kvis = Tk;
+    if (d.kvis < 0 || Tq <= 0) d.kvis = 0;
+    d.Tkp = (d.kvis + ATT_BK - 1) / ATT_BK * ATT_BK;
+    if (d.Tkp == 0) d.Tkp = ATT_BK;
+    d.scale = 1.0f / sqrtf((float)hs);
+    return d;
+}
+
+static inline size_t av_off(const AttnView *v, int b, int t, int h, int hs) {
+    return (size_t)b * v->bstride + (size_t)t * v->tstride + (size_t)h * hs;
+}
+
+// rows [0, n) of (b, h) into dst[t][hsp] times mul, zero elsewhere up to rows_pad
+static void att_load_rows(const AttnView *v, int b, int h, const AttDims *d, int n, int rows_pad, float mul, float *dst) {
+    memset(dst, 0, sizeof(float) * (size_t)rows_pad * d->hsp);
+    for (int t = 0; t < n; t++) {
+        float *r = dst + (size_t)t * d->hsp;
+        row_load(v->dt, v->p, av_off(v, b, t, h, d->hs), d->hs, r);
+        if (mul != 1.0f)
+            for (int i = 0; i < d->hs; i++) r[i] *= mul;
+    }
+}
+// the same transposed: dst[i][t], row stride Tkp
+static void att_load_cols(const AttnView *v, int b, int h, const AttDims *d, int n, float *dst, float *tmp) {
+    memset(dst, 0, sizeof(float) * (size_t)d->hsp * d->Tkp);
+    for (int t = 0; t < n; t++) {
+        row_load(v->dt, v->p, av_off(v, b, t, h, d->hs), d->hs, tmp);
+        for (int i = 0; i < d->hs; i++) dst[(size_t)i * d->Tkp + t] = tmp[i];
     }
 }
 
-static void cpu_attention_fwd(DType dt, void *out, float *att, const void *qkv, int B, int T, int C, int NH) {
-    int hs = C / NH;
-    float scale = 1.0f / sqrtf((float)hs);
-#pragma omp parallel
-    {
-        float *q = xmalloc(sizeof(float) * 3 * (size_t)T * hs), *k = q + (size_t)T * hs, *v = k + (size_t)T * hs;
-#pragma omp for schedule(static)
-        for (int bh = 0; bh < B * NH; bh++) {
-            int b = bh / NH, h = bh % NH;
-            load_head(dt, q, qkv, b, T, C, 0, h, hs);
-            load_head(dt, k, qkv, b, T, C, 1, h, hs);
-            load_head(dt, v, qkv, b, T, C, 2, h, hs);
-            for (int t = 0; t < T; t++) {
-                float *row = att + ((size_t)bh * T + t) * T;
-                float mx = -INFINITY;
-                for (int t2 = 0; t2 <= t; t2++) {
-                    float s = 0.0f;
-                    for (int i = 0; i < hs; i++) s += q[t * hs + i] * k[t2 * hs + i];
-                    row[t2] = s * scale;
-                    if (row[t2] > mx) mx = row[t2];
-                }
-                float sum = 0.0f;
-                for (int t2 = 0; t2 <= t; t2++) {
-                    row[t2] = expf(row[t2] - mx);
-                    sum += row[t2];
-                }
-                float inv = 1.0f / sum;
-                for (int t2 = 0; t2 <= t; t2++) row[t2] *= inv;
-                for (int t2 = t + 1; t2 < T; t2++) row[t2] = 0.0f;
-                size_t o = ((size_t)b * T + t) * C + (size_t)h * hs;
-                for (int i = 0; i < hs; i++) {
-                    float s = 0.0f;
-                    for (int t2 = 0; t2 <= t; t2++) s += row[t2] * v[t2 * hs + i];
-                    st(dt, out, o + i, s);
-                }
+// s[BQ][BK] = a[BQ][hsp] · bt[hsp][BK] (bt with row stride ldb)
+static void att_abt(const float *restrict a, const float *restrict bt, size_t ldb, int hsp, float *restrict s) {
+    for (int r0 = 0; r0 < ATT_BQ; r0 += 8) {
+        vf acc[8][ATT_NK];
+#pragma GCC unroll 8
+        for (int r = 0; r < 8; r++)
+#pragma GCC unroll 4
+            for (int v = 0; v < ATT_NK; v++) acc[r][v] = vsplat(0.0f);
+        for (int i = 0; i < hsp; i++) {
+            vf b[ATT_NK];
+#pragma GCC unroll 4
+            for (int v = 0; v < ATT_NK; v++) b[v] = vload(bt + (size_t)i * ldb + v * VW);
+#pragma GCC unroll 8
+            for (int r = 0; r < 8; r++) {
+                float x = a[(size_t)(r0 + r) * hsp + i];
+#pragma GCC unroll 4
+                for (int v = 0; v < ATT_NK; v++) acc[r][v] += x * b[v];
             }
         }
-        free(q);
+#pragma GCC unroll 8
+        for (int r = 0; r < 8; r++)
+#pragma GCC unroll 4
+            for (int v = 0; v < ATT_NK; v++) vstore(s + (r0 + r) * ATT_BK + v * VW, acc[r][v]);
     }
 }
 
-static void cpu_attention_bwd(DType dt, void *dqkv, float *datt, const void *dout, const void *qkv, const float *att,
+// o[rows][hsp] += p[rows][n] (row stride ldp) · v[n][hsp]; rows a multiple of 4
+static void att_ab(float *restrict o, const float *restrict p, int ldp, int n, const float *restrict v, int hsp, int rows) {
+    for (int r0 = 0; r0 < rows; r0 += 4)
+        for (int i0 = 0; i0 < hsp; i0 += ATT_HC) {
+            vf acc[4][4];
+#pragma GCC unroll 4
+            for (int r = 0; r < 4; r++)
+#pragma GCC unroll 4
+                for (int x = 0; x < 4; x++) acc[r][x] = vload(o + (size_t)(r0 + r) * hsp + i0 + x * VW);
+            for (int c = 0; c < n; c++) {
+                vf vv[4];
+#pragma GCC unroll 4
+                for (int x = 0; x < 4; x++) vv[x] = vload(v + (size_t)c * hsp + i0 + x * VW);
+#pragma GCC unroll 4
+                for (int r = 0; r < 4; r++) {
+                    float w = p[(size_t)(r0 + r) * ldp + c];
+#pragma GCC unroll 4
+                    for (int x = 0; x < 4; x++) acc[r][x] += w * vv[x];
+                }
+            }
+#pragma GCC unroll 4
+            for (int r = 0; r < 4; r++)
+#pragma GCC unroll 4
+                for (int x = 0; x < 4; x++) vstore(o + (size_t)(r0 + r) * hsp + i0 + x * VW, acc[r][x]);
+        }
+}
+
+static void transpose_tile(const float *src, int rows, int cols, float *dst) {
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++) dst[c * rows + r] = src[r * cols + c];
+}
+
+// Keys of the tile at kt0 visible to query row r of the tile at qt0 (a prefix of the tile; may be <= 0).
+static inline int att_visible(const AttDims *d, int qt0, int r, int kt0) {
+    int lim = d->q0 + qt0 + r - (d->k0 + kt0) + 1, left = d->Tk - kt0;
+    lim = lim < left ? lim : left;
+    return lim < ATT_BK ? lim : ATT_BK;
+}
+
+static void att_fwd_head(const AttDims *d, int b, int h, AttnView out, float *lse, AttnView q, AttnView k, AttnView v,
+                         int merge, float *work) {
+    int hsp = d->hsp;
+    float *kt = work, *vv = kt + (size_t)hsp * d->Tkp, *qt = vv + (size_t)d->Tkp * hsp, *o = qt + ATT_BQ * hsp;
+    float *s = o + ATT_BQ * hsp, *row = s + ATT_BQ * ATT_BK;
+    float m[ATT_BQ], l[ATT_BQ];
+    att_load_cols(&k, b, h, d, d->kvis, kt, row);
+    att_load_rows(&v, b, h, d, d->kvis, d->Tkp, 1.0f, vv);
+    for (int qt0 = 0; qt0 < d->Tq; qt0 += ATT_BQ) {
+        int nq = d->Tq - qt0 < ATT_BQ ? d->Tq - qt0 : ATT_BQ, qmax = d->q0 + qt0 + nq - 1;
+        memset(qt, 0, sizeof(float) * ATT_BQ * hsp);
+        for (int r = 0; r < nq; r++) {
+            float *qr = qt + (size_t)r * hsp;
+            row_load(q.dt, q.p, av_off(&q, b, qt0 + r, h, d->hs), d->hs, qr);
+            for (int i = 0; i < d->hs; i++) qr[i] *= d->scale;
+        }
+        memset(o, 0, sizeof(float) * ATT_BQ * hsp);
+        for (int r = 0; r < ATT_BQ; r++) m[r] = -INFINITY, l[r] = 0.0f;
+        for (int kt0 = 0; kt0 < d->kvis && d->k0 + kt0 <= qmax; kt0 += ATT_BK) {
+            att_abt(qt, kt + kt0, (size_t)d->Tkp, hsp, s);
+            for (int r = 0; r < ATT_BQ; r++) {
+                float *sr = s + r * ATT_BK;
+                int lim = r < nq ? att_visible(d, qt0, r, kt0) : 0;
+                for (int c = lim > 0 ? lim : 0; c < ATT_BK; c++) sr[c] = -INFINITY;
+                float mt = lim > 0 ? vmaxof(sr, ATT_BK) : -INFINITY;
+                if (mt == -INFINITY) {
+                    memset(sr, 0, sizeof(float) * ATT_BK);
+                    continue;
+                }
+                float mnew = mt > m[r] ? mt : m[r];
+                float alpha = m[r] == -INFINITY ? 0.0f : expf(m[r] - mnew);
+                l[r] = l[r] * alpha + vexp_sub_sum(sr, ATT_BK, mnew);
+                m[r] = mnew;
+                if (alpha != 1.0f)
+                    for (int i = 0; i < hsp; i++) o[(size_t)r * hsp + i] *= alpha;
+            }
+            att_ab(o, s, ATT_BK, ATT_BK, vv + (size_t)kt0 * hsp, hsp, ATT_BQ);
+        }
+        for (int r = 0; r < nq; r++) {
+            float *orow = o + (size_t)r * hsp;
+            float lb = l[r] > 0.0f ? m[r] + logf(l[r]) : -INFINITY, inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+            for (int i = 0; i < d->hs; i++) orow[i] *= inv;
+            size_t li = ((size_t)b * d->NH + h) * d->Tq + qt0 + r, oo = av_off(&out, b, qt0 + r, h, d->hs);
+            if (merge) { // log-sum-exp rule against what earlier blocks left
+                float la = lse[li];
+                if (lb == -INFINITY) continue;
+                if (la != -INFINITY) {
+                    float mx = la > lb ? la : lb, lnew = mx + logf(expf(la - mx) + expf(lb - mx));
+                    float wa = expf(la - lnew), wb = expf(lb - lnew);
+                    row_load(out.dt, out.p, oo, d->hs, row);
+                    for (int i = 0; i < d->hs; i++) orow[i] = row[i] * wa + orow[i] * wb;
+                    lb = lnew;
+                }
+            }
+            lse[li] = lb;
+            row_store(out.dt, out.p, oo, d->hs, orow);
+        }
+    }
+}
+
+static void attn_fwd(AttnView out, float *lse, AttnView q, AttnView k, AttnView v, int B, int NH, int hs, int Tq, int q0,
+                     int Tk, int k0, int merge) {
+    if (B <= 0 || NH <= 0 || hs <= 0 || Tq <= 0) return;
+    AttDims d = att_dims(B, NH, hs, Tq, q0, Tk, k0);
+    size_t work = 2 * (size_t)d.hsp * d.Tkp + 2 * (size_t)ATT_BQ * d.hsp + ATT_BQ * ATT_BK + (size_t)d.hsp;
+#pragma omp parallel
+    {
+        float *w = aligned_scratch(sizeof(float) * work);
+#pragma omp for schedule(dynamic, 1)
+        for (int bh = 0; bh < B * NH; bh++) att_fwd_head(&d, bh / NH, bh % NH, out, lse, q, k, v, merge, w);
+        free(w);
+    }
+}
+
+static void att_bwd_head(const AttDims *d, int b, int h, AttnView dq, AttnView dk, AttnView dv, int accumulate,
+                         AttnView dout, AttnView out, const float *lse, AttnView q, AttnView k, AttnView v, float *work) {
+    int hsp = d->hsp, Tqp = d->Tqp, Tkp = d->Tkp;
+    size_t qn = (size_t)Tqp * hsp, kn = (size_t)Tkp * hsp;
+    float *qs = work, *dO = qs + qn, *dQ = dO + qn, *K = dQ + qn, *Kt = K + kn, *Vt = Kt + kn, *dK = Vt + kn, *dV = dK + kn;
+    float *D = dV + kn, *L = D + Tqp, *P = L + Tqp, *PT = P + ATT_BQ * ATT_BK, *dP = PT + ATT_BQ * ATT_BK;
+    float *row = dP + ATT_BQ * ATT_BK, *row2 = row + hsp;
+    att_load_rows(&q, b, h, d, d->Tq, Tqp, d->scale, qs);
+    att_load_rows(&dout, b, h, d, d->Tq, Tqp, 1.0f, dO);
+    att_load_rows(&k, b, h, d, d->kvis, Tkp, 1.0f, K);
+    att_load_cols(&k, b, h, d, d->kvis, Kt, row);
+    att_load_cols(&v, b, h, d, d->kvis, Vt, row);
+    for (int t = 0; t < Tqp; t++) {
+        if (t < d->Tq) {
+            row_load(out.dt, out.p, av_off(&out, b, t, h, d->hs), d->hs, row);
+            D[t] = vdot(dO + (size_t)t * hsp, row, d->hs);
+            L[t] = lse[((size_t)b * d->NH + h) * d->Tq + t];
+        } else {
+            D[t] = 0.0f;
+            L[t] = -INFINITY;
+        }
+    }
+    memset(dQ, 0, sizeof(float) * qn);
+    memset(dK, 0, sizeof(float) * 2 * kn);
+    for (int kt0 = 0; kt0 < d->kvis; kt0 += ATT_BK) {
+        for (int qt0 = 0; qt0 < d->Tq; qt0 += ATT_BQ) {
+            int nq = d->Tq - qt0 < ATT_BQ ? d->Tq - qt0 : ATT_BQ;
+            if (d->k0 + kt0 > d->q0 + qt0 + nq - 1) continue; // above the diagonal
+            const float *qi = qs + (size_t)qt0 * hsp, *doi = dO + (size_t)qt0 * hsp;
+            att_abt(qi, Kt + kt0, (size_t)Tkp, hsp, P);
+            for (int r = 0; r < ATT_BQ; r++) {
+                float *pr = P + r * ATT_BK, lr = L[qt0 + r];
+                int lim = r < nq && lr != -INFINITY ? att_visible(d, qt0, r, kt0) : 0;
+                if (lim <= 0) {
+                    memset(pr, 0, sizeof(float) * ATT_BK);
+                    continue;
+                }
+                vexp_sub_sum(pr, ATT_BK, lr);
+                for (int c = lim; c < ATT_BK; c++) pr[c] = 0.0f;
+            }
+            transpose_tile(P, ATT_BQ, ATT_BK, PT);
+            att_ab(dV + (size_t)kt0 * hsp, PT, ATT_BQ, ATT_BQ, doi, hsp, ATT_BK); // dV += Pᵀ·dO
+            att_abt(doi, Vt + kt0, (size_t)Tkp, hsp, dP);                          // dP = dO·Vᵀ
+            for (int r = 0; r < ATT_BQ; r++) {
+                float dr = D[qt0 + r];
+                for (int c = 0; c < ATT_BK; c++) dP[r * ATT_BK + c] = P[r * ATT_BK + c] * (dP[r * ATT_BK + c] - dr);
+            }
+            att_ab(dQ + (size_t)qt0 * hsp, dP, ATT_BK, ATT_BK, K + (size_t)kt0 * hsp, hsp, ATT_BQ); // dQ += dS·K
+            transpose_tile(dP, ATT_BQ, ATT_BK, PT);
+            att_ab(dK + (size_t)kt0 * hsp, PT, ATT_BQ, ATT_BQ, qi, hsp, ATT_BK); // dK += dSᵀ·(q/√hs)
+        }
+    }
+    // dQ carries the 1/√hs of the scores; dK got it from the scaled queries
+    for (int t = 0; t < d->Tq; t++) {
+        float *g = dQ + (size_t)t * hsp;
+        for (int i = 0; i < d->hs; i++) g[i] *= d->scale;
+    }
+    struct { AttnView *view; float *src; int n; } outs[3] = { { &dq, dQ, d->Tq }, { &dk, dK, d->Tk }, { &dv, dV, d->Tk } };
+    for (int x = 0; x < 3; x++)
+        for (int t = 0; t < outs[x].n; t++) {
+            AttnView *ov = outs[x].view;
+            size_t oo = av_off(ov, b, t, h, d->hs);
+            const float *g = t < (x ? d->kvis : d->Tq) ? outs[x].src + (size_t)t * hsp : NULL;
+            if (!g) { // a key no query of this block sees
+                if (accumulate) continue;
+                memset(row2, 0, sizeof(float) * (size_t)d->hs);
+                g = row2;
+            }
+            if (accumulate) {
+                row_load(ov->dt, ov->p, oo, d->hs, row);
+                for (int i = 0; i < d->hs; i++) row[i] += g[i];
+                g = row;
+            }
+            row_store(ov->dt, ov->p, oo, d->hs, g);
+        }
+}
+
+static void attn_bwd(AttnView dq, AttnView dk, AttnView dv, int accumulate, AttnView dout, AttnView out, const float *lse,
+                     AttnView q, AttnView k, AttnView v, int B, int NH, int hs, int Tq, int q0, int Tk, int k0) {
+    if (B <= 0 || NH <= 0 || hs <= 0 || (Tq <= 0 && Tk <= 0)) return;
+    AttDims d = att_dims(B, NH, hs, Tq, q0, Tk, k0);
+    size_t work = 3 * (size_t)d.Tqp * d.hsp + 5 * (size_t)d.Tkp * d.hsp + 2 * (size_t)d.Tqp + 3 * ATT_BQ * ATT_BK +
+                  2 * (size_t)d.hsp;
+#pragma omp parallel
+    {
+        float *w = aligned_scratch(sizeof(float) * work);
+#pragma omp for schedule(dynamic, 1)
+        for (int bh = 0; bh < B * NH; bh++)
+            att_bwd_head(&d, bh / NH, bh % NH, dq, dk, dv, accumulate, dout, out, lse, q, k, v, w);
+        free(w);
+    }
+}
+
+static void cpu_attention_block_fwd(AttnView out, float *lse, AttnView q, AttnView k, AttnView v, int B, int NH, int hs,
+                                    int Tq, int q0, int Tk, int k0, int merge) {
+    attn_fwd(out, lse, q, k, v, B, NH, hs, Tq, q0, Tk, k0, merge);
+}
+
+static void cpu_attention_block_bwd(AttnView dq, AttnView dk, AttnView dv, AttnView dout, AttnView out, const float *lse,
+                                    AttnView q, AttnView k, AttnView v, int B, int NH, int hs, int Tq, int q0, int Tk,
+                                    int k0) {
+    attn_bwd(dq, dk, dv, 1, dout, out, lse, q, k, v, B, NH, hs, Tq, q0, Tk, k0);
+}
+
+// views of q, k and v (part 0, 1, 2) inside qkv[B,T,3C], and of a [B,T,C] tensor
+static AttnView qkv_view(DType dt, const void *qkv, int part, int T, int C) {
+    AttnView v = { dt, (char *)qkv + (size_t)part * C * dtype_size(dt), (size_t)T * 3 * C, 3 * (size_t)C };
+    return v;
+}
+static AttnView btc_view(DType dt, const void *x, int T, int C) {
+    AttnView v = { dt, (void *)x, (size_t)T * C, (size_t)C };
+    return v;
+}
+
+static void cpu_attention_fwd(DType dt, void *out, float *lse, const void *qkv, int B, int T, int C, int NH) {
+    attn_fwd(btc_view(dt, out, T, C), lse, qkv_view(dt, qkv, 0, T, C), qkv_view(dt, qkv, 1, T, C),
+             qkv_view(dt, qkv, 2, T, C), B, NH, C / NH, T, 0, T, 0, 0);
+}
+
+static void cpu_attention_bwd(DType dt, void *dqkv, const void *dout, const void *qkv, const void *out, const float *lse,
                               int B, int T, int C, int NH) {
-    int hs = C / NH;
-    float scale = 1.0f / sqrtf((float)hs);
-#pragma omp parallel
-    {
-        size_t th = (size_t)T * hs;
-        float *q = xmalloc(sizeof(float) * 7 * th);
-        float *k = q + th, *v = k + th, *dy = v + th, *dq = dy + th, *dk = dq + th, *dv = dk + th;
-#pragma omp for schedule(static)
-        for (int bh = 0; bh < B * NH; bh++) {
-            int b = bh / NH, h = bh % NH;
-            load_head(dt, q, qkv, b, T, C, 0, h, hs);
-            load_head(dt, k, qkv, b, T, C, 1, h, hs);
-            load_head(dt, v, qkv, b, T, C, 2, h, hs);
-            for (int t = 0; t < T; t++)
-                for (int i = 0; i < hs; i++) dy[t * hs + i] = ld(dt, dout, ((size_t)b * T + t) * C + (size_t)h * hs + i);
-            memset(dq, 0, sizeof(float) * 3 * th);
-            for (int t = 0; t < T; t++) {
-                const float *a = att + ((size_t)bh * T + t) * T;
-                float *da = datt + ((size_t)bh * T + t) * T;
-                float dot = 0.0f;
-                for (int t2 = 0; t2 <= t; t2++) {
-                    float s = 0.0f;
-                    for (int i = 0; i < hs; i++) s += dy[t * hs + i] * v[t2 * hs + i];
-                    da[t2] = s;
-                    dot += a[t2] * s;
-                }
-                for (int t2 = 0; t2 <= t; t2++) {
-                    float dpre = a[t2] * (da[t2] - dot) * scale;
-                    for (int i = 0; i < hs; i++) {
-                        dq[t * hs + i] += dpre * k[t2 * hs + i];
-                        dk[t2 * hs + i] += dpre * q[t * hs + i];
-                        dv[t2 * hs + i] += a[t2] * dy[t * hs + i];
-                    }
-                }
-            }
-            for (int t = 0; t < T; t++) {
-                size_t base = ((size_t)b * T + t) * 3 * C + (size_t)h * hs;
-                for (int i = 0; i < hs; i++) {
-                    st(dt, dqkv, base + i, dq[t * hs + i]);
-                    st(dt, dqkv, base + C + i, dk[t * hs + i]);
-                    st(dt, dqkv, base + 2 * (size_t)C + i, dv[t * hs + i]);
-                }
-            }
-        }
-        free(q);
-    }
+    attn_bwd(qkv_view(dt, dqkv, 0, T, C), qkv_view(dt, dqkv, 1, T, C), qkv_view(dt, dqkv, 2, T, C), 0,
+             btc_view(dt, dout, T, C), btc_view(dt, out, T, C), lse, qkv_view(dt, qkv, 0, T, C),
+             qkv_view(dt, qkv, 1, T, C), qkv_view(dt, qkv, 2, T, C), B, NH, C / NH, T, 0, T, 0);
 }
 
 // ---------------------------------------------------------------------------------------------
-// GELU (tanh approximation), residual
-
-#define GELU_K 0.7978845608028654f // sqrt(2/pi)
-
-static void cpu_gelu_fwd(DType dt, void *out, const void *inp, size_t n) {
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        float x = ld(dt, inp, i);
-        st(dt, out, i, 0.5f * x * (1.0f + tanhf(GELU_K * (x + 0.044715f * x * x * x))));
-    }
-}
-
-static void cpu_gelu_bwd(DType dt, void *dinp, const void *inp, const void *dout, size_t n) {
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        float x = ld(dt, inp, i);
-        float u = GELU_K * (x + 0.044715f * x * x * x);
-        float th = tanhf(u);
-        float sech2 = 1.0f - th * th;
-        float grad = 0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
-        st(dt, dinp, i, grad * ld(dt, dout, i));
-    }
-}
+// residual
 
 static void cpu_residual_fwd(DType dt, void *out, const void *a, const void *b, size_t n) {
 #pragma omp parallel for schedule(static)
@@ -450,60 +1049,112 @@ static void cpu_residual_bwd(DType dt, void *dst, const void *src, size_t n) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// softmax + cross-entropy over the real vocabulary (columns < V)
+// softmax + cross-entropy over the real vocabulary (columns < vreal). A row is read into fp32 once;
+// the statistics and the gradient are computed while it is in cache.
+
+// rowmax and rowsum of x[0..vreal), exponentials left in e (which may be x)
+static void ce_row_stats(const float *x, float *e, int vreal, float *rowmax, float *rowsum) {
+    float m = vreal > 0 ? vmaxof(x, vreal) : -INFINITY;
+    if (e != x) memcpy(e, x, sizeof(float) * (size_t)(vreal > 0 ? vreal : 0));
+    *rowmax = m;
+    *rowsum = vreal > 0 ? vexp_sub_sum(e, vreal, m) : 0.0f;
+}
+
+// e holds exp(x - gmax) over the real columns: dlogits = (e/gsum - onehot)·dloss, padding 0
+static void ce_row_grad(DType dt, void *dlogits, size_t o, float *e, int tj, float gsum, float dloss, int vreal, int Vloc) {
+    float inv = 1.0f / gsum;
+    int nr = vreal > 0 ? vreal : 0;
+    for (int j = 0; j < nr; j++) e[j] = (e[j] * inv - (j == tj ? 1.0f : 0.0f)) * dloss;
+    for (int j = nr; j < Vloc; j++) e[j] = 0.0f;
+    row_store(dt, dlogits, o, Vloc, e);
+}
 
 static void cpu_crossentropy_stats(DType dt, float *rowmax, float *rowsum, float *target, const void *logits,
                                    const int32_t *targets, int N, int vstart, int vreal, int Vloc) {
-#pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
-        size_t o = (size_t)n * Vloc;
-        float m = -INFINITY;
-        for (int j = 0; j < vreal; j++) {
-            float x = ld(dt, logits, o + j);
-            if (x > m) m = x;
+#pragma omp parallel
+    {
+        float *x = aligned_scratch(sizeof(float) * 2 * ((size_t)Vloc + VW)), *e = x + Vloc + VW;
+#pragma omp for schedule(static)
+        for (int n = 0; n < N; n++) {
+            size_t o = (size_t)n * Vloc;
+            int nr = vreal > 0 ? vreal : 0;
+            row_load(dt, logits, o, nr, x);
+            ce_row_stats(x, e, vreal, &rowmax[n], &rowsum[n]);
+            int tj = targets[n] - vstart;
+            target[n] = (tj >= 0 && tj < vreal) ? x[tj] : 0.0f;
         }
-        float s = 0.0f;
-        for (int j = 0; j < vreal; j++) s += expf(ld(dt, logits, o + j) - m);
-        int tj = targets[n] - vstart;
-        rowmax[n] = m;
-        rowsum[n] = s;
-        target[n] = (tj >= 0 && tj < vreal) ? ld(dt, logits, o + tj) : 0.0f;
+        free(x);
     }
 }
 
 static void cpu_crossentropy_bwd(DType dt, void *dlogits, const void *logits, const int32_t *targets, const float *gmax,
                                  const float *gsum, float dloss, int N, int vstart, int vreal, int Vloc) {
-#pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
-        size_t o = (size_t)n * Vloc;
-        float inv = 1.0f / gsum[n];
-        int tj = targets[n] - vstart;
-        for (int j = 0; j < vreal; j++) {
-            float p = expf(ld(dt, logits, o + j) - gmax[n]) * inv;
-            st(dt, dlogits, o + j, (p - (j == tj ? 1.0f : 0.0f)) * dloss);
+#pragma omp parallel
+    {
+        float *e = aligned_scratch(sizeof(float) * ((size_t)Vloc + VW));
+#pragma omp for schedule(static)
+        for (int n = 0; n < N; n++) {
+            size_t o = (size_t)n * Vloc;
+            int nr = vreal > 0 ? vreal : 0;
+            row_load(dt, logits, o, nr, e);
+            if (nr) vexp_sub_sum(e, nr, gmax[n]);
+            ce_row_grad(dt, dlogits, o, e, targets[n] - vstart, gsum[n], dloss, vreal, Vloc);
         }
-        for (int j = vreal > 0 ? vreal : 0; j < Vloc; j++) st(dt, dlogits, o + j, 0.0f);
+        free(e);
+    }
+}
+
+static void cpu_crossentropy_fused(DType dt, void *dlogits, float *rowmax, float *rowsum, float *target,
+                                   const void *logits, const int32_t *targets, float dloss, int N, int vreal, int Vloc) {
+#pragma omp parallel
+    {
+        float *e = aligned_scratch(sizeof(float) * ((size_t)Vloc + VW));
+#pragma omp for schedule(static)
+        for (int n = 0; n < N; n++) {
+            size_t o = (size_t)n * Vloc;
+            int nr = vreal > 0 ? vreal : 0, tj = targets[n];
+            row_load(dt, logits, o, nr, e);
+            target[n] = (tj >= 0 && tj < nr) ? e[tj] : 0.0f;
+            ce_row_stats(e, e, vreal, &rowmax[n], &rowsum[n]);
+            ce_row_grad(dt, dlogits, o, e, tj, rowsum[n], dloss, vreal, Vloc);
+        }
+        free(e);
     }
 }
 
 // ---------------------------------------------------------------------------------------------
 // optimizer, norms, casts
 
-static void cpu_adamw(DType dt, float *master, void *working, const float *grad, float *m, float *v, size_t n,
-                      float lr, float beta1, float beta2, float eps, float weight_decay, float bc1, float bc2,
-                      float grad_scale) {
+// One parallel loop over fixed chunks of every segment; each element's update is independent.
+#define ADAMW_CHUNK 16384
+static void cpu_adamw(DType dt, const AdamWSegment *segs, int nsegs, float lr, float beta1, float beta2, float eps,
+                      float bc1, float bc2, float grad_scale) {
+    size_t nitems = 0;
+    for (int s = 0; s < nsegs; s++) nitems += (segs[s].n + ADAMW_CHUNK - 1) / ADAMW_CHUNK;
+    if (!nitems) return;
+    int *seg_of = xmalloc(sizeof(int) * nitems);
+    size_t *start = xmalloc(sizeof(size_t) * nitems), it = 0;
+    for (int s = 0; s < nsegs; s++)
+        for (size_t i = 0; i < segs[s].n; i += ADAMW_CHUNK) seg_of[it] = s, start[it++] = i;
 #pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        float g = grad[i] * grad_scale;
-        float mi = beta1 * m[i] + (1.0f - beta1) * g;
-        float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
-        m[i] = mi;
-        v[i] = vi;
-        float p = master[i] * (1.0f - lr * weight_decay);
-        p -= lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
-        master[i] = p;
-        if (working) st(dt, working, i, p);
+    for (size_t w = 0; w < nitems; w++) {
+        const AdamWSegment *sg = &segs[seg_of[w]];
+        size_t i0 = start[w], n = sg->n - i0 < ADAMW_CHUNK ? sg->n - i0 : ADAMW_CHUNK;
+        float *restrict master = sg->master + i0, *restrict m = sg->m + i0, *restrict v = sg->v + i0;
+        const float *restrict grad = sg->grad + i0;
+        float decay = 1.0f - lr * sg->weight_decay;
+        for (size_t i = 0; i < n; i++) {
+            float g = grad[i] * grad_scale;
+            float mi = beta1 * m[i] + (1.0f - beta1) * g;
+            float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+            m[i] = mi;
+            v[i] = vi;
+            master[i] = master[i] * decay - lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
+        }
+        if (sg->working) row_store(dt, sg->working, i0, (int)n, master);
     }
+    free(seg_of);
+    free(start);
 }
 
 #define SUMSQ_CHUNK 65536
@@ -543,17 +1194,19 @@ static const Backend CPU_BACKEND = {
     .encoder_fwd = cpu_encoder_fwd,
     .encoder_bwd = cpu_encoder_bwd,
     .layernorm_fwd = cpu_layernorm_fwd,
+    .residual_layernorm_fwd = cpu_residual_layernorm_fwd,
     .layernorm_bwd = cpu_layernorm_bwd,
     .matmul_fwd = cpu_matmul_fwd,
     .matmul_bwd = cpu_matmul_bwd,
     .attention_fwd = cpu_attention_fwd,
     .attention_bwd = cpu_attention_bwd,
-    .gelu_fwd = cpu_gelu_fwd,
-    .gelu_bwd = cpu_gelu_bwd,
+    .attention_block_fwd = cpu_attention_block_fwd,
+    .attention_block_bwd = cpu_attention_block_bwd,
     .residual_fwd = cpu_residual_fwd,
     .residual_bwd = cpu_residual_bwd,
     .crossentropy_stats = cpu_crossentropy_stats,
     .crossentropy_bwd = cpu_crossentropy_bwd,
+    .crossentropy_fused = cpu_crossentropy_fused,
     .adamw = cpu_adamw,
     .sumsq = cpu_sumsq,
     .cast = cpu_cast,

@@ -379,7 +379,7 @@ void gpt2_build(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, int
         for (int u = 0; u < m->nunits; u++) m->unit_grads[u] = m->grads + m->unit_offset[u];
     }
 
-    size_t L = (size_t)m->nl, C = cfg->C, Ct = (size_t)m->C_tp, BT = (size_t)B * T, att = (size_t)B * m->NH_tp * T * T;
+    size_t L = (size_t)m->nl, C = cfg->C, Ct = (size_t)m->C_tp, BT = (size_t)B * T, lse = (size_t)B * m->NH_tp * T;
     size_t R = m->sp ? BT / m->tp : BT; // rows of the residual stream on this rank
     m->slots = xcalloc((size_t)m->nslots, sizeof(Activations));
     for (int s = 0; s < m->nslots; s++) { // what a micro-batch keeps from its forward to its backward
@@ -391,7 +391,7 @@ void gpt2_build(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, int
         ACT(ln1_rstd, L * R, 4);
         ACT(qkv, L * BT * 3 * Ct, ds);
         ACT(atty, L * BT * Ct, ds);
-        ACT(att, L * att, 4);
+        ACT(lse, L * lse, 4); // attention keeps one log-sum-exp per row, never the T x T probabilities
         ACT(residual2, L * R * C, ds);
         ACT(ln2, L * R * C, ds);
         ACT(ln2_mean, L * R, 4);
@@ -412,14 +412,13 @@ void gpt2_build(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, int
         if (s > 0) { // scratch lives only inside one forward or backward: shared
             Activations *x0 = &m->slots[0];
             x->partial = x0->partial, x->dbuf_c = x0->dbuf_c, x->dbuf_4c = x0->dbuf_4c, x->dqkv = x0->dqkv;
-            x->datt = x0->datt, x->full = x0->full, x->dshard = x0->dshard, x->ln_grad = x0->ln_grad;
+            x->full = x0->full, x->dshard = x0->dshard, x->ln_grad = x0->ln_grad;
             continue;
         }
         ACT(partial, BT * C, ds);
         ACT(dbuf_c, BT * C, ds);
         ACT(dbuf_4c, BT * 4 * Ct, ds);
         ACT(dqkv, BT * 3 * Ct, ds);
-        ACT(datt, att, 4);
         if (m->sp) {
             ACT(full, BT * C, ds);
             ACT(dshard, R * C, ds);
@@ -435,12 +434,12 @@ void gpt2_free(GPT2 *m) {
     const Backend *be = m->be;
     for (int s = 0; s < m->nslots; s++) {
         Activations *x = &m->slots[s];
-        void *own[] = { x->encoded, x->ln1, x->ln1_mean, x->ln1_rstd, x->qkv, x->atty, x->att, x->residual2, x->ln2,
+        void *own[] = { x->encoded, x->ln1, x->ln1_mean, x->ln1_rstd, x->qkv, x->atty, x->lse, x->residual2, x->ln2,
                         x->ln2_mean, x->ln2_rstd, x->fch, x->fch_gelu, x->residual3, x->lnf, x->lnf_mean, x->lnf_rstd,
                         x->logits, x->ce_max, x->ce_sum, x->ce_target, x->inputs, x->targets, x->dresidual };
         for (size_t i = 0; i < sizeof own / sizeof own[0]; i++) be->free(own[i]);
         if (s > 0) continue;
-        void *scratch[] = { x->partial, x->dbuf_c, x->dbuf_4c, x->dqkv, x->datt, x->full, x->dshard, x->ln_grad };
+        void *scratch[] = { x->partial, x->dbuf_c, x->dbuf_4c, x->dqkv, x->full, x->dshard, x->ln_grad };
         for (size_t i = 0; i < sizeof scratch / sizeof scratch[0]; i++)
             if (scratch[i]) be->free(scratch[i]);
     }
@@ -573,14 +572,39 @@ static void layernorm_bwd_tp(GPT2 *m, void *dinp, float *dweight, const void *do
 // ---------------------------------------------------------------------------------------------
 // forward and backward
 
+// Per-op timer: the start of a timed op, and its end charged to a category (no-ops unless profiling).
+static double prof_begin(GPT2 *m) {
+    if (!m->prof.on) return 0.0;
+    m->be->sync();
+    return now_seconds();
+}
+static void prof_end(GPT2 *m, int cat, double t0) {
+    if (!m->prof.on) return;
+    m->be->sync();
+    m->prof.seconds[cat] += now_seconds() - t0;
+}
+#define TIMED(m, cat, call)                                                                                \
+    do {                                                                                                   \
+        double t0_ = prof_begin(m);                                                                        \
+        call;                                                                                              \
+        prof_end(m, cat, t0_);                                                                             \
+    } while (0)
+
 // Cross-entropy over the vocabulary slices of the tensor-parallel group: each rank's row statistics
 // are gathered and combined in rank order (so every rank gets the same bits); returns the mean loss
-// and leaves the global row max and sum on the device for the backward.
-static float vocab_parallel_loss(GPT2 *m, int N) {
+// and leaves the global row max and sum on the device for the backward. With dloss > 0 and the whole
+// vocabulary on this rank, the same pass over the logits also leaves dlogits in their place.
+static float vocab_parallel_loss(GPT2 *m, int N, float dloss) {
     const Backend *be = m->be;
     Activations *x = m->act;
-    be->crossentropy_stats(m->dt, x->ce_max, x->ce_sum, x->ce_target, x->logits, x->targets, N, m->v_start, m->v_real,
-                           m->Vp_tp);
+    if (m->tp == 1 && dloss > 0.0f) {
+        be->crossentropy_fused(m->dt, x->logits, x->ce_max, x->ce_sum, x->ce_target, x->logits, x->targets, dloss, N,
+                               m->v_real, m->Vp_tp);
+        x->dlogits_scale = dloss;
+    } else {
+        be->crossentropy_stats(m->dt, x->ce_max, x->ce_sum, x->ce_target, x->logits, x->targets, N, m->v_start,
+                               m->v_real, m->Vp_tp);
+    }
     float *mine = xmalloc(sizeof(float) * 3 * N), *all = xmalloc(sizeof(float) * 3 * N * m->tp);
     be->to_host(mine, x->ce_max, sizeof(float) * N);
     be->to_host(mine + N, x->ce_sum, sizeof(float) * N);
@@ -609,10 +633,10 @@ static float vocab_parallel_loss(GPT2 *m, int N) {
 }
 
 float gpt2_forward(GPT2 *m, const int32_t *inputs, const int32_t *targets, int B, int T) {
-    return gpt2_forward_chunk(m, 0, inputs, targets, B, T);
+    return gpt2_forward_chunk(m, 0, inputs, targets, B, T, 0.0f);
 }
 
-float gpt2_forward_chunk(GPT2 *m, int chunk, const int32_t *inputs, const int32_t *targets, int B, int T) {
+float gpt2_forward_chunk(GPT2 *m, int chunk, const int32_t *inputs, const int32_t *targets, int B, int T, float dloss) {
     if (B > m->B || T > m->T || B <= 0 || T <= 0)
         die("internal: micro-batch %dx%d exceeds the allocated %dx%d", B, T, m->B, m->T);
     if (m->sp && ((size_t)B * T) % m->tp) die("internal: sequence parallelism needs B*T divisible by %d", m->tp);
@@ -624,11 +648,12 @@ float gpt2_forward_chunk(GPT2 *m, int chunk, const int32_t *inputs, const int32_
     size_t BTC = (size_t)N * C, RC = (size_t)R * C;
     // per-layer strides use the allocated B·T so buffers stay where the backward expects them
     size_t sR = (size_t)m->B * m->T / (m->sp ? m->tp : 1), sRC = sR * C;
-    size_t sBTCt = (size_t)m->B * m->T * Ct, sAtt = (size_t)m->B * m->NH_tp * m->T * m->T;
+    size_t sBTCt = (size_t)m->B * m->T * Ct, sLse = (size_t)m->B * m->NH_tp * m->T;
     int lead = m->tp_rank == 0; // adds what must be added once: position embedding, row-parallel biases
 
     x->B = B;
     x->T = T;
+    x->dlogits_scale = 0.0f;
     void *input = at(x->encoded, (size_t)chunk * sRC, dt);
     int head = m->last && chunk == m->nchunks - 1;
     if (m->first && chunk == 0) { // other chunks find their input in place, received from the previous stage
@@ -639,37 +664,52 @@ float gpt2_forward_chunk(GPT2 *m, int chunk, const int32_t *inputs, const int32_
         void *embedded = tp_finish_partial(m, x->encoded, BTC);
         if (embedded != x->encoded) be->copy(x->encoded, embedded, RC * dtype_size(dt));
     }
-    for (int l = m->chunk_l0[chunk]; l < m->chunk_l0[chunk] + m->chunk_nl[chunk]; l++) {
-        void *res = l == m->chunk_l0[chunk] ? input : at(x->residual3, (l - 1) * sRC, dt);
+    int l0 = m->chunk_l0[chunk], l1 = l0 + m->chunk_nl[chunk]; // every chunk holds at least one block
+    fetch(m, 1 + l0);
+    // each block's first LayerNorm is fused with the residual add that ends the block before it
+    be->layernorm_fwd(dt, at(x->ln1, l0 * sRC, dt), x->ln1_mean + l0 * sR, x->ln1_rstd + l0 * sR, input,
+                      gpt2_param(m, P_LN1W, l0), gpt2_param(m, P_LN1B, l0), R, C);
+    for (int l = l0; l < l1; l++) {
+        void *res = l == l0 ? input : at(x->residual3, (l - 1) * sRC, dt);
         void *ln1 = at(x->ln1, l * sRC, dt), *qkv = at(x->qkv, l * 3 * sBTCt, dt), *atty = at(x->atty, l * sBTCt, dt);
         void *r2 = at(x->residual2, l * sRC, dt), *ln2 = at(x->ln2, l * sRC, dt), *fch = at(x->fch, l * 4 * sBTCt, dt);
         void *fchg = at(x->fch_gelu, l * 4 * sBTCt, dt), *r3 = at(x->residual3, l * sRC, dt);
+        float *lse = x->lse + l * sLse;
         fetch(m, 1 + l);
-        be->layernorm_fwd(dt, ln1, x->ln1_mean + l * sR, x->ln1_rstd + l * sR, res, gpt2_param(m, P_LN1W, l),
-                          gpt2_param(m, P_LN1B, l), R, C);
-        be->matmul_fwd(dt, qkv, tp_full_rows(m, ln1, BTC), gpt2_param(m, P_QKVW, l), gpt2_param(m, P_QKVB, l), N, C,
-                       3 * Ct);
-        be->attention_fwd(dt, atty, x->att + l * sAtt, qkv, B, T, Ct, m->NH_tp);
-        be->matmul_fwd(dt, x->partial, atty, gpt2_param(m, P_ATTPROJW, l), lead ? gpt2_param(m, P_ATTPROJB, l) : NULL,
-                       N, Ct, C);
-        be->residual_fwd(dt, r2, res, tp_finish_partial(m, r2, BTC), RC);
-        be->layernorm_fwd(dt, ln2, x->ln2_mean + l * sR, x->ln2_rstd + l * sR, r2, gpt2_param(m, P_LN2W, l),
-                          gpt2_param(m, P_LN2B, l), R, C);
-        be->matmul_fwd(dt, fch, tp_full_rows(m, ln2, BTC), gpt2_param(m, P_FCW, l), gpt2_param(m, P_FCB, l), N, C, 4 * Ct);
-        be->gelu_fwd(dt, fchg, fch, (size_t)N * 4 * Ct);
-        be->matmul_fwd(dt, x->partial, fchg, gpt2_param(m, P_FCPROJW, l), lead ? gpt2_param(m, P_FCPROJB, l) : NULL, N,
-                       4 * Ct, C);
-        be->residual_fwd(dt, r3, r2, tp_finish_partial(m, r3, BTC), RC);
+        const void *in = tp_full_rows(m, ln1, BTC);
+        TIMED(m, PROF_MATMUL, be->matmul_fwd(dt, qkv, NULL, in, gpt2_param(m, P_QKVW, l), gpt2_param(m, P_QKVB, l), N, C, 3 * Ct));
+        TIMED(m, PROF_ATTENTION, be->attention_fwd(dt, atty, lse, qkv, B, T, Ct, m->NH_tp));
+        TIMED(m, PROF_MATMUL, be->matmul_fwd(dt, x->partial, NULL, atty, gpt2_param(m, P_ATTPROJW, l),
+                                             lead ? gpt2_param(m, P_ATTPROJB, l) : NULL, N, Ct, C));
+        void *proj = tp_finish_partial(m, r2, BTC);
+        be->residual_layernorm_fwd(dt, r2, ln2, x->ln2_mean + l * sR, x->ln2_rstd + l * sR, res, proj,
+                                   gpt2_param(m, P_LN2W, l), gpt2_param(m, P_LN2B, l), R, C);
+        in = tp_full_rows(m, ln2, BTC);
+        // bias and GELU in the matmul's epilogue: fch keeps the input of the GELU for its backward
+        TIMED(m, PROF_MATMUL, be->matmul_fwd(dt, fchg, fch, in, gpt2_param(m, P_FCW, l), gpt2_param(m, P_FCB, l), N, C, 4 * Ct));
+        TIMED(m, PROF_MATMUL, be->matmul_fwd(dt, x->partial, NULL, fchg, gpt2_param(m, P_FCPROJW, l),
+                                             lead ? gpt2_param(m, P_FCPROJB, l) : NULL, N, 4 * Ct, C));
+        proj = tp_finish_partial(m, r3, BTC);
+        if (l + 1 < l1) {
+            fetch(m, 2 + l);
+            be->residual_layernorm_fwd(dt, r3, at(x->ln1, (l + 1) * sRC, dt), x->ln1_mean + (l + 1) * sR,
+                                       x->ln1_rstd + (l + 1) * sR, r2, proj, gpt2_param(m, P_LN1W, l + 1),
+                                       gpt2_param(m, P_LN1B, l + 1), R, C);
+        } else if (head) {
+            fetch(m, m->nl + 1);
+            be->residual_layernorm_fwd(dt, r3, x->lnf, x->lnf_mean, x->lnf_rstd, r2, proj, gpt2_param(m, P_LNFW, 0),
+                                       gpt2_param(m, P_LNFB, 0), R, C);
+        } else {
+            be->residual_fwd(dt, r3, r2, proj, RC);
+        }
     }
     if (!head) return 0.0f; // the output (the chunk's last residual) goes to the next stage
-    void *last = at(x->residual3, (m->nl - 1) * sRC, dt);
-    fetch(m, m->nl + 1);
-    be->layernorm_fwd(dt, x->lnf, x->lnf_mean, x->lnf_rstd, last, gpt2_param(m, P_LNFW, 0), gpt2_param(m, P_LNFB, 0), R, C);
     fetch(m, UNIT_EMBED); // the tied LM head
-    be->matmul_fwd(dt, x->logits, tp_full_rows(m, x->lnf, BTC), gpt2_param(m, P_WTE, 0), NULL, N, C, m->Vp_tp);
+    const void *in = tp_full_rows(m, x->lnf, BTC);
+    TIMED(m, PROF_MATMUL, be->matmul_fwd(dt, x->logits, NULL, in, gpt2_param(m, P_WTE, 0), NULL, N, C, m->Vp_tp));
     if (!targets) return 0.0f;
     be->to_device(x->targets, targets, sizeof(int32_t) * N);
-    return vocab_parallel_loss(m, N);
+    return vocab_parallel_loss(m, N, dloss);
 }
 
 void gpt2_backward(GPT2 *m, float dloss_scale) { gpt2_backward_chunk(m, 0, dloss_scale); }
@@ -683,19 +723,26 @@ void gpt2_backward_chunk(GPT2 *m, int chunk, float dloss_scale) {
     int C = cfg->C, Ct = m->C_tp, N = B * T, R = m->sp ? N / m->tp : N;
     size_t BTC = (size_t)N * C, RC = (size_t)R * C;
     size_t sR = (size_t)m->B * m->T / (m->sp ? m->tp : 1), sRC = sR * C;
-    size_t sBTCt = (size_t)m->B * m->T * Ct, sAtt = (size_t)m->B * m->NH_tp * m->T * m->T;
+    size_t sBTCt = (size_t)m->B * m->T * Ct, sLse = (size_t)m->B * m->NH_tp * m->T;
     // the input gradient of a column-parallel matmul is partial: all-reduced, or reduce-scattered to rows
     void *dln; // a LayerNorm's output gradient, this rank's rows
+    const void *in, *dy;
 
     int head = m->last && chunk == m->nchunks - 1;
     if (head) {
-        // LM head: dlogits in place, then into the final LayerNorm; its input gradient starts the residual
-        // stream. Earlier stages find that gradient in x->dresidual, received from the next stage.
-        be->crossentropy_bwd(dt, x->logits, x->logits, x->targets, x->ce_max, x->ce_sum, dloss_scale, N, m->v_start,
-                             m->v_real, m->Vp_tp);
+        // LM head: dlogits in place (unless the forward's fused loss left them), then into the final
+        // LayerNorm; its input gradient starts the residual stream. Earlier stages find that gradient in
+        // x->dresidual, received from the next stage.
+        if (x->dlogits_scale != dloss_scale) {
+            if (x->dlogits_scale != 0.0f) die("internal: the forward's dlogits were scaled for another loss");
+            be->crossentropy_bwd(dt, x->logits, x->logits, x->targets, x->ce_max, x->ce_sum, dloss_scale, N, m->v_start,
+                                 m->v_real, m->Vp_tp);
+        }
+        x->dlogits_scale = 0.0f;
         fetch(m, UNIT_EMBED);
-        be->matmul_bwd(dt, x->partial, gpt2_grad(m, P_WTE, 0), NULL, x->logits, tp_full_rows(m, x->lnf, BTC),
-                       gpt2_param(m, P_WTE, 0), N, C, m->Vp_tp);
+        in = tp_full_rows(m, x->lnf, BTC);
+        TIMED(m, PROF_MATMUL, be->matmul_bwd(dt, x->partial, gpt2_grad(m, P_WTE, 0), NULL, x->logits, in,
+                                             gpt2_param(m, P_WTE, 0), NULL, N, C, m->Vp_tp));
         dln = tp_finish_partial(m, x->dshard, BTC);
         be->zero(x->dresidual, RC * dtype_size(dt));
         void *last = at(x->residual3, (m->nl - 1) * sRC, dt);
@@ -711,21 +758,25 @@ void gpt2_backward_chunk(GPT2 *m, int chunk, float dloss_scale) {
         void *r2 = at(x->residual2, l * sRC, dt), *ln2 = at(x->ln2, l * sRC, dt);
         void *fch = at(x->fch, l * 4 * sBTCt, dt), *fchg = at(x->fch_gelu, l * 4 * sBTCt, dt);
         fetch(m, 1 + l);
-        // MLP: dresidual is the gradient of residual3 = residual2 + fcproj (every row: gathered under SP)
-        be->matmul_bwd(dt, x->dbuf_4c, gpt2_grad(m, P_FCPROJW, l), gpt2_grad(m, P_FCPROJB, l),
-                       tp_full_rows(m, x->dresidual, BTC), fchg, gpt2_param(m, P_FCPROJW, l), N, 4 * Ct, C);
-        be->gelu_bwd(dt, x->dbuf_4c, fch, x->dbuf_4c, (size_t)N * 4 * Ct);
-        be->matmul_bwd(dt, x->partial, gpt2_grad(m, P_FCW, l), gpt2_grad(m, P_FCB, l), x->dbuf_4c,
-                       tp_full_rows(m, ln2, BTC), gpt2_param(m, P_FCW, l), N, C, 4 * Ct);
+        // MLP: dresidual is the gradient of residual3 = residual2 + fcproj (every row: gathered under SP);
+        // GELU's backward runs in the epilogue of the matmul that produces its output's gradient
+        dy = tp_full_rows(m, x->dresidual, BTC);
+        TIMED(m, PROF_MATMUL, be->matmul_bwd(dt, x->dbuf_4c, gpt2_grad(m, P_FCPROJW, l), gpt2_grad(m, P_FCPROJB, l), dy,
+                                             fchg, gpt2_param(m, P_FCPROJW, l), fch, N, 4 * Ct, C));
+        in = tp_full_rows(m, ln2, BTC);
+        TIMED(m, PROF_MATMUL, be->matmul_bwd(dt, x->partial, gpt2_grad(m, P_FCW, l), gpt2_grad(m, P_FCB, l), x->dbuf_4c,
+                                             in, gpt2_param(m, P_FCW, l), NULL, N, C, 4 * Ct));
         dln = tp_finish_partial(m, x->dshard, BTC);
         layernorm_bwd_tp(m, x->dresidual, gpt2_grad(m, P_LN2W, l), dln, r2, gpt2_param(m, P_LN2W, l),
                          x->ln2_mean + l * sR, x->ln2_rstd + l * sR, R);
         // attention: dresidual is now the gradient of residual2 = residual + attproj
-        be->matmul_bwd(dt, x->dbuf_c, gpt2_grad(m, P_ATTPROJW, l), gpt2_grad(m, P_ATTPROJB, l),
-                       tp_full_rows(m, x->dresidual, BTC), atty, gpt2_param(m, P_ATTPROJW, l), N, Ct, C);
-        be->attention_bwd(dt, x->dqkv, x->datt, x->dbuf_c, qkv, x->att + l * sAtt, B, T, Ct, m->NH_tp);
-        be->matmul_bwd(dt, x->partial, gpt2_grad(m, P_QKVW, l), gpt2_grad(m, P_QKVB, l), x->dqkv,
-                       tp_full_rows(m, ln1, BTC), gpt2_param(m, P_QKVW, l), N, C, 3 * Ct);
+        dy = tp_full_rows(m, x->dresidual, BTC);
+        TIMED(m, PROF_MATMUL, be->matmul_bwd(dt, x->dbuf_c, gpt2_grad(m, P_ATTPROJW, l), gpt2_grad(m, P_ATTPROJB, l), dy,
+                                             atty, gpt2_param(m, P_ATTPROJW, l), NULL, N, Ct, C));
+        TIMED(m, PROF_ATTENTION, be->attention_bwd(dt, x->dqkv, x->dbuf_c, qkv, atty, x->lse + l * sLse, B, T, Ct, m->NH_tp));
+        in = tp_full_rows(m, ln1, BTC);
+        TIMED(m, PROF_MATMUL, be->matmul_bwd(dt, x->partial, gpt2_grad(m, P_QKVW, l), gpt2_grad(m, P_QKVB, l), x->dqkv,
+                                             in, gpt2_param(m, P_QKVW, l), NULL, N, C, 3 * Ct));
         dln = tp_finish_partial(m, x->dshard, BTC);
         layernorm_bwd_tp(m, x->dresidual, gpt2_grad(m, P_LN1W, l), dln, res, gpt2_param(m, P_LN1W, l),
                          x->ln1_mean + l * sR, x->ln1_rstd + l * sR, R);

@@ -48,16 +48,25 @@ typedef struct {
     void *dshard;  // sequence parallelism: the reduce-scattered input gradient of a LayerNorm
     float *ln_grad; // [2C] sequence parallelism: one LayerNorm's partial parameter gradients
     int B, T;       // shape of the last forward in this set, which the backward differentiates
-    float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd, *lnf_mean, *lnf_rstd, *att;
+    float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd, *lnf_mean, *lnf_rstd;
+    float *lse; // [B, NH/tp, T] per layer: attention's log-sum-exp per row
     float *ce_max, *ce_sum, *ce_target; // cross-entropy row statistics, combined over the vocabulary slices
-    void *logits; // [B,T,Vp]; the backward overwrites it with dlogits
+    void *logits; // [B,T,Vp]; the backward overwrites it with dlogits (or the forward does, fused)
+    float dlogits_scale; // non-zero: the forward already left dlogits for this loss scale in logits
     int32_t *inputs, *targets;
     // backward scratch
     void *dresidual, *dbuf_c, *dbuf_4c, *dqkv;
-    float *datt;
 } Activations;
 
 #define MAX_CHUNKS 16
+
+// Per-op timer (--profile): seconds spent in each kind of op since the last reset. Device backends are
+// synchronised around every timed op, so profiling slows a GPU run down.
+enum { PROF_MATMUL, PROF_ATTENTION, PROF_NCAT };
+typedef struct {
+    int on;
+    double seconds[PROF_NCAT];
+} Profile;
 
 // Where this rank's part of the model sits in the layout.
 typedef struct {
@@ -112,6 +121,7 @@ typedef struct {
     int nslots;
     Activations *slots, *act;
     MemAccount mem;
+    Profile prof;
     // data-parallel hooks (zero.c); NULL when unused
     void *hook_ctx;
     void (*fetch_unit)(void *ctx, int unit); // before a unit's weights are read
@@ -175,7 +185,10 @@ void gpt2_upload_params(GPT2 *m, const float *host_internal); // host fp32 -> wo
 float gpt2_forward(GPT2 *m, const int32_t *inputs, const int32_t *targets, int B, int T);
 // The same for one chunk of this stage's blocks (interleaved pipelines): chunk 0 of the first stage
 // embeds, the last chunk of the last stage computes the head and the loss.
-float gpt2_forward_chunk(GPT2 *m, int chunk, const int32_t *inputs, const int32_t *targets, int B, int T);
+// With targets and dloss > 0 (training), the forward also leaves the gradient of loss·dloss with respect
+// to the logits for gpt2_backward_chunk (fused with the loss in one pass when one rank holds the whole
+// vocabulary); dloss 0 (validation, sampling) leaves the logits.
+float gpt2_forward_chunk(GPT2 *m, int chunk, const int32_t *inputs, const int32_t *targets, int B, int T, float dloss);
 void gpt2_backward_chunk(GPT2 *m, int chunk, float dloss_scale);
 // Backward of the last forward; adds the parameter gradients of loss·dloss_scale into m->grads
 // (dloss_scale = 1/(tokens in the global batch), so accumulated micro-batches sum to the batch mean).

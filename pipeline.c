@@ -128,7 +128,8 @@ static int next_stage(const Pipeline *p, int chunk) {
     return chunk < p->chunks - 1 ? 0 : -1;
 }
 
-static double forward_op(Pipeline *p, const int32_t *inputs, const int32_t *targets, int mb, int chunk, int B, int T) {
+static double forward_op(Pipeline *p, const int32_t *inputs, const int32_t *targets, int mb, int chunk, int B, int T,
+                         float dloss) {
     GPT2 *m = p->model;
     int slot = mb % m->nslots, sc = slot * p->chunks + chunk;
     if (chunk == 0) // the set's previous micro-batch has left
@@ -141,7 +142,7 @@ static double forward_op(Pipeline *p, const int32_t *inputs, const int32_t *targ
     int from = prev_stage(p, chunk), to = next_stage(p, chunk);
     if (from >= 0) recv_into(p, p->fwd, gpt2_stage_input(m, chunk), bytes, from, slot);
     zero_begin_forward(p->zero);
-    float loss = gpt2_forward_chunk(m, chunk, inputs + mb * tokens, targets ? targets + mb * tokens : NULL, B, T);
+    float loss = gpt2_forward_chunk(m, chunk, inputs + mb * tokens, targets ? targets + mb * tokens : NULL, B, T, dloss);
     if (to >= 0) p->send_out[sc] = send_from(p, p->fwd, gpt2_stage_output(m, chunk), bytes, to, slot);
     trace_op(p, 'F', mb, chunk);
     if (++p->live > p->peak_live) p->peak_live = p->live;
@@ -189,11 +190,11 @@ double pipeline_step(Pipeline *p, const int32_t *inputs, const int32_t *targets,
     int mb, chunk;
     for (int k = 0; k < warm; k++) {
         op_at(p, k, 0, &mb, &chunk);
-        loss += forward_op(p, inputs, targets, mb, chunk, B, T);
+        loss += forward_op(p, inputs, targets, mb, chunk, B, T, dloss);
     }
     for (int i = 0; i < total - warm; i++) {
         op_at(p, warm + i, 0, &mb, &chunk);
-        loss += forward_op(p, inputs, targets, mb, chunk, B, T);
+        loss += forward_op(p, inputs, targets, mb, chunk, B, T, dloss);
         op_at(p, i, 1, &mb, &chunk);
         backward_op(p, mb, chunk, M, B, T, dloss);
     }
@@ -217,7 +218,7 @@ float pipeline_forward(Pipeline *p, const int32_t *inputs, const int32_t *target
     for (int c = 0; c < p->chunks; c++) { // through the virtual stages in order
         int from = prev_stage(p, c), to = next_stage(p, c);
         if (from >= 0) recv_into(p, p->fwd, gpt2_stage_input(m, c), bytes, from, 0);
-        float l = gpt2_forward_chunk(m, c, inputs, targets, B, T);
+        float l = gpt2_forward_chunk(m, c, inputs, targets, B, T, 0.0f);
         if (to >= 0) {
             CommRequest *r = send_from(p, p->fwd, gpt2_stage_output(m, c), bytes, to, 0);
             drain(&r);

@@ -133,12 +133,18 @@ static const char USAGE[] =
     "  --dtype fp32|bf16          weights and activations (default bf16 on cuda, fp32 on cpu); bf16\n"
     "                             stores bf16, computes in fp32 and updates fp32 master weights\n"
     "  --threads N                CPU threads per rank (default: the node's cores shared among its ranks)\n"
+    "  --profile                  time the ops of every step: each step line (and JSON record) adds the\n"
+    "                             split of the step between matmuls, attention and everything else\n"
+    "                             (matmul_ms, attention_ms); on a GPU this synchronises around each op\n"
+    "  LLM4D_CPU_ISA=generic|avx512bf16\n"
+    "                             environment: the CPU's bf16 matmul path (unset: avx512bf16 when the\n"
+    "                             CPU has AVX512-BF16, else generic, which widens bf16 to fp32)\n"
     "  -h, --help                 this text\n";
 
 typedef struct {
     const char *preset, *init_from, *save_model, *train, *val, *tokenizer, *log, *dump, *device, *schedule;
     int layers, channels, heads, vocab, max_seq_len, seq_len; // 0 = not given
-    int micro_batch, steps, warmup, val_every, val_steps, sample_every, sample_tokens, top_k, threads, shuffle;
+    int micro_batch, steps, warmup, val_every, val_steps, sample_every, sample_tokens, top_k, threads, shuffle, profile;
     long long batch_tokens;
     float lr, lr_min_frac, beta1, beta2, eps, weight_decay, clip, temperature;
     uint64_t seed;
@@ -186,6 +192,10 @@ static void parse_options(Options *o, int argc, char **argv) {
         }
         if (!strcmp(f, "--shuffle")) {
             o->shuffle = 1;
+            continue;
+        }
+        if (!strcmp(f, "--profile")) {
+            o->profile = 1;
             continue;
         }
         if (!strcmp(f, "--resume")) { // an optional value: a checkpoint directory
@@ -590,6 +600,11 @@ static void setup_device(Trainer *t) {
     } else {
         t->be = backend_cpu();
     }
+    const char *isa = getenv("LLM4D_CPU_ISA"); // unset or empty: the best this CPU has
+    if (isa && *isa && !cpu_select_isa(isa)) {
+        if (!strcmp(isa, "avx512bf16")) die("LLM4D_CPU_ISA=avx512bf16: this CPU does not have AVX512-BF16");
+        die("LLM4D_CPU_ISA must be generic or avx512bf16, got '%s'", isa);
+    }
     // ranks sharing a node share its cores: OpenMP threads that outnumber the cores spin against each
     // other and against the progress threads, and a step can take 100x longer
     int threads = o->threads;
@@ -819,8 +834,10 @@ static void print_header(const Trainer *t) {
     const GPT2Config *c = &t->cfg;
     if (tp->lead) {
         size_t full_n = gpt2_param_layout(c, (size_t[NUM_PARAM_TENSORS]){ 0 }, (size_t[NUM_PARAM_TENSORS]){ 0 });
-        printf("llm4d | device %s | dtype %s | model L=%d C=%d H=%d V=%d Vp=%d maxT=%d | %zu parameters", t->be->name,
-               dtype_name(t->dt), c->L, c->C, c->NH, c->V, c->Vp, c->maxT, full_n);
+        printf("llm4d | device %s", t->be->name);
+        if (t->be == backend_cpu() && t->dt == DT_BF16) printf(" (bf16 matmuls: %s)", cpu_isa());
+        printf(" | dtype %s | model L=%d C=%d H=%d V=%d Vp=%d maxT=%d | %zu parameters", dtype_name(t->dt), c->L, c->C,
+               c->NH, c->V, c->Vp, c->maxT, full_n);
         if (tp->tp_size > 1) printf(", %zu on each tensor-parallel rank", t->model.num_params);
         printf("\n");
         printf("layout: %d rank(s) | data parallel %d x pipeline %d x tensor parallel %d%s | ZeRO-%d | %d gradient "
@@ -974,6 +991,7 @@ static void train_step(Trainer *t, int step, StepResult *r) {
     Topology *tp = &t->topo;
     if (step + 1 == t->faults.kill_step) raise(SIGKILL);
     double t0 = now_seconds(), tp_busy0 = tp->tp_size > 1 ? comm_busy_seconds(tp->tp) : 0;
+    t->model.prof = (Profile){ .on = t->o.profile };
     zero_begin_step(&t->zero);
     gpt2_zero_grad(&t->model);
     next_batch(t, step);
@@ -1069,6 +1087,11 @@ static void report(Trainer *t, int step, const StepResult *r) {
         if (P > 1) printf(" | bubble %.1f%% max, %.1f%% mean (formula %.1f%%)", 100 * bubble_max, 100 * bubble_mean, 100 * bubble_formula);
         if (t->stall_ms > 0) printf(" | checkpoint stall %.1f ms", t->stall_ms);
         if (r->skipped) printf(" | SKIPPED (%lld so far)", (long long)t->spikes.skipped);
+        if (t->o.profile) {
+            double mm = t->model.prof.seconds[PROF_MATMUL] * 1e3, at = t->model.prof.seconds[PROF_ATTENTION] * 1e3;
+            printf(" | matmul %.1f ms (%.0f%%), attention %.1f ms (%.0f%%), other %.1f ms (%.0f%%)", mm, 100 * mm / r->ms,
+                   at, 100 * at / r->ms, r->ms - mm - at, 100 * (r->ms - mm - at) / r->ms);
+        }
         printf("\n");
         fflush(stdout);
     }
@@ -1077,9 +1100,13 @@ static void report(Trainer *t, int step, const StepResult *r) {
                 "{\"step\":%d,\"tokens\":%lld,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"ms\":%.3f,\"tokens_per_s\":%.1f,"
                 "\"comm_ms\":%.3f,\"exposed_comm_ms\":%.3f,\"tp_comm_ms\":%.3f,\"bubble_max\":%.4f,"
                 "\"bubble_mean\":%.4f,\"bubble_formula\":%.4f,\"compute_ms_max\":%.3f,\"compute_ms_median\":%.3f,"
-                "\"slowest_rank\":%d,\"ckpt_stall_ms\":%.3f,\"skipped\":%d,\"skipped_total\":%lld}\n",
+                "\"slowest_rank\":%d,\"ckpt_stall_ms\":%.3f,\"skipped\":%d,\"skipped_total\":%lld",
                 step + 1, (step + 1) * t->batch_tokens, r->loss, r->lr, r->norm, r->ms, tps, r->comm_ms, r->exposed_ms, r->tp_ms, bubble_max, bubble_mean,
                 bubble_formula, cmax, cmed, slowest, t->stall_ms, r->skipped, (long long)t->spikes.skipped);
+        if (t->o.profile)
+            fprintf(t->logf, ",\"matmul_ms\":%.3f,\"attention_ms\":%.3f", t->model.prof.seconds[PROF_MATMUL] * 1e3,
+                    t->model.prof.seconds[PROF_ATTENTION] * 1e3);
+        fputs("}\n", t->logf);
         if (fflush(t->logf) != 0) die("cannot write %s: %s", t->o.log, strerror(errno));
     }
     t->stall_ms = 0;

@@ -340,13 +340,10 @@ float zero_finish_grads(Zero *z) {
     return (float)sqrt(comm_sum_double(m->pp_comm, comm_sum_double(m->tp_comm, comm_sum_double(z->dp, local))));
 }
 
-// AdamW over [off, off+len) of the internal order, whose state sits at spos (shard or full vector).
-// grad holds the gradient of [off, off+len).
-static void adamw_range(Zero *z, size_t off, size_t len, size_t spos, const float *grad, float lr, float bc1, float bc2,
-                        float scale) {
+// The AdamW segments of [off, off+len) of the internal order, whose state sits at spos (shard or full
+// vector) and whose gradient is at grad: one per tensor slice, because decay applies to matrices only.
+static int adamw_segments(Zero *z, size_t off, size_t len, size_t spos, const float *grad, AdamWSegment *segs, int n) {
     GPT2 *m = z->model;
-    const AdamWConfig *c = &z->cfg;
-    // split the range by tensor: decay applies to matrices only
     for (int k = 0; k < NUM_PARAM_TENSORS; k++) {
         int layers = gpt2_tensor_layers(m, k);
         for (int l = 0; l < layers; l++) {
@@ -354,15 +351,15 @@ static void adamw_range(Zero *z, size_t off, size_t len, size_t spos, const floa
             gpt2_tensor_range(m, k, l, &toff, &tlen);
             size_t a = toff > off ? toff : off, e = toff + tlen < off + len ? toff + tlen : off + len;
             if (a >= e) continue;
-            float wd = gpt2_param_decays(k) ? c->weight_decay : 0.0f;
             size_t s = spos + (a - off);
             void *working = NULL;
             if (z->stage == 3) working = at(z->wshard, s, m->dt);
             else if (!(z->stage == 0 && m->dt == DT_F32)) working = at(m->params, a, m->dt);
-            m->be->adamw(m->dt, z->master + s, working, grad + (a - off), z->m + s, z->v + s, e - a, lr, c->beta1, c->beta2,
-                         c->eps, wd, bc1, bc2, scale);
+            segs[n++] = (AdamWSegment){ z->master + s, working, grad + (a - off), z->m + s, z->v + s, e - a,
+                                        gpt2_param_decays(k) ? z->cfg.weight_decay : 0.0f };
         }
     }
+    return n;
 }
 
 void zero_step(Zero *z, float lr, float grad_norm) {
@@ -372,12 +369,16 @@ void zero_step(Zero *z, float lr, float grad_norm) {
     float bc1 = 1.0f - powf(c->beta1, (float)z->t), bc2 = 1.0f - powf(c->beta2, (float)z->t);
     float scale = 1.0f;
     if (c->clip > 0.0f && grad_norm > c->clip) scale = c->clip / (grad_norm + 1e-6f);
-    if (z->stage == 0) {
-        adamw_range(z, 0, m->num_params, 0, m->grads, lr, bc1, bc2, scale);
-        return;
-    }
-    for (int b = 0; b < z->nbuckets; b++)
-        adamw_range(z, z->own_off[b], z->own_len[b], z->shard_pos[b], reduced_grad(z, b), lr, bc1, bc2, scale);
+    // every tensor slice of every bucket this rank owns, updated in one pass
+    int cap = (z->stage == 0 ? 1 : z->nbuckets) * NUM_PARAM_TENSORS * (m->nl + 1), n = 0;
+    AdamWSegment *segs = xmalloc(sizeof(AdamWSegment) * (size_t)cap);
+    if (z->stage == 0) n = adamw_segments(z, 0, m->num_params, 0, m->grads, segs, n);
+    else
+        for (int b = 0; b < z->nbuckets; b++)
+            n = adamw_segments(z, z->own_off[b], z->own_len[b], z->shard_pos[b], reduced_grad(z, b), segs, n);
+    m->be->adamw(m->dt, segs, n, lr, c->beta1, c->beta2, c->eps, bc1, bc2, scale);
+    free(segs);
+    if (z->stage == 0) return;
     if (z->stage == 3) {
         // the gathered copies are stale now
         for (int s = 0; s < z->nslots; s++) {

@@ -50,7 +50,7 @@ int main(int argc, char **argv) {
         double t[16];
         for (int r = 0; r < reps; r++) {
             double t0 = now_seconds();
-            be->matmul_fwd(DT_F32, out, inp, w, NULL, BT, C, OC);
+            be->matmul_fwd(DT_F32, out, NULL, inp, w, NULL, BT, C, OC);
             t[r] = now_seconds() - t0;
         }
         qsort(t, reps, sizeof(double), cmp_double);
