@@ -8,7 +8,7 @@ CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 CUDA_GENCODE ?= -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_80,code=[sm_80,compute_80]
 NVCCFLAGS = -O3 -std=c++17 $(CUDA_GENCODE) -Xcompiler -Wall,-Wextra,-Werror -DLLM4D_CUDA
 CFLAGS ?= -O3 -march=native
-CFLAGS += -std=gnu11 -Wall -Wextra -Werror -fopenmp -MMD -MP
+CFLAGS += -std=gnu11 -Wall -Wextra -Werror -fopenmp -fno-math-errno -MMD -MP
 LDLIBS = -lm -fopenmp -lpthread -lz -ljansson
 SAN = -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
@@ -112,6 +112,9 @@ build/test_cuda: test/test_cuda.c $(LIB_OBJ) $(CUDA_OBJ)
 build/bench_matmul: test/bench_matmul.c $(LIB_OBJ) $(CUDA_OBJ)
 	$(CC) $(CFLAGS) -I. $(filter %.c %.o,$^) -o $@ $(LDLIBS)
 
+build/attention_check: test/attention_check.c $(LIB_OBJ) $(CUDA_OBJ)
+	$(CC) $(CFLAGS) -I. $(filter %.c %.o,$^) -o $@ $(LDLIBS)
+
 build:
 	@mkdir -p build
 
@@ -127,7 +130,7 @@ test: deps
 	@$(MAKE) --no-print-directory test-bins
 	bash test/run.sh
 
-test-bins: train build/train-asan build/test_unit build/test_comm build/test_gemm $(VERBS_BIN)
+test-bins: train build/train-asan build/test_unit build/test_comm build/test_gemm build/attention_check $(VERBS_BIN)
 
 test-gpu:
 	bash scripts/gpu_check.sh

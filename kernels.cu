@@ -121,7 +121,7 @@ static void *scratch(int slot, size_t bytes) {
     }
     return ptr[slot];
 }
-enum { SCR_COLSUM = 0, SCR_SUMSQ = 1 };
+enum { SCR_COLSUM = 0, SCR_SUMSQ = 1, SCR_ATTN = 2, SCR_ADAMW = 3 };
 
 // ---------------------------------------------------------------------------------------------
 // memory
@@ -166,13 +166,7 @@ static void cu_set_threads(int n) { (void)n; }
 // into registers while the current one is multiplied. Out-of-range rows, columns and k are zero-filled,
 // so any M, N, K work.
 //
-// Batch index z = zo*batch_inner + zi offsets each operand by zo*s?0 + zi*s?1 elements (used by
-// attention: batch = B*NH, inner = NH).
-// Causal helpers for attention (all skip only terms or tiles that are exactly zero or never read):
-//  skip_upper: skip output tiles entirely above the diagonal (n0 >= m0 + BM);
-//  k_hi:       A(m,k) == 0 for k > m, so stop k at m0 + BM;
-//  k_lo:       A(m,k) == 0 for k < m, so start k at m0.
-// Skipped terms are exact zeros, and fma(0, b, acc) == acc, so the result is the same as without.
+// Batch index z = zo*batch_inner + zi offsets each operand by zo*s?0 + zi*s?1 elements.
 
 struct GemmArgs {
     int M, N, K;
@@ -185,7 +179,6 @@ struct GemmArgs {
     const void *bias; // [N], same dtype as C; NULL for none
     int accumulate;
     int batch, batch_inner;
-    int skip_upper, k_hi, k_lo;
 };
 
 #define GEMM_THREADS 256
@@ -202,7 +195,6 @@ __global__ void __launch_bounds__(GEMM_THREADS) gemm_kernel(const GemmArgs g) {
 
     const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
     const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
-    if (g.skip_upper && n0 >= m0 + BM) return;
     const int M = g.M, N = g.N;
     const int zo = blockIdx.z / g.batch_inner, zi = blockIdx.z % g.batch_inner;
     const TA *A = (const TA *)g.A + zo * g.sA0 + zi * g.sA1;
@@ -210,8 +202,7 @@ __global__ void __launch_bounds__(GEMM_THREADS) gemm_kernel(const GemmArgs g) {
     TC *C = (TC *)g.C + zo * g.sC0 + zi * g.sC1;
     const long long lda = g.lda, ldb = g.ldb, ldc = g.ldc;
 
-    int k_begin = g.k_lo ? m0 : 0;
-    int k_end = g.k_hi ? min(g.K, m0 + BM) : g.K;
+    const int k_begin = 0, k_end = g.K;
 
     float acc[TM][TN];
 #pragma unroll
@@ -386,27 +377,63 @@ static void colsum_finalize(float *dst, const float *partial, int nchunks, int C
 }
 
 // ---------------------------------------------------------------------------------------------
-// linear layer
+// GELU (tanh approximation), applied around the GEMM: for now a separate elementwise pass on the GPU
+// (the CPU fuses it into the GEMM's epilogue)
 
-template <typename T>
-static void matmul_fwd_t(void *out, const void *inp, const void *weight, const void *bias, int N, int C, int OC) {
-    GemmArgs g = gemm_args(N, OC, C, inp, C, weight, C, out, OC);
-    g.bias = bias;
-    gemm<T, T, T, true, true>(g, "matmul_fwd");
+#define GELU_K 0.7978845608028654f // sqrt(2/pi)
+
+#define GRID_STRIDE(i, n)                                                                                  \
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
+
+__device__ __forceinline__ float gelu(float x) { return 0.5f * x * (1.0f + tanhf(GELU_K * (x + 0.044715f * x * x * x))); }
+__device__ __forceinline__ float gelu_grad(float x) {
+    float th = tanhf(GELU_K * (x + 0.044715f * x * x * x));
+    return 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
 }
 
-static void cu_matmul_fwd(DType dt, void *out, const void *inp, const void *weight, const void *bias, int N, int C,
-                          int OC) {
-    if (dt == DT_BF16) matmul_fwd_t<bf16s>(out, inp, weight, bias, N, C, OC);
-    else matmul_fwd_t<float>(out, inp, weight, bias, N, C, OC);
+template <typename T> __global__ void gelu_fwd_kernel(T *out, const T *pre, size_t n) {
+    GRID_STRIDE(i, n) out[i] = fromf<T>(gelu(tof(pre[i])));
+}
+
+// x *= gelu'(pre), elementwise
+template <typename T> __global__ void gelu_grad_mul_kernel(T *x, const T *pre, size_t n) {
+    GRID_STRIDE(i, n) x[i] = fromf<T>(tof(x[i]) * gelu_grad(tof(pre[i])));
+}
+
+// ---------------------------------------------------------------------------------------------
+// linear layer
+
+
+template <typename T>
+static void matmul_fwd_t(void *out, void *pre, const void *inp, const void *weight, const void *bias, int N, int C,
+                         int OC) {
+    GemmArgs g = gemm_args(N, OC, C, inp, C, weight, C, pre ? pre : out, OC);
+    g.bias = bias;
+    gemm<T, T, T, true, true>(g, "matmul_fwd");
+    size_t n = (size_t)N * OC;
+    if (pre && n) {
+        gelu_fwd_kernel<T><<<ew_blocks(n, 256), 256>>>((T *)out, (const T *)pre, n);
+        check_launch("gelu_fwd_kernel");
+    }
+}
+
+static void cu_matmul_fwd(DType dt, void *out, void *pre, const void *inp, const void *weight, const void *bias, int N,
+                          int C, int OC) {
+    if (dt == DT_BF16) matmul_fwd_t<bf16s>(out, pre, inp, weight, bias, N, C, OC);
+    else matmul_fwd_t<float>(out, pre, inp, weight, bias, N, C, OC);
 }
 
 template <typename T>
 static void matmul_bwd_t(void *dinp, float *dweight, float *dbias, const void *dout, const void *inp,
-                         const void *weight, int N, int C, int OC) {
-    if (dinp) { // dinp[N,C] = dout[N,OC] · weight[OC,C]
+                         const void *weight, const void *gelu_pre, int N, int C, int OC) {
+    if (dinp) { // dinp[N,C] = dout[N,OC] · weight[OC,C] (· gelu'(gelu_pre))
         GemmArgs g = gemm_args(N, C, OC, dout, OC, weight, C, dinp, C);
         gemm<T, T, T, true, false>(g, "matmul_bwd_dinp");
+        size_t n = (size_t)N * C;
+        if (gelu_pre && n) {
+            gelu_grad_mul_kernel<T><<<ew_blocks(n, 256), 256>>>((T *)dinp, (const T *)gelu_pre, n);
+            check_launch("gelu_grad_mul_kernel");
+        }
     }
     { // dweight[OC,C] += dout[N,OC]ᵀ · inp[N,C]
         GemmArgs g = gemm_args(OC, C, N, dout, OC, inp, C, dweight, C);
@@ -423,9 +450,9 @@ static void matmul_bwd_t(void *dinp, float *dweight, float *dbias, const void *d
 }
 
 static void cu_matmul_bwd(DType dt, void *dinp, float *dweight, float *dbias, const void *dout, const void *inp,
-                          const void *weight, int N, int C, int OC) {
-    if (dt == DT_BF16) matmul_bwd_t<bf16s>(dinp, dweight, dbias, dout, inp, weight, N, C, OC);
-    else matmul_bwd_t<float>(dinp, dweight, dbias, dout, inp, weight, N, C, OC);
+                          const void *weight, const void *gelu_pre, int N, int C, int OC) {
+    if (dt == DT_BF16) matmul_bwd_t<bf16s>(dinp, dweight, dbias, dout, inp, weight, gelu_pre, N, C, OC);
+    else matmul_bwd_t<float>(dinp, dweight, dbias, dout, inp, weight, gelu_pre, N, C, OC);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -526,13 +553,21 @@ static void cu_encoder_bwd(DType dt, float *dwte, float *dwpe, const void *dout,
 // ---------------------------------------------------------------------------------------------
 // LayerNorm: one warp per row
 
+// With add not NULL it first forms the residual res = inp + add (stored, and normalised as stored);
+// res may alias inp or add: each element is read and written by the same lane.
 template <typename T>
 __global__ void layernorm_fwd_kernel(T *out, float *mean, float *rstd, const T *inp, const T *weight, const T *bias,
-                                     int N, int C) {
+                                     int N, int C, T *res, const T *add) {
     int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (row >= N) return;
     const T *x = inp + (size_t)row * C;
     T *o = out + (size_t)row * C;
+    if (add) {
+        T *r = res + (size_t)row * C;
+        const T *a = add + (size_t)row * C;
+        for (int c = lane; c < C; c += 32) r[c] = fromf<T>(tof(x[c]) + tof(a[c]));
+        x = r;
+    }
     float s = 0.0f;
     for (int c = lane; c < C; c += 32) s += tof(x[c]);
     float m = warp_sum(s) / C;
@@ -553,17 +588,27 @@ __global__ void layernorm_fwd_kernel(T *out, float *mean, float *rstd, const T *
     }
 }
 
-static void cu_layernorm_fwd(DType dt, void *out, float *mean, float *rstd, const void *inp, const void *weight,
-                             const void *bias, int N, int C) {
+static void layernorm_fwd_any(DType dt, void *res, void *out, float *mean, float *rstd, const void *inp, const void *add,
+                              const void *weight, const void *bias, int N, int C) {
     if (N <= 0) return;
     unsigned blocks = cdiv(N, 8);
     if (dt == DT_BF16)
-        layernorm_fwd_kernel<bf16s><<<blocks, 256>>>((bf16s *)out, mean, rstd, (const bf16s *)inp,
-                                                     (const bf16s *)weight, (const bf16s *)bias, N, C);
+        layernorm_fwd_kernel<bf16s><<<blocks, 256>>>((bf16s *)out, mean, rstd, (const bf16s *)inp, (const bf16s *)weight,
+                                                     (const bf16s *)bias, N, C, (bf16s *)res, (const bf16s *)add);
     else
-        layernorm_fwd_kernel<float><<<blocks, 256>>>((float *)out, mean, rstd, (const float *)inp,
-                                                     (const float *)weight, (const float *)bias, N, C);
+        layernorm_fwd_kernel<float><<<blocks, 256>>>((float *)out, mean, rstd, (const float *)inp, (const float *)weight,
+                                                     (const float *)bias, N, C, (float *)res, (const float *)add);
     check_launch("layernorm_fwd_kernel");
+}
+
+static void cu_layernorm_fwd(DType dt, void *out, float *mean, float *rstd, const void *inp, const void *weight,
+                             const void *bias, int N, int C) {
+    layernorm_fwd_any(dt, NULL, out, mean, rstd, inp, NULL, weight, bias, N, C);
+}
+
+static void cu_residual_layernorm_fwd(DType dt, void *res, void *out, float *mean, float *rstd, const void *a,
+                                      const void *b, const void *weight, const void *bias, int N, int C) {
+    layernorm_fwd_any(dt, res, out, mean, rstd, a, b, weight, bias, N, C);
 }
 
 template <typename T>
@@ -642,179 +687,284 @@ static void cu_layernorm_bwd(DType dt, void *dinp, float *dweight, float *dbias,
 }
 
 // ---------------------------------------------------------------------------------------------
-// attention: batched GEMMs over (batch, head) plus row-wise softmax kernels, one warp per row.
+// attention, flash style and simple: no T x T buffer. One warp per query row (forward, dq) or key row
+// (dk, dv); each lane owns the head channels lane, lane+32, ... (at most ATT_MAXC per lane), and the
+// scores are warp sums of the lanes' partial dot products in a fixed butterfly order. Keys (or queries)
+// are visited in ascending order, with an online softmax in the forward, so every result has one fixed
+// order of additions. Same semantics as the CPU's block ops (see kernels.h); a later GPU pass makes it
+// fast (tiles in shared memory, tensor cores).
 
-// att[row, 0..t] = softmax(scale * att[row, 0..t]); att[row, t+1..T-1] = 0; row = bh*T + t
-__global__ void softmax_fwd_kernel(float *att, int rows, int T, float scale) {
+#define ATT_MAXC 8 // channels per lane: head sizes up to 256
+
+struct AttView {
+    int bf16;
+    void *p;
+    long long bstride, tstride;
+};
+static AttView att_view(AttnView v) {
+    AttView a;
+    a.bf16 = v.dt == DT_BF16;
+    a.p = v.p;
+    a.bstride = (long long)v.bstride;
+    a.tstride = (long long)v.tstride;
+    return a;
+}
+__device__ __forceinline__ long long att_off(const AttView &v, int b, int t, int h, int hs) {
+    return b * v.bstride + t * v.tstride + (long long)h * hs;
+}
+__device__ __forceinline__ float att_ld(const AttView &v, long long i) {
+    return v.bf16 ? tof(((const bf16s *)v.p)[i]) : ((const float *)v.p)[i];
+}
+__device__ __forceinline__ void att_st(const AttView &v, long long i, float x) {
+    if (v.bf16) ((bf16s *)v.p)[i] = fromf<bf16s>(x);
+    else ((float *)v.p)[i] = x;
+}
+
+struct AttShape {
+    int B, NH, hs, Tq, q0, Tk, k0;
+    float scale;
+};
+
+// keys of the block visible to query t: s < Tk with k0 + s <= q0 + t
+__device__ __forceinline__ int att_nvis(const AttShape &d, int t) {
+    int n = d.q0 + t - d.k0 + 1;
+    return n < d.Tk ? (n > 0 ? n : 0) : d.Tk;
+}
+
+__global__ void attention_fwd_kernel(AttView out, float *lse, AttView q, AttView k, AttView v, AttShape d, int merge) {
     int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    if (row >= rows) return;
-    int t = row % T;
-    float *a = att + (size_t)row * T;
-    float mx = -INFINITY;
-    for (int j = lane; j <= t; j += 32) {
-        float s = a[j] * scale;
-        a[j] = s;
-        mx = fmaxf(mx, s);
+    if (row >= d.B * d.NH * d.Tq) return;
+    int t = row % d.Tq, bh = row / d.Tq, b = bh / d.NH, h = bh % d.NH;
+    float qr[ATT_MAXC], acc[ATT_MAXC];
+    long long qo = att_off(q, b, t, h, d.hs);
+#pragma unroll
+    for (int j = 0; j < ATT_MAXC; j++) {
+        int i = lane + 32 * j;
+        qr[j] = i < d.hs ? att_ld(q, qo + i) * d.scale : 0.0f;
+        acc[j] = 0.0f;
     }
-    mx = warp_max(mx);
-    float sum = 0.0f;
-    for (int j = lane; j <= t; j += 32) {
-        float e = expf(a[j] - mx);
-        a[j] = e;
-        sum += e;
+    float m = -INFINITY, l = 0.0f;
+    int nvis = att_nvis(d, t);
+    for (int s = 0; s < nvis; s++) {
+        long long ko = att_off(k, b, s, h, d.hs), vo = att_off(v, b, s, h, d.hs);
+        float part = 0.0f;
+#pragma unroll
+        for (int j = 0; j < ATT_MAXC; j++) {
+            int i = lane + 32 * j;
+            if (i < d.hs) part += qr[j] * att_ld(k, ko + i);
+        }
+        float sc = warp_sum(part);
+        float mnew = fmaxf(m, sc), alpha = expf(m - mnew), p = expf(sc - mnew);
+        l = l * alpha + p;
+        m = mnew;
+#pragma unroll
+        for (int j = 0; j < ATT_MAXC; j++) {
+            int i = lane + 32 * j;
+            if (i < d.hs) acc[j] = acc[j] * alpha + p * att_ld(v, vo + i);
+        }
     }
-    float inv = 1.0f / warp_sum(sum);
-    for (int j = lane; j <= t; j += 32) a[j] *= inv;
-    for (int j = t + 1 + lane; j < T; j += 32) a[j] = 0.0f;
+    float lb = l > 0.0f ? m + logf(l) : -INFINITY, inv = l > 0.0f ? 1.0f / l : 0.0f, wa = 0.0f, wb = 1.0f;
+    long long li = (long long)bh * d.Tq + t, oo = att_off(out, b, t, h, d.hs);
+    if (merge) { // log-sum-exp rule against what earlier blocks left
+        float la = lse[li];
+        if (lb == -INFINITY) return;
+        if (la != -INFINITY) {
+            float mx = fmaxf(la, lb), lnew = mx + logf(expf(la - mx) + expf(lb - mx));
+            wa = expf(la - lnew);
+            wb = expf(lb - lnew);
+            lb = lnew;
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < ATT_MAXC; j++) {
+        int i = lane + 32 * j;
+        if (i < d.hs) {
+            float o = acc[j] * inv;
+            if (wa != 0.0f) o = att_ld(out, oo + i) * wa + o * wb;
+            att_st(out, oo + i, o);
+        }
+    }
+    if (lane == 0) lse[li] = lb;
 }
 
-// datt[row, t2] = att * (datt - Σ att·datt) * scale for t2 <= t, 0 above the diagonal
-__global__ void softmax_bwd_kernel(float *datt, const float *att, int rows, int T, float scale) {
+// D[bh*Tq + t] = Σ_i dout·out over the row
+__global__ void attention_rowdot_kernel(float *D, AttView dout, AttView out, AttShape d) {
     int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    if (row >= rows) return;
-    int t = row % T;
-    float *d = datt + (size_t)row * T;
-    const float *a = att + (size_t)row * T;
-    float dot = 0.0f;
-    for (int j = lane; j <= t; j += 32) dot += a[j] * d[j];
-    dot = warp_sum(dot);
-    for (int j = lane; j <= t; j += 32) d[j] = a[j] * (d[j] - dot) * scale;
-    for (int j = t + 1 + lane; j < T; j += 32) d[j] = 0.0f;
+    if (row >= d.B * d.NH * d.Tq) return;
+    int t = row % d.Tq, bh = row / d.Tq, b = bh / d.NH, h = bh % d.NH;
+    long long go = att_off(dout, b, t, h, d.hs), oo = att_off(out, b, t, h, d.hs);
+    float part = 0.0f;
+    for (int i = lane; i < d.hs; i += 32) part += att_ld(dout, go + i) * att_ld(out, oo + i);
+    part = warp_sum(part);
+    if (lane == 0) D[row] = part;
 }
 
-template <typename T>
-static void attention_fwd_t(void *out, float *att, const void *qkv, int B, int T_, int C, int NH) {
-    int hs = C / NH;
-    long long C3 = 3LL * C, TT = (long long)T_ * T_;
-    const T *q = (const T *)qkv, *k = q + C, *v = q + 2 * (size_t)C;
-    { // att = q · kᵀ (lower triangle tiles only)
-        GemmArgs g = gemm_args(T_, T_, hs, q, C3, k, C3, att, T_);
-        g.batch = B * NH;
-        g.batch_inner = NH;
-        g.sA0 = g.sB0 = (long long)T_ * C3;
-        g.sA1 = g.sB1 = hs;
-        g.sC0 = NH * TT;
-        g.sC1 = TT;
-        g.skip_upper = 1;
-        gemm<T, T, float, true, true>(g, "attention_fwd_qk");
+// dq of one query row: Σ over its visible keys in order
+__global__ void attention_dq_kernel(AttView dq, int accumulate, AttView dout, const float *D, const float *lse, AttView q,
+                                    AttView k, AttView v, AttShape d) {
+    int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (row >= d.B * d.NH * d.Tq) return;
+    int t = row % d.Tq, bh = row / d.Tq, b = bh / d.NH, h = bh % d.NH;
+    float qr[ATT_MAXC], gr[ATT_MAXC], acc[ATT_MAXC];
+    long long qo = att_off(q, b, t, h, d.hs), go = att_off(dout, b, t, h, d.hs);
+#pragma unroll
+    for (int j = 0; j < ATT_MAXC; j++) {
+        int i = lane + 32 * j;
+        qr[j] = i < d.hs ? att_ld(q, qo + i) * d.scale : 0.0f;
+        gr[j] = i < d.hs ? att_ld(dout, go + i) : 0.0f;
+        acc[j] = 0.0f;
     }
-    int rows = B * NH * T_;
-    softmax_fwd_kernel<<<cdiv(rows, 8), 256>>>(att, rows, T_, 1.0f / sqrtf((float)hs));
-    check_launch("softmax_fwd_kernel");
-    { // out = att · v
-        GemmArgs g = gemm_args(T_, hs, T_, att, T_, v, C3, out, C);
-        g.batch = B * NH;
-        g.batch_inner = NH;
-        g.sA0 = NH * TT;
-        g.sA1 = TT;
-        g.sB0 = (long long)T_ * C3;
-        g.sB1 = hs;
-        g.sC0 = (long long)T_ * C;
-        g.sC1 = hs;
-        g.k_hi = 1;
-        gemm<float, T, T, true, false>(g, "attention_fwd_av");
+    float L = lse[row], Dr = D[row];
+    int nvis = L == -INFINITY ? 0 : att_nvis(d, t);
+    for (int s = 0; s < nvis; s++) {
+        long long ko = att_off(k, b, s, h, d.hs), vo = att_off(v, b, s, h, d.hs);
+        float ps = 0.0f, pd = 0.0f;
+#pragma unroll
+        for (int j = 0; j < ATT_MAXC; j++) {
+            int i = lane + 32 * j;
+            if (i < d.hs) {
+                ps += qr[j] * att_ld(k, ko + i);
+                pd += gr[j] * att_ld(v, vo + i);
+            }
+        }
+        float p = expf(warp_sum(ps) - L), ds = p * (warp_sum(pd) - Dr);
+#pragma unroll
+        for (int j = 0; j < ATT_MAXC; j++) {
+            int i = lane + 32 * j;
+            if (i < d.hs) acc[j] += ds * att_ld(k, ko + i);
+        }
     }
-}
-
-static void cu_attention_fwd(DType dt, void *out, float *att, const void *qkv, int B, int T, int C, int NH) {
-    if (B <= 0 || T <= 0 || C <= 0 || NH <= 0) return;
-    if (dt == DT_BF16) attention_fwd_t<bf16s>(out, att, qkv, B, T, C, NH);
-    else attention_fwd_t<float>(out, att, qkv, B, T, C, NH);
-}
-
-template <typename T>
-static void attention_bwd_t(void *dqkv, float *datt, const void *dout, const void *qkv, const float *att, int B, int T_,
-                            int C, int NH) {
-    int hs = C / NH;
-    long long C3 = 3LL * C, TT = (long long)T_ * T_;
-    const T *q = (const T *)qkv, *k = q + C, *v = q + 2 * (size_t)C;
-    T *dq = (T *)dqkv, *dk = dq + C, *dv = dq + 2 * (size_t)C;
-    { // datt = dout · vᵀ (lower triangle tiles only)
-        GemmArgs g = gemm_args(T_, T_, hs, dout, C, v, C3, datt, T_);
-        g.batch = B * NH;
-        g.batch_inner = NH;
-        g.sA0 = (long long)T_ * C;
-        g.sA1 = hs;
-        g.sB0 = (long long)T_ * C3;
-        g.sB1 = hs;
-        g.sC0 = NH * TT;
-        g.sC1 = TT;
-        g.skip_upper = 1;
-        gemm<T, T, float, true, true>(g, "attention_bwd_datt");
-    }
-    int rows = B * NH * T_;
-    softmax_bwd_kernel<<<cdiv(rows, 8), 256>>>(datt, att, rows, T_, 1.0f / sqrtf((float)hs));
-    check_launch("softmax_bwd_kernel");
-    { // dq = dpre · k
-        GemmArgs g = gemm_args(T_, hs, T_, datt, T_, k, C3, dq, C3);
-        g.batch = B * NH;
-        g.batch_inner = NH;
-        g.sA0 = NH * TT;
-        g.sA1 = TT;
-        g.sB0 = g.sC0 = (long long)T_ * C3;
-        g.sB1 = g.sC1 = hs;
-        g.k_hi = 1;
-        gemm<float, T, T, true, false>(g, "attention_bwd_dq");
-    }
-    { // dk = dpreᵀ · q
-        GemmArgs g = gemm_args(T_, hs, T_, datt, T_, q, C3, dk, C3);
-        g.batch = B * NH;
-        g.batch_inner = NH;
-        g.sA0 = NH * TT;
-        g.sA1 = TT;
-        g.sB0 = g.sC0 = (long long)T_ * C3;
-        g.sB1 = g.sC1 = hs;
-        g.k_lo = 1;
-        gemm<float, T, T, false, false>(g, "attention_bwd_dk");
-    }
-    { // dv = attᵀ · dout
-        GemmArgs g = gemm_args(T_, hs, T_, att, T_, dout, C, dv, C3);
-        g.batch = B * NH;
-        g.batch_inner = NH;
-        g.sA0 = NH * TT;
-        g.sA1 = TT;
-        g.sB0 = (long long)T_ * C;
-        g.sB1 = hs;
-        g.sC0 = (long long)T_ * C3;
-        g.sC1 = hs;
-        g.k_lo = 1;
-        gemm<float, T, T, false, false>(g, "attention_bwd_dv");
+    long long oo = att_off(dq, b, t, h, d.hs);
+#pragma unroll
+    for (int j = 0; j < ATT_MAXC; j++) {
+        int i = lane + 32 * j;
+        if (i < d.hs) att_st(dq, oo + i, (accumulate ? att_ld(dq, oo + i) : 0.0f) + acc[j] * d.scale);
     }
 }
 
-static void cu_attention_bwd(DType dt, void *dqkv, float *datt, const void *dout, const void *qkv, const float *att,
+// dk and dv of one key row: Σ over the queries that see it, in order
+__global__ void attention_dkv_kernel(AttView dk, AttView dv, int accumulate, AttView dout, const float *D, const float *lse,
+                                     AttView q, AttView k, AttView v, AttShape d) {
+    int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (row >= d.B * d.NH * d.Tk) return;
+    int s = row % d.Tk, bh = row / d.Tk, b = bh / d.NH, h = bh % d.NH;
+    float kr[ATT_MAXC], vr[ATT_MAXC], ak[ATT_MAXC], av[ATT_MAXC];
+    long long ko = att_off(k, b, s, h, d.hs), vo = att_off(v, b, s, h, d.hs);
+#pragma unroll
+    for (int j = 0; j < ATT_MAXC; j++) {
+        int i = lane + 32 * j;
+        kr[j] = i < d.hs ? att_ld(k, ko + i) : 0.0f;
+        vr[j] = i < d.hs ? att_ld(v, vo + i) : 0.0f;
+        ak[j] = av[j] = 0.0f;
+    }
+    int t0 = d.k0 + s - d.q0; // the first query that sees this key
+    for (int t = t0 > 0 ? t0 : 0; t < d.Tq; t++) {
+        long long li = (long long)bh * d.Tq + t;
+        float L = lse[li];
+        if (L == -INFINITY) continue;
+        long long qo = att_off(q, b, t, h, d.hs), go = att_off(dout, b, t, h, d.hs);
+        float ps = 0.0f, pd = 0.0f;
+#pragma unroll
+        for (int j = 0; j < ATT_MAXC; j++) {
+            int i = lane + 32 * j;
+            if (i < d.hs) {
+                ps += att_ld(q, qo + i) * d.scale * kr[j];
+                pd += att_ld(dout, go + i) * vr[j];
+            }
+        }
+        float p = expf(warp_sum(ps) - L), ds = p * (warp_sum(pd) - D[li]);
+#pragma unroll
+        for (int j = 0; j < ATT_MAXC; j++) {
+            int i = lane + 32 * j;
+            if (i < d.hs) {
+                av[j] += p * att_ld(dout, go + i);
+                ak[j] += ds * att_ld(q, qo + i) * d.scale;
+            }
+        }
+    }
+    long long dko = att_off(dk, b, s, h, d.hs), dvo = att_off(dv, b, s, h, d.hs);
+#pragma unroll
+    for (int j = 0; j < ATT_MAXC; j++) {
+        int i = lane + 32 * j;
+        if (i < d.hs) {
+            att_st(dk, dko + i, (accumulate ? att_ld(dk, dko + i) : 0.0f) + ak[j]);
+            att_st(dv, dvo + i, (accumulate ? att_ld(dv, dvo + i) : 0.0f) + av[j]);
+        }
+    }
+}
+
+static AttShape att_shape(int B, int NH, int hs, int Tq, int q0, int Tk, int k0) {
+    if (hs > 32 * ATT_MAXC) die("CUDA attention: head size %d above %d", hs, 32 * ATT_MAXC);
+    AttShape d = { B, NH, hs, Tq, q0, Tk, k0, 1.0f / sqrtf((float)hs) };
+    return d;
+}
+
+static void attn_fwd(AttnView out, float *lse, AttnView q, AttnView k, AttnView v, int B, int NH, int hs, int Tq, int q0,
+                     int Tk, int k0, int merge) {
+    if (B <= 0 || NH <= 0 || hs <= 0 || Tq <= 0) return;
+    AttShape d = att_shape(B, NH, hs, Tq, q0, Tk, k0);
+    size_t rows = (size_t)B * NH * Tq;
+    attention_fwd_kernel<<<cdiv(rows, 8), 256>>>(att_view(out), lse, att_view(q), att_view(k), att_view(v), d, merge);
+    check_launch("attention_fwd_kernel");
+}
+
+static void attn_bwd(AttnView dq, AttnView dk, AttnView dv, int accumulate, AttnView dout, AttnView out, const float *lse,
+                     AttnView q, AttnView k, AttnView v, int B, int NH, int hs, int Tq, int q0, int Tk, int k0) {
+    if (B <= 0 || NH <= 0 || hs <= 0) return;
+    AttShape d = att_shape(B, NH, hs, Tq, q0, Tk, k0);
+    size_t qrows = (size_t)B * NH * (Tq > 0 ? Tq : 0), krows = (size_t)B * NH * (Tk > 0 ? Tk : 0);
+    float *D = (float *)scratch(SCR_ATTN, sizeof(float) * (qrows ? qrows : 1));
+    if (qrows) {
+        attention_rowdot_kernel<<<cdiv(qrows, 8), 256>>>(D, att_view(dout), att_view(out), d);
+        check_launch("attention_rowdot_kernel");
+        attention_dq_kernel<<<cdiv(qrows, 8), 256>>>(att_view(dq), accumulate, att_view(dout), D, lse, att_view(q),
+                                                     att_view(k), att_view(v), d);
+        check_launch("attention_dq_kernel");
+    }
+    if (krows) {
+        attention_dkv_kernel<<<cdiv(krows, 8), 256>>>(att_view(dk), att_view(dv), accumulate, att_view(dout), D, lse,
+                                                      att_view(q), att_view(k), att_view(v), d);
+        check_launch("attention_dkv_kernel");
+    }
+}
+
+static void cu_attention_block_fwd(AttnView out, float *lse, AttnView q, AttnView k, AttnView v, int B, int NH, int hs,
+                                   int Tq, int q0, int Tk, int k0, int merge) {
+    attn_fwd(out, lse, q, k, v, B, NH, hs, Tq, q0, Tk, k0, merge);
+}
+
+static void cu_attention_block_bwd(AttnView dq, AttnView dk, AttnView dv, AttnView dout, AttnView out, const float *lse,
+                                   AttnView q, AttnView k, AttnView v, int B, int NH, int hs, int Tq, int q0, int Tk,
+                                   int k0) {
+    attn_bwd(dq, dk, dv, 1, dout, out, lse, q, k, v, B, NH, hs, Tq, q0, Tk, k0);
+}
+
+// views of q, k and v (part 0, 1, 2) inside qkv[B,T,3C], and of a [B,T,C] tensor
+static AttnView qkv_view(DType dt, const void *qkv, int part, int T, int C) {
+    AttnView v = { dt, (char *)qkv + (size_t)part * C * dtype_size(dt), (size_t)T * 3 * C, 3 * (size_t)C };
+    return v;
+}
+static AttnView btc_view(DType dt, const void *x, int T, int C) {
+    AttnView v = { dt, (void *)x, (size_t)T * C, (size_t)C };
+    return v;
+}
+
+static void cu_attention_fwd(DType dt, void *out, float *lse, const void *qkv, int B, int T, int C, int NH) {
+    if (NH <= 0) return;
+    attn_fwd(btc_view(dt, out, T, C), lse, qkv_view(dt, qkv, 0, T, C), qkv_view(dt, qkv, 1, T, C),
+             qkv_view(dt, qkv, 2, T, C), B, NH, C / NH, T, 0, T, 0, 0);
+}
+
+static void cu_attention_bwd(DType dt, void *dqkv, const void *dout, const void *qkv, const void *out, const float *lse,
                              int B, int T, int C, int NH) {
-    if (B <= 0 || T <= 0 || C <= 0 || NH <= 0) return;
-    if (dt == DT_BF16) attention_bwd_t<bf16s>(dqkv, datt, dout, qkv, att, B, T, C, NH);
-    else attention_bwd_t<float>(dqkv, datt, dout, qkv, att, B, T, C, NH);
+    if (NH <= 0) return;
+    attn_bwd(qkv_view(dt, dqkv, 0, T, C), qkv_view(dt, dqkv, 1, T, C), qkv_view(dt, dqkv, 2, T, C), 0,
+             btc_view(dt, dout, T, C), btc_view(dt, out, T, C), lse, qkv_view(dt, qkv, 0, T, C),
+             qkv_view(dt, qkv, 1, T, C), qkv_view(dt, qkv, 2, T, C), B, NH, C / NH, T, 0, T, 0);
 }
 
 // ---------------------------------------------------------------------------------------------
-// GELU (tanh approximation), residual
-
-#define GELU_K 0.7978845608028654f // sqrt(2/pi)
-
-#define GRID_STRIDE(i, n)                                                                                  \
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
-
-template <typename T> __global__ void gelu_fwd_kernel(T *out, const T *inp, size_t n) {
-    GRID_STRIDE(i, n) {
-        float x = tof(inp[i]);
-        out[i] = fromf<T>(0.5f * x * (1.0f + tanhf(GELU_K * (x + 0.044715f * x * x * x))));
-    }
-}
-
-// dinp may alias dout: each element is read and written by the same thread.
-template <typename T> __global__ void gelu_bwd_kernel(T *dinp, const T *inp, const T *dout, size_t n) {
-    GRID_STRIDE(i, n) {
-        float x = tof(inp[i]);
-        float u = GELU_K * (x + 0.044715f * x * x * x);
-        float th = tanhf(u);
-        float sech2 = 1.0f - th * th;
-        float grad = 0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
-        dinp[i] = fromf<T>(grad * tof(dout[i]));
-    }
-}
+// residual
 
 template <typename T> __global__ void residual_fwd_kernel(T *out, const T *a, const T *b, size_t n) {
     GRID_STRIDE(i, n) out[i] = fromf<T>(tof(a[i]) + tof(b[i]));
@@ -822,22 +972,6 @@ template <typename T> __global__ void residual_fwd_kernel(T *out, const T *a, co
 
 template <typename T> __global__ void residual_bwd_kernel(T *dst, const T *src, size_t n) {
     GRID_STRIDE(i, n) dst[i] = fromf<T>(tof(dst[i]) + tof(src[i]));
-}
-
-static void cu_gelu_fwd(DType dt, void *out, const void *inp, size_t n) {
-    if (n == 0) return;
-    if (dt == DT_BF16) gelu_fwd_kernel<bf16s><<<ew_blocks(n, 256), 256>>>((bf16s *)out, (const bf16s *)inp, n);
-    else gelu_fwd_kernel<float><<<ew_blocks(n, 256), 256>>>((float *)out, (const float *)inp, n);
-    check_launch("gelu_fwd_kernel");
-}
-
-static void cu_gelu_bwd(DType dt, void *dinp, const void *inp, const void *dout, size_t n) {
-    if (n == 0) return;
-    if (dt == DT_BF16)
-        gelu_bwd_kernel<bf16s><<<ew_blocks(n, 256), 256>>>((bf16s *)dinp, (const bf16s *)inp, (const bf16s *)dout, n);
-    else
-        gelu_bwd_kernel<float><<<ew_blocks(n, 256), 256>>>((float *)dinp, (const float *)inp, (const float *)dout, n);
-    check_launch("gelu_bwd_kernel");
 }
 
 static void cu_residual_fwd(DType dt, void *out, const void *a, const void *b, size_t n) {
@@ -864,12 +998,7 @@ static void cu_residual_bwd(DType dt, void *dst, const void *src, size_t n) {
 
 // Per row: max and Σ exp(x - max) over the real local columns (-inf and 0 when there are none), and the
 // target's logit when this slice holds it (else 0).
-template <typename T>
-__global__ void crossentropy_stats_kernel(float *rowmax, float *rowsum, float *target, const T *logits,
-                                          const int32_t *targets, int vstart, int vreal, int Vloc) {
-    __shared__ float sh[32];
-    int n = blockIdx.x;
-    const T *x = logits + (size_t)n * Vloc;
+template <typename T> __device__ void ce_row_stats(const T *x, int vreal, float *sh, float *m_out, float *s_out) {
     float m = -INFINITY;
     for (int j = threadIdx.x; j < vreal; j += blockDim.x) {
         float v = tof(x[j]);
@@ -878,7 +1007,18 @@ __global__ void crossentropy_stats_kernel(float *rowmax, float *rowsum, float *t
     m = block_max(m, sh);
     float s = 0.0f;
     for (int j = threadIdx.x; j < vreal; j += blockDim.x) s += expf(tof(x[j]) - m);
-    s = block_sum(s, sh);
+    *s_out = block_sum(s, sh);
+    *m_out = m;
+}
+
+template <typename T>
+__global__ void crossentropy_stats_kernel(float *rowmax, float *rowsum, float *target, const T *logits,
+                                          const int32_t *targets, int vstart, int vreal, int Vloc) {
+    __shared__ float sh[32];
+    int n = blockIdx.x;
+    const T *x = logits + (size_t)n * Vloc;
+    float m, s;
+    ce_row_stats(x, vreal, sh, &m, &s);
     if (threadIdx.x == 0) {
         long long tj = (long long)targets[n] - vstart;
         rowmax[n] = m;
@@ -890,19 +1030,41 @@ __global__ void crossentropy_stats_kernel(float *rowmax, float *rowsum, float *t
 // dlogits = (exp(x - gmax[n]) / gsum[n] - onehot) * dloss on the real columns, 0 on the rest. dlogits may
 // alias logits: each element is read and written by the same thread.
 template <typename T>
-__global__ void crossentropy_bwd_kernel(T *dlogits, const T *logits, const int32_t *targets, const float *gmax,
-                                        const float *gsum, float dloss, int vstart, int vreal, int Vloc) {
-    int n = blockIdx.x;
-    const T *x = logits + (size_t)n * Vloc;
-    T *d = dlogits + (size_t)n * Vloc;
-    float mx = gmax[n], inv = 1.0f / gsum[n];
-    long long tj = (long long)targets[n] - vstart;
+__device__ void ce_row_grad(T *d, const T *x, long long tj, float mx, float gsum, float dloss, int vreal, int Vloc) {
+    float inv = 1.0f / gsum;
     int vr = vreal < Vloc ? vreal : Vloc;
     for (int j = threadIdx.x; j < vr; j += blockDim.x) {
         float p = expf(tof(x[j]) - mx) * inv;
         d[j] = fromf<T>((p - (j == tj ? 1.0f : 0.0f)) * dloss);
     }
     for (int j = (vr > 0 ? vr : 0) + threadIdx.x; j < Vloc; j += blockDim.x) d[j] = fromf<T>(0.0f);
+}
+
+template <typename T>
+__global__ void crossentropy_bwd_kernel(T *dlogits, const T *logits, const int32_t *targets, const float *gmax,
+                                        const float *gsum, float dloss, int vstart, int vreal, int Vloc) {
+    int n = blockIdx.x;
+    ce_row_grad(dlogits + (size_t)n * Vloc, logits + (size_t)n * Vloc, (long long)targets[n] - vstart, gmax[n], gsum[n],
+                dloss, vreal, Vloc);
+}
+
+// Both in one pass over a row (one block): the row is read for the statistics (the block reductions end
+// with a barrier, so every read precedes the first write when dlogits aliases logits), then rewritten.
+template <typename T>
+__global__ void crossentropy_fused_kernel(T *dlogits, float *rowmax, float *rowsum, float *target, const T *logits,
+                                          const int32_t *targets, float dloss, int vreal, int Vloc) {
+    __shared__ float sh[32];
+    int n = blockIdx.x;
+    const T *x = logits + (size_t)n * Vloc;
+    long long tj = targets[n];
+    float tv = (tj >= 0 && tj < vreal) ? tof(x[tj]) : 0.0f, m, s;
+    ce_row_stats(x, vreal, sh, &m, &s);
+    if (threadIdx.x == 0) {
+        rowmax[n] = m;
+        rowsum[n] = s;
+        target[n] = tv;
+    }
+    ce_row_grad(dlogits + (size_t)n * Vloc, x, tj, m, s, dloss, vreal, Vloc);
 }
 
 static void cu_crossentropy_stats(DType dt, float *rowmax, float *rowsum, float *target, const void *logits,
@@ -916,6 +1078,19 @@ static void cu_crossentropy_stats(DType dt, float *rowmax, float *rowsum, float 
         crossentropy_stats_kernel<float><<<N, CE_THREADS>>>(rowmax, rowsum, target, (const float *)logits, targets,
                                                             vstart, vreal, Vloc);
     check_launch("crossentropy_stats_kernel");
+}
+
+static void cu_crossentropy_fused(DType dt, void *dlogits, float *rowmax, float *rowsum, float *target, const void *logits,
+                                  const int32_t *targets, float dloss, int N, int vreal, int Vloc) {
+    if (N <= 0 || Vloc <= 0) return;
+    if (vreal > Vloc) vreal = Vloc;
+    if (dt == DT_BF16)
+        crossentropy_fused_kernel<bf16s><<<N, CE_THREADS>>>((bf16s *)dlogits, rowmax, rowsum, target,
+                                                            (const bf16s *)logits, targets, dloss, vreal, Vloc);
+    else
+        crossentropy_fused_kernel<float><<<N, CE_THREADS>>>((float *)dlogits, rowmax, rowsum, target,
+                                                            (const float *)logits, targets, dloss, vreal, Vloc);
+    check_launch("crossentropy_fused_kernel");
 }
 
 static void cu_crossentropy_bwd(DType dt, void *dlogits, const void *logits, const int32_t *targets, const float *gmax,
@@ -933,32 +1108,55 @@ static void cu_crossentropy_bwd(DType dt, void *dlogits, const void *logits, con
 // ---------------------------------------------------------------------------------------------
 // optimizer, norms, casts
 
+// AdamW over every segment in one launch: the segments and fixed chunks of them (work items) are
+// copied to the device, and block i updates item i; each element's update is independent.
+#define ADAMW_CHUNK 16384
+
+struct AdamWItem {
+    int seg;
+    size_t start;
+};
+
 template <typename T>
-__global__ void adamw_kernel(float *master, T *working, const float *grad, float *m, float *v, size_t n, float lr,
-                             float beta1, float beta2, float eps, float weight_decay, float bc1, float bc2,
-                             float grad_scale) {
-    GRID_STRIDE(i, n) {
-        float g = grad[i] * grad_scale;
-        float mi = beta1 * m[i] + (1.0f - beta1) * g;
-        float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
-        m[i] = mi;
-        v[i] = vi;
-        float p = master[i] * (1.0f - lr * weight_decay);
-        p -= lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
-        master[i] = p;
-        if (working) working[i] = fromf<T>(p);
+__global__ void adamw_kernel(const AdamWSegment *segs, const AdamWItem *items, float lr, float beta1, float beta2,
+                             float eps, float bc1, float bc2, float grad_scale) {
+    AdamWItem it = items[blockIdx.x];
+    const AdamWSegment sg = segs[it.seg];
+    size_t end = it.start + ADAMW_CHUNK < sg.n ? it.start + ADAMW_CHUNK : sg.n;
+    float decay = 1.0f - lr * sg.weight_decay;
+    for (size_t i = it.start + threadIdx.x; i < end; i += blockDim.x) {
+        float g = sg.grad[i] * grad_scale;
+        float mi = beta1 * sg.m[i] + (1.0f - beta1) * g;
+        float vi = beta2 * sg.v[i] + (1.0f - beta2) * g * g;
+        sg.m[i] = mi;
+        sg.v[i] = vi;
+        float p = sg.master[i] * decay - lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
+        sg.master[i] = p;
+        if (sg.working) ((T *)sg.working)[i] = fromf<T>(p);
     }
 }
 
-static void cu_adamw(DType dt, float *master, void *working, const float *grad, float *m, float *v, size_t n, float lr,
-                     float beta1, float beta2, float eps, float weight_decay, float bc1, float bc2, float grad_scale) {
-    if (n == 0) return;
+static void cu_adamw(DType dt, const AdamWSegment *segs, int nsegs, float lr, float beta1, float beta2, float eps,
+                     float bc1, float bc2, float grad_scale) {
+    size_t nitems = 0;
+    for (int s = 0; s < nsegs; s++) nitems += (segs[s].n + ADAMW_CHUNK - 1) / ADAMW_CHUNK;
+    if (nitems == 0) return;
+    if (nitems > 0x7fffffffu) die("CUDA adamw: too many elements");
+    size_t seg_bytes = sizeof(AdamWSegment) * (size_t)nsegs, bytes = seg_bytes + sizeof(AdamWItem) * nitems;
+    char *host = (char *)xmalloc(bytes);
+    memcpy(host, segs, seg_bytes);
+    AdamWItem *items = (AdamWItem *)(host + seg_bytes);
+    size_t it = 0;
+    for (int s = 0; s < nsegs; s++)
+        for (size_t i = 0; i < segs[s].n; i += ADAMW_CHUNK) items[it++] = AdamWItem{ s, i };
+    char *dev = (char *)scratch(SCR_ADAMW, bytes);
+    CK(cudaMemcpy, (dev, host, bytes, cudaMemcpyHostToDevice));
+    free(host);
+    const AdamWSegment *dsegs = (const AdamWSegment *)dev;
+    const AdamWItem *ditems = (const AdamWItem *)(dev + seg_bytes);
     if (dt == DT_BF16)
-        adamw_kernel<bf16s><<<ew_blocks(n, 256), 256>>>(master, (bf16s *)working, grad, m, v, n, lr, beta1, beta2, eps,
-                                                        weight_decay, bc1, bc2, grad_scale);
-    else
-        adamw_kernel<float><<<ew_blocks(n, 256), 256>>>(master, (float *)working, grad, m, v, n, lr, beta1, beta2, eps,
-                                                        weight_decay, bc1, bc2, grad_scale);
+        adamw_kernel<bf16s><<<(unsigned)nitems, 256>>>(dsegs, ditems, lr, beta1, beta2, eps, bc1, bc2, grad_scale);
+    else adamw_kernel<float><<<(unsigned)nitems, 256>>>(dsegs, ditems, lr, beta1, beta2, eps, bc1, bc2, grad_scale);
     check_launch("adamw_kernel");
 }
 
@@ -1048,17 +1246,19 @@ static void fill_table(Backend *b) {
     b->encoder_fwd = cu_encoder_fwd;
     b->encoder_bwd = cu_encoder_bwd;
     b->layernorm_fwd = cu_layernorm_fwd;
+    b->residual_layernorm_fwd = cu_residual_layernorm_fwd;
     b->layernorm_bwd = cu_layernorm_bwd;
     b->matmul_fwd = cu_matmul_fwd;
     b->matmul_bwd = cu_matmul_bwd;
     b->attention_fwd = cu_attention_fwd;
     b->attention_bwd = cu_attention_bwd;
-    b->gelu_fwd = cu_gelu_fwd;
-    b->gelu_bwd = cu_gelu_bwd;
+    b->attention_block_fwd = cu_attention_block_fwd;
+    b->attention_block_bwd = cu_attention_block_bwd;
     b->residual_fwd = cu_residual_fwd;
     b->residual_bwd = cu_residual_bwd;
     b->crossentropy_stats = cu_crossentropy_stats;
     b->crossentropy_bwd = cu_crossentropy_bwd;
+    b->crossentropy_fused = cu_crossentropy_fused;
     b->adamw = cu_adamw;
     b->sumsq = cu_sumsq;
     b->cast = cu_cast;

@@ -294,6 +294,29 @@ static void test_layernorm_fwd(DType dt, int N, int C) {
     run_case(&c, run_layernorm_fwd);
 }
 
+static void run_residual_layernorm_fwd(const Backend *be, Case *c, int side) {
+    // flag: the residual is written over its second input (as the model does under sequence parallelism)
+    be->residual_layernorm_fwd(c->dt, c->flag ? P(5) : P(0), P(1), P(2), P(3), P(4), P(5), P(6), P(7), c->N, c->C);
+}
+static void test_residual_layernorm_fwd(DType dt, int N, int C, int alias) {
+    Case c;
+    case_init(&c, dt, "residual_layernorm_fwd[%s,N=%d,C=%d%s]", dtype_name(dt), N, C, alias ? ",res=b" : "");
+    c.N = N, c.C = C, c.flag = alias;
+    add_rand(&c, dt, (size_t)N * C, -1, 1);  // res
+    add_rand(&c, dt, (size_t)N * C, -1, 1);  // out
+    add_rand(&c, DT_F32, N, -1, 1);          // mean
+    add_rand(&c, DT_F32, N, -1, 1);          // rstd
+    add_rand(&c, dt, (size_t)N * C, -2, 3);  // a
+    add_rand(&c, dt, (size_t)N * C, -1, 1);  // b
+    add_rand(&c, dt, C, 0.5f, 1.5f);
+    add_rand(&c, dt, C, -0.5f, 0.5f);
+    add_out(&c, alias ? 5 : 0, EXACT); // one rounded addition per element
+    add_out(&c, 1, tol_ew(dt));
+    add_out(&c, 2, tol_ew(dt));
+    add_out(&c, 3, tol_ew(dt));
+    run_case(&c, run_residual_layernorm_fwd);
+}
+
 static void run_layernorm_bwd(const Backend *be, Case *c, int side) {
     be->layernorm_bwd(c->dt, P(0), P(1), P(2), P(3), P(4), P(5), P(6), P(7), c->N, c->C);
 }
@@ -315,35 +338,42 @@ static void test_layernorm_bwd(DType dt, int N, int C) {
     run_case(&c, run_layernorm_bwd);
 }
 
+// flag bit 0: bias; bit 1: GELU epilogue (pre keeps its input)
 static void run_matmul_fwd(const Backend *be, Case *c, int side) {
-    be->matmul_fwd(c->dt, P(0), P(1), P(2), c->flag ? P(3) : NULL, c->N, c->C, c->OC);
+    be->matmul_fwd(c->dt, P(0), c->flag & 2 ? P(4) : NULL, P(1), P(2), c->flag & 1 ? P(3) : NULL, c->N, c->C, c->OC);
 }
-static void test_matmul_fwd(DType dt, int N, int C, int OC, int bias) {
+static void test_matmul_fwd(DType dt, int N, int C, int OC, int bias, int gelu) {
     Case c;
-    case_init(&c, dt, "matmul_fwd[%s,N=%d,C=%d,OC=%d,%s]", dtype_name(dt), N, C, OC, bias ? "bias" : "nobias");
-    c.N = N, c.C = C, c.OC = OC, c.flag = bias, c.tiles = 1;
+    case_init(&c, dt, "matmul_fwd[%s,N=%d,C=%d,OC=%d,%s%s]", dtype_name(dt), N, C, OC, bias ? "bias" : "nobias",
+              gelu ? ",gelu" : "");
+    c.N = N, c.C = C, c.OC = OC, c.flag = bias | (gelu ? 2 : 0), c.tiles = 1;
     add_rand(&c, dt, (size_t)N * OC, -1, 1);
     add_rand(&c, dt, (size_t)N * C, -1, 1);
     add_rand(&c, dt, (size_t)OC * C, -1, 1);
     add_rand(&c, dt, OC, -1, 1);
+    add_rand(&c, dt, (size_t)N * OC, -1, 1); // pre
     add_out(&c, 0, tol_mm(dt));
+    if (gelu) add_out(&c, 4, tol_mm(dt));
     run_case(&c, run_matmul_fwd);
 }
 
+// flag bit 0: dinp and dbias; bit 1: GELU's backward in the dinp epilogue
 static void run_matmul_bwd(const Backend *be, Case *c, int side) {
-    be->matmul_bwd(c->dt, c->flag ? P(0) : NULL, P(1), c->flag ? P(2) : NULL, P(3), P(4), P(5), c->N, c->C, c->OC);
+    be->matmul_bwd(c->dt, c->flag & 1 ? P(0) : NULL, P(1), c->flag & 1 ? P(2) : NULL, P(3), P(4), P(5),
+                   c->flag & 2 ? P(6) : NULL, c->N, c->C, c->OC);
 }
-static void test_matmul_bwd(DType dt, int N, int C, int OC, int full) {
+static void test_matmul_bwd(DType dt, int N, int C, int OC, int full, int gelu) {
     Case c;
-    case_init(&c, dt, "matmul_bwd[%s,N=%d,C=%d,OC=%d,%s]", dtype_name(dt), N, C, OC,
-              full ? "dinp+dbias" : "dweight-only");
-    c.N = N, c.C = C, c.OC = OC, c.flag = full, c.tiles = 1;
+    case_init(&c, dt, "matmul_bwd[%s,N=%d,C=%d,OC=%d,%s%s]", dtype_name(dt), N, C, OC,
+              full ? "dinp+dbias" : "dweight-only", gelu ? ",gelu" : "");
+    c.N = N, c.C = C, c.OC = OC, c.flag = full | (gelu ? 2 : 0), c.tiles = 1;
     add_rand(&c, dt, (size_t)N * C, -1, 1);       // dinp (overwritten)
     add_rand(&c, DT_F32, (size_t)OC * C, -1, 1);  // dweight (accumulated)
     add_rand(&c, DT_F32, OC, -1, 1);              // dbias (accumulated)
     add_rand(&c, dt, (size_t)N * OC, -1, 1);      // dout
     add_rand(&c, dt, (size_t)N * C, -1, 1);       // inp
     add_rand(&c, dt, (size_t)OC * C, -1, 1);      // weight
+    add_rand(&c, dt, (size_t)N * C, -3, 3);       // gelu_pre
     add_out(&c, 0, tol_mm(dt));
     add_out(&c, 1, tol_mm(dt));
     add_out(&c, 2, tol_mm(dt));
@@ -356,9 +386,9 @@ static void run_attention_fwd(const Backend *be, Case *c, int side) {
 static void test_attention_fwd(DType dt, int B, int T, int C, int NH) {
     Case c;
     case_init(&c, dt, "attention_fwd[%s,B=%d,T=%d,C=%d,NH=%d]", dtype_name(dt), B, T, C, NH);
-    c.B = B, c.T = T, c.C = C, c.NH = NH, c.tiles = 1;
+    c.B = B, c.T = T, c.C = C, c.NH = NH;
     add_rand(&c, dt, (size_t)B * T * C, -1, 1);
-    add_rand(&c, DT_F32, (size_t)B * NH * T * T, -1, 1); // random: the upper triangle must be zeroed
+    add_rand(&c, DT_F32, (size_t)B * NH * T, -1, 1); // lse
     add_rand(&c, dt, (size_t)B * T * 3 * C, -1, 1);
     add_out(&c, 0, tol_mm(dt));
     add_out(&c, 1, tol_mm(dt));
@@ -371,43 +401,56 @@ static void run_attention_bwd(const Backend *be, Case *c, int side) {
 static void test_attention_bwd(DType dt, int B, int T, int C, int NH) {
     Case c;
     case_init(&c, dt, "attention_bwd[%s,B=%d,T=%d,C=%d,NH=%d]", dtype_name(dt), B, T, C, NH);
-    c.B = B, c.T = T, c.C = C, c.NH = NH, c.tiles = 1;
-    add_rand(&c, dt, (size_t)B * T * 3 * C, -1, 1);       // dqkv (overwritten)
-    add_rand(&c, DT_F32, (size_t)B * NH * T * T, -1, 1);  // datt scratch (not compared)
-    add_rand(&c, dt, (size_t)B * T * C, -1, 1);           // dout
+    c.B = B, c.T = T, c.C = C, c.NH = NH;
+    add_rand(&c, dt, (size_t)B * T * 3 * C, -1, 1); // dqkv (overwritten)
+    add_rand(&c, dt, (size_t)B * T * C, -1, 1);     // dout
     int q = add_rand(&c, dt, (size_t)B * T * 3 * C, -1, 1);
-    int a = add_ten(&c, DT_F32, 0, (size_t)B * NH * T * T);
-    // att: the softmax probabilities of these q, k, v, from the CPU reference (its memory is host memory)
-    void *tmp_out = xcalloc((size_t)B * T * C, dtype_size(dt));
-    CPU->attention_fwd(dt, tmp_out, (float *)c.t[a].init, c.t[q].init, B, T, C, NH);
-    free(tmp_out);
+    int o = add_ten(&c, dt, 0, (size_t)B * T * C);
+    int l = add_ten(&c, DT_F32, 0, (size_t)B * NH * T);
+    // out and lse of these q, k, v from the CPU forward (its memory is host memory)
+    CPU->attention_fwd(dt, c.t[o].init, (float *)c.t[l].init, c.t[q].init, B, T, C, NH);
     add_out(&c, 0, tol_mm(dt));
     run_case(&c, run_attention_bwd);
 }
 
-static void run_gelu_fwd(const Backend *be, Case *c, int side) { be->gelu_fwd(c->dt, P(0), P(1), c->n); }
-static void test_gelu_fwd(DType dt, size_t n) {
-    Case c;
-    case_init(&c, dt, "gelu_fwd[%s,n=%zu]", dtype_name(dt), n);
-    c.n = n;
-    add_rand(&c, dt, n, -1, 1);
-    add_rand(&c, dt, n, -5, 5);
-    add_out(&c, 0, tol_ew(dt));
-    run_case(&c, run_gelu_fwd);
+// The block ops as context parallelism uses them: queries at positions [24, 24+Tq) against two key blocks
+// at [k0a, k0a+Tk) and [k0b, k0b+Tk) (the second one first), merged into fp32 accumulators; then the
+// backward of both pairs, accumulated. q, k, v and dout are [B, T, NH*hs] in dt.
+static void run_attention_blocks(const Backend *be, Case *c, int side) {
+    int B = c->B, NH = c->NH, hs = c->C / c->NH, Tq = c->T, Tk = c->N, k0a = c->vstart, k0b = c->vlen;
+    size_t es = dtype_size(c->dt), kblock = (size_t)B * Tk * c->C;
+    AttnView q = { c->dt, P(0), (size_t)Tq * c->C, (size_t)c->C };
+    AttnView ka = { c->dt, P(1), (size_t)Tk * c->C, (size_t)c->C }, va = { c->dt, P(2), ka.bstride, ka.tstride };
+    AttnView kb = ka, vb = va;
+    kb.p = (char *)P(1) + kblock * es;
+    vb.p = (char *)P(2) + kblock * es;
+    AttnView out = { DT_F32, P(3), q.bstride, q.tstride }, dout = { c->dt, P(5), q.bstride, q.tstride };
+    AttnView dq = { DT_F32, P(6), q.bstride, q.tstride }, dka = { DT_F32, P(7), ka.bstride, ka.tstride };
+    AttnView dva = { DT_F32, P(8), ka.bstride, ka.tstride }, dkb = dka, dvb = dva;
+    dkb.p = (float *)P(7) + kblock;
+    dvb.p = (float *)P(8) + kblock;
+    be->attention_block_fwd(out, P(4), q, kb, vb, B, NH, hs, Tq, 24, Tk, k0b, 0);
+    be->attention_block_fwd(out, P(4), q, ka, va, B, NH, hs, Tq, 24, Tk, k0a, 1);
+    be->attention_block_bwd(dq, dka, dva, dout, out, P(4), q, ka, va, B, NH, hs, Tq, 24, Tk, k0a);
+    be->attention_block_bwd(dq, dkb, dvb, dout, out, P(4), q, kb, vb, B, NH, hs, Tq, 24, Tk, k0b);
 }
-
-static void run_gelu_bwd(const Backend *be, Case *c, int side) {
-    be->gelu_bwd(c->dt, c->flag ? P(2) : P(0), P(1), P(2), c->n);
-}
-static void test_gelu_bwd(DType dt, size_t n, int alias) {
+static void test_attention_blocks(DType dt, int B, int Tq, int Tk, int C, int NH, int k0a, int k0b) {
     Case c;
-    case_init(&c, dt, "gelu_bwd[%s,n=%zu%s]", dtype_name(dt), n, alias ? ",dinp=dout" : "");
-    c.n = n, c.flag = alias;
-    add_rand(&c, dt, n, -1, 1);
-    add_rand(&c, dt, n, -5, 5);
-    add_rand(&c, dt, n, -1, 1);
-    add_out(&c, alias ? 2 : 0, tol_ew(dt));
-    run_case(&c, run_gelu_bwd);
+    case_init(&c, dt, "attention_block_fwd+bwd[%s,B=%d,Tq=%d@24,Tk=%d@%d,%d,C=%d,NH=%d]", dtype_name(dt), B, Tq, Tk, k0a,
+              k0b, C, NH);
+    c.B = B, c.T = Tq, c.N = Tk, c.C = C, c.NH = NH, c.vstart = k0a, c.vlen = k0b;
+    add_rand(&c, dt, (size_t)B * Tq * C, -1, 1);         // q
+    add_rand(&c, dt, (size_t)2 * B * Tk * C, -1, 1);     // k of both blocks
+    add_rand(&c, dt, (size_t)2 * B * Tk * C, -1, 1);     // v
+    add_rand(&c, DT_F32, (size_t)B * Tq * C, -1, 1);     // out (fp32 accumulator)
+    add_rand(&c, DT_F32, (size_t)B * NH * Tq, -1, 1);    // lse
+    add_rand(&c, dt, (size_t)B * Tq * C, -1, 1);         // dout
+    add_rand(&c, DT_F32, (size_t)B * Tq * C, -1, 1);     // dq (accumulated onto these values)
+    add_rand(&c, DT_F32, (size_t)2 * B * Tk * C, -1, 1); // dk
+    add_rand(&c, DT_F32, (size_t)2 * B * Tk * C, -1, 1); // dv
+    for (int i = 3; i <= 8; i++)
+        if (i != 5) add_out(&c, i, tol_mm(dt));
+    run_case(&c, run_attention_blocks);
 }
 
 static void run_residual_fwd(const Backend *be, Case *c, int side) { be->residual_fwd(c->dt, P(0), P(1), P(2), c->n); }
@@ -463,6 +506,28 @@ static void test_crossentropy_stats(DType dt, int N, int V, int vstart, int vrea
     run_case(&c, run_ce_stats);
 }
 
+static void run_ce_fused(const Backend *be, Case *c, int side) {
+    be->crossentropy_fused(c->dt, c->flag ? P(3) : P(4), P(0), P(1), P(2), P(3), P(5), 1.0f / (float)c->N, c->N, c->vlen,
+                           c->Vp);
+}
+static void test_crossentropy_fused(DType dt, int N, int V, int Vloc, int alias) {
+    Case c;
+    case_init(&c, dt, "crossentropy_fused[%s,N=%d,V=%d,Vloc=%d%s]", dtype_name(dt), N, V, Vloc,
+              alias ? ",dlogits=logits" : "");
+    c.N = N, c.V = V, c.vlen = V, c.Vp = Vloc, c.flag = alias;
+    add_rand(&c, DT_F32, N, -1, 1); // rowmax
+    add_rand(&c, DT_F32, N, -1, 1); // rowsum
+    add_rand(&c, DT_F32, N, -1, 1); // target
+    add_logits(&c, dt, N, V, Vloc);
+    add_rand(&c, dt, (size_t)N * Vloc, -1, 1); // dlogits: random, so the padding must be zeroed
+    add_tokens(&c, N, V);
+    add_out(&c, 0, EXACT);
+    add_out(&c, 1, tol_ew(DT_F32));
+    add_out(&c, 2, EXACT);
+    add_out(&c, alias ? 3 : 4, tol_ew(dt));
+    run_case(&c, run_ce_fused);
+}
+
 static void run_ce_bwd(const Backend *be, Case *c, int side) {
     be->crossentropy_bwd(c->dt, c->flag ? P(1) : P(0), P(1), P(2), P(3), P(4), 1.0f / (float)c->N, c->N, c->vstart,
                          c->vlen, c->Vp);
@@ -489,10 +554,16 @@ static void test_crossentropy_bwd(DType dt, int N, int V, int vstart, int vreal,
     run_case(&c, run_ce_bwd);
 }
 
+// three segments of the five arrays (the middle one without decay, the last one short)
 static void run_adamw(const Backend *be, Case *c, int side) {
     float b1 = 0.9f, b2 = 0.95f;
-    be->adamw(c->dt, P(0), c->flag ? P(1) : NULL, P(2), P(3), P(4), c->n, 1e-3f, b1, b2, 1e-8f, 0.1f,
-              1.0f - b1 * b1 * b1, 1.0f - b2 * b2 * b2, 0.5f);
+    size_t cut[4] = { 0, c->n / 2, c->n - 7, c->n }, es = dtype_size(c->dt);
+    AdamWSegment segs[3];
+    for (int s = 0; s < 3; s++)
+        segs[s] = (AdamWSegment){ (float *)P(0) + cut[s], c->flag ? (char *)P(1) + cut[s] * es : NULL,
+                                  (const float *)P(2) + cut[s], (float *)P(3) + cut[s], (float *)P(4) + cut[s],
+                                  cut[s + 1] - cut[s], s == 1 ? 0.0f : 0.1f };
+    be->adamw(c->dt, segs, 3, 1e-3f, b1, b2, 1e-8f, 1.0f - b1 * b1 * b1, 1.0f - b2 * b2 * b2, 0.5f);
 }
 static void test_adamw(DType dt, size_t n, int working) {
     Case c;
@@ -621,18 +692,24 @@ int main(void) {
 
         test_layernorm_fwd(dt, 67, 40);
         test_layernorm_fwd(dt, 5, 800);
+        test_residual_layernorm_fwd(dt, 67, 40, 0);
+        test_residual_layernorm_fwd(dt, 5, 800, 1);
         test_layernorm_bwd(dt, 67, 40);
         test_layernorm_bwd(dt, 600, 72); // several row chunks
 
-        test_matmul_fwd(dt, 67, 40, 131, 1);
-        test_matmul_fwd(dt, 67, 40, 131, 0);
-        test_matmul_fwd(dt, 1, 5, 3, 1);
-        test_matmul_fwd(dt, 300, 200, 260, 1);
-        test_matmul_fwd(dt, 130, 1000, 70, 1);
-        test_matmul_bwd(dt, 67, 40, 131, 1);
-        test_matmul_bwd(dt, 67, 40, 131, 0);
-        test_matmul_bwd(dt, 600, 96, 144, 1);
-        test_matmul_bwd(dt, 300, 200, 260, 1);
+        test_matmul_fwd(dt, 67, 40, 131, 1, 0);
+        test_matmul_fwd(dt, 67, 40, 131, 0, 0);
+        test_matmul_fwd(dt, 1, 5, 3, 1, 0);
+        test_matmul_fwd(dt, 300, 200, 260, 1, 0);
+        test_matmul_fwd(dt, 130, 1000, 70, 1, 0);
+        test_matmul_fwd(dt, 67, 40, 131, 1, 1);
+        test_matmul_fwd(dt, 130, 1000, 70, 1, 1); // several k-slices on the CPU
+        test_matmul_bwd(dt, 67, 40, 131, 1, 0);
+        test_matmul_bwd(dt, 67, 40, 131, 0, 0);
+        test_matmul_bwd(dt, 600, 96, 144, 1, 0);
+        test_matmul_bwd(dt, 300, 200, 260, 1, 0);
+        test_matmul_bwd(dt, 67, 40, 131, 1, 1);
+        test_matmul_bwd(dt, 600, 96, 700, 1, 1);
 
         test_attention_fwd(dt, 2, 37, 48, 3);
         test_attention_fwd(dt, 1, 150, 64, 2);
@@ -640,10 +717,11 @@ int main(void) {
         test_attention_bwd(dt, 2, 37, 48, 3);
         test_attention_bwd(dt, 1, 150, 64, 2);
         test_attention_bwd(dt, 2, 200, 96, 4);
+        test_attention_fwd(dt, 3, 33, 17, 1);  // one head of 17 channels
+        test_attention_bwd(dt, 3, 33, 17, 1);
+        test_attention_blocks(dt, 2, 8, 8, 48, 3, 0, 24);   // zigzag: the diagonal block and one fully seen
+        test_attention_blocks(dt, 1, 37, 40, 64, 2, 30, 0); // keys partly after the queries; blocks in any order
 
-        test_gelu_fwd(dt, 100003);
-        test_gelu_bwd(dt, 100003, 0);
-        test_gelu_bwd(dt, 100003, 1);
         test_residual_fwd(dt, 100003);
         test_residual_bwd(dt, 100003);
 
@@ -652,6 +730,8 @@ int main(void) {
         test_crossentropy_stats(dt, 67, 300, 100, 90, 128); // targets before, inside and after the slice
         test_crossentropy_stats(dt, 5, 9000, 2528, 2472, 2528);
         test_crossentropy_stats(dt, 67, 300, 256, 0, 128);  // a slice made only of padding
+        test_crossentropy_fused(dt, 67, 100, 128, 0);
+        test_crossentropy_fused(dt, 4, 5000, 5056, 1);
         test_crossentropy_bwd(dt, 67, 100, 0, 100, 128, 0, 1);
         test_crossentropy_bwd(dt, 67, 100, 0, 100, 128, 1, 1);
         test_crossentropy_bwd(dt, 4, 5000, 0, 5000, 5056, 0, 1);
