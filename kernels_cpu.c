@@ -30,6 +30,8 @@
 
 typedef float vf __attribute__((vector_size(VW * 4)));
 typedef int32_t vi __attribute__((vector_size(VW * 4)));
+typedef uint32_t vu __attribute__((vector_size(VW * 4)));
+typedef uint16_t vh __attribute__((vector_size(VW * 2)));
 
 static inline vf vload(const float *p) {
     vf v;
@@ -104,12 +106,23 @@ static void row_load(DType dt, const void *p, size_t off, int n, float *restrict
         for (int i = 0; i < n; i++) dst[i] = bf16_to_f32(s[i]);
     }
 }
+// f32_to_bf16 for VW lanes: round to nearest even, NaN kept quiet
+static inline vh vbf16(vf x) {
+    vu u = (vu)x, nan = (vu)((u & 0x7fffffffu) > 0x7f800000u);
+    vu r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    return __builtin_convertvector((r & ~nan) | (((u >> 16) | 0x40u) & nan), vh);
+}
 static void row_store(DType dt, void *p, size_t off, int n, const float *restrict src) {
     if (dt == DT_F32) {
         memmove((float *)p + off, src, sizeof(float) * (size_t)n);
     } else {
         uint16_t *d = (uint16_t *)p + off;
-        for (int i = 0; i < n; i++) d[i] = f32_to_bf16(src[i]);
+        int i = 0;
+        for (; i + VW <= n; i += VW) {
+            vh h = vbf16(vload(src + i));
+            memcpy(d + i, &h, sizeof h);
+        }
+        for (; i < n; i++) d[i] = f32_to_bf16(src[i]);
     }
 }
 
@@ -183,6 +196,32 @@ static void *aligned_scratch(size_t bytes) {
     if (posix_memalign(&p, 64, bytes ? (bytes + 63) / 64 * 64 : 64) != 0) die("out of memory (%zu bytes of kernel scratch)", bytes);
     return p;
 }
+
+// Grow-only scratch buffers, one per purpose, kept across calls: fresh multi-megabyte allocations would
+// come from mmap and page-fault zeroed memory in every matmul. Like the OpenMP runtime they are
+// process-wide; ops are called from one thread at a time, which takes them before its parallel region
+// and gives each OpenMP thread its own slice.
+enum { SCR_GEMM_A, SCR_GEMM_B, SCR_GEMM_PART, SCR_WORK, NSCRATCH };
+static struct {
+    void *p;
+    size_t cap;
+} g_scratch[NSCRATCH];
+
+static void *scratch(int slot, size_t bytes) {
+    if (bytes > g_scratch[slot].cap) {
+        free(g_scratch[slot].p);
+        g_scratch[slot].p = aligned_scratch(bytes);
+        g_scratch[slot].cap = bytes;
+    }
+    return g_scratch[slot].p;
+}
+
+// per-thread slices of a scratch slot, each `floats` long (rounded to a cache line)
+static size_t slice_floats(size_t floats) { return (floats + 15) / 16 * 16; }
+static float *thread_slices(int slot, size_t floats) {
+    return scratch(slot, sizeof(float) * slice_floats(floats) * (size_t)omp_get_max_threads());
+}
+static float *my_slice(float *base, size_t floats) { return base + slice_floats(floats) * (size_t)omp_get_thread_num(); }
 
 // ---------------------------------------------------------------------------------------------
 // memory
@@ -286,6 +325,14 @@ typedef struct {
 
 // fp32 panels: Ap[k][r] for MR rows, Bp[k][j] for NR columns, zero-padded
 static void pack_a_f32(float *restrict dst, View A, int m0, int rows, int k0, int kc) {
+    if (A.cs == 1 && A.dt == DT_F32 && rows == MR) { // MR row streams, contiguous stores
+        const float *s[MR];
+        for (int r = 0; r < MR; r++) s[r] = (const float *)A.p + (size_t)(m0 + r) * A.rs + (size_t)k0;
+        for (int k = 0; k < kc; k++)
+#pragma GCC unroll 8
+            for (int r = 0; r < MR; r++) dst[k * MR + r] = s[r][k];
+        return;
+    }
     if (A.cs == 1) {
         for (int r = 0; r < rows; r++) {
             size_t base = (size_t)(m0 + r) * A.rs + (size_t)k0;
@@ -296,6 +343,11 @@ static void pack_a_f32(float *restrict dst, View A, int m0, int rows, int k0, in
                 const uint16_t *s = (const uint16_t *)A.p + base;
                 for (int k = 0; k < kc; k++) dst[k * MR + r] = bf16_to_f32(s[k]);
             }
+        }
+    } else if (A.rs == 1 && A.dt == DT_F32) { // columns contiguous: MR floats per k
+        for (int k = 0; k < kc; k++) {
+            const float *s = (const float *)A.p + (size_t)(k0 + k) * A.cs + (size_t)m0;
+            for (int r = 0; r < rows; r++) dst[k * MR + r] = s[r];
         }
     } else {
         for (int k = 0; k < kc; k++) {
@@ -310,19 +362,38 @@ static void pack_a_f32(float *restrict dst, View A, int m0, int rows, int k0, in
 static void pack_b_f32(float *restrict dst, View B, int k0, int kc, int n0, int cols) {
     if (B.cs == 1) {
         for (int k = 0; k < kc; k++) {
-            size_t base = (size_t)(k0 + k) * B.rs + (size_t)n0;
-            row_load(B.dt, B.p, base, cols, dst + (size_t)k * NR);
-            for (int j = cols; j < NR; j++) dst[k * NR + j] = 0.0f;
+            float *d = dst + (size_t)k * NR;
+            if (B.dt == DT_F32) {
+                const float *s = (const float *)B.p + (size_t)(k0 + k) * B.rs + (size_t)n0;
+                for (int j = 0; j < cols; j++) d[j] = s[j];
+            } else {
+                const uint16_t *s = (const uint16_t *)B.p + (size_t)(k0 + k) * B.rs + (size_t)n0;
+                for (int j = 0; j < cols; j++) d[j] = bf16_to_f32(s[j]);
+            }
+            for (int j = cols; j < NR; j++) d[j] = 0.0f;
+        }
+    } else if (B.rs == 1 && B.dt == DT_F32) {
+        // columns of B are rows in memory: 16 of them at a time, 16 k at a time, through a small
+        // transpose so that both the loads and the stores are contiguous
+        for (int j0 = 0; j0 < NR; j0 += 16) {
+            int w = cols - j0 < 16 ? (cols - j0 > 0 ? cols - j0 : 0) : 16;
+            for (int kb = 0; kb < kc; kb += 16) {
+                int h = kc - kb < 16 ? kc - kb : 16;
+                float t[16][16];
+                for (int j = 0; j < w; j++) {
+                    const float *s = (const float *)B.p + (size_t)(n0 + j0 + j) * B.cs + (size_t)(k0 + kb);
+                    for (int k = 0; k < h; k++) t[k][j] = s[k];
+                }
+                for (int k = 0; k < h; k++) {
+                    float *d = dst + (size_t)(kb + k) * NR + j0;
+                    for (int j = 0; j < 16; j++) d[j] = j < w ? t[k][j] : 0.0f;
+                }
+            }
         }
     } else {
         for (int j = 0; j < cols; j++) {
             size_t base = (size_t)(n0 + j) * B.cs + (size_t)k0 * B.rs;
-            if (B.dt == DT_F32 && B.rs == 1) {
-                const float *s = (const float *)B.p + base;
-                for (int k = 0; k < kc; k++) dst[k * NR + j] = s[k];
-            } else {
-                for (int k = 0; k < kc; k++) dst[k * NR + j] = ld(B.dt, B.p, base + (size_t)k * B.rs);
-            }
+            for (int k = 0; k < kc; k++) dst[k * NR + j] = ld(B.dt, B.p, base + (size_t)k * B.rs);
         }
         for (int k = 0; k < kc; k++)
             for (int j = cols; j < NR; j++) dst[k * NR + j] = 0.0f;
@@ -491,13 +562,15 @@ static void gemm(int M, int N, int K, View A, View B, Out o) {
     size_t a_bytes = (size_t)MR * ((kcmax + 1) / 2 * 2) * 4, panel_bytes = (size_t)NR * ((kcmax + 1) / 2 * 2) * 4;
     if (!g.direct && nslices > 1) {
         g.lds = (size_t)ncmax;
-        g.scratch = aligned_scratch(sizeof(float) * (size_t)M * ncmax);
+        g.scratch = scratch(SCR_GEMM_PART, sizeof(float) * (size_t)M * ncmax);
     }
-    char *Bp = aligned_scratch(panel_bytes * (size_t)((ncmax + NR - 1) / NR));
+    char *Bp = scratch(SCR_GEMM_B, panel_bytes * (size_t)((ncmax + NR - 1) / NR));
     int mblocks = (M + MC - 1) / MC;
+    size_t a_floats = a_bytes / 4 * (MC / MR);
+    float *Ap_all = thread_slices(SCR_GEMM_A, a_floats);
 #pragma omp parallel
     {
-        char *Ap = aligned_scratch(a_bytes * (MC / MR));
+        char *Ap = (char *)my_slice(Ap_all, a_floats);
         for (int n0 = 0; n0 < N; n0 += NC) {
             int nc = N - n0 < NC ? N - n0 : NC, npanels = (nc + NR - 1) / NR;
             for (int s = 0; s < nslices; s++) {
@@ -526,10 +599,7 @@ static void gemm(int M, int N, int K, View A, View B, Out o) {
                 }
             }
         }
-        free(Ap);
     }
-    free(Bp);
-    free(g.scratch);
 }
 
 // dst[c] += Σ_n x[n, c] over column chunks, each summed row by row (a fixed order) by one thread
@@ -796,8 +866,10 @@ static void att_abt(const float *restrict a, const float *restrict bt, size_t ld
     }
 }
 
-// o[rows][hsp] += p[rows][n] (row stride ldp) · v[n][hsp]; rows a multiple of 4
-static void att_ab(float *restrict o, const float *restrict p, int ldp, int n, const float *restrict v, int hsp, int rows) {
+// o[rows][hsp] += P · v[n][hsp] with P[r][c] = p[r*sr + c*sc] (sc = 1 for P, sr = 1 for a transposed
+// tile, so no transpose is ever copied); rows a multiple of 4
+static void att_ab(float *restrict o, const float *restrict p, int sr, int sc, int n, const float *restrict v, int hsp,
+                   int rows) {
     for (int r0 = 0; r0 < rows; r0 += 4)
         for (int i0 = 0; i0 < hsp; i0 += ATT_HC) {
             vf acc[4][4];
@@ -811,7 +883,7 @@ static void att_ab(float *restrict o, const float *restrict p, int ldp, int n, c
                 for (int x = 0; x < 4; x++) vv[x] = vload(v + (size_t)c * hsp + i0 + x * VW);
 #pragma GCC unroll 4
                 for (int r = 0; r < 4; r++) {
-                    float w = p[(size_t)(r0 + r) * ldp + c];
+                    float w = p[(size_t)(r0 + r) * sr + (size_t)c * sc];
 #pragma GCC unroll 4
                     for (int x = 0; x < 4; x++) acc[r][x] += w * vv[x];
                 }
@@ -821,11 +893,6 @@ static void att_ab(float *restrict o, const float *restrict p, int ldp, int n, c
 #pragma GCC unroll 4
                 for (int x = 0; x < 4; x++) vstore(o + (size_t)(r0 + r) * hsp + i0 + x * VW, acc[r][x]);
         }
-}
-
-static void transpose_tile(const float *src, int rows, int cols, float *dst) {
-    for (int r = 0; r < rows; r++)
-        for (int c = 0; c < cols; c++) dst[c * rows + r] = src[r * cols + c];
 }
 
 // Keys of the tile at kt0 visible to query row r of the tile at qt0 (a prefix of the tile; may be <= 0).
@@ -871,7 +938,7 @@ static void att_fwd_head(const AttDims *d, int b, int h, AttnView out, float *ls
                 if (alpha != 1.0f)
                     for (int i = 0; i < hsp; i++) o[(size_t)r * hsp + i] *= alpha;
             }
-            att_ab(o, s, ATT_BK, ATT_BK, vv + (size_t)kt0 * hsp, hsp, ATT_BQ);
+            att_ab(o, s, ATT_BK, 1, ATT_BK, vv + (size_t)kt0 * hsp, hsp, ATT_BQ);
         }
         for (int r = 0; r < nq; r++) {
             float *orow = o + (size_t)r * hsp;
@@ -900,12 +967,12 @@ static void attn_fwd(AttnView out, float *lse, AttnView q, AttnView k, AttnView 
     if (B <= 0 || NH <= 0 || hs <= 0 || Tq <= 0) return;
     AttDims d = att_dims(B, NH, hs, Tq, q0, Tk, k0);
     size_t work = 2 * (size_t)d.hsp * d.Tkp + 2 * (size_t)ATT_BQ * d.hsp + ATT_BQ * ATT_BK + (size_t)d.hsp;
+    float *all = thread_slices(SCR_WORK, work);
 #pragma omp parallel
     {
-        float *w = aligned_scratch(sizeof(float) * work);
+        float *w = my_slice(all, work);
 #pragma omp for schedule(dynamic, 1)
         for (int bh = 0; bh < B * NH; bh++) att_fwd_head(&d, bh / NH, bh % NH, out, lse, q, k, v, merge, w);
-        free(w);
     }
 }
 
@@ -914,7 +981,7 @@ static void att_bwd_head(const AttDims *d, int b, int h, AttnView dq, AttnView d
     int hsp = d->hsp, Tqp = d->Tqp, Tkp = d->Tkp;
     size_t qn = (size_t)Tqp * hsp, kn = (size_t)Tkp * hsp;
     float *qs = work, *dO = qs + qn, *dQ = dO + qn, *K = dQ + qn, *Kt = K + kn, *Vt = Kt + kn, *dK = Vt + kn, *dV = dK + kn;
-    float *D = dV + kn, *L = D + Tqp, *P = L + Tqp, *PT = P + ATT_BQ * ATT_BK, *dP = PT + ATT_BQ * ATT_BK;
+    float *D = dV + kn, *L = D + Tqp, *P = L + Tqp, *dP = P + ATT_BQ * ATT_BK;
     float *row = dP + ATT_BQ * ATT_BK, *row2 = row + hsp;
     att_load_rows(&q, b, h, d, d->Tq, Tqp, d->scale, qs);
     att_load_rows(&dout, b, h, d, d->Tq, Tqp, 1.0f, dO);
@@ -949,16 +1016,14 @@ static void att_bwd_head(const AttDims *d, int b, int h, AttnView dq, AttnView d
                 vexp_sub_sum(pr, ATT_BK, lr);
                 for (int c = lim; c < ATT_BK; c++) pr[c] = 0.0f;
             }
-            transpose_tile(P, ATT_BQ, ATT_BK, PT);
-            att_ab(dV + (size_t)kt0 * hsp, PT, ATT_BQ, ATT_BQ, doi, hsp, ATT_BK); // dV += Pᵀ·dO
+            att_ab(dV + (size_t)kt0 * hsp, P, 1, ATT_BK, ATT_BQ, doi, hsp, ATT_BK); // dV += Pᵀ·dO
             att_abt(doi, Vt + kt0, (size_t)Tkp, hsp, dP);                          // dP = dO·Vᵀ
             for (int r = 0; r < ATT_BQ; r++) {
                 float dr = D[qt0 + r];
                 for (int c = 0; c < ATT_BK; c++) dP[r * ATT_BK + c] = P[r * ATT_BK + c] * (dP[r * ATT_BK + c] - dr);
             }
-            att_ab(dQ + (size_t)qt0 * hsp, dP, ATT_BK, ATT_BK, K + (size_t)kt0 * hsp, hsp, ATT_BQ); // dQ += dS·K
-            transpose_tile(dP, ATT_BQ, ATT_BK, PT);
-            att_ab(dK + (size_t)kt0 * hsp, PT, ATT_BQ, ATT_BQ, qi, hsp, ATT_BK); // dK += dSᵀ·(q/√hs)
+            att_ab(dQ + (size_t)qt0 * hsp, dP, ATT_BK, 1, ATT_BK, K + (size_t)kt0 * hsp, hsp, ATT_BQ); // dQ += dS·K
+            att_ab(dK + (size_t)kt0 * hsp, dP, 1, ATT_BK, ATT_BQ, qi, hsp, ATT_BK); // dK += dSᵀ·(q/√hs)
         }
     }
     // dQ carries the 1/√hs of the scores; dK got it from the scaled queries
@@ -990,15 +1055,15 @@ static void attn_bwd(AttnView dq, AttnView dk, AttnView dv, int accumulate, Attn
                      AttnView q, AttnView k, AttnView v, int B, int NH, int hs, int Tq, int q0, int Tk, int k0) {
     if (B <= 0 || NH <= 0 || hs <= 0 || (Tq <= 0 && Tk <= 0)) return;
     AttDims d = att_dims(B, NH, hs, Tq, q0, Tk, k0);
-    size_t work = 3 * (size_t)d.Tqp * d.hsp + 5 * (size_t)d.Tkp * d.hsp + 2 * (size_t)d.Tqp + 3 * ATT_BQ * ATT_BK +
+    size_t work = 3 * (size_t)d.Tqp * d.hsp + 5 * (size_t)d.Tkp * d.hsp + 2 * (size_t)d.Tqp + 2 * ATT_BQ * ATT_BK +
                   2 * (size_t)d.hsp;
+    float *all = thread_slices(SCR_WORK, work);
 #pragma omp parallel
     {
-        float *w = aligned_scratch(sizeof(float) * work);
+        float *w = my_slice(all, work);
 #pragma omp for schedule(dynamic, 1)
         for (int bh = 0; bh < B * NH; bh++)
             att_bwd_head(&d, bh / NH, bh % NH, dq, dk, dv, accumulate, dout, out, lse, q, k, v, w);
-        free(w);
     }
 }
 
@@ -1071,9 +1136,11 @@ static void ce_row_grad(DType dt, void *dlogits, size_t o, float *e, int tj, flo
 
 static void cpu_crossentropy_stats(DType dt, float *rowmax, float *rowsum, float *target, const void *logits,
                                    const int32_t *targets, int N, int vstart, int vreal, int Vloc) {
+    size_t work = 2 * ((size_t)Vloc + VW);
+    float *all = thread_slices(SCR_WORK, work);
 #pragma omp parallel
     {
-        float *x = aligned_scratch(sizeof(float) * 2 * ((size_t)Vloc + VW)), *e = x + Vloc + VW;
+        float *x = my_slice(all, work), *e = x + Vloc + VW;
 #pragma omp for schedule(static)
         for (int n = 0; n < N; n++) {
             size_t o = (size_t)n * Vloc;
@@ -1083,15 +1150,15 @@ static void cpu_crossentropy_stats(DType dt, float *rowmax, float *rowsum, float
             int tj = targets[n] - vstart;
             target[n] = (tj >= 0 && tj < vreal) ? x[tj] : 0.0f;
         }
-        free(x);
     }
 }
 
 static void cpu_crossentropy_bwd(DType dt, void *dlogits, const void *logits, const int32_t *targets, const float *gmax,
                                  const float *gsum, float dloss, int N, int vstart, int vreal, int Vloc) {
+    float *all = thread_slices(SCR_WORK, (size_t)Vloc + VW);
 #pragma omp parallel
     {
-        float *e = aligned_scratch(sizeof(float) * ((size_t)Vloc + VW));
+        float *e = my_slice(all, (size_t)Vloc + VW);
 #pragma omp for schedule(static)
         for (int n = 0; n < N; n++) {
             size_t o = (size_t)n * Vloc;
@@ -1100,15 +1167,15 @@ static void cpu_crossentropy_bwd(DType dt, void *dlogits, const void *logits, co
             if (nr) vexp_sub_sum(e, nr, gmax[n]);
             ce_row_grad(dt, dlogits, o, e, targets[n] - vstart, gsum[n], dloss, vreal, Vloc);
         }
-        free(e);
     }
 }
 
 static void cpu_crossentropy_fused(DType dt, void *dlogits, float *rowmax, float *rowsum, float *target,
                                    const void *logits, const int32_t *targets, float dloss, int N, int vreal, int Vloc) {
+    float *all = thread_slices(SCR_WORK, (size_t)Vloc + VW);
 #pragma omp parallel
     {
-        float *e = aligned_scratch(sizeof(float) * ((size_t)Vloc + VW));
+        float *e = my_slice(all, (size_t)Vloc + VW);
 #pragma omp for schedule(static)
         for (int n = 0; n < N; n++) {
             size_t o = (size_t)n * Vloc;
@@ -1118,7 +1185,6 @@ static void cpu_crossentropy_fused(DType dt, void *dlogits, float *rowmax, float
             ce_row_stats(e, e, vreal, &rowmax[n], &rowsum[n]);
             ce_row_grad(dt, dlogits, o, e, tj, rowsum[n], dloss, vreal, Vloc);
         }
-        free(e);
     }
 }
 

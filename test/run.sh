@@ -70,10 +70,30 @@ torch_ref() { have_torch || return $?; $PY test/torch_ref.py --train "$DATA/trai
 t_torch_c36() { torch_ref c36 --shape "--layers 2 --channels 36 --heads 3 --vocab 256 --seq-len 32" --seq-len 32 --micro-batch 2 --accum 2; }
 t_torch_short_t() { torch_ref shortT --shape "--layers 2 --channels 32 --heads 4 --vocab 256 --max-seq-len 64" --seq-len 24 --micro-batch 3; }
 t_torch_v200() { torch_ref v200 --shape "--layers 1 --channels 48 --heads 2 --vocab 200 --seq-len 16" --seq-len 16 --micro-batch 2 --accum 3; }
+# at 1e-5 (gradients unchanged by the flash attention and the fused kernels): odd T below maxT with many
+# heads of 4 channels; one head of 20 channels with T past a 32-row attention tile
+t_torch_heads() {
+    torch_ref heads --shape "--layers 2 --channels 32 --heads 8 --vocab 256 --max-seq-len 40" --seq-len 27 --micro-batch 2 \
+        --tol-logits 1e-5 --tol-grads 1e-5
+}
+t_torch_one_head() {
+    torch_ref onehead --shape "--layers 1 --channels 20 --heads 1 --vocab 256 --seq-len 45" --seq-len 45 --micro-batch 2 \
+        --tol-logits 1e-5 --tol-grads 1e-5
+}
+BF16_SHAPE="--layers 2 --channels 36 --heads 3 --vocab 256 --seq-len 32"
 t_torch_bf16() {
-    torch_ref bf16 --shape "--layers 2 --channels 36 --heads 3 --vocab 256 --seq-len 32" --seq-len 32 --micro-batch 2 \
+    torch_ref bf16 --shape "$BF16_SHAPE" --seq-len 32 --micro-batch 2 \
         --accum 2 --dtype bf16 --tol-logits 2e-2 --tol-grads 5e-2 --tol-loss 2e-3
 }
+# the fallback bf16 matmul path (bf16 widened to fp32), forced as users would force it
+t_torch_bf16_generic() {
+    have_torch || return $?
+    LLM4D_CPU_ISA=generic $TRAIN $BF16_SHAPE --dtype bf16 --steps 0 | grep "bf16 matmuls: generic" || return 1
+    LLM4D_CPU_ISA=generic torch_ref bf16g --shape "$BF16_SHAPE" --seq-len 32 --micro-batch 2 \
+        --accum 2 --dtype bf16 --tol-logits 2e-2 --tol-grads 5e-2 --tol-loss 2e-3
+}
+# attention alone against PyTorch: the whole sequence, and the block ops on a zigzag split
+t_attention_torch() { have_torch || return $?; $PY test/attention_ref.py ./build/attention_check; }
 
 # M micro-batches of B equal one batch of M·B: same losses, same trained model.
 t_grad_accum() {
@@ -104,7 +124,37 @@ t_determinism() {
     $TRAIN "${args[@]}" --threads 1 --log "$WORK/d3.jsonl" --save-model "$WORK/d3.bin" >/dev/null || return 1
     cmp "$WORK/d1.bin" "$WORK/d2.bin" && cmp "$WORK/d1.bin" "$WORK/d3.bin" || return 1
     for f in d1 d2 d3; do grep -o '"loss":[^,]*' "$WORK/$f.jsonl" >"$WORK/$f.loss"; done
-    cmp "$WORK/d1.loss" "$WORK/d2.loss" && cmp "$WORK/d1.loss" "$WORK/d3.loss"
+    cmp "$WORK/d1.loss" "$WORK/d2.loss" && cmp "$WORK/d1.loss" "$WORK/d3.loss" || return 1
+    # bf16 (the AVX512-BF16 matmuls where the CPU has them) across thread counts
+    $TRAIN "${args[@]}" --dtype bf16 --threads 2 --save-model "$WORK/d4.bin" >/dev/null || return 1
+    $TRAIN "${args[@]}" --dtype bf16 --threads 1 --save-model "$WORK/d5.bin" >/dev/null || return 1
+    cmp "$WORK/d4.bin" "$WORK/d5.bin"
+}
+
+# --profile: every step line and JSON record carry the split of the step between matmuls, attention and
+# the rest; the timed parts are inside the step.
+t_profile() {
+    $TRAIN "${TINY[@]}" --train "$DATA/train.bin" --steps 3 --profile --log "$WORK/prof.jsonl" >"$WORK/prof.out" || return 1
+    [ "$(grep -c 'matmul [0-9.]* ms ([0-9]*%), attention [0-9.]* ms ([0-9]*%), other' "$WORK/prof.out")" = 3 ] || return 1
+    $PY - "$WORK/prof.jsonl" <<'EOF'
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]
+assert len(recs) == 3
+for r in recs:
+    assert 0 < r["matmul_ms"] and 0 < r["attention_ms"] and r["matmul_ms"] + r["attention_ms"] < r["ms"], r
+print("matmul and attention shares:", [(round(r["matmul_ms"] / r["ms"], 2), round(r["attention_ms"] / r["ms"], 2)) for r in recs])
+EOF
+}
+
+# Activation memory is linear in T: no T x T attention buffers (doubling T doubles it exactly).
+t_activation_memory() {
+    local a b
+    a=$($TRAIN --layers 2 --channels 64 --heads 4 --vocab 256 --seq-len 256 --micro-batch 2 --steps 0 |
+        grep -o 'activations [0-9.]* MiB' | cut -d' ' -f2)
+    b=$($TRAIN --layers 2 --channels 64 --heads 4 --vocab 256 --seq-len 512 --micro-batch 2 --steps 0 |
+        grep -o 'activations [0-9.]* MiB' | cut -d' ' -f2)
+    echo "activations at T=256: $a MiB, at T=512: $b MiB"
+    awk -v a="$a" -v b="$b" 'BEGIN { exit !(a > 0 && b / a > 1.995 && b / a < 2.005) }'
 }
 
 # init -> save -> load -> save is bitwise; a bf16 (version 5) file loads as its bf16 values.
@@ -210,6 +260,7 @@ t_bad_input() {
     expect_error "--model must be d12" --model d13 --steps 0 || ok=1
     expect_error "channels (30) must be divisible by heads (4)" --layers 1 --channels 30 --heads 4 --steps 0 || ok=1
     expect_error "no training data" "${base[@]}" || ok=1
+    LLM4D_CPU_ISA=avx2 expect_error "LLM4D_CPU_ISA must be generic or avx512bf16, got 'avx2'" "${base[@]}" || ok=1
     # a failing run leaves an existing output file untouched
     cp "$d/m.bin" "$d/keep.bin"
     expect_error "not below the vocabulary size 100" --layers 2 --channels 32 --heads 4 --vocab 100 --seq-len 32 --steps 2 --train "$DATA/train.bin" --save-model "$d/keep.bin" || ok=1
@@ -692,9 +743,15 @@ run_test "prepare writes the bytes as shards and a byte tokenizer" t_prepare_rou
 run_test "PyTorch reference: C=36 (not a multiple of 8), 2 micro-batches" t_torch_c36
 run_test "PyTorch reference: T=24 below maxT=64" t_torch_short_t
 run_test "PyTorch reference: V=200 (padded to 256)" t_torch_v200
+run_test "PyTorch reference at 1e-5: T=27 below maxT=40, 8 heads of 4 channels" t_torch_heads
+run_test "PyTorch reference at 1e-5: one head of 20 channels, T=45" t_torch_one_head
 run_test "PyTorch reference: bf16" t_torch_bf16
+run_test "PyTorch reference: bf16 on the generic matmul path (LLM4D_CPU_ISA=generic)" t_torch_bf16_generic
+run_test "attention against PyTorch: whole sequence and zigzag context-parallel blocks" t_attention_torch
 run_test "gradient accumulation equals the large batch" t_grad_accum
-run_test "bitwise determinism across reruns and thread counts" t_determinism
+run_test "bitwise determinism across reruns and thread counts (fp32 and bf16)" t_determinism
+run_test "--profile splits each step into matmuls, attention and the rest" t_profile
+run_test "activation memory is linear in T (no T x T attention buffers)" t_activation_memory
 run_test "model files round trip (fp32 bitwise, bf16 exact)" t_model_roundtrip
 run_test "bf16: master weights move below bf16 resolution" t_bf16_master
 run_test "bad input: one-line errors, non-zero exit, no crash (ASan)" t_bad_input
