@@ -16,10 +16,13 @@
 
 #include "common.h"
 
-#ifdef __AVX512F__
+// vector lanes: what the target has (vectors are passed by value, which needs registers that wide)
+#if defined(__AVX512F__)
 #define VW 16
-#else
+#elif defined(__AVX__)
 #define VW 8
+#else
+#define VW 4
 #endif
 #if VW == 16 && defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -289,7 +292,7 @@ const char *cpu_isa(void) {
 #if VW == 16
 #define NV 4 // vectors per tile row: 6 x 64 tiles, 24 accumulators
 #else
-#define NV 2 // 16 vector registers without AVX-512: 6 x 16 tiles
+#define NV 2 // 16 vector registers without AVX-512: 6 x 2 vectors
 #endif
 #define MR 6
 #define NR (NV * VW)
@@ -373,20 +376,21 @@ static void pack_b_f32(float *restrict dst, View B, int k0, int kc, int n0, int 
             for (int j = cols; j < NR; j++) d[j] = 0.0f;
         }
     } else if (B.rs == 1 && B.dt == DT_F32) {
-        // columns of B are rows in memory: 16 of them at a time, 16 k at a time, through a small
+        // columns of B are rows in memory: TB of them at a time, 16 k at a time, through a small
         // transpose so that both the loads and the stores are contiguous
-        for (int j0 = 0; j0 < NR; j0 += 16) {
-            int w = cols - j0 < 16 ? (cols - j0 > 0 ? cols - j0 : 0) : 16;
+        enum { TB = NR < 16 ? NR : 16 };
+        for (int j0 = 0; j0 < NR; j0 += TB) {
+            int w = cols - j0 < TB ? (cols - j0 > 0 ? cols - j0 : 0) : TB;
             for (int kb = 0; kb < kc; kb += 16) {
                 int h = kc - kb < 16 ? kc - kb : 16;
-                float t[16][16];
+                float t[16][TB];
                 for (int j = 0; j < w; j++) {
                     const float *s = (const float *)B.p + (size_t)(n0 + j0 + j) * B.cs + (size_t)(k0 + kb);
                     for (int k = 0; k < h; k++) t[k][j] = s[k];
                 }
                 for (int k = 0; k < h; k++) {
                     float *d = dst + (size_t)(kb + k) * NR + j0;
-                    for (int j = 0; j < 16; j++) d[j] = j < w ? t[k][j] : 0.0f;
+                    for (int j = 0; j < TB; j++) d[j] = j < w ? t[k][j] : 0.0f;
                 }
             }
         }
@@ -483,6 +487,7 @@ __attribute__((target("avx512f,avx512bf16"))) static void kernel_bf16(int kc2, c
 
 static void run_kernel(const Gemm *g, int kc, const void *ap, const void *bp, const float *src, size_t lds, float *dst,
                        size_t ldd) {
+    (void)g;
 #if HAVE_BF16_KERNEL
     if (g->bf16) {
         kernel_bf16((kc + 1) / 2, ap, bp, src, lds, dst, ldd);
@@ -565,7 +570,12 @@ static void gemm(int M, int N, int K, View A, View B, Out o) {
         g.scratch = scratch(SCR_GEMM_PART, sizeof(float) * (size_t)M * ncmax);
     }
     char *Bp = scratch(SCR_GEMM_B, panel_bytes * (size_t)((ncmax + NR - 1) / NR));
-    int mblocks = (M + MC - 1) / MC;
+    // about 8 row blocks per thread, so that small M still balances; no block is larger than MC. The
+    // blocking never changes a result: each element adds its k in the same order in any block.
+    int nth = omp_get_max_threads(), mc_blk = (M + 8 * nth - 1) / (8 * nth);
+    mc_blk = (mc_blk + MR - 1) / MR * MR;
+    if (mc_blk > MC) mc_blk = MC;
+    int mblocks = (M + mc_blk - 1) / mc_blk;
     size_t a_floats = a_bytes / 4 * (MC / MR);
     float *Ap_all = thread_slices(SCR_GEMM_A, a_floats);
 #pragma omp parallel
@@ -584,7 +594,7 @@ static void gemm(int M, int N, int K, View A, View B, Out o) {
                 }
 #pragma omp for schedule(dynamic, 1)
                 for (int mb = 0; mb < mblocks; mb++) {
-                    int m0 = mb * MC, mc = M - m0 < MC ? M - m0 : MC;
+                    int m0 = mb * mc_blk, mc = M - m0 < mc_blk ? M - m0 : mc_blk;
                     for (int pm = 0; pm < mc; pm += MR) {
                         int rows = mc - pm < MR ? mc - pm : MR;
                         if (g.bf16) pack_a_bf16((uint32_t *)(Ap + (pm / MR) * a_bytes), A, m0 + pm, rows, k0, kc);
