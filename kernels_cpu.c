@@ -404,30 +404,78 @@ static void pack_b_f32(float *restrict dst, View B, int k0, int kc, int n0, int 
     }
 }
 
-// bf16 panels: pairs of consecutive k in one 32-bit word (low half even k), Ap[k/2][r], Bp[k/2][j]
+// bf16 panels: pairs of consecutive k in one 32-bit word (low half even k), Ap[k/2][r], Bp[k/2][j].
+// Where k is the contiguous index a pair is one 32-bit load (little-endian: the even k lands low);
+// otherwise two rows are interleaved. An odd last k pairs with 0.
+static inline uint32_t ld_pair(const uint16_t *p) {
+    uint32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
 static inline uint32_t bf16_pair(const uint16_t *p, size_t lo, size_t stride, int have_hi) {
     return (uint32_t)p[lo] | (have_hi ? (uint32_t)p[lo + stride] << 16 : 0u);
 }
 
 static void pack_a_bf16(uint32_t *restrict dst, View A, int m0, int rows, int k0, int kc) {
     const uint16_t *p = A.p;
-    int kc2 = (kc + 1) / 2;
-    for (int kk = 0; kk < kc2; kk++) {
-        int hi = 2 * kk + 1 < kc;
-        for (int r = 0; r < rows; r++)
-            dst[kk * MR + r] = bf16_pair(p, (size_t)(m0 + r) * A.rs + (size_t)(k0 + 2 * kk) * A.cs, A.cs, hi);
-        for (int r = rows; r < MR; r++) dst[kk * MR + r] = 0;
+    int kc2 = (kc + 1) / 2, full = kc / 2;
+    if (A.cs == 1) { // rows contiguous in k
+        for (int r = 0; r < rows; r++) {
+            const uint16_t *s = p + (size_t)(m0 + r) * A.rs + (size_t)k0;
+            for (int kk = 0; kk < full; kk++) dst[kk * MR + r] = ld_pair(s + 2 * kk);
+            if (full < kc2) dst[full * MR + r] = s[2 * full];
+        }
+    } else { // columns contiguous: interleave two k-rows
+        for (int kk = 0; kk < kc2; kk++) {
+            const uint16_t *lo = p + (size_t)(k0 + 2 * kk) * A.cs + (size_t)m0 * A.rs, *hi = lo + A.cs;
+            int have_hi = 2 * kk + 1 < kc;
+            for (int r = 0; r < rows; r++)
+                dst[kk * MR + r] = (uint32_t)lo[(size_t)r * A.rs] | (have_hi ? (uint32_t)hi[(size_t)r * A.rs] << 16 : 0u);
+        }
     }
+    for (int kk = 0; kk < kc2; kk++)
+        for (int r = rows; r < MR; r++) dst[kk * MR + r] = 0;
 }
 
 static void pack_b_bf16(uint32_t *restrict dst, View B, int k0, int kc, int n0, int cols) {
     const uint16_t *p = B.p;
-    int kc2 = (kc + 1) / 2;
-    for (int kk = 0; kk < kc2; kk++) {
-        int hi = 2 * kk + 1 < kc;
-        size_t base = (size_t)(k0 + 2 * kk) * B.rs + (size_t)n0 * B.cs;
-        for (int j = 0; j < cols; j++) dst[kk * NR + j] = bf16_pair(p, base + (size_t)j * B.cs, B.rs, hi);
-        for (int j = cols; j < NR; j++) dst[kk * NR + j] = 0;
+    int kc2 = (kc + 1) / 2, full = kc / 2;
+    if (B.cs == 1) { // k-rows contiguous in j: interleave two of them
+        for (int kk = 0; kk < kc2; kk++) {
+            const uint16_t *restrict lo = p + (size_t)(k0 + 2 * kk) * B.rs + (size_t)n0, *restrict hi = lo + B.rs;
+            uint32_t *restrict d = dst + (size_t)kk * NR;
+            if (kk < full)
+                for (int j = 0; j < cols; j++) d[j] = (uint32_t)lo[j] | (uint32_t)hi[j] << 16;
+            else
+                for (int j = 0; j < cols; j++) d[j] = lo[j];
+            for (int j = cols; j < NR; j++) d[j] = 0;
+        }
+    } else if (B.rs == 1) { // columns of B are rows in memory, contiguous in k: pairs are 32-bit loads,
+                            // moved through a small transpose as in pack_b_f32
+        enum { TB = NR < 16 ? NR : 16 };
+        for (int j0 = 0; j0 < NR; j0 += TB) {
+            int w = cols - j0 < TB ? (cols - j0 > 0 ? cols - j0 : 0) : TB;
+            for (int kb = 0; kb < kc2; kb += 16) {
+                int h = kc2 - kb < 16 ? kc2 - kb : 16;
+                uint32_t t[16][TB];
+                for (int j = 0; j < w; j++) {
+                    const uint16_t *s = p + (size_t)(n0 + j0 + j) * B.cs + (size_t)k0;
+                    for (int kk = 0; kk < h; kk++)
+                        t[kk][j] = kb + kk < full ? ld_pair(s + 2 * (kb + kk)) : s[2 * (kb + kk)];
+                }
+                for (int kk = 0; kk < h; kk++) {
+                    uint32_t *d = dst + (size_t)(kb + kk) * NR + j0;
+                    for (int j = 0; j < TB; j++) d[j] = j < w ? t[kk][j] : 0;
+                }
+            }
+        }
+    } else {
+        for (int kk = 0; kk < kc2; kk++) {
+            int hi = 2 * kk + 1 < kc;
+            size_t base = (size_t)(k0 + 2 * kk) * B.rs + (size_t)n0 * B.cs;
+            for (int j = 0; j < cols; j++) dst[kk * NR + j] = bf16_pair(p, base + (size_t)j * B.cs, B.rs, hi);
+            for (int j = cols; j < NR; j++) dst[kk * NR + j] = 0;
+        }
     }
 }
 
@@ -501,14 +549,13 @@ static void run_kernel(const Gemm *g, int kc, const void *ap, const void *bp, co
 // and the conversion to C's dtype, for rows x cols of a finished tile
 static void gemm_epilogue(const Gemm *g, float *tile, int i0, int j0, int rows, int cols) {
     const Out *o = &g->o;
-    float tmp[NR];
+    float tmp[NR], bias[NR];
+    if (o->bias) row_load(o->dt, o->bias, (size_t)j0, cols, bias);
     for (int r = 0; r < rows; r++) {
         float *x = tile + r * NR;
         size_t off = (size_t)(i0 + r) * o->ld + (size_t)j0;
-        if (o->bias) {
-            row_load(o->dt, o->bias, (size_t)j0, cols, tmp);
-            for (int j = 0; j < cols; j++) x[j] += tmp[j];
-        }
+        if (o->bias)
+            for (int j = 0; j < cols; j++) x[j] += bias[j];
         if (o->accumulate && !g->direct) {
             row_load(o->dt, o->p, off, cols, tmp);
             for (int j = 0; j < cols; j++) x[j] = tmp[j] + x[j];
@@ -542,6 +589,16 @@ static void gemm_tile(const Gemm *g, const void *ap, const void *bp, int kc, int
     }
     const float *src = first ? (g->direct && g->o.accumulate ? part : NULL) : part;
     int epilogue = last && (!g->direct || g->o.bias);
+    if (epilogue) { // the rows the epilogue reads and writes, fetched while the kernel runs
+        size_t es = dtype_size(g->o.dt);
+        for (int r = 0; r < rows; r++) {
+            size_t off = ((size_t)(i0 + r) * g->o.ld + (size_t)j0) * es;
+            for (size_t b = 0; b < (size_t)cols * es; b += 64) {
+                __builtin_prefetch((char *)g->o.p + off + b, 1);
+                if (g->o.gelu_pre) __builtin_prefetch((const char *)g->o.gelu_pre + off + b, 0);
+            }
+        }
+    }
     if (rows == MR && cols == NR) {
         if (epilogue) run_kernel(g, kc, ap, bp, src, ldp, tile, NR);
         else run_kernel(g, kc, ap, bp, src, ldp, part, ldp);
