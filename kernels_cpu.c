@@ -284,8 +284,8 @@ const char *cpu_isa(void) {
 // three products of a linear layer (x·Wᵀ, dy·W, dyᵀ·x) share one kernel.
 //
 // Goto/BLIS loop nest: for each NC-wide column block and KC-deep slice the threads pack B together
-// into one shared buffer, then take MC-row blocks of A in turn, pack them privately and run an MR x NR
-// register-tile kernel over the block. Each element of C sums k in ascending order, slice after slice,
+// into one shared buffer, then take row blocks of A in turn (about eight per thread, at most MC rows),
+// pack them privately and run an MR x NR register-tile kernel over the block. Each element of C sums k in ascending order, slice after slice,
 // with one fused multiply-add per term (or one bf16 dot-product pair), whichever thread computes it,
 // so results do not depend on the thread count.
 
@@ -805,7 +805,7 @@ static void cpu_residual_layernorm_fwd(DType dt, void *res, void *out, float *me
 static void cpu_layernorm_bwd(DType dt, void *dinp, float *dweight, float *dbias, const void *dout, const void *inp,
                               const void *weight, const float *mean, const float *rstd, int N, int C) {
     int nchunks = (N + LN_ROWS - 1) / LN_ROWS;
-    float *partial = xmalloc(sizeof(float) * 2 * (size_t)C * (nchunks > 0 ? nchunks : 1));
+    float *partial = scratch(SCR_WORK, sizeof(float) * 2 * (size_t)C * (nchunks > 0 ? nchunks : 1));
     float *w = xmalloc(sizeof(float) * (size_t)C);
     row_load(dt, weight, 0, C, w);
 #pragma omp parallel
@@ -845,7 +845,6 @@ static void cpu_layernorm_bwd(DType dt, void *dinp, float *dweight, float *dbias
         }
     }
     free(w);
-    free(partial);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ trap 'rm -rf "$W"' EXIT
 echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores; load average $(cut -d' ' -f1-3 /proc/loadavg)"
 ./train prepare /usr/share/common-licenses/GPL-3 "$W/data" >/dev/null
 PEAK=$(./build/bench_matmul --peak)
-echo "measured fp32 FMA peak: $PEAK GFLOP/s per core (build/bench_matmul); bf16 matmuls: $(LLM4D_CPU_ISA= ./train --dtype bf16 --steps 0 --layers 1 --channels 16 --heads 1 --vocab 16 --seq-len 4 | grep -o 'bf16 matmuls: [a-z0-9]*' | cut -d' ' -f3)"
+echo "measured fp32 FMA peak: $PEAK GFLOP/s per core (build/bench_matmul); bf16 matmuls: $(./train --dtype bf16 --steps 0 --layers 1 --channels 16 --heads 1 --vocab 16 --seq-len 4 | grep -o 'bf16 matmuls: [a-z0-9]*' | cut -d' ' -f3)"
 
 # run LABEL THREADS ARGS...: one line with the median step's tokens/s, GFLOP/s, share of the threads'
 # measured peak, and its split between matmuls, attention and the rest (--profile); the median ms is

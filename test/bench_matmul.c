@@ -87,8 +87,8 @@ int main(int argc, char **argv) {
         { "L4 C256 T256 B4: fcproj", 1024, 1024, 256 }, { "d12 B4 T1024: fc", 4096, 768, 3072 },
         { "d12 B4 T1024: fcproj", 4096, 3072, 768 },
     };
-    printf("%-26s %-5s %-4s %7s %11s %9s %11s %9s\n", "shape (N x C x OC)", "dtype", "pass", "threads", "ms (median)",
-           "GFLOP/s", "% of peak", "");
+    printf("%-26s %-5s %-4s %7s %11s %9s %16s\n", "shape (N x C x OC)", "dtype", "pass", "threads", "ms (median)",
+           "GFLOP/s", "% of fp32 peak");
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
         for (int d = 0; d < 2; d++)
             for (int bwd = 0; bwd < 2; bwd++)
@@ -98,7 +98,7 @@ int main(int argc, char **argv) {
                     be->set_threads(threads);
                     double sec = time_layer(be, dt, N, C, OC, bwd, big ? 3 : 7);
                     double gflops = 2.0 * N * C * OC * (bwd ? 2 : 1) / sec / 1e9;
-                    printf("%-26s %-5s %-4s %7d %11.2f %9.1f %10.0f%%\n", shapes[s].what, dtype_name(dt), bwd ? "bwd" : "fwd",
+                    printf("%-26s %-5s %-4s %7d %11.2f %9.1f %15.0f%%\n", shapes[s].what, dtype_name(dt), bwd ? "bwd" : "fwd",
                            threads, sec * 1e3, gflops, 100.0 * gflops / (peak1 * threads));
                 }
     return 0;
