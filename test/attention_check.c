@@ -19,9 +19,10 @@
 static void write_f32(const char *dir, const char *name, const float *x, size_t n) {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s.bin", dir, name);
-    FILE *f = xfopen(path, "wb");
-    xfwrite(x, sizeof(float), n, f, path);
-    xfclose(f, path);
+    SafeFile sf;
+    safe_open_or_die(&sf, path);
+    safe_write_or_die(&sf, x, sizeof(float) * n);
+    safe_commit_or_die(&sf);
 }
 
 // a tensor in dt with its values widened to fp32 (what the file holds)
