@@ -6,46 +6,30 @@
 // column compares one operation's output against a closed form: rank r contributes v(r) to every
 // element, so a sum is Σ v(r), exact in the element type.
 #define _GNU_SOURCE
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "collectives.h"
 #include "common.h"
+#include "hostmem.h"
 #include "kernels.h"
 
 enum { BC_ALLREDUCE, BC_REDUCE_SCATTER, BC_ALL_GATHER, BC_BROADCAST };
 static const char *const OP_FLAGS[] = { "allreduce", "reduce_scatter", "all_gather", "broadcast" };
 
-// A bad command line: every rank of `--nproc N` sees it, rank 0 alone says so (one line), the others
-// exit quietly a moment later (the launcher stops them once rank 0 has failed).
-static void __attribute__((noreturn, format(printf, 1, 2))) flag_error(const char *fmt, ...) {
-    const char *r = getenv("RANK") ? getenv("RANK") : getenv("SLURM_PROCID");
-    if (r && strcmp(r, "0")) {
-        usleep(500000);
-        exit(1);
-    }
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    die("%s", msg);
-}
-
 static long long parse_num(const char *flag, const char *s, long long lo, long long hi, int size_suffix) {
     char *end;
     long long x = strtoll(s, &end, 10);
-    if (end == s) flag_error("%s: '%s' is not a number", flag, s);
+    if (end == s) die("%s: '%s' is not a number", flag, s);
     if (size_suffix && *end) { // K, M, G: binary multiples
         int shift = (*end == 'K' || *end == 'k') ? 10 : (*end == 'M' || *end == 'm') ? 20 : (*end == 'G' || *end == 'g') ? 30 : -1;
-        if (shift < 0 || (end[1] && strcmp(end + 1, "iB") && strcmp(end + 1, "B"))) flag_error("%s: '%s' is not a byte count", flag, s);
-        if (x > hi >> shift) flag_error("%s: %s is out of range [%lld, %lld]", flag, s, lo, hi);
+        if (shift < 0 || (end[1] && strcmp(end + 1, "iB") && strcmp(end + 1, "B"))) die("%s: '%s' is not a byte count", flag, s);
+        if (x > hi >> shift) die("%s: %s is out of range [%lld, %lld]", flag, s, lo, hi);
         x <<= shift;
         end += strlen(end);
     }
-    if (*end || x < lo || x > hi) flag_error("%s: '%s' is not a whole number in [%lld, %lld]", flag, s, lo, hi);
+    if (*end || x < lo || x > hi) die("%s: '%s' is not a whole number in [%lld, %lld]", flag, s, lo, hi);
     return x;
 }
 
@@ -94,45 +78,75 @@ static uint64_t hash_str(const char *s) {
     return h >> 2; // non-negative as an int64, so that its negation is too
 }
 
-int bench_comm_main(int argc, char **argv) {
-    int op = BC_ALLREDUCE, iters = 0, warmup = 5;
-    long long min_bytes = 8, max_bytes = 64LL << 20;
-    CommType t = CT_F32;
-    double timeout = 60;
+typedef struct {
+    int op, iters, warmup, registered, transport;
+    long long min_bytes, max_bytes;
+    CommType t;
+    double timeout;
+} BenchOptions;
+
+// The flags (argv[0] is "bench-comm"); the --nproc launcher checks them before it forks, so that a
+// bad one is reported once.
+static void parse_bench(BenchOptions *o, int argc, char **argv) {
+    *o = (BenchOptions){ BC_ALLREDUCE, 0, 5, 1, TRANSPORT_AUTO, 8, 64LL << 20, CT_F32, 60 };
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
-        static const char *const known[] = { "--op", "--min-bytes", "--max-bytes", "--iters", "--warmup", "--comm-timeout", "--dtype" };
+        static const char *const known[] = { "--op", "--min-bytes", "--max-bytes", "--iters", "--warmup", "--comm-timeout",
+                                             "--dtype", "--buffers", "--transport", "--nproc" };
+        enum { NKNOWN = sizeof known / sizeof known[0] };
         int k = 0;
-        while (k < 7 && strcmp(f, known[k])) k++;
-        if (k == 7) flag_error(strncmp(f, "--", 2) ? "bench-comm: unexpected argument '%s'" : "bench-comm: unknown flag '%s'", f);
-        if (i + 1 >= argc) flag_error("%s needs a value", f);
+        while (k < NKNOWN && strcmp(f, known[k])) k++;
+        if (k == NKNOWN) die(strncmp(f, "--", 2) ? "bench-comm: unexpected argument '%s'" : "bench-comm: unknown flag '%s'", f);
+        if (i + 1 >= argc) die("%s needs a value", f);
         const char *v = argv[++i];
         if (!strcmp(f, "--op")) {
-            op = -1;
-            for (int o = 0; o < 4; o++)
-                if (!strcmp(v, OP_FLAGS[o])) op = o;
-            if (op < 0) flag_error("--op: '%s' is not one of allreduce, reduce_scatter, all_gather, broadcast", v);
-        } else if (!strcmp(f, "--min-bytes")) min_bytes = parse_num(f, v, 1, 1LL << 40, 1);
-        else if (!strcmp(f, "--max-bytes")) max_bytes = parse_num(f, v, 1, 1LL << 40, 1);
-        else if (!strcmp(f, "--iters")) iters = (int)parse_num(f, v, 1, 100000000, 0);
-        else if (!strcmp(f, "--warmup")) warmup = (int)parse_num(f, v, 0, 100000000, 0);
+            o->op = -1;
+            for (int q = 0; q < 4; q++)
+                if (!strcmp(v, OP_FLAGS[q])) o->op = q;
+            if (o->op < 0) die("--op: '%s' is not one of allreduce, reduce_scatter, all_gather, broadcast", v);
+        } else if (!strcmp(f, "--min-bytes")) o->min_bytes = parse_num(f, v, 1, 1LL << 40, 1);
+        else if (!strcmp(f, "--max-bytes")) o->max_bytes = parse_num(f, v, 1, 1LL << 40, 1);
+        else if (!strcmp(f, "--iters")) o->iters = (int)parse_num(f, v, 1, 100000000, 0);
+        else if (!strcmp(f, "--warmup")) o->warmup = (int)parse_num(f, v, 0, 100000000, 0);
+        else if (!strcmp(f, "--nproc")) parse_num(f, v, 1, 4096, 0);
         else if (!strcmp(f, "--comm-timeout")) {
             char *end;
-            timeout = strtod(v, &end);
-            if (end == v || *end || !(timeout > 0 && timeout <= 1e6)) flag_error("--comm-timeout: '%s' is not a number of seconds in (0, 1e6]", v);
+            o->timeout = strtod(v, &end);
+            if (end == v || *end || !(o->timeout > 0 && o->timeout <= 1e6)) die("--comm-timeout: '%s' is not a number of seconds in (0, 1e6]", v);
+        } else if (!strcmp(f, "--buffers")) {
+            if (!strcmp(v, "registered")) o->registered = 1;
+            else if (!strcmp(v, "malloc")) o->registered = 0;
+            else die("--buffers: '%s' is not registered or malloc", v);
+        } else if (!strcmp(f, "--transport")) {
+            if ((o->transport = comm_parse_transport(v)) < 0) die("--transport: '%s' is not auto, shm or tcp", v);
         } else if (!strcmp(f, "--dtype")) {
-            if (!strcmp(v, "fp32")) t = CT_F32;
-            else if (!strcmp(v, "bf16")) t = CT_BF16;
-            else flag_error("--dtype: '%s' is not fp32 or bf16", v);
+            if (!strcmp(v, "fp32")) o->t = CT_F32;
+            else if (!strcmp(v, "bf16")) o->t = CT_BF16;
+            else die("--dtype: '%s' is not fp32 or bf16", v);
         }
     }
+    size_t es = comm_type_size(o->t);
+    if (o->min_bytes < (long long)es) die("--min-bytes: %lld is smaller than one %s element", o->min_bytes, comm_type_name(o->t));
+    if (o->max_bytes < o->min_bytes) die("--max-bytes: %lld is below --min-bytes %lld", o->max_bytes, o->min_bytes);
+}
+
+void bench_comm_check_flags(int argc, char **argv) {
+    BenchOptions o;
+    parse_bench(&o, argc, argv);
+}
+
+int bench_comm_main(int argc, char **argv) {
+    BenchOptions bo;
+    parse_bench(&bo, argc, argv);
+    int op = bo.op, iters = bo.iters, warmup = bo.warmup, registered = bo.registered;
+    long long min_bytes = bo.min_bytes, max_bytes = bo.max_bytes;
+    CommType t = bo.t;
     size_t es = comm_type_size(t);
-    if (min_bytes < (long long)es) flag_error("--min-bytes: %lld is smaller than one %s element", min_bytes, comm_type_name(t));
-    if (max_bytes < min_bytes) flag_error("--max-bytes: %lld is below --min-bytes %lld", max_bytes, min_bytes);
 
     LaunchEnv env;
     launch_env_read(&env); // without a launcher: a world of one
-    Comm *world = comm_init(&env, timeout);
+    CommOptions copt = { bo.timeout, bo.transport, 0 };
+    Comm *world = comm_init(&env, &copt);
     int n = comm_size(world), rank = comm_rank(world);
     int64_t node[2] = { (int64_t)hash_str(env.node_id), -(int64_t)hash_str(env.node_id) }, nodes[2];
     comm_all_reduce(world, node, nodes, 2, CT_I64, OP_MAX);
@@ -141,12 +155,15 @@ int bench_comm_main(int argc, char **argv) {
     int parts = op == BC_REDUCE_SCATTER || op == BC_ALL_GATHER ? n : 1;
     size_t max_count = (size_t)max_bytes / es;
     if (max_count < (size_t)parts) max_count = (size_t)parts;
-    unsigned char *send = xmalloc(max_count * es), *recv = xmalloc(max_count * es);
+    // registered buffers, as the trainer's are: peers on this node read them in place
+    unsigned char *send = registered ? hostmem_alloc(max_count * es) : xmalloc(max_count * es);
+    unsigned char *recv = registered ? hostmem_alloc(max_count * es) : xmalloc(max_count * es);
+    if (!send || !recv) die("bench-comm: out of memory for 2 x %zu bytes", max_count * es);
     double bus = op == BC_ALLREDUCE ? 2.0 * (n - 1) / n : op == BC_BROADCAST ? 1.0 : (double)(n - 1) / n;
     if (rank == 0) {
-        printf("# bench-comm: %s, %d rank(s), transport %s, %s, warmup %d, iters %s\n", OP_FLAGS[op], n,
-               n == 1 ? "none (one rank)" : one_node ? "shared memory" : "shm+tcp", comm_type_name(t), warmup,
-               iters ? "fixed" : "auto");
+        printf("# bench-comm: %s, %d rank(s), transport %s, %s buffers, %s, warmup %d, iters %s\n", OP_FLAGS[op], n,
+               n == 1 ? "none (one rank)" : one_node ? "shared memory" : "shm+tcp", registered ? "registered" : "malloc",
+               comm_type_name(t), warmup, iters ? "fixed" : "auto");
         printf("# %14s %14s %12s %6s %10s %12s %12s %6s\n", "op", "bytes", "count", "type", "time(us)", "algbw(GB/s)",
                "busbw(GB/s)", "check");
         fflush(stdout);
@@ -178,8 +195,8 @@ int bench_comm_main(int argc, char **argv) {
         }
         if (b > max_bytes / 2) break;
     }
-    free(send);
-    free(recv);
+    hostmem_free(send);
+    hostmem_free(recv);
     comm_destroy(world);
     if (wrong && rank == 0) fprintf(stderr, "error: bench-comm: %s gave a wrong result on some rank\n", OP_FLAGS[op]);
     return wrong ? 1 : 0;

@@ -1,11 +1,14 @@
-// collectives.h: ranks, bootstrap, communicators and hand-written collectives.
+// collectives.h: ranks, launching, communicators and hand-written collectives.
 //
 // One process per device. The world is bootstrapped over TCP through rank 0 (MASTER_ADDR:MASTER_PORT,
-// authenticated with a job token); ranks on the same node talk through shared-memory rings, ranks on
-// different nodes through TCP. Every communicator has its own channels and its own progress thread,
-// so collectives on different communicators run concurrently, while the operations issued on one
-// communicator run in issue order (as on a CUDA stream). All reductions run in a fixed order: the
-// same inputs give bitwise the same outputs on every rank and every run.
+// authenticated with a job token; bootstrap.c); each pair of ranks talks through the best transport
+// that reaches it (net.h: shared memory inside a node, single-copy for large messages; TCP across
+// nodes). Every communicator has its own connections and its own progress thread, so collectives on
+// different communicators run concurrently, while the operations issued on one communicator run in
+// issue order (as on a CUDA stream); a blocking call runs its operation on the caller's thread when
+// the communicator is idle. Reductions add the ranks' contributions in rank order, 0, 1, ..., n-1,
+// whatever the message size, so each output element is a function of that element's inputs alone:
+// bitwise the same on every rank, every run, every bucket or chunk boundary.
 #ifndef LLM4D_COLLECTIVES_H
 #define LLM4D_COLLECTIVES_H
 
@@ -40,15 +43,39 @@ void slurm_first_host(const char *nodelist, char *out, size_t cap);
 typedef struct Comm Comm;
 typedef struct CommRequest CommRequest;
 
-// `--nproc N`: forks N local ranks running this binary with argv minus "--nproc N", each with the
-// torchrun-style environment and a fresh job token; waits for them, stops them all when one fails or
-// on SIGINT/SIGTERM, and returns the exit status for the launcher to exit with.
-int launch_local(int nproc, int argc, char **argv);
-// The SIGINT or SIGTERM that stopped the last launch_local, 0 when none did (the job ended by itself).
-int launch_local_signal(void);
+// How a `--nproc` job ended: every rank succeeded; a rank failed (crashed, timed out, stopped with an
+// error) first; or the launcher was interrupted (SIGINT, SIGTERM, SIGHUP), which it passed on.
+typedef enum { LAUNCH_OK = 0, LAUNCH_RANK_FAILED, LAUNCH_SIGNALLED } LaunchCause;
+typedef struct {
+    LaunchCause cause;
+    int rank;   // the rank that failed first (LAUNCH_RANK_FAILED)
+    int signal; // the signal that killed that rank, or that interrupted the launcher; 0 otherwise
+    int status; // the exit status to exit with: 0, the rank's status (128 + signal when killed), or 128 + signal
+} LaunchResult;
 
-// Bootstraps the world communicator; timeout_s bounds every wait (connecting, every collective).
-Comm *comm_init(const LaunchEnv *env, double timeout_s);
+// `--nproc N`: forks N local ranks running this binary with argv minus "--nproc N", each with the
+// torchrun-style environment and a fresh job token, and waits for them. SIGUSR1 is passed on (the
+// ranks start with it blocked and unblock it once their handler is in place); SIGINT, SIGTERM and
+// SIGHUP are passed on as SIGTERM, and ranks still running LLM4D_KILL_GRACE seconds later (default
+// 30) are killed. When a rank fails, one line names the rank that stopped answering, and the others
+// get SIGTERM (SIGCONT first when stopped) and min(5, LLM4D_KILL_GRACE) seconds before SIGKILL.
+// Keeps no state between calls (a restart loop may call it again). Returns result->status; result
+// may be NULL.
+int launch_local(int nproc, int argc, char **argv, LaunchResult *result);
+// Shows this process as "<program> r<rank>" in ps and top.
+void launch_name_process(int rank);
+
+typedef enum { TRANSPORT_AUTO = 0, TRANSPORT_SHM, TRANSPORT_TCP } TransportChoice;
+// "auto", "shm" or "tcp"; -1 otherwise.
+int comm_parse_transport(const char *s);
+typedef struct {
+    double timeout;  // seconds any wait may last (connecting, every collective)
+    int transport;   // TransportChoice: auto takes shared memory inside a node and TCP across nodes
+    int log;         // rank 0 prints one line: the ranks, nodes and the transport of each pair
+} CommOptions;
+
+// Bootstraps the world communicator.
+Comm *comm_init(const LaunchEnv *env, const CommOptions *opt);
 // Splits comm into sub-communicators: ranks passing the same colour form one, ordered by (key, rank).
 // Collective over comm. A negative colour returns NULL (the rank joins none). name shows in errors.
 Comm *comm_split(Comm *comm, int colour, int key, const char *name);

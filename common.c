@@ -14,15 +14,53 @@
 #include <unistd.h>
 #include <zlib.h>
 
+static DieFilter die_filter; // process-wide, like stderr itself
+
+void die_set_filter(const DieFilter *f) {
+    if (f) die_filter = *f;
+    else memset(&die_filter, 0, sizeof die_filter);
+}
+
+static void write_line(const char *prefix, const char *fmt, va_list ap, int is_error) {
+    char line[2048];
+    size_t n = (size_t)snprintf(line, sizeof line, "%s", prefix);
+    int k = vsnprintf(line + n, sizeof line - n - 1, fmt, ap);
+    n = k < 0 ? n : n + (size_t)k < sizeof line - 2 ? n + (size_t)k : sizeof line - 2;
+    line[n++] = '\n';
+    line[n] = 0;
+    if (is_error && die_filter.claim && !die_filter.claim(line, die_filter.ctx)) exit(1);
+    for (size_t off = 0; off < n;) {
+        ssize_t w = write(2, line + off, n - off);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) break;
+        off += (size_t)w;
+    }
+    if (is_error && die_filter.printed) die_filter.printed(die_filter.ctx);
+}
+
 void die(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     fflush(stdout);
-    fputs("error: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    write_line("error: ", fmt, ap, 1);
     va_end(ap);
     exit(1);
+}
+
+void error_line(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fflush(stdout);
+    write_line("error: ", fmt, ap, 0);
+    va_end(ap);
+}
+
+void warn(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fflush(stdout);
+    write_line("warning: ", fmt, ap, 0);
+    va_end(ap);
 }
 
 void *xmalloc(size_t bytes) {

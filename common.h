@@ -6,8 +6,23 @@
 #include <stdint.h>
 #include <stdio.h>
 
-// Prints "error: <message>" on one line to stderr and exits with status 1.
+// Prints "error: <message>" on one line to stderr (one write, so that ranks sharing a terminal never
+// interleave) and exits with status 1.
 void die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
+// "warning: <message>", one line, one write.
+void warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+// "error: <message>", one line, one write, without exiting (the launcher reporting on its ranks).
+void error_line(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+// Ranks that share one stderr (under the --nproc launcher) print an error line that every rank
+// detects alike (a bad flag value, shape or file) once: die() asks claim whether to print the line;
+// on 0 another rank has printed it, and this one exits quietly with the same status. printed is
+// called once the line is out.
+typedef struct {
+    int (*claim)(const char *line, void *ctx);
+    void (*printed)(void *ctx);
+    void *ctx;
+} DieFilter;
+void die_set_filter(const DieFilter *f); // NULL removes it
 void *xmalloc(size_t bytes);  // dies on failure
 void *xcalloc(size_t n, size_t size);
 FILE *xfopen(const char *path, const char *mode); // dies naming the file

@@ -1235,6 +1235,7 @@ extern "C" void cuda_set_gemm_tile(int tile) { g_gemm_tile = tile; }
 
 static void fill_table(Backend *b) {
     b->name = "cuda";
+    b->mem_kind = MEMKIND_DEVICE;
     b->alloc = cu_alloc;
     b->free = cu_free;
     b->to_device = cu_to_device;

@@ -55,9 +55,17 @@ typedef struct {
     float weight_decay;  // 0 for tensors that do not decay
 } AdamWSegment;
 
+// Where a backend's memory lives. Code that hands buffers to the collectives or copies them asks
+// this, never the backend's name: host memory goes to the transports as it is; device memory is
+// staged through the host until the CUDA IPC transport moves it in place.
+typedef enum { MEMKIND_HOST = 0, MEMKIND_DEVICE } MemKind;
+
 typedef struct Backend {
     const char *name;
-    // memory: alloc returns zeroed device memory or NULL; the caller reports the failure.
+    MemKind mem_kind;
+    // memory: the CPU backend's is registered host memory (hostmem.h) that the other ranks of a
+    // node read in place
+    // alloc returns zeroed memory or NULL; the caller reports the failure.
     void *(*alloc)(size_t bytes);
     void (*free)(void *p);
     void (*to_device)(void *dst, const void *host_src, size_t bytes);

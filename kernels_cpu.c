@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "common.h"
+#include "hostmem.h"
 
 // vector lanes: what the target has (vectors are passed by value, which needs registers that wide)
 #if defined(__AVX512F__)
@@ -229,15 +230,9 @@ static float *my_slice(float *base, size_t floats) { return base + slice_floats(
 // ---------------------------------------------------------------------------------------------
 // memory
 
-static void *cpu_alloc(size_t bytes) {
-    if (bytes == 0) bytes = 1;
-    void *p = NULL;
-    size_t rounded = (bytes + 63) / 64 * 64;
-    if (posix_memalign(&p, 64, rounded) != 0) return NULL;
-    memset(p, 0, rounded);
-    return p;
-}
-static void cpu_free(void *p) { free(p); }
+// Registered host memory: the collectives' peers on this node read these buffers in place.
+static void *cpu_alloc(size_t bytes) { return hostmem_alloc(bytes); }
+static void cpu_free(void *p) { hostmem_free(p); }
 static void cpu_memcpy(void *dst, const void *src, size_t bytes) {
     if (bytes) memmove(dst, src, bytes);
 }
@@ -1315,6 +1310,7 @@ static void cpu_cast(void *dst, DType dst_dt, const void *src, DType src_dt, siz
 
 static const Backend CPU_BACKEND = {
     .name = "cpu",
+    .mem_kind = MEMKIND_HOST,
     .alloc = cpu_alloc,
     .free = cpu_free,
     .to_device = cpu_memcpy,

@@ -500,7 +500,7 @@ static void tp_collective(GPT2 *m, int kind, const void *send, void *recv, size_
     if (m->tp == 1) return;
     CommType t = m->dt == DT_BF16 ? CT_BF16 : CT_F32;
     size_t es = dtype_size(m->dt), shard = n / m->tp;
-    if (!strcmp(m->be->name, "cpu")) {
+    if (m->be->mem_kind == MEMKIND_HOST) {
         if (kind == TP_SUM) comm_all_reduce(m->tp_comm, send, recv, n, t, OP_SUM);
         else if (kind == TP_GATHER) comm_all_gather(m->tp_comm, send, recv, n, t);
         else comm_reduce_scatter(m->tp_comm, send, recv, n, t, OP_SUM);
@@ -557,7 +557,7 @@ static void layernorm_bwd_tp(GPT2 *m, void *dinp, float *dweight, const void *do
     }
     m->be->zero(m->act->ln_grad, 2 * C * sizeof(float));
     m->be->layernorm_bwd(m->dt, dinp, m->act->ln_grad, m->act->ln_grad + C, dout, inp, weight, mean, rstd, rows, C);
-    if (!strcmp(m->be->name, "cpu")) {
+    if (m->be->mem_kind == MEMKIND_HOST) {
         comm_all_reduce(m->tp_comm, m->act->ln_grad, m->act->ln_grad, 2 * (size_t)C, CT_F32, OP_SUM);
     } else {
         float *h = xmalloc(sizeof(float) * 2 * C);

@@ -1,7 +1,18 @@
-// net.h: moving bytes between two ranks. A Channel is one rank's end of a bidirectional byte stream
-// to one peer, over shared memory (same node) or TCP (across nodes). Both calls are non-blocking:
-// they move what they can and return the byte count (0 when the ring or socket is full/empty), and
-// they die with a one-line message when the peer is gone.
+// net.h: moving bytes between two ranks, behind one interface (NetOps) with one file per transport:
+//
+//   net_shm.c  ranks of one node. Small messages are copied through a ring in the receiver's
+//              shared memory; larger ones are single-copy: the sender publishes where its bytes
+//              are (a registered buffer, see hostmem.h, or its address for cross-memory attach) and
+//              the receiver copies, or reduces, them straight from there into its own buffer.
+//   net_tcp.c  ranks of different nodes: one TCP connection per pair.
+// The CUDA IPC (net_ipc.cu) and RDMA verbs (net_verbs.c) transports of later issues implement the
+// same table: a posted send names a registered region, a posted receive names where the bytes go
+// (or the accumulator they are reduced into), and progress moves what it can without blocking.
+//
+// A connection (NetConn) carries messages in order in each direction. Sends and receives are posted
+// as NetReq records and match one to one, in order, with the peer's: the collectives decide the
+// order, both ends alike, so the transports need no tags. Nothing blocks: progress returns at once,
+// and wait_hint tells the progress engine what it may sleep on when nothing moved.
 #ifndef LLM4D_NET_H
 #define LLM4D_NET_H
 
@@ -10,50 +21,168 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-enum { NET_SHM = 1, NET_TCP = 2 };
+#include "bootstrap.h"
 
-#define SHM_RING_BYTES (1u << 20)
+// ---------------------------------------------------------------------------------------------
+// posted transfers
 
-// A rank's doorbell: peers bump seq whenever they give it data or space, and wake it when it sleeps.
+// A reducing receive: acc[i] = in[i] for the first contribution, acc[i] (op)= in[i] after it, for
+// elements of in_size bytes (incoming) and acc_size bytes (accumulator, e.g. fp32 for bf16).
+typedef struct NetReduce {
+    size_t in_size, acc_size;
+    int first;
+    void (*fn)(const struct NetReduce *r, void *acc, const void *in, size_t n);
+    int type, op; // CommType and CommOp, for fn
+} NetReduce;
+
+typedef struct NetReq {
+    void *buf;               // send: the bytes; receive: where they go, or the accumulator
+    size_t bytes;            // bytes on the wire (a reducing receive: incoming elements x in_size)
+    const NetReduce *reduce; // receives only: NULL copies
+    int streaming;           // receives only: a large operation's bytes, copied past the cache
+    size_t done;             // bytes moved so far
+    int complete;            // set by the transport; the request is then the caller's again
+    int peer;                // communicator rank, for the engine
+    struct NetReq *next;     // the connection's queue
+    uint64_t tseq;           // transport-private
+    int tstate;
+} NetReq;
+
+typedef struct NetConn NetConn;
+typedef struct NetOps NetOps;
+
+struct NetConn {
+    const NetOps *ops;
+    int peer, peer_world;       // rank in the communicator, world rank (for messages)
+    pid_t peer_pid;
+    World *world;               // for naming the root cause when the peer is lost
+    const char *comm;           // communicator name and the operation now running, for error lines
+    const char *const *opname;
+    NetReq *sq, **sq_tail;      // posted sends, in order
+    NetReq *rq, **rq_tail;      // posted receives, in order
+};
+
+// What the engine may sleep on besides the communicator's doorbell (which shared-memory peers ring;
+// shm_setup provides it): descriptors to poll.
+typedef struct Doorbell Doorbell;
+#define NET_MAX_POLL 64
 typedef struct {
+    int nfd;
+    int fd[NET_MAX_POLL];
+    short events[NET_MAX_POLL];
+} NetWait;
+
+// Small collectives on transports whose peers share memory (optional): each rank has two slots that
+// its peers read in place. A rank writes its contribution to operation s into slot s & 1, then s
+// into seq (release); a peer reads the bytes once it sees seq == s (acquire). Two slots suffice: a
+// rank writes operation s + 2 only after it has read every peer's operation s + 1, which each peer
+// wrote after it had read this rank's operation s.
+#define NET_SLOT_BYTES 4096
+typedef struct {
+    _Atomic uint64_t seq;
+    char pad[56];
+    unsigned char data[NET_SLOT_BYTES];
+} NetSlot;
+
+struct NetOps {
+    const char *name;
+    // Moves what it can for the posted requests; sets *moved when anything moved. Dies with one line
+    // naming the operation, the communicator and the peer when the peer is gone.
+    void (*progress)(NetConn *c, int *moved);
+    void (*wait_hint)(NetConn *c, NetWait *w);
+    // NULL while the peer looks alive; otherwise what happened to it ("died", "is stopped (SIGSTOP)").
+    const char *(*peer_state)(NetConn *c, char *buf, size_t cap);
+    void (*close)(NetConn *c);
+    // Optional (NULL when the transport has none): slot `parity` of this rank (mine) or of the peer,
+    // and a wake-up for the peer after this rank has written its slot.
+    NetSlot *(*slot)(NetConn *c, int mine, int parity);
+    void (*notify)(NetConn *c);
+};
+
+static inline void net_post_send(NetConn *c, NetReq *r) {
+    r->done = 0, r->complete = 0, r->next = NULL, r->tstate = 0;
+    *c->sq_tail = r;
+    c->sq_tail = &r->next;
+}
+static inline void net_post_recv(NetConn *c, NetReq *r) {
+    r->done = 0, r->complete = 0, r->next = NULL, r->tstate = 0;
+    *c->rq_tail = r;
+    c->rq_tail = &r->next;
+}
+static inline int net_busy(const NetConn *c) { return c->sq || c->rq; }
+// The peer is gone (died, closed the connection): dies with the message, naming the rank that
+// failed first when that is another (bootstrap.c).
+void net_peer_lost(const NetConn *c, const char *fmt, ...) __attribute__((noreturn, format(printf, 2, 3)));
+// Queue helpers for transports: drop completed requests from the heads.
+static inline void net_pop_done(NetConn *c) {
+    while (c->sq && c->sq->complete) {
+        c->sq = c->sq->next;
+        if (!c->sq) c->sq_tail = &c->sq;
+    }
+    while (c->rq && c->rq->complete) {
+        c->rq = c->rq->next;
+        if (!c->rq) c->rq_tail = &c->rq;
+    }
+}
+static inline void net_conn_init(NetConn *c, const NetOps *ops) {
+    c->ops = ops;
+    c->sq = c->rq = NULL;
+    c->sq_tail = &c->sq;
+    c->rq_tail = &c->rq;
+}
+// Reduces in_bytes of whole incoming elements, which start in_offset bytes into the message, into
+// the accumulator.
+static inline void net_reduce_bytes(const NetReduce *r, void *acc, size_t in_offset, const void *in, size_t in_bytes) {
+    size_t first = in_offset / r->in_size;
+    r->fn(r, (char *)acc + first * r->acc_size, in, in_bytes / r->in_size);
+}
+
+// ---------------------------------------------------------------------------------------------
+// setting connections up (through the bootstrap, bootstrap.h)
+
+// One communicator's connections through one transport: every member that uses the transport
+// calls setup with the same peers list of the others it reaches through it (communicator ranks).
+typedef struct {
+    World *w;
+    uint64_t comm_id;
+    const char *comm_name;
+    int rank, size;
+    const int *world_ranks;
+    const char *const *opname;
+} NetSetup;
+
+// Shared memory (net_shm.c): the endpoint holds this rank's doorbell and incoming rings.
+void *shm_setup(const NetSetup *s, int npeers, const int *peers, NetConn **conns, Doorbell **bell);
+void shm_teardown(void *endpoint);
+// TCP (net_tcp.c): the lower world rank of each pair connects.
+void tcp_setup(const NetSetup *s, int npeers, const int *peers, NetConn **conns);
+
+// ---------------------------------------------------------------------------------------------
+// doorbells: a waiting rank spins briefly, then sleeps on a futex that its peers ring
+
+struct Doorbell {
     _Atomic uint32_t seq;
     _Atomic uint32_t waiters;
     char pad[56];
-} Doorbell;
-
-// Single-producer single-consumer byte ring in shared memory.
-typedef struct {
-    _Atomic uint64_t head; // bytes written by the sender
-    char pad0[56];
-    _Atomic uint64_t tail; // bytes consumed by the receiver
-    char pad1[56];
-    unsigned char data[SHM_RING_BYTES];
-} ShmRing;
-
-typedef struct {
-    int kind;
-    int peer;       // rank in the communicator
-    int peer_world; // world rank, for messages
-    // NET_SHM
-    ShmRing *tx, *rx;
-    Doorbell *peer_bell;
-    pid_t peer_pid;
-    // NET_TCP
-    int fd;
-    const char *comm;          // communicator name and the operation running on it, for error lines
-    const char *const *op;
-} Channel;
-
-size_t chan_send(Channel *ch, const void *buf, size_t n);
-size_t chan_recv(Channel *ch, void *buf, size_t n);
+};
+// After publishing work for the bell's owner: wakes it if it sleeps.
 void doorbell_ring(Doorbell *bell);
-// Sleeps until the doorbell moves past seen or timeout_ms passes.
-void doorbell_wait(Doorbell *bell, uint32_t seen, int timeout_ms);
+// A waiter arms the bell (the key it returns), looks for work once more, then either sleeps until a
+// ring or timeout_ms (doorbell_wait) or, having found work, disarms.
+static inline uint32_t doorbell_arm(Doorbell *bell) {
+    uint32_t key = atomic_load(&bell->seq);
+    atomic_fetch_add(&bell->waiters, 1);
+    return key;
+}
+static inline void doorbell_disarm(Doorbell *bell) { atomic_fetch_sub(&bell->waiters, 1); }
+void doorbell_wait(Doorbell *bell, uint32_t key, int timeout_ms); // disarms
 
-// TCP helpers (net_tcp.c)
-int tcp_listen_any(int *port);                           // listening socket on an ephemeral port
+// ---------------------------------------------------------------------------------------------
+// TCP helpers (net_tcp.c), also used by the bootstrap
+
+int tcp_listen_any(int *port);                                  // listening socket; *port 0 = any
 int tcp_connect(const char *host, int port, double deadline_s); // retries until the deadline; -1 on failure
-void tcp_set_options(int fd);                           // TCP_NODELAY and large buffers
+void tcp_set_options(int fd);                                   // TCP_NODELAY and large buffers
 int tcp_write_all(int fd, const void *buf, size_t n, double deadline_s); // 0 on success
 // 0 on success, TCP_TIMEOUT when the deadline passed, TCP_CLOSED when the peer closed or reset
 enum { TCP_TIMEOUT = -1, TCP_CLOSED = -2 };

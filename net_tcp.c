@@ -1,4 +1,7 @@
-// net_tcp.c: TCP channels between nodes and the socket helpers the bootstrap uses.
+// net_tcp.c: the TCP transport between ranks of different nodes (one connection per pair; the lower
+// world rank connects to the other's data port and presents the job token), and the socket helpers
+// the bootstrap uses. Messages are bytes in order; a reducing receive reads into a bounce buffer and
+// reduces from there.
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
@@ -6,6 +9,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -115,19 +119,119 @@ void tcp_local_ip(int fd, char *out, size_t cap) {
     if (!inet_ntop(AF_INET, &a.sin_addr, out, (socklen_t)cap)) die("inet_ntop: %s", strerror(errno));
 }
 
-size_t tcp_chan_send(Channel *ch, const void *buf, size_t n) {
-    ssize_t w = send(ch->fd, buf, n, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (w >= 0) return (size_t)w;
-    if (errno == EAGAIN || errno == EINTR) return 0;
-    die("%s on communicator %s: connection to rank %d lost while sending: %s", ch->op && *ch->op ? *ch->op : "setup",
-        ch->comm ? ch->comm : "?", ch->peer_world, strerror(errno));
+
+// ---------------------------------------------------------------------------------------------
+// the transport
+
+#define BOUNCE_BYTES (256u << 10)
+
+typedef struct {
+    NetConn base;
+    int fd;
+    unsigned char *bounce; // reducing receives
+    size_t held;           // bytes of a partial element kept at the start of the bounce buffer
+} TcpConn;
+
+static const char *opname(const NetConn *c) { return c->opname && *c->opname ? *c->opname : "setup"; }
+
+static void tcp_progress(NetConn *c, int *moved) {
+    TcpConn *tc = (TcpConn *)c;
+    for (NetReq *q = c->sq; q; q = q->next) { // a byte stream: one request after the other
+        while (q->done < q->bytes) {
+            ssize_t w = send(tc->fd, (const char *)q->buf + q->done, q->bytes - q->done, MSG_NOSIGNAL | MSG_DONTWAIT);
+            if (w > 0) {
+                q->done += (size_t)w;
+                *moved = 1;
+                continue;
+            }
+            if (w < 0 && (errno == EAGAIN || errno == EINTR)) break;
+            net_peer_lost(c, "%s on communicator %s: connection to rank %d lost while sending: %s", opname(c), c->comm,
+                          c->peer_world, w < 0 ? strerror(errno) : "no progress");
+        }
+        if (q->done < q->bytes) break;
+        if (!q->complete) *moved = 1;
+        q->complete = 1;
+    }
+    for (NetReq *q = c->rq; q; q = q->next) {
+        while (q->done < q->bytes) {
+            size_t left = q->bytes - q->done;
+            void *dst = (char *)q->buf + q->done;
+            if (q->reduce) {
+                if (!tc->bounce) tc->bounce = xmalloc(BOUNCE_BYTES);
+                dst = tc->bounce + tc->held;
+                left = left - tc->held < BOUNCE_BYTES - tc->held ? left - tc->held : BOUNCE_BYTES - tc->held;
+            }
+            ssize_t r = recv(tc->fd, dst, left, MSG_DONTWAIT);
+            if (r == 0) net_peer_lost(c, "%s on communicator %s: rank %d closed its connection (it exited or died)", opname(c), c->comm, c->peer_world);
+            if (r < 0) {
+                if (errno == EAGAIN || errno == EINTR) break;
+                net_peer_lost(c, "%s on communicator %s: connection to rank %d lost while receiving: %s", opname(c), c->comm,
+                              c->peer_world, strerror(errno));
+            }
+            *moved = 1;
+            if (!q->reduce) {
+                q->done += (size_t)r;
+                continue;
+            }
+            size_t have = tc->held + (size_t)r, es = q->reduce->in_size, whole = have / es * es;
+            net_reduce_bytes(q->reduce, q->buf, q->done, tc->bounce, whole);
+            q->done += whole;
+            tc->held = have - whole;
+            memmove(tc->bounce, tc->bounce + whole, tc->held);
+        }
+        if (q->done < q->bytes) break;
+        q->complete = 1;
+    }
+    net_pop_done(c);
 }
 
-size_t tcp_chan_recv(Channel *ch, void *buf, size_t n) {
-    ssize_t r = recv(ch->fd, buf, n, MSG_DONTWAIT);
-    if (r > 0) return (size_t)r;
-    const char *op = ch->op && *ch->op ? *ch->op : "setup", *comm = ch->comm ? ch->comm : "?";
-    if (r == 0) die("%s on communicator %s: rank %d closed its connection (it exited or died)", op, comm, ch->peer_world);
-    if (errno == EAGAIN || errno == EINTR) return 0;
-    die("%s on communicator %s: connection to rank %d lost while receiving: %s", op, comm, ch->peer_world, strerror(errno));
+static void tcp_wait_hint(NetConn *c, NetWait *w) {
+    TcpConn *tc = (TcpConn *)c;
+    short ev = (c->rq ? POLLIN : 0) | (c->sq ? POLLOUT : 0);
+    if (ev && w->nfd < NET_MAX_POLL) {
+        w->fd[w->nfd] = tc->fd;
+        w->events[w->nfd++] = ev;
+    }
+}
+
+static const char *tcp_peer_state(NetConn *c, char *buf, size_t cap) {
+    (void)c, (void)buf, (void)cap;
+    return NULL; // a dead peer shows as a closed connection; a silent one only as a timeout
+}
+
+static void tcp_close(NetConn *c) {
+    TcpConn *tc = (TcpConn *)c;
+    close(tc->fd);
+    free(tc->bounce);
+    free(tc);
+}
+
+static const NetOps TCP_OPS = { "tcp", tcp_progress, tcp_wait_hint, tcp_peer_state, tcp_close, NULL, NULL };
+
+void tcp_setup(const NetSetup *s, int npeers, const int *peers, NetConn **conns) {
+    World *w = s->w;
+    double deadline = now_seconds() + world_timeout(w);
+    int me_w = s->world_ranks[s->rank];
+    for (int i = 0; i < npeers; i++) {
+        int pw = s->world_ranks[peers[i]];
+        const RankInfo *pi = world_rank_info(w, pw);
+        int fd;
+        if (me_w < pw) {
+            fd = tcp_connect(pi->ip, pi->port, deadline);
+            if (fd < 0)
+                die("timeout: communicator %s: cannot connect to rank %d at %s:%d within %.1f s", s->comm_name, pw, pi->ip,
+                    pi->port, world_timeout(w));
+            ConnectHello hello = { .magic = NET_MAGIC, .comm_id = s->comm_id, .src = me_w };
+            snprintf(hello.token, sizeof hello.token, "%s", world_token(w));
+            if (tcp_write_all(fd, &hello, sizeof hello, deadline) != 0) die("communicator %s: cannot greet rank %d", s->comm_name, pw);
+        } else {
+            fd = world_take_connection(w, s->comm_id, pw, deadline);
+            if (fd < 0) die("timeout: communicator %s: rank %d did not connect within %.1f s", s->comm_name, pw, world_timeout(w));
+        }
+        TcpConn *tc = xcalloc(1, sizeof *tc);
+        net_conn_init(&tc->base, &TCP_OPS);
+        tc->base.peer_pid = pi->pid;
+        tc->fd = fd;
+        conns[i] = &tc->base;
+    }
 }

@@ -52,7 +52,7 @@ void pipeline_init(Pipeline *p, GPT2 *m, Zero *z, Comm *fwd, Comm *bwd) {
     p->send_grad = xcalloc((size_t)n * p->chunks, sizeof(CommRequest *));
     p->host_in = xcalloc((size_t)n, sizeof(void *));
     p->host_out = xcalloc((size_t)n, sizeof(void *));
-    if (strcmp(m->be->name, "cpu") != 0) {
+    if (m->be->mem_kind != MEMKIND_HOST) { // device memory crosses through host staging
         size_t bytes = gpt2_stage_bytes(m, m->B, m->T);
         for (int s = 0; s < n; s++) {
             p->host_in[s] = xmalloc(bytes);

@@ -86,7 +86,10 @@ static const char USAGE[] =
     "\n"
     "parallelism:\n"
     "  --nproc N                  fork N local ranks running this command (or launch with torchrun-style\n"
-    "                             RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT variables, or under srun)\n"
+    "                             RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT variables, or under srun); passes\n"
+    "                             SIGUSR1 on, turns SIGINT/SIGTERM into SIGTERM for every rank and kills\n"
+    "                             what is left after LLM4D_KILL_GRACE seconds (default 30); when a rank\n"
+    "                             fails, names the rank that stopped answering and stops the others\n"
     "  --tp N                     tensor parallelism: N consecutive ranks share each block (QKV and MLP\n"
     "                             split by heads/columns, output projections by rows, embedding and loss\n"
     "                             by vocabulary); N must divide the heads (default 1); DP = ranks / N\n"
@@ -107,7 +110,10 @@ static const char USAGE[] =
     "                             starts as soon as the backward has finished it (default 25; 0 = one\n"
     "                             bucket, reduced after the backward)\n"
     "  --comm-timeout S           seconds any collective may wait before the job stops with an error\n"
-    "                             naming the operation and the silent rank (default 300)\n"
+    "                             naming the operation and the rank that stopped answering (default 300)\n"
+    "  --transport auto|shm|tcp   how ranks talk: auto (default) takes shared memory between ranks of a\n"
+    "                             node (single-copy for large messages) and TCP across nodes; shm and tcp\n"
+    "                             force one (rank 0 prints the choice at start)\n"
     "\n"
     "checkpoints and failures:\n"
     "  --ckpt-dir DIR             checkpoints of the whole training state in DIR/ckpt_<step>/: one safetensors\n"
@@ -155,6 +161,7 @@ typedef struct {
     const char *ckpt_dir, *resume_path;
     int ckpt_every, keep, resume, max_restarts, straggler_steps;
     float skip_spikes, straggler;
+    int transport;
 } Options;
 
 // ---------------------------------------------------------------------------------------------
@@ -262,6 +269,10 @@ static void parse_options(Options *o, int argc, char **argv) {
         else if (IS("--skip-spikes")) o->skip_spikes = parse_float(f, v, 0, 1e30);
         else if (IS("--straggler")) o->straggler = parse_float(f, v, 0, 1e6);
         else if (IS("--straggler-steps")) o->straggler_steps = (int)parse_int(f, v, 1, INT32_MAX);
+        else if (IS("--transport")) {
+            o->transport = comm_parse_transport(v);
+            if (o->transport < 0) die("--transport must be auto, shm or tcp, got '%s'", v);
+        }
         else die("unknown flag %s (see --help)", f);
 #undef IS
     }
@@ -437,6 +448,18 @@ static void on_stop_signal(int sig) {
     stop_signal = sig;
 }
 
+// The handlers go in first thing, in one place: the --nproc launcher starts ranks with SIGUSR1 blocked
+// (it passes SIGUSR1 on), so one sent while a rank starts waits for the handler instead of killing it.
+static void install_stop_signals(void) {
+    struct sigaction sa = { .sa_handler = on_stop_signal };
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(SIGTERM, &sa, NULL) != 0 || sigaction(SIGUSR1, &sa, NULL) != 0) die("sigaction: %s", strerror(errno));
+    sigset_t m;
+    sigemptyset(&m);
+    sigaddset(&m, SIGUSR1);
+    if (sigprocmask(SIG_UNBLOCK, &m, NULL) != 0) die("sigprocmask: %s", strerror(errno));
+}
+
 // LLM4D_FAULT, a testing aid: faults injected into this process, items "rank=R,step=S[,at=WHAT]
 // [,ms=M][,launch=N]" separated by ';'. WHAT: kill (the default; rank R SIGKILLs itself as step S
 // begins), ckpt-write (it SIGKILLs itself halfway through its shard of the checkpoint of step S), nan
@@ -496,7 +519,10 @@ typedef struct {
 
 static void topology_init(Topology *t, const Options *o) {
     memset(t, 0, sizeof *t);
-    if (launch_env_read(&t->env)) t->world = comm_init(&t->env, o->comm_timeout);
+    if (launch_env_read(&t->env)) {
+        CommOptions copt = { o->comm_timeout, o->transport, 1 };
+        t->world = comm_init(&t->env, &copt);
+    }
     t->rank = t->world ? comm_rank(t->world) : 0;
     t->nranks = t->world ? comm_size(t->world) : 1;
     t->lead = t->rank == 0;
@@ -939,9 +965,6 @@ static void trainer_init(Trainer *t, int argc, char **argv) {
         memcpy(mine, t->strag.host[tp->rank], 64);
         comm_all_gather(tp->world, mine, t->strag.host, 16 * (size_t)tp->nranks, CT_I32);
     }
-    struct sigaction sa = { .sa_handler = on_stop_signal };
-    sigemptyset(&sa.sa_mask);
-    if (sigaction(SIGTERM, &sa, NULL) != 0 || sigaction(SIGUSR1, &sa, NULL) != 0) die("sigaction: %s", strerror(errno));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1252,6 +1275,7 @@ static void trainer_finish(Trainer *t) {
 }
 
 static int train_main(int argc, char **argv) {
+    install_stop_signals();
     Trainer t;
     trainer_init(&t, argc, argv); // layout, device, shapes, data, outputs, model and state, checkpoints
     if (t.o.dump) dump_step0(&t);
@@ -1280,8 +1304,9 @@ static int launch_with_restarts(const Options *o, int nproc, int argc, char **ar
         char buf[16];
         snprintf(buf, sizeof buf, "%d", attempt);
         setenv("LLM4D_LAUNCH", buf, 1);
-        int rc = launch_local(nproc, n, args);
-        if (rc == 0 || launch_local_signal() || attempt >= o->max_restarts) {
+        LaunchResult res;
+        int rc = launch_local(nproc, n, args, &res);
+        if (res.cause != LAUNCH_RANK_FAILED || attempt >= o->max_restarts) {
             free(args);
             return rc;
         }
@@ -1306,8 +1331,9 @@ static int launch_with_restarts(const Options *o, int nproc, int argc, char **ar
     }
 }
 
-int bench_comm_main(int argc, char **argv); // bench_comm.c
-int plan_main(int argc, char **argv);       // plan.c
+int bench_comm_main(int argc, char **argv);         // bench_comm.c
+void bench_comm_check_flags(int argc, char **argv); // dies on a bad flag, as bench_comm_main would
+int plan_main(int argc, char **argv);               // plan.c
 
 int main(int argc, char **argv) {
     int nproc = 0;
@@ -1316,8 +1342,11 @@ int main(int argc, char **argv) {
             if (i + 1 >= argc) die("--nproc needs a value");
             nproc = (int)parse_int("--nproc", argv[i + 1], 1, 4096);
         }
-    if (argc >= 2 && !strcmp(argv[1], "bench-comm"))
-        return nproc ? launch_local(nproc, argc, argv) : bench_comm_main(argc - 1, argv + 1);
+    if (argc >= 2 && !strcmp(argv[1], "bench-comm")) {
+        if (!nproc) return bench_comm_main(argc - 1, argv + 1);
+        bench_comm_check_flags(argc - 1, argv + 1); // a bad flag is reported once, not by every rank
+        return launch_local(nproc, argc, argv, NULL);
+    }
     if (argc >= 2 && !strcmp(argv[1], "plan")) return plan_main(argc - 1, argv + 1);
     if (argc >= 2 && !strcmp(argv[1], "prepare")) {
         if (argc != 4) die("usage: ./train prepare INPUT.txt DIR");

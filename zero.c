@@ -131,9 +131,22 @@ static void grads_acquire(Zero *z, int unit) {
         if (z->unit_bucket[u] == b) m->unit_grads[u] = z->pool[s] + (m->unit_offset[u] - z->bstart[b]);
 }
 
+static void wait_weights_of(Zero *z, int b) {
+    if (!z->wreq || !z->wreq[b]) return;
+    double t0 = now_seconds();
+    comm_wait(z->wreq[b]);
+    z->wreq[b] = NULL;
+    z->exposed_s += now_seconds() - t0;
+}
+
+void zero_wait_weights(Zero *z) {
+    for (int b = 0; z->wreq && b < z->nbuckets; b++) wait_weights_of(z, b);
+}
+
 static void fetch_unit(void *ctx, int unit) {
     Zero *z = ctx;
     if (z->stream && z->backward) grads_acquire(z, unit);
+    wait_weights_of(z, z->unit_bucket[unit]); // ZeRO-1/2: the last update's gather of this bucket
     if (z->stage != 3) return;
     GPT2 *m = z->model;
     int b = z->unit_bucket[unit];
@@ -246,11 +259,17 @@ void zero_init(Zero *z, GPT2 *model, Comm *dp, int stage, double bucket_mb, int 
         }
         model->fetch_unit = fetch_unit;
     }
+    if ((stage == 1 || stage == 2) && z->dp) {
+        z->wreq = xcalloc((size_t)z->nbuckets, sizeof(CommRequest *));
+        model->fetch_unit = fetch_unit;
+    }
     model->hook_ctx = z;
     model->grads_ready = grads_ready;
 }
 
 void zero_free(Zero *z) {
+    zero_wait_weights(z);
+    free(z->wreq);
     const Backend *be = z->model->be;
     if (z->master_owned) be->free(z->master);
     be->free(z->m);
@@ -365,20 +384,32 @@ static int adamw_segments(Zero *z, size_t off, size_t len, size_t spos, const fl
 void zero_step(Zero *z, float lr, float grad_norm) {
     const AdamWConfig *c = &z->cfg;
     GPT2 *m = z->model;
+    zero_wait_weights(z); // the last gather reads this rank's segment, which the update rewrites
     z->t++;
     float bc1 = 1.0f - powf(c->beta1, (float)z->t), bc2 = 1.0f - powf(c->beta2, (float)z->t);
     float scale = 1.0f;
     if (c->clip > 0.0f && grad_norm > c->clip) scale = c->clip / (grad_norm + 1e-6f);
-    // every tensor slice of every bucket this rank owns, updated in one pass
-    int cap = (z->stage == 0 ? 1 : z->nbuckets) * NUM_PARAM_TENSORS * (m->nl + 1), n = 0;
+    // every tensor slice of a bucket this rank owns, updated in one pass
+    int cap = NUM_PARAM_TENSORS * (m->nl + 1), n;
     AdamWSegment *segs = xmalloc(sizeof(AdamWSegment) * (size_t)cap);
-    if (z->stage == 0) n = adamw_segments(z, 0, m->num_params, 0, m->grads, segs, n);
-    else
-        for (int b = 0; b < z->nbuckets; b++)
-            n = adamw_segments(z, z->own_off[b], z->own_len[b], z->shard_pos[b], reduced_grad(z, b), segs, n);
-    m->be->adamw(m->dt, segs, n, lr, c->beta1, c->beta2, c->eps, bc1, bc2, scale);
+    if (z->stage == 0) {
+        n = adamw_segments(z, 0, m->num_params, 0, m->grads, segs, 0);
+        m->be->adamw(m->dt, segs, n, lr, c->beta1, c->beta2, c->eps, bc1, bc2, scale);
+        free(segs);
+        return;
+    }
+    // bucket by bucket, those the next forward needs first first (the last bucket holds unit 0): under
+    // ZeRO-1/2 each bucket's gather of the updated working weights starts as soon as it is updated,
+    // overlapping the other buckets' updates and the next forward, which waits for each bucket just
+    // before its first unit (fetch_unit)
+    for (int b = z->nbuckets - 1; b >= 0; b--) {
+        n = adamw_segments(z, z->own_off[b], z->own_len[b], z->shard_pos[b], reduced_grad(z, b), segs, 0);
+        m->be->adamw(m->dt, segs, n, lr, c->beta1, c->beta2, c->eps, bc1, bc2, scale);
+        if (z->wreq)
+            z->wreq[b] = comm_iall_gather(z->dp, at(m->params, z->own_off[b], m->dt), at(m->params, z->bstart[b], m->dt),
+                                          z->blen[b], dt_comm(m->dt));
+    }
     free(segs);
-    if (z->stage == 0) return;
     if (z->stage == 3) {
         // the gathered copies are stale now
         for (int s = 0; s < z->nslots; s++) {
@@ -386,24 +417,21 @@ void zero_step(Zero *z, float lr, float grad_norm) {
             z->slots[s].bucket = -1;
         }
         for (int u = 0; u < m->nunits; u++) m->unit_params[u] = NULL;
+        // the next forward's first unit is gathered now, while the step ends and the next begins
+        for (int u = 0; u < m->nunits; u++)
+            if (m->unit_offset[u + 1] > m->unit_offset[u]) {
+                gather_bucket(z, z->unit_bucket[u], -1);
+                break;
+            }
         return;
     }
-    // ZeRO-1/2: every rank gets the updated working weights
-    double t0 = now_seconds();
-    for (int b = 0; b < z->nbuckets; b++)
-        z->breq[b] = comm_iall_gather(z->dp, at(m->params, z->own_off[b], m->dt), at(m->params, z->bstart[b], m->dt),
-                                      z->blen[b], dt_comm(m->dt));
-    for (int b = 0; b < z->nbuckets; b++) {
-        comm_wait(z->breq[b]);
-        z->breq[b] = NULL;
-    }
-    z->exposed_s += now_seconds() - t0;
 }
 
 double zero_comm_ms(const Zero *z) { return z->dp ? (comm_busy_seconds(z->dp) - z->comm_busy_at_start) * 1e3 : 0.0; }
 double zero_exposed_ms(const Zero *z) { return z->exposed_s * 1e3; }
 
 void zero_gather_master(Zero *z, float *host) {
+    zero_wait_weights(z);
     GPT2 *m = z->model;
     const Backend *be = m->be;
     if (z->stage == 0) {

@@ -8,7 +8,9 @@
 // so all four stages give bitwise identical parameters for a given DP size.
 //   ZeRO-0: gradients all-reduced; every rank keeps full master weights and moments.
 //   ZeRO-1: gradients reduce-scattered; each rank keeps and updates only its shard of the master
-//           weights and moments, then the updated working weights are all-gathered.
+//           weights and moments, then the updated working weights are all-gathered, bucket by bucket
+//           in the order the next forward uses them; the forward waits for each bucket just before
+//           its first unit, so the gathers overlap it.
 //   ZeRO-2: as 1, and only the shard of the reduced gradient is kept (see README for its memory).
 //   ZeRO-3: as 2, and the working weights are sharded too: each unit is all-gathered just before the
 //           forward or backward needs it (the next one prefetched) and released afterwards.
@@ -39,6 +41,7 @@ typedef struct {
     size_t *own_off, *own_len, *shard_pos; // this rank's segment of each bucket, and where it sits in the shard
     size_t shard_elems;
     CommRequest **breq;
+    CommRequest **wreq;     // ZeRO-1/2: the working weights' all-gather of each bucket, until awaited
     CommRequest *embed_req; // pipeline: the sum of the tied embedding's gradients over the end stages
     int embed_bucket;       // the bucket whose reduction waits for it (-1: none)
     // state: sharded (stage ≥ 1) or full (stage 0); master aliases the working weights for fp32 stage 0
@@ -79,8 +82,11 @@ void zero_begin_forward(Zero *z);
 void zero_begin_backward(Zero *z, int last_micro);
 // After the last backward: waits for the reductions; returns ‖g‖₂ of the reduced gradient.
 float zero_finish_grads(Zero *z);
-// AdamW at learning rate lr with clipping against grad_norm; refreshes the working weights.
+// AdamW at learning rate lr with clipping against grad_norm; refreshes the working weights (under
+// ZeRO-1/2 asynchronously: the model's fetch hook, zero_wait_weights or the next zero_step waits).
 void zero_step(Zero *z, float lr, float grad_norm);
+// Waits until every working weight is current (anything that reads m->params outside a forward).
+void zero_wait_weights(Zero *z);
 // Milliseconds this step spent in data-parallel collectives, and waiting for them after the backward.
 double zero_comm_ms(const Zero *z);
 double zero_exposed_ms(const Zero *z);

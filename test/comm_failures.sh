@@ -1,20 +1,29 @@
 #!/usr/bin/env bash
-# Failure modes of the collectives, each asserted on what a user sees: ranks exit non-zero within
-# their deadline with one "error: ..." line that names what failed (never a hang), a bootstrap that
-# shrugs off bad connections, and nothing left behind (processes, /dev/shm/llm4d-*).
+# Failure modes of the collectives and the launcher, each asserted on what a user sees: ranks exit
+# non-zero within their deadline with one "error: ..." line that names the root cause (never a hang,
+# never a healthy rank blamed), a bootstrap that shrugs off bad connections, and nothing left behind
+# (processes, /dev/shm/llm4d-*). No case depends on timing beyond generous upper bounds.
 #
-#   a. a rank that never joins           d. random bytes (and a silent connection) on the bootstrap port
+#   a. a rank that never joins: every rank prints the same root cause
 #   b. a rank killed mid-collective      e. SIGTERM to a `--nproc 3` launcher mid-run
-#   c. a client with the wrong job token
-#   f. (only with LLM4D_TEST_PENDING=1, until collectives.c is fixed) a rank dying in shared-memory setup
+#   c. a client with the wrong job token f. a rank dying in shared-memory setup
+#   d. random bytes (and a silent connection) on the bootstrap port
+#   g. a rank stopped with SIGSTOP under --nproc 4: every rank ends, one line names it
+#   h. silent connections to the ranks' data ports before the job forms (TCP transport)
+#   i. SIGUSR1 to the launcher, to its process group, and to ranks still starting: a clean stop
+#   j. rank 0 killed at once, 3 times (--nproc 4 --tp 2 --pp 2): nothing in /dev/shm
+#   k. an error every rank detects is printed once, whole; ranks show as "<program> rN" in ps
+#   l. a clean --nproc 2 training under AddressSanitizer with leak detection: no leak
 #
 # Prints "ok NAME" or "FAIL NAME" (with the evidence) per case; exits non-zero when any failed.
-# Run from the repository root after `make build/test_comm`:  bash test/comm_failures.sh
+# Run from the repository root after `make train build/train-asan build/test_comm`:  bash test/comm_failures.sh
 # Environment: TEST_COMM (default build/test_comm), COMM_FAILURES_SLACK (seconds beyond a deadline, 10).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 
 BIN=${TEST_COMM:-./build/test_comm}
+TRAIN=./train
+TRAIN_ASAN=./build/train-asan
 SLACK=${COMM_FAILURES_SLACK:-10} # seconds allowed beyond a deadline (process start-up under ASan on a busy machine)
 if [ ! -x "$BIN" ]; then
     echo "FAIL: $BIN is missing (run 'make build/test_comm' first)"
@@ -207,7 +216,8 @@ case_never_joins() {
         else
             echo "    rank $r: exit status $RC after $AT s"
         fi
-        expect_one_error "$WORK/a.rank$r.log" "rank $r" 'timeout: .*bootstrap.*not every rank joined within 3\.0 s'
+        # the same root cause on every rank: rank 0 tells the connected ranks why it abandons the job
+        expect_one_error "$WORK/a.rank$r.log" "rank $r" '^error: timeout: bootstrap: not every rank joined within 3\.0 s: rank 3 of 4 never joined; rank 0 abandons the job$'
     done
     expect_gone "${pid[@]}"
     expect_no_shm "$token"
@@ -255,14 +265,11 @@ case_killed_rank() {
         blamed=$(grep '^error: ' "$WORK/b.rank$r.log" | head -n 1 | grep -oE 'rank [0-9]+' | tail -n 1 | cut -d' ' -f2)
         if [ "$blamed" = "$victim" ]; then
             named=$((named + 1))
-        elif [ "$blamed" = "$r" ]; then
-            bad "rank $r: its error blames itself"
-        elif [ -n "$blamed" ]; then
-            # it waited on a survivor that gave up first: true, but not the root cause
-            echo "    note: rank $r blames rank $blamed, which gave up after rank $victim was killed"
+        else
+            bad "rank $r blames rank ${blamed:-nobody}, not the killed rank $victim"
         fi
     done
-    [ "$named" -ge 1 ] || bad "no surviving rank named the killed rank $victim"
+    [ "$named" -eq 2 ] || bad "only $named of the 2 surviving ranks named the killed rank $victim"
     expect_gone "${pid[@]}"
     expect_no_shm "$token"
     [ $BAD -eq 0 ] || show_logs "$WORK"/b.rank*.log
@@ -276,11 +283,11 @@ case_wrong_token() {
     local token port t0 p0 p1 px n
     new_token
     port=$(free_port) || { bad "no free port"; return; }
-    start_rank "$WORK/c.rank0.log" 0 2 "$port" "$token" --comm-timeout 60
+    start_rank "$WORK/c.rank0.log" 0 2 "$port" "$token" --comm-timeout 60 --quick
     p0=$STARTED
     t0=$(now)
     wait_listening "$port" 60 || { bad "rank 0 is not listening on $port after 60 s"; show_logs "$WORK/c.rank0.log"; return; }
-    start_rank "$WORK/c.impostor.log" 1 2 "$port" "not-$token" --comm-timeout 60
+    start_rank "$WORK/c.impostor.log" 1 2 "$port" "not-$token" --comm-timeout 60 --quick
     px=$STARTED
     t0=$(now)
     await "$px" "$t0" 15
@@ -295,7 +302,7 @@ case_wrong_token() {
     wait_line "$WORK/c.rank0.log" '^warning: bootstrap: rejected a connection from 127\.0\.0\.1: wrong job token$' 5 ||
         bad "rank 0 did not log 'rejected a connection ...: wrong job token'"
     kill -0 "$p0" 2>/dev/null || bad "rank 0 exited after rejecting the impostor"
-    start_rank "$WORK/c.rank1.log" 1 2 "$port" "$token" --comm-timeout 60
+    start_rank "$WORK/c.rank1.log" 1 2 "$port" "$token" --comm-timeout 60 --quick
     p1=$STARTED
     t0=$(now)
     await "$p0" "$t0" 180
@@ -321,7 +328,7 @@ case_random_bytes() {
     local token port t0 p0 p1
     new_token
     port=$(free_port) || { bad "no free port"; return; }
-    start_rank "$WORK/d.rank0.log" 0 2 "$port" "$token" --comm-timeout 60
+    start_rank "$WORK/d.rank0.log" 0 2 "$port" "$token" --comm-timeout 60 --quick
     p0=$STARTED
     wait_listening "$port" 60 || { bad "rank 0 is not listening on $port after 60 s"; show_logs "$WORK/d.rank0.log"; return; }
     # a client that connects and says nothing, held open until the job is over
@@ -333,7 +340,7 @@ case_random_bytes() {
     wait_line "$WORK/d.rank0.log" '^warning: bootstrap: rejected a connection from 127\.0\.0\.1: ' 5 ||
         bad "rank 0 did not log a rejected connection for the random bytes"
     kill -0 "$p0" 2>/dev/null || bad "rank 0 exited after the random bytes"
-    start_rank "$WORK/d.rank1.log" 1 2 "$port" "$token" --comm-timeout 60
+    start_rank "$WORK/d.rank1.log" 1 2 "$port" "$token" --comm-timeout 60 --quick
     p1=$STARTED
     t0=$(now)
     await "$p0" "$t0" 180
@@ -403,10 +410,9 @@ case_launcher_sigterm() {
 }
 
 # ---------------------------------------------------------------------------------------------
-# f. (run with LLM4D_TEST_PENDING=1: fails until collectives.c unlinks its segments on every exit) a
-#    rank that dies during shared-memory setup, just before mapping the segment rank 0 created: the
-#    others fail naming it, and the segment does not stay in /dev/shm. The death is placed exactly by
-#    an LD_PRELOAD shim whose shm_open kills the process when asked to open an existing segment.
+# f. a rank that dies during shared-memory setup, as it opens a peer's inbox (a memfd, through
+#    /proc/PID/fd): the others fail naming it, and nothing stays in /dev/shm. The death is placed
+#    exactly by an LD_PRELOAD shim whose open() kills the process on an inbox path.
 
 case_death_in_shm_setup() {
     local token port t0 r
@@ -416,12 +422,31 @@ case_death_in_shm_setup() {
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdarg.h>
+#include <string.h>
 #include <sys/types.h>
-int shm_open(const char *name, int oflag, mode_t mode) {
-    static int (*real)(const char *, int, mode_t);
-    if (!real) real = (int (*)(const char *, int, mode_t))dlsym(RTLD_NEXT, "shm_open");
-    if (!(oflag & O_CREAT)) raise(SIGKILL); /* a member opening the creator's segment */
-    return real(name, oflag, mode);
+#include <unistd.h>
+static int is_inbox(const char *path) {
+    char target[256];
+    ssize_t n;
+    if (strncmp(path, "/proc/", 6) != 0 || !strstr(path, "/fd/")) return 0;
+    n = readlink(path, target, sizeof target - 1);
+    if (n <= 0) return 0;
+    target[n] = 0;
+    return strstr(target, "llm4d-inbox") != NULL;
+}
+static int call(const char *sym, const char *path, int flags, mode_t mode) {
+    int (*real)(const char *, int, ...) = (int (*)(const char *, int, ...))dlsym(RTLD_NEXT, sym);
+    if (is_inbox(path)) raise(SIGKILL); /* a member opening another rank's inbox */
+    return real(path, flags, mode);
+}
+int open(const char *path, int flags, ...) {
+    va_list ap; mode_t m; va_start(ap, flags); m = va_arg(ap, mode_t); va_end(ap);
+    return call("open", path, flags, m);
+}
+int open64(const char *path, int flags, ...) {
+    va_list ap; mode_t m; va_start(ap, flags); m = va_arg(ap, mode_t); va_end(ap);
+    return call("open64", path, flags, m);
 }
 SHIM
     if ! ${CC:-gcc} -shared -fPIC -o "$WORK/shim.so" "$WORK/shim.c" -ldl 2>"$WORK/shim.err"; then
@@ -438,8 +463,8 @@ SHIM
     ASAN_OPTIONS=$ASAN_OPTIONS:verify_asan_link_order=0 LD_PRELOAD=$WORK/shim.so \
         start_rank "$WORK/f.rank2.log" 2 3 "$port" "$token" --comm-timeout 3
     pid[2]=$STARTED
-    await "${pid[2]}" "$t0" 15
-    [ "$RC" -eq 137 ] || bad "rank 2 was to die by SIGKILL in shm_open (137), got $RC"
+    await "${pid[2]}" "$t0" 30
+    [ "$RC" -eq 137 ] || bad "rank 2 was to die by SIGKILL opening an inbox (137), got $RC"
     for r in 0 1; do
         await "${pid[$r]}" "$t0" $((3 + SLACK + 5))
         if [ "$RC" -eq 124 ]; then
@@ -451,12 +476,247 @@ SHIM
         else
             echo "    rank $r: exit status $RC after $AT s"
         fi
-        expect_one_error "$WORK/f.rank$r.log" "rank $r" "rank [0-9]+"
+        expect_one_error "$WORK/f.rank$r.log" "rank $r" "rank 2[^0-9]*$|rank 2 \(pid"
     done
-    grep -q '^error: .*rank 2([^0-9]|$)' "$WORK/f.rank0.log" || bad "rank 0 (the segment's creator) does not name rank 2"
     expect_gone "${pid[@]}"
     expect_no_shm "$token"
     [ $BAD -eq 0 ] || show_logs "$WORK"/f.rank*.log
+}
+
+# ---------------------------------------------------------------------------------------------
+# helpers for jobs started through the --nproc launcher
+
+# rank_pid LAUNCHER R: the pid of rank R among the launcher's children (empty when not there yet)
+rank_pid() {
+    local pid
+    for pid in $(ps -o pid= --ppid "$1" 2>/dev/null); do
+        if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "RANK=$2"; then
+            echo "$pid"
+            return 0
+        fi
+    done
+    return 1
+}
+job_token() { tr '\0' '\n' <"/proc/$1/environ" 2>/dev/null | sed -n 's/^LLM4D_JOB_TOKEN=//p'; }
+# wait_step LOG N LIMIT: until the JSON log shows step N
+wait_step() {
+    local t0
+    t0=$(now)
+    until grep -q "\"step\":$2," "$1" 2>/dev/null; do
+        le "$(since "$t0")" "$3" || return 1
+        sleep 0.05
+    done
+}
+TINY=(--layers 2 --channels 32 --heads 4 --vocab 256 --seq-len 32 --micro-batch 2)
+prepare_data() { [ -f "$WORK/data/train.bin" ] || $TRAIN prepare /usr/share/common-licenses/GPL-3 "$WORK/data" >/dev/null; }
+
+# ---------------------------------------------------------------------------------------------
+# g. one rank of `--nproc 4 --zero 1` stopped with SIGSTOP: the others time out, every error line
+#    names the stopped rank (not a neighbour that waited on it), the launcher prints one line naming
+#    it, ends every rank (the stopped one too) and exits non-zero within the timeout plus its grace
+
+case_sigstop() {
+    local launcher victim t0 token kids n line last
+    prepare_data
+    $TRAIN --nproc 4 --zero 1 "${TINY[@]}" --batch-tokens 512 --steps 100000 --comm-timeout 3 --train "$WORK/data/train.bin" \
+        --log "$WORK/g.jsonl" >/dev/null 2>"$WORK/g.err" &
+    launcher=$!
+    PIDS+=("$launcher")
+    wait_step "$WORK/g.jsonl" 2 60 || { bad "the job did not reach step 2 within 60 s"; show_logs "$WORK/g.err"; return; }
+    victim=$(rank_pid "$launcher" 2)
+    kids=$(ps -o pid= --ppid "$launcher" | tr -s ' \n' ' ')
+    token=$(job_token "$victim")
+    [ -n "$token" ] && TOKENS+=("$token")
+    kill -STOP "$victim"
+    t0=$(now)
+    await "$launcher" "$t0" $((3 + 5 + SLACK + 10))
+    if [ "$RC" -eq 124 ]; then
+        bad "the launcher is still running $AT s after rank 2 was stopped"
+    elif [ "$RC" -eq 0 ]; then
+        bad "the launcher exited 0 although rank 2 was stopped"
+    elif ! le "$AT" $((3 + 5 + SLACK)); then
+        bad "the launcher took $AT s to end the job (timeout 3 s + 5 s grace)"
+    else
+        echo "    launcher: exit status $RC $AT s after SIGSTOP"
+    fi
+    n=$(grep -cE '^error: rank 2 \(pid [0-9]+\) stopped answering: it was stopped by SIGSTOP' "$WORK/g.err")
+    [ "$n" -eq 1 ] || bad "the launcher printed $n lines naming rank 2 as stopped (expected 1)"
+    while read -r line; do # every error line's last "rank N" is the root cause
+        last=$(grep -oE 'rank [0-9]+' <<<"$line" | tail -n 1)
+        case "$line" in
+        "error: rank 2 (pid"*) ;;
+        *) [ "$last" = "rank 2" ] || bad "an error line blames ${last:-nobody}: $line" ;;
+        esac
+    done < <(grep '^error: ' "$WORK/g.err")
+    grep '^error: ' "$WORK/g.err" | sed 's/^/    /'
+    # shellcheck disable=SC2086
+    expect_gone "$launcher" $kids
+    [ -z "$token" ] || expect_no_shm "$token"
+    [ $BAD -eq 0 ] || show_logs "$WORK/g.err"
+}
+
+# ---------------------------------------------------------------------------------------------
+# h. silent TCP connections to the ranks' data ports before the job has formed (--transport tcp,
+#    so that every pair of ranks connects through them): the job forms and finishes as usual, well
+#    within a --comm-timeout the connections would exceed if they were served one at a time
+
+listen_ports() { ss -Hltnp 2>/dev/null | grep "pid=$1," | awk '{ n = split($4, a, ":"); print a[n] }'; }
+
+case_silent_data_connections() {
+    local token port t0 r p fd=20 ports
+    local -a pid
+    command -v ss >/dev/null 2>&1 || { echo "    skipped: 'ss' (iproute2) is not installed"; return; }
+    new_token
+    port=$(free_port) || { bad "no free port"; return; }
+    for r in 0 1; do
+        start_rank "$WORK/h.rank$r.log" "$r" 3 "$port" "$token" --comm-timeout 8 --transport tcp --quick
+        pid[$r]=$STARTED
+    done
+    for r in 0 1; do # rank 0: the bootstrap port and its data port; rank 1: its data port
+        t0=$(now)
+        until [ "$(listen_ports "${pid[$r]}" | wc -l)" -ge $((r == 0 ? 2 : 1)) ]; do
+            le "$(since "$t0")" 60 || { bad "rank $r is not listening after 60 s"; return; }
+            sleep 0.05
+        done
+        ports=$(listen_ports "${pid[$r]}")
+        for p in $ports; do
+            [ "$p" = "$port" ] && continue
+            for _ in 1 2 3; do # three connections that never say a word, held open to the end
+                eval "exec $fd<>/dev/tcp/127.0.0.1/$p" || bad "cannot connect to rank $r's data port $p"
+                fd=$((fd + 1))
+            done
+        done
+    done
+    start_rank "$WORK/h.rank2.log" 2 3 "$port" "$token" --comm-timeout 8 --transport tcp --quick
+    pid[2]=$STARTED
+    t0=$(now)
+    for r in 0 1 2; do
+        await "${pid[$r]}" "$t0" 120
+        [ "$RC" -eq 0 ] || bad "rank $r: exit status $RC after $AT s (silent connections delayed the job?)"
+    done
+    for ((r = 20; r < fd; r++)); do eval "exec $r>&-"; done
+    grep -q '^collectives on 3 rank(s): ok' "$WORK/h.rank0.log" || bad "rank 0 did not report 'collectives on 3 rank(s): ok'"
+    grep -q '^error: ' "$WORK"/h.rank*.log && bad "an error line in the ranks' logs"
+    expect_gone "${pid[@]}"
+    [ $BAD -eq 0 ] || show_logs "$WORK"/h.rank*.log
+}
+
+# ---------------------------------------------------------------------------------------------
+# i. SIGUSR1 (Slurm's warning before the time limit) to the launcher, to its whole process group,
+#    and to ranks that are still starting: the job stops cleanly (exit 0, model saved) every time
+
+usr1_job() { # NAME [setsid]: starts a job in the background; leaves its pid in JOB
+    prepare_data
+    if [ "${2:-}" = setsid ]; then
+        setsid $TRAIN --nproc 2 "${TINY[@]}" --steps 100000 --train "$WORK/data/train.bin" --log "$WORK/$1.jsonl" \
+            --save-model "$WORK/$1.bin" >"$WORK/$1.out" 2>&1 &
+    else
+        $TRAIN --nproc 2 "${TINY[@]}" --steps 100000 --train "$WORK/data/train.bin" --log "$WORK/$1.jsonl" \
+            --save-model "$WORK/$1.bin" >"$WORK/$1.out" 2>&1 &
+    fi
+    JOB=$!
+    PIDS+=("$JOB")
+}
+usr1_verdict() { # NAME
+    local t0
+    t0=$(now)
+    await "$JOB" "$t0" 60
+    [ "$RC" -eq 0 ] || bad "$1: exit status $RC after SIGUSR1"
+    grep -q "received SIGUSR1 .* stops cleanly after [0-9]* of 100000 steps and saves the model" "$WORK/$1.out" ||
+        bad "$1: no clean stop after SIGUSR1"
+    grep -q "^saved $WORK/$1.bin" "$WORK/$1.out" || bad "$1: the model was not saved"
+    grep -q '^error: ' "$WORK/$1.out" && bad "$1: an error line"
+    [ $BAD -eq 0 ] || show_logs "$WORK/$1.out"
+}
+
+case_sigusr1() {
+    local r p kid name t0
+    usr1_job i1
+    wait_step "$WORK/i1.jsonl" 2 60 || { bad "i1: no step 2 within 60 s"; return; }
+    for r in 0 1; do # while it runs: the ranks show as "train r0", "train r1" in ps
+        kid=$(rank_pid "$JOB" $r)
+        name=$(ps -o comm= -p "$kid" 2>/dev/null)
+        [ "$name" = "train r$r" ] || bad "rank $r shows as '$name' in ps, not 'train r$r'"
+    done
+    kill -USR1 "$JOB"
+    usr1_verdict i1
+    usr1_job i2 setsid
+    wait_step "$WORK/i2.jsonl" 2 60 || { bad "i2: no step 2 within 60 s"; return; }
+    kill -USR1 -- "-$JOB"
+    usr1_verdict i2
+    # i3: the signal reaches the ranks from the moment they exist, before their handlers can be in place
+    usr1_job i3
+    t0=$(now)
+    until [ "$(ps -o pid= --ppid "$JOB" | wc -l)" -ge 1 ]; do
+        le "$(since "$t0")" 30 || { bad "i3: no rank started within 30 s"; return; }
+    done
+    for _ in $(seq 40); do
+        for p in $(ps -o pid= --ppid "$JOB"); do kill -USR1 "$p" 2>/dev/null; done
+        sleep 0.02
+    done
+    usr1_verdict i3
+}
+
+# ---------------------------------------------------------------------------------------------
+# j. rank 0 of `--nproc 4 --tp 2 --pp 2` killed the moment it exists, three times: the launcher ends
+#    the job, and nothing of it stays in /dev/shm (the transports use memfds, which have no names)
+
+case_kill_rank0_early() {
+    local i launcher r0 token t0 kids
+    prepare_data
+    for i in 1 2 3; do
+        $TRAIN --nproc 4 --tp 2 --pp 2 "${TINY[@]}" --layers 4 --batch-tokens 256 --steps 100 --comm-timeout 10 \
+            --train "$WORK/data/train.bin" >/dev/null 2>"$WORK/j$i.err" &
+        launcher=$!
+        PIDS+=("$launcher")
+        t0=$(now)
+        r0=""
+        until [ -n "$r0" ]; do
+            r0=$(rank_pid "$launcher" 0)
+            le "$(since "$t0")" 30 || { bad "no rank 0 within 30 s"; return; }
+        done
+        token=$(job_token "$r0")
+        kids=$(ps -o pid= --ppid "$launcher" | tr -s ' \n' ' ')
+        kill -KILL "$r0"
+        [ -n "$token" ] && TOKENS+=("$token")
+        await "$launcher" "$t0" 60
+        [ "$RC" -ne 0 ] || bad "try $i: the launcher exited 0 although rank 0 was killed"
+        [ "$RC" -ne 124 ] || bad "try $i: the launcher still runs 60 s after rank 0 was killed"
+        # shellcheck disable=SC2086
+        expect_gone "$launcher" $kids
+        [ -z "$token" ] || expect_no_shm "$token"
+    done
+    [ $BAD -eq 0 ] || show_logs "$WORK"/j*.err
+}
+
+# ---------------------------------------------------------------------------------------------
+# k. an error that every rank detects (a shape the layout cannot split; a bad flag value) is printed
+#    once, on one line, and the launcher exits non-zero
+
+case_error_once() {
+    local err rc
+    err=$($TRAIN --nproc 3 --tp 3 "${TINY[@]}" --steps 0 2>&1 >/dev/null)
+    rc=$?
+    [ "$rc" -ne 0 ] || bad "--tp 3 with 4 heads: exit status 0"
+    [ "$err" = "error: --tp 3 does not divide the model's 4 heads" ] || bad "--tp 3 with 4 heads: stderr is not that one line: $err"
+    err=$($TRAIN --nproc 3 "${TINY[@]}" --steps ten 2>&1 >/dev/null)
+    rc=$?
+    [ "$rc" -ne 0 ] || bad "--steps ten: exit status 0"
+    [ "$err" = "error: --steps expects an integer, got 'ten'" ] || bad "--steps ten: stderr is not that one line: $err"
+}
+
+# ---------------------------------------------------------------------------------------------
+# l. a clean `--nproc 2` training under AddressSanitizer with leak detection on: no leak
+
+case_no_leak() {
+    local rc
+    prepare_data
+    ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 $TRAIN_ASAN --nproc 2 --zero 1 "${TINY[@]}" --batch-tokens 256 --steps 2 \
+        --train "$WORK/data/train.bin" >"$WORK/l.out" 2>&1
+    rc=$?
+    [ "$rc" -eq 0 ] || bad "exit status $rc"
+    grep -q 'LeakSanitizer\|ERROR: AddressSanitizer' "$WORK/l.out" && bad "a sanitizer report"
+    [ $BAD -eq 0 ] || show_logs "$WORK/l.out"
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -477,12 +737,16 @@ run_case() { # name function
     fi
 }
 
-run_case "a rank that never joins: the others fail within the bootstrap timeout" case_never_joins
-run_case "a rank killed mid-collective: the others fail naming it" case_killed_rank
+run_case "a rank that never joins: every rank reports it, within the bootstrap timeout" case_never_joins
+run_case "a rank killed mid-collective: every other rank fails naming it" case_killed_rank
 run_case "a wrong job token is rejected and the job goes on" case_wrong_token
 run_case "random bytes and a silent client on the bootstrap port are survived" case_random_bytes
 run_case "SIGTERM to a --nproc launcher stops every rank and leaves nothing" case_launcher_sigterm
-if [ -n "${LLM4D_TEST_PENDING:-}" ]; then
-    run_case "a rank dying in shared-memory setup leaves nothing in /dev/shm" case_death_in_shm_setup
-fi
+run_case "a rank dying in shared-memory setup: the others name it, nothing left" case_death_in_shm_setup
+run_case "SIGSTOP on a rank: every rank ends, the stopped one is named" case_sigstop
+run_case "silent connections to the data ports do not delay the job" case_silent_data_connections
+run_case "SIGUSR1 to the launcher, its group, or starting ranks stops cleanly; ps names" case_sigusr1
+run_case "rank 0 killed at once (x3) leaves nothing in /dev/shm" case_kill_rank0_early
+run_case "an error every rank detects is printed once" case_error_once
+run_case "no leak under AddressSanitizer in a clean --nproc 2 run" case_no_leak
 exit $status

@@ -320,7 +320,8 @@ t_usr1() {
 }
 
 # Data parallelism: every DP size, ZeRO stage and micro-batch count takes the single-rank step
-# (losses and final parameters within 1e-5), the four stages agree bitwise, and a rerun is bitwise.
+# (losses and final parameters within 1e-5), the four stages and three bucket sizes agree bitwise, and
+# a rerun is bitwise.
 DPFLAGS=(--layers 2 --channels 32 --heads 4 --vocab 256 --seq-len 32 --micro-batch 2 --steps 10 --lr 1e-3
     --warmup 2 --weight-decay 0.1 --clip 1.0 --bucket-mb 0.02)
 t_data_parallel() {
@@ -340,6 +341,15 @@ t_data_parallel() {
             $PY test/compare_runs.py 1e-5 "$d/ref_${dp}_$m" "${runs[@]}" || ok=1
             for z in 1 2 3; do
                 cmp "$d/dp${dp}_m${m}_z0.bin" "$d/dp${dp}_m${m}_z$z.bin" || { echo "DP $dp M $m: ZeRO-$z differs from ZeRO-0"; ok=1; }
+            done
+        done
+        # bucket boundaries do not change the sums: one bucket (0) and the default (25 MiB) give the
+        # same bits as 0.02 MiB buckets, at every stage (M 1: ZeRO-2/3 stream through bucket buffers)
+        for b in 0 25; do
+            for z in 0 1 2 3; do
+                timeout 300 $TRAIN --nproc $dp "${DPFLAGS[@]}" --train "$DATA/train.bin" --batch-tokens $((dp * 64)) --zero $z \
+                    --bucket-mb $b --comm-timeout 60 --save-model "$d/dp${dp}_b${b}_z$z.bin" >/dev/null || { echo "DP $dp ZeRO-$z bucket $b failed"; return 1; }
+                cmp "$d/dp${dp}_m1_z0.bin" "$d/dp${dp}_b${b}_z$z.bin" || { echo "DP $dp: ZeRO-$z with --bucket-mb $b differs from ZeRO-0 with 0.02"; ok=1; }
             done
         done
     done
@@ -761,7 +771,7 @@ run_test "collectives across two simulated nodes (network namespaces)" t_two_nod
 run_test "collectives: dead, missing and impostor ranks, SIGTERM" t_comm_failures
 run_test "Slurm: 2 nodes x 2 ranks under srun and sbatch equal one rank" t_slurm
 run_test "SIGUSR1 (Slurm time-limit warning) stops every rank cleanly" t_usr1
-run_test "data parallel DP 2,3,4 x ZeRO 0-3 x M 1,3 equals one rank; stages bitwise" t_data_parallel
+run_test "data parallel DP 2,3,4 x ZeRO 0-3 x M 1,3 equals one rank; stages and bucket sizes 0, 0.02, 25 bitwise" t_data_parallel
 run_test "data parallel bf16 and active clipping equal one rank" t_data_parallel_bf16_clip
 run_test "ZeRO memory per rank at DP 4 follows the formula" t_zero_memory
 run_test "tensor parallel TP 2,3,4 with and without --sp, alone and with DP 2 x ZeRO 0,1,3, equals one rank" t_tensor_parallel

@@ -1,17 +1,21 @@
 // Collective tests: every collective against a serial reference computed here, for every type, op,
 // count and placement, on the world and on split communicators, two in flight at once, async overlap
-// and point-to-point. Run as `test_comm --nproc N` (or under a torchrun/Slurm environment).
+// and point-to-point. Run as `test_comm --nproc N [--transport auto|shm|tcp] [--quick]` (or under a
+// torchrun/Slurm environment).
 //
 // Every rank can compute every rank's input (a function of the world rank and the index), so each rank
-// checks its own output against a serial reduction done in the same order as the ring: segment k's
-// partial starts at rank k+1 and each rank adds its value to the incoming partial. Outputs must match
-// bitwise, floats included.
+// checks its own output against a serial reduction in the order the collectives promise: element i
+// is x_0[i] (op) x_1[i] (op) ... (op) x_{n-1}[i], communicator ranks in order, accumulated in fp32
+// for bf16 (rounded once) and divided by n at the end for avg. Outputs must match bitwise, floats
+// included. Buffers come both from registered memory (hostmem_alloc: the single-copy path) and from
+// malloc (cross-memory attach, or copies through the ring).
 #define _GNU_SOURCE
 #include <stdlib.h>
 #include <string.h>
 
 #include "collectives.h"
 #include "common.h"
+#include "hostmem.h"
 #include "kernels.h"
 
 static int failures;
@@ -38,58 +42,36 @@ static void gen(void *dst, size_t count, CommType t, int w, uint64_t tc) {
     }
 }
 
-// acc = incoming (op) mine, element i, the ring's order and rounding
-static void ref_combine(void *acc, const void *mine, size_t i, CommType t, CommOp op) {
-    int mx = op == OP_MAX;
-    switch (t) {
-    case CT_F32: {
-        float a = ((float *)acc)[i], b = ((const float *)mine)[i];
-        ((float *)acc)[i] = mx ? (a > b ? a : b) : a + b;
-        break;
-    }
-    case CT_BF16: {
-        float a = bf16_to_f32(((uint16_t *)acc)[i]), b = bf16_to_f32(((const uint16_t *)mine)[i]);
-        ((uint16_t *)acc)[i] = f32_to_bf16(mx ? (a > b ? a : b) : a + b);
-        break;
-    }
-    case CT_I32: {
-        int64_t a = ((int32_t *)acc)[i], b = ((const int32_t *)mine)[i];
-        ((int32_t *)acc)[i] = (int32_t)(mx ? (a > b ? a : b) : a + b);
-        break;
-    }
-    case CT_I64: {
-        int64_t a = ((int64_t *)acc)[i], b = ((const int64_t *)mine)[i];
-        ((int64_t *)acc)[i] = mx ? (a > b ? a : b) : a + b;
-        break;
-    }
-    default: break;
-    }
-}
-
-static void ref_avg(void *acc, size_t i, CommType t, int n) {
-    switch (t) {
-    case CT_F32: ((float *)acc)[i] /= (float)n; break;
-    case CT_BF16: ((uint16_t *)acc)[i] = f32_to_bf16(bf16_to_f32(((uint16_t *)acc)[i]) / (float)n); break;
-    case CT_I32: ((int32_t *)acc)[i] /= n; break;
-    case CT_I64: ((int64_t *)acc)[i] /= n; break;
-    default: break;
-    }
-}
-
-// Serial reduction of the whole vector over the communicator's members, in ring order.
+// Serial reduction of the whole vector over the communicator's members, in rank order.
 static void *reference_reduce(Comm *c, size_t count, CommType t, CommOp op, uint64_t tc) {
     int n = comm_size(c);
-    size_t es = comm_type_size(t), seg = (count + n - 1) / n;
+    size_t es = comm_type_size(t);
     unsigned char *out = xmalloc(count * es + 1), **in = xmalloc(sizeof(void *) * n);
     for (int r = 0; r < n; r++) {
         in[r] = xmalloc(count * es + 1);
         gen(in[r], count, t, comm_world_rank(c, r), tc);
     }
     for (size_t i = 0; i < count; i++) {
-        int k = (int)(i / seg);               // segment, owned by rank k at the end
-        memcpy(out + i * es, in[(k + 1) % n] + i * es, es);
-        for (int j = 2; j <= n; j++) ref_combine(out, in[(k + j) % n], i, t, op);
-        if (op == OP_AVG) ref_avg(out, i, t, n);
+        if (t == CT_F32 || t == CT_BF16) {
+            float acc = 0;
+            for (int r = 0; r < n; r++) {
+                float x = t == CT_F32 ? ((float *)in[r])[i] : bf16_to_f32(((uint16_t *)in[r])[i]);
+                acc = r == 0 ? x : op == OP_MAX ? (x > acc ? x : acc) : acc + x;
+            }
+            if (op == OP_AVG) acc /= (float)n;
+            if (t == CT_F32) ((float *)out)[i] = acc;
+            else ((uint16_t *)out)[i] = f32_to_bf16(acc);
+        } else {
+            int64_t acc = 0; // integers wrap like the element type: sum in 64 bits, then truncate
+            for (int r = 0; r < n; r++) {
+                int64_t x = t == CT_I32 ? ((int32_t *)in[r])[i] : ((int64_t *)in[r])[i];
+                acc = r == 0 ? x : op == OP_MAX ? (x > acc ? x : acc) : (int64_t)((uint64_t)acc + (uint64_t)x);
+                if (t == CT_I32) acc = (int32_t)acc;
+            }
+            if (op == OP_AVG) acc /= n;
+            if (t == CT_I32) ((int32_t *)out)[i] = (int32_t)acc;
+            else ((int64_t *)out)[i] = acc;
+        }
     }
     for (int r = 0; r < n; r++) free(in[r]);
     free(in);
@@ -108,13 +90,19 @@ static void expect_equal(Comm *c, const char *what, const void *got, const void 
 
 static uint64_t case_id;
 
+// Buffers the collectives move: registered memory for most cases, malloc for every third (which
+// rank gets which varies, so that both kinds meet in one operation). hostmem_free frees either.
+static void *tbuf(Comm *c, size_t bytes, uint64_t tc) {
+    return (tc + (uint64_t)comm_world_rank(c, comm_rank(c))) % 3 ? hostmem_alloc(bytes) : xmalloc(bytes);
+}
+
 static void test_reductions(Comm *c, size_t count, CommType t, CommOp op, int in_place) {
     int n = comm_size(c), r = comm_rank(c);
     size_t es = comm_type_size(t), seg = (count + n - 1) / n;
     uint64_t tc = ++case_id;
     char what[128];
     unsigned char *want = reference_reduce(c, count, t, op, tc);
-    unsigned char *send = xmalloc(count * es + 1), *recv = xmalloc(count * es + 1);
+    unsigned char *send = tbuf(c, count * es + 1, tc), *recv = tbuf(c, count * es + 1, tc + 1);
     // all-reduce
     gen(send, count, t, comm_world_rank(c, r), tc);
     if (in_place) {
@@ -136,8 +124,8 @@ static void test_reductions(Comm *c, size_t count, CommType t, CommOp op, int in
     snprintf(what, sizeof what, "reduce_scatter %s %s count %zu%s", comm_type_name(t), comm_op_name(op), count, in_place ? " in place" : "");
     expect_equal(c, what, dst, want + off * es, len * es);
     free(want);
-    free(send);
-    free(recv);
+    hostmem_free(send);
+    hostmem_free(recv);
 }
 
 static void test_gather_broadcast(Comm *c, size_t count, CommType t, int in_place) {
@@ -146,7 +134,7 @@ static void test_gather_broadcast(Comm *c, size_t count, CommType t, int in_plac
     uint64_t tc = ++case_id;
     char what[128];
     // all-gather: the reference is every rank's generated segment laid end to end
-    unsigned char *want = xmalloc(count * es + 1), *part = xmalloc(seg * es + 1), *out = xmalloc(count * es + 1);
+    unsigned char *want = xmalloc(count * es + 1), *part = tbuf(c, seg * es + 1, tc), *out = tbuf(c, count * es + 1, tc + 1);
     for (int q = 0; q < n; q++) {
         size_t off = (size_t)q * seg < count ? (size_t)q * seg : count, len = off + seg < count ? seg : count - off;
         gen(part, seg, t, comm_world_rank(c, q), tc);
@@ -174,15 +162,15 @@ static void test_gather_broadcast(Comm *c, size_t count, CommType t, int in_plac
         expect_equal(c, what, out, want, count * es);
     }
     free(want);
-    free(part);
-    free(out);
+    hostmem_free(part);
+    hostmem_free(out);
 }
 
 // Two all-reduces in flight on two communicators, plus compute between start and wait.
 static void test_concurrent(Comm *a, Comm *b) {
     size_t count = 300007;
     uint64_t ta = ++case_id, tb = ++case_id;
-    float *xa = xmalloc(count * 4), *xb = xmalloc(count * 4);
+    float *xa = tbuf(a, count * 4, ta), *xb = tbuf(b, count * 4, tb);
     gen(xa, count, CT_F32, comm_world_rank(a, comm_rank(a)), ta);
     gen(xb, count, CT_F32, comm_world_rank(b, comm_rank(b)), tb);
     CommRequest *ra = comm_iall_reduce(a, xa, xa, count, CT_F32, OP_SUM);
@@ -196,7 +184,7 @@ static void test_concurrent(Comm *a, Comm *b) {
     float *wa = reference_reduce(a, count, CT_F32, OP_SUM, ta), *wb = reference_reduce(b, count, CT_F32, OP_SUM, tb);
     expect_equal(a, "concurrent all_reduce (first communicator)", xa, wa, count * 4);
     expect_equal(b, "concurrent all_reduce (second communicator)", xb, wb, count * 4);
-    free(xa); free(xb); free(wa); free(wb);
+    hostmem_free(xa); hostmem_free(xb); free(wa); free(wb);
 }
 
 // Every rank sends to the next and receives from the previous at once (a deadlock if serialised).
@@ -205,7 +193,7 @@ static void test_p2p(Comm *c) {
     uint64_t tc = ++case_id; // every rank counts the case, so that inputs stay in step across ranks
     if (n < 2) return;
     size_t bytes = 3 << 20; // larger than a shared-memory ring
-    unsigned char *out = xmalloc(bytes), *in = xmalloc(bytes), *want = xmalloc(bytes);
+    unsigned char *out = tbuf(c, bytes, tc), *in = tbuf(c, bytes, tc + 1), *want = xmalloc(bytes);
     gen(out, bytes / 4, CT_I32, comm_world_rank(c, r), tc);
     gen(want, bytes / 4, CT_I32, comm_world_rank(c, (r + n - 1) % n), tc);
     CommRequest *s = comm_isend(c, out, bytes, (r + 1) % n);
@@ -213,12 +201,12 @@ static void test_p2p(Comm *c) {
     comm_wait(s);
     comm_wait(q);
     expect_equal(c, "send/recv ring exchange", in, want, bytes);
-    free(out); free(in); free(want);
+    hostmem_free(out); hostmem_free(in); free(want);
 }
 
-static void suite(Comm *c, int full) {
+static void suite(Comm *c, int full, int quick) {
     static const size_t counts[] = { 0, 1, 7, 1000, 1048579 };
-    for (int ci = 0; ci < 5; ci++) {
+    for (int ci = 0; ci < (quick ? 4 : 5); ci++) {
         size_t count = counts[ci];
         for (int t = 0; t < CT_NTYPES; t++) {
             for (int op = 0; op < CT_NOPS; op++)
@@ -230,29 +218,42 @@ static void suite(Comm *c, int full) {
             for (int ip = 0; ip < 2; ip++) test_gather_broadcast(c, count, (CommType)t, ip);
         }
     }
+    if (full && !quick) { // above the size whose copies go past the cache (algorithms.h STREAM_BYTES): fp32 sums
+        size_t big = (16u << 20) / 4 + 12345;
+        test_reductions(c, big, CT_F32, OP_SUM, 0);
+        test_reductions(c, big, CT_F32, OP_SUM, 1);
+        test_gather_broadcast(c, big, CT_F32, 0);
+    }
     test_p2p(c);
     comm_barrier(c);
 }
 
 int main(int argc, char **argv) {
     for (int i = 1; i + 1 < argc; i++)
-        if (!strcmp(argv[i], "--nproc")) return launch_local(atoi(argv[i + 1]), argc, argv);
-    double timeout = 60;
-    for (int i = 1; i + 1 < argc; i++)
-        if (!strcmp(argv[i], "--comm-timeout")) timeout = atof(argv[i + 1]);
+        if (!strcmp(argv[i], "--nproc")) return launch_local(atoi(argv[i + 1]), argc, argv, NULL);
+    CommOptions opt = { 60, TRANSPORT_AUTO, 0 };
+    int quick = 0; // --quick: the world suite up to 1000 elements (failure tests)
+    for (int i = 1; i < argc; i++) quick |= !strcmp(argv[i], "--quick");
+    for (int i = 1; i + 1 < argc; i++) {
+        if (!strcmp(argv[i], "--comm-timeout")) opt.timeout = atof(argv[i + 1]);
+        if (!strcmp(argv[i], "--transport") && (opt.transport = comm_parse_transport(argv[i + 1])) < 0)
+            die("--transport must be auto, shm or tcp");
+    }
     LaunchEnv env;
     launch_env_read(&env); // without a launcher: a world of one
-    Comm *world = comm_init(&env, timeout);
+    Comm *world = comm_init(&env, &opt);
     int r = comm_rank(world), n = comm_size(world);
-    suite(world, 1);
-    Comm *parity = comm_split(world, r % 2, r, "parity");
-    Comm *reversed = comm_split(world, 0, n - r, "reversed"); // same members, opposite ring order
-    suite(parity, 0);
-    suite(reversed, 0);
-    test_concurrent(parity, reversed);
-    test_concurrent(world, parity);
-    comm_destroy(parity);
-    comm_destroy(reversed);
+    suite(world, 1, quick);
+    if (!quick) {
+        Comm *parity = comm_split(world, r % 2, r, "parity");
+        Comm *reversed = comm_split(world, 0, n - r, "reversed"); // same members, opposite rank order
+        suite(parity, 0, 0);
+        suite(reversed, 0, 0);
+        test_concurrent(parity, reversed);
+        test_concurrent(world, parity);
+        comm_destroy(parity);
+        comm_destroy(reversed);
+    }
     int total = 0;
     comm_all_reduce(world, &failures, &total, 1, CT_I32, OP_SUM);
     if (r == 0) printf("collectives on %d rank(s): %s (%d failure(s) over all ranks)\n", n, total ? "FAIL" : "ok", total);

@@ -1,0 +1,427 @@
+// algorithms.c: what each collective sends, receives and adds (algorithms.h). Read top to bottom:
+// element types and reductions; the geometry of an operation (segments, chunks, transfers); small
+// collectives through the shared-memory slots; planning an operation; the owner's reduction.
+//
+// The algorithms move data only between pairs of ranks, through NetConn (net.h), and never learn
+// which transport carries it. Reduce-scatter gives each rank a segment of the vector to own; the
+// owner takes every rank's contribution to its segment, chunk by chunk, and adds them in rank order
+// 0, 1, ..., n-1 into an accumulator (fp32 for bf16, rounded once at the end). Each rank sends (n-1)/n
+// of the vector, as in a ring, and each output element depends on that element alone, never on
+// where a segment, chunk or caller's bucket starts. All-reduce is that reduce-scatter followed by an
+// all-gather of the owners' segments; a small all-reduce skips the second step: every rank sends its
+// whole vector to every other and each adds all n in the same order.
+#define _GNU_SOURCE
+#include "algorithms.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "hostmem.h"
+#include "kernels.h"
+
+const char *const REQ_NAMES[] = { "all_reduce", "reduce_scatter", "all_gather", "broadcast", "send", "recv" };
+
+// ---------------------------------------------------------------------------------------------
+// element types and reductions
+
+size_t comm_type_size(CommType t) {
+    static const size_t sizes[CT_NTYPES] = { 4, 2, 4, 8 };
+    return sizes[t];
+}
+const char *comm_type_name(CommType t) {
+    static const char *names[CT_NTYPES] = { "fp32", "bf16", "int32", "int64" };
+    return names[t];
+}
+const char *comm_op_name(CommOp op) {
+    static const char *names[CT_NOPS] = { "sum", "avg", "max" };
+    return names[op];
+}
+static size_t acc_size(CommType t) { return t == CT_BF16 ? 4 : comm_type_size(t); }
+
+// acc = in (the first contribution) or acc (op)= in, elementwise; bf16 accumulates in fp32.
+static void reduce_fn(const NetReduce *r, void *accp, const void *inp, size_t n) {
+    int mx = r->op == OP_MAX, first = r->first;
+    switch ((CommType)r->type) {
+    case CT_F32: {
+        float *a = accp;
+        const float *x = inp;
+        if (first) memcpy(a, x, n * 4);
+        else if (mx) for (size_t i = 0; i < n; i++) a[i] = x[i] > a[i] ? x[i] : a[i];
+        else for (size_t i = 0; i < n; i++) a[i] += x[i];
+        break;
+    }
+    case CT_BF16: {
+        float *a = accp;
+        const uint16_t *x = inp;
+        for (size_t i = 0; i < n; i++) {
+            float v = bf16_to_f32(x[i]);
+            a[i] = first ? v : mx ? (v > a[i] ? v : a[i]) : a[i] + v;
+        }
+        break;
+    }
+    case CT_I32: {
+        int32_t *a = accp;
+        const int32_t *x = inp;
+        if (first) memcpy(a, x, n * 4);
+        else if (mx) for (size_t i = 0; i < n; i++) a[i] = x[i] > a[i] ? x[i] : a[i];
+        else for (size_t i = 0; i < n; i++) a[i] = (int32_t)((uint32_t)a[i] + (uint32_t)x[i]);
+        break;
+    }
+    case CT_I64: {
+        int64_t *a = accp;
+        const int64_t *x = inp;
+        if (first) memcpy(a, x, n * 8);
+        else if (mx) for (size_t i = 0; i < n; i++) a[i] = x[i] > a[i] ? x[i] : a[i];
+        else for (size_t i = 0; i < n; i++) a[i] = (int64_t)((uint64_t)a[i] + (uint64_t)x[i]);
+        break;
+    }
+    default:
+        die("internal: bad comm type %d", r->type);
+    }
+}
+
+// out = acc (divided by n for avg), rounded once to bf16; past the cache for a large operation.
+static void finish_acc(void *out, const void *accp, size_t n, CommType t, CommOp op, int ranks, int streaming) {
+    int avg = op == OP_AVG;
+    switch (t) {
+    case CT_F32: {
+        const float *a = accp;
+        float *o = out;
+        if (!avg) streaming ? copy_streaming(o, a, n * 4) : (void)memcpy(o, a, n * 4);
+        else for (size_t i = 0; i < n; i++) o[i] = a[i] / (float)ranks;
+        break;
+    }
+    case CT_BF16: {
+        const float *a = accp;
+        uint16_t *o = out;
+        for (size_t i = 0; i < n; i++) o[i] = f32_to_bf16(avg ? a[i] / (float)ranks : a[i]);
+        break;
+    }
+    case CT_I32: {
+        const int32_t *a = accp;
+        int32_t *o = out;
+        for (size_t i = 0; i < n; i++) o[i] = avg ? a[i] / ranks : a[i];
+        break;
+    }
+    case CT_I64: {
+        const int64_t *a = accp;
+        int64_t *o = out;
+        for (size_t i = 0; i < n; i++) o[i] = avg ? a[i] / ranks : a[i];
+        break;
+    }
+    default:
+        die("internal: bad comm type %d", (int)t);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// operations: their geometry
+
+
+typedef struct {
+    size_t off, len;
+} Range;
+
+// Segment k of n over count elements: [k·ceil(count/n), ...) cut at count (possibly empty).
+static Range segment(size_t count, int n, int k) {
+    size_t seg = (count + (size_t)n - 1) / (size_t)n, a = (size_t)k * seg, b = a + seg;
+    if (a > count) a = count;
+    if (b > count) b = count;
+    return (Range){ a, b - a };
+}
+static size_t nchunks(size_t len, size_t chunk) { return (len + chunk - 1) / chunk; }
+static size_t chunk_len(size_t len, size_t chunk, size_t j) { return len - j * chunk < chunk ? len - j * chunk : chunk; }
+static int slot_of_peer(int me, int k) { return k < me ? k : k - 1; } // index among the n-1 others
+
+static NetReq *alloc_reqs(CommRequest *q, size_t n) {
+    q->nnr = n;
+    q->nr = n <= INLINE_REQS ? q->inline_nr : xcalloc(n, sizeof(NetReq));
+    if (n <= INLINE_REQS) memset(q->nr, 0, n * sizeof(NetReq));
+    return q->nr;
+}
+
+static NetReq *req(NetReq *r, int peer, const void *buf, size_t bytes, const NetReduce *red) {
+    *r = (NetReq){ .buf = (void *)buf, .bytes = bytes, .reduce = red, .peer = peer };
+    return r;
+}
+
+// An operation too large to stay in the cache: its copies go past it (copy_streaming).
+static int streaming(const CommRequest *q) { return q->count * comm_type_size(q->t) >= STREAM_BYTES; }
+
+static int overlaps(const void *a, size_t an, const void *b, size_t bn) {
+    return an && bn && (const char *)a < (const char *)b + bn && (const char *)b < (const char *)a + an;
+}
+
+// The input the peers read, as seen from the outputs this rank writes while they may still read it.
+// An exact in-place all-reduce, or a reduce-scatter into its own segment, is safe: a rank writes
+// another rank's segment only after that rank has read it. A small all-reduce in place waits for its
+// sends before writing (hold_finish). Any other overlap reduces from a private copy.
+static const void *private_input(Comm *c, CommRequest *q) {
+    int n = c->size;
+    size_t es = comm_type_size(q->t), bytes = q->count * es;
+    Range own = q->small ? (Range){ 0, q->count } : segment(q->count, n, c->rank);
+    const char *in = q->send, *out = q->kind == REQ_REDUCE_SCATTER ? (const char *)q->recv : (const char *)q->recv + own.off * es;
+    int copy;
+    if (q->small) {
+        q->hold_finish = overlaps(out, own.len * es, in, bytes);
+        return in;
+    }
+    if (q->kind == REQ_ALLREDUCE) copy = in != (const char *)q->recv && overlaps(q->recv, bytes, in, bytes);
+    else copy = overlaps(out, own.len * es, in, own.off * es) ||
+                overlaps(out, own.len * es, in + (own.off + own.len) * es, bytes - (own.off + own.len) * es);
+    if (!copy) return in;
+    if (c->work_bytes < bytes) {
+        hostmem_free(c->work);
+        c->work = hostmem_alloc(bytes);
+        if (!c->work) die("out of memory: %zu bytes for a %s", bytes, REQ_NAMES[q->kind]);
+        c->work_bytes = bytes;
+    }
+    memcpy(c->work, in, bytes);
+    return c->work;
+}
+
+// ---------------------------------------------------------------------------------------------
+// small collectives through the slots: every rank writes its input once into its own slot, and each
+// reads the others' in place and adds all n in rank order, so a small all-reduce costs one exchange
+// of cache lines. Whether an operation goes this way depends only on the operation and the
+// communicator, so every member decides alike.
+
+static int slot_eligible(const Comm *c, int kind, size_t count, CommType t) {
+    return c->slots && (kind == REQ_ALLREDUCE || kind == REQ_REDUCE_SCATTER || kind == REQ_ALLGATHER) &&
+           count * comm_type_size(t) <= NET_SLOT_BYTES;
+}
+
+static NetSlot *slot_of(Comm *c, int rank, int parity) {
+    int me = c->rank;
+    NetConn *any = c->conn[me == 0 ? 1 : 0];
+    return rank == me ? any->ops->slot(any, 1, parity) : c->conn[rank]->ops->slot(c->conn[rank], 0, parity);
+}
+
+static void slot_post(Comm *c, CommRequest *q) {
+    size_t es = comm_type_size(q->t);
+    q->seq = ++c->slot_seq;
+    NetSlot *s = slot_of(c, c->rank, (int)(q->seq & 1));
+    if (q->kind == REQ_ALLGATHER) {
+        Range mine = segment(q->count, c->size, c->rank);
+        memcpy(s->data, q->send, mine.len * es);
+    } else if (q->count) {
+        memcpy(s->data, q->send, q->count * es);
+    }
+    atomic_store_explicit(&s->seq, q->seq, memory_order_release);
+    for (int r = 0; r < c->size; r++)
+        if (c->conn[r]) c->conn[r]->ops->notify(c->conn[r]);
+}
+
+// 1 once every peer's slot holds this operation (then the result is written); 0 while one does not.
+static int slot_try_finish(Comm *c, CommRequest *q) {
+    int n = c->size, parity = (int)(q->seq & 1);
+    for (int r = 0; r < n; r++)
+        if (r != c->rank && atomic_load_explicit(&slot_of(c, r, parity)->seq, memory_order_acquire) != q->seq) {
+            q->slot_peer = r;
+            return 0;
+        }
+    size_t es = comm_type_size(q->t);
+    if (q->kind == REQ_ALLGATHER) {
+        for (int r = 0; r < n; r++) {
+            Range s = segment(q->count, n, r);
+            memcpy((char *)q->recv + s.off * es, slot_of(c, r, parity)->data, s.len * es);
+        }
+    } else {
+        Range out = q->kind == REQ_REDUCE_SCATTER ? segment(q->count, n, c->rank) : (Range){ 0, q->count };
+        NetReduce red = { es, acc_size(q->t), 1, reduce_fn, q->t, q->op };
+        for (int r = 0; r < n; r++, red.first = 0) red.fn(&red, c->acc, slot_of(c, r, parity)->data + out.off * es, out.len);
+        finish_acc(q->recv, c->acc, out.len, q->t, q->op, n, 0);
+    }
+    q->slot_done = 1;
+    return 1;
+}
+
+void op_start(Comm *c, CommRequest *q) {
+    int n = c->size, me = c->rank;
+    size_t es = comm_type_size(q->t);
+    c->op = REQ_NAMES[q->kind];
+    if (slot_eligible(c, q->kind, q->count, q->t)) {
+        q->slot = 1;
+        slot_post(c, q);
+        return;
+    }
+    if (q->kind == REQ_SEND || q->kind == REQ_RECV) {
+        NetReq *r = req(alloc_reqs(q, 1), q->peer, q->kind == REQ_SEND ? q->send : q->recv, q->count, NULL);
+        if (q->kind == REQ_SEND) net_post_send(c->conn[q->peer], r);
+        else net_post_recv(c->conn[q->peer], r);
+        return;
+    }
+    if (q->kind == REQ_BROADCAST) {
+        size_t bytes = q->count * es;
+        if (n == 1 || bytes == 0) return (void)alloc_reqs(q, 0);
+        if (me == q->root) { // every rank reads the root's buffer (single-copy inside a node)
+            NetReq *r = alloc_reqs(q, (size_t)n - 1);
+            for (int p = 0, i = 0; p < n; p++)
+                if (p != me) net_post_send(c->conn[p], req(&r[i++], p, q->recv, bytes, NULL));
+        } else {
+            net_post_recv(c->conn[q->root], req(alloc_reqs(q, 1), q->root, q->recv, bytes, NULL));
+        }
+        return;
+    }
+    if (q->kind == REQ_ALLGATHER) {
+        Range mine = segment(q->count, n, me);
+        if (mine.len && (const char *)q->send != (char *)q->recv + mine.off * es)
+            streaming(q) && !overlaps((char *)q->recv + mine.off * es, mine.len * es, q->send, mine.len * es)
+                ? copy_streaming((char *)q->recv + mine.off * es, q->send, mine.len * es)
+                : (void)memmove((char *)q->recv + mine.off * es, q->send, mine.len * es);
+        if (n == 1) return (void)alloc_reqs(q, 0);
+        size_t ch = CHUNK_BYTES / es, total = 0;
+        for (int p = 0; p < n; p++) total += nchunks(segment(q->count, n, p).len, ch);
+        NetReq *r = alloc_reqs(q, total - nchunks(mine.len, ch) + (size_t)(n - 1) * nchunks(mine.len, ch));
+        size_t i = 0;
+        for (int p = 0; p < n; p++) {
+            if (p == me) continue;
+            for (size_t j = 0; j < nchunks(mine.len, ch); j++)
+                net_post_send(c->conn[p], req(&r[i++], p, (const char *)q->send + j * ch * es, chunk_len(mine.len, ch, j) * es, NULL));
+            Range s = segment(q->count, n, p);
+            for (size_t j = 0; j < nchunks(s.len, ch); j++) {
+                NetReq *x = req(&r[i++], p, (char *)q->recv + (s.off + j * ch) * es, chunk_len(s.len, ch, j) * es, NULL);
+                x->streaming = streaming(q);
+                net_post_recv(c->conn[p], x);
+            }
+        }
+        return;
+    }
+    // all-reduce and reduce-scatter: every rank's contribution goes to the owner of its range
+    q->small = q->kind == REQ_ALLREDUCE && q->count * es <= SMALL_BYTES;
+    q->send = private_input(c, q);
+    size_t ch = CHUNK_BYTES / acc_size(q->t);
+    q->chunk = ch;
+    q->red_first = (NetReduce){ es, acc_size(q->t), 1, reduce_fn, q->t, q->op };
+    q->red_rest = q->red_first;
+    q->red_rest.first = 0;
+    Range mine = q->small ? (Range){ 0, q->count } : segment(q->count, n, me);
+    q->own_off = mine.off;
+    q->own_len = mine.len;
+    q->rnch = nchunks(mine.len, ch);
+    size_t nsend = 0;
+    for (int p = 0; p < n; p++)
+        if (p != me) nsend += nchunks(q->small ? q->count : segment(q->count, n, p).len, ch);
+    int gather = q->kind == REQ_ALLREDUCE && !q->small;
+    size_t nag_recv = 0;
+    if (gather)
+        for (int p = 0; p < n; p++)
+            if (p != me) nag_recv += nchunks(segment(q->count, n, p).len, ch);
+    size_t nag_send = gather ? (size_t)(n - 1) * q->rnch : 0;
+    NetReq *r = alloc_reqs(q, nsend + q->rnch * (size_t)(n - 1) + nag_send + nag_recv);
+    size_t i = 0;
+    for (int p = 0; p < n; p++) {
+        if (p == me) continue;
+        Range s = q->small ? (Range){ 0, q->count } : segment(q->count, n, p);
+        for (size_t j = 0; j < nchunks(s.len, ch); j++)
+            net_post_send(c->conn[p], req(&r[i++], p, (const char *)q->send + (s.off + j * ch) * es, chunk_len(s.len, ch, j) * es, NULL));
+    }
+    q->nsend = i;
+    q->rrecv = r + i;
+    q->ag_send = q->rrecv + q->rnch * (size_t)(n - 1);
+    q->ag_recv = q->ag_send + nag_send;
+    q->n_ag_send = nag_send;
+    q->n_ag_recv = nag_recv;
+    q->rj = 0;
+    q->rk = 0;
+    q->posted = 0;
+    q->ag_posted = !gather;
+}
+
+// Where the owner's finished chunk j goes.
+static char *owned_out(const CommRequest *q, size_t j) {
+    size_t es = comm_type_size(q->t);
+    if (q->kind == REQ_REDUCE_SCATTER) return (char *)q->recv + j * q->chunk * es;
+    return (char *)q->recv + (q->own_off + j * q->chunk) * es;
+}
+
+// The owner's reduction, contribution by contribution in rank order; returns 1 when it moved.
+static int advance_reduction(Comm *c, CommRequest *q) {
+    int n = c->size, me = c->rank, moved = 0;
+    size_t es = comm_type_size(q->t);
+    while (q->rj < q->rnch) {
+        size_t clen = chunk_len(q->own_len, q->chunk, q->rj);
+        if (q->rk == n) { // every contribution is in: round, and pass the chunk on in an all-reduce
+            if (q->hold_finish) { // in place: the peers must have the input before it is overwritten
+                for (size_t i = 0; i < q->nsend; i++)
+                    if (!q->nr[i].complete) return moved;
+            }
+            char *out = owned_out(q, q->rj);
+            finish_acc(out, c->acc, clen, q->t, q->op, n, streaming(q));
+            if (q->n_ag_send)
+                for (int p = 0, i = 0; p < n; p++)
+                    if (p != me) {
+                        NetReq *r = &q->ag_send[q->rj * (size_t)(n - 1) + (size_t)i++];
+                        net_post_send(c->conn[p], req(r, p, out, clen * es, NULL));
+                    }
+            q->rj++;
+            q->rk = 0;
+            moved = 1;
+            continue;
+        }
+        const NetReduce *red = q->rk == 0 ? &q->red_first : &q->red_rest;
+        if (q->rk == me) {
+            red->fn(red, c->acc, (const char *)q->send + (q->own_off + q->rj * q->chunk) * es, clen);
+            q->rk++;
+            moved = 1;
+            continue;
+        }
+        NetReq *r = &q->rrecv[q->rj * (size_t)(n - 1) + (size_t)slot_of_peer(me, q->rk)];
+        if (!q->posted) {
+            net_post_recv(c->conn[q->rk], req(r, q->rk, c->acc, clen * es, red));
+            q->posted = 1;
+            int m = 0;
+            c->conn[q->rk]->ops->progress(c->conn[q->rk], &m);
+        }
+        if (!r->complete) break;
+        q->posted = 0;
+        q->rk++;
+        moved = 1;
+    }
+    if (q->rj == q->rnch && !q->ag_posted) { // the all-gather's receives follow the reduction's, in order
+        q->ag_posted = 1;
+        size_t i = 0;
+        size_t ch = q->chunk;
+        for (int p = 0; p < n; p++) {
+            if (p == me) continue;
+            Range s = segment(q->count, n, p);
+            for (size_t j = 0; j < nchunks(s.len, ch); j++) {
+                NetReq *x = req(&q->ag_recv[i++], p, (char *)q->recv + (s.off + j * ch) * es, chunk_len(s.len, ch, j) * es, NULL);
+                x->streaming = streaming(q);
+                net_post_recv(c->conn[p], x);
+            }
+        }
+        moved = 1;
+    }
+    return moved;
+}
+
+int op_advance(Comm *c, CommRequest *q) {
+    int moved = 0;
+    if (q->slot && !q->slot_done) moved |= slot_try_finish(c, q);
+    if (q->rrecv) moved |= advance_reduction(c, q);
+    return moved;
+}
+
+int op_complete(CommRequest *q) {
+    if (q->slot) return q->slot_done;
+    if (q->rrecv && (q->rj < q->rnch || !q->ag_posted)) return 0;
+    while (q->scan < q->nnr && q->nr[q->scan].complete) q->scan++;
+    // transfers planned but not yet posted count as incomplete: they are zeroed, complete == 0
+    return q->scan == q->nnr;
+}
+
+int op_waits_for(const CommRequest *q) {
+    if (q->slot) return q->slot_peer;
+    if (q->rrecv && q->rj < q->rnch && q->posted) return q->rk;
+    for (size_t i = q->scan; i < q->nnr; i++)
+        if (!q->nr[i].complete && (q->nr[i].buf || q->nr[i].bytes)) return q->nr[i].peer;
+    return q->kind == REQ_SEND || q->kind == REQ_RECV ? q->peer : -1;
+}
+
+void op_release(CommRequest *q) {
+    if (q->nr != q->inline_nr) free(q->nr);
+    q->nr = NULL;
+}
+
