@@ -281,8 +281,10 @@ int launch_local(int nproc, int argc, char **argv, LaunchResult *result) {
             sigset_t m = orig;
             sigaddset(&m, SIGUSR1);
             sigprocmask(SIG_SETMASK, &m, NULL);
-            // the rank dies with its launcher, even when that is killed outright
-            if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || getppid() != launcher) _exit(1);
+            // the rank dies with its launcher, even when that is killed outright; it has a process group
+            // of its own, so that a signal to the launcher's group (Ctrl-C, kill -- -PGID) reaches it once,
+            // passed on by the launcher, not twice
+            if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || getppid() != launcher || setpgid(0, 0) != 0) _exit(1);
             char buf[32];
             snprintf(buf, sizeof buf, "%d", r);
             setenv("RANK", buf, 1);
