@@ -4,8 +4,8 @@
 //
 // Buckets are contiguous ranges of whole units (see model.h), formed in backward order. Within bucket
 // b of n elements, data-parallel rank d owns the segment [d·⌈n/DP⌉, (d+1)·⌈n/DP⌉) ∩ [0, n): the one a
-// ring reduce-scatter leaves on it. Every stage computes the same reduced values in the same order,
-// so all four stages give bitwise identical parameters for a given DP size.
+// reduce-scatter leaves on it. The collectives add the ranks' gradients in rank order element by
+// element, so every stage and every bucket size gives bitwise identical parameters for a given DP size.
 //   ZeRO-0: gradients all-reduced; every rank keeps full master weights and moments.
 //   ZeRO-1: gradients reduce-scattered; each rank keeps and updates only its shard of the master
 //           weights and moments, then the updated working weights are all-gathered, bucket by bucket
