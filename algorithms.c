@@ -171,12 +171,7 @@ static const void *private_input(Comm *c, CommRequest *q) {
     else copy = overlaps(out, own.len * es, in, own.off * es) ||
                 overlaps(out, own.len * es, in + (own.off + own.len) * es, bytes - (own.off + own.len) * es);
     if (!copy) return in;
-    if (c->work_bytes < bytes) {
-        hostmem_free(c->work);
-        c->work = hostmem_alloc(bytes);
-        if (!c->work) die("out of memory: %zu bytes for a %s", bytes, REQ_NAMES[q->kind]);
-        c->work_bytes = bytes;
-    }
+    comm_grow_work(c, bytes, REQ_NAMES[q->kind]);
     memcpy(c->work, in, bytes);
     return c->work;
 }

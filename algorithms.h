@@ -49,6 +49,7 @@ struct Comm {
     unsigned char *acc;       // one chunk's accumulator
     unsigned char *work;      // a private copy of an input that its own output overlaps
     size_t work_bytes;
+    MemAccount *work_acct;    // where work comes from (comm_count_memory); NULL: uncounted
     _Atomic uint64_t busy_ns; // time operations were running
 };
 
@@ -80,6 +81,8 @@ struct CommRequest {
     NetReq inline_nr[INLINE_REQS]; // last: submit() clears everything before it
 };
 
+// Makes the work area at least `bytes` (its contents are not kept).
+void comm_grow_work(Comm *c, size_t bytes, const char *what);
 // Plans and posts what an operation can post at once.
 void op_start(Comm *c, CommRequest *q);
 // Advances what an operation does itself (the owner's reduction, reading the slots); 1 when it moved.

@@ -454,6 +454,11 @@ static void enqueue(Ckpt *c, const Job *j) {
     pthread_mutex_unlock(&c->mu);
 }
 
+void ckpt_alloc_staging(MemAccount *a, const Zero *z, float *snap[3]) {
+    static const char *const what[3] = { "checkpoint staging (master)", "checkpoint staging (m)", "checkpoint staging (v)" };
+    for (int i = 0; i < 3; i++) snap[i] = mem_host_alloc(a, MEM_OTHER, sizeof(float) * (z->shard_elems + 1), what[i]);
+}
+
 Ckpt *ckpt_open(const char *dir, GPT2 *model, Zero *zero, Comm *world, int keep) {
     Ckpt *c = xcalloc(1, sizeof(Ckpt));
     snprintf(c->dir, sizeof c->dir, "%s", dir);
@@ -468,9 +473,9 @@ Ckpt *ckpt_open(const char *dir, GPT2 *model, Zero *zero, Comm *world, int keep)
         collect_runs(model, zero->own_off[b], zero->own_off[b] + zero->own_len[b], zero->shard_pos[b], 1, c->own);
     c->shard_elems = zero->shard_elems;
     // touched now, so that the first checkpoint's stall does not include the page faults
-    c->snap_master = xmalloc(sizeof(float) * (c->shard_elems + 1));
-    c->snap_m = xmalloc(sizeof(float) * (c->shard_elems + 1));
-    c->snap_v = xmalloc(sizeof(float) * (c->shard_elems + 1));
+    float *snap[3];
+    ckpt_alloc_staging(&model->mem, zero, snap);
+    c->snap_master = snap[0], c->snap_m = snap[1], c->snap_v = snap[2];
     memset(c->snap_master, 0, sizeof(float) * c->shard_elems);
     memset(c->snap_m, 0, sizeof(float) * c->shard_elems);
     memset(c->snap_v, 0, sizeof(float) * c->shard_elems);
@@ -685,9 +690,9 @@ void ckpt_close(Ckpt *c) {
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->cv);
     runs_free(c->own);
-    free(c->snap_master);
-    free(c->snap_m);
-    free(c->snap_v);
+    mem_free(&c->model->mem, c->snap_master);
+    mem_free(&c->model->mem, c->snap_m);
+    mem_free(&c->model->mem, c->snap_v);
     free(c);
 }
 

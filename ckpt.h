@@ -94,6 +94,9 @@ typedef struct {
 // Writer of the checkpoints of this rank: computes the runs it owns and starts its writer thread.
 // keep: complete checkpoints kept (0: all).
 Ckpt *ckpt_open(const char *dir, GPT2 *model, Zero *zero, Comm *world, int keep);
+// The host staging a checkpoint copies this rank's state into (master weights and moments: 12 bytes per
+// parameter the rank owns), from account a as "other" (ckpt_open; ./train plan --exact, dry).
+void ckpt_alloc_staging(MemAccount *a, const Zero *z, float *snap[3]);
 // Called at every step boundary by every rank, then combined over the world with OP_MAX: 1 while this
 // rank's shard of the checkpoint in flight is still being written.
 int32_t ckpt_writing(Ckpt *c);

@@ -192,6 +192,33 @@ int comm_size(const Comm *c) { return c->size; }
 int comm_world_rank(const Comm *c, int r) { return c->world_ranks[r]; }
 const char *comm_name(const Comm *c) { return c->name; }
 
+// ---------------------------------------------------------------------------------------------
+// the work area (see comm_count_memory)
+
+static void set_work(Comm *c, size_t bytes, MemAccount *acct, const char *what) {
+    if (c->work_acct) mem_free(c->work_acct, c->work);
+    else hostmem_free(c->work);
+    c->work = NULL;
+    c->work_bytes = 0;
+    c->work_acct = acct;
+    if (!bytes) return;
+    if (acct) {
+        c->work = mem_host_alloc(acct, MEM_COMM, bytes, "collectives' work area");
+    } else {
+        c->work = hostmem_alloc(bytes);
+        if (!c->work) die("out of memory: %zu bytes for a %s", bytes, what);
+    }
+    c->work_bytes = bytes;
+}
+
+void comm_grow_work(Comm *c, size_t bytes, const char *what) {
+    if (c->work_bytes < bytes) set_work(c, bytes, c->work_acct, what);
+}
+
+void comm_count_memory(Comm *c, MemAccount *acct) {
+    if (c && c->work_acct != acct) set_work(c, acct ? c->work_bytes : 0, acct, "work area");
+}
+
 void comm_destroy(Comm *c) {
     if (!c) return;
     pthread_mutex_lock(&c->mu);
@@ -206,7 +233,7 @@ void comm_destroy(Comm *c) {
     free(c->conn);
     free(c->world_ranks);
     free(c->acc);
-    hostmem_free(c->work);
+    set_work(c, 0, NULL, NULL);
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->work_cv);
     pthread_cond_destroy(&c->done_cv);

@@ -15,6 +15,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "mem.h"
+
 typedef enum { CT_F32 = 0, CT_BF16, CT_I32, CT_I64, CT_NTYPES } CommType;
 typedef enum { OP_SUM = 0, OP_AVG, OP_MAX, CT_NOPS } CommOp;
 
@@ -86,6 +88,16 @@ int comm_world_rank(const Comm *comm, int rank); // world rank of a member
 const char *comm_name(const Comm *comm);
 // Seconds this communicator's progress thread has spent running operations (for comm_ms).
 double comm_busy_seconds(Comm *comm);
+
+// An all-reduce or reduce-scatter whose output overlaps its input otherwise than exactly in place (or,
+// for a reduce-scatter, in this rank's own segment) reduces from a private copy of the input: the
+// communicator's work area, registered host memory that grows and is kept. comm_count_memory(c, acct)
+// makes it come from acct from now on (the rank's memory account, as comm buffers), freeing the one it
+// had; acct NULL frees it and returns to uncounted memory, which must happen before acct goes away.
+// Call it while no operation is in flight on c; c NULL (a dry build) does nothing. The trainer's own
+// collectives are in place, into their own segment or into a separate buffer, so during training the
+// area stays empty: counting it keeps the account whole should one ever need it.
+void comm_count_memory(Comm *c, MemAccount *acct);
 
 // Asynchronous collectives. Buffers must stay valid until the request completes. count is in
 // elements; send == recv is in place. For reduce_scatter, recv holds ceil(count/n) elements: rank r

@@ -417,6 +417,13 @@ static void matmul_fwd_t(void *out, void *pre, const void *inp, const void *weig
     }
 }
 
+static void cu_gelu_fwd(DType dt, void *out, const void *inp, size_t n) {
+    if (!n) return;
+    if (dt == DT_BF16) gelu_fwd_kernel<bf16s><<<ew_blocks(n, 256), 256>>>((bf16s *)out, (const bf16s *)inp, n);
+    else gelu_fwd_kernel<float><<<ew_blocks(n, 256), 256>>>((float *)out, (const float *)inp, n);
+    check_launch("gelu_fwd_kernel");
+}
+
 static void cu_matmul_fwd(DType dt, void *out, void *pre, const void *inp, const void *weight, const void *bias, int N,
                           int C, int OC) {
     if (dt == DT_BF16) matmul_fwd_t<bf16s>(out, pre, inp, weight, bias, N, C, OC);
@@ -1251,6 +1258,7 @@ static void fill_table(Backend *b) {
     b->layernorm_bwd = cu_layernorm_bwd;
     b->matmul_fwd = cu_matmul_fwd;
     b->matmul_bwd = cu_matmul_bwd;
+    b->gelu_fwd = cu_gelu_fwd;
     b->attention_fwd = cu_attention_fwd;
     b->attention_bwd = cu_attention_bwd;
     b->attention_block_fwd = cu_attention_block_fwd;

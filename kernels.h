@@ -105,6 +105,9 @@ typedef struct Backend {
     // dweight += doutᵀ · inp; dbias += column sums of dout (skipped when dbias is NULL).
     void (*matmul_bwd)(DType dt, void *dinp, float *dweight, float *dbias, const void *dout,
                        const void *inp, const void *weight, const void *gelu_pre, int N, int C, int OC);
+    // out[i] = gelu(inp[i]) (tanh approximation), bitwise what matmul_fwd's GELU epilogue stores for the same
+    // stored pre-activation (selective recompute rebuilds GELU's output from its kept input)
+    void (*gelu_fwd)(DType dt, void *out, const void *inp, size_t n);
     // Causal multi-head attention, flash style (no T x T buffer). qkv[B,T,3C] holds q, k, v, each
     // [NH heads][C/NH]; out[B,T,C]; lse[B,NH,T] (fp32) keeps each row's log-sum-exp of the scaled
     // scores for the backward.

@@ -679,6 +679,24 @@ static void colsum_add(DType dt, float *dst, const void *x, int N, int C) {
     }
 }
 
+// GELU of stored values, through the epilogue's own gelu_row, so that the bits match it
+#define GELU_CHUNK 1024
+static void cpu_gelu_fwd(DType dt, void *out, const void *inp, size_t n) {
+    size_t nchunks = (n + GELU_CHUNK - 1) / GELU_CHUNK;
+#pragma omp parallel
+    {
+        float x[GELU_CHUNK];
+#pragma omp for schedule(static)
+        for (size_t c = 0; c < nchunks; c++) {
+            size_t off = c * GELU_CHUNK;
+            int len = n - off < GELU_CHUNK ? (int)(n - off) : GELU_CHUNK;
+            row_load(dt, inp, off, len, x);
+            gelu_row(x, len);
+            row_store(dt, out, off, len, x);
+        }
+    }
+}
+
 static void cpu_matmul_fwd(DType dt, void *out, void *pre, const void *inp, const void *weight, const void *bias, int N,
                            int C, int OC) {
     View A = { dt, inp, (size_t)C, 1 };
@@ -1326,6 +1344,7 @@ static const Backend CPU_BACKEND = {
     .layernorm_bwd = cpu_layernorm_bwd,
     .matmul_fwd = cpu_matmul_fwd,
     .matmul_bwd = cpu_matmul_bwd,
+    .gelu_fwd = cpu_gelu_fwd,
     .attention_fwd = cpu_attention_fwd,
     .attention_bwd = cpu_attention_bwd,
     .attention_block_fwd = cpu_attention_block_fwd,

@@ -14,14 +14,7 @@ const char *const PARAM_NAMES[NUM_PARAM_TENSORS] = {
     "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
     "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb",
 };
-const char *const MEM_NAMES[MEM_NCAT] = { "weights", "gradients", "optimizer", "activations", "comm buffers" };
-
-void *mem_alloc(MemAccount *acct, int category, size_t bytes, const char *what) {
-    void *p = acct->be->alloc(bytes);
-    if (!p) die("out of %s memory allocating %zu bytes for %s", acct->be->name, bytes, what);
-    acct->bytes[category] += bytes;
-    return p;
-}
+const char *const RECOMPUTE_NAMES[3] = { "none", "selective", "full" };
 
 size_t gpt2_param_layout(const GPT2Config *cfg, size_t sizes[NUM_PARAM_TENSORS], size_t offsets[NUM_PARAM_TENSORS]) {
     size_t C = (size_t)cfg->C, L = (size_t)cfg->L;
@@ -278,9 +271,13 @@ static size_t full_index(const GPT2 *m, int r, int k, int l, size_t i) {
     }
 }
 
-static int layer_global(const GPT2 *m, int l) {
+static int chunk_of(const GPT2 *m, int l) {
     int c = 0;
     while (c + 1 < m->nchunks && l >= m->chunk_l0[c + 1]) c++;
+    return c;
+}
+static int layer_global(const GPT2 *m, int l) {
+    int c = chunk_of(m, l);
     return m->chunk_g0[c] + l - m->chunk_l0[c];
 }
 
@@ -326,17 +323,16 @@ void gpt2_gather_full(const GPT2 *m, const float *local, float *file) {
 void gpt2_build(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, int B, int T, int own_params, int own_grads,
                 const Placement *pl) {
     memset(m, 0, sizeof *m);
-    Comm *tp = pl->tp;
     int sp = pl->sp;
-    m->pp_comm = pl->pp && comm_size(pl->pp) > 1 ? pl->pp : NULL;
-    m->pp = m->pp_comm ? comm_size(pl->pp) : 1;
-    m->pp_rank = m->pp_comm ? comm_rank(pl->pp) : 0;
-    m->nchunks = m->pp_comm ? pl->nchunks : 1;
+    m->pp = pl->pp_size > 1 ? pl->pp_size : 1;
+    m->pp_comm = m->pp > 1 ? pl->pp : NULL;
+    m->pp_rank = m->pp > 1 ? pl->pp_rank : 0;
+    m->nchunks = m->pp > 1 ? pl->nchunks : 1;
     if (m->nchunks < 1 || m->nchunks > MAX_CHUNKS) die("internal: %d chunks per stage", m->nchunks);
     m->nl = 0;
     for (int k = 0; k < m->nchunks; k++) {
-        m->chunk_g0[k] = m->pp_comm ? pl->chunk_first[k] : 0;
-        m->chunk_nl[k] = m->pp_comm ? pl->chunk_len[k] : cfg->L;
+        m->chunk_g0[k] = m->pp > 1 ? pl->chunk_first[k] : 0;
+        m->chunk_nl[k] = m->pp > 1 ? pl->chunk_len[k] : cfg->L;
         m->chunk_l0[k] = m->nl;
         m->nl += m->chunk_nl[k];
     }
@@ -344,15 +340,16 @@ void gpt2_build(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, int
     m->last = m->pp_rank == m->pp - 1;
     m->embed_comm = pl->embed;
     m->nslots = pl->nslots > 0 ? pl->nslots : 1;
+    m->recompute = pl->recompute;
     m->cfg = *cfg;
     m->dt = dt;
     m->be = be;
     m->B = B;
     m->T = T;
-    m->mem.be = be;
-    m->tp_comm = tp && comm_size(tp) > 1 ? tp : NULL;
-    m->tp = m->tp_comm ? comm_size(tp) : 1;
-    m->tp_rank = m->tp_comm ? comm_rank(tp) : 0;
+    mem_init(&m->mem, be);
+    m->tp = pl->tp_size > 1 ? pl->tp_size : 1;
+    m->tp_comm = m->tp > 1 ? pl->tp : NULL;
+    m->tp_rank = m->tp > 1 ? pl->tp_rank : 0;
     if (cfg->NH % m->tp) die("internal: tensor parallelism %d does not divide %d heads", m->tp, cfg->NH);
     m->sp = sp && m->tp > 1;
     if (m->sp && ((size_t)B * T) % m->tp) die("internal: sequence parallelism needs B*T divisible by %d", m->tp);
@@ -381,33 +378,43 @@ void gpt2_build(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, int
 
     size_t L = (size_t)m->nl, C = cfg->C, Ct = (size_t)m->C_tp, BT = (size_t)B * T, lse = (size_t)B * m->NH_tp * T;
     size_t R = m->sp ? BT / m->tp : BT; // rows of the residual stream on this rank
+    // what a micro-batch keeps per block: the block's output (the next block's input) always; the
+    // matmul inputs that are expensive to rebuild unless full recompute reruns the block; the LayerNorm
+    // outputs and GELU's output only without recompute
+    int keep_block = m->recompute != RECOMPUTE_FULL, keep_cheap = m->recompute == RECOMPUTE_NONE;
     m->slots = xcalloc((size_t)m->nslots, sizeof(Activations));
     for (int s = 0; s < m->nslots; s++) { // what a micro-batch keeps from its forward to its backward
         Activations *x = &m->slots[s];
 #define ACT(field, elems, esize) x->field = mem_alloc(a, MEM_ACTIVATIONS, (elems) * (esize), #field)
         ACT(encoded, m->nchunks * R * C, ds); // each chunk's input
-        ACT(ln1, L * R * C, ds);
-        ACT(ln1_mean, L * R, 4);
-        ACT(ln1_rstd, L * R, 4);
-        ACT(qkv, L * BT * 3 * Ct, ds);
-        ACT(atty, L * BT * Ct, ds);
-        ACT(lse, L * lse, 4); // attention keeps one log-sum-exp per row, never the T x T probabilities
-        ACT(residual2, L * R * C, ds);
-        ACT(ln2, L * R * C, ds);
-        ACT(ln2_mean, L * R, 4);
-        ACT(ln2_rstd, L * R, 4);
-        ACT(fch, L * BT * 4 * Ct, ds);
-        ACT(fch_gelu, L * BT * 4 * Ct, ds);
-        ACT(residual3, L * R * C, ds);
-        ACT(lnf, R * C, ds);
-        ACT(lnf_mean, R, 4);
-        ACT(lnf_rstd, R, 4);
-        ACT(logits, BT * m->Vp_tp, ds);
-        ACT(ce_max, BT, 4);
-        ACT(ce_sum, BT, 4);
-        ACT(ce_target, BT, 4);
-        ACT(inputs, BT, 4);
-        ACT(targets, BT, 4);
+        ACT(residual3, L * R * C, ds);        // each block's output
+        if (keep_block) {
+            ACT(ln1_mean, L * R, 4);
+            ACT(ln1_rstd, L * R, 4);
+            ACT(qkv, L * BT * 3 * Ct, ds);
+            ACT(atty, L * BT * Ct, ds);
+            ACT(lse, L * lse, 4); // attention keeps one log-sum-exp per row, never the T x T probabilities
+            ACT(residual2, L * R * C, ds);
+            ACT(ln2_mean, L * R, 4);
+            ACT(ln2_rstd, L * R, 4);
+            ACT(fch, L * BT * 4 * Ct, ds); // GELU's input
+        }
+        if (keep_cheap) {
+            ACT(ln1, L * R * C, ds);
+            ACT(ln2, L * R * C, ds);
+            ACT(fch_gelu, L * BT * 4 * Ct, ds);
+        }
+        if (m->last) { // the head
+            ACT(lnf, R * C, ds);
+            ACT(lnf_mean, R, 4);
+            ACT(lnf_rstd, R, 4);
+            ACT(logits, BT * m->Vp_tp, ds);
+            ACT(ce_max, BT, 4);
+            ACT(ce_sum, BT, 4);
+            ACT(ce_target, BT, 4);
+            ACT(targets, BT, 4);
+        }
+        if (m->first) ACT(inputs, BT, 4);
         ACT(dresidual, R * C, ds); // also what a pipeline stage sends back, so one per micro-batch
         if (s > 0) { // scratch lives only inside one forward or backward: shared
             Activations *x0 = &m->slots[0];
@@ -426,30 +433,55 @@ void gpt2_build(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, int
         }
 #undef ACT
     }
+    BlockScratch *r = &m->rc; // one block, rebuilt before its backward
+#define RC(field, elems, esize) r->field = mem_alloc(a, MEM_RECOMPUTE, (elems) * (esize), "recompute " #field)
+    if (m->recompute != RECOMPUTE_NONE) {
+        RC(ln1, R * C, ds); // selective: either LayerNorm's output, each rebuilt just before its use
+        RC(fch_gelu, BT * 4 * Ct, ds);
+    }
+    if (m->recompute == RECOMPUTE_FULL) {
+        RC(ln1_mean, R, 4);
+        RC(ln1_rstd, R, 4);
+        RC(qkv, BT * 3 * Ct, ds);
+        RC(atty, BT * Ct, ds);
+        RC(lse, lse, 4);
+        RC(residual2, R * C, ds);
+        RC(ln2, R * C, ds);
+        RC(ln2_mean, R, 4);
+        RC(ln2_rstd, R, 4);
+        RC(fch, BT * 4 * Ct, ds);
+    }
+#undef RC
+    comm_count_memory(m->tp_comm, a); // (no work area needed: see collectives.h)
     m->act = &m->slots[0];
-    m->logits_bytes = BT * m->Vp_tp * ds;
+    m->logits_bytes = m->last ? BT * m->Vp_tp * ds : 0;
 }
 
 void gpt2_free(GPT2 *m) {
-    const Backend *be = m->be;
+    MemAccount *a = &m->mem;
+    comm_count_memory(m->tp_comm, NULL);
     for (int s = 0; s < m->nslots; s++) {
         Activations *x = &m->slots[s];
         void *own[] = { x->encoded, x->ln1, x->ln1_mean, x->ln1_rstd, x->qkv, x->atty, x->lse, x->residual2, x->ln2,
                         x->ln2_mean, x->ln2_rstd, x->fch, x->fch_gelu, x->residual3, x->lnf, x->lnf_mean, x->lnf_rstd,
                         x->logits, x->ce_max, x->ce_sum, x->ce_target, x->inputs, x->targets, x->dresidual };
-        for (size_t i = 0; i < sizeof own / sizeof own[0]; i++) be->free(own[i]);
+        for (size_t i = 0; i < sizeof own / sizeof own[0]; i++) mem_free(a, own[i]);
         if (s > 0) continue;
         void *scratch[] = { x->partial, x->dbuf_c, x->dbuf_4c, x->dqkv, x->full, x->dshard, x->ln_grad };
-        for (size_t i = 0; i < sizeof scratch / sizeof scratch[0]; i++)
-            if (scratch[i]) be->free(scratch[i]);
+        for (size_t i = 0; i < sizeof scratch / sizeof scratch[0]; i++) mem_free(a, scratch[i]);
     }
+    BlockScratch *r = &m->rc;
+    void *rc[] = { r->ln1, r->qkv, r->atty, r->residual2, r->ln2, r->fch, r->fch_gelu, r->ln1_mean, r->ln1_rstd,
+                   r->ln2_mean, r->ln2_rstd, r->lse };
+    for (size_t i = 0; i < sizeof rc / sizeof rc[0]; i++) mem_free(a, rc[i]);
     free(m->slots);
-    if (m->params) be->free(m->params);
-    if (m->grads) be->free(m->grads);
+    mem_free(a, m->params);
+    mem_free(a, m->grads);
     free(m->unit_offset);
     free(m->unit_params);
     free(m->unit_grads);
-    free(m->stage_host);
+    mem_free(a, m->stage_host);
+    mem_destroy(a);
     memset(m, 0, sizeof *m);
 }
 
@@ -506,9 +538,9 @@ static void tp_collective(GPT2 *m, int kind, const void *send, void *recv, size_
         else comm_reduce_scatter(m->tp_comm, send, recv, n, t, OP_SUM);
         return;
     }
-    if (m->stage_bytes < n * es) {
-        free(m->stage_host);
-        m->stage_host = xmalloc(n * es);
+    if (m->stage_bytes < n * es) { // host memory: not the device's (mem.h)
+        mem_free(&m->mem, m->stage_host);
+        m->stage_host = mem_host_alloc(&m->mem, MEM_COMM, n * es, "tensor-parallel host staging");
         m->stage_bytes = n * es;
     }
     char *h = m->stage_host;
@@ -636,6 +668,76 @@ float gpt2_forward(GPT2 *m, const int32_t *inputs, const int32_t *targets, int B
     return gpt2_forward_chunk(m, 0, inputs, targets, B, T, 0.0f);
 }
 
+// Where block l's activations are during this pass: in the activation set (kept from the forward to the
+// backward) or, what recompute does not keep, in the block scratch (BlockScratch).
+typedef struct {
+    void *ln1, *qkv, *atty, *r2, *ln2, *fch, *fchg, *r3;
+    float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd, *lse;
+} BlockActs;
+
+// per-layer strides of the activation sets use the allocated B·T, so buffers stay where the backward
+// expects them whatever the micro-batch's shape
+static size_t rows_alloc(const GPT2 *m) { return (size_t)m->B * m->T / (m->sp ? m->tp : 1); }
+
+static BlockActs block_acts(const GPT2 *m, int l) {
+    const Activations *x = m->act;
+    const BlockScratch *s = &m->rc;
+    DType dt = m->dt;
+    size_t sR = rows_alloc(m), sRC = sR * m->cfg.C, sBTCt = (size_t)m->B * m->T * m->C_tp;
+    size_t sLse = (size_t)m->B * m->NH_tp * m->T;
+    BlockActs a = { .r3 = at(x->residual3, l * sRC, dt) };
+    if (m->recompute == RECOMPUTE_FULL) {
+        a.ln1 = s->ln1, a.qkv = s->qkv, a.atty = s->atty, a.r2 = s->residual2, a.ln2 = s->ln2, a.fch = s->fch;
+        a.fchg = s->fch_gelu, a.ln1_mean = s->ln1_mean, a.ln1_rstd = s->ln1_rstd, a.ln2_mean = s->ln2_mean;
+        a.ln2_rstd = s->ln2_rstd, a.lse = s->lse;
+        return a;
+    }
+    a.qkv = at(x->qkv, l * 3 * sBTCt, dt), a.atty = at(x->atty, l * sBTCt, dt), a.r2 = at(x->residual2, l * sRC, dt);
+    a.fch = at(x->fch, l * 4 * sBTCt, dt), a.lse = x->lse + l * sLse;
+    a.ln1_mean = x->ln1_mean + l * sR, a.ln1_rstd = x->ln1_rstd + l * sR;
+    a.ln2_mean = x->ln2_mean + l * sR, a.ln2_rstd = x->ln2_rstd + l * sR;
+    if (m->recompute == RECOMPUTE_SELECTIVE) {
+        a.ln1 = a.ln2 = s->ln1; // one buffer: each LayerNorm output is rebuilt just before its use
+        a.fchg = s->fch_gelu;
+    } else {
+        a.ln1 = at(x->ln1, l * sRC, dt), a.ln2 = at(x->ln2, l * sRC, dt), a.fchg = at(x->fch_gelu, l * 4 * sBTCt, dt);
+    }
+    return a;
+}
+
+// The input of block l (the residual stream): its chunk's input for the chunk's first block, else the
+// output of the block before it.
+static void *block_input(const GPT2 *m, int l) {
+    int c = chunk_of(m, l);
+    size_t sRC = rows_alloc(m) * m->cfg.C;
+    if (l == m->chunk_l0[c]) return at(m->act->encoded, (size_t)c * sRC, m->dt);
+    return at(m->act->residual3, (size_t)(l - 1) * sRC, m->dt);
+}
+
+// Block l from its first LayerNorm's output (a->ln1, written by the end of the block before it or the
+// start of the chunk) to GELU's output: QKV, attention, the attention projection, its residual add
+// fused with the second LayerNorm, the MLP's first matmul with GELU. The forward runs it, and full
+// recompute reruns it before the block's backward (the MLP's second matmul, whose output is the kept
+// block output, is not rerun). res is the block's input. The block's weights must be fetched.
+static void block_forward_to_gelu(GPT2 *m, int l, const BlockActs *a, const void *res, int B, int T) {
+    const Backend *be = m->be;
+    DType dt = m->dt;
+    int C = m->cfg.C, Ct = m->C_tp, N = B * T, R = m->sp ? N / m->tp : N;
+    size_t BTC = (size_t)N * C;
+    int lead = m->tp_rank == 0; // adds what must be added once: the row-parallel biases
+    const void *in = tp_full_rows(m, a->ln1, BTC);
+    TIMED(m, PROF_MATMUL, be->matmul_fwd(dt, a->qkv, NULL, in, gpt2_param(m, P_QKVW, l), gpt2_param(m, P_QKVB, l), N, C, 3 * Ct));
+    TIMED(m, PROF_ATTENTION, be->attention_fwd(dt, a->atty, a->lse, a->qkv, B, T, Ct, m->NH_tp));
+    TIMED(m, PROF_MATMUL, be->matmul_fwd(dt, m->act->partial, NULL, a->atty, gpt2_param(m, P_ATTPROJW, l),
+                                         lead ? gpt2_param(m, P_ATTPROJB, l) : NULL, N, Ct, C));
+    void *proj = tp_finish_partial(m, a->r2, BTC);
+    be->residual_layernorm_fwd(dt, a->r2, a->ln2, a->ln2_mean, a->ln2_rstd, res, proj, gpt2_param(m, P_LN2W, l),
+                               gpt2_param(m, P_LN2B, l), R, C);
+    in = tp_full_rows(m, a->ln2, BTC);
+    // bias and GELU in the matmul's epilogue: fch keeps the input of the GELU for its backward
+    TIMED(m, PROF_MATMUL, be->matmul_fwd(dt, a->fchg, a->fch, in, gpt2_param(m, P_FCW, l), gpt2_param(m, P_FCB, l), N, C, 4 * Ct));
+}
+
 float gpt2_forward_chunk(GPT2 *m, int chunk, const int32_t *inputs, const int32_t *targets, int B, int T, float dloss) {
     if (B > m->B || T > m->T || B <= 0 || T <= 0)
         die("internal: micro-batch %dx%d exceeds the allocated %dx%d", B, T, m->B, m->T);
@@ -646,15 +748,11 @@ float gpt2_forward_chunk(GPT2 *m, int chunk, const int32_t *inputs, const int32_
     Activations *x = m->act;
     int C = cfg->C, Ct = m->C_tp, N = B * T, R = m->sp ? N / m->tp : N;
     size_t BTC = (size_t)N * C, RC = (size_t)R * C;
-    // per-layer strides use the allocated B·T so buffers stay where the backward expects them
-    size_t sR = (size_t)m->B * m->T / (m->sp ? m->tp : 1), sRC = sR * C;
-    size_t sBTCt = (size_t)m->B * m->T * Ct, sLse = (size_t)m->B * m->NH_tp * m->T;
     int lead = m->tp_rank == 0; // adds what must be added once: position embedding, row-parallel biases
 
     x->B = B;
     x->T = T;
     x->dlogits_scale = 0.0f;
-    void *input = at(x->encoded, (size_t)chunk * sRC, dt);
     int head = m->last && chunk == m->nchunks - 1;
     if (m->first && chunk == 0) { // other chunks find their input in place, received from the previous stage
         be->to_device(x->inputs, inputs, sizeof(int32_t) * N);
@@ -667,40 +765,27 @@ float gpt2_forward_chunk(GPT2 *m, int chunk, const int32_t *inputs, const int32_
     int l0 = m->chunk_l0[chunk], l1 = l0 + m->chunk_nl[chunk]; // every chunk holds at least one block
     fetch(m, 1 + l0);
     // each block's first LayerNorm is fused with the residual add that ends the block before it
-    be->layernorm_fwd(dt, at(x->ln1, l0 * sRC, dt), x->ln1_mean + l0 * sR, x->ln1_rstd + l0 * sR, input,
-                      gpt2_param(m, P_LN1W, l0), gpt2_param(m, P_LN1B, l0), R, C);
+    BlockActs a = block_acts(m, l0);
+    be->layernorm_fwd(dt, a.ln1, a.ln1_mean, a.ln1_rstd, block_input(m, l0), gpt2_param(m, P_LN1W, l0),
+                      gpt2_param(m, P_LN1B, l0), R, C);
     for (int l = l0; l < l1; l++) {
-        void *res = l == l0 ? input : at(x->residual3, (l - 1) * sRC, dt);
-        void *ln1 = at(x->ln1, l * sRC, dt), *qkv = at(x->qkv, l * 3 * sBTCt, dt), *atty = at(x->atty, l * sBTCt, dt);
-        void *r2 = at(x->residual2, l * sRC, dt), *ln2 = at(x->ln2, l * sRC, dt), *fch = at(x->fch, l * 4 * sBTCt, dt);
-        void *fchg = at(x->fch_gelu, l * 4 * sBTCt, dt), *r3 = at(x->residual3, l * sRC, dt);
-        float *lse = x->lse + l * sLse;
+        a = block_acts(m, l);
         fetch(m, 1 + l);
-        const void *in = tp_full_rows(m, ln1, BTC);
-        TIMED(m, PROF_MATMUL, be->matmul_fwd(dt, qkv, NULL, in, gpt2_param(m, P_QKVW, l), gpt2_param(m, P_QKVB, l), N, C, 3 * Ct));
-        TIMED(m, PROF_ATTENTION, be->attention_fwd(dt, atty, lse, qkv, B, T, Ct, m->NH_tp));
-        TIMED(m, PROF_MATMUL, be->matmul_fwd(dt, x->partial, NULL, atty, gpt2_param(m, P_ATTPROJW, l),
-                                             lead ? gpt2_param(m, P_ATTPROJB, l) : NULL, N, Ct, C));
-        void *proj = tp_finish_partial(m, r2, BTC);
-        be->residual_layernorm_fwd(dt, r2, ln2, x->ln2_mean + l * sR, x->ln2_rstd + l * sR, res, proj,
-                                   gpt2_param(m, P_LN2W, l), gpt2_param(m, P_LN2B, l), R, C);
-        in = tp_full_rows(m, ln2, BTC);
-        // bias and GELU in the matmul's epilogue: fch keeps the input of the GELU for its backward
-        TIMED(m, PROF_MATMUL, be->matmul_fwd(dt, fchg, fch, in, gpt2_param(m, P_FCW, l), gpt2_param(m, P_FCB, l), N, C, 4 * Ct));
-        TIMED(m, PROF_MATMUL, be->matmul_fwd(dt, x->partial, NULL, fchg, gpt2_param(m, P_FCPROJW, l),
+        block_forward_to_gelu(m, l, &a, block_input(m, l), B, T);
+        TIMED(m, PROF_MATMUL, be->matmul_fwd(dt, x->partial, NULL, a.fchg, gpt2_param(m, P_FCPROJW, l),
                                              lead ? gpt2_param(m, P_FCPROJB, l) : NULL, N, 4 * Ct, C));
-        proj = tp_finish_partial(m, r3, BTC);
+        void *proj = tp_finish_partial(m, a.r3, BTC);
         if (l + 1 < l1) {
             fetch(m, 2 + l);
-            be->residual_layernorm_fwd(dt, r3, at(x->ln1, (l + 1) * sRC, dt), x->ln1_mean + (l + 1) * sR,
-                                       x->ln1_rstd + (l + 1) * sR, r2, proj, gpt2_param(m, P_LN1W, l + 1),
-                                       gpt2_param(m, P_LN1B, l + 1), R, C);
+            BlockActs next = block_acts(m, l + 1);
+            be->residual_layernorm_fwd(dt, a.r3, next.ln1, next.ln1_mean, next.ln1_rstd, a.r2, proj,
+                                       gpt2_param(m, P_LN1W, l + 1), gpt2_param(m, P_LN1B, l + 1), R, C);
         } else if (head) {
             fetch(m, m->nl + 1);
-            be->residual_layernorm_fwd(dt, r3, x->lnf, x->lnf_mean, x->lnf_rstd, r2, proj, gpt2_param(m, P_LNFW, 0),
+            be->residual_layernorm_fwd(dt, a.r3, x->lnf, x->lnf_mean, x->lnf_rstd, a.r2, proj, gpt2_param(m, P_LNFW, 0),
                                        gpt2_param(m, P_LNFB, 0), R, C);
         } else {
-            be->residual_fwd(dt, r3, r2, proj, RC);
+            be->residual_fwd(dt, a.r3, a.r2, proj, RC);
         }
     }
     if (!head) return 0.0f; // the output (the chunk's last residual) goes to the next stage
@@ -710,6 +795,29 @@ float gpt2_forward_chunk(GPT2 *m, int chunk, const int32_t *inputs, const int32_
     if (!targets) return 0.0f;
     be->to_device(x->targets, targets, sizeof(int32_t) * N);
     return vocab_parallel_loss(m, N, dloss);
+}
+
+// What recompute did not keep of block l, rebuilt from what it kept (bitwise as the forward made it: the
+// same kernels on the same stored inputs). Full: the whole block up to GELU, from its input. Selective:
+// GELU's output from its input, and the second LayerNorm's output from the residual stream it
+// normalises; the first LayerNorm's output comes later (rebuild_ln1), into the same buffer.
+static void rebuild_block(GPT2 *m, int l, const BlockActs *a, const void *res, int B, int T) {
+    const Backend *be = m->be;
+    int C = m->cfg.C, N = B * T, R = m->sp ? N / m->tp : N;
+    if (m->recompute == RECOMPUTE_FULL) {
+        be->layernorm_fwd(m->dt, a->ln1, a->ln1_mean, a->ln1_rstd, res, gpt2_param(m, P_LN1W, l), gpt2_param(m, P_LN1B, l),
+                          R, C);
+        block_forward_to_gelu(m, l, a, res, B, T);
+    } else if (m->recompute == RECOMPUTE_SELECTIVE) {
+        be->gelu_fwd(m->dt, a->fchg, a->fch, (size_t)N * 4 * m->C_tp);
+        be->layernorm_fwd(m->dt, a->ln2, a->ln2_mean, a->ln2_rstd, a->r2, gpt2_param(m, P_LN2W, l),
+                          gpt2_param(m, P_LN2B, l), R, C);
+    }
+}
+static void rebuild_ln1(GPT2 *m, int l, const BlockActs *a, const void *res, int R) {
+    if (m->recompute != RECOMPUTE_SELECTIVE) return;
+    m->be->layernorm_fwd(m->dt, a->ln1, a->ln1_mean, a->ln1_rstd, res, gpt2_param(m, P_LN1W, l), gpt2_param(m, P_LN1B, l),
+                         R, m->cfg.C);
 }
 
 void gpt2_backward(GPT2 *m, float dloss_scale) { gpt2_backward_chunk(m, 0, dloss_scale); }
@@ -722,8 +830,6 @@ void gpt2_backward_chunk(GPT2 *m, int chunk, float dloss_scale) {
     int B = x->B, T = x->T;
     int C = cfg->C, Ct = m->C_tp, N = B * T, R = m->sp ? N / m->tp : N;
     size_t BTC = (size_t)N * C, RC = (size_t)R * C;
-    size_t sR = (size_t)m->B * m->T / (m->sp ? m->tp : 1), sRC = sR * C;
-    size_t sBTCt = (size_t)m->B * m->T * Ct, sLse = (size_t)m->B * m->NH_tp * m->T;
     // the input gradient of a column-parallel matmul is partial: all-reduced, or reduce-scattered to rows
     void *dln; // a LayerNorm's output gradient, this rank's rows
     const void *in, *dy;
@@ -745,41 +851,40 @@ void gpt2_backward_chunk(GPT2 *m, int chunk, float dloss_scale) {
                                              gpt2_param(m, P_WTE, 0), NULL, N, C, m->Vp_tp));
         dln = tp_finish_partial(m, x->dshard, BTC);
         be->zero(x->dresidual, RC * dtype_size(dt));
-        void *last = at(x->residual3, (m->nl - 1) * sRC, dt);
         fetch(m, m->nl + 1);
-        layernorm_bwd_tp(m, x->dresidual, gpt2_grad(m, P_LNFW, 0), dln, last, gpt2_param(m, P_LNFW, 0), x->lnf_mean,
-                         x->lnf_rstd, R);
+        layernorm_bwd_tp(m, x->dresidual, gpt2_grad(m, P_LNFW, 0), dln, block_acts(m, m->nl - 1).r3,
+                         gpt2_param(m, P_LNFW, 0), x->lnf_mean, x->lnf_rstd, R);
         ready(m, m->nl + 1);
     }
     int l0 = m->chunk_l0[chunk];
     for (int l = l0 + m->chunk_nl[chunk] - 1; l >= l0; l--) {
-        void *res = l == l0 ? at(x->encoded, (size_t)chunk * sRC, dt) : at(x->residual3, (l - 1) * sRC, dt);
-        void *ln1 = at(x->ln1, l * sRC, dt), *qkv = at(x->qkv, l * 3 * sBTCt, dt), *atty = at(x->atty, l * sBTCt, dt);
-        void *r2 = at(x->residual2, l * sRC, dt), *ln2 = at(x->ln2, l * sRC, dt);
-        void *fch = at(x->fch, l * 4 * sBTCt, dt), *fchg = at(x->fch_gelu, l * 4 * sBTCt, dt);
-        fetch(m, 1 + l);
+        BlockActs a = block_acts(m, l);
+        const void *res = block_input(m, l);
+        fetch(m, 1 + l); // recompute needs the block's weights too: no extra ZeRO-3 gather
+        rebuild_block(m, l, &a, res, B, T);
         // MLP: dresidual is the gradient of residual3 = residual2 + fcproj (every row: gathered under SP);
         // GELU's backward runs in the epilogue of the matmul that produces its output's gradient
         dy = tp_full_rows(m, x->dresidual, BTC);
         TIMED(m, PROF_MATMUL, be->matmul_bwd(dt, x->dbuf_4c, gpt2_grad(m, P_FCPROJW, l), gpt2_grad(m, P_FCPROJB, l), dy,
-                                             fchg, gpt2_param(m, P_FCPROJW, l), fch, N, 4 * Ct, C));
-        in = tp_full_rows(m, ln2, BTC);
+                                             a.fchg, gpt2_param(m, P_FCPROJW, l), a.fch, N, 4 * Ct, C));
+        in = tp_full_rows(m, a.ln2, BTC);
         TIMED(m, PROF_MATMUL, be->matmul_bwd(dt, x->partial, gpt2_grad(m, P_FCW, l), gpt2_grad(m, P_FCB, l), x->dbuf_4c,
                                              in, gpt2_param(m, P_FCW, l), NULL, N, C, 4 * Ct));
         dln = tp_finish_partial(m, x->dshard, BTC);
-        layernorm_bwd_tp(m, x->dresidual, gpt2_grad(m, P_LN2W, l), dln, r2, gpt2_param(m, P_LN2W, l),
-                         x->ln2_mean + l * sR, x->ln2_rstd + l * sR, R);
+        layernorm_bwd_tp(m, x->dresidual, gpt2_grad(m, P_LN2W, l), dln, a.r2, gpt2_param(m, P_LN2W, l), a.ln2_mean,
+                         a.ln2_rstd, R);
         // attention: dresidual is now the gradient of residual2 = residual + attproj
         dy = tp_full_rows(m, x->dresidual, BTC);
         TIMED(m, PROF_MATMUL, be->matmul_bwd(dt, x->dbuf_c, gpt2_grad(m, P_ATTPROJW, l), gpt2_grad(m, P_ATTPROJB, l), dy,
-                                             atty, gpt2_param(m, P_ATTPROJW, l), NULL, N, Ct, C));
-        TIMED(m, PROF_ATTENTION, be->attention_bwd(dt, x->dqkv, x->dbuf_c, qkv, atty, x->lse + l * sLse, B, T, Ct, m->NH_tp));
-        in = tp_full_rows(m, ln1, BTC);
+                                             a.atty, gpt2_param(m, P_ATTPROJW, l), NULL, N, Ct, C));
+        TIMED(m, PROF_ATTENTION, be->attention_bwd(dt, x->dqkv, x->dbuf_c, a.qkv, a.atty, a.lse, B, T, Ct, m->NH_tp));
+        rebuild_ln1(m, l, &a, res, R);
+        in = tp_full_rows(m, a.ln1, BTC);
         TIMED(m, PROF_MATMUL, be->matmul_bwd(dt, x->partial, gpt2_grad(m, P_QKVW, l), gpt2_grad(m, P_QKVB, l), x->dqkv,
                                              in, gpt2_param(m, P_QKVW, l), NULL, N, C, 3 * Ct));
         dln = tp_finish_partial(m, x->dshard, BTC);
-        layernorm_bwd_tp(m, x->dresidual, gpt2_grad(m, P_LN1W, l), dln, res, gpt2_param(m, P_LN1W, l),
-                         x->ln1_mean + l * sR, x->ln1_rstd + l * sR, R);
+        layernorm_bwd_tp(m, x->dresidual, gpt2_grad(m, P_LN1W, l), dln, res, gpt2_param(m, P_LN1W, l), a.ln1_mean,
+                         a.ln1_rstd, R);
         ready(m, 1 + l);
     }
     if (m->first && chunk == 0) {

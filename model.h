@@ -8,6 +8,7 @@
 
 #include "collectives.h"
 #include "kernels.h"
+#include "mem.h"
 
 #define MODEL_MAGIC 20240326
 #define MODEL_VERSION_F32 3
@@ -29,14 +30,15 @@ enum {
 };
 extern const char *const PARAM_NAMES[NUM_PARAM_TENSORS];
 
-// Memory is counted per rank by category, as allocated, for the start-up summary and the planner.
-enum { MEM_WEIGHTS, MEM_GRADS, MEM_OPTIMIZER, MEM_ACTIVATIONS, MEM_COMM, MEM_NCAT };
-extern const char *const MEM_NAMES[MEM_NCAT];
-typedef struct {
-    const Backend *be;
-    size_t bytes[MEM_NCAT];
-} MemAccount;
-void *mem_alloc(MemAccount *acct, int category, size_t bytes, const char *what); // dies on failure
+// Activation recompute (--recompute): what a micro-batch keeps from its forward to its backward.
+//   none       every intermediate of every block
+//   selective  all but the two LayerNorm outputs and GELU's output, which the backward rebuilds from the
+//              kept residual stream (a LayerNorm forward) and GELU's kept input (an elementwise GELU)
+//   full       only each block's input (the residual stream between blocks); the backward reruns the
+//              block's forward up to GELU into scratch shared by all blocks before the block's backward
+// The kernels are deterministic, so all three give bitwise the same gradients.
+enum { RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL };
+extern const char *const RECOMPUTE_NAMES[3];
 
 // Activations of one micro-batch; each per-layer buffer is stacked over L.
 typedef struct {
@@ -51,12 +53,20 @@ typedef struct {
     float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd, *lnf_mean, *lnf_rstd;
     float *lse; // [B, NH/tp, T] per layer: attention's log-sum-exp per row
     float *ce_max, *ce_sum, *ce_target; // cross-entropy row statistics, combined over the vocabulary slices
-    void *logits; // [B,T,Vp]; the backward overwrites it with dlogits (or the forward does, fused)
+    void *logits; // [B,T,Vp/tp] (last stage); the backward overwrites it with dlogits (or the forward does, fused)
     float dlogits_scale; // non-zero: the forward already left dlogits for this loss scale in logits
-    int32_t *inputs, *targets;
+    int32_t *inputs, *targets; // first stage, last stage
     // backward scratch
     void *dresidual, *dbuf_c, *dbuf_4c, *dqkv;
 } Activations;
+
+// One block's activations while they are rebuilt (--recompute), shared by every block, micro-batch and
+// chunk: everything from the first LayerNorm's output to GELU's output under full recompute; under
+// selective, one LayerNorm output (ln1, used for both) and GELU's output. Unused fields are NULL.
+typedef struct {
+    void *ln1, *qkv, *atty, *residual2, *ln2, *fch, *fch_gelu;
+    float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd, *lse;
+} BlockScratch;
 
 #define MAX_CHUNKS 16
 
@@ -68,16 +78,19 @@ typedef struct {
     double seconds[PROF_NCAT];
 } Profile;
 
-// Where this rank's part of the model sits in the layout.
+// Where this rank's part of the model sits in the layout. The sizes and ranks describe it; the
+// communicators carry it (NULL where an axis has one rank, and in a dry build: see mem.h).
 typedef struct {
-    Comm *tp;            // tensor-parallel group (NULL: none)
+    int tp_size, tp_rank, pp_size, pp_rank;
+    Comm *tp;            // tensor-parallel group
     int sp;              // sequence parallelism
-    Comm *pp;            // pipeline group (NULL: one stage)
+    Comm *pp;            // pipeline group
     // this stage's blocks: nchunks runs (more than one with the interleaved schedule), each of
     // chunk_len[c] blocks from global block chunk_first[c]
     int nchunks, chunk_first[MAX_CHUNKS], chunk_len[MAX_CHUNKS];
     Comm *embed;         // first and last stage, which both hold the tied embedding (NULL: none)
     int nslots;          // activation sets: micro-batches in flight
+    int recompute;       // RECOMPUTE_*: what each activation set keeps
 } Placement;
 
 // Inside the trainer the parameters are laid out unit by unit, in the order the forward uses them:
@@ -120,7 +133,9 @@ typedef struct {
     // act is the one forward and backward use now (gpt2_use_slot).
     int nslots;
     Activations *slots, *act;
-    MemAccount mem;
+    int recompute;   // RECOMPUTE_*
+    BlockScratch rc; // the block being rebuilt
+    MemAccount mem;  // every buffer of this rank (zero.c, pipeline.c and ckpt.c allocate through it too)
     Profile prof;
     // data-parallel hooks (zero.c); NULL when unused
     void *hook_ctx;
@@ -148,8 +163,8 @@ float *gpt2_init_params(const GPT2Config *cfg, uint64_t seed);
 float *gpt2_load_file(const char *path, GPT2Config *cfg);
 void gpt2_save_file(const char *path, const GPT2Config *cfg, const float *host_params);
 
-// Builds this rank's part of the model: its tensor-parallel slice when tp (the tensor-parallel group)
-// has several ranks. With own_params 0 the caller (ZeRO-3) provides unit_params instead of a full
+// Builds this rank's part of the model: its tensor-parallel slice when the tensor-parallel group has
+// several ranks. With a dry backend (mem.h) it only counts the buffers it would allocate. With own_params 0 the caller (ZeRO-3) provides unit_params instead of a full
 // working-weight buffer, and with own_grads 0 (ZeRO-2/3 streaming) unit_grads instead of a full
 // gradient buffer.
 void gpt2_build(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, int B, int T, int own_params, int own_grads,

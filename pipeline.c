@@ -52,13 +52,46 @@ void pipeline_init(Pipeline *p, GPT2 *m, Zero *z, Comm *fwd, Comm *bwd) {
     p->send_grad = xcalloc((size_t)n * p->chunks, sizeof(CommRequest *));
     p->host_in = xcalloc((size_t)n, sizeof(void *));
     p->host_out = xcalloc((size_t)n, sizeof(void *));
-    if (m->be->mem_kind != MEMKIND_HOST) { // device memory crosses through host staging
+    if (m->be->mem_kind != MEMKIND_HOST && p->stages > 1) { // device memory crosses through host staging
         size_t bytes = gpt2_stage_bytes(m, m->B, m->T);
         for (int s = 0; s < n; s++) {
-            p->host_in[s] = xmalloc(bytes);
-            p->host_out[s] = xmalloc(bytes);
+            p->host_in[s] = mem_host_alloc(&m->mem, MEM_COMM, bytes, "pipeline receive staging");
+            p->host_out[s] = mem_host_alloc(&m->mem, MEM_COMM, bytes, "pipeline send staging");
         }
     }
+}
+
+void pipeline_place(Placement *pl, int L, int P, int V, int stage, int M, const char *pp_layers) {
+    int *first = xmalloc(sizeof(int) * P * V), *count = xmalloc(sizeof(int) * P * V);
+    pipeline_split_layers(L, P, V, pp_layers, first, count);
+    pl->pp_size = P;
+    pl->pp_rank = stage;
+    pl->nchunks = V;
+    for (int c = 0; c < V; c++) { // stage s holds chunks s, s + P, ...
+        pl->chunk_first[c] = first[c * P + stage];
+        pl->chunk_len[c] = count[c * P + stage];
+    }
+    // micro-batches whose activations a stage holds at once: at most P - stage with 1F1B; every one
+    // interleaved
+    pl->nslots = V > 1 ? M : (P - stage < M ? P - stage : M);
+    free(first);
+    free(count);
+}
+
+void layout_build_model(const RankLayout *r, GPT2 *m) {
+    Placement pl = { .tp_size = r->tp_size, .tp_rank = r->tp_rank, .tp = r->tp, .sp = r->sp, .pp = r->pp,
+                     .embed = r->embed, .recompute = r->recompute };
+    int V = r->pp_size > 1 ? r->pp_virtual : 1;
+    pipeline_place(&pl, r->cfg->L, r->pp_size, V, r->pp_rank, r->accum, r->pp_layers);
+    int stage = r->dp_size > 1 ? r->zero : 0; // one data-parallel rank: every stage is stage 0
+    gpt2_build(m, r->cfg, r->dt, r->be, r->B, r->T, stage != 3, !zero_streams_gradients(stage, r->dp_size, r->accum), &pl);
+}
+
+void layout_build_state(const RankLayout *r, GPT2 *m, Zero *z, Pipeline *p, const float *host_params,
+                        const AdamWConfig *acfg) {
+    int stage = r->dp_size > 1 ? r->zero : 0;
+    zero_init(z, m, r->dp, r->dp_size, r->dp_rank, stage, r->bucket_mb, r->accum, host_params, acfg);
+    pipeline_init(p, m, z, r->pp_fwd, r->pp_bwd);
 }
 
 static void drain(CommRequest **r) {
@@ -72,8 +105,8 @@ void pipeline_free(Pipeline *p) {
         drain(&p->send_grad[s]);
     }
     for (int s = 0; s < p->model->nslots; s++) {
-        free(p->host_in[s]);
-        free(p->host_out[s]);
+        mem_free(&p->model->mem, p->host_in[s]);
+        mem_free(&p->model->mem, p->host_out[s]);
     }
     free(p->send_out);
     free(p->send_grad);

@@ -35,7 +35,31 @@ typedef struct {
 // With V > 1 chunks the L blocks form P·V chunks and stage s gets chunks s, s+P, ...; first and count
 // then hold P·V entries.
 void pipeline_split_layers(int L, int P, int V, const char *counts, int *first, int *count);
+// Where stage `stage` of P sits, for gpt2_build: its chunks of the L blocks (V per stage: the interleaved
+// schedule when V > 1; --pp-layers counts, or NULL) and how many micro-batches' activations it holds
+// at once with M per step. Fills the pipeline fields of pl (pp_size, pp_rank, nchunks, chunk_first,
+// chunk_len, nslots), not its communicators.
+void pipeline_place(Placement *pl, int L, int P, int V, int stage, int M, const char *pp_layers);
 void pipeline_init(Pipeline *p, GPT2 *model, Zero *zero, Comm *fwd, Comm *bwd);
+
+// One rank's place in a layout and what it runs with: everything that decides its buffers. The trainer
+// builds its rank from it; `./train plan --exact` builds any rank of any layout from it with a dry
+// backend (mem.h), communicators NULL, and reads the account: the same code, so the same bytes.
+typedef struct {
+    const GPT2Config *cfg;
+    DType dt;
+    const Backend *be;
+    int B, T, accum; // micro-batch shape, micro-batches per step
+    int tp_size, tp_rank, sp, pp_size, pp_rank, pp_virtual, dp_size, dp_rank, zero, recompute;
+    const char *pp_layers;
+    double bucket_mb;
+    Comm *tp, *pp, *pp_fwd, *pp_bwd, *dp, *embed;
+} RankLayout;
+// The model of this rank (its slice, its stage's blocks, its activation sets).
+void layout_build_model(const RankLayout *r, GPT2 *m);
+// The optimizer state and the pipeline, from host fp32 parameters in the internal order (NULL: dry).
+void layout_build_state(const RankLayout *r, GPT2 *m, Zero *z, Pipeline *p, const float *host_params,
+                        const AdamWConfig *acfg);
 void pipeline_free(Pipeline *p);
 // One step's forwards and backwards over M micro-batches (inputs and targets: M·B·T tokens each, used
 // by the first and the last stage). Returns the sum of the micro-batch losses on the last stage, 0

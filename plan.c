@@ -109,16 +109,13 @@ static const char PLAN_USAGE[] =
     "  --plot FILE.png            memory per GPU by category for each layout, stacked bars with the limit\n"
     "                             marked (scripts/plot.py, matplotlib)\n";
 
-typedef enum { RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL } Recompute;
-static const char *const RECOMPUTE_NAMES[] = { "none", "selective", "full" };
-
 typedef struct {
     GPT2Config cfg;
     int T;
     double params;       // N
     int gpus, gpus_per_node, max_tp, micro_batches, pp_virtual, zero, top;
     int only_tp, only_pp, only_dp; // 0, or the one value of that axis to list
-    Recompute recompute;
+    int recompute; // RECOMPUTE_* (model.h)
     int flash, fp32, json;
     double gpu_mem, intra_bw, inter_bw, flops, batch_tokens; // bytes, bytes/s, bytes/s, FLOP/s, tokens
     const char *plot;

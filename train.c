@@ -139,6 +139,11 @@ static const char USAGE[] =
     "  --dtype fp32|bf16          weights and activations (default bf16 on cuda, fp32 on cpu); bf16\n"
     "                             stores bf16, computes in fp32 and updates fp32 master weights\n"
     "  --threads N                CPU threads per rank (default: the node's cores shared among its ranks)\n"
+    "  --recompute none|selective|full\n"
+    "                             activation recompute (default none): selective keeps all but the LayerNorm\n"
+    "                             outputs and GELU's output, which the backward rebuilds; full keeps only each\n"
+    "                             block's input and reruns the block's forward before its backward; the\n"
+    "                             gradients are bitwise the same\n"
     "  --profile                  time the ops of every step: each step line (and JSON record) adds the\n"
     "                             split of the step between matmuls, attention and everything else\n"
     "                             (matmul_ms, attention_ms); on a GPU this synchronises around each op\n"
@@ -155,7 +160,7 @@ typedef struct {
     float lr, lr_min_frac, beta1, beta2, eps, weight_decay, clip, temperature;
     uint64_t seed;
     int dtype; // -1 = default for the device
-    int zero, tp, sp, pp, pp_virtual;
+    int zero, tp, sp, pp, pp_virtual, recompute;
     const char *pp_layers, *pp_trace;
     double bucket_mb, comm_timeout;
     const char *ckpt_dir, *resume_path;
@@ -260,6 +265,12 @@ static void parse_options(Options *o, int argc, char **argv) {
         else if (IS("--pp-virtual")) o->pp_virtual = (int)parse_int(f, v, 1, MAX_CHUNKS);
         else if (IS("--pp-trace")) o->pp_trace = v;
         else if (IS("--bucket-mb")) o->bucket_mb = parse_float(f, v, 0, 1e6);
+        else if (IS("--recompute")) {
+            int r = 0;
+            while (r < 3 && strcmp(v, RECOMPUTE_NAMES[r])) r++;
+            if (r == 3) die("--recompute must be none, selective or full, got '%s'", v);
+            o->recompute = r;
+        }
         else if (IS("--comm-timeout")) o->comm_timeout = parse_float(f, v, 0.1, 1e7);
         else if (IS("--nproc")) parse_int(f, v, 1, 4096); // the launcher's (main)
         else if (IS("--ckpt-dir")) o->ckpt_dir = v;
@@ -309,14 +320,11 @@ static float lr_at(const Options *o, int step) {
     return min_lr + 0.5f * (1.0f + cosf((float)M_PI * ratio)) * (o->lr - min_lr);
 }
 
-static void print_memory(const GPT2 *m, int rank) {
-    size_t total = 0;
-    printf("memory of rank %d (%s):", rank, m->be->name);
-    for (int c = 0; c < MEM_NCAT; c++) {
-        printf(" %s %.2f MiB |", MEM_NAMES[c], m->mem.bytes[c] / 1048576.0);
-        total += m->mem.bytes[c];
-    }
-    printf(" total %.2f MiB | largest logits buffer %zu bytes\n", total / 1048576.0, m->logits_bytes);
+// One rank's memory table, one line: bytes per category (current or peak), in MiB.
+static void print_memory(const GPT2 *m, int rank, const char *when, const size_t bytes[MEM_NCAT]) {
+    printf("memory of rank %d%s:", rank, when);
+    for (int c = 0; c < MEM_NCAT; c++) printf(" %s %.2f MiB |", MEM_NAMES[c], bytes[c] / 1048576.0);
+    printf(" total %.2f MiB | largest logits buffer %zu bytes\n", mem_sum(bytes) / 1048576.0, m->logits_bytes);
     fflush(stdout);
 }
 
@@ -593,6 +601,7 @@ typedef struct {
     TokenSet train, val;
     int have_train, have_tk, first_token;
     Tokenizer tk;
+    RankLayout rl;
     GPT2 model;
     Zero zero;
     Pipeline pipe;
@@ -791,20 +800,12 @@ static void build_model(Trainer *t, float *host_params) {
     if (V > 1 && t->accum % P)
         die("--pp-virtual %d: the %d micro-batch(es) per step must be a multiple of --pp %d for the interleaved schedule",
             V, t->accum, P);
-    int *chunk_first = xmalloc(sizeof(int) * P * V), *chunk_count = xmalloc(sizeof(int) * P * V);
-    pipeline_split_layers(t->cfg.L, P, V, o->pp_layers, chunk_first, chunk_count);
-    Placement place = { .tp = tp->tp, .sp = o->sp, .pp = tp->pp, .nchunks = V, .embed = tp->embed };
-    for (int c = 0; c < V; c++) { // stage s holds chunks s, s + PP, ...
-        place.chunk_first[c] = chunk_first[c * P + tp->pp_rank];
-        place.chunk_len[c] = chunk_count[c * P + tp->pp_rank];
-    }
-    // micro-batches whose activations a stage holds at once: at most PP with 1F1B; every one interleaved
-    place.nslots = V > 1 ? t->accum : (P - tp->pp_rank < t->accum ? P - tp->pp_rank : t->accum);
-    free(chunk_first);
-    free(chunk_count);
-    int stage = tp->dp_size > 1 ? o->zero : 0; // one data-parallel rank: every stage is stage 0
-    gpt2_build(&t->model, &t->cfg, t->dt, t->be, t->B, t->T, stage != 3,
-               !zero_streams_gradients(stage, tp->dp_size, t->accum), &place);
+    t->rl = (RankLayout){ .cfg = &t->cfg, .dt = t->dt, .be = t->be, .B = t->B, .T = t->T, .accum = t->accum,
+                          .tp_size = tp->tp_size, .tp_rank = tp->tp_rank, .sp = o->sp, .pp_size = P, .pp_rank = tp->pp_rank,
+                          .pp_virtual = V, .dp_size = tp->dp_size, .dp_rank = tp->dp_rank, .zero = o->zero,
+                          .recompute = o->recompute, .pp_layers = o->pp_layers, .bucket_mb = o->bucket_mb, .tp = tp->tp,
+                          .pp = tp->pp, .pp_fwd = tp->pp_fwd, .pp_bwd = tp->pp_bwd, .dp = tp->dp, .embed = tp->embed };
+    layout_build_model(&t->rl, &t->model);
     size_t n = t->model.num_params;
     float *master = xmalloc(sizeof(float) * n), *m = NULL, *v = NULL;
     CkptMeta saved;
@@ -833,14 +834,13 @@ static void build_model(Trainer *t, float *host_params) {
         gpt2_full_to_local(&t->model, host_params, master);
     }
     free(host_params);
-    if (stage != 3) gpt2_upload_params(&t->model, master);
+    if (t->model.params) gpt2_upload_params(&t->model, master); // ZeRO-3 keeps no full working copy
     AdamWConfig acfg = { o->beta1, o->beta2, o->eps, o->weight_decay, o->clip };
-    zero_init(&t->zero, &t->model, tp->dp, stage, o->bucket_mb, t->accum, master, &acfg);
+    layout_build_state(&t->rl, &t->model, &t->zero, &t->pipe, master, &acfg);
     if (t->resumed) zero_set_moments(&t->zero, m, v, (int)saved.adam_t);
     free(master);
     free(m);
     free(v);
-    pipeline_init(&t->pipe, &t->model, &t->zero, tp->pp_fwd, tp->pp_bwd);
     t->end_step = o->steps;
 }
 
@@ -867,8 +867,8 @@ static void print_header(const Trainer *t) {
         if (tp->tp_size > 1) printf(", %zu on each tensor-parallel rank", t->model.num_params);
         printf("\n");
         printf("layout: %d rank(s) | data parallel %d x pipeline %d x tensor parallel %d%s | ZeRO-%d | %d gradient "
-               "bucket(s)\n", tp->nranks, tp->dp_size, tp->pp_size, tp->tp_size, o->sp ? " (sequence parallel)" : "",
-               t->zero.stage, t->zero.nbuckets);
+               "bucket(s) | recompute %s\n", tp->nranks, tp->dp_size, tp->pp_size, tp->tp_size,
+               o->sp ? " (sequence parallel)" : "", t->zero.stage, t->zero.nbuckets, RECOMPUTE_NAMES[o->recompute]);
         printf("batch: %lld tokens per step = %d micro-batch(es) of %d x %d on each of %d rank(s) | %d steps\n",
                t->batch_tokens, t->accum, t->B, t->T, tp->dp_size, o->steps);
         if (t->have_train)
@@ -882,11 +882,36 @@ static void print_header(const Trainer *t) {
             printf(" | staging %.2f MiB of host memory on rank 0\n", ckpt_staging_bytes(t->ckpt) / 1048576.0);
         }
     }
-    // every rank reports its own memory, one line each, in rank order
+    // every rank reports its own memory, one line each, in rank order: every buffer is allocated before
+    // step 1, so this is the plan (the end of the run prints the peak)
+    if (tp->lead) printf("memory per rank: allocated at start, which is all the steps use (the peak follows at the end)\n");
+    char when[64];
+    snprintf(when, sizeof when, " (%s)", t->be->name);
     for (int r = 0; r < tp->nranks; r++) {
-        if (r == tp->rank) print_memory(&t->model, tp->rank);
+        if (r == tp->rank) print_memory(&t->model, tp->rank, when, t->model.mem.cur);
         if (tp->world) comm_barrier(tp->world);
     }
+}
+
+// The end of the run: every rank's peak bytes per category, printed in rank order and logged by rank 0
+// as {"memory_peak":{"weights":..,...},"rank":R}, one record per rank.
+static void report_memory_peak(Trainer *t) {
+    Topology *tp = &t->topo;
+    for (int r = 0; r < tp->nranks; r++) {
+        if (r == tp->rank) print_memory(&t->model, tp->rank, ", peak", t->model.mem.peak);
+        if (tp->world) comm_barrier(tp->world);
+    }
+    int64_t mine[MEM_NCAT], *all = xmalloc(sizeof(int64_t) * MEM_NCAT * tp->nranks);
+    for (int c = 0; c < MEM_NCAT; c++) mine[c] = (int64_t)t->model.mem.peak[c];
+    if (tp->world) comm_all_gather(tp->world, mine, all, (size_t)MEM_NCAT * tp->nranks, CT_I64);
+    else memcpy(all, mine, sizeof mine);
+    for (int r = 0; t->logf && r < tp->nranks; r++) {
+        fprintf(t->logf, "{\"memory_peak\":{");
+        for (int c = 0; c < MEM_NCAT; c++)
+            fprintf(t->logf, "%s\"%s\":%lld", c ? "," : "", MEM_KEYS[c], (long long)all[(size_t)r * MEM_NCAT + c]);
+        fprintf(t->logf, "},\"rank\":%d}\n", r);
+    }
+    free(all);
 }
 
 // A JSON string, escaped, for the log.
@@ -1126,6 +1151,7 @@ static void report(Trainer *t, int step, const StepResult *r) {
                 "\"slowest_rank\":%d,\"ckpt_stall_ms\":%.3f,\"skipped\":%d,\"skipped_total\":%lld",
                 step + 1, (step + 1) * t->batch_tokens, r->loss, r->lr, r->norm, r->ms, tps, r->comm_ms, r->exposed_ms, r->tp_ms, bubble_max, bubble_mean,
                 bubble_formula, cmax, cmed, slowest, t->stall_ms, r->skipped, (long long)t->spikes.skipped);
+        if (t->zero.stage == 3) fprintf(t->logf, ",\"zero3_gathers\":%d", t->zero.gathers);
         if (t->o.profile)
             fprintf(t->logf, ",\"matmul_ms\":%.3f,\"attention_ms\":%.3f", t->model.prof.seconds[PROF_MATMUL] * 1e3,
                     t->model.prof.seconds[PROF_ATTENTION] * 1e3);
@@ -1246,6 +1272,7 @@ static void trainer_finish(Trainer *t) {
         ckpt_finish(t->ckpt); // the last checkpoint complete, manifest included
         log_checkpoints(t);
     }
+    report_memory_peak(t);
     if (t->logf) xfclose(t->logf, o->log);
     if (o->save_model) {
         size_t full_n = gpt2_param_layout(&t->cfg, (size_t[NUM_PARAM_TENSORS]){ 0 }, (size_t[NUM_PARAM_TENSORS]){ 0 });

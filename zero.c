@@ -95,6 +95,7 @@ static ZeroSlot *gather_bucket(Zero *z, int b, int protect) {
     }
     victim->bucket = b;
     victim->used = ++z->use_clock;
+    z->gathers++;
     victim->req = comm_iall_gather(z->dp, at(z->wshard, z->shard_pos[b], m->dt), victim->buf, z->blen[b], dt_comm(m->dt));
     return victim;
 }
@@ -202,38 +203,40 @@ static float *reduced_grad(const Zero *z, int b) {
     return z->stage >= 2 ? z->gshard + z->shard_pos[b] : z->model->grads + z->own_off[b];
 }
 
-void zero_init(Zero *z, GPT2 *model, Comm *dp, int stage, double bucket_mb, int accum, const float *host,
-               const AdamWConfig *cfg) {
+void zero_init(Zero *z, GPT2 *model, Comm *dp, int dp_size, int dp_rank, int stage, double bucket_mb, int accum,
+               const float *host, const AdamWConfig *cfg) {
     memset(z, 0, sizeof *z);
     z->cfg = *cfg;
     z->model = model;
     z->stage = stage;
-    z->dp = dp && comm_size(dp) > 1 ? dp : NULL;
-    z->dp_rank = z->dp ? comm_rank(dp) : 0;
-    z->dp_size = z->dp ? comm_size(dp) : 1;
-    if (!z->dp) z->stage = stage = 0; // one data-parallel rank: nothing to shard, gather or scatter
+    z->dp_size = dp_size > 1 ? dp_size : 1;
+    z->dp_rank = dp_size > 1 ? dp_rank : 0;
+    z->dp = z->dp_size > 1 ? dp : NULL;
+    if (z->dp_size == 1) z->stage = stage = 0; // one data-parallel rank: nothing to shard, gather or scatter
     build_buckets(z, bucket_mb);
     const Backend *be = model->be;
+    MemAccount *a = &model->mem;
     DType dt = model->dt;
     size_t n = stage == 0 ? model->num_params : z->shard_elems;
     if (stage == 0 && dt == DT_F32) {
         z->master = model->params; // fp32 working weights are their own master copy
     } else {
-        z->master = mem_alloc(&model->mem, MEM_OPTIMIZER, n * sizeof(float), "master weights");
+        z->master = mem_alloc(a, MEM_OPTIMIZER, n * sizeof(float), "master weights");
         z->master_owned = 1;
-        if (stage == 0) {
+        if (host && stage == 0) {
             be->to_device(z->master, host, n * sizeof(float));
-        } else {
+        } else if (host) {
             for (int b = 0; b < z->nbuckets; b++)
                 be->to_device(z->master + z->shard_pos[b], host + z->own_off[b], z->own_len[b] * sizeof(float));
         }
     }
-    z->m = mem_alloc(&model->mem, MEM_OPTIMIZER, n * sizeof(float), "AdamW first moment");
-    z->v = mem_alloc(&model->mem, MEM_OPTIMIZER, n * sizeof(float), "AdamW second moment");
+    z->m = mem_alloc(a, MEM_OPTIMIZER, n * sizeof(float), "AdamW first moment");
+    z->v = mem_alloc(a, MEM_OPTIMIZER, n * sizeof(float), "AdamW second moment");
     size_t biggest = 0;
     for (int b = 0; b < z->nbuckets; b++)
         if (z->blen[b] > biggest) biggest = z->blen[b];
-    if (stage >= 2) z->gshard = mem_alloc(&model->mem, MEM_GRADS, (z->shard_elems + 1) * sizeof(float), "gradient shard");
+    if (stage >= 2) z->gshard = mem_alloc(a, MEM_GRADS, (z->shard_elems + 1) * sizeof(float), "gradient shard");
+    comm_count_memory(z->dp, a); // the reductions below need no work area; should one ever, it counts
     z->stream = zero_streams_gradients(stage, z->dp_size, accum);
     z->bucket_buf = xcalloc((size_t)z->nbuckets, sizeof(float *));
     if (z->stream) {
@@ -243,18 +246,18 @@ void zero_init(Zero *z, GPT2 *model, Comm *dp, int stage, double bucket_mb, int 
         z->pool = xcalloc((size_t)z->npool, sizeof(float *));
         z->pool_bucket = xmalloc(sizeof(int) * z->npool);
         for (int i = 0; i < z->npool; i++) {
-            z->pool[i] = mem_alloc(&model->mem, MEM_COMM, biggest * sizeof(float), "gradient bucket");
+            z->pool[i] = mem_alloc(a, MEM_COMM, biggest * sizeof(float), "gradient bucket");
             z->pool_bucket[i] = -1;
         }
         model->fetch_unit = fetch_unit;
     }
     if (stage == 3) {
-        z->wshard = mem_alloc(&model->mem, MEM_WEIGHTS, z->shard_elems * dtype_size(dt), "weight shard");
+        z->wshard = mem_alloc(a, MEM_WEIGHTS, z->shard_elems * dtype_size(dt), "weight shard");
         be->cast(z->wshard, dt, z->master, DT_F32, z->shard_elems);
         z->nslots = 3; // the unit in use, the one prefetched, and the embeddings' second use
         z->slots = xcalloc((size_t)z->nslots, sizeof(ZeroSlot));
         for (int s = 0; s < z->nslots; s++) {
-            z->slots[s].buf = mem_alloc(&model->mem, MEM_COMM, biggest * dtype_size(dt), "gathered unit");
+            z->slots[s].buf = mem_alloc(a, MEM_COMM, biggest * dtype_size(dt), "gathered unit");
             z->slots[s].bucket = -1;
         }
         model->fetch_unit = fetch_unit;
@@ -270,18 +273,19 @@ void zero_init(Zero *z, GPT2 *model, Comm *dp, int stage, double bucket_mb, int 
 void zero_free(Zero *z) {
     zero_wait_weights(z);
     free(z->wreq);
-    const Backend *be = z->model->be;
-    if (z->master_owned) be->free(z->master);
-    be->free(z->m);
-    be->free(z->v);
-    if (z->wshard) be->free(z->wshard);
+    MemAccount *a = &z->model->mem;
+    if (z->master_owned) mem_free(a, z->master);
+    mem_free(a, z->m);
+    mem_free(a, z->v);
+    mem_free(a, z->wshard);
     for (int s = 0; s < z->nslots; s++) {
         slot_wait(z, &z->slots[s]);
-        be->free(z->slots[s].buf);
+        mem_free(a, z->slots[s].buf);
     }
     free(z->slots);
-    if (z->gshard) be->free(z->gshard);
-    for (int i = 0; i < z->npool; i++) be->free(z->pool[i]);
+    comm_count_memory(z->dp, NULL);
+    mem_free(a, z->gshard);
+    for (int i = 0; i < z->npool; i++) mem_free(a, z->pool[i]);
     free(z->pool);
     free(z->pool_bucket);
     free(z->bucket_buf);
@@ -300,6 +304,7 @@ void zero_free(Zero *z) {
 
 void zero_begin_step(Zero *z) {
     z->exposed_s = 0;
+    z->gathers = 0;
     z->comm_busy_at_start = z->dp ? comm_busy_seconds(z->dp) : 0;
     z->backward = 0;
 }

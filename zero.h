@@ -60,6 +60,7 @@ typedef struct {
     int nslots;
     ZeroSlot *slots;
     int backward; // the train loop says which pass is running (prefetch direction)
+    int gathers;  // ZeRO-3: units gathered this step (recompute adds none: see model.c)
     int last_micro; // reductions start only during the last micro-batch's backward
     uint64_t use_clock;
     int last_unit; // the unit fetched before, to tell the head's use of the embeddings from the encoder's
@@ -73,8 +74,10 @@ typedef struct {
 // without a full gradient buffer). With several micro-batches the gradients accumulate locally and are
 // reduced once, after the last, so that every stage computes bitwise the same step.
 int zero_streams_gradients(int stage, int dp_size, int accum);
-void zero_init(Zero *z, GPT2 *model, Comm *dp, int stage, double bucket_mb, int accum, const float *host_params,
-               const AdamWConfig *cfg);
+// dp is the data-parallel group of dp_size ranks, this one dp_rank (NULL for one rank, or in a dry build,
+// which only counts the buffers: see mem.h; host_params may then be NULL).
+void zero_init(Zero *z, GPT2 *model, Comm *dp, int dp_size, int dp_rank, int stage, double bucket_mb, int accum,
+               const float *host_params, const AdamWConfig *cfg);
 void zero_free(Zero *z);
 // Before the micro-batches of a step / before each backward.
 void zero_begin_step(Zero *z);
