@@ -48,6 +48,14 @@
 // Not counted: the embedding and logits activations, the pipeline's point-to-point hand-offs,
 // communication buffers, and any overlap of communication with compute.
 //
+// --exact replaces the memory model by llm4d's own buffers: for every stage of a layout it builds that
+// rank (tensor- and data-parallel rank 0, which hold the most) with the trainer's own code
+// (layout_build_model and layout_build_state in pipeline.c) on a dry backend whose account only counts
+// (mem.h), and reports the fullest stage: weights, gradients (fp32), optimizer state, activations (the
+// activation sets the schedule keeps: 1F1B, or every micro-batch with --interleaved), recompute scratch,
+// comm buffers (ZeRO buckets and gathered units, the reduce-scatter work areas on --device cpu), other
+// (checkpoint staging with --ckpt, on --device cpu). Fits and the order use its total.
+//
 // Layouts: every (TP, PP, DP) with TP·PP·DP = G, TP <= --max-tp and every TP group (TP consecutive
 // ranks) inside one node (nodes of --gpus-per-node consecutive ranks), in llm4d's rank order
 // rank = (dp·PP + pp)·TP + tp.
@@ -65,8 +73,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "ckpt.h"
 #include "common.h"
+#include "mem.h"
 #include "model.h"
+#include "pipeline.h"
+#include "zero.h"
 
 static const char PLAN_USAGE[] =
     "usage: ./train plan --gpus G --batch-tokens N [flags]\n"
@@ -99,9 +111,23 @@ static const char PLAN_USAGE[] =
     "  --zero 0|1|2|3             ZeRO stage (default 0)\n"
     "  --recompute none|selective|full\n"
     "                             activation checkpointing (default none): selective recomputes the\n"
-    "                             LayerNorm outputs and GELU's input, full keeps only each block's input\n"
-    "  --attention flash|full     flash (default) keeps no T x T probabilities; full keeps them\n"
+    "                             LayerNorm outputs and GELU's output, full keeps only each block's input\n"
+    "  --attention flash|full     flash (default) keeps no T x T probabilities; full keeps them (the seed's\n"
+    "                             model only: llm4d's attention is flash)\n"
     "  --dtype bf16|fp32          working weights, gradients and activations (default bf16)\n"
+    "\n"
+    "llm4d's own buffers:\n"
+    "  --exact                    count llm4d's own buffers for each layout instead of the seed's model: the\n"
+    "                             trainer's allocation code run dry for every pipeline stage, the fullest\n"
+    "                             shown (fp32 gradients, its real activation sets, recompute scratch, ZeRO\n"
+    "                             buffers, pipeline slots); fits and the order use it\n"
+    "  --sp                       with --exact: sequence parallelism (the seed's model always assumes it)\n"
+    "  --interleaved              with --exact: the interleaved schedule (V = --pp-virtual) where it applies,\n"
+    "                             which keeps every micro-batch's activations\n"
+    "  --bucket-mb F              with --exact: gradient bucket size, as for training (default 25)\n"
+    "  --device gpu|cpu           with --exact: what the ranks run on (default gpu); on cpu the host buffers\n"
+    "                             (reduce-scatter work areas, checkpoint staging) are the device's memory too\n"
+    "  --ckpt                     with --exact: checkpoints are written (--ckpt-dir): count their staging\n"
     "\n"
     "output:\n"
     "  --top N                    print the N best layouts only (default all)\n"
@@ -117,6 +143,8 @@ typedef struct {
     int only_tp, only_pp, only_dp; // 0, or the one value of that axis to list
     int recompute; // RECOMPUTE_* (model.h)
     int flash, fp32, json;
+    int exact, sp, interleaved, device_cpu, ckpt; // --exact and its options
+    double bucket_mb;
     double gpu_mem, intra_bw, inter_bw, flops, batch_tokens; // bytes, bytes/s, bytes/s, FLOP/s, tokens
     const char *plot;
 } PlanInput;
@@ -131,6 +159,10 @@ typedef struct {
     double weights, grads, optimizer, act_upper, act_1f1b, total, total_upper; // bytes per GPU
     int fits; // total <= --gpu-mem
     double bubble, bubble_interleaved; // the latter NaN where the interleaved schedule does not apply
+    // --exact: llm4d's buffers per stage (pp of them, malloc'd) and the fullest stage
+    size_t (*stage_bytes)[MEM_NCAT];
+    int exact_stage;
+    double exact_total;
     int dp_intra;                      // the DP group sits inside one node
     double dp_allreduce_s, tp_comm_s, compute_s;
 } Layout;
@@ -178,22 +210,20 @@ static void parse_plan(PlanInput *in, int argc, char **argv) {
     const char *preset = NULL;
     int L = 0, C = 0, NH = 0, V = 0, maxT = 0, T = 0;
     *in = (PlanInput){ .gpus_per_node = 8, .max_tp = 8, .micro_batches = 8, .pp_virtual = 2, .flash = 1,
-                       .gpu_mem = 80e9, .intra_bw = 300e9, .inter_bw = 50e9, .flops = 400e12 };
+                       .gpu_mem = 80e9, .intra_bw = 300e9, .inter_bw = 50e9, .flops = 400e12, .bucket_mb = 25 };
+    int device_given = 0;
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
             fputs(PLAN_USAGE, stdout);
             exit(0);
         }
-        if (!strcmp(f, "--json")) {
-            in->json = 1;
+        int *on = !strcmp(f, "--json") ? &in->json : !strcmp(f, "--exact") ? &in->exact : !strcmp(f, "--sp") ? &in->sp
+                : !strcmp(f, "--interleaved") ? &in->interleaved : !strcmp(f, "--ckpt") ? &in->ckpt : NULL;
+        if (on) {
+            *on = 1;
             continue;
         }
-        // --exact (later): count llm4d's own buffers for each layout instead of the seed's model, once
-        // activation recompute and flash attention have settled model.c's buffers. Its estimate goes
-        // into estimate_exact() beside estimate_seed() below, filling the same Layout fields.
-        if (!strcmp(f, "--exact"))
-            die("--exact (llm4d's own buffers) is not built yet; the planner uses the seed's model (see --help)");
         if (strncmp(f, "--", 2) != 0) die("plan: unexpected argument '%s' (see ./train plan --help)", f);
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
 #define IS(name) (!strcmp(f, name) && (v ? (i++, 1) : (die("%s needs a value", name), 0)))
@@ -222,6 +252,12 @@ static void parse_plan(PlanInput *in, int argc, char **argv) {
         else if (IS("--pp")) in->only_pp = INT(1, 1 << 24);
         else if (IS("--dp")) in->only_dp = INT(1, 1 << 24);
         else if (IS("--plot")) in->plot = v;
+        else if (IS("--bucket-mb")) in->bucket_mb = parse_amount(f, v, NO_UNITS, 0, 1e6, 0);
+        else if (IS("--device")) {
+            if (strcmp(v, "gpu") && strcmp(v, "cpu")) die("--device must be gpu or cpu, got '%s'", v);
+            in->device_cpu = !strcmp(v, "cpu");
+            device_given = 1;
+        }
         else if (IS("--recompute")) {
             if (!strcmp(v, "none")) in->recompute = RECOMPUTE_NONE;
             else if (!strcmp(v, "selective")) in->recompute = RECOMPUTE_SELECTIVE;
@@ -238,6 +274,13 @@ static void parse_plan(PlanInput *in, int argc, char **argv) {
 #undef IS
     }
     if (!in->gpus) die("plan: --gpus is required (the number of GPUs to split the model over)");
+    if (!in->exact && (in->sp || in->interleaved || in->ckpt || device_given))
+        die("%s describes llm4d's own buffers: it needs --exact", in->sp ? "--sp" : in->interleaved ? "--interleaved"
+                                                                 : in->ckpt ? "--ckpt" : "--device");
+    if (in->exact && !in->flash) die("--exact counts llm4d's buffers, and its attention is flash: drop --attention full");
+    if (in->exact && in->params > 0)
+        die("--exact counts llm4d's buffers, which need the whole shape (--model, or --layers --channels --heads --vocab), "
+            "not --params");
     if (!in->batch_tokens) die("plan: --batch-tokens is required (tokens per optimizer step, e.g. 4M)");
     if (in->params > 0) {
         if (preset || V || maxT) die("--params replaces the shape's parameter count: drop --model, --vocab and --max-seq-len");
@@ -324,6 +367,44 @@ static void estimate_seed(const PlanInput *in, Layout *y) {
     y->compute_s = c_flops * in->params * in->batch_tokens / in->gpus / in->flops;
 }
 
+// --exact: llm4d's buffers for every stage of the layout, counted by building the rank dry (see the top
+// of this file); the fullest stage decides total and fits.
+static void estimate_exact(const PlanInput *in, Layout *y) {
+    y->exact_stage = -1;
+    y->exact_total = NAN;
+    if (y->why) return;
+    double B = y->sequences_per_micro;
+    if (in->sp && fmod(B * in->T, y->tp) != 0) {
+        y->why = "sequence parallelism needs B x T divisible by TP";
+        return;
+    }
+    int interleave = in->interleaved && !isnan(y->bubble_interleaved);
+    y->stage_bytes = xcalloc((size_t)y->pp, sizeof *y->stage_bytes);
+    for (int s = 0; s < y->pp; s++) {
+        RankLayout r = { .cfg = &in->cfg, .dt = in->fp32 ? DT_F32 : DT_BF16, .be = backend_dry(in->device_cpu),
+                         .B = (int)B, .T = in->T, .accum = in->micro_batches, .tp_size = y->tp, .sp = in->sp,
+                         .pp_size = y->pp, .pp_rank = s, .pp_virtual = interleave ? in->pp_virtual : 1,
+                         .dp_size = y->dp, .zero = in->zero, .recompute = in->recompute, .bucket_mb = in->bucket_mb };
+        GPT2 m;
+        Zero z;
+        Pipeline p;
+        AdamWConfig acfg = { 0 };
+        layout_build_model(&r, &m);
+        layout_build_state(&r, &m, &z, &p, NULL, &acfg);
+        if (in->ckpt) {
+            float *snap[3];
+            ckpt_alloc_staging(&m.mem, &z, snap);
+        }
+        memcpy(y->stage_bytes[s], m.mem.peak, sizeof y->stage_bytes[s]);
+        pipeline_free(&p);
+        zero_free(&z);
+        gpt2_free(&m);
+        double total = (double)mem_sum(y->stage_bytes[s]);
+        if (y->exact_stage < 0 || total > y->exact_total) y->exact_stage = s, y->exact_total = total;
+    }
+    y->fits = y->exact_total <= in->gpu_mem;
+}
+
 // Every (TP, PP, DP) with product G, TP <= max-tp and every TP group inside one node. The CP axis,
 // when it exists, is one more loop between PP and DP. Returns the count; *out is malloc'd.
 static int enumerate_layouts(const PlanInput *in, Layout **out) {
@@ -364,7 +445,10 @@ static void print_table(const PlanInput *in, const Layout *ys, int n) {
     char count[32];
     if (in->params >= 1e9) snprintf(count, sizeof count, "%.2f B", in->params / 1e9);
     else snprintf(count, sizeof count, "%.1f M", in->params / 1e6);
-    printf("llm4d plan: the seed's model; bytes per GPU in GB (1e9), times per optimizer step in ms\n");
+    if (in->exact)
+        printf("llm4d plan: llm4d's own buffers (--exact) on the fullest pipeline stage; bytes per GPU in GB (1e9), "
+               "times per optimizer step in ms\n");
+    else printf("llm4d plan: the seed's model; bytes per GPU in GB (1e9), times per optimizer step in ms\n");
     if (c->V) printf("model: L %d, C %d, H %d, V %d (padded %d), maxT %d, T %d | %s parameters\n", c->L, c->C, c->NH, c->V,
                      c->Vp, c->maxT, in->T, count);
     else printf("model: L %d, C %d, H %d, T %d | %s parameters (--params)\n", c->L, c->C, c->NH, in->T, count);
@@ -374,20 +458,40 @@ static void print_table(const PlanInput *in, const Layout *ys, int n) {
     printf("step: %.0f tokens (%.6g sequences of %d), %d micro-batches per replica | ZeRO-%d | recompute %s | %s | "
            "%s attention\n", in->batch_tokens, in->batch_tokens / in->T, in->T, in->micro_batches, in->zero,
            RECOMPUTE_NAMES[in->recompute], in->fp32 ? "fp32" : "bf16", in->flash ? "flash (no T^2 term)" : "full (T^2 probabilities kept)");
-    printf("act upper: the whole replica batch resident; act 1F1B: min(PP, M) micro-batches in flight (total and fits "
-           "use it); interleaved bubble with V = %d\n\n", in->pp_virtual);
-    printf("  TP   PP     DP  layers/st  tok/replica  weights    grads    optim  act upper  act 1F1B    total  fits  "
-           "bubble  interlvd   DP all-reduce    TP comm   compute\n");
+    if (in->exact)
+        printf("exact: %s schedule%s, %s, gradient buckets of %.4g MiB, ranks on %s%s; the fullest stage's bytes, "
+               "interleaved bubble with V = %d\n\n", in->interleaved ? "interleaved (where it applies)" : "1F1B",
+               in->sp ? ", sequence parallel" : "", "flash attention", in->bucket_mb, in->device_cpu ? "CPUs" : "GPUs",
+               in->ckpt ? ", checkpoint staging" : "", in->pp_virtual);
+    else
+        printf("act upper: the whole replica batch resident; act 1F1B: min(PP, M) micro-batches in flight (total and fits "
+               "use it); interleaved bubble with V = %d\n\n", in->pp_virtual);
+    if (in->exact)
+        printf("  TP   PP     DP  layers/st  tok/replica stage  weights    grads    optim     act  recomp     comm    other"
+               "    total  fits  bubble  interlvd   DP all-reduce    TP comm   compute\n");
+    else
+        printf("  TP   PP     DP  layers/st  tok/replica  weights    grads    optim  act upper  act 1F1B    total  fits  "
+               "bubble  interlvd   DP all-reduce    TP comm   compute\n");
     int rows = in->top && in->top < n ? in->top : n;
     for (int i = 0; i < rows; i++) {
         const Layout *y = &ys[i];
         char intl[16] = "-";
         if (!isnan(y->bubble_interleaved)) snprintf(intl, sizeof intl, "%.1f%%", 100 * y->bubble_interleaved);
-        printf("%4d %4d %6d %10.3f %12.0f %8.2f %8.2f %8.2f %10.2f %9.2f %8.2f  %-4s %6.1f%% %9s %9.1f %-5s %10.1f %9.1f", y->tp,
-               y->pp, y->dp, y->layers_per_stage, y->tokens_per_replica, y->weights / 1e9, y->grads / 1e9,
-               y->optimizer / 1e9, y->act_upper / 1e9, y->act_1f1b / 1e9, y->total / 1e9,
-               y->why ? "-" : y->fits ? "yes" : "no", 100 * y->bubble, intl, 1e3 * y->dp_allreduce_s,
-               y->dp == 1 ? "" : y->dp_intra ? "intra" : "inter", 1e3 * y->tp_comm_s, 1e3 * y->compute_s);
+        printf("%4d %4d %6d %10.3f %12.0f", y->tp, y->pp, y->dp, y->layers_per_stage, y->tokens_per_replica);
+        if (in->exact && y->exact_stage >= 0) {
+            const size_t *b = y->stage_bytes[y->exact_stage];
+            printf(" %5d %8.2f %8.2f %8.2f %7.2f %7.2f %8.2f %8.2f %8.2f", y->exact_stage, b[MEM_WEIGHTS] / 1e9,
+                   b[MEM_GRADS] / 1e9, b[MEM_OPTIMIZER] / 1e9, b[MEM_ACTIVATIONS] / 1e9, b[MEM_RECOMPUTE] / 1e9,
+                   b[MEM_COMM] / 1e9, b[MEM_OTHER] / 1e9, y->exact_total / 1e9);
+        } else if (in->exact) {
+            printf(" %5s %8s %8s %8s %7s %7s %8s %8s %8s", "-", "-", "-", "-", "-", "-", "-", "-", "-");
+        } else {
+            printf(" %8.2f %8.2f %8.2f %10.2f %9.2f %8.2f", y->weights / 1e9, y->grads / 1e9, y->optimizer / 1e9,
+                   y->act_upper / 1e9, y->act_1f1b / 1e9, y->total / 1e9);
+        }
+        printf("  %-4s %6.1f%% %9s %9.1f %-5s %10.1f %9.1f", y->why ? "-" : y->fits ? "yes" : "no", 100 * y->bubble, intl,
+               1e3 * y->dp_allreduce_s, y->dp == 1 ? "" : y->dp_intra ? "intra" : "inter", 1e3 * y->tp_comm_s,
+               1e3 * y->compute_s);
         if (y->why) printf("  (%s)", y->why);
         printf("\n");
     }
@@ -397,6 +501,11 @@ static void print_table(const PlanInput *in, const Layout *ys, int n) {
 static void json_num(FILE *f, const char *key, double v, const char *sep) {
     if (isnan(v)) fprintf(f, "\"%s\":null%s", key, sep);
     else fprintf(f, "\"%s\":%.17g%s", key, v, sep);
+}
+
+static void json_bytes(FILE *f, const size_t b[MEM_NCAT]) {
+    for (int c = 0; c < MEM_NCAT; c++) fprintf(f, "%s\"%s\":%zu", c ? "," : "{", MEM_KEYS[c], b[c]);
+    fputc('}', f);
 }
 
 static void write_json(FILE *f, const PlanInput *in, const Layout *ys, int n) {
@@ -412,7 +521,12 @@ static void write_json(FILE *f, const PlanInput *in, const Layout *ys, int n) {
     json_num(f, "gpu_mem_bytes", in->gpu_mem, ",");
     json_num(f, "intra_bw_bytes_per_s", in->intra_bw, ",");
     json_num(f, "inter_bw_bytes_per_s", in->inter_bw, ",");
-    json_num(f, "flops_per_s", in->flops, "},\"layouts\":[");
+    json_num(f, "flops_per_s", in->flops, ",");
+    fprintf(f, "\"exact\":%s", in->exact ? "true" : "false");
+    if (in->exact)
+        fprintf(f, ",\"sp\":%s,\"interleaved\":%s,\"device\":\"%s\",\"ckpt\":%s,\"bucket_mb\":%.17g", in->sp ? "true" : "false",
+                in->interleaved ? "true" : "false", in->device_cpu ? "cpu" : "gpu", in->ckpt ? "true" : "false", in->bucket_mb);
+    fprintf(f, "},\"layouts\":[");
     for (int i = 0; i < n; i++) {
         const Layout *y = &ys[i];
         fprintf(f, "%s{\"tp\":%d,\"pp\":%d,\"cp\":%d,\"dp\":%d,\"runs\":%s,\"why\":", i ? "," : "", y->tp, y->pp, y->cp,
@@ -438,7 +552,20 @@ static void write_json(FILE *f, const PlanInput *in, const Layout *ys, int n) {
         fprintf(f, "\"dp_intra_node\":%s,", y->dp_intra ? "true" : "false");
         json_num(f, "dp_allreduce_s", y->dp_allreduce_s, ",");
         json_num(f, "tp_comm_s", y->tp_comm_s, ",");
-        json_num(f, "compute_s", y->compute_s, "}");
+        json_num(f, "compute_s", y->compute_s, "");
+        if (in->exact && y->exact_stage >= 0) { // llm4d's own buffers: the fullest stage, and every stage
+            fprintf(f, ",\"exact\":{\"stage\":%d,\"total\":%.17g,\"bytes\":", y->exact_stage, y->exact_total);
+            json_bytes(f, y->stage_bytes[y->exact_stage]);
+            fprintf(f, ",\"stages\":[");
+            for (int s = 0; s < y->pp; s++) {
+                if (s) fputc(',', f);
+                json_bytes(f, y->stage_bytes[s]);
+            }
+            fprintf(f, "]}");
+        } else if (in->exact) {
+            fprintf(f, ",\"exact\":null");
+        }
+        fputc('}', f);
     }
     fprintf(f, "]}\n");
 }
@@ -492,12 +619,16 @@ int plan_main(int argc, char **argv) {
     if (n == 0) // only --tp, --pp or --dp can exclude TP 1 x PP 1 x DP G
         die("plan: no layout of %d GPUs has the --tp/--pp/--dp asked for (TP <= %d, each TP group inside a node of %d)",
             in.gpus, in.max_tp, in.gpus_per_node);
-    for (int i = 0; i < n; i++) estimate_seed(&in, &ys[i]);
+    for (int i = 0; i < n; i++) {
+        estimate_seed(&in, &ys[i]);
+        if (in.exact) estimate_exact(&in, &ys[i]);
+    }
     qsort(ys, (size_t)n, sizeof(Layout), layout_order);
     if (in.json) write_json(stdout, &in, ys, n);
     else print_table(&in, ys, n);
     if (fflush(stdout) != 0) die("plan: cannot write the output: %s", strerror(errno));
     int rc = in.plot ? plot_layouts(&in, ys, n) : 0;
+    for (int i = 0; i < n; i++) free(ys[i].stage_bytes);
     free(ys);
     return rc;
 }

@@ -191,11 +191,17 @@ def plot_plan(path, out, max_bars=40):
     runs = [y for y in layouts if y["runs"]]
     shown = runs[:max_bars]
     fig, ax = plt.subplots(figsize=(max(8, 0.45 * len(shown) + 3), 6))
-    cats = (("weights", "weights"), ("gradients", "gradients"), ("optimizer", "optimizer state"),
-            ("activations_1f1b", "activations (1F1B)"))
+    exact = inputs.get("exact", False)  # --exact: llm4d's own buffers on each layout's fullest stage
+    if exact:
+        cats = (("weights", "weights"), ("gradients", "gradients"), ("optimizer", "optimizer state"),
+                ("activations", "activations"), ("recompute", "recompute scratch"), ("comm", "comm buffers"),
+                ("other", "other"))
+    else:
+        cats = (("weights", "weights"), ("gradients", "gradients"), ("optimizer", "optimizer state"),
+                ("activations_1f1b", "activations (1F1B)"))
     bottom = [0.0] * len(shown)
     for key, label in cats:
-        h = [y["bytes"][key] / 1e9 for y in shown]
+        h = [(y["exact"]["bytes"] if exact else y["bytes"])[key] / 1e9 for y in shown]
         ax.bar(range(len(shown)), h, bottom=bottom, label=label)
         bottom = [b + x for b, x in zip(bottom, h)]
     limit = inputs["gpu_mem_bytes"] / 1e9
@@ -212,9 +218,10 @@ def plot_plan(path, out, max_bars=40):
     n = model["params"]
     count = "%.1f B" % (n / 1e9) if n >= 1e9 else "%.1f M" % (n / 1e6)
     ax.set_title("memory per GPU: L %d, C %d, %s parameters on %d GPUs, %d micro-batches, ZeRO-%d, recompute %s, %s\n"
-                 "layouts llm4d can run, best first%s; the number above each bar is its bubble"
+                 "layouts llm4d can run, best first%s; the number above each bar is its bubble%s"
                  % (model["layers"], model["channels"], count, inputs["gpus"], inputs["micro_batches"], inputs["zero"],
-                    inputs["recompute"], inputs["dtype"], more), fontsize=9)
+                    inputs["recompute"], inputs["dtype"], more, "; llm4d's own buffers (--exact)" if exact else ""),
+                 fontsize=9)
     ax.set_ylim(0, max([limit] + bottom) * 1.12)
     ax.legend(fontsize=8, loc="upper left")
     ax.grid(axis="y", alpha=0.3)
