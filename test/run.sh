@@ -150,9 +150,9 @@ EOF
 t_activation_memory() {
     local a b
     a=$($TRAIN --layers 2 --channels 64 --heads 4 --vocab 256 --seq-len 256 --micro-batch 2 --steps 0 |
-        grep -o 'activations [0-9.]* MiB' | cut -d' ' -f2)
+        grep -o 'activations [0-9.]* MiB' | head -n 1 | cut -d' ' -f2)
     b=$($TRAIN --layers 2 --channels 64 --heads 4 --vocab 256 --seq-len 512 --micro-batch 2 --steps 0 |
-        grep -o 'activations [0-9.]* MiB' | cut -d' ' -f2)
+        grep -o 'activations [0-9.]* MiB' | head -n 1 | cut -d' ' -f2)
     echo "activations at T=256: $a MiB, at T=512: $b MiB"
     awk -v a="$a" -v b="$b" 'BEGIN { exit !(a > 0 && b / a > 1.995 && b / a < 2.005) }'
 }
@@ -250,6 +250,7 @@ t_bad_input() {
     expect_error "hdr.bin: inconsistent model header" --init-from "$d/hdr.bin" --steps 0 || ok=1
     expect_error "heads.bin: inconsistent model header" --init-from "$d/heads.bin" --steps 0 || ok=1
     expect_error "unknown flag --bogus" "${base[@]}" --bogus 3 || ok=1
+    expect_error "--recompute must be none, selective or full, got 'some'" "${base[@]}" --recompute some || ok=1
     expect_error "steps expects an integer, got 'ten'" "${TINY[@]}" --steps ten || ok=1
     expect_error "lr expects a number" "${base[@]}" --lr 1e-3x || ok=1
     expect_error "seq-len 64 is above the model's maximum sequence length 32" --init-from "$d/m.bin" --seq-len 64 --steps 0 || ok=1
@@ -608,7 +609,11 @@ t_plan_bad_input() {
     expect_error "--seq-len 2048 is above the model's maximum sequence length 1024" "${p[@]}" --seq-len 2048 || ok=1
     expect_error "--params needs --layers and --channels" "${p[@]}" --params 70B || ok=1
     expect_error "--params replaces the shape's parameter count" "${p[@]}" --params 70B --model d12 || ok=1
-    expect_error "--exact (llm4d's own buffers) is not built yet" "${p[@]}" --exact || ok=1
+    expect_error "--sp describes llm4d's own buffers: it needs --exact" "${p[@]}" --sp || ok=1
+    expect_error "--device must be gpu or cpu, got 'tpu'" "${p[@]}" --exact --device tpu || ok=1
+    expect_error "--exact counts llm4d's buffers, and its attention is flash" "${p[@]}" --exact --attention full || ok=1
+    expect_error "not --params" plan --gpus 8 --batch-tokens 64K --params 7B --layers 32 --channels 4096 --exact || ok=1
+    expect_error "--bucket-mb expects a number, got 'big'" "${p[@]}" --exact --bucket-mb big || ok=1
     expect_error "plan: unknown flag --bogus" "${p[@]}" --bogus 1 || ok=1
     expect_error "--plot needs a value" "${p[@]}" --plot || ok=1
     expect_error "plan: no layout of 8 GPUs has the --tp/--pp/--dp asked for" "${p[@]}" --tp 3 || ok=1
@@ -743,6 +748,8 @@ t_verbs_vm() {
 
 # checkpoints, restarts, bad checkpoints, loss spikes, stragglers, safe files
 source test/ckpt.sh
+# activation recompute, memory per rank, ./train plan --exact
+source test/recompute.sh
 
 # ---------------------------------------------------------------------------------------------
 
@@ -779,6 +786,9 @@ run_test "pipeline PP 2,3,4 x M, plain and interleaved (V 2), and 3D layouts equ
 run_test "tensor parallel memory falls to 1/TP (activations too with --sp); logits B x T x Vp/TP" t_tensor_parallel_memory
 run_test "plan: every layout's bytes, bubble, communication and compute against the formulas; README's 70B table" t_plan
 run_test "plan: bad input, one-line errors naming the flag (ASan)" t_plan_bad_input
+run_test "recompute selective and full are bitwise --recompute none: 1 rank fp32/bf16, DP x ZeRO 1-3, TP+SP, PP plain/interleaved, 3D bf16, resume; no extra ZeRO-3 gathers" t_recompute
+run_test "memory: every rank's peak activations and recompute scratch equal the inventory; fall with recompute, TP, SP, PP, B, T" t_memory_formulas
+run_test "plan --exact predicts every rank's measured peak per category (DP x ZeRO, TP+SP, PP, interleaved, recompute)" t_plan_exact
 run_test "plot.py: training logs and the planner's memory bars as PNG" t_plot
 run_test "RDMA verbs absent: ./train does not link libibverbs, runs as before; verbs say why in one line" t_verbs_absent
 run_test "RDMA verbs on soft-RoCE in a QEMU guest: 1 B-64 MiB both ways checked, 8/3/1 slots, selection, dead peer" t_verbs_vm

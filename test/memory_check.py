@@ -1,0 +1,181 @@
+#!/usr/bin/env python3
+"""Checks the per-rank peak memory that training runs logged ({"memory_peak":{...},"rank":R} records).
+
+  memory_check.py formulas DIR          activations and recompute scratch of every rank against llm4d's
+                                        activation inventory, written out here from the shapes (the
+                                        README's table), and how they fall with recompute, TP, SP, PP,
+                                        the micro-batch size and the sequence length
+  memory_check.py exact DIR TRAIN       every category of every rank against ./train plan --exact
+
+DIR holds the runs of test/recompute.sh: runs.txt lines "NAME MODE RANKS FLAGS...", NAME-MODE.jsonl.
+Tolerance 5% (the figures are expected to agree exactly).
+"""
+import json
+import math
+import subprocess
+import sys
+
+TOL = 0.05
+SHAPE = dict(L=4, C=32, H=4, V=256, maxT=64, T=32)  # test/recompute.sh's RC_SHAPE
+SHAPE_FLAGS = ["--layers", "4", "--channels", "32", "--heads", "4", "--vocab", "256", "--max-seq-len", "64"]
+
+
+def flag(flags, name, default=None, cast=int):
+    return cast(flags[flags.index(name) + 1]) if name in flags else default
+
+
+def load_runs(d):
+    runs = []
+    for line in open(d + "/runs.txt"):
+        name, mode, ranks, *flags = line.split()
+        peaks = {}
+        for rec in map(json.loads, open("%s/%s-%s.jsonl" % (d, name, mode))):
+            if "memory_peak" in rec:
+                peaks[rec["rank"]] = rec["memory_peak"]
+        n = int(ranks)
+        T = flag(flags, "--seq-len", SHAPE["T"])
+        tp, pp = flag(flags, "--tp", 1), flag(flags, "--pp", 1)
+        dp = n // (tp * pp)
+        B, batch = flag(flags, "--micro-batch"), flag(flags, "--batch-tokens")
+        lay = dict(name=name, mode=mode, n=n, flags=flags, T=T, B=B, batch=batch, tp=tp, pp=pp, dp=dp,
+                   sp="--sp" in flags, V=flag(flags, "--pp-virtual", 1) if pp > 1 else 1, M=batch // (dp * B * T),
+                   e=2 if flag(flags, "--dtype", "fp32", str) == "bf16" else 4, zero=flag(flags, "--zero", 0),
+                   bucket=flag(flags, "--bucket-mb", None, str), ckpt="--ckpt-every" in flags)
+        if sorted(peaks) != list(range(n)):
+            sys.exit("%s-%s: memory_peak records for ranks %s, expected 0..%d" % (name, mode, sorted(peaks), n - 1))
+        runs.append((lay, peaks))
+    return runs
+
+
+def stage_blocks(L, P, V, s):
+    """Blocks and chunks of stage s: P·V equal chunks (earlier ones one longer), stage s holds s, s+P, ..."""
+    n = P * V
+    count = [L // n + (i < L % n) for i in range(n)]
+    return sum(count[c * P + s] for c in range(V)), V
+
+
+def inventory(lay, stage):
+    """llm4d's activations and recompute scratch of one rank, in bytes (README: "Activation recompute")."""
+    L, C, H, Vp = SHAPE["L"], SHAPE["C"], SHAPE["H"], (SHAPE["V"] + 127) // 128 * 128
+    B, T, tp, e, mode = lay["B"], lay["T"], lay["tp"], lay["e"], lay["mode"]
+    BT = B * T
+    R = BT // tp if lay["sp"] else BT  # rows of the residual stream on this rank
+    Ct, Ht, Vt = C // tp, H // tp, -(-Vp // tp)
+    Ls, nch = stage_blocks(L, lay["pp"], lay["V"], stage)
+    first, last = stage == 0, stage == lay["pp"] - 1
+    slots = lay["M"] if lay["V"] > 1 else min(lay["pp"] - stage, lay["M"])
+    stats = 2 * R * 4  # a LayerNorm's mean and 1/std per row, fp32
+    slot = nch * R * C * e + Ls * R * C * e  # each chunk's input, each block's output
+    if mode != "full":  # the LayerNorm statistics, QKV, attention output and lse, residual2, GELU's input
+        slot += Ls * (2 * stats + BT * 3 * Ct * e + BT * Ct * e + B * Ht * T * 4 + R * C * e + BT * 4 * Ct * e)
+    if mode == "none":  # the two LayerNorm outputs and GELU's output
+        slot += Ls * (2 * R * C * e + BT * 4 * Ct * e)
+    if last:  # final LayerNorm, logits, cross-entropy statistics, targets
+        slot += R * C * e + stats + BT * Vt * e + 3 * BT * 4 + BT * 4
+    if first:  # token ids
+        slot += BT * 4
+    slot += R * C * e  # the residual gradient handed back
+    shared = 2 * BT * C * e + BT * 4 * Ct * e + BT * 3 * Ct * e  # partial sums, gradients of C, 4C and QKV
+    if lay["sp"]:
+        shared += BT * C * e + R * C * e + 2 * C * 4
+    act = slots * slot + shared
+    rc = 0
+    if mode != "none":  # a LayerNorm output and GELU's output
+        rc = R * C * e + BT * 4 * Ct * e
+    if mode == "full":  # and everything else of one block
+        rc += 2 * stats + BT * 3 * Ct * e + BT * Ct * e + B * Ht * T * 4 + 2 * R * C * e + BT * 4 * Ct * e
+    return act, rc
+
+
+def seed_activations(lay):
+    """The seed's 1F1B activations (plan.c's formulas, per GPU): for the ratios only."""
+    C, L, e = SHAPE["C"], SHAPE["L"], lay["e"]
+    Ls, m, k = L / lay["pp"], lay["B"] * lay["T"], min(lay["pp"], lay["M"])
+    a = (11 if lay["mode"] == "selective" else 17) * e * C
+    if lay["mode"] == "full":
+        return (k * m * Ls * e * C + m * 17 * e * C) / lay["tp"]
+    return k * m * Ls * a / lay["tp"]
+
+
+def rel(a, b):
+    return 0.0 if a == b else abs(a - b) / max(abs(a), abs(b))
+
+
+def formulas(d):
+    runs = load_runs(d)
+    bad = 0
+    by = {}
+    for lay, peaks in runs:
+        for r, got in peaks.items():
+            stage = r // lay["tp"] % lay["pp"]
+            act, rc = inventory(lay, stage)
+            for cat, want in (("activations", act), ("recompute", rc)):
+                err = rel(got[cat], want)
+                if err > TOL:
+                    print("FAIL %s --recompute %s rank %d %s: %d bytes, inventory %d (%.1f%%)" %
+                          (lay["name"], lay["mode"], r, cat, got[cat], want, 100 * err))
+                    bad += 1
+        by[(lay["name"], lay["mode"])] = (lay, peaks)
+    print("every rank's activations and recompute scratch agree with the inventory (%d runs)" % len(runs))
+    # how rank 0's activations (and recompute scratch) fall: measured against the inventory, the seed's beside
+    # how the activations (and recompute scratch) of a rank fall: measured against the inventory, the
+    # seed's 1F1B figure beside (which leaves out the head, the scratch and the statistics)
+    pairs = [("recompute none -> selective", ("one", "none", 0), ("one", "selective", 0)),
+             ("recompute none -> full", ("one", "none", 0), ("one", "full", 0)),
+             ("recompute none -> full, PP 2 stage 0", ("pp2", "none", 0), ("pp2", "full", 0)),
+             ("micro-batch 4 -> 2", ("b4", "none", 0), ("one", "none", 0)),
+             ("sequence 64 -> 32", ("t64", "none", 0), ("one", "none", 0)),
+             ("TP 1 -> 2, sequence parallel", ("one", "none", 0), ("tp2sp", "none", 0)),
+             ("TP 2 -> TP 2 with SP", ("tp2", "none", 0), ("tp2sp", "none", 0)),
+             ("PP 1 -> 2, last stage", ("one", "none", 0), ("pp2", "none", 1))]
+    print("%-40s %9s %9s %9s" % ("activations + recompute scratch", "measured", "inventory", "seed"))
+    for what, a, b in pairs:
+        (la, pa), (lb, pb) = by[a[:2]], by[b[:2]]
+        ga = pa[a[2]]["activations"] + pa[a[2]]["recompute"]
+        gb = pb[b[2]]["activations"] + pb[b[2]]["recompute"]
+        wa = sum(inventory(la, a[2] // la["tp"] % la["pp"]))
+        wb = sum(inventory(lb, b[2] // lb["tp"] % lb["pp"]))
+        print("%-40s %9.3f %9.3f %9.3f" % (what, gb / ga, wb / wa, seed_activations(lb) / seed_activations(la)))
+        if rel(gb / ga, wb / wa) > TOL or not gb < ga:
+            print("FAIL %s: measured ratio %.4f, inventory %.4f (it must fall)" % (what, gb / ga, wb / wa))
+            bad += 1
+    sys.exit(1 if bad else 0)
+
+
+def exact(d, train):
+    bad = 0
+    for lay, peaks in load_runs(d):
+        cmd = [train, "plan", *SHAPE_FLAGS, "--seq-len", str(lay["T"]), "--gpus", str(lay["n"]), "--tp", str(lay["tp"]),
+               "--pp", str(lay["pp"]), "--dp", str(lay["dp"]), "--batch-tokens", str(lay["batch"]),
+               "--micro-batches", str(lay["M"]), "--zero", str(lay["zero"]), "--recompute", lay["mode"],
+               "--dtype", "bf16" if lay["e"] == 2 else "fp32", "--exact", "--device", "cpu", "--json"]
+        if lay["sp"]:
+            cmd.append("--sp")
+        if lay["V"] > 1:
+            cmd += ["--interleaved", "--pp-virtual", str(lay["V"])]
+        if lay["bucket"]:
+            cmd += ["--bucket-mb", lay["bucket"]]
+        if lay["ckpt"]:
+            cmd.append("--ckpt")
+        plan = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+        (y,) = plan["layouts"]
+        worst = 0.0
+        for r, got in peaks.items():
+            want = y["exact"]["stages"][r // lay["tp"] % lay["pp"]]
+            for cat, w in want.items():
+                err = rel(got[cat], w)
+                worst = max(worst, err)
+                if err > TOL:
+                    print("FAIL %s --recompute %s rank %d %s: measured %d bytes, plan --exact %d (%.1f%%)" %
+                          (lay["name"], lay["mode"], r, cat, got[cat], w, 100 * err))
+                    bad += 1
+        print("%-6s %-9s %d rank(s): plan --exact within %.2f%% of every measured category (total %.0f bytes, rank 0)" %
+              (lay["name"], lay["mode"], lay["n"], 100 * worst, sum(peaks[0].values())))
+    sys.exit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "formulas":
+        formulas(sys.argv[2])
+    else:
+        exact(sys.argv[2], sys.argv[3])
