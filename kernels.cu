@@ -108,9 +108,11 @@ static int g_num_sms = 132;
 static int g_gemm_tile = 0; // 0: automatic; 64 or 128 forces a tile size (tests)
 
 // Grow-only scratch buffers (all work runs on the default stream, so reuse is ordered).
+static void *g_scratch_ptr[4];
+static size_t g_scratch_cap[4];
 static void *scratch(int slot, size_t bytes) {
-    static void *ptr[4];
-    static size_t cap[4];
+    void **ptr = g_scratch_ptr;
+    size_t *cap = g_scratch_cap;
     if (bytes == 0) bytes = 1;
     if (bytes > cap[slot]) {
         if (ptr[slot]) CK(cudaFree, (ptr[slot]));
@@ -122,6 +124,7 @@ static void *scratch(int slot, size_t bytes) {
     return ptr[slot];
 }
 enum { SCR_COLSUM = 0, SCR_SUMSQ = 1, SCR_ATTN = 2, SCR_ADAMW = 3 };
+static size_t cu_scratch_bytes(void) { return g_scratch_cap[0] + g_scratch_cap[1] + g_scratch_cap[2] + g_scratch_cap[3]; }
 
 // ---------------------------------------------------------------------------------------------
 // memory
@@ -1251,6 +1254,7 @@ static void fill_table(Backend *b) {
     b->zero = cu_zero;
     b->sync = cu_sync;
     b->set_threads = cu_set_threads;
+    b->scratch_bytes = cu_scratch_bytes;
     b->encoder_fwd = cu_encoder_fwd;
     b->encoder_bwd = cu_encoder_bwd;
     b->layernorm_fwd = cu_layernorm_fwd;

@@ -74,6 +74,9 @@ typedef struct Backend {
     void (*zero)(void *dst, size_t bytes);
     void (*sync)(void);
     void (*set_threads)(int n); // CPU worker threads; ignored by device backends
+    // bytes of the backend's own grow-only workspaces (GEMM packing, reduction partial sums), which no
+    // memory account sees (reported beside the categories)
+    size_t (*scratch_bytes)(void);
 
     // Token and position embedding over a slice of the vocabulary (tensor parallelism splits wte by
     // rows): out[b,t,:] = wte[tok - vstart,:] when vstart <= tok < vstart + vlen, else 0; plus wpe[t,:]

@@ -220,6 +220,12 @@ static void *scratch(int slot, size_t bytes) {
     return g_scratch[slot].p;
 }
 
+static size_t cpu_scratch_bytes(void) {
+    size_t n = 0;
+    for (int i = 0; i < NSCRATCH; i++) n += g_scratch[i].cap;
+    return n;
+}
+
 // per-thread slices of a scratch slot, each `floats` long (rounded to a cache line)
 static size_t slice_floats(size_t floats) { return (floats + 15) / 16 * 16; }
 static float *thread_slices(int slot, size_t floats) {
@@ -1337,6 +1343,7 @@ static const Backend CPU_BACKEND = {
     .zero = cpu_zero,
     .sync = cpu_sync,
     .set_threads = cpu_set_threads,
+    .scratch_bytes = cpu_scratch_bytes,
     .encoder_fwd = cpu_encoder_fwd,
     .encoder_bwd = cpu_encoder_bwd,
     .layernorm_fwd = cpu_layernorm_fwd,

@@ -137,15 +137,18 @@ static void dry_copy(void *dst, const void *src, size_t bytes) { (void)dst, (voi
 static void dry_zero(void *dst, size_t bytes) { (void)dst, (void)bytes; }
 static void dry_sync(void) {}
 static void dry_set_threads(int n) { (void)n; }
+static size_t dry_scratch_bytes(void) { return 0; }
 static void dry_cast(void *dst, DType dst_dt, const void *src, DType src_dt, size_t n) {
     (void)dst, (void)dst_dt, (void)src, (void)src_dt, (void)n;
 }
 
 static const Backend DRY_HOST = { .name = "dry (cpu)", .mem_kind = MEMKIND_HOST, .alloc = dry_alloc, .free = dry_free,
                                   .to_device = dry_copy, .to_host = dry_copy, .copy = dry_copy, .zero = dry_zero,
-                                  .sync = dry_sync, .set_threads = dry_set_threads, .cast = dry_cast };
+                                  .sync = dry_sync, .set_threads = dry_set_threads, .scratch_bytes = dry_scratch_bytes,
+                                  .cast = dry_cast };
 static const Backend DRY_DEVICE = { .name = "dry (gpu)", .mem_kind = MEMKIND_DEVICE, .alloc = dry_alloc, .free = dry_free,
                                     .to_device = dry_copy, .to_host = dry_copy, .copy = dry_copy, .zero = dry_zero,
-                                    .sync = dry_sync, .set_threads = dry_set_threads, .cast = dry_cast };
+                                    .sync = dry_sync, .set_threads = dry_set_threads, .scratch_bytes = dry_scratch_bytes,
+                                    .cast = dry_cast };
 
 const Backend *backend_dry(MemKind kind) { return kind == MEMKIND_HOST ? &DRY_HOST : &DRY_DEVICE; }

@@ -320,11 +320,14 @@ static float lr_at(const Options *o, int step) {
     return min_lr + 0.5f * (1.0f + cosf((float)M_PI * ratio)) * (o->lr - min_lr);
 }
 
-// One rank's memory table, one line: bytes per category (current or peak), in MiB.
-static void print_memory(const GPT2 *m, int rank, const char *when, const size_t bytes[MEM_NCAT]) {
+// One rank's memory table, one line: bytes per category (current or peak), in MiB; kernel_scratch, the
+// backend's own workspaces (outside the categories), when known.
+static void print_memory(const GPT2 *m, int rank, const char *when, const size_t bytes[MEM_NCAT], size_t kernel_scratch) {
     printf("memory of rank %d%s:", rank, when);
     for (int c = 0; c < MEM_NCAT; c++) printf(" %s %.2f MiB |", MEM_NAMES[c], bytes[c] / 1048576.0);
-    printf(" total %.2f MiB | largest logits buffer %zu bytes\n", mem_sum(bytes) / 1048576.0, m->logits_bytes);
+    printf(" total %.2f MiB | largest logits buffer %zu bytes", mem_sum(bytes) / 1048576.0, m->logits_bytes);
+    if (kernel_scratch) printf(" | besides: kernel workspaces %.2f MiB", kernel_scratch / 1048576.0);
+    printf("\n");
     fflush(stdout);
 }
 
@@ -888,28 +891,32 @@ static void print_header(const Trainer *t) {
     char when[64];
     snprintf(when, sizeof when, " (%s)", t->be->name);
     for (int r = 0; r < tp->nranks; r++) {
-        if (r == tp->rank) print_memory(&t->model, tp->rank, when, t->model.mem.cur);
+        if (r == tp->rank) print_memory(&t->model, tp->rank, when, t->model.mem.cur, 0);
         if (tp->world) comm_barrier(tp->world);
     }
 }
 
 // The end of the run: every rank's peak bytes per category, printed in rank order and logged by rank 0
-// as {"memory_peak":{"weights":..,...},"rank":R}, one record per rank.
+// as {"memory_peak":{"weights":..,...},"kernel_scratch":B,"rank":R}, one record per rank (kernel_scratch:
+// the backend's own grow-only workspaces, which the categories do not see).
 static void report_memory_peak(Trainer *t) {
     Topology *tp = &t->topo;
+    size_t ks = t->be->scratch_bytes();
     for (int r = 0; r < tp->nranks; r++) {
-        if (r == tp->rank) print_memory(&t->model, tp->rank, ", peak", t->model.mem.peak);
+        if (r == tp->rank) print_memory(&t->model, tp->rank, ", peak", t->model.mem.peak, ks);
         if (tp->world) comm_barrier(tp->world);
     }
-    int64_t mine[MEM_NCAT], *all = xmalloc(sizeof(int64_t) * MEM_NCAT * tp->nranks);
+    enum { N = MEM_NCAT + 1 };
+    int64_t mine[N], *all = xmalloc(sizeof(int64_t) * N * tp->nranks);
     for (int c = 0; c < MEM_NCAT; c++) mine[c] = (int64_t)t->model.mem.peak[c];
-    if (tp->world) comm_all_gather(tp->world, mine, all, (size_t)MEM_NCAT * tp->nranks, CT_I64);
+    mine[MEM_NCAT] = (int64_t)ks;
+    if (tp->world) comm_all_gather(tp->world, mine, all, (size_t)N * tp->nranks, CT_I64);
     else memcpy(all, mine, sizeof mine);
     for (int r = 0; t->logf && r < tp->nranks; r++) {
+        const int64_t *a = all + (size_t)r * N;
         fprintf(t->logf, "{\"memory_peak\":{");
-        for (int c = 0; c < MEM_NCAT; c++)
-            fprintf(t->logf, "%s\"%s\":%lld", c ? "," : "", MEM_KEYS[c], (long long)all[(size_t)r * MEM_NCAT + c]);
-        fprintf(t->logf, "},\"rank\":%d}\n", r);
+        for (int c = 0; c < MEM_NCAT; c++) fprintf(t->logf, "%s\"%s\":%lld", c ? "," : "", MEM_KEYS[c], (long long)a[c]);
+        fprintf(t->logf, "},\"kernel_scratch\":%lld,\"rank\":%d}\n", (long long)a[MEM_NCAT], r);
     }
     free(all);
 }

@@ -54,6 +54,9 @@ echo
 echo "== pipeline parallelism (scripts/bench_pp.sh) =="
 bash scripts/bench_pp.sh
 echo
+echo "== activation recompute (scripts/bench_recompute.sh) =="
+bash scripts/bench_recompute.sh
+echo
 echo "== checkpoints (scripts/bench_ckpt.sh) =="
 bash scripts/bench_ckpt.sh
 
