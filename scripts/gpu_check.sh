@@ -5,8 +5,9 @@
 #   2. build: make (./train with the CUDA backend) and build/test_cuda
 #   3. build/test_cuda: every CUDA kernel against the CPU reference, fp32 and bf16, and determinism
 #   4. training: 5 steps of a small model on CPU and on GPU (both fp32), losses equal to 1e-4 relative
-#   5. throughput: 10 steps of GPT-2 124M (d12) in bf16 on the GPU
-#   6. tensor-core GEMM (gemm.cu): build/gemm_check, each kernel against a CPU fp64 reference, then the
+#   5. recompute: --recompute selective and full give the model file of --recompute none, byte for byte (bf16)
+#   6. throughput: 10 steps of GPT-2 124M (d12) in bf16 on the GPU
+#   7. tensor-core GEMM (gemm.cu): build/gemm_check, each kernel against a CPU fp64 reference, then the
 #      timing table against cuBLAS (build/gpucheck/gemm_table.md, and $OUT/gemm_table.md)
 # Each section prints PASS or FAIL; the script exits non-zero if any section failed. Logs go to
 # build/gpucheck/ and, when $OUT is set, are copied there at the end.
@@ -151,7 +152,29 @@ EOF
 }
 
 # ---------------------------------------------------------------------------------------------------
-# 5. throughput
+# 5. activation recompute on the GPU: the rebuilt activations (gelu_fwd, LayerNorm, the whole block) are
+#    bitwise the forward's, so the trained model files are identical; the peak activation memory falls
+
+check_recompute() {
+    [ "$BUILD_OK" -eq 1 ] || { echo "skipped: build failed"; return 1; }
+    if [ "$DATA_OK" -ne 1 ]; then prepare_data || return 1; fi
+    local r ok=0
+    for r in none selective full; do
+        timeout 600 ./train --device cuda --dtype bf16 --train "$DATA/train.bin" --layers 4 --channels 128 --heads 4 \
+            --vocab 256 --seq-len 128 --micro-batch 4 --batch-tokens 1024 --steps 4 --recompute $r \
+            --log "$LOG/recompute_$r.jsonl" --save-model "$LOG/recompute_$r.bin" > "$LOG/recompute_$r.log" 2>&1 ||
+            { echo "--recompute $r failed"; tail -n 5 "$LOG/recompute_$r.log"; return 1; }
+        grep "memory of rank 0, peak" "$LOG/recompute_$r.log"
+    done
+    for r in selective full; do
+        if cmp "$LOG/recompute_none.bin" "$LOG/recompute_$r.bin"; then echo "--recompute $r: bitwise --recompute none"
+        else echo "--recompute $r: the model differs from --recompute none"; ok=1; fi
+    done
+    return $ok
+}
+
+# ---------------------------------------------------------------------------------------------------
+# 6. throughput
 
 check_throughput() {
     [ "$BUILD_OK" -eq 1 ] || { echo "skipped: build failed"; return 1; }
@@ -175,7 +198,7 @@ EOF
 }
 
 # ---------------------------------------------------------------------------------------------------
-# 6. the tensor-core GEMM: each kernel checked in its own process (one that faults or traps cannot hide
+# 7. the tensor-core GEMM: each kernel checked in its own process (one that faults or traps cannot hide
 #    the other), the SASS looked at when cuobjdump is there, then the benchmark of those that passed
 
 check_gemm() {
@@ -221,6 +244,7 @@ section "build" check_build
 section "kernels (build/test_cuda)" check_kernels
 section "tensor-core GEMM (build/gemm_check)" check_gemm
 section "training cpu vs gpu" check_training
+section "recompute bitwise on the gpu" check_recompute
 section "throughput" check_throughput
 
 echo

@@ -588,6 +588,17 @@ t_plan() {
         --micro-batches 8 --zero 1 --recompute full >"$WORK/plan.txt" || return 1
     grep -q '^   8    4    512 ' "$WORK/plan.txt" || { echo "the 405B table lacks TP 8 x PP 4 x DP 512"; return 1; }
     $ASAN plan --model d12 --gpus 6 --batch-tokens 24K --json | $PY -c 'import json, sys; json.load(sys.stdin)'
+    # --exact builds every stage of every layout dry (fake addresses, nothing allocated): clean under ASan/UBSan
+    $ASAN plan --layers 126 --channels 16384 --heads 128 --seq-len 4096 --gpus 16384 --batch-tokens 16M \
+        --micro-batches 8 --zero 3 --recompute selective --exact --sp --interleaved --ckpt --json >"$WORK/plan_exact.json" || return 1
+    $PY - "$WORK/plan_exact.json" <<'EOF'
+import json, sys
+d = json.load(open(sys.argv[1]))
+runs = [y for y in d["layouts"] if y["runs"]]
+assert runs and all(len(y["exact"]["stages"]) == y["pp"] for y in runs)
+assert all(y["exact"]["total"] == sum(y["exact"]["stages"][y["exact"]["stage"]].values()) for y in runs)
+print(len(runs), "layouts with llm4d's buffers on every stage")
+EOF
 }
 
 t_plan_bad_input() {
