@@ -164,9 +164,9 @@ float *gpt2_load_file(const char *path, GPT2Config *cfg);
 void gpt2_save_file(const char *path, const GPT2Config *cfg, const float *host_params);
 
 // Builds this rank's part of the model: its tensor-parallel slice when the tensor-parallel group has
-// several ranks. With a dry backend (mem.h) it only counts the buffers it would allocate. With own_params 0 the caller (ZeRO-3) provides unit_params instead of a full
+// several ranks. With own_params 0 the caller (ZeRO-3) provides unit_params instead of a full
 // working-weight buffer, and with own_grads 0 (ZeRO-2/3 streaming) unit_grads instead of a full
-// gradient buffer.
+// gradient buffer. With a dry backend (mem.h) it only counts the buffers it would allocate.
 void gpt2_build(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, int B, int T, int own_params, int own_grads,
                 const Placement *pl);
 // Pipeline stages: choose the activation set of a micro-batch, and the buffers that travel between

@@ -42,6 +42,15 @@ void pipeline_split_layers(int L, int P, int V, const char *counts, int *first, 
 void pipeline_place(Placement *pl, int L, int P, int V, int stage, int M, const char *pp_layers);
 void pipeline_init(Pipeline *p, GPT2 *model, Zero *zero, Comm *fwd, Comm *bwd);
 
+void pipeline_free(Pipeline *p);
+// One step's forwards and backwards over M micro-batches (inputs and targets: M·B·T tokens each, used
+// by the first and the last stage). Returns the sum of the micro-batch losses on the last stage, 0
+// elsewhere.
+double pipeline_step(Pipeline *p, const int32_t *inputs, const int32_t *targets, int M, int B, int T, float dloss);
+// A forward of one micro-batch through every stage (validation, sampling): the loss on the last
+// stage when targets are given, 0 elsewhere.
+float pipeline_forward(Pipeline *p, const int32_t *inputs, const int32_t *targets, int B, int T);
+
 // One rank's place in a layout and what it runs with: everything that decides its buffers. The trainer
 // builds its rank from it; `./train plan --exact` builds any rank of any layout from it with a dry
 // backend (mem.h), communicators NULL, and reads the account: the same code, so the same bytes.
@@ -60,13 +69,5 @@ void layout_build_model(const RankLayout *r, GPT2 *m);
 // The optimizer state and the pipeline, from host fp32 parameters in the internal order (NULL: dry).
 void layout_build_state(const RankLayout *r, GPT2 *m, Zero *z, Pipeline *p, const float *host_params,
                         const AdamWConfig *acfg);
-void pipeline_free(Pipeline *p);
-// One step's forwards and backwards over M micro-batches (inputs and targets: M·B·T tokens each, used
-// by the first and the last stage). Returns the sum of the micro-batch losses on the last stage, 0
-// elsewhere.
-double pipeline_step(Pipeline *p, const int32_t *inputs, const int32_t *targets, int M, int B, int T, float dloss);
-// A forward of one micro-batch through every stage (validation, sampling): the loss on the last
-// stage when targets are given, 0 elsewhere.
-float pipeline_forward(Pipeline *p, const int32_t *inputs, const int32_t *targets, int B, int T);
 
 #endif

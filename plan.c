@@ -211,7 +211,7 @@ static void parse_plan(PlanInput *in, int argc, char **argv) {
     int L = 0, C = 0, NH = 0, V = 0, maxT = 0, T = 0;
     *in = (PlanInput){ .gpus_per_node = 8, .max_tp = 8, .micro_batches = 8, .pp_virtual = 2, .flash = 1,
                        .gpu_mem = 80e9, .intra_bw = 300e9, .inter_bw = 50e9, .flops = 400e12, .bucket_mb = 25 };
-    int device_given = 0;
+    int device_given = 0, bucket_given = 0;
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
@@ -252,7 +252,7 @@ static void parse_plan(PlanInput *in, int argc, char **argv) {
         else if (IS("--pp")) in->only_pp = INT(1, 1 << 24);
         else if (IS("--dp")) in->only_dp = INT(1, 1 << 24);
         else if (IS("--plot")) in->plot = v;
-        else if (IS("--bucket-mb")) in->bucket_mb = parse_amount(f, v, NO_UNITS, 0, 1e6, 0);
+        else if (IS("--bucket-mb")) in->bucket_mb = parse_amount(f, v, NO_UNITS, 0, 1e6, 0), bucket_given = 1;
         else if (IS("--device")) {
             if (strcmp(v, "gpu") && strcmp(v, "cpu")) die("--device must be gpu or cpu, got '%s'", v);
             in->device_cpu = !strcmp(v, "cpu");
@@ -274,9 +274,10 @@ static void parse_plan(PlanInput *in, int argc, char **argv) {
 #undef IS
     }
     if (!in->gpus) die("plan: --gpus is required (the number of GPUs to split the model over)");
-    if (!in->exact && (in->sp || in->interleaved || in->ckpt || device_given))
+    if (!in->exact && (in->sp || in->interleaved || in->ckpt || device_given || bucket_given))
         die("%s describes llm4d's own buffers: it needs --exact", in->sp ? "--sp" : in->interleaved ? "--interleaved"
-                                                                 : in->ckpt ? "--ckpt" : "--device");
+                                                                 : in->ckpt ? "--ckpt" : device_given ? "--device"
+                                                                 : "--bucket-mb");
     if (in->exact && !in->flash) die("--exact counts llm4d's buffers, and its attention is flash: drop --attention full");
     if (in->exact && in->params > 0)
         die("--exact counts llm4d's buffers, which need the whole shape (--model, or --layers --channels --heads --vocab), "
