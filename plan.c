@@ -19,8 +19,9 @@
 //                                    parallelism, so all of it divides by TP); flash attention keeps
 //                                    no T² term; --attention full adds the probabilities, 2.5·e·H·T
 //                                    --recompute selective: a = 11·e·C (22·C in bf16): the two LayerNorm
-//                                    outputs (2·e·C) and GELU's input (4·e·C) are recomputed, and with
-//                                    --attention full the probabilities too
+//                                    outputs (2·e·C) and one of GELU's input and output (4·e·C; llm4d
+//                                    rebuilds the output) are recomputed, and with --attention full the
+//                                    probabilities too
 //   activations, upper bound         R · Ls · a / TP                  the whole replica batch resident
 //   activations, 1F1B                k · m · Ls · a / TP              k = min(PP, M) micro-batches in
 //                                                                     flight on the first stage
