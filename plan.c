@@ -54,8 +54,8 @@
 // (layout_build_model and layout_build_state in pipeline.c) on a dry backend whose account only counts
 // (mem.h), and reports the fullest stage: weights, gradients (fp32), optimizer state, activations (the
 // activation sets the schedule keeps: 1F1B, or every micro-batch with --interleaved), recompute scratch,
-// comm buffers (ZeRO buckets and gathered units, the reduce-scatter work areas on --device cpu), other
-// (checkpoint staging with --ckpt, on --device cpu). Fits and the order use its total.
+// comm buffers (ZeRO buckets and gathered units), other (checkpoint staging with --ckpt, on --device
+// cpu). Fits and the order use its total.
 //
 // Layouts: every (TP, PP, DP) with TP·PP·DP = G, TP <= --max-tp and every TP group (TP consecutive
 // ranks) inside one node (nodes of --gpus-per-node consecutive ranks), in llm4d's rank order
@@ -127,7 +127,7 @@ static const char PLAN_USAGE[] =
     "                             which keeps every micro-batch's activations\n"
     "  --bucket-mb F              with --exact: gradient bucket size, as for training (default 25)\n"
     "  --device gpu|cpu           with --exact: what the ranks run on (default gpu); on cpu the host buffers\n"
-    "                             (reduce-scatter work areas, checkpoint staging) are the device's memory too\n"
+    "                             (checkpoint staging) are the device's memory too\n"
     "  --ckpt                     with --exact: checkpoints are written (--ckpt-dir): count their staging\n"
     "\n"
     "output:\n"
@@ -383,7 +383,7 @@ static void estimate_exact(const PlanInput *in, Layout *y) {
     int interleave = in->interleaved && !isnan(y->bubble_interleaved);
     y->stage_bytes = xcalloc((size_t)y->pp, sizeof *y->stage_bytes);
     for (int s = 0; s < y->pp; s++) {
-        RankLayout r = { .cfg = &in->cfg, .dt = in->fp32 ? DT_F32 : DT_BF16, .be = backend_dry(in->device_cpu),
+        RankLayout r = { .cfg = &in->cfg, .dt = in->fp32 ? DT_F32 : DT_BF16, .be = backend_dry(in->device_cpu ? MEMKIND_HOST : MEMKIND_DEVICE),
                          .B = (int)B, .T = in->T, .accum = in->micro_batches, .tp_size = y->tp, .sp = in->sp,
                          .pp_size = y->pp, .pp_rank = s, .pp_virtual = interleave ? in->pp_virtual : 1,
                          .dp_size = y->dp, .zero = in->zero, .recompute = in->recompute, .bucket_mb = in->bucket_mb };
