@@ -527,6 +527,7 @@ static char *manifest_text(const Ckpt *c, const int64_t *all, size_t *len) {
     json_object_set_new(la, "dp", json_integer(mt->dp));
     json_object_set_new(la, "tp", json_integer(mt->tp));
     json_object_set_new(la, "pp", json_integer(mt->pp));
+    json_object_set_new(la, "cp", json_integer(mt->cp));
     json_object_set_new(la, "pp_virtual", json_integer(mt->pp_virtual));
     json_object_set_new(la, "zero", json_integer(mt->zero));
     json_object_set_new(la, "sp", json_boolean(mt->sp));
@@ -789,6 +790,7 @@ static const char *parse_meta(json_t *r, CkptMeta *mt) {
     INT(la, "dp", dp);
     INT(la, "tp", tp);
     INT(la, "pp", pp);
+    mt->cp = get_int(la, "cp", &i) ? (int)i : 1; // written before context parallelism existed: 1
     INT(la, "pp_virtual", pp_virtual);
     INT(la, "zero", zero);
     mt->sp = json_is_true(json_object_get(la, "sp"));

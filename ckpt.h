@@ -37,7 +37,7 @@ typedef struct {
     int shuffle;
     GPT2Config model;
     // the layout it was written under (any layout reads it)
-    int ranks, dp, tp, pp, pp_virtual, zero, sp;
+    int ranks, dp, tp, pp, cp, pp_virtual, zero, sp;
     double bucket_mb;
     char dtype[8];
     // the data position: the next global sequence is step x batch_tokens / seq_len of the training data

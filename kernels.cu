@@ -1222,6 +1222,28 @@ static void cu_cast(void *dst, DType dst_dt, const void *src, DType src_dt, size
     check_launch("cast_kernel");
 }
 
+template <typename TD, typename TS>
+__global__ void cast_rows_kernel(TD *dst, size_t dst_stride, const TS *src, size_t src_stride, size_t rows, size_t n) {
+    GRID_STRIDE(i, rows * n) {
+        size_t r = i / n, c = i % n;
+        dst[r * dst_stride + c] = fromf<TD>(tof(src[r * src_stride + c]));
+    }
+}
+
+static void cu_cast_rows(void *dst, DType dst_dt, size_t dst_stride, const void *src, DType src_dt, size_t src_stride,
+                         size_t rows, size_t n) {
+    if (rows == 0 || n == 0) return;
+    unsigned blocks = ew_blocks(rows * n, 256);
+    if (dst_dt == DT_BF16 && src_dt == DT_BF16)
+        cast_rows_kernel<bf16s, bf16s><<<blocks, 256>>>((bf16s *)dst, dst_stride, (const bf16s *)src, src_stride, rows, n);
+    else if (dst_dt == DT_BF16)
+        cast_rows_kernel<bf16s, float><<<blocks, 256>>>((bf16s *)dst, dst_stride, (const float *)src, src_stride, rows, n);
+    else if (src_dt == DT_BF16)
+        cast_rows_kernel<float, bf16s><<<blocks, 256>>>((float *)dst, dst_stride, (const bf16s *)src, src_stride, rows, n);
+    else cast_rows_kernel<float, float><<<blocks, 256>>>((float *)dst, dst_stride, (const float *)src, src_stride, rows, n);
+    check_launch("cast_rows_kernel");
+}
+
 // ---------------------------------------------------------------------------------------------
 // the table
 
@@ -1275,6 +1297,7 @@ static void fill_table(Backend *b) {
     b->adamw = cu_adamw;
     b->sumsq = cu_sumsq;
     b->cast = cu_cast;
+    b->cast_rows = cu_cast_rows;
 }
 
 extern "C" const Backend *backend_cuda(void) {

@@ -164,6 +164,11 @@ typedef struct Backend {
     double (*sumsq)(const float *x, size_t n);
     // dst = src converted between dtypes (round to nearest even into bf16)
     void (*cast)(void *dst, DType dst_dt, const void *src, DType src_dt, size_t n);
+    // The same on rows of strided matrices: dst[r·dst_stride + i] = src[r·src_stride + i] for r < rows,
+    // i < n (strides in elements). Context parallelism packs K and V out of qkv with it, and writes its
+    // fp32 dq, dk, dv accumulators back into dqkv.
+    void (*cast_rows)(void *dst, DType dst_dt, size_t dst_stride, const void *src, DType src_dt, size_t src_stride,
+                      size_t rows, size_t n);
 } Backend;
 
 const Backend *backend_cpu(void);

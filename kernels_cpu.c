@@ -1332,6 +1332,19 @@ static void cpu_cast(void *dst, DType dst_dt, const void *src, DType src_dt, siz
     for (size_t i = 0; i < n; i++) st(dst_dt, dst, i, ld(src_dt, src, i));
 }
 
+static void cpu_cast_rows(void *dst, DType dst_dt, size_t dst_stride, const void *src, DType src_dt, size_t src_stride,
+                          size_t rows, size_t n) {
+    size_t ds = dtype_size(dst_dt), ss = dtype_size(src_dt);
+#pragma omp parallel for schedule(static)
+    for (size_t r = 0; r < rows; r++) {
+        char *d = (char *)dst + r * dst_stride * ds;
+        const char *s = (const char *)src + r * src_stride * ss;
+        if (dst_dt == src_dt) memcpy(d, s, n * ds);
+        else
+            for (size_t i = 0; i < n; i++) st(dst_dt, d, i, ld(src_dt, s, i));
+    }
+}
+
 static const Backend CPU_BACKEND = {
     .name = "cpu",
     .mem_kind = MEMKIND_HOST,
@@ -1364,6 +1377,7 @@ static const Backend CPU_BACKEND = {
     .adamw = cpu_adamw,
     .sumsq = cpu_sumsq,
     .cast = cpu_cast,
+    .cast_rows = cpu_cast_rows,
 };
 
 const Backend *backend_cpu(void) { return &CPU_BACKEND; }

@@ -353,6 +353,10 @@ void gpt2_build(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, int
     if (cfg->NH % m->tp) die("internal: tensor parallelism %d does not divide %d heads", m->tp, cfg->NH);
     m->sp = sp && m->tp > 1;
     if (m->sp && ((size_t)B * T) % m->tp) die("internal: sequence parallelism needs B*T divisible by %d", m->tp);
+    m->cp = pl->cp_size > 1 ? pl->cp_size : 1;
+    m->cp_rank = m->cp > 1 ? pl->cp_rank : 0;
+    if (m->cp > 1 && T % 2) die("internal: context parallelism needs an even number of local positions, got %d", T);
+    m->ring = (CpRing){ .kv = pl->cp, .grad = pl->cp_grad, .n = m->cp, .rank = m->cp_rank, .be = be, .dt = dt };
     m->C_tp = cfg->C / m->tp;
     m->NH_tp = cfg->NH / m->tp;
     m->Vp_tp = (cfg->Vp + m->tp - 1) / m->tp; // padded internally when the ranks do not divide Vp
@@ -432,6 +436,15 @@ void gpt2_build(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, int
             ACT(ln_grad, 2 * C, 4);
         }
 #undef ACT
+        if (m->cp > 1) { // the ring's blocks in flight count as communication buffers, its accumulators as activations
+            CpRing *r = &m->ring;
+            for (int i = 0; i < 2; i++) {
+                r->kvbuf[i] = mem_alloc(a, MEM_COMM, BT * 2 * Ct * ds, "context-parallel K/V block");
+                r->dkv[i] = mem_alloc(a, MEM_COMM, BT * 2 * Ct * 4, "context-parallel dK/dV accumulator");
+            }
+            r->acc = mem_alloc(a, MEM_ACTIVATIONS, BT * Ct * 4, "context-parallel attention accumulator");
+            r->dkv_part = mem_alloc(a, MEM_ACTIVATIONS, BT * 2 * Ct * 4, "context-parallel dK/dV share");
+        }
     }
     BlockScratch *r = &m->rc; // one block, rebuilt before its backward
 #define RC(field, elems, esize) r->field = mem_alloc(a, MEM_RECOMPUTE, (elems) * (esize), "recompute " #field)
@@ -477,6 +490,8 @@ void gpt2_free(GPT2 *m) {
     free(m->slots);
     mem_free(a, m->params);
     mem_free(a, m->grads);
+    void *ring[] = { m->ring.kvbuf[0], m->ring.kvbuf[1], m->ring.dkv[0], m->ring.dkv[1], m->ring.acc, m->ring.dkv_part };
+    for (size_t i = 0; i < sizeof ring / sizeof ring[0]; i++) mem_free(a, ring[i]);
     free(m->unit_offset);
     free(m->unit_params);
     free(m->unit_grads);
@@ -622,6 +637,67 @@ static void prof_end(GPT2 *m, int cat, double t0) {
         prof_end(m, cat, t0_);                                                                             \
     } while (0)
 
+// Token and position embedding of B local sequences of T positions into out. With context parallelism
+// each local sequence is two chunks from different places of the full one: each chunk is embedded with
+// its own positions.
+static void embed_fwd(GPT2 *m, void *out, const void *wpe, int B, int T) {
+    const Backend *be = m->be;
+    const void *wte = gpt2_param(m, P_WTE, 0);
+    int C = m->cfg.C;
+    if (m->cp == 1) {
+        be->encoder_fwd(m->dt, out, m->act->inputs, wte, wpe, B, T, C, m->v_start, m->Vp_tp);
+        return;
+    }
+    for (int b = 0; b < B; b++)
+        for (int j = 0, c = T / 2; j < 2; j++) {
+            size_t row = (size_t)b * T + (size_t)j * c, pos = (size_t)cp_chunk_start(T, m->cp, m->cp_rank, j);
+            be->encoder_fwd(m->dt, at(out, row * C, m->dt), m->act->inputs + row, wte, wpe ? at(wpe, pos * C, m->dt) : NULL,
+                            1, c, C, m->v_start, m->Vp_tp);
+        }
+}
+static void embed_bwd(GPT2 *m, const void *dout, int B, int T) {
+    const Backend *be = m->be;
+    float *dwte = gpt2_grad(m, P_WTE, 0), *dwpe = gpt2_grad(m, P_WPE, 0);
+    int C = m->cfg.C;
+    if (m->cp == 1) {
+        be->encoder_bwd(m->dt, dwte, dwpe, dout, m->act->inputs, B, T, C, m->v_start, m->Vp_tp);
+        return;
+    }
+    for (int b = 0; b < B; b++) // (b, t) in order, as on one rank
+        for (int j = 0, c = T / 2; j < 2; j++) {
+            size_t row = (size_t)b * T + (size_t)j * c, pos = (size_t)cp_chunk_start(T, m->cp, m->cp_rank, j);
+            be->encoder_bwd(m->dt, dwte, dwpe + pos * C, at(dout, row * C, m->dt), m->act->inputs + row, 1, c, C, m->v_start,
+                            m->Vp_tp);
+        }
+}
+
+// The attention of one block over this rank's positions: the whole sequences here, or ring attention over
+// the context-parallel group. lse holds one block's log-sum-exps (laid out per chunk under context
+// parallelism).
+static void attention_fwd(GPT2 *m, void *atty, float *lse, const void *qkv, int B, int T) {
+    int Ct = m->C_tp, NH = m->NH_tp;
+    double pairs;
+    if (m->cp > 1) {
+        pairs = cp_attention_fwd(&m->ring, atty, lse, qkv, B, T, Ct, NH);
+    } else {
+        m->be->attention_fwd(m->dt, atty, lse, qkv, B, T, Ct, NH);
+        pairs = causal_pairs(T, 0, T, 0);
+    }
+    m->prof.attention_flops += 4.0 * (Ct / NH) * B * NH * pairs;
+}
+static void attention_bwd(GPT2 *m, void *dqkv, const void *datty, const void *qkv, const void *atty, const float *lse, int B,
+                          int T) {
+    int Ct = m->C_tp, NH = m->NH_tp;
+    double pairs;
+    if (m->cp > 1) {
+        pairs = cp_attention_bwd(&m->ring, dqkv, datty, qkv, atty, lse, B, T, Ct, NH);
+    } else {
+        m->be->attention_bwd(m->dt, dqkv, datty, qkv, atty, lse, B, T, Ct, NH);
+        pairs = causal_pairs(T, 0, T, 0);
+    }
+    m->prof.attention_flops += 10.0 * (Ct / NH) * B * NH * pairs;
+}
+
 // Cross-entropy over the vocabulary slices of the tensor-parallel group: each rank's row statistics
 // are gathered and combined in rank order (so every rank gets the same bits); returns the mean loss
 // and leaves the global row max and sum on the device for the backward. With dloss > 0 and the whole
@@ -727,7 +803,7 @@ static void block_forward_to_gelu(GPT2 *m, int l, const BlockActs *a, const void
     int lead = m->tp_rank == 0; // adds what must be added once: the row-parallel biases
     const void *in = tp_full_rows(m, a->ln1, BTC);
     TIMED(m, PROF_MATMUL, be->matmul_fwd(dt, a->qkv, NULL, in, gpt2_param(m, P_QKVW, l), gpt2_param(m, P_QKVB, l), N, C, 3 * Ct));
-    TIMED(m, PROF_ATTENTION, be->attention_fwd(dt, a->atty, a->lse, a->qkv, B, T, Ct, m->NH_tp));
+    TIMED(m, PROF_ATTENTION, attention_fwd(m, a->atty, a->lse, a->qkv, B, T));
     TIMED(m, PROF_MATMUL, be->matmul_fwd(dt, m->act->partial, NULL, a->atty, gpt2_param(m, P_ATTPROJW, l),
                                          lead ? gpt2_param(m, P_ATTPROJB, l) : NULL, N, Ct, C));
     void *proj = tp_finish_partial(m, a->r2, BTC);
@@ -757,8 +833,7 @@ float gpt2_forward_chunk(GPT2 *m, int chunk, const int32_t *inputs, const int32_
     if (m->first && chunk == 0) { // other chunks find their input in place, received from the previous stage
         be->to_device(x->inputs, inputs, sizeof(int32_t) * N);
         fetch(m, UNIT_EMBED);
-        be->encoder_fwd(dt, x->partial, x->inputs, gpt2_param(m, P_WTE, 0), lead ? gpt2_param(m, P_WPE, 0) : NULL, B, T,
-                        C, m->v_start, m->Vp_tp);
+        embed_fwd(m, x->partial, lead ? gpt2_param(m, P_WPE, 0) : NULL, B, T);
         void *embedded = tp_finish_partial(m, x->encoded, BTC);
         if (embedded != x->encoded) be->copy(x->encoded, embedded, RC * dtype_size(dt));
     }
@@ -877,7 +952,7 @@ void gpt2_backward_chunk(GPT2 *m, int chunk, float dloss_scale) {
         dy = tp_full_rows(m, x->dresidual, BTC);
         TIMED(m, PROF_MATMUL, be->matmul_bwd(dt, x->dbuf_c, gpt2_grad(m, P_ATTPROJW, l), gpt2_grad(m, P_ATTPROJB, l), dy,
                                              a.atty, gpt2_param(m, P_ATTPROJW, l), NULL, N, Ct, C));
-        TIMED(m, PROF_ATTENTION, be->attention_bwd(dt, x->dqkv, x->dbuf_c, a.qkv, a.atty, a.lse, B, T, Ct, m->NH_tp));
+        TIMED(m, PROF_ATTENTION, attention_bwd(m, x->dqkv, x->dbuf_c, a.qkv, a.atty, a.lse, B, T));
         rebuild_ln1(m, l, &a, res, R);
         in = tp_full_rows(m, a.ln1, BTC);
         TIMED(m, PROF_MATMUL, be->matmul_bwd(dt, x->partial, gpt2_grad(m, P_QKVW, l), gpt2_grad(m, P_QKVB, l), x->dqkv,
@@ -889,8 +964,7 @@ void gpt2_backward_chunk(GPT2 *m, int chunk, float dloss_scale) {
     }
     if (m->first && chunk == 0) {
         fetch(m, UNIT_EMBED); // its weights are not read, but ZeRO-2/3 streaming places its gradients here
-        be->encoder_bwd(dt, gpt2_grad(m, P_WTE, 0), gpt2_grad(m, P_WPE, 0), tp_full_rows(m, x->dresidual, BTC), x->inputs,
-                        B, T, C, m->v_start, m->Vp_tp);
+        embed_bwd(m, tp_full_rows(m, x->dresidual, BTC), B, T);
     }
     // x->dresidual now holds the gradient of the chunk's input, for the previous stage
     if ((m->first && chunk == 0) || (head && !m->first)) ready(m, UNIT_EMBED);
@@ -901,6 +975,16 @@ void gpt2_zero_grad(GPT2 *m) {
 }
 
 void gpt2_logits_at(GPT2 *m, int b, int t, int T, float *out) {
+    int owner = 0;
+    if (m->cp > 1) { // the rank holding position t, and where it sits among that rank's positions
+        int c = T / 2, chunk = t / c, j = chunk >= m->cp;
+        owner = j ? 2 * m->cp - 1 - chunk : chunk;
+        t = j * c + t % c;
+        if (owner != m->cp_rank) {
+            comm_broadcast(m->ring.kv, out, (size_t)m->cfg.V, CT_F32, owner);
+            return;
+        }
+    }
     size_t row = ((size_t)b * T + t) * m->Vp_tp, n = (size_t)m->Vp_tp;
     float *mine = xmalloc(sizeof(float) * n), *all = xmalloc(sizeof(float) * n * m->tp);
     if (m->dt == DT_F32) {
@@ -916,6 +1000,7 @@ void gpt2_logits_at(GPT2 *m, int b, int t, int T, float *out) {
     memcpy(out, all, sizeof(float) * m->cfg.V); // slices are consecutive: the real words come first
     free(mine);
     free(all);
+    if (m->cp > 1) comm_broadcast(m->ring.kv, out, (size_t)m->cfg.V, CT_F32, owner);
 }
 
 double gpt2_flops_per_token(const GPT2Config *cfg, int T) {

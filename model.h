@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "collectives.h"
+#include "context.h"
 #include "kernels.h"
 #include "mem.h"
 
@@ -71,11 +72,14 @@ typedef struct {
 #define MAX_CHUNKS 16
 
 // Per-op timer (--profile): seconds spent in each kind of op since the last reset. Device backends are
-// synchronised around every timed op, so profiling slows a GPU run down.
+// synchronised around every timed op, so profiling slows a GPU run down. attention_flops counts, always,
+// the FLOPs of the causally visible query-key pairs this rank's attention computed: 4·hs per pair forward
+// (scores and the weighted sum), 10·hs backward (the scores again, dV, dP, dQ, dK).
 enum { PROF_MATMUL, PROF_ATTENTION, PROF_NCAT };
 typedef struct {
     int on;
     double seconds[PROF_NCAT];
+    double attention_flops;
 } Profile;
 
 // Where this rank's part of the model sits in the layout. The sizes and ranks describe it; the
@@ -91,6 +95,8 @@ typedef struct {
     Comm *embed;         // first and last stage, which both hold the tied embedding (NULL: none)
     int nslots;          // activation sets: micro-batches in flight
     int recompute;       // RECOMPUTE_*: what each activation set keeps
+    int cp_size, cp_rank; // context parallelism (context.h): this rank's place in its group
+    Comm *cp, *cp_grad;  // the context-parallel group, twice (context.h)
 } Placement;
 
 // Inside the trainer the parameters are laid out unit by unit, in the order the forward uses them:
@@ -115,6 +121,10 @@ typedef struct {
     Comm *pp_comm, *embed_comm;
     int pp, pp_rank, nl, first, last;
     int nchunks, chunk_l0[MAX_CHUNKS], chunk_nl[MAX_CHUNKS], chunk_g0[MAX_CHUNKS];
+    // context parallelism: this rank holds positions of chunks cp_rank and 2·cp-1-cp_rank of each sequence
+    // (T below counts this rank's positions); attention runs round the ring (cp = 1: none)
+    int cp, cp_rank;
+    CpRing ring;
     size_t logits_bytes;  // the largest logits buffer: B·T·Vp_tp elements
     void *stage_host;     // host staging for tensor-parallel sums of device memory
     size_t stage_bytes;
@@ -195,7 +205,8 @@ void gpt2_full_to_local(const GPT2 *m, const float *file, float *local);
 void gpt2_gather_full(const GPT2 *m, const float *local, float *file);
 void gpt2_upload_params(GPT2 *m, const float *host_internal); // host fp32 -> working weights (dt)
 
-// Forward over one micro-batch of B sequences of T tokens (host arrays, copied to the device).
+// Forward over one micro-batch of B sequences of T tokens (host arrays, copied to the device). With context
+// parallelism the sequences are this rank's positions (cp_slice), T of them each.
 // With targets, returns the mean loss over the B·T tokens; without, returns 0 and leaves the logits.
 float gpt2_forward(GPT2 *m, const int32_t *inputs, const int32_t *targets, int B, int T);
 // The same for one chunk of this stage's blocks (interleaved pipelines): chunk 0 of the first stage
@@ -211,8 +222,11 @@ void gpt2_backward(GPT2 *m, float dloss_scale);
 void gpt2_zero_grad(GPT2 *m);
 void *gpt2_param(const GPT2 *m, int tensor, int layer); // device pointer into the working weights
 float *gpt2_grad(const GPT2 *m, int tensor, int layer);  // device pointer to its gradient
-// Copies the logits of position t of sequence b (fp32, V entries) to the host after a forward.
-void gpt2_logits_at(GPT2 *m, int b, int t, int T, float *out); // collective over the tensor-parallel group
+// Copies the logits of position t of sequence b (fp32, V entries) to the host after a forward over
+// sequences of T positions on this rank (under context parallelism t is the position in the whole
+// sequence, and every rank of the group receives the logits). Collective over the tensor- and
+// context-parallel groups.
+void gpt2_logits_at(GPT2 *m, int b, int t, int T, float *out);
 
 // FLOPs of one forward+backward per token (matmuls and attention, the usual 3x forward estimate).
 double gpt2_flops_per_token(const GPT2Config *cfg, int T);

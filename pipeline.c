@@ -80,17 +80,20 @@ void pipeline_place(Placement *pl, int L, int P, int V, int stage, int M, const 
 
 void layout_build_model(const RankLayout *r, GPT2 *m) {
     Placement pl = { .tp_size = r->tp_size, .tp_rank = r->tp_rank, .tp = r->tp, .sp = r->sp, .pp = r->pp,
-                     .embed = r->embed, .recompute = r->recompute };
+                     .embed = r->embed, .recompute = r->recompute, .cp_size = r->cp_size, .cp_rank = r->cp_rank,
+                     .cp = r->cp, .cp_grad = r->cp_grad };
     int V = r->pp_size > 1 ? r->pp_virtual : 1;
     pipeline_place(&pl, r->cfg->L, r->pp_size, V, r->pp_rank, r->accum, r->pp_layers);
-    int stage = r->dp_size > 1 ? r->zero : 0; // one data-parallel rank: every stage is stage 0
-    gpt2_build(m, r->cfg, r->dt, r->be, r->B, r->T, stage != 3, !zero_streams_gradients(stage, r->dp_size, r->accum), &pl);
+    int replicas = r->dp_size * r->cp_size; // ranks holding the same weights: the ZeRO group
+    int stage = replicas > 1 ? r->zero : 0;   // one: every stage is stage 0
+    gpt2_build(m, r->cfg, r->dt, r->be, r->B, r->T / r->cp_size, stage != 3,
+               !zero_streams_gradients(stage, replicas, r->accum), &pl);
 }
 
 void layout_build_state(const RankLayout *r, GPT2 *m, Zero *z, Pipeline *p, const float *host_params,
                         const AdamWConfig *acfg) {
-    int stage = r->dp_size > 1 ? r->zero : 0;
-    zero_init(z, m, r->dp, r->dp_size, r->dp_rank, stage, r->bucket_mb, r->accum, host_params, acfg);
+    int replicas = r->dp_size * r->cp_size, stage = replicas > 1 ? r->zero : 0;
+    zero_init(z, m, r->dp, replicas, r->dp_rank * r->cp_size + r->cp_rank, stage, r->bucket_mb, r->accum, host_params, acfg);
     pipeline_init(p, m, z, r->pp_fwd, r->pp_bwd);
 }
 

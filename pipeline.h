@@ -58,11 +58,14 @@ typedef struct {
     const GPT2Config *cfg;
     DType dt;
     const Backend *be;
-    int B, T, accum; // micro-batch shape, micro-batches per step
-    int tp_size, tp_rank, sp, pp_size, pp_rank, pp_virtual, dp_size, dp_rank, zero, recompute;
+    int B, T, accum; // micro-batch shape (T: whole sequences, of which a context-parallel rank holds T/cp_size),
+                     // micro-batches per step
+    int tp_size, tp_rank, sp, pp_size, pp_rank, pp_virtual, cp_size, cp_rank, dp_size, dp_rank, zero, recompute;
     const char *pp_layers;
     double bucket_mb;
-    Comm *tp, *pp, *pp_fwd, *pp_bwd, *dp, *embed;
+    // dp: the ranks holding the same weights, DP x CP of them (rank dp_rank·cp_size + cp_rank), which ZeRO
+    // shards over; cp and cp_grad: the context-parallel group (context.h)
+    Comm *tp, *pp, *pp_fwd, *pp_bwd, *dp, *embed, *cp, *cp_grad;
 } RankLayout;
 // The model of this rank (its slice, its stage's blocks, its activation sets).
 void layout_build_model(const RankLayout *r, GPT2 *m);

@@ -385,7 +385,7 @@ static void estimate_exact(const PlanInput *in, Layout *y) {
     for (int s = 0; s < y->pp; s++) {
         RankLayout r = { .cfg = &in->cfg, .dt = in->fp32 ? DT_F32 : DT_BF16, .be = backend_dry(in->device_cpu ? MEMKIND_HOST : MEMKIND_DEVICE),
                          .B = (int)B, .T = in->T, .accum = in->micro_batches, .tp_size = y->tp, .sp = in->sp,
-                         .pp_size = y->pp, .pp_rank = s, .pp_virtual = interleave ? in->pp_virtual : 1,
+                         .pp_size = y->pp, .pp_rank = s, .pp_virtual = interleave ? in->pp_virtual : 1, .cp_size = 1,
                          .dp_size = y->dp, .zero = in->zero, .recompute = in->recompute, .bucket_mb = in->bucket_mb };
         GPT2 m;
         Zero z;

@@ -161,7 +161,7 @@ typedef struct {
     float lr, lr_min_frac, beta1, beta2, eps, weight_decay, clip, temperature;
     uint64_t seed;
     int dtype; // -1 = default for the device
-    int zero, tp, sp, pp, pp_virtual, recompute;
+    int zero, tp, sp, pp, pp_virtual, recompute, cp;
     const char *pp_layers, *pp_trace;
     double bucket_mb, comm_timeout;
     const char *ckpt_dir, *resume_path;
@@ -191,11 +191,24 @@ static float parse_float(const char *flag, const char *s, double lo, double hi) 
     return (float)v;
 }
 
+// Context parallelism cuts each sequence into 2·cp chunks, and sequence parallelism splits a rank's
+// positions over the tensor-parallel group: T must divide for both.
+static void check_context_split(const Options *o, int T) {
+    if (o->cp > 1 && T % (2 * o->cp))
+        die("--cp %d cuts each sequence into %d chunks: --seq-len %d must be divisible by %d", o->cp, 2 * o->cp, T, 2 * o->cp);
+    if (o->sp && (T / o->cp) % o->tp) {
+        if (o->cp > 1)
+            die("--sp splits each rank's %d positions (--seq-len %d / --cp %d) over the --tp %d ranks: they must be divisible "
+                "by it", T / o->cp, T, o->cp, o->tp);
+        die("--sp splits sequences over the --tp %d ranks: --seq-len %d must be divisible by it", o->tp, T);
+    }
+}
+
 static void parse_options(Options *o, int argc, char **argv) {
     *o = (Options){ .micro_batch = 4, .steps = 20, .val_steps = 10, .sample_tokens = 64, .lr = 3e-4f,
                     .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .clip = 1.0f, .temperature = 1.0f,
                     .seed = 1337, .dtype = -1, .schedule = "cosine", .bucket_mb = 25,
-                    .comm_timeout = 300, .tp = 1, .pp = 1, .pp_virtual = 1, .straggler = 0.5f,
+                    .comm_timeout = 300, .tp = 1, .pp = 1, .pp_virtual = 1, .cp = 1, .straggler = 0.5f,
                     .straggler_steps = 5 };
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
@@ -265,6 +278,7 @@ static void parse_options(Options *o, int argc, char **argv) {
         else if (IS("--pp-layers")) o->pp_layers = v;
         else if (IS("--pp-virtual")) o->pp_virtual = (int)parse_int(f, v, 1, MAX_CHUNKS);
         else if (IS("--pp-trace")) o->pp_trace = v;
+        else if (IS("--cp")) o->cp = (int)parse_int(f, v, 1, 4096);
         else if (IS("--bucket-mb")) o->bucket_mb = parse_float(f, v, 0, 1e6);
         else if (IS("--recompute")) {
             int r = 0;
@@ -296,6 +310,7 @@ static void parse_options(Options *o, int argc, char **argv) {
         die("--resume needs --ckpt-dir DIR (the newest checkpoint in it), or a checkpoint: --resume PATH");
     if (!o->ckpt_dir && (o->ckpt_every || o->keep || o->max_restarts))
         die("%s needs --ckpt-dir DIR", o->ckpt_every ? "--ckpt-every" : o->keep ? "--keep" : "--max-restarts");
+    if (o->seq_len) check_context_split(o, o->seq_len); // before any rank starts; setup_batch checks the default
 }
 
 // The model's shape: from --init-from, or a preset overridden by the shape flags.
@@ -348,8 +363,8 @@ static int sample_token(const Options *o, float *probs, int *order, int V, uint6
 // Sampling: the model continues the first token of the training data, one token per forward.
 static void sample(Pipeline *p, const Options *o, const Tokenizer *tk, int first_token, int T, int step, int print) {
     GPT2 *m = p->model;
-    int n = o->sample_tokens < T - 1 ? o->sample_tokens : T - 1;
-    int32_t *ctx = xcalloc((size_t)T, sizeof(int32_t));
+    int n = o->sample_tokens < T - 1 ? o->sample_tokens : T - 1, Tl = T / m->cp;
+    int32_t *ctx = xcalloc((size_t)T, sizeof(int32_t)), *local = xcalloc((size_t)Tl, sizeof(int32_t));
     float *probs = xmalloc(sizeof(float) * m->cfg.V);
     int *order = xmalloc(sizeof(int) * m->cfg.V);
     uint64_t rng = o->seed * 0x9e3779b97f4a7c15ULL + (uint64_t)step + 1;
@@ -363,10 +378,11 @@ static void sample(Pipeline *p, const Options *o, const Tokenizer *tk, int first
     for (int t = 1; t <= n; t++) {
         // the whole window each time: causal attention leaves positions < t untouched by the zeros after
         // them, and the shape stays divisible for sequence parallelism
-        pipeline_forward(p, ctx, NULL, 1, T);
+        if (m->cp > 1) cp_slice(ctx, local, 1, Tl, m->cp, m->cp_rank);
+        pipeline_forward(p, m->cp > 1 ? local : ctx, NULL, 1, Tl);
         int V = m->cfg.V, next = 0;
         if (m->last) { // the last stage holds the logits and samples; the others learn the token from it
-            gpt2_logits_at(m, 0, t - 1, T, probs);
+            gpt2_logits_at(m, 0, t - 1, Tl, probs);
             next = sample_token(o, probs, order, V, &rng);
         }
         if (m->pp > 1) {
@@ -386,6 +402,7 @@ static void sample(Pipeline *p, const Options *o, const Tokenizer *tk, int first
     if (print) printf("\n---\n");
     fflush(stdout);
     free(ctx);
+    free(local);
     free(probs);
     free(order);
 }
@@ -421,16 +438,26 @@ static int sample_token(const Options *o, float *probs, int *order, int V, uint6
     return order[k - 1];
 }
 
-static float validate(Pipeline *p, TokenSet *val, int B, int T, int steps) {
+static float validate(Pipeline *p, TokenSet *val, Comm *cp_comm, int B, int T, int steps) {
+    GPT2 *m = p->model;
+    int cp = m->cp, Tl = T / cp;
     int32_t *inp = xmalloc(sizeof(int32_t) * B * T), *tgt = xmalloc(sizeof(int32_t) * B * T);
+    int32_t *linp = xmalloc(sizeof(int32_t) * B * Tl), *ltgt = xmalloc(sizeof(int32_t) * B * Tl);
     double sum = 0.0;
     for (int s = 0; s < steps; s++) {
         for (int b = 0; b < B; b++) tokenset_sequence(val, (uint64_t)s * B + b, inp + b * T, tgt + b * T);
-        sum += pipeline_forward(p, inp, tgt, B, T);
+        if (cp > 1) { // this rank's positions
+            cp_slice(inp, linp, B, Tl, cp, m->cp_rank);
+            cp_slice(tgt, ltgt, B, Tl, cp, m->cp_rank);
+        }
+        sum += pipeline_forward(p, cp > 1 ? linp : inp, cp > 1 ? ltgt : tgt, B, Tl);
     }
     free(inp);
     free(tgt);
-    return (float)(comm_sum_double(p->model->pp_comm, sum) / steps); // the loss lives on the last stage
+    free(linp);
+    free(ltgt);
+    // the loss lives on the last stage; each context-parallel rank has the mean of its share of the tokens
+    return (float)(comm_sum_double(cp_comm, comm_sum_double(m->pp_comm, sum)) / ((double)steps * cp));
 }
 
 // --pp-trace: one line per step, "step S peak K: F0 F1 B0 ...", appended to DIR/stageS.txt.
@@ -518,15 +545,17 @@ static void parse_faults(Faults *f, int rank) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// the layout: rank = (dp·PP + pp)·TP + tp, so a tensor-parallel group is consecutive ranks (one node
-// when it fits) and a pipeline's stages are TP ranks apart
+// the layout: rank = ((dp·PP + pp)·CP + cp)·TP + tp, so a tensor-parallel group is consecutive ranks (one
+// node when it fits), a context-parallel group's ranks are TP apart and a pipeline's stages TP·CP apart
 
 typedef struct {
     LaunchEnv env;
     Comm *world; // NULL: one process
-    Comm *tp, *pp, *pp_fwd, *pp_bwd, *dp, *embed;
+    // dp: the gradient group, every rank holding the same weights: DP x CP ranks (context-parallel ranks
+    // hold the same weights too); ZeRO shards over it
+    Comm *tp, *pp, *pp_fwd, *pp_bwd, *dp, *embed, *cp, *cp_grad;
     int rank, nranks, lead;
-    int tp_size, pp_size, dp_size, tp_rank, pp_rank, dp_rank;
+    int tp_size, pp_size, dp_size, cp_size, tp_rank, pp_rank, dp_rank, cp_rank;
 } Topology;
 
 static void topology_init(Topology *t, const Options *o) {
@@ -540,25 +569,41 @@ static void topology_init(Topology *t, const Options *o) {
     t->lead = t->rank == 0;
     t->tp_size = o->tp;
     t->pp_size = o->pp;
-    if (t->nranks % (t->tp_size * t->pp_size))
-        die("--tp %d x --pp %d = %d does not divide the %d ranks", t->tp_size, t->pp_size, t->tp_size * t->pp_size, t->nranks);
-    t->dp_size = t->nranks / (t->tp_size * t->pp_size);
+    t->cp_size = o->cp;
+    int model_ranks = t->tp_size * t->cp_size * t->pp_size;
+    if (t->nranks % model_ranks) {
+        if (t->cp_size > 1)
+            die("--tp %d x --cp %d x --pp %d = %d does not divide the %d ranks", t->tp_size, t->cp_size, t->pp_size, model_ranks,
+                t->nranks);
+        die("--tp %d x --pp %d = %d does not divide the %d ranks", t->tp_size, t->pp_size, model_ranks, t->nranks);
+    }
+    t->dp_size = t->nranks / model_ranks;
     t->tp_rank = t->rank % t->tp_size;
-    t->pp_rank = t->rank / t->tp_size % t->pp_size;
-    t->dp_rank = t->rank / (t->tp_size * t->pp_size);
+    t->cp_rank = t->rank / t->tp_size % t->cp_size;
+    t->pp_rank = t->rank / (t->tp_size * t->cp_size) % t->pp_size;
+    t->dp_rank = t->rank / model_ranks;
     if (!t->world) return;
-    int pipe = t->dp_rank * t->tp_size + t->tp_rank, ends = t->pp_size > 1 && (t->pp_rank == 0 || t->pp_rank == t->pp_size - 1);
-    t->tp = comm_split(t->world, t->rank / t->tp_size, t->tp_rank, "tp");
+    int TP = t->tp_size, CP = t->cp_size, PP = t->pp_size;
+    int pipe = (t->dp_rank * CP + t->cp_rank) * TP + t->tp_rank;
+    int ends = PP > 1 && (t->pp_rank == 0 || t->pp_rank == PP - 1);
+    t->tp = comm_split(t->world, t->rank / TP, t->tp_rank, "tp");
     t->pp = comm_split(t->world, pipe, t->pp_rank, "pp");
     t->pp_fwd = comm_split(t->world, pipe, t->pp_rank, "pp activations");
     t->pp_bwd = comm_split(t->world, pipe, t->pp_rank, "pp gradients");
-    t->dp = comm_split(t->world, t->pp_rank * t->tp_size + t->tp_rank, t->dp_rank, "dp");
+    t->dp = comm_split(t->world, t->pp_rank * TP + t->tp_rank, t->dp_rank * CP + t->cp_rank, CP > 1 ? "dp x cp" : "dp");
     t->embed = comm_split(t->world, ends ? pipe : -1, t->pp_rank, "embedding");
+    if (CP > 1) { // K/V blocks on one, dK/dV accumulators on the other
+        int ring = (t->dp_rank * PP + t->pp_rank) * TP + t->tp_rank;
+        t->cp = comm_split(t->world, ring, t->cp_rank, "cp");
+        t->cp_grad = comm_split(t->world, ring, t->cp_rank, "cp gradients");
+    }
 }
 
 static void topology_free(Topology *t) {
     if (!t->world) return;
     comm_barrier(t->world); // nobody leaves while another rank still needs it
+    if (t->cp) comm_destroy(t->cp);
+    if (t->cp_grad) comm_destroy(t->cp_grad);
     comm_destroy(t->tp);
     comm_destroy(t->dp);
     comm_destroy(t->pp);
@@ -601,6 +646,7 @@ typedef struct {
     DType dt;
     GPT2Config cfg;
     int B, T, accum, chunks; // chunks: --pp-virtual
+    int Tl;                  // positions of a sequence on this rank: T / CP
     long long batch_tokens, G; // G: sequences per step
     TokenSet train, val;
     int have_train, have_tk, first_token;
@@ -611,7 +657,8 @@ typedef struct {
     Pipeline pipe;
     Ckpt *ckpt;
     int start_step, end_step, resumed;
-    int32_t *inputs, *targets; // this rank's tokens of a step
+    int32_t *inputs, *targets; // this rank's tokens of a step (its positions of them under context parallelism)
+    int32_t *full_in, *full_tgt; // context parallelism: the whole sequences they are cut from
     FILE *logf;
     SpikeGuard spikes;
     Stragglers strag;
@@ -625,7 +672,7 @@ typedef struct {
 typedef struct { // what one step did, for the report
     float loss, norm, lr;
     int skipped;
-    double ms, compute_ms, comm_ms, exposed_ms, tp_ms;
+    double ms, compute_ms, comm_ms, exposed_ms, tp_ms, cp_ms, cp_exposed_ms, attn_flops;
 } StepResult;
 
 static void setup_device(Trainer *t) {
@@ -655,9 +702,9 @@ static void setup_device(Trainer *t) {
     t->dt = o->dtype >= 0 ? (DType)o->dtype : (t->be == backend_cpu() ? DT_F32 : DT_BF16);
     // zero.c hands gradient and weight buffers straight to the host collectives: on a GPU that needs
     // device-aware transports (CUDA IPC), which are not built yet
-    if (t->be != backend_cpu() && (t->topo.dp_size > 1 || t->topo.pp_size > 1))
-        die("--device cuda: data and pipeline parallelism need device-aware collectives, not built yet (use --device cpu, "
-            "or --tp alone)");
+    if (t->be != backend_cpu() && (t->topo.dp_size > 1 || t->topo.pp_size > 1 || t->topo.cp_size > 1))
+        die("--device cuda: data, pipeline and context parallelism need device-aware collectives, not built yet (use "
+            "--device cpu, or --tp alone)");
 }
 
 // The batch arithmetic, bounded so that no count overflows: accum micro-batches of B x T tokens on
@@ -667,11 +714,12 @@ static void setup_device(Trainer *t) {
 #define MAX_STEP_TOKENS (1LL << 28) // one rank's tokens of a step (two int32 copies)
 static void setup_batch(Trainer *t) {
     const Options *o = &t->o;
-    int dp = t->topo.dp_size, tp = t->topo.tp_size;
+    int dp = t->topo.dp_size;
     t->T = o->seq_len ? o->seq_len : t->cfg.maxT;
     if (t->T > t->cfg.maxT) die("--seq-len %d is above the model's maximum sequence length %d", t->T, t->cfg.maxT);
     t->B = o->micro_batch;
-    if (o->sp && t->T % tp) die("--sp splits sequences over the --tp %d ranks: --seq-len %d must be divisible by it", tp, t->T);
+    check_context_split(o, t->T);
+    t->Tl = t->T / t->topo.cp_size;
     long long micro = (long long)t->B * t->T;
     if (micro > MAX_MICRO_TOKENS)
         die("--micro-batch %d x --seq-len %d = %lld tokens per micro-batch, more than the %lld allowed", t->B, t->T, micro,
@@ -750,7 +798,7 @@ static void check_outputs(const Trainer *t) {
     if (!bad && tp->lead && o->log) bad = check_log(o->log, err, sizeof err) < 0;
     if (!bad && o->ckpt_dir) bad = ensure_dir("--ckpt-dir", o->ckpt_dir, err, sizeof err) < 0;
     if (!bad && tp->lead && o->dump) bad = ensure_dir("--dump", o->dump, err, sizeof err) < 0;
-    if (!bad && o->pp_trace && tp->dp_rank == 0 && tp->tp_rank == 0) bad = ensure_dir("--pp-trace", o->pp_trace, err, sizeof err) < 0;
+    if (!bad && o->pp_trace && tp->dp_rank == 0 && tp->cp_rank == 0 && tp->tp_rank == 0) bad = ensure_dir("--pp-trace", o->pp_trace, err, sizeof err) < 0;
     agree_or_exit(tp, bad ? err : NULL);
 }
 
@@ -767,6 +815,7 @@ static void fill_meta(const Trainer *t, int step, CkptMeta *m) {
     m->dp = t->topo.dp_size;
     m->tp = t->topo.tp_size;
     m->pp = t->topo.pp_size;
+    m->cp = t->topo.cp_size;
     m->pp_virtual = t->chunks;
     m->zero = t->zero.model ? t->zero.stage : o->zero;
     m->sp = o->sp;
@@ -806,9 +855,10 @@ static void build_model(Trainer *t, float *host_params) {
             V, t->accum, P);
     t->rl = (RankLayout){ .cfg = &t->cfg, .dt = t->dt, .be = t->be, .B = t->B, .T = t->T, .accum = t->accum,
                           .tp_size = tp->tp_size, .tp_rank = tp->tp_rank, .sp = o->sp, .pp_size = P, .pp_rank = tp->pp_rank,
-                          .pp_virtual = V, .dp_size = tp->dp_size, .dp_rank = tp->dp_rank, .zero = o->zero,
-                          .recompute = o->recompute, .pp_layers = o->pp_layers, .bucket_mb = o->bucket_mb, .tp = tp->tp,
-                          .pp = tp->pp, .pp_fwd = tp->pp_fwd, .pp_bwd = tp->pp_bwd, .dp = tp->dp, .embed = tp->embed };
+                          .pp_virtual = V, .cp_size = tp->cp_size, .cp_rank = tp->cp_rank, .dp_size = tp->dp_size,
+                          .dp_rank = tp->dp_rank, .zero = o->zero, .recompute = o->recompute, .pp_layers = o->pp_layers,
+                          .bucket_mb = o->bucket_mb, .tp = tp->tp, .pp = tp->pp, .pp_fwd = tp->pp_fwd, .pp_bwd = tp->pp_bwd,
+                          .dp = tp->dp, .embed = tp->embed, .cp = tp->cp, .cp_grad = tp->cp_grad };
     layout_build_model(&t->rl, &t->model);
     size_t n = t->model.num_params;
     float *master = xmalloc(sizeof(float) * n), *m = NULL, *v = NULL;
@@ -827,8 +877,8 @@ static void build_model(Trainer *t, float *host_params) {
             memcpy(t->spikes.loss, saved.hist_loss, sizeof saved.hist_loss);
             memcpy(t->spikes.norm, saved.hist_norm, sizeof saved.hist_norm);
             if (tp->lead)
-                printf("resumed from %s: step %lld (written by %d rank(s): DP %d x TP %d x PP %d, ZeRO-%d)\n", from,
-                       (long long)saved.step, saved.ranks, saved.dp, saved.tp, saved.pp, saved.zero);
+                printf("resumed from %s: step %lld (written by %d rank(s): DP %d x PP %d x CP %d x TP %d, ZeRO-%d)\n", from,
+                       (long long)saved.step, saved.ranks, saved.dp, saved.pp, saved.cp, saved.tp, saved.zero);
         } else if (tp->lead) {
             printf("note: --resume: no complete checkpoint in %s, starting from step 0\n", o->ckpt_dir);
         }
@@ -870,9 +920,13 @@ static void print_header(const Trainer *t) {
                c->NH, c->V, c->Vp, c->maxT, full_n);
         if (tp->tp_size > 1) printf(", %zu on each tensor-parallel rank", t->model.num_params);
         printf("\n");
-        printf("layout: %d rank(s) | data parallel %d x pipeline %d x tensor parallel %d%s | ZeRO-%d | %d gradient "
-               "bucket(s) | recompute %s\n", tp->nranks, tp->dp_size, tp->pp_size, tp->tp_size,
+        printf("layout: %d rank(s) | data parallel %d x pipeline %d x context parallel %d x tensor parallel %d%s | ZeRO-%d | "
+               "%d gradient bucket(s) | recompute %s\n", tp->nranks, tp->dp_size, tp->pp_size, tp->cp_size, tp->tp_size,
                o->sp ? " (sequence parallel)" : "", t->zero.stage, t->zero.nbuckets, RECOMPUTE_NAMES[o->recompute]);
+        if (tp->cp_size > 1)
+            printf("context parallel: each sequence of %d in %d chunks of %d; rank c of a group holds chunks c and %d-c "
+                   "(%d positions); K/V round a ring of %d\n", t->T, 2 * tp->cp_size, t->T / (2 * tp->cp_size),
+                   2 * tp->cp_size - 1, t->Tl, tp->cp_size);
         printf("batch: %lld tokens per step = %d micro-batch(es) of %d x %d on each of %d rank(s) | %d steps\n",
                t->batch_tokens, t->accum, t->B, t->T, tp->dp_size, o->steps);
         if (t->have_train)
@@ -986,9 +1040,13 @@ static void trainer_init(Trainer *t, int argc, char **argv) {
     t->flops_per_token = gpt2_flops_per_token(&t->cfg, t->T);
     print_header(t);
     open_log(t);
-    size_t step_tokens = (size_t)t->accum * t->B * t->T;
+    size_t step_tokens = (size_t)t->accum * t->B * t->Tl;
     t->inputs = xmalloc(sizeof(int32_t) * step_tokens);
     t->targets = xmalloc(sizeof(int32_t) * step_tokens);
+    if (tp->cp_size > 1) {
+        t->full_in = xmalloc(sizeof(int32_t) * step_tokens * tp->cp_size);
+        t->full_tgt = xmalloc(sizeof(int32_t) * step_tokens * tp->cp_size);
+    }
     t->strag.slow_for = xcalloc((size_t)tp->nranks, sizeof(int));
     t->strag.compute = xcalloc((size_t)tp->nranks, sizeof(double));
     t->strag.host = xcalloc((size_t)tp->nranks, 64);
@@ -1003,12 +1061,18 @@ static void trainer_init(Trainer *t, int argc, char **argv) {
 // ---------------------------------------------------------------------------------------------
 // the step
 
-// This rank's sequences of step `step`: a contiguous block of accum x B of the global batch.
+// This rank's sequences of step `step`: a contiguous block of accum x B of the global batch (under
+// context parallelism, this rank's positions of them).
 static void next_batch(Trainer *t, int step) {
-    for (int i = 0; i < t->accum * t->B; i++) {
-        uint64_t g = (uint64_t)step * t->G + (uint64_t)t->topo.dp_rank * t->accum * t->B + i;
-        tokenset_sequence(&t->train, g, t->inputs + (size_t)i * t->T, t->targets + (size_t)i * t->T);
+    int cp = t->topo.cp_size, n = t->accum * t->B;
+    int32_t *in = cp > 1 ? t->full_in : t->inputs, *tgt = cp > 1 ? t->full_tgt : t->targets;
+    for (int i = 0; i < n; i++) {
+        uint64_t g = (uint64_t)step * t->G + (uint64_t)t->topo.dp_rank * n + i;
+        tokenset_sequence(&t->train, g, in + (size_t)i * t->T, tgt + (size_t)i * t->T);
     }
+    if (cp == 1) return;
+    cp_slice(in, t->inputs, n, t->Tl, cp, t->topo.cp_rank);
+    cp_slice(tgt, t->targets, n, t->Tl, cp, t->topo.cp_rank);
 }
 
 // --skip-spikes: whether to skip the update of a step with this loss and gradient norm (the same on
@@ -1047,23 +1111,26 @@ static void train_step(Trainer *t, int step, StepResult *r) {
     Topology *tp = &t->topo;
     if (step + 1 == t->faults.kill_step) raise(SIGKILL);
     double t0 = now_seconds(), tp_busy0 = tp->tp_size > 1 ? comm_busy_seconds(tp->tp) : 0;
+    double cp_busy0 = tp->cp ? comm_busy_seconds(tp->cp) + comm_busy_seconds(tp->cp_grad) : 0;
     t->model.prof = (Profile){ .on = t->o.profile };
+    t->model.ring.wait_s = 0;
     zero_begin_step(&t->zero);
     gpt2_zero_grad(&t->model);
     next_batch(t, step);
 
     double c0 = now_seconds();
     if (t->faults.slow_from >= 0 && step + 1 >= t->faults.slow_from) usleep((useconds_t)t->faults.slow_ms * 1000);
-    double loss_sum = pipeline_step(&t->pipe, t->inputs, t->targets, t->accum, t->B, t->T, 1.0f / (float)t->batch_tokens);
+    double loss_sum = pipeline_step(&t->pipe, t->inputs, t->targets, t->accum, t->B, t->Tl, 1.0f / (float)t->batch_tokens);
     double tp_busy = tp->tp_size > 1 ? comm_busy_seconds(tp->tp) - tp_busy0 : 0;
     // compute: the schedule's time less its waits for other ranks (pipeline hand-offs, ZeRO gathers and
-    // buckets, tensor-parallel collectives)
-    r->compute_ms = (now_seconds() - c0 - t->pipe.wait_s - tp_busy) * 1e3 - zero_exposed_ms(&t->zero);
+    // buckets, tensor-parallel collectives, the context-parallel ring)
+    r->compute_ms = (now_seconds() - c0 - t->pipe.wait_s - tp_busy - t->model.ring.wait_s) * 1e3 - zero_exposed_ms(&t->zero);
     if (step + 1 == t->faults.nan_step) loss_sum = NAN;
     if (step + 1 == t->faults.spike_step) loss_sum *= 1000;
 
     r->norm = zero_finish_grads(&t->zero); // first: the loss's reduction would queue behind the buckets
-    r->loss = (float)(comm_sum_double(tp->pp, zero_sum_double(&t->zero, loss_sum)) / (t->accum * tp->dp_size));
+    // each rank's micro-batch losses are means over its B x Tl tokens, the same count on every rank
+    r->loss = (float)(comm_sum_double(tp->pp, zero_sum_double(&t->zero, loss_sum)) / (t->accum * tp->dp_size * tp->cp_size));
 
     r->lr = lr_at(&t->o, step);
     r->skipped = t->o.skip_spikes > 0 ? spike(t, r->loss, r->norm) : 0;
@@ -1074,6 +1141,9 @@ static void train_step(Trainer *t, int step, StepResult *r) {
     r->comm_ms = zero_comm_ms(&t->zero);
     r->exposed_ms = zero_exposed_ms(&t->zero);
     r->tp_ms = tp_busy * 1e3;
+    r->cp_ms = tp->cp ? (comm_busy_seconds(tp->cp) + comm_busy_seconds(tp->cp_grad) - cp_busy0) * 1e3 : 0;
+    r->cp_exposed_ms = t->model.ring.wait_s * 1e3;
+    r->attn_flops = t->model.prof.attention_flops;
 }
 
 // Stragglers: every rank's compute time; a rank above the median by more than --straggler (and by more
@@ -1130,16 +1200,30 @@ static void report(Trainer *t, int step, const StepResult *r) {
             if (all[s] > bubble_max) bubble_max = all[s];
         }
         free(all);
-        if (t->o.pp_trace && tp->dp_rank == 0 && tp->tp_rank == 0) write_trace(t->o.pp_trace, tp->pp_rank, step + 1, &t->pipe);
+        if (t->o.pp_trace && tp->dp_rank == 0 && tp->cp_rank == 0 && tp->tp_rank == 0) write_trace(t->o.pp_trace, tp->pp_rank, step + 1, &t->pipe);
     }
     double cmax, cmed;
     int slowest;
     stragglers(t, step, r, &cmax, &cmed, &slowest);
+    // attention FLOPs of every rank: context parallelism should give each rank of a group the same share
+    double amin = r->attn_flops, amax = r->attn_flops, asum = r->attn_flops;
+    if (tp->world) {
+        double *all = xmalloc(sizeof(double) * tp->nranks);
+        comm_all_gather(tp->world, &r->attn_flops, all, (size_t)tp->nranks, CT_I64);
+        asum = 0;
+        for (int q = 0; q < tp->nranks; q++) {
+            asum += all[q];
+            amin = all[q] < amin ? all[q] : amin;
+            amax = all[q] > amax ? all[q] : amax;
+        }
+        free(all);
+    }
     if (tp->lead) {
         printf("step %4d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s | %.2f GFLOP/s", step + 1, t->o.steps,
                r->loss, r->lr, r->norm, r->ms, tps, tps * t->flops_per_token / 1e9);
         if (tp->dp_size > 1) printf(" | comm %.1f ms, exposed %.1f ms", r->comm_ms, r->exposed_ms);
         if (tp->tp_size > 1) printf(" | tp comm %.1f ms", r->tp_ms);
+        if (tp->cp_size > 1) printf(" | cp comm %.1f ms, exposed %.1f ms", r->cp_ms, r->cp_exposed_ms);
         if (P > 1) printf(" | bubble %.1f%% max, %.1f%% mean (formula %.1f%%)", 100 * bubble_max, 100 * bubble_mean, 100 * bubble_formula);
         if (t->stall_ms > 0) printf(" | checkpoint stall %.1f ms", t->stall_ms);
         if (r->skipped) printf(" | SKIPPED (%lld so far)", (long long)t->spikes.skipped);
@@ -1156,9 +1240,11 @@ static void report(Trainer *t, int step, const StepResult *r) {
                 "{\"step\":%d,\"tokens\":%lld,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"ms\":%.3f,\"tokens_per_s\":%.1f,"
                 "\"comm_ms\":%.3f,\"exposed_comm_ms\":%.3f,\"tp_comm_ms\":%.3f,\"bubble_max\":%.4f,"
                 "\"bubble_mean\":%.4f,\"bubble_formula\":%.4f,\"compute_ms_max\":%.3f,\"compute_ms_median\":%.3f,"
-                "\"slowest_rank\":%d,\"ckpt_stall_ms\":%.3f,\"skipped\":%d,\"skipped_total\":%lld",
+                "\"slowest_rank\":%d,\"ckpt_stall_ms\":%.3f,\"skipped\":%d,\"skipped_total\":%lld,\"cp_comm_ms\":%.3f,"
+                "\"cp_exposed_ms\":%.3f,\"attn_flops_min\":%.0f,\"attn_flops_max\":%.0f,\"attn_flops_total\":%.0f",
                 step + 1, (step + 1) * t->batch_tokens, r->loss, r->lr, r->norm, r->ms, tps, r->comm_ms, r->exposed_ms, r->tp_ms, bubble_max, bubble_mean,
-                bubble_formula, cmax, cmed, slowest, t->stall_ms, r->skipped, (long long)t->spikes.skipped);
+                bubble_formula, cmax, cmed, slowest, t->stall_ms, r->skipped, (long long)t->spikes.skipped, r->cp_ms,
+                r->cp_exposed_ms, amin, amax, asum);
         if (t->zero.stage == 3) fprintf(t->logf, ",\"zero3_gathers\":%d", t->zero.gathers);
         if (t->o.profile)
             fprintf(t->logf, ",\"matmul_ms\":%.3f,\"attention_ms\":%.3f", t->model.prof.seconds[PROF_MATMUL] * 1e3,
@@ -1234,7 +1320,7 @@ static void evaluate(Trainer *t, int step, int last) {
     const Options *o = &t->o;
     if (t->resumed && step == t->start_step) return;
     if (o->val && o->val_every > 0 && (step % o->val_every == 0 || last) && (step > 0 || !last)) {
-        float vl = validate(&t->pipe, &t->val, t->B, t->T, o->val_steps);
+        float vl = validate(&t->pipe, &t->val, t->topo.cp, t->B, t->T, o->val_steps);
         if (t->topo.lead) {
             printf("step %d | val loss %.6f\n", step, vl);
             if (t->logf) fprintf(t->logf, "{\"step\":%d,\"val_loss\":%.9g}\n", step, vl);
@@ -1297,6 +1383,8 @@ static void trainer_finish(Trainer *t) {
     if (t->ckpt) ckpt_close(t->ckpt);
     free(t->inputs);
     free(t->targets);
+    free(t->full_in);
+    free(t->full_tgt);
     free(t->strag.slow_for);
     free(t->strag.compute);
     free(t->strag.host);

@@ -610,6 +610,20 @@ static void test_cast(DType dst_dt, DType src_dt, size_t n) {
     run_case(&c, run_cast);
 }
 
+static void run_cast_rows(const Backend *be, Case *c, int side) {
+    be->cast_rows(P(0), c->t[0].dt, (size_t)c->flag, P(1), c->t[1].dt, 3 * (size_t)c->flag, c->n, (size_t)c->flag - 1);
+}
+// rows of n - 1 elements of a source three times as wide into rows of n: the last element of each row stays
+static void test_cast_rows(DType dst_dt, DType src_dt, size_t rows, int n) {
+    Case c;
+    case_init(&c, dst_dt, "cast_rows[%s<-%s,rows=%zu,n=%d]", dtype_name(dst_dt), dtype_name(src_dt), rows, n);
+    c.n = rows, c.flag = n;
+    add_rand(&c, dst_dt, rows * n, -1, 1);
+    add_rand(&c, src_dt, rows * 3 * n, -100, 100);
+    add_out(&c, 0, EXACT);
+    run_case(&c, run_cast_rows);
+}
+
 static void test_sumsq(size_t n) {
     float *h = xmalloc(sizeof(float) * (n ? n : 1));
     for (size_t i = 0; i < n; i++) h[i] = frand(-3, 3);
@@ -749,6 +763,10 @@ int main(void) {
     test_cast(DT_F32, DT_BF16, 100003);
     test_cast(DT_F32, DT_F32, 100003);
     test_cast(DT_BF16, DT_BF16, 100003);
+    test_cast_rows(DT_BF16, DT_F32, 1001, 96);
+    test_cast_rows(DT_F32, DT_BF16, 1001, 96);
+    test_cast_rows(DT_F32, DT_F32, 77, 13);
+    test_cast_rows(DT_BF16, DT_BF16, 77, 13);
 
     printf("%d passed, %d failed\n", npass, nfail);
     return nfail ? 1 : 0;

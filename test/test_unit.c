@@ -136,6 +136,50 @@ static void test_sumsq(const Backend *be) {
     free(x);
 }
 
+// cast_rows against a plain loop: every dtype pair, rows narrower than their strides; the elements
+// between the rows stay untouched.
+static void test_cast_rows(const Backend *be) {
+    size_t rows = 37, n = 21, ss = 50, ds = 29;
+    float *src = randv(rows * ss);
+    for (int pair = 0; pair < 4; pair++) {
+        DType sdt = pair & 1 ? DT_BF16 : DT_F32, ddt = pair & 2 ? DT_BF16 : DT_F32;
+        size_t se = dtype_size(sdt), de = dtype_size(ddt);
+        unsigned char *s = xmalloc(rows * ss * se), *d = xmalloc(rows * ds * de), *want = xmalloc(rows * ds * de);
+        for (size_t i = 0; i < rows * ss; i++) {
+            if (sdt == DT_F32) memcpy(s + 4 * i, &src[i], 4);
+            else {
+                uint16_t h = f32_to_bf16(src[i]);
+                memcpy(s + 2 * i, &h, 2);
+            }
+        }
+        memset(d, 0x5a, rows * ds * de);
+        memset(want, 0x5a, rows * ds * de);
+        for (size_t r = 0; r < rows; r++)
+            for (size_t i = 0; i < n; i++) {
+                float v;
+                if (sdt == DT_F32) memcpy(&v, s + 4 * (r * ss + i), 4);
+                else {
+                    uint16_t h;
+                    memcpy(&h, s + 2 * (r * ss + i), 2);
+                    v = bf16_to_f32(h);
+                }
+                if (ddt == DT_F32) memcpy(want + 4 * (r * ds + i), &v, 4);
+                else {
+                    uint16_t h = f32_to_bf16(v);
+                    memcpy(want + 2 * (r * ds + i), &h, 2);
+                }
+            }
+        be->cast_rows(d, ddt, ds, s, sdt, ss, rows, n);
+        char name[64];
+        snprintf(name, sizeof name, "cast_rows %s <- %s", dtype_name(ddt), dtype_name(sdt));
+        check(memcmp(d, want, rows * ds * de) == 0, name, 0);
+        free(s);
+        free(d);
+        free(want);
+    }
+    free(src);
+}
+
 // Cross-entropy split over two vocabulary slices (as tensor parallelism does), combined here, against
 // a direct softmax over the real vocabulary; padding columns never count.
 static void test_crossentropy(const Backend *be) {
@@ -665,6 +709,7 @@ int main(void) {
     test_adamw(be);
     test_thread_determinism(be);
     test_sumsq(be);
+    test_cast_rows(be);
     test_crossentropy(be);
     test_formats();
     test_slurm_hostlist();

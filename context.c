@@ -1,0 +1,137 @@
+// context.c: context parallelism: the zigzag split and ring attention (see context.h).
+//
+// Step s of the ring (s = 0 .. N-1) holds the K/V block of rank owner = (rank - s) mod N: its own at step 0,
+// then each block from the previous rank while this rank's current one goes to the next. A rank's two
+// query chunks meet the two key chunks of the block present in a fixed order (its first chunk, then its
+// second; for each, the block's first key chunk, then its second); a key chunk entirely after a query
+// chunk (every pair masked) is skipped. With the zigzag split exactly two chunk pairs are visible at every
+// step but the first (where the diagonal ones count half), so every rank computes the same number of
+// query-key pairs: 2N·c² + c per sequence and head, c = T/(2N).
+#include "context.h"
+
+#include <string.h>
+
+#include "common.h"
+
+void cp_slice(const int32_t *full, int32_t *local, int nseq, int T, int n, int r) {
+    int c = T / 2;
+    for (int i = 0; i < nseq; i++)
+        for (int j = 0; j < 2; j++)
+            memcpy(local + (size_t)i * T + (size_t)j * c, full + (size_t)i * T * n + cp_chunk_start(T, n, r, j),
+                   sizeof(int32_t) * (size_t)c);
+}
+
+double causal_pairs(int Tq, int q0, int Tk, int k0) {
+    double pairs = 0;
+    for (int t = 0; t < Tq; t++) {
+        int seen = q0 + t - k0 + 1;
+        pairs += seen < 0 ? 0 : seen > Tk ? Tk : seen;
+    }
+    return pairs;
+}
+
+// Views of local chunk j of [B, T, width] rows (part: channel offset of the C-wide piece viewed).
+static AttnView chunk_view(DType dt, const void *base, int T, int width, int j, int part, int C) {
+    size_t off = (size_t)j * (T / 2) * width + (size_t)part * C;
+    AttnView v = { dt, (char *)base + off * dtype_size(dt), (size_t)T * width, (size_t)width };
+    return v;
+}
+
+static void wait_timed(CpRing *r, CommRequest **q) {
+    if (!*q) return;
+    double t0 = now_seconds();
+    comm_wait(*q);
+    *q = NULL;
+    r->wait_s += now_seconds() - t0;
+}
+
+// Passes the block at cur to the next rank and receives the previous rank's into nxt (step s of n).
+static void pass_kv(CpRing *r, int s, void *cur, void *nxt, size_t bytes, CommRequest **send, CommRequest **recv) {
+    *send = *recv = NULL;
+    if (s + 1 >= r->n) return;
+    *send = comm_isend(r->kv, cur, bytes, (r->rank + 1) % r->n);
+    *recv = comm_irecv(r->kv, nxt, bytes, (r->rank + r->n - 1) % r->n);
+}
+
+double cp_attention_fwd(CpRing *r, void *out, float *lse, const void *qkv, int B, int T, int C, int NH) {
+    const Backend *be = r->be;
+    DType dt = r->dt;
+    int n = r->n, c = T / 2, hs = C / NH;
+    size_t es = dtype_size(dt), rows = (size_t)B * T, kv_bytes = rows * 2 * C * es, lse_chunk = (size_t)B * NH * c;
+    be->cast_rows(r->kvbuf[0], dt, 2 * (size_t)C, (const char *)qkv + (size_t)C * es, dt, 3 * (size_t)C, rows, 2 * (size_t)C);
+    int started[2] = { 0, 0 };
+    double pairs = 0;
+    for (int s = 0; s < n; s++) {
+        void *cur = r->kvbuf[s % 2];
+        CommRequest *send, *recv;
+        pass_kv(r, s, cur, r->kvbuf[(s + 1) % 2], kv_bytes, &send, &recv); // overlaps the block's attention
+        int owner = (r->rank + n - s) % n;
+        for (int jq = 0; jq < 2; jq++)
+            for (int jk = 0; jk < 2; jk++) {
+                int q0 = cp_chunk_start(T, n, r->rank, jq), k0 = cp_chunk_start(T, n, owner, jk);
+                if (k0 > q0) continue; // the whole key chunk comes after the query chunk
+                AttnView o = chunk_view(DT_F32, r->acc, T, C, jq, 0, C), q = chunk_view(dt, qkv, T, 3 * C, jq, 0, C);
+                AttnView k = chunk_view(dt, cur, T, 2 * C, jk, 0, C), v = chunk_view(dt, cur, T, 2 * C, jk, 1, C);
+                be->attention_block_fwd(o, lse + jq * lse_chunk, q, k, v, B, NH, hs, c, q0, c, k0, started[jq]);
+                started[jq] = 1;
+                pairs += causal_pairs(c, q0, c, k0);
+            }
+        wait_timed(r, &send);
+        wait_timed(r, &recv);
+    }
+    be->cast(out, dt, r->acc, DT_F32, rows * C);
+    return pairs;
+}
+
+double cp_attention_bwd(CpRing *r, void *dqkv, const void *dout, const void *qkv, const void *out, const float *lse, int B,
+                        int T, int C, int NH) {
+    const Backend *be = r->be;
+    DType dt = r->dt;
+    int n = r->n, c = T / 2, hs = C / NH, next = (r->rank + 1) % n, prev = (r->rank + n - 1) % n;
+    size_t es = dtype_size(dt), rows = (size_t)B * T, kv_bytes = rows * 2 * C * es, lse_chunk = (size_t)B * NH * c;
+    size_t dkv_n = rows * 2 * C, dkv_bytes = dkv_n * sizeof(float);
+    be->cast_rows(r->kvbuf[0], dt, 2 * (size_t)C, (const char *)qkv + (size_t)C * es, dt, 3 * (size_t)C, rows, 2 * (size_t)C);
+    be->zero(r->acc, rows * C * sizeof(float));
+    CommRequest *dsend[2] = { NULL, NULL }; // the accumulator each dkv buffer is sending
+    double pairs = 0;
+    for (int s = 0; s < n; s++) {
+        void *cur = r->kvbuf[s % 2];
+        CommRequest *send, *recv, *drecv = NULL;
+        pass_kv(r, s, cur, r->kvbuf[(s + 1) % 2], kv_bytes, &send, &recv);
+        // the block's accumulator arrives from the previous rank while this rank computes its share apart
+        float *acc = r->dkv[s % 2], *mine = s == 0 ? acc : r->dkv_part;
+        if (s > 0) {
+            wait_timed(r, &dsend[s % 2]); // that buffer's send, two steps ago
+            drecv = comm_irecv(r->grad, acc, dkv_bytes, prev);
+        }
+        be->zero(mine, dkv_bytes);
+        int owner = (r->rank + n - s) % n;
+        for (int jq = 0; jq < 2; jq++)
+            for (int jk = 0; jk < 2; jk++) {
+                int q0 = cp_chunk_start(T, n, r->rank, jq), k0 = cp_chunk_start(T, n, owner, jk);
+                if (k0 > q0) continue;
+                AttnView dq = chunk_view(DT_F32, r->acc, T, C, jq, 0, C);
+                AttnView dk = chunk_view(DT_F32, mine, T, 2 * C, jk, 0, C), dv = chunk_view(DT_F32, mine, T, 2 * C, jk, 1, C);
+                AttnView g = chunk_view(dt, dout, T, C, jq, 0, C), o = chunk_view(dt, out, T, C, jq, 0, C);
+                AttnView q = chunk_view(dt, qkv, T, 3 * C, jq, 0, C);
+                AttnView k = chunk_view(dt, cur, T, 2 * C, jk, 0, C), v = chunk_view(dt, cur, T, 2 * C, jk, 1, C);
+                be->attention_block_bwd(dq, dk, dv, g, o, lse + jq * lse_chunk, q, k, v, B, NH, hs, c, q0, c, k0);
+                pairs += causal_pairs(c, q0, c, k0);
+            }
+        if (s > 0) { // the ranks before this one, then this one: the same order for every block
+            wait_timed(r, &drecv);
+            be->residual_bwd(DT_F32, acc, mine, dkv_n);
+        }
+        wait_timed(r, &dsend[(s + 1) % 2]); // one send at a time on the channel: the previous step's has left
+        dsend[s % 2] = comm_isend(r->grad, acc, dkv_bytes, next);
+        wait_timed(r, &send);
+        wait_timed(r, &recv);
+    }
+    // this rank's own block returns from the previous rank with every rank's share
+    CommRequest *home = comm_irecv(r->grad, r->dkv[n % 2], dkv_bytes, prev);
+    wait_timed(r, &home);
+    wait_timed(r, &dsend[(n + 1) % 2]);
+    be->cast_rows(dqkv, dt, 3 * (size_t)C, r->acc, DT_F32, (size_t)C, rows, (size_t)C);
+    be->cast_rows((char *)dqkv + (size_t)C * es, dt, 3 * (size_t)C, r->dkv[n % 2], DT_F32, 2 * (size_t)C, rows, 2 * (size_t)C);
+    return pairs;
+}
