@@ -93,7 +93,7 @@ static const char USAGE[] =
     "                             fails, names the rank that stopped answering and stops the others\n"
     "  --tp N                     tensor parallelism: N consecutive ranks share each block (QKV and MLP\n"
     "                             split by heads/columns, output projections by rows, embedding and loss\n"
-    "                             by vocabulary); N must divide the heads (default 1); DP = ranks / N\n"
+    "                             by vocabulary); N must divide the heads (default 1)\n"
     "  --sp                       sequence parallelism with --tp: LayerNorm and residual regions split by\n"
     "                             rows, all-gather before and reduce-scatter after each tensor-parallel\n"
     "                             region (--seq-len divisible by --tp)\n"
@@ -104,9 +104,15 @@ static const char USAGE[] =
     "  --pp-virtual V             interleaved 1F1B: each stage holds V chunks of blocks (stage s: chunks s,\n"
     "                             s+N, ...); bubble (N-1)/(V*M+N-1); M must be a multiple of N\n"
     "  --pp-trace DIR             testing aid: each stage appends its per-step schedule to DIR/stageS.txt\n"
-    "  --zero 0|1|2|3             ZeRO stage of the data-parallel state (default 0): 0 all-reduces\n"
-    "                             gradients; 1 shards master weights and AdamW moments; 2 also the\n"
-    "                             reduced gradient; 3 also the working weights, gathered unit by unit\n"
+    "  --cp N                     context parallelism: each sequence cut into 2N chunks, rank c of a group\n"
+    "                             of N holding chunks c and 2N-1-c; position-wise work on those, attention\n"
+    "                             as a ring passing K/V blocks (--seq-len divisible by 2N; default 1)\n"
+    "  layout                     rank = ((dp*PP + pp)*CP + cp)*TP + tp (a TP group is consecutive ranks);\n"
+    "                             DP = ranks / (TP*CP*PP); gradients are reduced over DP x CP, the ranks\n"
+    "                             holding the same weights\n"
+    "  --zero 0|1|2|3             ZeRO stage of the state, sharded over the DP x CP ranks (default 0): 0\n"
+    "                             all-reduces gradients; 1 shards master weights and AdamW moments; 2 also\n"
+    "                             the reduced gradient; 3 also the working weights, gathered unit by unit\n"
     "  --bucket-mb F              gradient bucket size in MiB of fp32 gradients; each bucket's reduction\n"
     "                             starts as soon as the backward has finished it (default 25; 0 = one\n"
     "                             bucket, reduced after the backward)\n"
@@ -124,7 +130,7 @@ static const char USAGE[] =
     "  --keep K                   keep the newest K complete checkpoints, delete older ones (default 0: all)\n"
     "  --resume [PATH]            continue from the newest usable checkpoint in --ckpt-dir (from step 0 when\n"
     "                             it has none), or from the checkpoint directory PATH; any layout (ranks,\n"
-    "                             --tp, --pp, --pp-virtual, --zero) reads a checkpoint of any other\n"
+    "                             --tp, --cp, --pp, --pp-virtual, --zero) reads a checkpoint of any other\n"
     "  --max-restarts R           with --nproc: when a rank dies, relaunch the job from the newest complete\n"
     "                             checkpoint, up to R times (default 0)\n"
     "  --skip-spikes F            skip (and count) the update of a step whose loss or gradient norm is not\n"
@@ -192,16 +198,18 @@ static float parse_float(const char *flag, const char *s, double lo, double hi) 
 }
 
 // Context parallelism cuts each sequence into 2·cp chunks, and sequence parallelism splits a rank's
-// positions over the tensor-parallel group: T must divide for both.
-static void check_context_split(const Options *o, int T) {
+// positions over the tensor-parallel group: T must divide for both. Returns 0, or -1 with the reason.
+static int context_split_error(const Options *o, int T, char *err, size_t cap) {
     if (o->cp > 1 && T % (2 * o->cp))
-        die("--cp %d cuts each sequence into %d chunks: --seq-len %d must be divisible by %d", o->cp, 2 * o->cp, T, 2 * o->cp);
-    if (o->sp && (T / o->cp) % o->tp) {
-        if (o->cp > 1)
-            die("--sp splits each rank's %d positions (--seq-len %d / --cp %d) over the --tp %d ranks: they must be divisible "
-                "by it", T / o->cp, T, o->cp, o->tp);
-        die("--sp splits sequences over the --tp %d ranks: --seq-len %d must be divisible by it", o->tp, T);
-    }
+        return snprintf(err, cap, "--cp %d cuts each sequence into %d chunks: --seq-len %d must be divisible by %d", o->cp,
+                        2 * o->cp, T, 2 * o->cp), -1;
+    if (o->sp && o->cp > 1 && (T / o->cp) % o->tp)
+        return snprintf(err, cap, "--sp splits each rank's %d positions (--seq-len %d / --cp %d) over the --tp %d ranks: they "
+                        "must be divisible by it", T / o->cp, T, o->cp, o->tp), -1;
+    if (o->sp && T % o->tp)
+        return snprintf(err, cap, "--sp splits sequences over the --tp %d ranks: --seq-len %d must be divisible by it", o->tp,
+                        T), -1;
+    return 0;
 }
 
 static void parse_options(Options *o, int argc, char **argv) {
@@ -310,7 +318,8 @@ static void parse_options(Options *o, int argc, char **argv) {
         die("--resume needs --ckpt-dir DIR (the newest checkpoint in it), or a checkpoint: --resume PATH");
     if (!o->ckpt_dir && (o->ckpt_every || o->keep || o->max_restarts))
         die("%s needs --ckpt-dir DIR", o->ckpt_every ? "--ckpt-every" : o->keep ? "--keep" : "--max-restarts");
-    if (o->seq_len) check_context_split(o, o->seq_len); // before any rank starts; setup_batch checks the default
+    char err[256];
+    if (o->seq_len && context_split_error(o, o->seq_len, err, sizeof err)) die("%s", err); // before any rank starts
 }
 
 // The model's shape: from --init-from, or a preset overridden by the shape flags.
@@ -558,6 +567,16 @@ typedef struct {
     int tp_size, pp_size, dp_size, cp_size, tp_rank, pp_rank, dp_rank, cp_rank;
 } Topology;
 
+// Whether nranks ranks split into the model-parallel axes: 0, or -1 with the reason.
+static int layout_error(const Options *o, int nranks, char *err, size_t cap) {
+    int model_ranks = o->tp * o->cp * o->pp;
+    if (nranks % model_ranks == 0) return 0;
+    if (o->cp > 1)
+        return snprintf(err, cap, "--tp %d x --cp %d x --pp %d = %d does not divide the %d ranks", o->tp, o->cp, o->pp,
+                        model_ranks, nranks), -1;
+    return snprintf(err, cap, "--tp %d x --pp %d = %d does not divide the %d ranks", o->tp, o->pp, model_ranks, nranks), -1;
+}
+
 static void topology_init(Topology *t, const Options *o) {
     memset(t, 0, sizeof *t);
     if (launch_env_read(&t->env)) {
@@ -571,12 +590,8 @@ static void topology_init(Topology *t, const Options *o) {
     t->pp_size = o->pp;
     t->cp_size = o->cp;
     int model_ranks = t->tp_size * t->cp_size * t->pp_size;
-    if (t->nranks % model_ranks) {
-        if (t->cp_size > 1)
-            die("--tp %d x --cp %d x --pp %d = %d does not divide the %d ranks", t->tp_size, t->cp_size, t->pp_size, model_ranks,
-                t->nranks);
-        die("--tp %d x --pp %d = %d does not divide the %d ranks", t->tp_size, t->pp_size, model_ranks, t->nranks);
-    }
+    char err[160];
+    if (layout_error(o, t->nranks, err, sizeof err)) die("%s", err);
     t->dp_size = t->nranks / model_ranks;
     t->tp_rank = t->rank % t->tp_size;
     t->cp_rank = t->rank / t->tp_size % t->cp_size;
@@ -718,7 +733,8 @@ static void setup_batch(Trainer *t) {
     t->T = o->seq_len ? o->seq_len : t->cfg.maxT;
     if (t->T > t->cfg.maxT) die("--seq-len %d is above the model's maximum sequence length %d", t->T, t->cfg.maxT);
     t->B = o->micro_batch;
-    check_context_split(o, t->T);
+    char err[256];
+    agree_or_exit(&t->topo, context_split_error(o, t->T, err, sizeof err) ? err : NULL); // the model's default T
     t->Tl = t->T / t->topo.cp_size;
     long long micro = (long long)t->B * t->T;
     if (micro > MAX_MICRO_TOKENS)
@@ -1479,6 +1495,8 @@ int main(int argc, char **argv) {
     if (nproc) {
         Options o;
         parse_options(&o, argc, argv); // every flag checked before any rank starts
+        char err[160];
+        if (layout_error(&o, nproc, err, sizeof err)) die("%s", err);
         return launch_with_restarts(&o, nproc, argc, argv);
     }
     return train_main(argc, argv);
