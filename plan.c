@@ -1,20 +1,22 @@
 // plan.c: `./train plan`, the layout planner. Given a model, a cluster and a batch, it lists every way
-// of splitting the GPUs into tensor (TP), pipeline (PP) and data (DP) parallel groups, and for each one
-// the bytes per GPU, whether they fit, the pipeline bubble, the communication and the compute time of
-// one optimizer step, best first. It predicts from shapes alone; nothing is allocated or run.
+// of splitting the GPUs into tensor (TP), context (CP), pipeline (PP) and data (DP) parallel groups, and
+// for each one the bytes per GPU, whether they fit, the pipeline bubble, the communication and the
+// compute time of one optimizer step, best first. It predicts from shapes alone; nothing is allocated or
+// run.
 //
 // The estimate is the seed's model of a mixed-precision Megatron-style run (the README walks through
 // it). Symbols: N parameters, L layers, C channels, H heads, T tokens per sequence, G GPUs, batch =
 // tokens per optimizer step, M micro-batches per data-parallel replica and step, e = 2 bytes per
 // activation element (bf16; 4 with --dtype fp32).
 //
-//   parameters of one GPU's shard    P = N / (TP·PP)
+//   parameters of one GPU's shard    P = N / (TP·PP) (context-parallel ranks hold the same weights)
 //   bytes per parameter (bf16)       weights 2, gradients 2, optimizer 12 (fp32 master 4 + Adam m, v 8);
 //                                    fp32: 4, 4, 8 (the weights are the master copy)
-//   ZeRO                             1 divides the optimizer's bytes by DP, 2 also the gradients',
-//                                    3 also the weights'
+//   ZeRO                             1 divides the optimizer's bytes by DP·CP (the ranks holding the
+//                                    same weights), 2 also the gradients', 3 also the weights'
 //   layers per stage                 Ls = L / PP (fractional: an estimate, not a split)
-//   tokens per replica and step      R = batch / DP;  per micro-batch  m = R / M
+//   tokens per replica and step      R = batch / DP;  per micro-batch  m = R / M (a replica is TP·CP·PP
+//                                    GPUs; each GPU of a CP group holds m / CP of the micro-batch's tokens)
 //   activations per token per layer  a = 17·e·C (34·C in bf16, Korthikanti et al. 2022, with sequence
 //                                    parallelism, so all of it divides by TP); flash attention keeps
 //                                    no T² term; --attention full adds the probabilities, 2.5·e·H·T
@@ -22,48 +24,59 @@
 //                                    outputs (2·e·C) and one of GELU's input and output (4·e·C; llm4d
 //                                    rebuilds the output) are recomputed, and with --attention full the
 //                                    probabilities too
-//   activations, upper bound         R · Ls · a / TP                  the whole replica batch resident
-//   activations, 1F1B                k · m · Ls · a / TP              k = min(PP, M) micro-batches in
+//   activations, upper bound         R · Ls · a / (TP·CP)             the whole replica batch resident
+//   activations, 1F1B                k · m · Ls · a / (TP·CP)         k = min(PP, M) micro-batches in
 //                                                                     flight on the first stage
 //   --recompute full (keep each block's input, e·C per token, rerun the block's forward before its
 //   backward; one block's activations a live during it):
-//     upper bound                    R · (Ls·e·C + a) / TP            (Ls·2·C + 34·C)/TP in bf16, all M
-//                                                                     micro-batches resident
-//     1F1B                           (k · m · Ls · e·C + m · a) / TP
+//     upper bound                    R · (Ls·e·C + a) / (TP·CP)       (Ls·2·C + 34·C)/(TP·CP) in bf16,
+//                                                                     all M micro-batches resident
+//     1F1B                           (k · m · Ls · e·C + m · a) / (TP·CP)
 //   total                            weights + gradients + optimizer + activations (1F1B); fits when
 //                                    total <= --gpu-mem (nothing reserved for buffers or fragmentation)
 //   bubble                           (PP − 1) / (M + PP − 1); interleaved (PP − 1) / (V·M + PP − 1)
 //                                    (V = --pp-virtual; only where PP·V <= L and M is a multiple of PP)
-//   DP gradient all-reduce           f·(DP − 1)/DP · g·P / bw, g = gradient bytes per parameter; f = 2
-//                                    (a ring all-reduce, or ZeRO-1/2's reduce-scatter of the gradients
-//                                    plus all-gather of the weights), 3 with ZeRO-3 (the weights are
-//                                    gathered again for the backward); bw = --intra-bw when the whole
-//                                    DP group sits in one node, else --inter-bw (per GPU)
-//   TP communication                 n · Ls · M all-reduces of m·C·e bytes per step, each
+//   DP gradient all-reduce           f·(D − 1)/D · g·P / bw over the D = DP·CP ranks holding the same
+//                                    weights, g = gradient bytes per parameter; f = 2 (a ring all-reduce,
+//                                    or ZeRO-1/2's reduce-scatter of the gradients plus all-gather of the
+//                                    weights), 3 with ZeRO-3 (the weights are gathered again for the
+//                                    backward); bw = --intra-bw when each such group sits in one node,
+//                                    else --inter-bw (per GPU)
+//   TP communication                 n · Ls · M all-reduces of (m/CP)·C·e bytes per step, each
 //                                    2·(TP − 1)/TP · bytes / --intra-bw (Megatron: 2 in the forward and
 //                                    2 in the backward per layer, n = 4; 6 with --recompute full, whose
 //                                    rerun forward repeats its 2; sequence parallelism moves the same
 //                                    bytes as all-gathers and reduce-scatters)
+//   CP communication                 llm4d's ring, per layer and micro-batch: each GPU's K/V block of
+//                                    kv = 2·(m/CP)·(C/TP)·e bytes goes CP − 1 steps round the ring in the
+//                                    forward and again in the backward (once more with --recompute full),
+//                                    and the backward's fp32 dK/dV accumulators, 2·(m/CP)·(C/TP)·4 bytes,
+//                                    travel CP steps (back to their owner):
+//                                    Ls · M · (f·(CP − 1)·kv + CP·2·(m/CP)·(C/TP)·4) / bw, f = 2 (3 with
+//                                    --recompute full); bw = --intra-bw when each CP group (CP ranks TP
+//                                    apart) sits in one node, else --inter-bw; 0 for CP = 1
 //   compute                          c · N · batch / G / --flops, c = 6 (forward 2, backward 4), 8 with
 //                                    --recompute full (one more forward)
 // Not counted: the embedding and logits activations, the pipeline's point-to-point hand-offs,
-// communication buffers, and any overlap of communication with compute.
+// communication buffers, and any overlap of communication with compute (the CP ring overlaps its
+// transfers with attention).
 //
 // --exact replaces the memory model by llm4d's own buffers: for every stage of a layout it builds that
-// rank (tensor- and data-parallel rank 0, which hold the most) with the trainer's own code
+// rank (tensor-, context- and data-parallel rank 0, which hold the most) with the trainer's own code
 // (layout_build_model and layout_build_state in pipeline.c) on a dry backend whose account only counts
 // (mem.h), and reports the fullest stage: weights, gradients (fp32), optimizer state, activations (the
-// activation sets the schedule keeps: 1F1B, or every micro-batch with --interleaved), recompute scratch,
-// comm buffers (ZeRO buckets and gathered units), other (checkpoint staging with --ckpt, on --device
-// cpu). Fits and the order use its total.
+// activation sets the schedule keeps: 1F1B, or every micro-batch with --interleaved, of the rank's T/CP
+// positions, and the CP ring's accumulators), recompute scratch, comm buffers (ZeRO buckets, gathered
+// units and the CP ring's blocks), other (checkpoint staging with --ckpt, on --device cpu). Fits and the
+// order use its total.
 //
-// Layouts: every (TP, PP, DP) with TP·PP·DP = G, TP <= --max-tp and every TP group (TP consecutive
+// Layouts: every (TP, CP, PP, DP) with TP·CP·PP·DP = G, TP <= --max-tp and every TP group (TP consecutive
 // ranks) inside one node (nodes of --gpus-per-node consecutive ranks), in llm4d's rank order
-// rank = (dp·PP + pp)·TP + tp.
+// rank = ((dp·PP + pp)·CP + cp)·TP + tp.
 // A layout llm4d cannot run is listed with the reason: TP not dividing the heads, more stages than
-// layers, or a batch that does not split into whole sequences per micro-batch. Sorted: fitting layouts
-// first, then those that do not fit, then those that cannot run; inside each by bubble, then by
-// DP + TP communication time.
+// layers, a sequence that does not cut into 2·CP equal chunks, or a batch that does not split into whole
+// sequences per micro-batch. Sorted: fitting layouts first, then those that do not fit, then those that
+// cannot run; inside each by bubble, then by DP + TP + CP communication time.
 #define _GNU_SOURCE
 #include <errno.h>
 #include <math.h>
@@ -83,8 +96,8 @@
 
 static const char PLAN_USAGE[] =
     "usage: ./train plan --gpus G --batch-tokens N [flags]\n"
-    "  every (TP, PP, DP) with TP x PP x DP = G: bytes per GPU, fits, bubble, communication and compute per\n"
-    "  step, best first (the formulas: plan.c and README)\n"
+    "  every (TP, CP, PP, DP) with TP x CP x PP x DP = G: bytes per GPU, fits, bubble, communication and\n"
+    "  compute per step, best first (the formulas: plan.c and README); rank = ((dp*PP + pp)*CP + cp)*TP + tp\n"
     "\n"
     "model (as for training; default d12):\n"
     "  --model d12|d24|d36|d48    GPT-2 124M / 350M / 774M / 1558M (maxT 1024, V 50257)\n"
@@ -98,7 +111,8 @@ static const char PLAN_USAGE[] =
     "  --gpus G                   GPUs in all (required)\n"
     "  --gpus-per-node N          default 8; each TP group (TP consecutive ranks) stays inside a node\n"
     "  --max-tp N                 largest TP considered (default 8)\n"
-    "  --tp N, --pp N, --dp N     list only the layouts with this many ranks on that axis\n"
+    "  --tp N, --cp N, --pp N, --dp N\n"
+    "                             list only the layouts with this many ranks on that axis\n"
     "  --gpu-mem BYTES            memory per GPU, e.g. 80GB (1e9) or 80GiB (2^30) (default 80GB)\n"
     "  --intra-bw GB/s            per-GPU link bandwidth inside a node (default 300)\n"
     "  --inter-bw GB/s            per-GPU link bandwidth across nodes (default 50)\n"
@@ -141,7 +155,7 @@ typedef struct {
     int T;
     double params;       // N
     int gpus, gpus_per_node, max_tp, micro_batches, pp_virtual, zero, top;
-    int only_tp, only_pp, only_dp; // 0, or the one value of that axis to list
+    int only_tp, only_cp, only_pp, only_dp; // 0, or the one value of that axis to list
     int recompute; // RECOMPUTE_* (model.h)
     int flash, fp32, json;
     int exact, sp, interleaved, device_cpu, ckpt; // --exact and its options
@@ -150,8 +164,7 @@ typedef struct {
     const char *plot;
 } PlanInput;
 
-// One layout and what the estimate says of it. cp is 1 until context parallelism exists; it is the
-// place its axis goes (rank = ((dp·PP + pp)·CP + cp)·TP + tp).
+// One layout and what the estimate says of it (rank = ((dp·PP + pp)·CP + cp)·TP + tp).
 typedef struct {
     int tp, pp, cp, dp;
     const char *why; // NULL, or why llm4d cannot run this layout
@@ -164,8 +177,9 @@ typedef struct {
     size_t (*stage_bytes)[MEM_NCAT];
     int exact_stage;
     double exact_total;
-    int dp_intra;                      // the DP group sits inside one node
-    double dp_allreduce_s, tp_comm_s, compute_s;
+    int dp_intra;                      // each DP x CP group (the gradient reduction's) sits inside one node
+    int cp_intra;                      // each CP group sits inside one node
+    double dp_allreduce_s, tp_comm_s, cp_comm_s, compute_s;
 } Layout;
 
 // ---------------------------------------------------------------------------------------------
@@ -251,6 +265,7 @@ static void parse_plan(PlanInput *in, int argc, char **argv) {
         else if (IS("--top")) in->top = INT(1, 1 << 30);
         else if (IS("--tp")) in->only_tp = INT(1, 1 << 24);
         else if (IS("--pp")) in->only_pp = INT(1, 1 << 24);
+        else if (IS("--cp")) in->only_cp = INT(1, 1 << 24);
         else if (IS("--dp")) in->only_dp = INT(1, 1 << 24);
         else if (IS("--plot")) in->plot = v;
         else if (IS("--bucket-mb")) in->bucket_mb = parse_amount(f, v, NO_UNITS, 0, 1e6, 0), bucket_given = 1;
@@ -315,25 +330,42 @@ static int group_in_node(int stride, int size, int world, int gpus_per_node) {
     return 1;
 }
 
+// Whether every group of ranks sharing (pp, tp) — the DP x CP ranks that hold the same weights — lies
+// inside one node, in the rank order rank = ((dp·PP + pp)·CP + cp)·TP + tp.
+static int weight_group_in_node(int tp, int cp, int pp, int world, int gpus_per_node) {
+    int groups = pp * tp, ok = 1;
+    long *node = xmalloc(sizeof(long) * groups);
+    for (int g = 0; g < groups; g++) node[g] = -1;
+    for (long r = 0; r < world && ok; r++) {
+        int g = (int)(r / ((long)tp * cp) % pp) * tp + (int)(r % tp);
+        if (node[g] < 0) node[g] = r / gpus_per_node;
+        else ok = node[g] == r / gpus_per_node;
+    }
+    free(node);
+    return ok;
+}
+
 // The seed's model, the formulas at the top of this file.
 static void estimate_seed(const PlanInput *in, Layout *y) {
     const GPT2Config *c = &in->cfg;
     double e = in->fp32 ? 4 : 2;                                 // bytes per activation element
     double wb = in->fp32 ? 4 : 2, gb = wb, ob = in->fp32 ? 8 : 12; // bytes per parameter
     double C = c->C, M = in->micro_batches, T = in->T;
-    int tp = y->tp, pp = y->pp, dp = y->dp;
+    int tp = y->tp, pp = y->pp, dp = y->dp, cp = y->cp;
+    double same = (double)dp * cp; // the ranks holding the same weights: ZeRO's group
 
     y->why = NULL;
     if (c->NH % tp) y->why = "TP does not divide the heads";
     else if (pp > c->L) y->why = "more stages than layers";
+    else if (in->T % (2 * cp)) y->why = "the sequence does not cut into 2·CP equal chunks";
     else if (fmod(in->batch_tokens, (double)dp * M * T) != 0)
         y->why = "the batch does not split into whole sequences per micro-batch";
 
     y->params_per_gpu = in->params / ((double)tp * pp);
     double P = y->params_per_gpu;
-    y->weights = wb * P / (in->zero >= 3 ? dp : 1);
-    y->grads = gb * P / (in->zero >= 2 ? dp : 1);
-    y->optimizer = ob * P / (in->zero >= 1 ? dp : 1);
+    y->weights = wb * P / (in->zero >= 3 ? same : 1);
+    y->grads = gb * P / (in->zero >= 2 ? same : 1);
+    y->optimizer = ob * P / (in->zero >= 1 ? same : 1);
 
     double Ls = (double)c->L / pp, R = in->batch_tokens / dp, m = R / M, k = pp < M ? pp : M;
     y->layers_per_stage = Ls;
@@ -343,12 +375,13 @@ static void estimate_seed(const PlanInput *in, Layout *y) {
     double attn = in->flash ? 0 : 2.5 * e * c->NH * T;     // the T x T probabilities, per token
     double a_full = 17 * e * C + attn;                        // 34·C in bf16
     double a = in->recompute == RECOMPUTE_SELECTIVE ? 11 * e * C : a_full;
+    double split = (double)tp * cp; // a micro-batch's activations are spread over the TP x CP ranks
     if (in->recompute == RECOMPUTE_FULL) {
-        y->act_upper = R * (Ls * e * C + a_full) / tp;
-        y->act_1f1b = (k * m * Ls * e * C + m * a_full) / tp;
+        y->act_upper = R * (Ls * e * C + a_full) / split;
+        y->act_1f1b = (k * m * Ls * e * C + m * a_full) / split;
     } else {
-        y->act_upper = R * Ls * a / tp;
-        y->act_1f1b = k * m * Ls * a / tp;
+        y->act_upper = R * Ls * a / split;
+        y->act_1f1b = k * m * Ls * a / split;
     }
     double state = y->weights + y->grads + y->optimizer;
     y->total = state + y->act_1f1b;
@@ -359,12 +392,17 @@ static void estimate_seed(const PlanInput *in, Layout *y) {
     int interleaves = pp > 1 && pp * in->pp_virtual <= c->L && in->micro_batches % pp == 0;
     y->bubble_interleaved = interleaves ? (pp - 1.0) / (in->pp_virtual * M + pp - 1.0) : NAN;
 
-    // the DP group: ranks TP·PP·CP apart (rank order above)
-    y->dp_intra = group_in_node(tp * pp * y->cp, dp, in->gpus, in->gpus_per_node);
+    // the gradients are reduced over the DP x CP ranks holding the same weights
+    y->dp_intra = weight_group_in_node(tp, cp, pp, in->gpus, in->gpus_per_node);
     double dp_bw = y->dp_intra ? in->intra_bw : in->inter_bw, f = in->zero == 3 ? 3 : 2;
-    y->dp_allreduce_s = f * (dp - 1.0) / dp * gb * P / dp_bw;
-    double n_ar = in->recompute == RECOMPUTE_FULL ? 6 : 4;
-    y->tp_comm_s = n_ar * Ls * M * (2.0 * (tp - 1) / tp * m * C * e) / in->intra_bw;
+    y->dp_allreduce_s = f * (same - 1.0) / same * gb * P / dp_bw;
+    double n_ar = in->recompute == RECOMPUTE_FULL ? 6 : 4, mc = m / cp; // tokens of a micro-batch per GPU
+    y->tp_comm_s = n_ar * Ls * M * (2.0 * (tp - 1) / tp * mc * C * e) / in->intra_bw;
+    // the CP ring: K/V blocks CP - 1 steps per pass (forward, backward, full recompute's second forward),
+    // fp32 dK/dV accumulators CP steps in the backward; a CP group is CP ranks TP apart
+    y->cp_intra = group_in_node(tp, cp, in->gpus, in->gpus_per_node);
+    double kv = 2.0 * mc * (C / tp) * e, dkv = 2.0 * mc * (C / tp) * 4, passes = in->recompute == RECOMPUTE_FULL ? 3 : 2;
+    y->cp_comm_s = cp == 1 ? 0 : Ls * M * (passes * (cp - 1) * kv + cp * dkv) / (y->cp_intra ? in->intra_bw : in->inter_bw);
     double c_flops = in->recompute == RECOMPUTE_FULL ? 8 : 6;
     y->compute_s = c_flops * in->params * in->batch_tokens / in->gpus / in->flops;
 }
@@ -376,8 +414,8 @@ static void estimate_exact(const PlanInput *in, Layout *y) {
     y->exact_total = NAN;
     if (y->why) return;
     double B = y->sequences_per_micro;
-    if (in->sp && fmod(B * in->T, y->tp) != 0) {
-        y->why = "sequence parallelism needs B x T divisible by TP";
+    if (in->sp && fmod(B * in->T / y->cp, y->tp) != 0) {
+        y->why = "sequence parallelism needs B x T / CP divisible by TP";
         return;
     }
     int interleave = in->interleaved && !isnan(y->bubble_interleaved);
@@ -385,7 +423,7 @@ static void estimate_exact(const PlanInput *in, Layout *y) {
     for (int s = 0; s < y->pp; s++) {
         RankLayout r = { .cfg = &in->cfg, .dt = in->fp32 ? DT_F32 : DT_BF16, .be = backend_dry(in->device_cpu ? MEMKIND_HOST : MEMKIND_DEVICE),
                          .B = (int)B, .T = in->T, .accum = in->micro_batches, .tp_size = y->tp, .sp = in->sp,
-                         .pp_size = y->pp, .pp_rank = s, .pp_virtual = interleave ? in->pp_virtual : 1, .cp_size = 1,
+                         .pp_size = y->pp, .pp_rank = s, .pp_virtual = interleave ? in->pp_virtual : 1, .cp_size = y->cp,
                          .dp_size = y->dp, .zero = in->zero, .recompute = in->recompute, .bucket_mb = in->bucket_mb };
         GPT2 m;
         Zero z;
@@ -407,21 +445,25 @@ static void estimate_exact(const PlanInput *in, Layout *y) {
     y->fits = y->exact_total <= in->gpu_mem;
 }
 
-// Every (TP, PP, DP) with product G, TP <= max-tp and every TP group inside one node. The CP axis,
-// when it exists, is one more loop between PP and DP. Returns the count; *out is malloc'd.
+// Every (TP, CP, PP, DP) with product G, TP <= max-tp and every TP group inside one node. Returns the
+// count; *out is malloc'd.
 static int enumerate_layouts(const PlanInput *in, Layout **out) {
     int cap = 16, n = 0, G = in->gpus;
     Layout *ys = xmalloc(sizeof(Layout) * cap);
     for (int tp = 1; tp <= in->max_tp && tp <= G; tp++) {
         if (G % tp || !group_in_node(1, tp, G, in->gpus_per_node)) continue;
-        for (int pp = 1; pp <= G / tp; pp++) {
-            if ((G / tp) % pp) continue;
-            if ((in->only_tp && tp != in->only_tp) || (in->only_pp && pp != in->only_pp) ||
-                (in->only_dp && G / tp / pp != in->only_dp))
-                continue;
-            if (n == cap) ys = realloc(ys, sizeof(Layout) * (cap *= 2));
-            if (!ys) die("out of memory");
-            ys[n++] = (Layout){ .tp = tp, .pp = pp, .cp = 1, .dp = G / tp / pp };
+        for (int cp = 1; cp <= G / tp; cp++) {
+            if ((G / tp) % cp) continue;
+            for (int pp = 1; pp <= G / tp / cp; pp++) {
+                if ((G / tp / cp) % pp) continue;
+                int dp = G / tp / cp / pp;
+                if ((in->only_tp && tp != in->only_tp) || (in->only_cp && cp != in->only_cp) ||
+                    (in->only_pp && pp != in->only_pp) || (in->only_dp && dp != in->only_dp))
+                    continue;
+                if (n == cap) ys = realloc(ys, sizeof(Layout) * (cap *= 2));
+                if (!ys) die("out of memory");
+                ys[n++] = (Layout){ .tp = tp, .pp = pp, .cp = cp, .dp = dp };
+            }
         }
     }
     *out = ys;
@@ -434,9 +476,10 @@ static int layout_order(const void *pa, const void *pb) {
     const Layout *a = pa, *b = pb;
     if (layout_rank(a) != layout_rank(b)) return layout_rank(a) - layout_rank(b);
     if (a->bubble != b->bubble) return a->bubble < b->bubble ? -1 : 1;
-    double ca = a->dp_allreduce_s + a->tp_comm_s, cb = b->dp_allreduce_s + b->tp_comm_s;
+    double ca = a->dp_allreduce_s + a->tp_comm_s + a->cp_comm_s, cb = b->dp_allreduce_s + b->tp_comm_s + b->cp_comm_s;
     if (ca != cb) return ca < cb ? -1 : 1;
-    return a->tp != b->tp ? a->tp - b->tp : a->pp - b->pp;
+    if (a->tp != b->tp) return a->tp - b->tp;
+    return a->cp != b->cp ? a->cp - b->cp : a->pp - b->pp;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -469,17 +512,17 @@ static void print_table(const PlanInput *in, const Layout *ys, int n) {
         printf("act upper: the whole replica batch resident; act 1F1B: min(PP, M) micro-batches in flight (total and fits "
                "use it); interleaved bubble with V = %d\n\n", in->pp_virtual);
     if (in->exact)
-        printf("  TP   PP     DP  layers/st  tok/replica stage  weights    grads    optim     act  recomp     comm    other"
-               "    total  fits  bubble  interlvd   DP all-reduce    TP comm   compute\n");
+        printf("  TP   CP   PP     DP  layers/st  tok/replica stage  weights    grads    optim     act  recomp     comm    other"
+               "    total  fits  bubble  interlvd   DP all-reduce    TP comm       CP comm   compute\n");
     else
-        printf("  TP   PP     DP  layers/st  tok/replica  weights    grads    optim  act upper  act 1F1B    total  fits  "
-               "bubble  interlvd   DP all-reduce    TP comm   compute\n");
+        printf("  TP   CP   PP     DP  layers/st  tok/replica  weights    grads    optim  act upper  act 1F1B    total  fits  "
+               "bubble  interlvd   DP all-reduce    TP comm       CP comm   compute\n");
     int rows = in->top && in->top < n ? in->top : n;
     for (int i = 0; i < rows; i++) {
         const Layout *y = &ys[i];
         char intl[16] = "-";
         if (!isnan(y->bubble_interleaved)) snprintf(intl, sizeof intl, "%.1f%%", 100 * y->bubble_interleaved);
-        printf("%4d %4d %6d %10.3f %12.0f", y->tp, y->pp, y->dp, y->layers_per_stage, y->tokens_per_replica);
+        printf("%4d %4d %4d %6d %10.3f %12.0f", y->tp, y->cp, y->pp, y->dp, y->layers_per_stage, y->tokens_per_replica);
         if (in->exact && y->exact_stage >= 0) {
             const size_t *b = y->stage_bytes[y->exact_stage];
             printf(" %5d %8.2f %8.2f %8.2f %7.2f %7.2f %8.2f %8.2f %8.2f", y->exact_stage, b[MEM_WEIGHTS] / 1e9,
@@ -491,9 +534,9 @@ static void print_table(const PlanInput *in, const Layout *ys, int n) {
             printf(" %8.2f %8.2f %8.2f %10.2f %9.2f %8.2f", y->weights / 1e9, y->grads / 1e9, y->optimizer / 1e9,
                    y->act_upper / 1e9, y->act_1f1b / 1e9, y->total / 1e9);
         }
-        printf("  %-4s %6.1f%% %9s %9.1f %-5s %10.1f %9.1f", y->why ? "-" : y->fits ? "yes" : "no", 100 * y->bubble, intl,
-               1e3 * y->dp_allreduce_s, y->dp == 1 ? "" : y->dp_intra ? "intra" : "inter", 1e3 * y->tp_comm_s,
-               1e3 * y->compute_s);
+        printf("  %-4s %6.1f%% %9s %9.1f %-5s %10.1f %7.1f %-5s %9.1f", y->why ? "-" : y->fits ? "yes" : "no",
+               100 * y->bubble, intl, 1e3 * y->dp_allreduce_s, y->dp * y->cp == 1 ? "" : y->dp_intra ? "intra" : "inter",
+               1e3 * y->tp_comm_s, 1e3 * y->cp_comm_s, y->cp == 1 ? "" : y->cp_intra ? "intra" : "inter", 1e3 * y->compute_s);
         if (y->why) printf("  (%s)", y->why);
         printf("\n");
     }
@@ -554,6 +597,8 @@ static void write_json(FILE *f, const PlanInput *in, const Layout *ys, int n) {
         fprintf(f, "\"dp_intra_node\":%s,", y->dp_intra ? "true" : "false");
         json_num(f, "dp_allreduce_s", y->dp_allreduce_s, ",");
         json_num(f, "tp_comm_s", y->tp_comm_s, ",");
+        fprintf(f, "\"cp_intra_node\":%s,", y->cp_intra ? "true" : "false");
+        json_num(f, "cp_comm_s", y->cp_comm_s, ",");
         json_num(f, "compute_s", y->compute_s, "");
         if (in->exact && y->exact_stage >= 0) { // llm4d's own buffers: the fullest stage, and every stage
             fprintf(f, ",\"exact\":{\"stage\":%d,\"total\":%.17g,\"bytes\":", y->exact_stage, y->exact_total);
@@ -618,8 +663,8 @@ int plan_main(int argc, char **argv) {
     parse_plan(&in, argc, argv);
     Layout *ys;
     int n = enumerate_layouts(&in, &ys);
-    if (n == 0) // only --tp, --pp or --dp can exclude TP 1 x PP 1 x DP G
-        die("plan: no layout of %d GPUs has the --tp/--pp/--dp asked for (TP <= %d, each TP group inside a node of %d)",
+    if (n == 0) // only --tp, --cp, --pp or --dp can exclude TP 1 x CP 1 x PP 1 x DP G
+        die("plan: no layout of %d GPUs has the --tp/--cp/--pp/--dp asked for (TP <= %d, each TP group inside a node of %d)",
             in.gpus, in.max_tp, in.gpus_per_node);
     for (int i = 0; i < n; i++) {
         estimate_seed(&in, &ys[i]);

@@ -2,7 +2,7 @@
 """Checks `./train plan --json` against the seed's formulas, recomputed here from the inputs alone
 (the shapes below are written out, not read back from the planner), for several models, clusters,
 ZeRO stages, recompute modes and dtypes: every field of every layout, the set of layouts (exactly the
-(TP, PP, DP) triples the rules allow), the reasons a layout cannot run, and the order. Then checks the
+(TP, CP, PP, DP) the rules allow), the reasons a layout cannot run, and the order. Then checks the
 README's 70B table against the same closed forms.
 
 usage: plan_check.py TRAIN_BINARY README.md
@@ -12,6 +12,8 @@ import math
 import re
 import subprocess
 import sys
+
+import numpy as np
 
 TRAIN, README = sys.argv[1], sys.argv[2]
 
@@ -52,37 +54,53 @@ CASES = [
      dict(BASE, model=D12, G=12, batch=48 * 1024, M=4, zero=1)),
     # fixed axes: one layout, and the TP 4 slice of another search
     (SHAPE70 + " --gpus 512 --batch-tokens 4M --micro-batches 32 --zero 1 --tp 8 --pp 8",
-     dict(BASE, model=B70, G=512, batch=4 * 2**20, M=32, zero=1, only=(8, 8, None))),
+     dict(BASE, model=B70, G=512, batch=4 * 2**20, M=32, zero=1, only=(8, None, 8, None))),
     ("--model d12 --gpus 12 --batch-tokens 48K --micro-batches 4 --tp 4",
-     dict(BASE, model=D12, G=12, batch=48 * 1024, M=4, only=(4, None, None))),
+     dict(BASE, model=D12, G=12, batch=48 * 1024, M=4, only=(4, None, None, None))),
     ("--params 7B --layers 32 --channels 4096 --seq-len 2048 --gpus 64 --batch-tokens 2M --micro-batches 16 --max-tp 4 "
      "--gpu-mem 40GB --flops 300T",
      dict(BASE, model=dict(L=32, C=4096, H=64, T=2048, N=7e9), G=64, max_tp=4, batch=2 * 2**20, M=16, mem=40e9,
           flops=300e12)),
+    # context parallelism: T = 1000 cuts into 2·CP chunks for CP 1, 2, 4 only; CP groups across 4-GPU nodes
+    ("--model d12 --max-seq-len 1000 --gpus 16 --gpus-per-node 4 --batch-tokens 16000 --micro-batches 2 --zero 1 "
+     "--recompute full --top 500",
+     dict(BASE, model=dict(D12, T=1000, N=gpt2_params(12, 768, 50257, 1000)), G=16, gpn=4, max_tp=4, batch=16000, M=2,
+          zero=1, recompute="full")),
+    # long sequences, where CP pays: the CP 8 slice, ZeRO-3 over DP x CP
+    (SHAPE70 + " --gpus 64 --batch-tokens 256K --micro-batches 4 --zero 3 --cp 8",
+     dict(BASE, model=B70, G=64, batch=256 * 1024, M=4, zero=3, only=(None, 8, None, None))),
 ]
 
 
-def in_one_node(stride, size, G, gpn):
-    """Every group {r, r + stride, ...} of `size` ranks lies in one node (node = rank // gpn)."""
-    groups = {}
-    for r in range(G):
-        first = r % stride + r // (stride * size) * stride * size
-        groups.setdefault(first, set()).add(r // gpn)
-    return all(len(nodes) == 1 for nodes in groups.values())
+def coords(G, tp, cp, pp):
+    """rank = ((dp·PP + pp)·CP + cp)·TP + tp: the (tp, cp, pp, dp) coordinates of every rank"""
+    r = np.arange(G)
+    return r % tp, r // tp % cp, r // (tp * cp) % pp, r // (tp * cp * pp)
 
 
-def reference(case, tp, pp, dp):
+def in_one_node(key, G, gpn):
+    """Every group of ranks with the same key (an integer per rank) lies in one node (node = rank // gpn)."""
+    node = np.arange(G) // gpn
+    lo, hi = np.full(G, G), np.full(G, -1)
+    np.minimum.at(lo, key, node)
+    np.maximum.at(hi, key, node)
+    used = hi >= 0
+    return bool(np.all(lo[used] == hi[used]))
+
+
+def reference(case, tp, cp, pp, dp):
     m = case["model"]
     L, C, H, T, N = m["L"], m["C"], m["H"], m["T"], m["N"]
     M, zero, rc = case["M"], case["zero"], case["recompute"]
     e = 4 if case["fp32"] else 2
     w, g, o = (4, 4, 8) if case["fp32"] else (2, 2, 12)
     P = N / (tp * pp)
+    same = dp * cp  # the ranks holding the same weights
     r = {}
     r["params_per_gpu"] = P
-    r["weights"] = w * P / (dp if zero == 3 else 1)
-    r["gradients"] = g * P / (dp if zero >= 2 else 1)
-    r["optimizer"] = o * P / (dp if zero >= 1 else 1)
+    r["weights"] = w * P / (same if zero == 3 else 1)
+    r["gradients"] = g * P / (same if zero >= 2 else 1)
+    r["optimizer"] = o * P / (same if zero >= 1 else 1)
     Ls, R = L / pp, case["batch"] / dp
     mt = R / M
     k = min(pp, M)
@@ -90,16 +108,17 @@ def reference(case, tp, pp, dp):
     r["sequences_per_micro_batch"] = mt / T
     per_layer = 34 * C * e / 2  # Korthikanti's 34·C bytes in bf16
     probs = 0 if case["flash"] else 5 * H * T * e / 2  # the 5·a·s term, per token
+    g_act = tp * cp  # GPUs sharing a micro-batch's activations
     if rc == "none":
         a = per_layer + probs
-        up, f1 = R * Ls * a / tp, k * mt * Ls * a / tp
+        up, f1 = R * Ls * a / g_act, k * mt * Ls * a / g_act
     elif rc == "selective":  # LayerNorm outputs (2 x 2C) and GELU's input (8C) recomputed, probabilities too
         a = (34 - 4 - 8) * C * e / 2
-        up, f1 = R * Ls * a / tp, k * mt * Ls * a / tp
+        up, f1 = R * Ls * a / g_act, k * mt * Ls * a / g_act
     else:  # block inputs kept (2C in bf16), one block's activations rebuilt at a time
         a = per_layer + probs
-        up = R * (Ls * C * e + a) / tp
-        f1 = (k * mt * Ls * C * e + mt * a) / tp
+        up = R * (Ls * C * e + a) / g_act
+        f1 = (k * mt * Ls * C * e + mt * a) / g_act
     r["activations_upper"], r["activations_1f1b"] = up, f1
     state = r["weights"] + r["gradients"] + r["optimizer"]
     r["total"], r["total_upper"] = state + f1, state + up
@@ -108,6 +127,8 @@ def reference(case, tp, pp, dp):
         why = "TP does not divide the heads"
     elif pp > L:
         why = "more stages than layers"
+    elif T % (2 * cp):
+        why = "the sequence does not cut into 2·CP equal chunks"
     elif case["batch"] % (dp * M * T):
         why = "the batch does not split into whole sequences per micro-batch"
     r["why"], r["runs"] = why, why is None
@@ -115,13 +136,21 @@ def reference(case, tp, pp, dp):
     r["bubble"] = (pp - 1) / (M + pp - 1)
     V = case["V"]
     r["bubble_interleaved"] = (pp - 1) / (V * M + pp - 1) if pp > 1 and pp * V <= L and M % pp == 0 else None
-    intra = in_one_node(tp * pp, dp, case["G"], case["gpn"])
+    G, gpn = case["G"], case["gpn"]
+    # the gradient group: every rank with the same (pp, tp); the CP group: the same (tp, pp, dp)
+    t_, c_, p_, d_ = coords(G, tp, cp, pp)
+    intra = in_one_node(p_ * tp + t_, G, gpn)
     r["dp_intra_node"] = intra
     bw = case["intra"] if intra else case["inter"]
-    r["dp_allreduce_s"] = (3 if zero == 3 else 2) * (dp - 1) / dp * g * P / bw
+    r["dp_allreduce_s"] = (3 if zero == 3 else 2) * (same - 1) / same * g * P / bw
     n_ar = 6 if rc == "full" else 4
-    one_allreduce = 2 * (tp - 1) / tp * mt * C * e / case["intra"]
+    one_allreduce = 2 * (tp - 1) / tp * (mt / cp) * C * e / case["intra"]
     r["tp_comm_s"] = n_ar * Ls * M * one_allreduce
+    cp_intra = in_one_node((d_ * pp + p_) * tp + t_, G, gpn)
+    r["cp_intra_node"] = cp_intra
+    block = (mt / cp) * (C / tp)  # K (or V) elements of one GPU's tokens and heads
+    ring = (3 if rc == "full" else 2) * (cp - 1) * 2 * block * e + cp * 2 * block * 4
+    r["cp_comm_s"] = 0 if cp == 1 else Ls * M * ring / (case["intra"] if cp_intra else case["inter"])
     r["compute_s"] = (8 if rc == "full" else 6) * N * case["batch"] / case["G"] / case["flops"]
     return r
 
@@ -138,24 +167,26 @@ def check_case(args, case):
     if not close(plan["model"]["params"], case["model"]["N"]):
         raise AssertionError("%s: parameters %s, expected %s" % (args, plan["model"]["params"], case["model"]["N"]))
     G = case["G"]
-    expect = {(t, p, G // (t * p)) for t in range(1, case["max_tp"] + 1) for p in range(1, G + 1)
-              if G % t == 0 and (G // t) % p == 0 and in_one_node(1, t, G, case["gpn"])}
-    for axis, value in enumerate(case.get("only", (None, None, None))):
+    divisors = [x for x in range(1, G + 1) if G % x == 0]
+    expect = {(t, c, p, G // (t * c * p)) for t in divisors if t <= case["max_tp"] for c in divisors for p in divisors
+              if G % (t * c * p) == 0 and in_one_node(np.arange(G) // t, G, case["gpn"])}
+    for axis, value in enumerate(case.get("only", (None, None, None, None))):
         if value:
             expect = {y for y in expect if y[axis] == value}
-    got = [(y["tp"], y["pp"], y["dp"]) for y in plan["layouts"]]
+    got = [(y["tp"], y["cp"], y["pp"], y["dp"]) for y in plan["layouts"]]
     assert len(got) == len(set(got)), "%s: a layout is listed twice" % args
     assert set(got) == expect, "%s: layouts %s, expected %s" % (args, sorted(set(got) ^ expect), "")
     keys = []
     for y in plan["layouts"]:
-        ref = reference(case, y["tp"], y["pp"], y["dp"])
+        ref = reference(case, y["tp"], y["cp"], y["pp"], y["dp"])
         flat = dict(y, **y["bytes"])
         for k, v in ref.items():
             if not close(flat[k], v):
-                raise AssertionError("%s: TP %d PP %d DP %d: %s = %r, expected %r" % (args, y["tp"], y["pp"], y["dp"], k,
-                                                                                     flat[k], v))
+                raise AssertionError("%s: TP %d CP %d PP %d DP %d: %s = %r, expected %r" % (args, y["tp"], y["cp"], y["pp"],
+                                                                                           y["dp"], k, flat[k], v))
         group = 2 if ref["why"] else 0 if ref["fits"] else 1
-        keys.append((group, ref["bubble"], ref["dp_allreduce_s"] + ref["tp_comm_s"], y["tp"], y["pp"]))
+        comm = ref["dp_allreduce_s"] + ref["tp_comm_s"] + ref["cp_comm_s"]
+        keys.append((group, ref["bubble"], comm, y["tp"], y["cp"], y["pp"]))
     assert keys == sorted(keys), "%s: layouts not sorted (fitting first, then by bubble, then communication)" % args
     assert plan["inputs"]["gpus"] == G and plan["inputs"]["zero"] == case["zero"]
     print("ok: %s: %d layouts, %d run and fit" % (args, len(got), sum(y["runs"] and y["fits"] for y in plan["layouts"])))
@@ -172,7 +203,7 @@ def check_readme(case1, case3):
             break
         cells = [c.strip() for c in line.strip("|").split("|")]
         rows[cells[0]] = cells[1:]
-    r1, r3 = reference(case1, 8, 8, 8), reference(case3, 8, 8, 8)
+    r1, r3 = reference(case1, 8, 1, 8, 8), reference(case3, 8, 1, 8, 8)
 
     def num(s):
         return float(re.sub(r"[^0-9.]", "", s.split()[0]))

@@ -586,7 +586,8 @@ t_plan() {
     $PY test/plan_check.py "$TRAIN" README.md || return 1
     $ASAN plan --layers 126 --channels 16384 --heads 128 --seq-len 4096 --gpus 16384 --batch-tokens 16M \
         --micro-batches 8 --zero 1 --recompute full >"$WORK/plan.txt" || return 1
-    grep -q '^   8    4    512 ' "$WORK/plan.txt" || { echo "the 405B table lacks TP 8 x PP 4 x DP 512"; return 1; }
+    grep -q '^   8    1    4    512 ' "$WORK/plan.txt" || { echo "the 405B table lacks TP 8 x CP 1 x PP 4 x DP 512"; return 1; }
+    grep -q '^   8    2    4    256 ' "$WORK/plan.txt" || { echo "the 405B table lacks TP 8 x CP 2 x PP 4 x DP 256"; return 1; }
     $ASAN plan --model d12 --gpus 6 --batch-tokens 24K --json | $PY -c 'import json, sys; json.load(sys.stdin)'
     # --exact builds every stage of every layout dry (fake addresses, nothing allocated): clean under ASan/UBSan
     $ASAN plan --layers 126 --channels 16384 --heads 128 --seq-len 4096 --gpus 16384 --batch-tokens 16M \
@@ -627,7 +628,9 @@ t_plan_bad_input() {
     expect_error "--bucket-mb expects a number, got 'big'" "${p[@]}" --exact --bucket-mb big || ok=1
     expect_error "plan: unknown flag --bogus" "${p[@]}" --bogus 1 || ok=1
     expect_error "--plot needs a value" "${p[@]}" --plot || ok=1
-    expect_error "plan: no layout of 8 GPUs has the --tp/--pp/--dp asked for" "${p[@]}" --tp 3 || ok=1
+    expect_error "plan: no layout of 8 GPUs has the --tp/--cp/--pp/--dp asked for" "${p[@]}" --tp 3 || ok=1
+    expect_error "plan: no layout of 8 GPUs has the --tp/--cp/--pp/--dp asked for" "${p[@]}" --cp 16 || ok=1
+    expect_error "--cp must be between 1 and" "${p[@]}" --cp 0 || ok=1
     return $ok
 }
 
