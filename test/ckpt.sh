@@ -14,7 +14,8 @@ t_ckpt_resume() {
     local d=$WORK/ckr ok=0 i=0 layout
     mkdir -p "$d"
     for layout in "" "--nproc 2 --zero 0" "--nproc 2 --zero 1" "--nproc 2 --zero 2" "--nproc 2 --zero 3" "--nproc 2 --tp 2 --sp" \
-        "--nproc 2 --pp 2" "--nproc 2 --pp 2 --pp-virtual 2" "--nproc 8 --tp 2 --pp 2 --pp-virtual 2 --zero 3"; do
+        "--nproc 2 --pp 2" "--nproc 2 --pp 2 --pp-virtual 2" "--nproc 2 --cp 2 --zero 2" \
+        "--nproc 8 --tp 2 --pp 2 --pp-virtual 2 --zero 3"; do
         i=$((i + 1))
         local a=$d/$i args
         read -ra args <<<"$layout"
@@ -45,7 +46,8 @@ t_ckpt_reshard() {
     $TRAIN "${S[@]}" --log "$d/ref.jsonl" --save-model "$d/ref.bin" >/dev/null || return 1
     local runs=()
     for pair in "--nproc 4 --zero 3|--nproc 4 --tp 2 --pp 2" "--nproc 4 --tp 2 --zero 1|" "|--nproc 4 --pp 4 --pp-virtual 2" \
-        "--nproc 8 --tp 2 --pp 2 --zero 3 --sp|--nproc 2 --zero 2" "--nproc 4 --pp 2 --pp-virtual 2 --zero 1|--nproc 4 --tp 4 --sp"; do
+        "--nproc 8 --tp 2 --pp 2 --zero 3 --sp|--nproc 2 --zero 2" "--nproc 4 --pp 2 --pp-virtual 2 --zero 1|--nproc 4 --tp 4 --sp" \
+        "--nproc 4 --cp 2 --pp 2 --pp-virtual 2 --zero 1|" "|--nproc 4 --cp 2 --tp 2 --zero 3"; do
         i=$((i + 1))
         local from to
         read -ra from <<<"${pair%|*}"

@@ -434,6 +434,104 @@ t_tensor_parallel() {
     return $ok
 }
 
+# Context parallelism: CP 2 and 4 alone and CP 2 with TP 2 (and --sp), PP 2 and DP 2 x ZeRO 1 and 3 take the
+# single-rank step (losses and final parameters within 1e-5; bf16 within its rounding); reruns are
+# bitwise; every rank computes the same attention FLOPs (within one chunk pair) and together exactly the
+# single rank's.
+CPFLAGS=(--layers 2 --channels 32 --heads 4 --vocab 256 --seq-len 32 --micro-batch 2 --batch-tokens 256 --steps 8 --lr 1e-3
+    --warmup 2 --weight-decay 0.1 --clip 1.0 --bucket-mb 0.02)
+t_context_parallel() {
+    have_torch || return $?
+    local d=$WORK/cp ok=0 runs=() cfg
+    mkdir -p "$d"
+    $TRAIN "${CPFLAGS[@]}" --train "$DATA/train.bin" --log "$d/ref.jsonl" --save-model "$d/ref.bin" >/dev/null || return 1
+    $TRAIN "${CPFLAGS[@]}" --train "$DATA/train.bin" --dtype bf16 --log "$d/refb.jsonl" --save-model "$d/refb.bin" >/dev/null || return 1
+    for cfg in "2 --cp 2" "4 --cp 4" "4 --cp 2 --tp 2" "4 --cp 2 --tp 2 --sp" "4 --cp 2 --pp 2" "4 --cp 2 --zero 1" \
+        "4 --cp 2 --zero 3" "2 --cp 2 --dtype bf16"; do
+        local n=${cfg%% *} name
+        name=cp-$(echo "${cfg#* }" | tr -d ' -')
+        timeout 300 $TRAIN --nproc "$n" ${cfg#* } "${CPFLAGS[@]}" --train "$DATA/train.bin" --comm-timeout 60 \
+            --log "$d/$name.jsonl" --save-model "$d/$name.bin" >"$d/$name.out" 2>&1 || { echo "$cfg failed"; tail -5 "$d/$name.out"; return 1; }
+        grep -q "^step    1/8 .* | cp comm [0-9.]* ms, exposed [0-9.]* ms" "$d/$name.out" || { echo "$cfg: no cp comm on the step line"; ok=1; }
+        [ "$name" = cp-cp2dtypebf16 ] || runs+=("$d/$name")
+    done
+    $PY test/compare_runs.py 1e-5 "$d/ref" "${runs[@]}" || ok=1
+    $PY test/compare_runs.py 1e-2 "$d/refb" "$d/cp-cp2dtypebf16" || ok=1
+    for cfg in "4 --cp 4|cp-cp4" "4 --cp 2 --zero 3|cp-cp2zero3"; do
+        local c=${cfg%|*}
+        timeout 300 $TRAIN --nproc ${c%% *} ${c#* } "${CPFLAGS[@]}" --train "$DATA/train.bin" --comm-timeout 60 \
+            --save-model "$d/rerun.bin" >/dev/null || return 1
+        cmp "$d/rerun.bin" "$d/${cfg#*|}.bin" || { echo "rerun of $c differs"; ok=1; }
+    done
+    $PY - "$d" "${runs[@]}" <<'EOF' || ok=1
+import json, sys
+def recs(prefix):
+    return [json.loads(l) for l in open(prefix + ".jsonl") if '"loss"' in l]
+ref = recs(sys.argv[1] + "/ref")
+# per step: 8 sequences x 4 heads x 2 layers of T(T+1)/2 causal pairs, 4 + 10 FLOPs per pair and head channel
+T, hs = 32, 8
+want = 8 * 4 * 2 * (T * (T + 1) // 2) * 14 * hs
+assert all(r["attn_flops_total"] == want and r["cp_comm_ms"] == 0 for r in ref), (ref[0], want)
+bad = 0
+for prefix in sys.argv[2:]:
+    name = prefix.rsplit("/", 1)[1]
+    cp = int(name.split("cp")[2][0])
+    c = T // (2 * cp)
+    pair = 8 * 4 * 2 * c * c * 14 * hs  # one chunk pair, for every sequence, head and layer of the step
+    for r in recs(prefix):
+        spread = r["attn_flops_max"] - r["attn_flops_min"]
+        if r["attn_flops_total"] != want or spread > pair or not r["cp_comm_ms"] > 0 or r["cp_exposed_ms"] < 0:
+            print(f"FAIL {name} step {r['step']}: attention FLOPs total {r['attn_flops_total']} (want {want}), "
+                  f"max - min {spread} (at most {pair}), cp_comm_ms {r['cp_comm_ms']}")
+            bad += 1
+    r = recs(prefix)[0]
+    print(f"{name}: attention FLOPs per rank {r['attn_flops_min']:.0f}..{r['attn_flops_max']:.0f}, total {want} as on one rank")
+sys.exit(1 if bad else 0)
+EOF
+    return $ok
+}
+
+# Activation memory per rank under context parallelism: the position-wise buffers fall to 1/CP (every
+# activation buffer is per position); the ring adds fp32 accumulators of 3·C per position (out or dq, and
+# this rank's dK/dV share) to the activations, and its blocks in flight to the comm buffers.
+t_context_parallel_memory() {
+    local d=$WORK/cpm cp
+    mkdir -p "$d"
+    for cp in 1 2 4; do
+        timeout 120 $TRAIN --nproc $cp --cp $cp --layers 2 --channels 64 --heads 4 --vocab 256 --seq-len 256 --micro-batch 2 \
+            --steps 0 >"$d/$cp.out" || return 1
+    done
+    $PY - "$d" <<'EOF'
+import re, sys
+B, T, C = 2, 256, 64
+def acts(cp):
+    out = open(f"{sys.argv[1]}/{cp}.out").read()
+    return [float(x) * 1048576 for x in re.findall(r"activations ([0-9.]+) MiB", out)]
+one = acts(1)[0]
+bad = 0
+for cp in (2, 4):
+    scratch = 4 * B * (T // cp) * 3 * C
+    for got in acts(cp):
+        share = (got - scratch) / one
+        print(f"CP {cp}: activations {got:.0f} bytes = {share:.4f} of one rank's {one:.0f}, + {scratch} of ring accumulators")
+        if abs(share - 1 / cp) > 0.005:
+            print(f"FAIL CP {cp}: the position-wise activations are {share:.4f} of one rank's, not 1/{cp}")
+            bad += 1
+sys.exit(1 if bad else 0)
+EOF
+}
+
+# What context parallelism cannot serve: one line each, before any rank starts where the flags decide it.
+t_context_parallel_errors() {
+    local ok=0 s=(--layers 2 --channels 32 --heads 4 --vocab 256 --steps 0)
+    expect_error "--cp 2 cuts each sequence into 4 chunks: --seq-len 30 must be divisible by 4" --nproc 2 --cp 2 "${s[@]}" --seq-len 30 || ok=1
+    expect_error "--cp 2 cuts each sequence into 4 chunks: --seq-len 30 must be divisible by 4" --nproc 2 --cp 2 "${s[@]}" --max-seq-len 30 || ok=1
+    expect_error "--tp 1 x --cp 3 x --pp 1 = 3 does not divide the 4 ranks" --nproc 4 --cp 3 "${s[@]}" --seq-len 36 || ok=1
+    expect_error "--sp splits each rank's 6 positions (--seq-len 12 / --cp 2) over the --tp 4 ranks" --nproc 8 --cp 2 --tp 4 --sp "${s[@]}" --seq-len 12 || ok=1
+    expect_error "--cp must be between 1 and 4096, got 0" "${s[@]}" --cp 0 || ok=1
+    return $ok
+}
+
 # Per-rank memory under tensor parallelism: weights, gradients and optimizer state fall to 1/TP of
 # the split tensors (replicated LayerNorms, biases and position embedding aside), and the largest
 # logits buffer is B x T x ceil(Vp/TP).
@@ -798,6 +896,9 @@ run_test "ZeRO memory per rank at DP 4 follows the formula" t_zero_memory
 run_test "tensor parallel TP 2,3,4 with and without --sp, alone and with DP 2 x ZeRO 0,1,3, equals one rank" t_tensor_parallel
 run_test "pipeline PP 2,3,4 x M, plain and interleaved (V 2), and 3D layouts equal one rank; schedules" t_pipeline
 run_test "tensor parallel memory falls to 1/TP (activations too with --sp); logits B x T x Vp/TP" t_tensor_parallel_memory
+run_test "context parallel CP 2, 4, with TP 2 (--sp), PP 2, DP 2 x ZeRO 1, 3, bf16 equal one rank; reruns bitwise; attention FLOPs balanced" t_context_parallel
+run_test "context parallel activation memory per rank falls to 1/CP" t_context_parallel_memory
+run_test "context parallel: one-line errors (sequence split, layout, --sp)" t_context_parallel_errors
 run_test "plan: every layout's bytes, bubble, communication and compute against the formulas; README's 70B table" t_plan
 run_test "plan: bad input, one-line errors naming the flag (ASan)" t_plan_bad_input
 run_test "recompute selective and full are bitwise --recompute none: 1 rank fp32/bf16, DP x ZeRO 1-3, TP+SP, PP plain/interleaved, 3D bf16, resume; no extra ZeRO-3 gathers" t_recompute
@@ -806,8 +907,8 @@ run_test "plan --exact predicts every rank's measured peak per category (DP x Ze
 run_test "plot.py: training logs and the planner's memory bars as PNG" t_plot
 run_test "RDMA verbs absent: ./train does not link libibverbs, runs as before; verbs say why in one line" t_verbs_absent
 run_test "RDMA verbs on soft-RoCE in a QEMU guest: 1 B-64 MiB both ways checked, 8/3/1 slots, selection, dead peer" t_verbs_vm
-run_test "checkpoints: resume is bitwise (one rank, DP x ZeRO 0-3, TP, PP, interleaved, 3D)" t_ckpt_resume
-run_test "checkpoints: re-sharded to another layout equals one rank" t_ckpt_reshard
+run_test "checkpoints: resume is bitwise (one rank, DP x ZeRO 0-3, TP, PP, interleaved, CP, 3D)" t_ckpt_resume
+run_test "checkpoints: re-sharded to another layout (CP 2 to 1 and 1 to 2 among them) equals one rank" t_ckpt_reshard
 run_test "checkpoints: the format read with numpy equals --save-model" t_ckpt_reader
 run_test "restarts: 10 injected rank deaths under --max-restarts end bitwise as the uninterrupted runs" t_ckpt_restarts
 run_test "checkpoints: flipped byte, truncated or missing shard, missing manifest, incompatible, --keep" t_ckpt_bad
