@@ -57,6 +57,9 @@ echo
 echo "== activation recompute (scripts/bench_recompute.sh) =="
 bash scripts/bench_recompute.sh
 echo
+echo "== context parallelism (scripts/bench_cp.sh) =="
+bash scripts/bench_cp.sh
+echo
 echo "== checkpoints (scripts/bench_ckpt.sh) =="
 bash scripts/bench_ckpt.sh
 
