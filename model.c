@@ -674,7 +674,7 @@ static void embed_bwd(GPT2 *m, const void *dout, int B, int T) {
 // The attention of one block over this rank's positions: the whole sequences here, or ring attention over
 // the context-parallel group. lse holds one block's log-sum-exps (laid out per chunk under context
 // parallelism).
-static void attention_fwd(GPT2 *m, void *atty, float *lse, const void *qkv, int B, int T) {
+static void attention_forward(GPT2 *m, void *atty, float *lse, const void *qkv, int B, int T) {
     int Ct = m->C_tp, NH = m->NH_tp;
     double pairs;
     if (m->cp > 1) {
@@ -685,7 +685,7 @@ static void attention_fwd(GPT2 *m, void *atty, float *lse, const void *qkv, int 
     }
     m->prof.attention_flops += 4.0 * (Ct / NH) * B * NH * pairs;
 }
-static void attention_bwd(GPT2 *m, void *dqkv, const void *datty, const void *qkv, const void *atty, const float *lse, int B,
+static void attention_backward(GPT2 *m, void *dqkv, const void *datty, const void *qkv, const void *atty, const float *lse, int B,
                           int T) {
     int Ct = m->C_tp, NH = m->NH_tp;
     double pairs;
@@ -803,7 +803,7 @@ static void block_forward_to_gelu(GPT2 *m, int l, const BlockActs *a, const void
     int lead = m->tp_rank == 0; // adds what must be added once: the row-parallel biases
     const void *in = tp_full_rows(m, a->ln1, BTC);
     TIMED(m, PROF_MATMUL, be->matmul_fwd(dt, a->qkv, NULL, in, gpt2_param(m, P_QKVW, l), gpt2_param(m, P_QKVB, l), N, C, 3 * Ct));
-    TIMED(m, PROF_ATTENTION, attention_fwd(m, a->atty, a->lse, a->qkv, B, T));
+    TIMED(m, PROF_ATTENTION, attention_forward(m, a->atty, a->lse, a->qkv, B, T));
     TIMED(m, PROF_MATMUL, be->matmul_fwd(dt, m->act->partial, NULL, a->atty, gpt2_param(m, P_ATTPROJW, l),
                                          lead ? gpt2_param(m, P_ATTPROJB, l) : NULL, N, Ct, C));
     void *proj = tp_finish_partial(m, a->r2, BTC);
@@ -952,7 +952,7 @@ void gpt2_backward_chunk(GPT2 *m, int chunk, float dloss_scale) {
         dy = tp_full_rows(m, x->dresidual, BTC);
         TIMED(m, PROF_MATMUL, be->matmul_bwd(dt, x->dbuf_c, gpt2_grad(m, P_ATTPROJW, l), gpt2_grad(m, P_ATTPROJB, l), dy,
                                              a.atty, gpt2_param(m, P_ATTPROJW, l), NULL, N, Ct, C));
-        TIMED(m, PROF_ATTENTION, attention_bwd(m, x->dqkv, x->dbuf_c, a.qkv, a.atty, a.lse, B, T));
+        TIMED(m, PROF_ATTENTION, attention_backward(m, x->dqkv, x->dbuf_c, a.qkv, a.atty, a.lse, B, T));
         rebuild_ln1(m, l, &a, res, R);
         in = tp_full_rows(m, a.ln1, BTC);
         TIMED(m, PROF_MATMUL, be->matmul_bwd(dt, x->partial, gpt2_grad(m, P_QKVW, l), gpt2_grad(m, P_QKVB, l), x->dqkv,

@@ -1,6 +1,7 @@
 // zero.h: data parallelism and the optimizer: gradient buckets reduced across the data-parallel group
 // while the backward runs, fp32 master weights and AdamW moments sharded by ZeRO stage, the global
-// gradient norm and clipping, and the update.
+// gradient norm and clipping, and the update. With context parallelism that group is the DP x CP ranks,
+// which all hold the same weights.
 //
 // Buckets are contiguous ranges of whole units (see model.h), formed in backward order. Within bucket
 // b of n elements, data-parallel rank d owns the segment [d·⌈n/DP⌉, (d+1)·⌈n/DP⌉) ∩ [0, n): the one a
