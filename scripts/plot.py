@@ -10,7 +10,7 @@
       GPU memory marked; ./train plan --plot OUT.png calls this.
 
 Log records it reads: {"step","loss","tokens","tokens_per_s", "bubble_max","bubble_mean",
-"bubble_formula","comm_ms","exposed_comm_ms","tp_comm_ms"} per step, {"step","val_loss"} per
+"bubble_formula","comm_ms","exposed_comm_ms","tp_comm_ms","cp_comm_ms","cp_exposed_ms"} per step, {"step","val_loss"} per
 validation, and any record with an object "memory..." of bytes per category (optionally with "rank"),
 e.g. {"memory_peak":{"weights":..,"activations":..},"rank":0}. Fields a log lacks are left out.
 Errors: one line "error: ..." on stderr, exit status 1; OUT is written whole or not at all.
@@ -92,8 +92,8 @@ def plot_logs(paths, out):
     panels = ["loss_step", "loss_tokens", "throughput"]
     if has_nonzero(logs, "bubble_max") or has_nonzero(logs, "bubble_formula"):
         panels.append("bubble")
-    # a single rank's exposed wait is timer noise: the panel is for runs whose DP or TP groups talk
-    if has_nonzero(logs, "comm_ms") or has_nonzero(logs, "tp_comm_ms"):
+    # a single rank's exposed wait is timer noise: the panel is for runs whose DP, TP or CP groups talk
+    if has_nonzero(logs, "comm_ms") or has_nonzero(logs, "tp_comm_ms") or has_nonzero(logs, "cp_comm_ms"):
         panels.append("comm")
     if any(mems for _, _, _, mems in logs):
         panels.append("memory")
@@ -133,11 +133,12 @@ def plot_logs(paths, out):
                     ys = [100 * r.get(key, 0) for r in steps]
                     ax.plot(s, ys, style, color=c, lw=1, label="%s %s" % (name, key.split("_")[1]))
             elif p == "comm":
-                if not any(r.get("comm_ms", 0) or r.get("tp_comm_ms", 0) for r in steps):
+                if not any(r.get("comm_ms", 0) or r.get("tp_comm_ms", 0) or r.get("cp_comm_ms", 0) for r in steps):
                     continue
-                for key, style in (("comm_ms", "-"), ("exposed_comm_ms", "--"), ("tp_comm_ms", ":")):
+                for key, style in (("comm_ms", "-"), ("exposed_comm_ms", "--"), ("tp_comm_ms", ":"), ("cp_comm_ms", "-."),
+                                   ("cp_exposed_ms", (0, (1, 3)))):
                     if any(r.get(key, 0) for r in steps):
-                        ax.plot(s, [r.get(key, 0) for r in steps], style, color=c, lw=1,
+                        ax.plot(s, [r.get(key, 0) for r in steps], linestyle=style, color=c, lw=1,
                                 label="%s %s" % (name, key[:-3].replace("_", " ")))
     titles = {
         "loss_step": ("loss", "step", "loss"),
