@@ -4,9 +4,9 @@
 // then each block from the previous rank while this rank's current one goes to the next. A rank's two
 // query chunks meet the two key chunks of the block present in a fixed order (its first chunk, then its
 // second; for each, the block's first key chunk, then its second); a key chunk entirely after a query
-// chunk (every pair masked) is skipped. With the zigzag split exactly two chunk pairs are visible at every
-// step but the first (where the diagonal ones count half), so every rank computes the same number of
-// query-key pairs: 2N·c² + c per sequence and head, c = T/(2N).
+// chunk (every pair masked) is skipped. With the zigzag split every step but the first computes exactly
+// two whole chunk pairs, and the first one whole pair and two diagonal ones, so every rank computes the
+// same number of query-key pairs: 2N·c² + c per sequence and head, c = T/(2N).
 #include "context.h"
 
 #include <string.h>

@@ -1254,13 +1254,13 @@ static void report(Trainer *t, int step, const StepResult *r) {
     if (t->logf) {
         fprintf(t->logf,
                 "{\"step\":%d,\"tokens\":%lld,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"ms\":%.3f,\"tokens_per_s\":%.1f,"
-                "\"comm_ms\":%.3f,\"exposed_comm_ms\":%.3f,\"tp_comm_ms\":%.3f,\"bubble_max\":%.4f,"
-                "\"bubble_mean\":%.4f,\"bubble_formula\":%.4f,\"compute_ms_max\":%.3f,\"compute_ms_median\":%.3f,"
-                "\"slowest_rank\":%d,\"ckpt_stall_ms\":%.3f,\"skipped\":%d,\"skipped_total\":%lld,\"cp_comm_ms\":%.3f,"
-                "\"cp_exposed_ms\":%.3f,\"attn_flops_min\":%.0f,\"attn_flops_max\":%.0f,\"attn_flops_total\":%.0f",
-                step + 1, (step + 1) * t->batch_tokens, r->loss, r->lr, r->norm, r->ms, tps, r->comm_ms, r->exposed_ms, r->tp_ms, bubble_max, bubble_mean,
-                bubble_formula, cmax, cmed, slowest, t->stall_ms, r->skipped, (long long)t->spikes.skipped, r->cp_ms,
-                r->cp_exposed_ms, amin, amax, asum);
+                "\"comm_ms\":%.3f,\"exposed_comm_ms\":%.3f,\"tp_comm_ms\":%.3f,\"cp_comm_ms\":%.3f,\"cp_exposed_ms\":%.3f,"
+                "\"bubble_max\":%.4f,\"bubble_mean\":%.4f,\"bubble_formula\":%.4f,\"attn_flops_min\":%.0f,"
+                "\"attn_flops_max\":%.0f,\"attn_flops_total\":%.0f,\"compute_ms_max\":%.3f,\"compute_ms_median\":%.3f,"
+                "\"slowest_rank\":%d,\"ckpt_stall_ms\":%.3f,\"skipped\":%d,\"skipped_total\":%lld",
+                step + 1, (step + 1) * t->batch_tokens, r->loss, r->lr, r->norm, r->ms, tps, r->comm_ms, r->exposed_ms, r->tp_ms,
+                r->cp_ms, r->cp_exposed_ms, bubble_max, bubble_mean, bubble_formula, amin, amax, asum, cmax, cmed, slowest,
+                t->stall_ms, r->skipped, (long long)t->spikes.skipped);
         if (t->zero.stage == 3) fprintf(t->logf, ",\"zero3_gathers\":%d", t->zero.gathers);
         if (t->o.profile)
             fprintf(t->logf, ",\"matmul_ms\":%.3f,\"attention_ms\":%.3f", t->model.prof.seconds[PROF_MATMUL] * 1e3,
