@@ -27,7 +27,9 @@ typedef struct {
     DType dt;
     // scratch for the largest micro-batch (model.c allocates it): K/V blocks [B, T, 2C] in dt, the one in
     // use and the one arriving; an fp32 [B, T, C] accumulator of the output (forward) or of dq (backward);
-    // fp32 [B, T, 2C] dK/dV accumulators, two travelling and one for this rank's own share of a step
+    // fp32 [B, T, 2C] dK/dV accumulators, two travelling and one for this rank's own share of a step. They
+    // come from the backend's allocator, as the pipeline's hand-off buffers do: on the CPU that is registered
+    // memory (hostmem.h), which the next rank on the node reads in place (single-copy)
     void *kvbuf[2];
     float *acc, *dkv[2], *dkv_part;
     double wait_s; // seconds spent waiting for ring transfers since the caller last reset it
