@@ -3,7 +3,7 @@
 
   memory_check.py formulas DIR          activations and recompute scratch of every rank against llm4d's
                                         activation inventory, written out here from the shapes (the
-                                        README's table), and how they fall with recompute, TP, SP, PP,
+                                        README's table), and how they fall with recompute, TP, SP, PP, CP,
                                         the micro-batch size and the sequence length
   memory_check.py exact DIR TRAIN       every category of every rank against ./train plan --exact
 
@@ -34,10 +34,10 @@ def load_runs(d):
                 peaks[rec["rank"]] = rec["memory_peak"]
         n = int(ranks)
         T = flag(flags, "--seq-len", SHAPE["T"])
-        tp, pp = flag(flags, "--tp", 1), flag(flags, "--pp", 1)
-        dp = n // (tp * pp)
+        tp, pp, cp = flag(flags, "--tp", 1), flag(flags, "--pp", 1), flag(flags, "--cp", 1)
+        dp = n // (tp * pp * cp)
         B, batch = flag(flags, "--micro-batch"), flag(flags, "--batch-tokens")
-        lay = dict(name=name, mode=mode, n=n, flags=flags, T=T, B=B, batch=batch, tp=tp, pp=pp, dp=dp,
+        lay = dict(name=name, mode=mode, n=n, flags=flags, T=T, B=B, batch=batch, tp=tp, pp=pp, cp=cp, dp=dp,
                    sp="--sp" in flags, V=flag(flags, "--pp-virtual", 1) if pp > 1 else 1, M=batch // (dp * B * T),
                    e=2 if flag(flags, "--dtype", "fp32", str) == "bf16" else 4, zero=flag(flags, "--zero", 0),
                    bucket=flag(flags, "--bucket-mb", None, str), ckpt="--ckpt-every" in flags)
@@ -45,6 +45,11 @@ def load_runs(d):
             sys.exit("%s-%s: memory_peak records for ranks %s, expected 0..%d" % (name, mode, sorted(peaks), n - 1))
         runs.append((lay, peaks))
     return runs
+
+
+def stage_of(lay, r):
+    """Pipeline stage of rank r: rank = ((dp·PP + pp)·CP + cp)·TP + tp."""
+    return r // (lay["tp"] * lay["cp"]) % lay["pp"]
 
 
 def stage_blocks(L, P, V, s):
@@ -57,7 +62,7 @@ def stage_blocks(L, P, V, s):
 def inventory(lay, stage):
     """llm4d's activations and recompute scratch of one rank, in bytes (README: "Activation recompute")."""
     L, C, H, Vp = SHAPE["L"], SHAPE["C"], SHAPE["H"], (SHAPE["V"] + 127) // 128 * 128
-    B, T, tp, e, mode = lay["B"], lay["T"], lay["tp"], lay["e"], lay["mode"]
+    B, T, tp, e, mode = lay["B"], lay["T"] // lay["cp"], lay["tp"], lay["e"], lay["mode"]  # T: this rank's positions
     BT = B * T
     R = BT // tp if lay["sp"] else BT  # rows of the residual stream on this rank
     Ct, Ht, Vt = C // tp, H // tp, -(-Vp // tp)
@@ -78,6 +83,8 @@ def inventory(lay, stage):
     shared = 2 * BT * C * e + BT * 4 * Ct * e + BT * 3 * Ct * e  # partial sums, gradients of C, 4C and QKV
     if lay["sp"]:
         shared += BT * C * e + R * C * e + 2 * C * 4
+    if lay["cp"] > 1:  # the ring's fp32 accumulators: attention output (or dq), and this rank's dK/dV share
+        shared += BT * Ct * 4 + BT * 2 * Ct * 4
     act = slots * slot + shared
     rc = 0
     if mode != "none":  # a LayerNorm output and GELU's output
@@ -93,8 +100,8 @@ def seed_activations(lay):
     Ls, m, k = L / lay["pp"], lay["B"] * lay["T"], min(lay["pp"], lay["M"])
     a = (11 if lay["mode"] == "selective" else 17) * e * C
     if lay["mode"] == "full":
-        return (k * m * Ls * e * C + m * 17 * e * C) / lay["tp"]
-    return k * m * Ls * a / lay["tp"]
+        return (k * m * Ls * e * C + m * 17 * e * C) / (lay["tp"] * lay["cp"])
+    return k * m * Ls * a / (lay["tp"] * lay["cp"])
 
 
 def rel(a, b):
@@ -107,7 +114,7 @@ def formulas(d):
     by = {}
     for lay, peaks in runs:
         for r, got in peaks.items():
-            stage = r // lay["tp"] % lay["pp"]
+            stage = stage_of(lay, r)
             act, rc = inventory(lay, stage)
             for cat, want in (("activations", act), ("recompute", rc)):
                 err = rel(got[cat], want)
@@ -127,14 +134,15 @@ def formulas(d):
              ("sequence 64 -> 32", ("t64", "none", 0), ("one", "none", 0)),
              ("TP 1 -> 2, sequence parallel", ("one", "none", 0), ("tp2sp", "none", 0)),
              ("TP 2 -> TP 2 with SP", ("tp2", "none", 0), ("tp2sp", "none", 0)),
-             ("PP 1 -> 2, last stage", ("one", "none", 0), ("pp2", "none", 1))]
+             ("PP 1 -> 2, last stage", ("one", "none", 0), ("pp2", "none", 1)),
+             ("CP 1 -> 2", ("one", "none", 0), ("cp2", "none", 0))]
     print("%-40s %9s %9s %9s" % ("activations + recompute scratch", "measured", "inventory", "seed"))
     for what, a, b in pairs:
         (la, pa), (lb, pb) = by[a[:2]], by[b[:2]]
         ga = pa[a[2]]["activations"] + pa[a[2]]["recompute"]
         gb = pb[b[2]]["activations"] + pb[b[2]]["recompute"]
-        wa = sum(inventory(la, a[2] // la["tp"] % la["pp"]))
-        wb = sum(inventory(lb, b[2] // lb["tp"] % lb["pp"]))
+        wa = sum(inventory(la, stage_of(la, a[2])))
+        wb = sum(inventory(lb, stage_of(lb, b[2])))
         print("%-40s %9.3f %9.3f %9.3f" % (what, gb / ga, wb / wa, seed_activations(lb) / seed_activations(la)))
         if rel(gb / ga, wb / wa) > TOL or not gb < ga:
             print("FAIL %s: measured ratio %.4f, inventory %.4f (it must fall)" % (what, gb / ga, wb / wa))
@@ -146,7 +154,7 @@ def exact(d, train):
     bad = 0
     for lay, peaks in load_runs(d):
         cmd = [train, "plan", *SHAPE_FLAGS, "--seq-len", str(lay["T"]), "--gpus", str(lay["n"]), "--tp", str(lay["tp"]),
-               "--pp", str(lay["pp"]), "--dp", str(lay["dp"]), "--batch-tokens", str(lay["batch"]),
+               "--pp", str(lay["pp"]), "--cp", str(lay["cp"]), "--dp", str(lay["dp"]), "--batch-tokens", str(lay["batch"]),
                "--micro-batches", str(lay["M"]), "--zero", str(lay["zero"]), "--recompute", lay["mode"],
                "--dtype", "bf16" if lay["e"] == 2 else "fp32", "--exact", "--device", "cpu", "--json"]
         if lay["sp"]:
@@ -161,7 +169,7 @@ def exact(d, train):
         (y,) = plan["layouts"]
         worst = 0.0
         for r, got in peaks.items():
-            want = y["exact"]["stages"][r // lay["tp"] % lay["pp"]]
+            want = y["exact"]["stages"][stage_of(lay, r)]
             for cat, w in want.items():
                 err = rel(got[cat], w)
                 worst = max(worst, err)

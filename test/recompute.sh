@@ -17,6 +17,8 @@ RC_FAMILIES=(
     "pp2|--nproc 2 --pp 2|--micro-batch 2 --batch-tokens 192|none selective full"
     "pp2v2|--nproc 2 --pp 2 --pp-virtual 2|--micro-batch 1 --batch-tokens 128|none full"
     "3d|--nproc 4 --tp 2 --sp --pp 2 --pp-virtual 2|--dtype bf16 --micro-batch 1 --batch-tokens 128|none full"
+    "cp2|--nproc 2 --cp 2|--micro-batch 2 --batch-tokens 128|none selective full"
+    "cp2tp2sp|--nproc 4 --tp 2 --sp --cp 2 --zero 3|--micro-batch 2 --batch-tokens 128|none full"
     "b4||--micro-batch 4 --batch-tokens 128|none"
     "t64||--seq-len 64 --micro-batch 2 --batch-tokens 128|none"
 )
@@ -53,8 +55,8 @@ rc_runs() {
 }
 
 # Recompute changes no bit: under each layout family (one rank fp32 and bf16, DP x ZeRO-2 streaming and
-# ZeRO-3 gathers, TP + SP, PP plain and interleaved, TP x SP x interleaved PP in bf16, a checkpoint resumed
-# under another mode) every mode's losses and final model file equal --recompute none's, byte for byte;
+# ZeRO-3 gathers, TP + SP, PP plain and interleaved, TP x SP x interleaved PP in bf16, CP alone and with
+# TP x SP x ZeRO-3 (full recompute runs the ring again), a checkpoint resumed under another mode) every mode's losses and final model file equal --recompute none's, byte for byte;
 # and ZeRO-3 gathers no more units per step (the rebuild uses the weights gathered for the backward).
 t_recompute() {
     rc_runs || return 1

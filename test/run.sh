@@ -901,9 +901,9 @@ run_test "context parallel activation memory per rank falls to 1/CP" t_context_p
 run_test "context parallel: one-line errors (sequence split, layout, --sp)" t_context_parallel_errors
 run_test "plan: every layout's bytes, bubble, communication and compute against the formulas; README's 70B table" t_plan
 run_test "plan: bad input, one-line errors naming the flag (ASan)" t_plan_bad_input
-run_test "recompute selective and full are bitwise --recompute none: 1 rank fp32/bf16, DP x ZeRO 1-3, TP+SP, PP plain/interleaved, 3D bf16, resume; no extra ZeRO-3 gathers" t_recompute
-run_test "memory: every rank's peak activations and recompute scratch equal the inventory; fall with recompute, TP, SP, PP, B, T" t_memory_formulas
-run_test "plan --exact predicts every rank's measured peak per category (DP x ZeRO, TP+SP, PP, interleaved, recompute)" t_plan_exact
+run_test "recompute selective and full are bitwise --recompute none: 1 rank fp32/bf16, DP x ZeRO 1-3, TP+SP, PP plain/interleaved, 3D bf16, CP alone and with TP+SP x ZeRO-3, resume; no extra ZeRO-3 gathers" t_recompute
+run_test "memory: every rank's peak activations and recompute scratch equal the inventory; fall with recompute, TP, SP, PP, CP, B, T" t_memory_formulas
+run_test "plan --exact predicts every rank's measured peak per category (DP x ZeRO, TP+SP, PP, interleaved, CP, recompute)" t_plan_exact
 run_test "plot.py: training logs and the planner's memory bars as PNG" t_plot
 run_test "RDMA verbs absent: ./train does not link libibverbs, runs as before; verbs say why in one line" t_verbs_absent
 run_test "RDMA verbs on soft-RoCE in a QEMU guest: 1 B-64 MiB both ways checked, 8/3/1 slots, selection, dead peer" t_verbs_vm
