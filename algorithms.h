@@ -29,6 +29,7 @@ struct Comm {
     int *world_ranks;
     NetConn **conn;   // [size]; NULL at this rank
     void *shm;        // the shared-memory endpoint (NULL without local peers)
+    struct Transports *tr; // shared by the world's communicators: the choice, the RDMA device
     Doorbell *bell;   // what the engine sleeps on: the endpoint's doorbell, or private_bell
     Doorbell private_bell;
     int slots;          // every peer shares memory: small collectives go through slots (net.h)

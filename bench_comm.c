@@ -72,27 +72,23 @@ static int checked_run(Comm *c, int op, void *send, void *recv, size_t count, Co
     return 1;
 }
 
-static uint64_t hash_str(const char *s) {
-    uint64_t h = 1469598103934665603ULL;
-    while (*s) h = (h ^ (unsigned char)*s++) * 1099511628211ULL;
-    return h >> 2; // non-negative as an int64, so that its negation is too
-}
-
 typedef struct {
     int op, iters, warmup, registered, transport;
     long long min_bytes, max_bytes;
     CommType t;
     double timeout;
+    const char *ib_dev;
+    int ib_gid_index;
 } BenchOptions;
 
 // The flags (argv[0] is "bench-comm"); the --nproc launcher checks them before it forks, so that a
 // bad one is reported once.
 static void parse_bench(BenchOptions *o, int argc, char **argv) {
-    *o = (BenchOptions){ BC_ALLREDUCE, 0, 5, 1, TRANSPORT_AUTO, 8, 64LL << 20, CT_F32, 60 };
+    *o = (BenchOptions){ BC_ALLREDUCE, 0, 5, 1, TRANSPORT_AUTO, 8, 64LL << 20, CT_F32, 60, NULL, -1 };
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
         static const char *const known[] = { "--op", "--min-bytes", "--max-bytes", "--iters", "--warmup", "--comm-timeout",
-                                             "--dtype", "--buffers", "--transport", "--nproc" };
+                                             "--dtype", "--buffers", "--transport", "--nproc", "--ib-dev", "--ib-gid-index" };
         enum { NKNOWN = sizeof known / sizeof known[0] };
         int k = 0;
         while (k < NKNOWN && strcmp(f, known[k])) k++;
@@ -118,8 +114,9 @@ static void parse_bench(BenchOptions *o, int argc, char **argv) {
             else if (!strcmp(v, "malloc")) o->registered = 0;
             else die("--buffers: '%s' is not registered or malloc", v);
         } else if (!strcmp(f, "--transport")) {
-            if ((o->transport = comm_parse_transport(v)) < 0) die("--transport: '%s' is not auto, shm or tcp", v);
-        } else if (!strcmp(f, "--dtype")) {
+            if ((o->transport = comm_parse_transport(v)) < 0) die("--transport: '%s' is not auto, shm, tcp or verbs", v);
+        } else if (!strcmp(f, "--ib-dev")) o->ib_dev = v;
+        else if (!strcmp(f, "--ib-gid-index")) o->ib_gid_index = (int)parse_num(f, v, 0, 65535, 0); else if (!strcmp(f, "--dtype")) {
             if (!strcmp(v, "fp32")) o->t = CT_F32;
             else if (!strcmp(v, "bf16")) o->t = CT_BF16;
             else die("--dtype: '%s' is not fp32 or bf16", v);
@@ -145,12 +142,9 @@ int bench_comm_main(int argc, char **argv) {
 
     LaunchEnv env;
     launch_env_read(&env); // without a launcher: a world of one
-    CommOptions copt = { bo.timeout, bo.transport, 0 };
+    CommOptions copt = { .timeout = bo.timeout, .transport = bo.transport, .ib_dev = bo.ib_dev, .ib_gid_index = bo.ib_gid_index };
     Comm *world = comm_init(&env, &copt);
     int n = comm_size(world), rank = comm_rank(world);
-    int64_t node[2] = { (int64_t)hash_str(env.node_id), -(int64_t)hash_str(env.node_id) }, nodes[2];
-    comm_all_reduce(world, node, nodes, 2, CT_I64, OP_MAX);
-    int one_node = nodes[0] == -nodes[1];
     // reduce-scatter and all-gather move n equal parts (at least one element each), as in nccl-tests
     int parts = op == BC_REDUCE_SCATTER || op == BC_ALL_GATHER ? n : 1;
     size_t max_count = (size_t)max_bytes / es;
@@ -161,8 +155,9 @@ int bench_comm_main(int argc, char **argv) {
     if (!send || !recv) die("bench-comm: out of memory for 2 x %zu bytes", max_count * es);
     double bus = op == BC_ALLREDUCE ? 2.0 * (n - 1) / n : op == BC_BROADCAST ? 1.0 : (double)(n - 1) / n;
     if (rank == 0) {
+        char names[64];
         printf("# bench-comm: %s, %d rank(s), transport %s, %s buffers, %s, warmup %d, iters %s\n", OP_FLAGS[op], n,
-               n == 1 ? "none (one rank)" : one_node ? "shared memory" : "shm+tcp", registered ? "registered" : "malloc",
+               n == 1 ? "none (one rank)" : comm_transports(world, names, sizeof names), registered ? "registered" : "malloc",
                comm_type_name(t), warmup, iters ? "fixed" : "auto");
         printf("# %14s %14s %12s %6s %10s %12s %12s %6s\n", "op", "bytes", "count", "type", "time(us)", "algbw(GB/s)",
                "busbw(GB/s)", "check");

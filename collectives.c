@@ -26,48 +26,151 @@
 // ---------------------------------------------------------------------------------------------
 // communicators
 
-
-
 int comm_parse_transport(const char *s) {
     if (!strcmp(s, "auto")) return TRANSPORT_AUTO;
     if (!strcmp(s, "shm")) return TRANSPORT_SHM;
     if (!strcmp(s, "tcp")) return TRANSPORT_TCP;
+    if (!strcmp(s, "verbs")) return TRANSPORT_VERBS;
     return -1;
 }
+static const char *const TRANSPORT_NAMES[] = { "auto", "shm", "tcp", "verbs" };
 
 static void *progress_main(void *arg);
 
-// Shared memory when the peer is on this node (unless --transport tcp), TCP otherwise; both ends
-// of a pair compute the same answer from the rank table.
-static int use_shm(const World *w, int transport, int a, int b) {
-    int same = !strcmp(world_rank_info(w, a)->node_id, world_rank_info(w, b)->node_id);
-    return same && transport != TRANSPORT_TCP;
+// What decides each pair's transport, shared by the world's communicators (the last one closes it).
+// Where verbs may carry a pair (--transport verbs, or auto on more than one node), every rank opens
+// its RDMA device at start and publishes in the store whether it has one ("+" and the device, or "-"
+// and why not); a rank reads another's entry when it first needs it. Both ends of a pair compute
+// the same answer from the same entries.
+typedef struct Transports {
+    _Atomic int refs;
+    int choice;          // TransportChoice
+    int verbs_considered;
+    VerbsNet *vn;        // this rank's device (NULL: none)
+    char why[320];       // why not, when vn is NULL
+    pthread_mutex_t mu;
+    signed char *usable; // per world rank: -1 not read yet, 0 or 1
+} Transports;
+
+enum { VIA_SHM, VIA_TCP, VIA_VERBS };
+
+static int same_node(const World *w, int a, int b) {
+    return !strcmp(world_rank_info(w, a)->node_id, world_rank_info(w, b)->node_id);
 }
 
-static void comm_connect(Comm *c, int transport) {
+static Transports *transports_open(World *w, const CommOptions *opt) {
+    Transports *tr = xcalloc(1, sizeof *tr);
+    atomic_store(&tr->refs, 1);
+    tr->choice = opt->transport;
+    if (pthread_mutex_init(&tr->mu, NULL) != 0) die("pthread_mutex_init failed");
+    const LaunchEnv *env = world_env(w);
+    int nodes = 1;
+    for (int r = 1; r < env->world && nodes == 1; r++) nodes += !same_node(w, 0, r);
+    tr->verbs_considered = env->world > 1 && (opt->transport == TRANSPORT_VERBS || (opt->transport == TRANSPORT_AUTO && nodes > 1));
+    tr->usable = xmalloc((size_t)env->world);
+    memset(tr->usable, -1, (size_t)env->world);
+    if (!tr->verbs_considered) return tr;
+#ifdef LLM4D_VERBS
+    tr->vn = verbs_net_open(opt->ib_dev, opt->ib_gid_index, tr->why, sizeof tr->why);
+#else
+    snprintf(tr->why, sizeof tr->why, "this ./train was built without RDMA verbs (no <infiniband/verbs.h>: install "
+             "libibverbs-dev, e.g. with scripts/deps.sh, and rebuild)");
+#endif
+    char entry[400], key[64];
+#ifdef LLM4D_VERBS
+    if (tr->vn) snprintf(entry, sizeof entry, "+%s", verbs_net_describe(tr->vn));
+    else
+#endif
+        snprintf(entry, sizeof entry, "-%s", tr->why);
+    snprintf(key, sizeof key, "rdma/%d", env->rank);
+    store_set(w, key, entry, (uint32_t)strlen(entry));
+    tr->usable[env->rank] = tr->vn != NULL;
+    return tr;
+}
+
+// 1 when world rank r has an active RDMA port; otherwise 0, with its reason (or device) in text.
+static int rank_usable(Transports *tr, World *w, int r, char *text, size_t cap) {
+    if (!tr->verbs_considered) return 0;
+    pthread_mutex_lock(&tr->mu);
+    int known = tr->usable[r];
+    pthread_mutex_unlock(&tr->mu);
+    if (known >= 0 && !text) return known;
+    char key[64];
+    uint32_t n;
+    snprintf(key, sizeof key, "rdma/%d", r);
+    char *v = store_get(w, key, &n, "RDMA capabilities");
+    int ok = n > 0 && v[0] == '+';
+    if (text) snprintf(text, cap, "%s", n > 0 ? v + 1 : "");
+    free(v);
+    pthread_mutex_lock(&tr->mu);
+    tr->usable[r] = (signed char)ok;
+    pthread_mutex_unlock(&tr->mu);
+    return ok;
+}
+
+static int pair_via(Transports *tr, World *w, int a, int b) {
+    int same = same_node(w, a, b);
+    switch (tr->choice) {
+    case TRANSPORT_SHM: return VIA_SHM; // comm_init refused pairs on different nodes
+    case TRANSPORT_TCP: return VIA_TCP;
+    case TRANSPORT_VERBS: return VIA_VERBS; // comm_init refused ranks without a device
+    default: return same ? VIA_SHM : rank_usable(tr, w, a, NULL, 0) && rank_usable(tr, w, b, NULL, 0) ? VIA_VERBS : VIA_TCP;
+    }
+}
+
+// A forced transport that cannot reach a peer: one line naming both ranks.
+static void transports_check(Transports *tr, World *w) {
+    const LaunchEnv *env = world_env(w);
+    int me = env->rank;
+    if (tr->choice == TRANSPORT_SHM)
+        for (int r = 0; r < env->world; r++)
+            if (!same_node(w, me, r))
+                die("--transport shm: rank %d (node %s) and rank %d (node %s) do not share a node", me, env->node_id, r,
+                    world_rank_info(w, r)->node_id);
+    if (tr->choice == TRANSPORT_VERBS && env->world > 1) {
+        if (!tr->vn) die("--transport verbs: %s", tr->why);
+        char why[400];
+        for (int r = 0; r < env->world; r++)
+            if (r != me && !rank_usable(tr, w, r, why, sizeof why))
+                die("--transport verbs: rank %d (node %s) has no RDMA device: %s", r, world_rank_info(w, r)->node_id, why);
+    }
+}
+
+static void transports_release(Transports *tr, double timeout_s) {
+    if (atomic_fetch_sub(&tr->refs, 1) != 1) return;
+#ifdef LLM4D_VERBS
+    verbs_net_close(tr->vn, timeout_s);
+#else
+    (void)timeout_s;
+#endif
+    pthread_mutex_destroy(&tr->mu);
+    free(tr->usable);
+    free(tr);
+}
+
+static void comm_connect(Comm *c) {
     World *w = c->w;
     int me_w = c->world_ranks[c->rank];
     c->conn = xcalloc((size_t)c->size, sizeof(NetConn *));
-    int *shm_peers = xmalloc(sizeof(int) * c->size), *tcp_peers = xmalloc(sizeof(int) * c->size), ns = 0, nt = 0;
+    int *peers[3], np[3] = { 0, 0, 0 };
+    for (int k = 0; k < 3; k++) peers[k] = xmalloc(sizeof(int) * c->size);
     for (int r = 0; r < c->size; r++) {
         if (r == c->rank) continue;
-        int pw = c->world_ranks[r];
-        if (use_shm(w, transport, me_w, pw)) shm_peers[ns++] = r;
-        else if (transport == TRANSPORT_SHM)
-            die("--transport shm: rank %d (node %s) and rank %d (node %s) do not share a node", me_w,
-                world_rank_info(w, me_w)->node_id, pw, world_rank_info(w, pw)->node_id);
-        else tcp_peers[nt++] = r;
+        int via = pair_via(c->tr, w, me_w, c->world_ranks[r]);
+        peers[via][np[via]++] = r;
     }
     NetSetup s = { w, c->id, c->name, c->rank, c->size, c->world_ranks, &c->op };
     NetConn **tmp = xcalloc((size_t)c->size, sizeof(NetConn *));
     c->bell = &c->private_bell;
-    if (ns) {
-        c->shm = shm_setup(&s, ns, shm_peers, tmp, &c->bell);
-        for (int i = 0; i < ns; i++) c->conn[shm_peers[i]] = tmp[i];
-    }
-    if (nt) {
-        tcp_setup(&s, nt, tcp_peers, tmp);
-        for (int i = 0; i < nt; i++) c->conn[tcp_peers[i]] = tmp[i];
+    // every rank sets its transports up in this order, so that no two wait for each other
+    for (int via = 0; via < 3; via++) {
+        if (!np[via]) continue;
+        if (via == VIA_SHM) c->shm = shm_setup(&s, np[via], peers[via], tmp, &c->bell);
+        else if (via == VIA_TCP) tcp_setup(&s, np[via], peers[via], tmp);
+#ifdef LLM4D_VERBS
+        else verbs_setup(&s, c->tr->vn, np[via], peers[via], tmp);
+#endif
+        for (int i = 0; i < np[via]; i++) c->conn[peers[via][i]] = tmp[i];
     }
     for (int r = 0; r < c->size; r++)
         if (c->conn[r]) {
@@ -78,11 +181,9 @@ static void comm_connect(Comm *c, int transport) {
             c->conn[r]->opname = &c->op;
         }
     free(tmp);
-    free(shm_peers);
-    free(tcp_peers);
+    for (int k = 0; k < 3; k++) free(peers[k]);
     int local = 0;
-    for (int r = 0; r < world_env(w)->world; r++)
-        local += !strcmp(world_rank_info(w, r)->node_id, world_rank_info(w, me_w)->node_id);
+    for (int r = 0; r < world_env(w)->world; r++) local += same_node(w, r, me_w);
     c->oversubscribed = local > sysconf(_SC_NPROCESSORS_ONLN);
     c->slots = c->size > 1;
     for (int r = 0; r < c->size; r++)
@@ -101,19 +202,32 @@ static Comm *comm_new(World *w, uint64_t id, const char *name) {
     return c;
 }
 
-// Rank 0's one line about the world: ranks, nodes and which transport each pair uses.
-static void log_transports(const World *w, int transport) {
-    int n = world_env(w)->world, nodes = 0, pshm = 0, ptcp = 0;
+// Rank 0's one line about the world: ranks, nodes and which transport each pair uses; where auto
+// left pairs of different nodes on TCP, the first rank without RDMA and why.
+static void log_transports(Transports *tr, World *w) {
+    int n = world_env(w)->world, nodes = 0, count[3] = { 0, 0, 0 }, no_rdma = -1;
     for (int a = 0; a < n; a++) {
         int first = 1;
         for (int b = 0; b < a; b++)
-            if (!strcmp(world_rank_info(w, a)->node_id, world_rank_info(w, b)->node_id)) first = 0;
+            if (same_node(w, a, b)) first = 0;
         nodes += first;
-        for (int b = a + 1; b < n; b++) use_shm(w, transport, a, b) ? pshm++ : ptcp++;
+        for (int b = a + 1; b < n; b++) count[pair_via(tr, w, a, b)]++;
+        if (no_rdma < 0 && tr->verbs_considered && !rank_usable(tr, w, a, NULL, 0)) no_rdma = a;
     }
-    static const char *const names[] = { "auto", "shm", "tcp" };
+    char dev[400] = "", tcp_why[1024] = "";
+    int with_dev = -1;
+    for (int r = 0; r < n && with_dev < 0 && count[VIA_VERBS]; r++)
+        if (rank_usable(tr, w, r, NULL, 0)) with_dev = r;
+    if (with_dev >= 0) rank_usable(tr, w, with_dev, dev, sizeof dev);
+    if (tr->choice == TRANSPORT_AUTO && count[VIA_TCP] && no_rdma >= 0) {
+        char why[400];
+        rank_usable(tr, w, no_rdma, why, sizeof why);
+        snprintf(tcp_why, sizeof tcp_why, " (rank %d on %s has no RDMA: %s)", no_rdma, world_rank_info(w, no_rdma)->node_id, why);
+    }
     printf("collectives: %d rank(s) on %d node(s) | transports (--transport %s): shared memory, single-copy, for %d "
-           "pair(s); TCP for %d pair(s)\n", n, nodes, names[transport], pshm, ptcp);
+           "pair(s); RDMA verbs for %d pair(s)%s%s%s; TCP for %d pair(s)%s\n",
+           n, nodes, TRANSPORT_NAMES[tr->choice], count[VIA_SHM], count[VIA_VERBS], *dev ? " (" : "", dev, *dev ? ")" : "",
+           count[VIA_TCP], tcp_why);
     fflush(stdout);
 }
 
@@ -126,20 +240,11 @@ Comm *comm_init(const LaunchEnv *env, const CommOptions *opt) {
     c->world_ranks = xmalloc(sizeof(int) * c->size);
     for (int r = 0; r < c->size; r++) c->world_ranks[r] = r;
     world_hold(w, 1);
-    comm_connect(c, opt->transport);
-    // every split of this world keeps the transport choice: it travels in the store key space
-    uint32_t t = (uint32_t)opt->transport;
-    if (env->rank == 0) store_set(w, "transport", &t, sizeof t);
-    if (opt->log && env->rank == 0) log_transports(w, opt->transport);
+    c->tr = transports_open(w, opt);
+    transports_check(c->tr, w);
+    comm_connect(c);
+    if (opt->log && env->rank == 0) log_transports(c->tr, w);
     return c;
-}
-
-static int world_transport(World *w) {
-    uint32_t n;
-    char *v = store_get(w, "transport", &n, "comm_split");
-    int t = n == 4 ? (int)*(uint32_t *)v : TRANSPORT_AUTO;
-    free(v);
-    return t;
 }
 
 Comm *comm_split(Comm *parent, int colour, int key, const char *name) {
@@ -182,7 +287,9 @@ Comm *comm_split(Comm *parent, int colour, int key, const char *name) {
         if (c->world_ranks[r] == parent->world_ranks[parent->rank]) c->rank = r;
     free(all);
     world_hold(w, 1);
-    comm_connect(c, world_transport(w));
+    c->tr = parent->tr;
+    atomic_fetch_add(&c->tr->refs, 1);
+    comm_connect(c);
     return c;
 }
 
@@ -219,6 +326,26 @@ void comm_count_memory(Comm *c, MemAccount *acct) {
     if (c && c->work_acct != acct) set_work(c, acct ? c->work_bytes : 0, acct, "work area");
 }
 
+const char *comm_transports(const Comm *c, char *buf, size_t cap) {
+    const char *seen[8];
+    int n = 0;
+    size_t used = 0;
+    buf[0] = 0;
+    for (int r = 0; r < c->size; r++) {
+        if (!c->conn[r]) continue;
+        const char *name = c->conn[r]->ops->name;
+        int dup = 0;
+        for (int i = 0; i < n; i++) dup |= !strcmp(seen[i], name);
+        if (dup || n == 8) continue;
+        seen[n++] = name;
+        int k = snprintf(buf + used, cap - used, "%s%s", used ? "+" : "", name);
+        if (k < 0 || (size_t)k >= cap - used) break;
+        used += (size_t)k;
+    }
+    if (!n) snprintf(buf, cap, "none");
+    return buf;
+}
+
 void comm_destroy(Comm *c) {
     if (!c) return;
     pthread_mutex_lock(&c->mu);
@@ -230,6 +357,7 @@ void comm_destroy(Comm *c) {
         if (c->conn[r]) c->conn[r]->ops->close(c->conn[r]);
     shm_teardown(c->shm);
     World *w = c->w;
+    transports_release(c->tr, world_timeout(w));
     free(c->conn);
     free(c->world_ranks);
     free(c->acc);
@@ -374,7 +502,9 @@ static void waiter_pass(Comm *c, Waiter *wt, int moved) {
     NetWait nw = { 0 };
     for (int r = 0; r < c->size; r++)
         if (c->conn[r] && net_busy(c->conn[r])) c->conn[r]->ops->wait_hint(c->conn[r], &nw);
-    if (nw.nfd) {
+    if (nw.ready) {
+        doorbell_disarm(c->bell);
+    } else if (nw.nfd) {
         struct pollfd pf[NET_MAX_POLL];
         for (int i = 0; i < nw.nfd; i++) pf[i] = (struct pollfd){ .fd = nw.fd[i], .events = nw.events[i] };
         // shared-memory peers of the same operation are looked at again after at most 1 ms

@@ -67,13 +67,17 @@ int launch_local(int nproc, int argc, char **argv, LaunchResult *result);
 // Shows this process as "<program> r<rank>" in ps and top.
 void launch_name_process(int rank);
 
-typedef enum { TRANSPORT_AUTO = 0, TRANSPORT_SHM, TRANSPORT_TCP } TransportChoice;
-// "auto", "shm" or "tcp"; -1 otherwise.
+typedef enum { TRANSPORT_AUTO = 0, TRANSPORT_SHM, TRANSPORT_TCP, TRANSPORT_VERBS } TransportChoice;
+// "auto", "shm", "tcp" or "verbs"; -1 otherwise.
 int comm_parse_transport(const char *s);
 typedef struct {
     double timeout;  // seconds any wait may last (connecting, every collective)
-    int transport;   // TransportChoice: auto takes shared memory inside a node and TCP across nodes
-    int log;         // rank 0 prints one line: the ranks, nodes and the transport of each pair
+    // TransportChoice. auto: shared memory inside a node; across nodes RDMA verbs where both ranks
+    // have an active RDMA port, TCP otherwise. shm, tcp and verbs force one for every pair.
+    int transport;
+    int log;            // rank 0 prints one line: the ranks, nodes and the transport of each pair
+    const char *ib_dev; // RDMA device "name" or "name:port" (--ib-dev); NULL: the first active port
+    int ib_gid_index;   // RoCE GID index (--ib-gid-index); -1: RoCE v2 over IPv4 found automatically
 } CommOptions;
 
 // Bootstraps the world communicator.
@@ -86,6 +90,8 @@ int comm_rank(const Comm *comm);
 int comm_size(const Comm *comm);
 int comm_world_rank(const Comm *comm, int rank); // world rank of a member
 const char *comm_name(const Comm *comm);
+// The transports this rank's connections use, e.g. "shm+verbs" ("none" with no peers).
+const char *comm_transports(const Comm *comm, char *buf, size_t cap);
 // Seconds this communicator's progress thread has spent running operations (for comm_ms).
 double comm_busy_seconds(Comm *comm);
 

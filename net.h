@@ -5,8 +5,9 @@
 //              are (a registered buffer, see hostmem.h, or its address for cross-memory attach) and
 //              the receiver copies, or reduces, them straight from there into its own buffer.
 //   net_tcp.c  ranks of different nodes: one TCP connection per pair.
-// The CUDA IPC (net_ipc.cu) and RDMA verbs (net_verbs.c) transports of later issues implement the
-// same table: a posted send names a registered region, a posted receive names where the bytes go
+//   net_verbs.c ranks of different nodes that both have an RDMA device (InfiniBand, RoCE): one
+//              reliable-connected queue pair per pair, RDMA writes into registered staging buffers.
+// The CUDA IPC transport (net_ipc.cu) of a later issue implements the same table: a posted send names a registered region, a posted receive names where the bytes go
 // (or the accumulator they are reduced into), and progress moves what it can without blocking.
 //
 // A connection (NetConn) carries messages in order in each direction. Sends and receives are posted
@@ -70,6 +71,7 @@ typedef struct {
     int nfd;
     int fd[NET_MAX_POLL];
     short events[NET_MAX_POLL];
+    int ready; // a transport found work while arming its descriptor: look again instead of sleeping
 } NetWait;
 
 // Small collectives on transports whose peers share memory (optional): each rank has two slots that
@@ -156,6 +158,21 @@ void *shm_setup(const NetSetup *s, int npeers, const int *peers, NetConn **conns
 void shm_teardown(void *endpoint);
 // TCP (net_tcp.c): the lower world rank of each pair connects.
 void tcp_setup(const NetSetup *s, int npeers, const int *peers, NetConn **conns);
+// RDMA verbs (net_verbs.c, built where <infiniband/verbs.h> is installed; libibverbs is opened at run
+// time). One VerbsNet per process: the device (--ib-dev, --ib-gid-index; NULL and -1 choose), and
+// the connections whose communicator is closed until their peers have closed theirs too.
+typedef struct VerbsNet VerbsNet;
+#ifdef LLM4D_VERBS
+VerbsNet *verbs_net_open(const char *dev, int gid_index, char *why, size_t cap); // NULL: why says
+const char *verbs_net_describe(const VerbsNet *vn); // "mlx5_0 port 1, InfiniBand LID 7, MTU 4096"
+// Connection blobs (QP number, PSN, GID/LID, receive buffer and rkey) go through the store, then a
+// "ready" key per pair: no rank writes before its peer's queue pair can receive.
+void verbs_setup(const NetSetup *s, VerbsNet *vn, int npeers, const int *peers, NetConn **conns);
+// After the last communicator: waits (up to timeout_s) until every peer has closed its end, then
+// releases the device. Waiting here rather than in each close lets ranks close communicators in any
+// order.
+void verbs_net_close(VerbsNet *vn, double timeout_s);
+#endif
 
 // ---------------------------------------------------------------------------------------------
 // doorbells: a waiting rank spins briefly, then sleeps on a futex that its peers ring

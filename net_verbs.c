@@ -12,9 +12,13 @@
 // the matching send slot has been read by the adapter too and may be refilled.
 //
 // Receive requests never run out: at most `slots` data writes and at most `slots` credit messages
-// can be unconsumed at any time (each carries at least one of the `slots` credits), and 2·slots + 2
-// receives are kept posted, each reposted as soon as its completion is polled. The send queue has the
-// same bound.
+// can be unconsumed at any time (each carries at least one of the `slots` credits), plus the one
+// message that ends the stream (flagged FIN, after the last write), and 2·slots + 2 receives are kept
+// posted, each reposted as soon as its completion is polled. The send queue has the same bound.
+//
+// Closing needs no store and no timer: each end sends FIN after its last write and destroys its
+// queue pair once the peer's FIN has arrived and its own was acknowledged (the acknowledgement
+// proves the peer's adapter holds it, so the peer is not left waiting).
 //
 // libibverbs is reached only through the function pointers in VerbsLib (dlvsym with the versions the
 // library has exported since rdma-core's first release); post_send, post_recv, poll_cq and
@@ -40,11 +44,15 @@
 
 #define VERBS_LIB "libibverbs.so.1"
 #define CREDIT_FLAG 0x80000000u
+#define FIN_FLAG 0x40000000u
 // Local ACK timeout 4.096 us * 2^18 = 1.07 s, 6 retries: a dead peer is reported after about 7.5 s,
 // while a loaded machine (or a software RoCE device under emulation) that answers late is not. Not 7
 // retries: soft-RoCE (rdma_rxe) treats a retry count of 7 as "forever", like the RNR count.
 enum { QP_TIMEOUT = 18, QP_RETRY = 6, QP_RNR_RETRY = 7 /* 7: retry forever */ };
 enum { BLOB_MAGIC = 0x4c56424c /* "LBVL" */ };
+// work request ids of the zero-length sends (data writes use their slot number)
+#define CREDIT_WR_ID UINT64_MAX
+#define FIN_WR_ID (UINT64_MAX - 1)
 
 typedef struct {
     void *so;
@@ -142,6 +150,8 @@ struct VerbsEp {
     size_t offset;              // bytes already copied out of slot consumed % slots
     uint32_t *length;           // [slots] byte count of each arrived slot
     unsigned credits_owed;      // emptied slots not yet returned to the peer
+    int fin_sent, fin_received; // the stream's ends (verbs_ep_finish)
+    int fin_acked;              // this end's FIN completed (acknowledged by the peer's adapter)
 };
 
 // The blob one end hands the other through the bootstrap store.
@@ -598,7 +608,7 @@ static int post(VerbsEp *e, struct ibv_send_wr *wr) {
 static int return_credits(VerbsEp *e) {
     unsigned batch = e->slots / 4 ? e->slots / 4 : 1;
     if (e->credits_owed < batch || e->sq_busy >= e->sq_depth) return 0; // a full send queue: the next progress retries
-    struct ibv_send_wr wr = { .wr_id = UINT64_MAX, .opcode = IBV_WR_SEND_WITH_IMM, .num_sge = 0,
+    struct ibv_send_wr wr = { .wr_id = CREDIT_WR_ID, .opcode = IBV_WR_SEND_WITH_IMM, .num_sge = 0,
                               .imm_data = htonl(CREDIT_FLAG | e->credits_owed) };
     if (post(e, &wr) != 0) return -1;
     e->credits_owed = 0;
@@ -623,12 +633,15 @@ int verbs_progress(VerbsEp *e) {
                 } else if (imm & CREDIT_FLAG) {
                     e->credits += imm & ~CREDIT_FLAG;
                     if (e->credits > e->slots) return ep_fail(e, "verbs: %s returned more credits than it had", e->peer);
+                } else if (imm == FIN_FLAG && !e->fin_received) {
+                    e->fin_received = 1;
                 } else {
                     return ep_fail(e, "verbs: unexpected message from %s", e->peer);
                 }
                 if (post_recv(e, wc[i].wr_id) != 0) return -1;
             } else {
                 e->sq_busy--;
+                if (wc[i].wr_id == FIN_WR_ID) e->fin_acked = 1;
             }
         }
         any |= n > 0;
@@ -659,6 +672,17 @@ ssize_t verbs_send(VerbsEp *e, const void *buf, size_t n) {
     return (ssize_t)done;
 }
 
+// Releases len bytes of the current slot (at most what is left of it).
+static void consume(VerbsEp *e, size_t len) {
+    unsigned slot = (unsigned)(e->consumed % e->slots);
+    e->offset += len;
+    if (e->offset == e->length[slot]) {
+        e->consumed++;
+        e->offset = 0;
+        e->credits_owed++;
+    }
+}
+
 ssize_t verbs_recv(VerbsEp *e, void *buf, size_t n) {
     if (verbs_progress(e) < 0) return -1;
     unsigned char *p = buf;
@@ -668,17 +692,45 @@ ssize_t verbs_recv(VerbsEp *e, void *buf, size_t n) {
         size_t avail = e->length[slot] - e->offset, len = n - done < avail ? n - done : avail;
         memcpy(p + done, e->rbuf + (size_t)slot * e->slot_bytes + e->offset, len);
         done += len;
-        e->offset += len;
-        if (e->offset == e->length[slot]) {
-            e->consumed++;
-            e->offset = 0;
-            e->credits_owed++;
-        }
+        consume(e, len);
     }
     return return_credits(e) != 0 ? -1 : (ssize_t)done;
 }
 
+ssize_t verbs_recv_peek(VerbsEp *e, const void **p) {
+    if (verbs_progress(e) < 0) return -1;
+    if (e->consumed == e->arrived) return 0;
+    unsigned slot = (unsigned)(e->consumed % e->slots);
+    *p = e->rbuf + (size_t)slot * e->slot_bytes + e->offset;
+    return (ssize_t)(e->length[slot] - e->offset);
+}
+
+int verbs_recv_consume(VerbsEp *e, size_t k) {
+    if (e->failed) return -1;
+    unsigned slot = (unsigned)(e->consumed % e->slots);
+    if (e->consumed == e->arrived || k > e->length[slot] - e->offset)
+        return ep_fail(e, "verbs: internal: consuming %zu bytes beyond what arrived from %s", k, e->peer);
+    consume(e, k);
+    return return_credits(e);
+}
+
 int verbs_sent_all(const VerbsEp *e) { return e->sq_busy == 0; }
+
+int verbs_ep_finish(VerbsEp *e) {
+    if (verbs_progress(e) < 0) return -1;
+    if (e->fin_sent) return 0;
+    if (e->sq_busy >= e->sq_depth) return 1;
+    struct ibv_send_wr wr = { .wr_id = FIN_WR_ID, .opcode = IBV_WR_SEND_WITH_IMM, .num_sge = 0, .imm_data = htonl(FIN_FLAG) };
+    if (post(e, &wr) != 0) return -1;
+    e->fin_sent = 1;
+    return 0;
+}
+
+int verbs_ep_finished(VerbsEp *e) {
+    int rc = verbs_progress(e);
+    if (rc < 0) return e->fin_received && e->fin_sent ? 1 : -1;
+    return e->fin_received && e->fin_acked;
+}
 
 int verbs_ep_arm(VerbsEp *e) {
     if (e->failed) return -1;
@@ -747,4 +799,237 @@ int verbs_print_gids(VerbsDev *d, FILE *out) {
         if (q != s && q != GID_UNKNOWN && s != GID_UNKNOWN) mismatches++;
     }
     return mismatches;
+}
+
+// ---------------------------------------------------------------------------------------------
+// the transport (net.h): one endpoint per peer of a communicator, over the byte stream above
+
+#include <pthread.h>
+
+#include "bootstrap.h"
+#include "net.h"
+
+// Staging per communicator and rank, spread over its peers: 16 slots of 256 KiB per direction and
+// peer for small communicators, smaller slots (down to 16 KiB) for large ones, so that registered
+// memory stays bounded. A function of the communicator's size only: both ends agree.
+#define STAGING_BUDGET (128u << 20)
+
+typedef struct VerbsConn {
+    NetConn base;
+    struct VerbsNet *vn;
+    VerbsEp *e;
+    unsigned char part[16]; // a reducing receive's element that straddles two slots
+    size_t held;
+    struct VerbsConn *next_closing;
+} VerbsConn;
+
+struct VerbsNet {
+    VerbsDev *dev;
+    pthread_mutex_t mu;
+    VerbsConn *closing; // connections whose communicator is gone, until the peer's end arrives
+};
+
+VerbsNet *verbs_net_open(const char *dev, int gid_index, char *why, size_t cap) {
+    VerbsOptions opt = { dev, gid_index };
+    VerbsDev *d = verbs_open(&opt, why, cap);
+    if (!d) return NULL;
+    VerbsNet *vn = xcalloc(1, sizeof *vn);
+    vn->dev = d;
+    if (pthread_mutex_init(&vn->mu, NULL) != 0) die("pthread_mutex_init failed");
+    return vn;
+}
+
+const char *verbs_net_describe(const VerbsNet *vn) { return verbs_describe(vn->dev); }
+
+static const char *opname(const NetConn *c) { return c->opname && *c->opname ? *c->opname : "setup"; }
+
+static void verbs_lost(NetConn *c) {
+    VerbsConn *vc = (VerbsConn *)c;
+    net_peer_lost(c, "%s on communicator %s: %s", opname(c), c->comm, verbs_ep_error(vc->e));
+}
+
+static void verbs_conn_progress(NetConn *c, int *moved) {
+    VerbsConn *vc = (VerbsConn *)c;
+    VerbsEp *e = vc->e;
+    for (NetReq *q = c->sq; q; q = q->next) { // a byte stream: one request after the other
+        if (q->done < q->bytes) {
+            ssize_t n = verbs_send(e, (const char *)q->buf + q->done, q->bytes - q->done);
+            if (n < 0) verbs_lost(c);
+            q->done += (size_t)n;
+            *moved |= n > 0;
+        }
+        if (q->done < q->bytes) break;
+        if (!q->complete) *moved = 1; // in the staging buffer: the caller's buffer is free again
+        q->complete = 1;
+    }
+    for (NetReq *q = c->rq; q; q = q->next) {
+        while (q->done < q->bytes) {
+            if (!q->reduce) {
+                ssize_t n = verbs_recv(e, (char *)q->buf + q->done, q->bytes - q->done);
+                if (n < 0) verbs_lost(c);
+                if (n == 0) break;
+                q->done += (size_t)n;
+                *moved = 1;
+                continue;
+            }
+            // reducing: straight out of the receive buffer the adapter wrote, whole elements at a time
+            size_t es = q->reduce->in_size;
+            if (vc->held) { // the rest of an element cut by a slot boundary
+                ssize_t n = verbs_recv(e, vc->part + vc->held, es - vc->held);
+                if (n < 0) verbs_lost(c);
+                if (n == 0) break;
+                *moved = 1;
+                if ((vc->held += (size_t)n) < es) continue;
+                net_reduce_bytes(q->reduce, q->buf, q->done, vc->part, es);
+                q->done += es;
+                vc->held = 0;
+                continue;
+            }
+            const void *p;
+            ssize_t avail = verbs_recv_peek(e, &p);
+            if (avail < 0) verbs_lost(c);
+            if (avail == 0) break;
+            *moved = 1;
+            size_t take = q->bytes - q->done < (size_t)avail ? q->bytes - q->done : (size_t)avail, whole = take / es * es;
+            if (whole) {
+                net_reduce_bytes(q->reduce, q->buf, q->done, p, whole);
+                if (verbs_recv_consume(e, whole) != 0) verbs_lost(c);
+                q->done += whole;
+            } else {
+                memcpy(vc->part, p, take);
+                if (verbs_recv_consume(e, take) != 0) verbs_lost(c);
+                vc->held = take;
+            }
+        }
+        if (q->done < q->bytes) break;
+        q->complete = 1;
+    }
+    net_pop_done(c);
+}
+
+// The completion channel's descriptor, armed; ready instead when completions came in meanwhile.
+static void verbs_conn_wait_hint(NetConn *c, NetWait *w) {
+    VerbsConn *vc = (VerbsConn *)c;
+    if (verbs_ep_clear(vc->e) < 0) verbs_lost(c); // events of an earlier sleep
+    int rc = verbs_ep_arm(vc->e);
+    if (rc < 0) verbs_lost(c);
+    if (rc > 0) w->ready = 1;
+    else if (w->nfd < NET_MAX_POLL) {
+        w->fd[w->nfd] = verbs_ep_fd(vc->e);
+        w->events[w->nfd++] = POLLIN;
+    } else {
+        w->ready = 1; // no room to sleep on it: look again soon
+    }
+}
+
+static const char *verbs_conn_peer_state(NetConn *c, char *buf, size_t cap) {
+    (void)c, (void)buf, (void)cap;
+    return NULL; // a dead peer shows as an error completion (retry exceeded), a silent one as a timeout
+}
+
+// Tears down once the peer has its end too; until then the endpoint waits in the closing list.
+static void verbs_conn_close(NetConn *c) {
+    VerbsConn *vc = (VerbsConn *)c;
+    VerbsNet *vn = vc->vn;
+    (void)verbs_ep_finish(vc->e); // a full send queue or an error: verbs_net_close tries again and reports
+    pthread_mutex_lock(&vn->mu);
+    vc->next_closing = vn->closing;
+    vn->closing = vc;
+    pthread_mutex_unlock(&vn->mu);
+}
+
+static const NetOps VERBS_OPS = { "verbs", verbs_conn_progress, verbs_conn_wait_hint, verbs_conn_peer_state, verbs_conn_close, NULL, NULL };
+
+static size_t staging_slot_bytes(int comm_size) {
+    size_t per = STAGING_BUDGET / (2u * VERBS_DEFAULT_SLOTS * (size_t)(comm_size > 1 ? comm_size - 1 : 1));
+    per = per / 4096 * 4096;
+    return per > VERBS_DEFAULT_SLOT_BYTES ? VERBS_DEFAULT_SLOT_BYTES : per < (16u << 10) ? 16u << 10 : per;
+}
+
+// Each end creates its endpoints (receives posted), publishes one blob per peer, connects to the
+// peer's blob and then says so in the store; a rank sends only after the peer's "ready", so that no
+// write reaches a queue pair that is not yet ready to receive.
+void verbs_setup(const NetSetup *s, VerbsNet *vn, int npeers, const int *peers, NetConn **conns) {
+    World *w = s->w;
+    int me_w = s->world_ranks[s->rank];
+    size_t slot_bytes = staging_slot_bytes(s->size);
+    char key[128], err[512], name[96];
+    for (int i = 0; i < npeers; i++) {
+        int pw = s->world_ranks[peers[i]];
+        const RankInfo *pi = world_rank_info(w, pw);
+        snprintf(name, sizeof name, "rank %d at %.64s", pw, pi->node_id);
+        VerbsEp *e = verbs_ep_create(vn->dev, VERBS_DEFAULT_SLOTS, slot_bytes, name, err, sizeof err);
+        if (!e) die("communicator %s: %s", s->comm_name, err);
+        VerbsConn *vc = xcalloc(1, sizeof *vc);
+        net_conn_init(&vc->base, &VERBS_OPS);
+        vc->base.peer_pid = pi->pid;
+        vc->vn = vn;
+        vc->e = e;
+        conns[i] = &vc->base;
+        unsigned char blob[VERBS_BLOB_BYTES];
+        verbs_ep_blob(e, blob);
+        snprintf(key, sizeof key, "verbs/%016llx/%d/%d", (unsigned long long)s->comm_id, me_w, pw);
+        store_set(w, key, blob, sizeof blob);
+    }
+    for (int i = 0; i < npeers; i++) {
+        int pw = s->world_ranks[peers[i]];
+        VerbsConn *vc = (VerbsConn *)conns[i];
+        uint32_t n;
+        snprintf(key, sizeof key, "verbs/%016llx/%d/%d", (unsigned long long)s->comm_id, pw, me_w);
+        char *blob = store_get(w, key, &n, "connecting over verbs");
+        if (n != VERBS_BLOB_BYTES) die("communicator %s: rank %d published a malformed verbs address", s->comm_name, pw);
+        if (verbs_ep_connect(vc->e, (const unsigned char *)blob) != 0) die("communicator %s: %s", s->comm_name, verbs_ep_error(vc->e));
+        free(blob);
+        snprintf(key, sizeof key, "verbs-ready/%016llx/%d/%d", (unsigned long long)s->comm_id, me_w, pw);
+        store_set(w, key, "1", 1);
+    }
+    for (int i = 0; i < npeers; i++) {
+        int pw = s->world_ranks[peers[i]];
+        uint32_t n;
+        snprintf(key, sizeof key, "verbs-ready/%016llx/%d/%d", (unsigned long long)s->comm_id, pw, me_w);
+        free(store_get(w, key, &n, "connecting over verbs"));
+    }
+}
+
+// Arms every endpoint still closing and sleeps until one has a completion (at most 100 ms).
+static void wait_closing(VerbsNet *vn) {
+    struct pollfd pf[NET_MAX_POLL];
+    int n = 0;
+    for (VerbsConn *vc = vn->closing; vc && n < NET_MAX_POLL; vc = vc->next_closing) {
+        if (verbs_ep_clear(vc->e) < 0 || verbs_ep_arm(vc->e) != 0) return; // completions or an error: look again at once
+        pf[n++] = (struct pollfd){ .fd = verbs_ep_fd(vc->e), .events = POLLIN };
+    }
+    if (poll(pf, (nfds_t)n, 100) < 0 && errno != EINTR) die("poll: %s", strerror(errno));
+}
+
+void verbs_net_close(VerbsNet *vn, double timeout_s) {
+    if (!vn) return;
+    double deadline = now_seconds() + timeout_s;
+    char err[512];
+    pthread_mutex_lock(&vn->mu);
+    while (vn->closing) {
+        int left = 0;
+        for (VerbsConn **pp = &vn->closing; *pp;) {
+            VerbsConn *vc = *pp;
+            int rc = verbs_ep_finish(vc->e);
+            if (rc >= 0) rc = rc ? 0 : verbs_ep_finished(vc->e);
+            if (rc < 0) die("closing the verbs connections: %s", verbs_ep_error(vc->e));
+            if (rc == 0) {
+                left++;
+                pp = &vc->next_closing;
+                continue;
+            }
+            if (verbs_ep_destroy(vc->e, err, sizeof err) != 0) die("%s", err);
+            *pp = vc->next_closing;
+            free(vc);
+        }
+        if (!left) break;
+        if (now_seconds() > deadline)
+            die("timeout: closing the verbs connections: %d peer(s) did not close theirs within %.1f s", left, timeout_s);
+        wait_closing(vn);
+    }
+    pthread_mutex_unlock(&vn->mu);
+    pthread_mutex_destroy(&vn->mu);
+    if (verbs_close(vn->dev, err, sizeof err) != 0) die("%s", err);
+    free(vn);
 }

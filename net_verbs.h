@@ -14,7 +14,8 @@
 //   ...barrier through the bootstrap store...  // each side must be in RTR before the other sends
 //   verbs_send(e, buf, n) / verbs_recv(e, buf, n)   // move what they can now, return the byte count
 //   verbs_ep_wait(e, ms)                    // sleep until a completion arrives (the wait hint)
-//   ...until verbs_sent_all(e), then a barrier...  // nobody tears down while the peer awaits acks
+//   verbs_ep_finish(e)                      // no more sends: the peer sees the end after the last byte
+//   ...until verbs_ep_finished(e)...        // both ends finished and the end acknowledged
 //   verbs_ep_destroy(e, err, cap); verbs_close(d, err, cap);
 //
 // Every function that can fail returns NULL or -1 and leaves one line (no "error: " prefix) in the
@@ -55,10 +56,22 @@ int verbs_ep_connect(VerbsEp *e, const unsigned char peer_blob[VERBS_BLOB_BYTES]
 // received, -1 on error. Bytes arrive in order, however the two sides cut them.
 ssize_t verbs_send(VerbsEp *e, const void *buf, size_t n);
 ssize_t verbs_recv(VerbsEp *e, void *buf, size_t n);
+// Zero-copy receive: *p points at the next bytes where the adapter wrote them (at most one slot's
+// worth; 0: none arrived yet, -1: error); verbs_recv_consume(e, k) releases the first k of them.
+ssize_t verbs_recv_peek(VerbsEp *e, const void **p);
+int verbs_recv_consume(VerbsEp *e, size_t k);
 // Polls completions (arrivals, returned credits, finished writes): 1 if any, 0 if none, -1 on error.
 int verbs_progress(VerbsEp *e);
 // 1 when every byte handed to verbs_send has been written into the peer's memory and acknowledged.
 int verbs_sent_all(const VerbsEp *e);
+// Closing without a store or a timer: verbs_ep_finish tells the peer that nothing more comes (once
+// every send is in the queue; 0 when posted, 1 when the send queue is full and it should be called
+// again, -1 on error). verbs_ep_finished is 1 once the peer's end arrived and this end's was
+// acknowledged: then neither side needs the other's queue pair any more and both may destroy theirs.
+// It is also 1 when this end's acknowledgement failed after the peer's end arrived (the peer, having
+// everything, may have torn down before its adapter acknowledged).
+int verbs_ep_finish(VerbsEp *e);
+int verbs_ep_finished(VerbsEp *e);
 // Wait hint. Each endpoint has its own completion channel, so threads serving different endpoints
 // never take each other's wake-ups. verbs_ep_wait(e, ms) sleeps until a completion arrives or ms
 // pass (1: woken or progressed, 0: timed out, -1: error). To sleep on several endpoints (and other

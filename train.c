@@ -118,9 +118,13 @@ static const char USAGE[] =
     "                             bucket, reduced after the backward)\n"
     "  --comm-timeout S           seconds any collective may wait before the job stops with an error\n"
     "                             naming the operation and the rank that stopped answering (default 300)\n"
-    "  --transport auto|shm|tcp   how ranks talk: auto (default) takes shared memory between ranks of a\n"
-    "                             node (single-copy for large messages) and TCP across nodes; shm and tcp\n"
-    "                             force one (rank 0 prints the choice at start)\n"
+    "  --transport auto|shm|tcp|verbs  how ranks talk: auto (default) takes shared memory between ranks\n"
+    "                             of a node (single-copy for large messages) and, across nodes, RDMA verbs\n"
+    "                             (InfiniBand, RoCE) where both ranks have an active RDMA port, TCP\n"
+    "                             otherwise; shm, tcp and verbs force one for every pair (rank 0 prints\n"
+    "                             the choice at start)\n"
+    "  --ib-dev NAME[:PORT]       RDMA device and port for verbs (default: the first active port)\n"
+    "  --ib-gid-index N           RoCE GID index (default: the port's RoCE v2 GID of an IPv4 address)\n"
     "\n"
     "checkpoints and failures:\n"
     "  --ckpt-dir DIR             checkpoints of the whole training state in DIR/ckpt_<step>/: one safetensors\n"
@@ -174,6 +178,8 @@ typedef struct {
     int ckpt_every, keep, resume, max_restarts, straggler_steps;
     float skip_spikes, straggler;
     int transport;
+    const char *ib_dev;
+    int ib_gid_index; // -1: automatic
 } Options;
 
 // ---------------------------------------------------------------------------------------------
@@ -217,7 +223,7 @@ static void parse_options(Options *o, int argc, char **argv) {
                     .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .clip = 1.0f, .temperature = 1.0f,
                     .seed = 1337, .dtype = -1, .schedule = "cosine", .bucket_mb = 25,
                     .comm_timeout = 300, .tp = 1, .pp = 1, .pp_virtual = 1, .cp = 1, .straggler = 0.5f,
-                    .straggler_steps = 5 };
+                    .straggler_steps = 5, .ib_gid_index = -1 };
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
@@ -305,8 +311,10 @@ static void parse_options(Options *o, int argc, char **argv) {
         else if (IS("--straggler-steps")) o->straggler_steps = (int)parse_int(f, v, 1, INT32_MAX);
         else if (IS("--transport")) {
             o->transport = comm_parse_transport(v);
-            if (o->transport < 0) die("--transport must be auto, shm or tcp, got '%s'", v);
+            if (o->transport < 0) die("--transport must be auto, shm, tcp or verbs, got '%s'", v);
         }
+        else if (IS("--ib-dev")) o->ib_dev = v;
+        else if (IS("--ib-gid-index")) o->ib_gid_index = (int)parse_int(f, v, 0, 65535);
         else die("unknown flag %s (see --help)", f);
 #undef IS
     }
@@ -316,6 +324,9 @@ static void parse_options(Options *o, int argc, char **argv) {
         die("--device must be cpu or cuda, got '%s'", o->device);
     if (o->resume && !o->resume_path && !o->ckpt_dir)
         die("--resume needs --ckpt-dir DIR (the newest checkpoint in it), or a checkpoint: --resume PATH");
+    if ((o->ib_dev || o->ib_gid_index >= 0) && (o->transport == TRANSPORT_SHM || o->transport == TRANSPORT_TCP))
+        die("%s chooses an RDMA port, but --transport %s uses none (drop it, or use --transport auto or verbs)",
+            o->ib_dev ? "--ib-dev" : "--ib-gid-index", o->transport == TRANSPORT_SHM ? "shm" : "tcp");
     if (!o->ckpt_dir && (o->ckpt_every || o->keep || o->max_restarts))
         die("%s needs --ckpt-dir DIR", o->ckpt_every ? "--ckpt-every" : o->keep ? "--keep" : "--max-restarts");
     char err[256];
@@ -580,7 +591,8 @@ static int layout_error(const Options *o, int nranks, char *err, size_t cap) {
 static void topology_init(Topology *t, const Options *o) {
     memset(t, 0, sizeof *t);
     if (launch_env_read(&t->env)) {
-        CommOptions copt = { o->comm_timeout, o->transport, 1 };
+        CommOptions copt = { .timeout = o->comm_timeout, .transport = o->transport, .log = 1, .ib_dev = o->ib_dev,
+                             .ib_gid_index = o->ib_gid_index };
         t->world = comm_init(&t->env, &copt);
     }
     t->rank = t->world ? comm_rank(t->world) : 0;

@@ -1,6 +1,6 @@
 // Collective tests: every collective against a serial reference computed here, for every type, op,
 // count and placement, on the world and on split communicators, two in flight at once, async overlap
-// and point-to-point. Run as `test_comm --nproc N [--transport auto|shm|tcp] [--quick]` (or under a
+// and point-to-point. Run as `test_comm --nproc N [--transport auto|shm|tcp|verbs] [--quick]` (or under a
 // torchrun/Slurm environment).
 //
 // Every rank can compute every rank's input (a function of the world rank and the index), so each rank
@@ -231,13 +231,13 @@ static void suite(Comm *c, int full, int quick) {
 int main(int argc, char **argv) {
     for (int i = 1; i + 1 < argc; i++)
         if (!strcmp(argv[i], "--nproc")) return launch_local(atoi(argv[i + 1]), argc, argv, NULL);
-    CommOptions opt = { 60, TRANSPORT_AUTO, 0 };
+    CommOptions opt = { .timeout = 60, .transport = TRANSPORT_AUTO, .ib_gid_index = -1 };
     int quick = 0; // --quick: the world suite up to 1000 elements (failure tests)
     for (int i = 1; i < argc; i++) quick |= !strcmp(argv[i], "--quick");
     for (int i = 1; i + 1 < argc; i++) {
         if (!strcmp(argv[i], "--comm-timeout")) opt.timeout = atof(argv[i + 1]);
         if (!strcmp(argv[i], "--transport") && (opt.transport = comm_parse_transport(argv[i + 1])) < 0)
-            die("--transport must be auto, shm or tcp");
+            die("--transport must be auto, shm, tcp or verbs");
     }
     LaunchEnv env;
     launch_env_read(&env); // without a launcher: a world of one
