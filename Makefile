@@ -23,7 +23,7 @@ ifeq ($(shell $(CC) -E -include infiniband/verbs.h -x c /dev/null -o /dev/null 2
 HOST_SRC += net_verbs.c
 CFLAGS += -DLLM4D_VERBS
 TRANSPORTS = shm, tcp, verbs (libibverbs loaded at run time)
-VERBS_BIN = build/verbs_pair build/verbs_pair-asan
+VERBS_BIN = build/verbs_pair build/verbs_pair-asan build/train-portable build/test_comm-portable
 else
 TRANSPORTS = shm, tcp (no verbs: <infiniband/verbs.h> not found; scripts/deps.sh installs libibverbs-dev)
 VERBS_BIN =
@@ -99,6 +99,14 @@ build/portable/%.o: %.c | build
 # ./train for the guest: CPU backend only, baseline x86-64
 build/train-portable: $(HOST_SRC:%.c=build/portable/%.o)
 	$(CC) $^ -o $@ -lm -fopenmp -lpthread -lz -ljansson
+
+# the collective tests for the guest (test_comm without sanitizers: emulation is slow enough)
+build/test_comm-portable: build/portable/test_comm.o $(LIB_OBJ:build/%=build/portable/%)
+	$(CC) $^ -o $@ -lm -fopenmp -lpthread -lz -ljansson
+
+build/portable/test_comm.o: test/test_comm.c | build
+	@mkdir -p build/portable
+	$(CC) $(PORTABLE_CFLAGS) -I. -c $< -o $@
 
 # two processes over one RDMA device through net_verbs.c (test/run.sh runs it inside a QEMU guest)
 build/verbs_pair: test/verbs_pair.c build/portable/net_verbs.o build/portable/common.o | build

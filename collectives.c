@@ -128,11 +128,21 @@ static void transports_check(Transports *tr, World *w) {
                 die("--transport shm: rank %d (node %s) and rank %d (node %s) do not share a node", me, env->node_id, r,
                     world_rank_info(w, r)->node_id);
     if (tr->choice == TRANSPORT_VERBS && env->world > 1) {
-        if (!tr->vn) die("--transport verbs: %s", tr->why);
-        char why[400];
-        for (int r = 0; r < env->world; r++)
-            if (r != me && !rank_usable(tr, w, r, why, sizeof why))
-                die("--transport verbs: rank %d (node %s) has no RDMA device: %s", r, world_rank_info(w, r)->node_id, why);
+        // every rank finds the same first rank without a device and prints the same line, after rank 0,
+        // which serves the store, has seen that every rank has read what it needs
+        char why[400], key[64];
+        int first = -1;
+        for (int r = 0; r < env->world && first < 0; r++)
+            if (!rank_usable(tr, w, r, why, sizeof why)) first = r;
+        if (first < 0) return;
+        snprintf(key, sizeof key, "rdma-checked/%d", me);
+        store_set(w, key, "1", 1);
+        for (int r = 0; r < env->world && me == 0; r++) {
+            uint32_t n;
+            snprintf(key, sizeof key, "rdma-checked/%d", r);
+            free(store_get(w, key, &n, "RDMA capabilities"));
+        }
+        die("--transport verbs: rank %d (node %s) has no RDMA device: %s", first, world_rank_info(w, first)->node_id, why);
     }
 }
 

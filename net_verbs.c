@@ -825,16 +825,38 @@ typedef struct VerbsConn {
 
 struct VerbsNet {
     VerbsDev *dev;
+    unsigned slots;    // staging of every endpoint: 0 for the default,
+    size_t slot_bytes; // or LLM4D_VERBS_STAGING (a testing aid)
     pthread_mutex_t mu;
     VerbsConn *closing; // connections whose communicator is gone, until the peer's end arrives
 };
 
 VerbsNet *verbs_net_open(const char *dev, int gid_index, char *why, size_t cap) {
+    // LLM4D_VERBS_STAGING=SLOTSxBYTES, the same on every rank: small or odd slots, so that tests wrap
+    // the staging ring and cut elements at slot boundaries
+    unsigned slots = 0;
+    size_t slot_bytes = 0;
+    const char *st = getenv("LLM4D_VERBS_STAGING");
+    if (st && *st) {
+        char *end;
+        unsigned long a = strtoul(st, &end, 10), b = 0;
+        if (end != st && *end == 'x') {
+            const char *p = end + 1;
+            b = strtoul(p, &end, 10);
+            if (end == p) b = 0;
+        }
+        if (*end || a < 1 || a > 4096 || b < 1 || b > (1ul << 30))
+            die("LLM4D_VERBS_STAGING must be SLOTSxBYTES (1-4096 slots of 1 byte to 1 GiB), got '%s'", st);
+        slots = (unsigned)a;
+        slot_bytes = b;
+    }
     VerbsOptions opt = { dev, gid_index };
     VerbsDev *d = verbs_open(&opt, why, cap);
     if (!d) return NULL;
     VerbsNet *vn = xcalloc(1, sizeof *vn);
     vn->dev = d;
+    vn->slots = slots;
+    vn->slot_bytes = slot_bytes;
     if (pthread_mutex_init(&vn->mu, NULL) != 0) die("pthread_mutex_init failed");
     return vn;
 }
@@ -952,13 +974,14 @@ static size_t staging_slot_bytes(int comm_size) {
 void verbs_setup(const NetSetup *s, VerbsNet *vn, int npeers, const int *peers, NetConn **conns) {
     World *w = s->w;
     int me_w = s->world_ranks[s->rank];
-    size_t slot_bytes = staging_slot_bytes(s->size);
+    unsigned slots = vn->slots ? vn->slots : VERBS_DEFAULT_SLOTS;
+    size_t slot_bytes = vn->slot_bytes ? vn->slot_bytes : staging_slot_bytes(s->size);
     char key[128], err[512], name[96];
     for (int i = 0; i < npeers; i++) {
         int pw = s->world_ranks[peers[i]];
         const RankInfo *pi = world_rank_info(w, pw);
         snprintf(name, sizeof name, "rank %d at %.64s", pw, pi->node_id);
-        VerbsEp *e = verbs_ep_create(vn->dev, VERBS_DEFAULT_SLOTS, slot_bytes, name, err, sizeof err);
+        VerbsEp *e = verbs_ep_create(vn->dev, slots, slot_bytes, name, err, sizeof err);
         if (!e) die("communicator %s: %s", s->comm_name, err);
         VerbsConn *vc = xcalloc(1, sizeof *vc);
         net_conn_init(&vc->base, &VERBS_OPS);

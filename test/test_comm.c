@@ -1,7 +1,7 @@
 // Collective tests: every collective against a serial reference computed here, for every type, op,
 // count and placement, on the world and on split communicators, two in flight at once, async overlap
-// and point-to-point. Run as `test_comm --nproc N [--transport auto|shm|tcp|verbs] [--quick]` (or under a
-// torchrun/Slurm environment).
+// and point-to-point. Run as `test_comm --nproc N [--transport auto|shm|tcp|verbs] [--quick|--small]`
+// (or under a torchrun/Slurm environment).
 //
 // Every rank can compute every rank's input (a function of the world rank and the index), so each rank
 // checks its own output against a serial reduction in the order the collectives promise: element i
@@ -232,8 +232,10 @@ int main(int argc, char **argv) {
     for (int i = 1; i + 1 < argc; i++)
         if (!strcmp(argv[i], "--nproc")) return launch_local(atoi(argv[i + 1]), argc, argv, NULL);
     CommOptions opt = { .timeout = 60, .transport = TRANSPORT_AUTO, .ib_gid_index = -1 };
-    int quick = 0; // --quick: the world suite up to 1000 elements (failure tests)
-    for (int i = 1; i < argc; i++) quick |= !strcmp(argv[i], "--quick");
+    // --quick: the world suite up to 1000 elements (failure tests); --small: every suite up to 1000
+    // elements (under emulation, where bandwidth is scarce)
+    int quick = 0, small = 0;
+    for (int i = 1; i < argc; i++) quick |= !strcmp(argv[i], "--quick"), small |= !strcmp(argv[i], "--small");
     for (int i = 1; i + 1 < argc; i++) {
         if (!strcmp(argv[i], "--comm-timeout")) opt.timeout = atof(argv[i + 1]);
         if (!strcmp(argv[i], "--transport") && (opt.transport = comm_parse_transport(argv[i + 1])) < 0)
@@ -243,12 +245,12 @@ int main(int argc, char **argv) {
     launch_env_read(&env); // without a launcher: a world of one
     Comm *world = comm_init(&env, &opt);
     int r = comm_rank(world), n = comm_size(world);
-    suite(world, 1, quick);
+    suite(world, 1, quick || small);
     if (!quick) {
         Comm *parity = comm_split(world, r % 2, r, "parity");
         Comm *reversed = comm_split(world, 0, n - r, "reversed"); // same members, opposite rank order
-        suite(parity, 0, 0);
-        suite(reversed, 0, 0);
+        suite(parity, 0, small);
+        suite(reversed, 0, small);
         test_concurrent(parity, reversed);
         test_concurrent(world, parity);
         comm_destroy(parity);
