@@ -858,6 +858,10 @@ t_verbs_vm() {
     return $ok
 }
 
+# The collectives and DP training over the verbs transport in the same guest, ranks on two named
+# nodes (test/verbs_transport.sh), and the fallback to TCP where no rank has a device.
+t_verbs_transport() { bash test/verbs_transport.sh; }
+
 # checkpoints, restarts, bad checkpoints, loss spikes, stragglers, safe files
 source test/ckpt.sh
 # activation recompute, memory per rank, ./train plan --exact
@@ -907,6 +911,7 @@ run_test "plan --exact predicts every rank's measured peak per category (DP x Ze
 run_test "plot.py: training logs and the planner's memory bars as PNG" t_plot
 run_test "RDMA verbs absent: ./train does not link libibverbs, runs as before; verbs say why in one line" t_verbs_absent
 run_test "RDMA verbs on soft-RoCE in a QEMU guest: 1 B-64 MiB both ways checked, 8/3/1 slots, selection, dead peer" t_verbs_vm
+run_test "verbs transport on soft-RoCE across two named nodes: collectives (bitwise), DP 2 and 3 equal one rank, bench-comm, fallback to TCP" t_verbs_transport
 run_test "checkpoints: resume is bitwise (one rank, DP x ZeRO 0-3, TP, PP, interleaved, CP, 3D)" t_ckpt_resume
 run_test "checkpoints: re-sharded to another layout (CP 2 to 1 and 1 to 2 among them) equals one rank" t_ckpt_reshard
 run_test "checkpoints: the format read with numpy equals --save-model" t_ckpt_reader

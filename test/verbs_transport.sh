@@ -9,8 +9,9 @@
 #     against its serial reference; again on 2 ranks with 3 staging slots of 4099 bytes
 #     (LLM4D_VERBS_STAGING), which wraps the staging ring constantly and cuts elements at slot
 #     boundaries;
-#   - DP 2 x ZeRO-1 training over verbs against the single-rank run of the same binary
-#     (test/compare_runs.py at 1e-5), and rank 0's line naming verbs as the pair's transport;
+#   - DP 2 x ZeRO-1 (verbs) and DP 3 x ZeRO-3 (2 + 1 ranks per node: shared memory and verbs) training
+#     against the single-rank run of the same binary (test/compare_runs.py at 1e-5), and rank 0's line
+#     naming each pair's transport;
 #   - ./train bench-comm over verbs (its check column), --transport verbs with a device that does not
 #     exist (one error line), and auto falling back to TCP with the reason in rank 0's line;
 #   - on the host (no RDMA device): the same fallback and error, and ./train not linking libibverbs.
@@ -31,8 +32,10 @@ ok=0
 fail() { echo "FAIL: $*"; ok=1; }
 
 ./train prepare "$CORPUS" "$WORK/data" >/dev/null || exit 1
-FLAGS=(--layers 2 --channels 32 --heads 4 --vocab 256 --seq-len 32 --micro-batch 2 --batch-tokens 128 --steps 4
-    --lr 1e-3 --warmup 2 --weight-decay 0.1 --clip 1.0 --bucket-mb 0.02 --train "$WORK/data/train.bin")
+# 6 micro-batches of 2 x 32 per step: 3 on each of 2 ranks, 2 on each of 3; one thread per rank (under
+# emulation, OpenMP threads that spin for work cost more than the model)
+FLAGS=(--layers 2 --channels 32 --heads 4 --vocab 256 --seq-len 32 --micro-batch 2 --batch-tokens 384 --steps 4
+    --lr 1e-3 --warmup 2 --weight-decay 0.1 --clip 1.0 --bucket-mb 0.02 --threads 1 --train "$WORK/data/train.bin")
 # the reference: one rank, the same binary the guest runs
 $TRAIN "${FLAGS[@]}" --log "$WORK/ref.jsonl" --save-model "$WORK/ref.bin" >/dev/null || { echo "the single-rank run failed"; exit 1; }
 
@@ -60,10 +63,11 @@ out=$(bash test/verbs_vm.sh --timeout 400 --share "$WORK" --bin $TRAIN --bin $CO
         echo "== rc $?"
         echo "-- $name: $t0 $(cut -d" " -f1 /proc/uptime)" | awk "{ printf \"-- %s %.1f s\n\", \$2, \$4 - \$3 }"
     }
-    export FAKE_NODES_PORT=29400
+    export FAKE_NODES_PORT=29400 OMP_WAIT_POLICY=passive
     run comm3 sh test/fake_nodes.sh n0 n0 n1 -- '$COMM' --small --comm-timeout 120
     LLM4D_VERBS_STAGING=3x4099 run comm-odd sh test/fake_nodes.sh n0 n1 -- '$COMM' --small --comm-timeout 120
     run dp sh test/fake_nodes.sh n0 n1 -- '$TRAIN' "$@" --zero 1 --comm-timeout 120 --log $W/dp.jsonl --save-model $W/dp.bin
+    run dp3 sh test/fake_nodes.sh n0 n0 n1 -- '$TRAIN' "$@" --zero 3 --comm-timeout 120 --log $W/dp3.jsonl --save-model $W/dp3.bin
     run bench sh test/fake_nodes.sh n0 n1 -- '$TRAIN' bench-comm --min-bytes 4 --max-bytes 1M --warmup 1 --iters 2
     run forced-bad-dev sh test/fake_nodes.sh n0 n1 -- '$TRAIN' bench-comm --transport verbs --ib-dev mlx5_0 --max-bytes 8
     run auto-bad-dev sh test/fake_nodes.sh n0 n1 -- '$TRAIN' "$@" --steps 1 --ib-dev mlx5_0
@@ -82,10 +86,11 @@ expect() { # NAME STATUS PATTERN...: the block exited STATUS and has a line matc
 expect comm3 0 '^\[0\] collectives on 3 rank\(s\): ok '
 expect comm-odd 0 '^\[0\] collectives on 2 rank\(s\): ok '
 expect dp 0 '^\[0\] collectives: 2 rank\(s\) on 2 node\(s\) \| .*RDMA verbs for 1 pair\(s\) \(rxe0 port 1, RoCE v2 GID index 1 .*; TCP for 0 pair'
+expect dp3 0 '^\[0\] collectives: 3 rank\(s\) on 2 node\(s\) \| .*single-copy, for 1 pair\(s\); RDMA verbs for 2 pair\(s\) '
 expect bench 0 '^\[0\] # bench-comm: allreduce, 2 rank\(s\), transport verbs,' '^\[0\] +allreduce +1048576 .* ok$'
 if block bench | grep -q 'WRONG'; then fail "bench-comm over verbs: a wrong result"; fi
-expect forced-bad-dev 1 '^\[[01]\] error: --transport verbs: --ib-dev mlx5_0: no such RDMA device \(found: rxe0\)$'
+expect forced-bad-dev 1 '^\[[01]\] error: --transport verbs: rank 0 \(node n0\) has no RDMA device: --ib-dev mlx5_0: no such RDMA device \(found: rxe0\)$'
 expect auto-bad-dev 0 'RDMA verbs for 0 pair\(s\); TCP for 1 pair\(s\) \(rank 0 on n0 has no RDMA: --ib-dev mlx5_0: no such RDMA device'
-$PY test/compare_runs.py 1e-5 "$WORK/ref" "$WORK/dp" || ok=1
+$PY test/compare_runs.py 1e-5 "$WORK/ref" "$WORK/dp" "$WORK/dp3" || ok=1
 grep -E '^-- ' <<<"$out" | sed 's/^-- /guest: /'
 exit $ok
