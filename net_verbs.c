@@ -803,6 +803,8 @@ int verbs_print_gids(VerbsDev *d, FILE *out) {
 
 // ---------------------------------------------------------------------------------------------
 // the transport (net.h): one endpoint per peer of a communicator, over the byte stream above
+// (test/verbs_pair.c tests the byte stream alone and builds without it: VERBS_CORE_ONLY)
+#ifndef VERBS_CORE_ONLY
 
 #include <pthread.h>
 
@@ -1056,3 +1058,5 @@ void verbs_net_close(VerbsNet *vn, double timeout_s) {
     if (verbs_close(vn->dev, err, sizeof err) != 0) die("%s", err);
     free(vn);
 }
+
+#endif // VERBS_CORE_ONLY
