@@ -632,10 +632,10 @@ case_sigusr1() {
     local r p kid name t0
     usr1_job i1
     wait_step "$WORK/i1.jsonl" 2 60 || { bad "i1: no step 2 within 60 s"; return; }
-    for r in 0 1; do # while it runs: the ranks show as "train r0", "train r1" in ps
+    for r in 0 1; do # while it runs: the ranks show as "train-r0", "train-r1" in ps
         kid=$(rank_pid "$JOB" $r)
         name=$(ps -o comm= -p "$kid" 2>/dev/null)
-        [ "$name" = "train r$r" ] || bad "rank $r shows as '$name' in ps, not 'train r$r'"
+        [ "$name" = "train-r$r" ] || bad "rank $r shows as '$name' in ps, not 'train-r$r'"
     done
     kill -USR1 "$JOB"
     usr1_verdict i1

@@ -202,7 +202,7 @@ t_sbatch_restart() {
 # checkpoint and stop, the script requeues the job, and the job, run again, resumes and ends with the
 # model an uninterrupted job of the same layout writes, byte for byte
 t_sbatch_usr1() {
-    local log=$WORK/sbatch-usr1.log rc id i info
+    local log=$WORK/sbatch-usr1.log rc id i info released="" at
     local RUN=(--nodes=2 --ntasks-per-node=2 --gpus-per-node=0 --time=5 "$ROOT/scripts/train.sbatch" "${MODEL[@]}"
         --steps 600 --schedule constant --threads 1 --comm-timeout 60 --train "$WORK/data/train.bin")
     bounded "$log" bash -c "$SBATCH_WAIT" sbatch-wait --output="$WORK/sbu-ref-%j.out" "${RUN[@]}" --save-model "$WORK/sbu-ref.bin" ||
@@ -221,14 +221,26 @@ t_sbatch_usr1() {
         case $info in
         *JobState=COMPLETED*) rc=0; break ;;
         *JobState=FAILED* | *JobState=TIMEOUT*) echo "    $info" >>"$log"; break ;; # (CANCELLED passes by: the requeue)
-        *Reason=BeginTime*) "${IN_CLUSTER[@]}" scontrol update JobId="$id" StartTime=now ;; # Slurm holds requeued jobs a while
+        *JobState=PENDING*Reason=BeginTime*)
+            # Slurm holds a requeued job a while: a node refuses to launch it with a credential issued
+            # in the same second as (or before) the old run's revocation, which happened before the job
+            # showed PENDING. StartTime=now could fall in that second: the run then fails at once
+            # (FAILED, RunTime 0). The next second is surely after it.
+            if [ -z "$released" ]; then
+                at=$(date -d "@$(($(date +%s) + 1))" +%Y-%m-%dT%H:%M:%S)
+                "${IN_CLUSTER[@]}" scontrol update JobId="$id" StartTime="$at" && released=1
+            fi ;;
         esac
         sleep 0.1
     done
     cat "$WORK"/sbu-[0-9]*.out >>"$log" 2>/dev/null
     [ $rc -eq 0 ] || return 1
+    # the ranks stopped at the signal (not at the end of the 600 steps) and the requeued run resumed there
+    grep -q "^received SIGUSR1 (the job's time limit is near): stopping cleanly" "$log" ||
+        { echo "    the ranks did not stop at SIGUSR1" >>"$log"; return 1; }
     grep -q "^llm4d: requeueing job $id" "$log" || { echo "    not requeued" >>"$log"; return 1; }
-    grep -q "^resumed from $WORK/sbu-ckpt/ckpt_" "$log" || { echo "    did not resume" >>"$log"; return 1; }
+    grep "^resumed from $WORK/sbu-ckpt/ckpt_" "$log" | grep -qv "/ckpt_00000600:" ||
+        { echo "    did not resume from the checkpoint written at the signal" >>"$log"; return 1; }
     cmp "$WORK/sbu-ref.bin" "$WORK/sbu.bin" >>"$log" 2>&1
 }
 
