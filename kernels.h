@@ -60,6 +60,21 @@ typedef struct {
 // staged through the host until the CUDA IPC transport moves it in place.
 typedef enum { MEMKIND_HOST = 0, MEMKIND_DEVICE } MemKind;
 
+// Streams and events. A backend queues its ops in order on one of two streams, compute (the default)
+// and communication; set_stream chooses where the ops that follow go (the memory ops to_device, to_host,
+// copy and zero included). Ordering across the streams is explicit: record an event on the stream that
+// produced a buffer, make the consuming stream wait for it; neither call waits on the host. The host
+// waits only in sync, event_sync and to_host (which waits for the current stream). On the CPU every op
+// has finished when it returns, so the stand-ins only keep the bookkeeping below and check the protocol:
+// waiting for an event that was never recorded dies (on a GPU it would silently not wait: a race), so
+// model and optimizer code that orders its streams correctly on the CPU does so on the GPU too.
+typedef enum { STREAM_COMPUTE = 0, STREAM_COMM = 1, NUM_STREAMS = 2 } StreamId;
+typedef struct BackendEvent {
+    void *handle;      // the device's event (cudaEvent_t); NULL on the CPU
+    int stream;        // the stream of the latest record; -1 before the first
+    uint64_t records;  // how many times it was recorded
+} BackendEvent;
+
 typedef struct Backend {
     const char *name;
     MemKind mem_kind;
@@ -162,6 +177,10 @@ typedef struct Backend {
                   float bc1, float bc2, float grad_scale);
     // Σ x² in double, summed in a fixed order (the same for every thread count).
     double (*sumsq)(const float *x, size_t n);
+    // *acc += Σ x² on the device (acc: one double in device memory), the same sum as sumsq and bitwise
+    // what `*acc += sumsq(x, n)` gives, without a read back: a step sums every tensor slice and reads
+    // the total once.
+    void (*sumsq_acc)(double *acc, const float *x, size_t n);
     // dst = src converted between dtypes (round to nearest even into bf16)
     void (*cast)(void *dst, DType dst_dt, const void *src, DType src_dt, size_t n);
     // The same on rows of strided matrices: dst[r·dst_stride + i] = src[r·src_stride + i] for r < rows,
@@ -169,7 +188,23 @@ typedef struct Backend {
     // fp32 dq, dk, dv accumulators back into dqkv.
     void (*cast_rows)(void *dst, DType dst_dt, size_t dst_stride, const void *src, DType src_dt, size_t src_stride,
                       size_t rows, size_t n);
+
+    // streams and events (see StreamId above)
+    StreamId (*set_stream)(StreamId s); // returns the stream it replaces
+    BackendEvent *(*event_create)(void);
+    void (*event_destroy)(BackendEvent *e);
+    void (*event_record)(BackendEvent *e, StreamId s); // after the work queued on s so far
+    void (*stream_wait)(StreamId s, BackendEvent *e);  // work queued on s from now on waits for e
+    void (*event_sync)(BackendEvent *e);               // the host waits for e
+    int (*event_done)(BackendEvent *e);                // 1 when e has completed (no waiting)
 } Backend;
+
+// The protocol checks shared by every backend's stand-ins (kernels_cpu.c): a stream id is valid, an
+// event is recorded before anything waits for it. `op` names the call in the one-line error.
+StreamId backend_stream_check(int s, const char *op);
+void backend_event_check(const BackendEvent *e, const char *op);
+// Bookkeeping of one record of e on s.
+void backend_event_note(BackendEvent *e, StreamId s);
 
 const Backend *backend_cpu(void);
 // The CPU backend's instruction set for bf16 matmuls: "avx512bf16" (bf16 operands multiplied by the
@@ -179,10 +214,15 @@ const Backend *backend_cpu(void);
 const char *cpu_select_isa(const char *name);
 const char *cpu_isa(void);
 // Number of usable CUDA devices: 0 when the binary was built without CUDA or no device answers.
+// Creates no context on any device (it only initialises the driver), so every rank can call it before
+// it has chosen its device.
 int cuda_device_count(void);
-// Makes device `ordinal` this process's device (one rank per GPU); no-op without CUDA.
+// Makes device `ordinal` this process's device (one rank per GPU) and creates the context, streams and
+// scratch there; call it before the first op. Without it the first op initialises device 0. No-op
+// without CUDA.
 void cuda_use_device(int ordinal);
-// The CUDA backend; NULL when this binary was built without CUDA.
+// The CUDA backend's table; NULL when this binary was built without CUDA. Touches no device: calling it
+// before cuda_use_device creates nothing on device 0.
 const Backend *backend_cuda(void);
 
 #endif

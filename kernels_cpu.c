@@ -1327,6 +1327,54 @@ static double cpu_sumsq(const float *x, size_t n) {
     return total;
 }
 
+static void cpu_sumsq_acc(double *acc, const float *x, size_t n) { *acc += cpu_sumsq(x, n); }
+
+// ---------------------------------------------------------------------------------------------
+// streams and events: every op has finished when it returns, so these keep the bookkeeping and check
+// the protocol (kernels.h), and the CUDA backend runs the same checks before its own calls
+
+StreamId backend_stream_check(int s, const char *op) {
+    if (s < 0 || s >= NUM_STREAMS) die("backend %s: stream %d is not a stream (0 compute, 1 communication)", op, s);
+    return (StreamId)s;
+}
+
+void backend_event_check(const BackendEvent *e, const char *op) {
+    if (!e) die("backend %s: no event", op);
+    if (e->records == 0) die("backend %s: the event was never recorded (waiting for it would not wait on a GPU)", op);
+}
+
+void backend_event_note(BackendEvent *e, StreamId s) {
+    if (!e) die("backend event_record: no event");
+    e->stream = (int)s;
+    e->records++;
+}
+
+static StreamId g_cpu_stream = STREAM_COMPUTE; // what set_stream last chose (the CPU runs everything in place)
+
+static StreamId cpu_set_stream(StreamId s) {
+    StreamId prev = g_cpu_stream;
+    g_cpu_stream = backend_stream_check((int)s, "set_stream");
+    return prev;
+}
+static BackendEvent *cpu_event_create(void) {
+    BackendEvent *e = xcalloc(1, sizeof *e);
+    e->stream = -1;
+    return e;
+}
+static void cpu_event_destroy(BackendEvent *e) { free(e); }
+static void cpu_event_record(BackendEvent *e, StreamId s) {
+    backend_event_note(e, backend_stream_check((int)s, "event_record"));
+}
+static void cpu_stream_wait(StreamId s, BackendEvent *e) {
+    backend_stream_check((int)s, "stream_wait");
+    backend_event_check(e, "stream_wait");
+}
+static void cpu_event_sync(BackendEvent *e) { backend_event_check(e, "event_sync"); }
+static int cpu_event_done(BackendEvent *e) {
+    backend_event_check(e, "event_done");
+    return 1;
+}
+
 static void cpu_cast(void *dst, DType dst_dt, const void *src, DType src_dt, size_t n) {
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) st(dst_dt, dst, i, ld(src_dt, src, i));
@@ -1376,8 +1424,16 @@ static const Backend CPU_BACKEND = {
     .crossentropy_fused = cpu_crossentropy_fused,
     .adamw = cpu_adamw,
     .sumsq = cpu_sumsq,
+    .sumsq_acc = cpu_sumsq_acc,
     .cast = cpu_cast,
     .cast_rows = cpu_cast_rows,
+    .set_stream = cpu_set_stream,
+    .event_create = cpu_event_create,
+    .event_destroy = cpu_event_destroy,
+    .event_record = cpu_event_record,
+    .stream_wait = cpu_stream_wait,
+    .event_sync = cpu_event_sync,
+    .event_done = cpu_event_done,
 };
 
 const Backend *backend_cpu(void) { return &CPU_BACKEND; }

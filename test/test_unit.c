@@ -7,6 +7,7 @@
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "collectives.h"
@@ -178,6 +179,83 @@ static void test_cast_rows(const Backend *be) {
         free(want);
     }
     free(src);
+}
+
+// Runs fn in a child process; returns 1 when it exited with status 1 and its stderr holds `expect`.
+static int dies_with(void (*fn)(const Backend *), const Backend *be, const char *expect) {
+    int fd[2];
+    if (pipe(fd) != 0) die("pipe failed");
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid < 0) die("fork failed");
+    if (pid == 0) {
+        close(fd[0]);
+        if (dup2(fd[1], 2) < 0) _exit(3);
+        fn(be);
+        _exit(0);
+    }
+    close(fd[1]);
+    char buf[1024] = "";
+    size_t got = 0;
+    ssize_t r;
+    while (got < sizeof buf - 1 && (r = read(fd[0], buf + got, sizeof buf - 1 - got)) > 0) got += (size_t)r;
+    buf[got] = 0;
+    close(fd[0]);
+    int status = 0;
+    if (waitpid(pid, &status, 0) != pid) die("waitpid failed");
+    return WIFEXITED(status) && WEXITSTATUS(status) == 1 && strstr(buf, expect) != NULL;
+}
+static BackendEvent *g_child_event; // reachable at the child's exit: no leak report
+static void wait_unrecorded(const Backend *be) {
+    g_child_event = be->event_create();
+    be->stream_wait(STREAM_COMM, g_child_event);
+}
+static void sync_unrecorded(const Backend *be) {
+    g_child_event = be->event_create();
+    be->event_sync(g_child_event);
+}
+static void bad_stream(const Backend *be) { be->set_stream((StreamId)2); }
+static void record_bad_stream(const Backend *be) {
+    g_child_event = be->event_create();
+    be->event_record(g_child_event, (StreamId)-1);
+}
+
+// The stream and event stand-ins: the bookkeeping of records, set_stream's previous stream, and the
+// protocol errors that would be silent races on a GPU; sumsq_acc against sumsq.
+static void test_streams(const Backend *be) {
+    BackendEvent *e = be->event_create();
+    int ok = e && e->stream == -1 && e->records == 0;
+    be->event_record(e, STREAM_COMPUTE);
+    ok &= e->stream == STREAM_COMPUTE && e->records == 1;
+    be->stream_wait(STREAM_COMM, e);
+    StreamId prev = be->set_stream(STREAM_COMM);
+    ok &= prev == STREAM_COMPUTE;
+    be->event_record(e, STREAM_COMM); // the reverse direction
+    be->stream_wait(STREAM_COMPUTE, e);
+    ok &= e->stream == STREAM_COMM && e->records == 2 && be->event_done(e) == 1;
+    be->event_sync(e);
+    ok &= be->set_stream(prev) == STREAM_COMM;
+    be->event_destroy(e);
+    check(ok, "events: records, streams and set_stream's previous stream", 0);
+    check(dies_with(wait_unrecorded, be, "error: backend stream_wait: the event was never recorded"),
+          "events: waiting for an event never recorded is an error", 0);
+    check(dies_with(sync_unrecorded, be, "error: backend event_sync: the event was never recorded"),
+          "events: the host waiting for an event never recorded is an error", 0);
+    check(dies_with(bad_stream, be, "error: backend set_stream: stream 2 is not a stream"), "events: unknown stream", 0);
+    check(dies_with(record_bad_stream, be, "error: backend event_record: stream -1 is not a stream"),
+          "events: recording on an unknown stream", 0);
+
+    size_t n = 150001; // three chunks of the fixed order
+    float *x = randv(n), *y = randv(1000);
+    double acc = 1.25, ref = 1.25;
+    be->sumsq_acc(&acc, x, n);
+    be->sumsq_acc(&acc, y, 1000);
+    ref += be->sumsq(x, n);
+    ref += be->sumsq(y, 1000);
+    check(memcmp(&acc, &ref, sizeof acc) == 0, "sumsq_acc adds what sumsq returns, bitwise", acc - ref);
+    check(be->scratch_bytes() > 0, "scratch_bytes counts the kernels' scratch pool", (double)be->scratch_bytes());
+    free(x);
+    free(y);
 }
 
 // Cross-entropy split over two vocabulary slices (as tensor parallelism does), combined here, against
@@ -710,6 +788,7 @@ int main(void) {
     test_thread_determinism(be);
     test_sumsq(be);
     test_cast_rows(be);
+    test_streams(be);
     test_crossentropy(be);
     test_formats();
     test_slurm_hostlist();
