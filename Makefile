@@ -35,7 +35,7 @@ CUDA_OBJ =
 else
 BACKENDS = cpu+cuda
 CFLAGS += -DLLM4D_CUDA
-CUDA_OBJ = build/kernels_cu.o build/gemm_cu.o
+CUDA_OBJ = build/kernels_cu.o build/gemm_cu.o build/attention_cu.o
 LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lstdc++
 endif
 
@@ -49,10 +49,13 @@ train: $(HOST_OBJ) $(CUDA_OBJ)
 build/%.o: %.c | build
 	$(CC) $(CFLAGS) -c $< -o $@
 
-build/kernels_cu.o: kernels.cu kernels.h common.h | build
+build/kernels_cu.o: kernels.cu kernels.h gemm.h attention.h common.cuh common.h | build
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
-build/gemm_cu.o: gemm.cu gemm.h common.h | build
+build/attention_cu.o: attention.cu attention.h gemm.h common.cuh common.h | build
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+build/gemm_cu.o: gemm.cu gemm.h common.cuh common.h | build
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
 # The tensor-core GEMM's check and benchmark (scripts/gpu_check.sh builds it; never part of ./train).

@@ -9,6 +9,7 @@
 //    thread issues the copies; setmaxnreg gives its registers away) and two consumer warpgroups that
 //    each multiply 64 rows with wgmma m64n256k16 straight from shared memory; persistent: one block
 //    per multiprocessor walks the tiles (gemm_tile_coords order).
+// The warp-level instructions (cp.async, ldmatrix, mma.sync) are in common.cuh, shared with attention.cu.
 // Both hand their fp32 sums to one epilogue (epi_pair). Split-K (few output tiles, long K) writes fp32
 // partial sums to the caller's workspace and gemm_splitk_reduce_kernel adds them in split order, then
 // runs the same epilogue. Edges: any M, N, K; loads outside the matrices read zeros (cp.async's
@@ -28,17 +29,7 @@ extern "C" {
 #include "common.h"
 #include "gemm.h"
 }
-
-#define GK(fn, args)                                                                                        \
-    do {                                                                                                    \
-        cudaError_t e_ = fn args;                                                                           \
-        if (e_ != cudaSuccess) die("CUDA %s: %s", #fn, cudaGetErrorString(e_));                             \
-    } while (0)
-
-static void gemm_check_launch(const char *kernel) {
-    cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) die("CUDA launch %s: %s", kernel, cudaGetErrorString(e));
-}
+#include "common.cuh"
 
 // ---------------------------------------------------------------------------------------------
 // epilogue
@@ -193,8 +184,6 @@ __device__ __forceinline__ Unit unit_of(const TileWork &w, long long u, int bm, 
     return r;
 }
 
-__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
 // ---------------------------------------------------------------------------------------------
 // sm_80: mma.sync + ldmatrix + cp.async
 
@@ -204,31 +193,6 @@ struct MmaArgs {
     TileWork w;
     EpiArgs e;
 };
-
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, int src_bytes) {
-    // bytes past src_bytes are zero-filled: this is how tiles at the edges read zeros
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t (&r)[4]) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_t(uint32_t addr, uint32_t (&r)[4]) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-                 "{%0, %1, %2, %3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 // One operand's BK-deep slice of a tile into shared memory, 16 bytes per cp.async. k-major: EXT rows
 // (m or n) of BK k's = 4 chunks; otherwise BK rows (k) of EXT values = EXT/8 chunks.
@@ -624,21 +588,21 @@ PFN_cuTensorMapEncodeTiled_v12000 g_encode;
 
 const DeviceInfo &device_info() {
     int dev = 0;
-    GK(cudaGetDevice, (&dev));
+    CK(cudaGetDevice, (&dev));
     if (dev < 0 || dev >= MAX_DEVICES) die("CUDA device ordinal %d out of range for the GEMM", dev);
     DeviceInfo &d = g_dev[dev];
     if (d.ready) return d;
-    GK(cudaDeviceGetAttribute, (&d.major, cudaDevAttrComputeCapabilityMajor, dev));
-    GK(cudaDeviceGetAttribute, (&d.minor, cudaDevAttrComputeCapabilityMinor, dev));
-    GK(cudaDeviceGetAttribute, (&d.sms, cudaDevAttrMultiProcessorCount, dev));
+    CK(cudaDeviceGetAttribute, (&d.major, cudaDevAttrComputeCapabilityMajor, dev));
+    CK(cudaDeviceGetAttribute, (&d.minor, cudaDevAttrComputeCapabilityMinor, dev));
+    CK(cudaDeviceGetAttribute, (&d.sms, cudaDevAttrMultiProcessorCount, dev));
     d.have_wgmma = 0;
     if (d.major == 9 && d.minor == 0) {
         int *flag = NULL, host = 0;
-        GK(cudaMalloc, (&flag, sizeof(int)));
+        CK(cudaMalloc, (&flag, sizeof(int)));
         gemm_probe_kernel<<<1, 1>>>(flag);
-        gemm_check_launch("gemm_probe_kernel");
-        GK(cudaMemcpy, (&host, flag, sizeof(int), cudaMemcpyDeviceToHost));
-        GK(cudaFree, (flag));
+        cuda_launched("gemm_probe_kernel", 0);
+        CK(cudaMemcpy, (&host, flag, sizeof(int), cudaMemcpyDeviceToHost));
+        CK(cudaFree, (flag));
         d.have_wgmma = host == 1;
     }
     d.ready = 1;
@@ -649,7 +613,7 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
     if (g_encode) return g_encode;
     void *fn = NULL;
     cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-    GK(cudaGetDriverEntryPointByVersion, ("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q));
+    CK(cudaGetDriverEntryPointByVersion, ("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q));
     if (q != cudaDriverEntryPointSuccess || !fn) die("CUDA driver has no cuTensorMapEncodeTiled (needs CUDA 12.0 or later)");
     g_encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
     return g_encode;
@@ -739,10 +703,10 @@ void launch_mma(const GemmProblem *p, const Plan &pl, const EpiArgs &e, cudaStre
     a.w = pl.w;
     a.e = e;
     const int smem = MMA_SMEM;
-    GK(cudaFuncSetAttribute, (gemm_mma_kernel<AK, BK>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    CK(cudaFuncSetAttribute, (gemm_mma_kernel<AK, BK>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     if (pl.w.units > 0x7fffffffLL) die("CUDA gemm: %lld tiles is too many for one launch", pl.w.units);
     gemm_mma_kernel<AK, BK><<<(unsigned)pl.w.units, GEMM_MMA_THREADS, smem, st>>>(a);
-    gemm_check_launch("gemm_mma_kernel");
+    cuda_launched("gemm_mma_kernel", st);
 }
 
 template <bool AK, bool BK>
@@ -756,10 +720,10 @@ void launch_wgmma(const GemmProblem *p, const Plan &pl, const EpiArgs &e, int sm
     CUtensorMap ta, tb;
     make_tensor_map(&ta, p->A, a.pa);
     make_tensor_map(&tb, p->B, a.pb);
-    GK(cudaFuncSetAttribute, (gemm_wgmma_kernel<AK, BK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)WG_SMEM));
+    CK(cudaFuncSetAttribute, (gemm_wgmma_kernel<AK, BK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)WG_SMEM));
     long long grid = pl.w.units < sms ? pl.w.units : sms;
     gemm_wgmma_kernel<AK, BK><<<(unsigned)grid, GEMM_WG_THREADS, WG_SMEM, st>>>(ta, tb, a);
-    gemm_check_launch("gemm_wgmma_kernel");
+    cuda_launched("gemm_wgmma_kernel", st);
 }
 
 } // namespace
@@ -808,7 +772,7 @@ extern "C" GemmKernel gemm_bf16(const GemmProblem *p, const GemmOptions *o) {
         long long pairs = (long long)p->M * ((p->N + 1) / 2), blocks = (pairs + 255) / 256;
         if (blocks > (long long)d.sms * 16) blocks = (long long)d.sms * 16;
         gemm_splitk_reduce_kernel<<<(unsigned)blocks, 256, 0, st>>>(e, pl.w.splits);
-        gemm_check_launch("gemm_splitk_reduce_kernel");
+        cuda_launched("gemm_splitk_reduce_kernel", st);
     }
     return k;
 }
