@@ -1,13 +1,33 @@
 // kernels.cu: the CUDA backend. Every op of kernels.h, hand-written (no cuBLAS/cuDNN), with the
 // semantics of kernels_cpu.c: storage dtype fp32 or bf16, arithmetic fp32, parameter gradients fp32.
 //
+// Which code runs:
+//  - matmuls in bf16 on sm_80 and later: the tensor-core GEMMs of gemm.cu (wgmma on Hopper, mma.sync
+//    elsewhere) with bias, GELU and GELU's derivative fused into their epilogues; in fp32, or when the
+//    shapes break gemm.h's alignment rules, the SIMT GEMM below (exact fp32 FMAs: fp32 keeps the
+//    design's 1e-5 promise, so tf32 is never used);
+//  - attention in bf16 with head size 64 or 128 on sm_80 and later: the flash-attention kernels of
+//    attention.cu (mma.sync); otherwise the simple kernels below (one warp per row);
+//  - everything else: the kernels below.
+//
 // Determinism: no atomics anywhere. Every output element is produced by exactly one thread, which sums
 // its terms in a fixed order, and reductions across threads use a fixed tree whose shape depends only on
-// compile-time constants. The GEMM sums k in ascending order with one fma per term in every tile
-// configuration, so the result does not even depend on which tile size was chosen.
+// compile-time constants (gemm.cu's split-K adds its fixed splits in order). The SIMT GEMM sums k in
+// ascending order with one fma per term in every tile configuration, so its result does not even
+// depend on which tile size was chosen.
 //
-// Error handling: every CUDA API call and every kernel launch is checked; a failure prints
-// "error: CUDA <call>: <message>" through die() and exits with status 1.
+// Streams: every op is queued on the backend's current stream, one of two non-blocking streams it owns
+// (compute and communication, kernels.h), never on the legacy default stream; the host waits only in
+// sync, event_sync and to_host. A step allocates nothing: scratch buffers grow to the largest size
+// asked for (in the first step) and are then reused; small uploads go through pinned staging buffers,
+// so they do not wait for the device either.
+//
+// Device selection: backend_cuda() and cuda_device_count() create no context; cuda_use_device(ordinal)
+// creates it on the rank's own device (or the first op does, on the current device).
+//
+// Error handling: every CUDA call and every kernel launch is checked (common.cuh); a failure prints
+// "error: CUDA <call>: <message>" through die() and exits with status 1. LLM4D_CUDA_SYNC=1 waits for
+// each kernel as it is launched, so that a failing kernel is named: "error: CUDA kernel <name> failed".
 #include <cuda_runtime.h>
 
 #include <math.h>
@@ -16,22 +36,105 @@
 #include <string.h>
 
 extern "C" {
+#include "attention.h"
 #include "common.h"
+#include "gemm.h"
 #include "kernels.h"
 }
+#include "common.cuh"
 
 // ---------------------------------------------------------------------------------------------
-// error checking
+// device state: one device per process, set up once by cuda_use_device or the first op
 
-#define CK(fn, args)                                                                                        \
-    do {                                                                                                    \
-        cudaError_t e_ = fn args;                                                                           \
-        if (e_ != cudaSuccess) die("CUDA %s: %s", #fn, cudaGetErrorString(e_));                             \
-    } while (0)
+enum { SCR_COLSUM = 0, SCR_SUMSQ, SCR_ATTN, SCR_ADAMW, SCR_GEMM, NSCRATCH };
+enum { STAGE_SLOTS = 4, STAGE_BYTES = 4 << 20 }; // pinned upload buffers, each reused after its copy ends
 
-static void check_launch(const char *kernel) {
-    cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) die("CUDA launch %s: %s", kernel, cudaGetErrorString(e));
+typedef struct CudaDev {
+    int ready, ordinal, sms;
+    cudaStream_t stream[NUM_STREAMS];
+    StreamId cur;
+    // Grow-only scratch per stream (the two streams may run at once) and slot; growth is counted so
+    // the tests can check that a repeated step allocates nothing.
+    void *scr[NUM_STREAMS][NSCRATCH];
+    size_t cap[NUM_STREAMS][NSCRATCH];
+    long long grows;
+    void *stage[STAGE_SLOTS];
+    cudaEvent_t stage_done[STAGE_SLOTS];
+    int stage_used[STAGE_SLOTS], stage_next;
+    int gemm_tile;   // SIMT GEMM tile: 0 automatic, 64 or 128 forced (tests)
+    int gemm_kernel; // -1: SIMT only; 0: the best tensor-core GEMM; GEMM_KERNEL_MMA or _WGMMA forced (tests)
+    int attn_simple; // 1: the simple attention kernels even where the flash kernels apply (tests)
+} CudaDev;
+
+static CudaDev g_cu;
+
+static void dev_init(int ordinal) {
+    CudaDev *d = &g_cu;
+    if (ordinal >= 0) CK(cudaSetDevice, (ordinal));
+    else CK(cudaGetDevice, (&ordinal));
+    CK(cudaFree, (0)); // creates the context on this device now, so that failures are reported here
+    d->ordinal = ordinal;
+    CK(cudaDeviceGetAttribute, (&d->sms, cudaDevAttrMultiProcessorCount, ordinal));
+    if (d->sms <= 0) d->sms = 1;
+    for (int s = 0; s < NUM_STREAMS; s++) CK(cudaStreamCreateWithFlags, (&d->stream[s], cudaStreamNonBlocking));
+    d->cur = STREAM_COMPUTE;
+    for (int i = 0; i < STAGE_SLOTS; i++) {
+        CK(cudaHostAlloc, (&d->stage[i], STAGE_BYTES, cudaHostAllocDefault));
+        CK(cudaEventCreateWithFlags, (&d->stage_done[i], cudaEventDisableTiming));
+    }
+    (void)gemm_available(GEMM_KERNEL_NONE); // probes the device for the GEMM now, not inside a step
+    d->ready = 1;
+}
+
+static inline CudaDev *dev(void) {
+    if (!g_cu.ready) dev_init(-1);
+    return &g_cu;
+}
+static inline cudaStream_t cur_stream(void) {
+    CudaDev *d = dev();
+    return d->stream[d->cur];
+}
+static inline void launched(const char *kernel) { cuda_launched(kernel, cur_stream()); }
+
+// Scratch of at least `bytes` for this stream; grows (to a power of two, so that the first step's
+// growing settles fast) only when a larger size is asked for, after the stream's earlier work.
+static void *scratch(int slot, size_t bytes) {
+    CudaDev *d = dev();
+    const int s = d->cur;
+    if (bytes > d->cap[s][slot]) {
+        size_t cap = 1 << 16;
+        while (cap < bytes) cap <<= 1;
+        if (d->scr[s][slot]) {
+            CK(cudaStreamSynchronize, (d->stream[s])); // earlier kernels may still read the old buffer
+            CK(cudaFree, (d->scr[s][slot]));
+        }
+        d->scr[s][slot] = NULL;
+        d->cap[s][slot] = 0;
+        CK(cudaMalloc, (&d->scr[s][slot], cap));
+        d->cap[s][slot] = cap;
+        d->grows++;
+    }
+    return d->scr[s][slot];
+}
+
+// Copies host bytes to the device on the current stream without waiting for the device: through a
+// pinned staging buffer (whose previous copy has long finished, normally) when they fit, else directly
+// (a pageable copy, which waits).
+static void upload(void *dst, const void *src, size_t bytes) {
+    CudaDev *d = dev();
+    if (bytes == 0) return;
+    if (bytes > STAGE_BYTES) {
+        CK(cudaMemcpyAsync, (dst, src, bytes, cudaMemcpyHostToDevice, cur_stream()));
+        CK(cudaStreamSynchronize, (cur_stream())); // the caller may reuse src at once
+        return;
+    }
+    const int i = d->stage_next;
+    d->stage_next = (i + 1) % STAGE_SLOTS;
+    if (d->stage_used[i]) CK(cudaEventSynchronize, (d->stage_done[i]));
+    memcpy(d->stage[i], src, bytes);
+    CK(cudaMemcpyAsync, (dst, d->stage[i], bytes, cudaMemcpyHostToDevice, cur_stream()));
+    CK(cudaEventRecord, (d->stage_done[i], cur_stream()));
+    d->stage_used[i] = 1;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -102,61 +205,96 @@ __device__ float block_max(float v, float *sh /* [32] */) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// device state and scratch
-
-static int g_num_sms = 132;
-static int g_gemm_tile = 0; // 0: automatic; 64 or 128 forces a tile size (tests)
-
-// Grow-only scratch buffers (all work runs on the default stream, so reuse is ordered).
-static void *g_scratch_ptr[4];
-static size_t g_scratch_cap[4];
-static void *scratch(int slot, size_t bytes) {
-    void **ptr = g_scratch_ptr;
-    size_t *cap = g_scratch_cap;
-    if (bytes == 0) bytes = 1;
-    if (bytes > cap[slot]) {
-        if (ptr[slot]) CK(cudaFree, (ptr[slot]));
-        ptr[slot] = NULL;
-        cap[slot] = 0;
-        CK(cudaMalloc, (&ptr[slot], bytes));
-        cap[slot] = bytes;
-    }
-    return ptr[slot];
-}
-enum { SCR_COLSUM = 0, SCR_SUMSQ = 1, SCR_ATTN = 2, SCR_ADAMW = 3 };
-static size_t cu_scratch_bytes(void) { return g_scratch_cap[0] + g_scratch_cap[1] + g_scratch_cap[2] + g_scratch_cap[3]; }
-
-// ---------------------------------------------------------------------------------------------
 // memory
 
 static void *cu_alloc(size_t bytes) {
     if (bytes == 0) bytes = 1;
     void *p = NULL;
+    dev();
     cudaError_t e = cudaMalloc(&p, bytes);
     if (e != cudaSuccess) {
         (void)cudaGetLastError(); // clear the (non-sticky) error; the caller reports the failure
         return NULL;
     }
-    CK(cudaMemset, (p, 0, bytes));
+    CK(cudaMemsetAsync, (p, 0, bytes, cur_stream()));
+    CK(cudaStreamSynchronize, (cur_stream())); // zeroed before any stream uses it
     return p;
 }
 static void cu_free(void *p) {
-    if (p) CK(cudaFree, (p));
+    if (!p) return;
+    CK(cudaDeviceSynchronize, ()); // no stream may still use it (frees happen at teardown, not in a step)
+    CK(cudaFree, (p));
 }
-static void cu_to_device(void *dst, const void *src, size_t bytes) {
-    if (bytes) CK(cudaMemcpy, (dst, src, bytes, cudaMemcpyHostToDevice));
-}
+static void cu_to_device(void *dst, const void *src, size_t bytes) { upload(dst, src, bytes); }
 static void cu_to_host(void *dst, const void *src, size_t bytes) {
-    if (bytes) CK(cudaMemcpy, (dst, src, bytes, cudaMemcpyDeviceToHost));
+    if (!bytes) return;
+    CK(cudaMemcpyAsync, (dst, src, bytes, cudaMemcpyDeviceToHost, cur_stream()));
+    CK(cudaStreamSynchronize, (cur_stream()));
 }
 static void cu_copy(void *dst, const void *src, size_t bytes) {
-    if (bytes && dst != src) CK(cudaMemcpy, (dst, src, bytes, cudaMemcpyDeviceToDevice));
+    if (bytes && dst != src) CK(cudaMemcpyAsync, (dst, src, bytes, cudaMemcpyDeviceToDevice, cur_stream()));
 }
 static void cu_zero(void *dst, size_t bytes) {
-    if (bytes) CK(cudaMemset, (dst, 0, bytes));
+    if (bytes) CK(cudaMemsetAsync, (dst, 0, bytes, cur_stream()));
 }
-static void cu_sync(void) { CK(cudaDeviceSynchronize, ()); }
+static void cu_sync(void) {
+    dev();
+    CK(cudaDeviceSynchronize, ());
+}
 static void cu_set_threads(int n) { (void)n; }
+
+// ---------------------------------------------------------------------------------------------
+// streams and events (kernels.h); the protocol checks are the CPU stand-ins' (kernels_cpu.c)
+
+static StreamId cu_set_stream(StreamId s) {
+    CudaDev *d = dev();
+    StreamId prev = d->cur;
+    d->cur = backend_stream_check((int)s, "set_stream");
+    return prev;
+}
+static BackendEvent *cu_event_create(void) {
+    dev();
+    BackendEvent *e = (BackendEvent *)xcalloc(1, sizeof *e);
+    e->stream = -1;
+    cudaEvent_t ev;
+    CK(cudaEventCreateWithFlags, (&ev, cudaEventDisableTiming));
+    e->handle = (void *)ev;
+    return e;
+}
+static void cu_event_destroy(BackendEvent *e) {
+    if (!e) return;
+    CK(cudaEventDestroy, ((cudaEvent_t)e->handle));
+    free(e);
+}
+static void cu_event_record(BackendEvent *e, StreamId s) {
+    s = backend_stream_check((int)s, "event_record");
+    if (!e) die("backend event_record: no event");
+    CK(cudaEventRecord, ((cudaEvent_t)e->handle, dev()->stream[s]));
+    backend_event_note(e, s);
+}
+static void cu_stream_wait(StreamId s, BackendEvent *e) {
+    s = backend_stream_check((int)s, "stream_wait");
+    backend_event_check(e, "stream_wait");
+    CK(cudaStreamWaitEvent, (dev()->stream[s], (cudaEvent_t)e->handle, 0));
+}
+static void cu_event_sync(BackendEvent *e) {
+    backend_event_check(e, "event_sync");
+    CK(cudaEventSynchronize, ((cudaEvent_t)e->handle));
+}
+static int cu_event_done(BackendEvent *e) {
+    backend_event_check(e, "event_done");
+    cudaError_t r = cudaEventQuery((cudaEvent_t)e->handle);
+    if (r == cudaErrorNotReady) return 0;
+    if (r != cudaSuccess) cuda_fail("cudaEventQuery", r);
+    return 1;
+}
+static size_t cu_scratch_bytes(void) {
+    if (!g_cu.ready) return 0;
+    size_t total = (size_t)STAGE_SLOTS * STAGE_BYTES;
+    for (int s = 0; s < NUM_STREAMS; s++)
+        for (int i = 0; i < NSCRATCH; i++) total += g_cu.cap[s][i];
+    return total;
+}
 
 // ---------------------------------------------------------------------------------------------
 // GEMM: C[M,N] (=, or += when accumulate) Σ_k A(m,k)·B(k,n) (+ bias[n]), batched over blockIdx.z.
@@ -312,16 +450,16 @@ __global__ void __launch_bounds__(GEMM_THREADS) gemm_kernel(const GemmArgs g) {
 template <typename TA, typename TB, typename TC, bool A_KC, bool B_KC>
 static void gemm(const GemmArgs &g, const char *name) {
     if (g.M <= 0 || g.N <= 0 || g.batch <= 0) return;
-    int tile = g_gemm_tile;
+    int tile = dev()->gemm_tile;
     if (tile != 64 && tile != 128) {
         size_t tiles128 = (size_t)cdiv(g.M, 128) * cdiv(g.N, 128) * g.batch;
-        tile = (g.M <= 64 || g.N <= 64 || tiles128 < (size_t)g_num_sms) ? 64 : 128;
+        tile = (g.M <= 64 || g.N <= 64 || tiles128 < (size_t)dev()->sms) ? 64 : 128;
     }
     if (g.batch > 65535 || cdiv(g.M, tile) > 65535u) die("CUDA %s: matrix too large (%d x %d x %d)", name, g.M, g.N, g.batch);
     dim3 grid(cdiv(g.N, tile), cdiv(g.M, tile), g.batch);
-    if (tile == 128) gemm_kernel<128, 128, TA, TB, TC, A_KC, B_KC><<<grid, GEMM_THREADS>>>(g);
-    else gemm_kernel<64, 64, TA, TB, TC, A_KC, B_KC><<<grid, GEMM_THREADS>>>(g);
-    check_launch(name);
+    if (tile == 128) gemm_kernel<128, 128, TA, TB, TC, A_KC, B_KC><<<grid, GEMM_THREADS, 0, cur_stream()>>>(g);
+    else gemm_kernel<64, 64, TA, TB, TC, A_KC, B_KC><<<grid, GEMM_THREADS, 0, cur_stream()>>>(g);
+    launched(name);
 }
 
 static GemmArgs gemm_args(int M, int N, int K, const void *A, long long lda, const void *B, long long ldb, void *C,
@@ -375,13 +513,13 @@ __global__ void colsum_finalize_kernel(float *dst, const float *partial, int nch
 }
 
 static void colsum_finalize(float *dst, const float *partial, int nchunks, int C) {
-    colsum_finalize_kernel<<<cdiv(C, 256), 256>>>(dst, partial, nchunks, C);
-    check_launch("colsum_finalize_kernel");
+    colsum_finalize_kernel<<<cdiv(C, 256), 256, 0, cur_stream()>>>(dst, partial, nchunks, C);
+    launched("colsum_finalize_kernel");
 }
 
 // ---------------------------------------------------------------------------------------------
-// GELU (tanh approximation), applied around the GEMM: for now a separate elementwise pass on the GPU
-// (the CPU fuses it into the GEMM's epilogue)
+// GELU (tanh approximation) as separate elementwise passes around the SIMT GEMM (fp32, or shapes the
+// tensor-core GEMM refuses; gemm.cu fuses it into its epilogue)
 
 #define GELU_K 0.7978845608028654f // sqrt(2/pi)
 
@@ -404,8 +542,9 @@ template <typename T> __global__ void gelu_grad_mul_kernel(T *x, const T *pre, s
 }
 
 // ---------------------------------------------------------------------------------------------
-// linear layer
-
+// linear layer: the tensor-core GEMM in bf16 where it applies, else the SIMT GEMM with GELU and its
+// derivative as separate passes (the same roundings: the fused epilogue rounds to bf16 where the
+// separate kernels store)
 
 template <typename T>
 static void matmul_fwd_t(void *out, void *pre, const void *inp, const void *weight, const void *bias, int N, int C,
@@ -415,20 +554,63 @@ static void matmul_fwd_t(void *out, void *pre, const void *inp, const void *weig
     gemm<T, T, T, true, true>(g, "matmul_fwd");
     size_t n = (size_t)N * OC;
     if (pre && n) {
-        gelu_fwd_kernel<T><<<ew_blocks(n, 256), 256>>>((T *)out, (const T *)pre, n);
-        check_launch("gelu_fwd_kernel");
+        gelu_fwd_kernel<T><<<ew_blocks(n, 256), 256, 0, cur_stream()>>>((T *)out, (const T *)pre, n);
+        launched("gelu_fwd_kernel");
     }
 }
 
 static void cu_gelu_fwd(DType dt, void *out, const void *inp, size_t n) {
     if (!n) return;
-    if (dt == DT_BF16) gelu_fwd_kernel<bf16s><<<ew_blocks(n, 256), 256>>>((bf16s *)out, (const bf16s *)inp, n);
-    else gelu_fwd_kernel<float><<<ew_blocks(n, 256), 256>>>((float *)out, (const float *)inp, n);
-    check_launch("gelu_fwd_kernel");
+    if (dt == DT_BF16) gelu_fwd_kernel<bf16s><<<ew_blocks(n, 256), 256, 0, cur_stream()>>>((bf16s *)out, (const bf16s *)inp, n);
+    else gelu_fwd_kernel<float><<<ew_blocks(n, 256), 256, 0, cur_stream()>>>((float *)out, (const float *)inp, n);
+    launched("gelu_fwd_kernel");
+}
+
+// A bf16 problem on the tensor-core GEMM (gemm.cu) with its split-K workspace from the scratch pool;
+// GEMM_KERNEL_NONE when it does not apply (device older than sm_80, shapes or alignment that gemm.h
+// refuses, or the tests asked for SIMT), and the caller runs the SIMT GEMM.
+static GemmKernel tc_gemm(const GemmProblem *p) {
+    CudaDev *d = dev();
+    if (d->gemm_kernel < 0 || gemm_problem_check(p)) return GEMM_KERNEL_NONE;
+    const GemmKernel want = (GemmKernel)d->gemm_kernel;
+    const size_t ws = gemm_workspace_bytes(p, want); // a function of the shape and the device alone
+    GemmOptions o;
+    memset(&o, 0, sizeof o);
+    o.kernel = want;
+    o.workspace = ws ? scratch(SCR_GEMM, ws) : NULL;
+    o.workspace_bytes = ws;
+    o.stream = (void *)cur_stream();
+    return gemm_bf16(p, &o);
+}
+
+static GemmProblem gemm_problem(int M, int N, int K, const void *A, long long lda, int a_kmajor, const void *B,
+                                long long ldb, int b_kmajor, void *C, long long ldc, GemmStore store) {
+    GemmProblem p;
+    memset(&p, 0, sizeof p);
+    p.M = M;
+    p.N = N;
+    p.K = K;
+    p.A = (const uint16_t *)A;
+    p.lda = lda;
+    p.a_kmajor = a_kmajor;
+    p.B = (const uint16_t *)B;
+    p.ldb = ldb;
+    p.b_kmajor = b_kmajor;
+    p.C = C;
+    p.ldc = ldc;
+    p.store = store;
+    return p;
 }
 
 static void cu_matmul_fwd(DType dt, void *out, void *pre, const void *inp, const void *weight, const void *bias, int N,
                           int C, int OC) {
+    if (dt == DT_BF16 && N > 0 && OC > 0) { // out = inp·weightᵀ (+ bias) (GELU, pre kept), in one kernel
+        GemmProblem p = gemm_problem(N, OC, C, inp, C, 1, weight, C, 1, out, OC, GEMM_STORE_BF16);
+        p.bias = (const uint16_t *)bias;
+        p.gelu = pre != NULL;
+        p.pre_gelu = (uint16_t *)pre;
+        if (tc_gemm(&p) != GEMM_KERNEL_NONE) return;
+    }
     if (dt == DT_BF16) matmul_fwd_t<bf16s>(out, pre, inp, weight, bias, N, C, OC);
     else matmul_fwd_t<float>(out, pre, inp, weight, bias, N, C, OC);
 }
@@ -436,16 +618,26 @@ static void cu_matmul_fwd(DType dt, void *out, void *pre, const void *inp, const
 template <typename T>
 static void matmul_bwd_t(void *dinp, float *dweight, float *dbias, const void *dout, const void *inp,
                          const void *weight, const void *gelu_pre, int N, int C, int OC) {
+    const bool bf = sizeof(T) == 2;
+    if (dinp && bf && N > 0 && C > 0) { // dinp = dout·weight (· gelu'(gelu_pre)), on tensor cores
+        GemmProblem p = gemm_problem(N, C, OC, dout, OC, 1, weight, C, 0, dinp, C, GEMM_STORE_BF16);
+        p.dgelu_in = (const uint16_t *)gelu_pre;
+        if (tc_gemm(&p) != GEMM_KERNEL_NONE) dinp = NULL; // done
+    }
+    if (bf && OC > 0 && C > 0) { // dweight += doutᵀ·inp, on tensor cores
+        GemmProblem p = gemm_problem(OC, C, N, dout, OC, 0, inp, C, 0, dweight, C, GEMM_ACCUM_F32);
+        if (tc_gemm(&p) != GEMM_KERNEL_NONE) dweight = NULL; // done
+    }
     if (dinp) { // dinp[N,C] = dout[N,OC] · weight[OC,C] (· gelu'(gelu_pre))
         GemmArgs g = gemm_args(N, C, OC, dout, OC, weight, C, dinp, C);
         gemm<T, T, T, true, false>(g, "matmul_bwd_dinp");
         size_t n = (size_t)N * C;
         if (gelu_pre && n) {
-            gelu_grad_mul_kernel<T><<<ew_blocks(n, 256), 256>>>((T *)dinp, (const T *)gelu_pre, n);
-            check_launch("gelu_grad_mul_kernel");
+            gelu_grad_mul_kernel<T><<<ew_blocks(n, 256), 256, 0, cur_stream()>>>((T *)dinp, (const T *)gelu_pre, n);
+            launched("gelu_grad_mul_kernel");
         }
     }
-    { // dweight[OC,C] += dout[N,OC]ᵀ · inp[N,C]
+    if (dweight) { // dweight[OC,C] += dout[N,OC]ᵀ · inp[N,C]
         GemmArgs g = gemm_args(OC, C, N, dout, OC, inp, C, dweight, C);
         g.accumulate = 1;
         gemm<T, T, float, false, false>(g, "matmul_bwd_dweight");
@@ -453,8 +645,8 @@ static void matmul_bwd_t(void *dinp, float *dweight, float *dbias, const void *d
     if (dbias && N > 0 && OC > 0) {
         int nch = (int)cdiv(N, COL_CHUNK);
         float *partial = (float *)scratch(SCR_COLSUM, sizeof(float) * (size_t)nch * OC);
-        dbias_partial_kernel<T><<<dim3(cdiv(OC, 32), nch), dim3(32, 8)>>>(partial, (const T *)dout, N, OC);
-        check_launch("dbias_partial_kernel");
+        dbias_partial_kernel<T><<<dim3(cdiv(OC, 32), nch), dim3(32, 8), 0, cur_stream()>>>(partial, (const T *)dout, N, OC);
+        launched("dbias_partial_kernel");
         colsum_finalize(dbias, partial, nch, OC);
     }
 }
@@ -489,12 +681,12 @@ static void cu_encoder_fwd(DType dt, void *out, const int32_t *tokens, const voi
     if (B <= 0 || T <= 0 || C <= 0) return;
     size_t n = (size_t)B * T * C;
     if (dt == DT_BF16)
-        encoder_fwd_kernel<bf16s><<<ew_blocks(n, 256), 256>>>((bf16s *)out, tokens, (const bf16s *)wte,
+        encoder_fwd_kernel<bf16s><<<ew_blocks(n, 256), 256, 0, cur_stream()>>>((bf16s *)out, tokens, (const bf16s *)wte,
                                                                (const bf16s *)wpe, B, T, C, vstart, vlen);
     else
-        encoder_fwd_kernel<float><<<ew_blocks(n, 256), 256>>>((float *)out, tokens, (const float *)wte,
+        encoder_fwd_kernel<float><<<ew_blocks(n, 256), 256, 0, cur_stream()>>>((float *)out, tokens, (const float *)wte,
                                                                (const float *)wpe, B, T, C, vstart, vlen);
-    check_launch("encoder_fwd_kernel");
+    launched("encoder_fwd_kernel");
 }
 
 // dwpe[t,c] += dout[b,t,c] for b in order: one thread per (t, c).
@@ -547,16 +739,16 @@ static void cu_encoder_bwd(DType dt, float *dwte, float *dwpe, const void *dout,
     size_t ntc = (size_t)T * C;
     if (dwpe) {
         if (dt == DT_BF16)
-            encoder_bwd_wpe_kernel<bf16s><<<ew_blocks(ntc, 256), 256>>>(dwpe, (const bf16s *)dout, B, T, C);
-        else encoder_bwd_wpe_kernel<float><<<ew_blocks(ntc, 256), 256>>>(dwpe, (const float *)dout, B, T, C);
-        check_launch("encoder_bwd_wpe_kernel");
+            encoder_bwd_wpe_kernel<bf16s><<<ew_blocks(ntc, 256), 256, 0, cur_stream()>>>(dwpe, (const bf16s *)dout, B, T, C);
+        else encoder_bwd_wpe_kernel<float><<<ew_blocks(ntc, 256), 256, 0, cur_stream()>>>(dwpe, (const float *)dout, B, T, C);
+        launched("encoder_bwd_wpe_kernel");
     }
     if (dwte && vlen > 0) {
         dim3 gw(cdiv(C, 32), ENC_BUCKETS / 8), bw(32, 8);
         if (dt == DT_BF16)
-            encoder_bwd_wte_kernel<bf16s><<<gw, bw>>>(dwte, (const bf16s *)dout, tokens, B * T, C, vstart, vlen);
-        else encoder_bwd_wte_kernel<float><<<gw, bw>>>(dwte, (const float *)dout, tokens, B * T, C, vstart, vlen);
-        check_launch("encoder_bwd_wte_kernel");
+            encoder_bwd_wte_kernel<bf16s><<<gw, bw, 0, cur_stream()>>>(dwte, (const bf16s *)dout, tokens, B * T, C, vstart, vlen);
+        else encoder_bwd_wte_kernel<float><<<gw, bw, 0, cur_stream()>>>(dwte, (const float *)dout, tokens, B * T, C, vstart, vlen);
+        launched("encoder_bwd_wte_kernel");
     }
 }
 
@@ -603,12 +795,12 @@ static void layernorm_fwd_any(DType dt, void *res, void *out, float *mean, float
     if (N <= 0) return;
     unsigned blocks = cdiv(N, 8);
     if (dt == DT_BF16)
-        layernorm_fwd_kernel<bf16s><<<blocks, 256>>>((bf16s *)out, mean, rstd, (const bf16s *)inp, (const bf16s *)weight,
+        layernorm_fwd_kernel<bf16s><<<blocks, 256, 0, cur_stream()>>>((bf16s *)out, mean, rstd, (const bf16s *)inp, (const bf16s *)weight,
                                                      (const bf16s *)bias, N, C, (bf16s *)res, (const bf16s *)add);
     else
-        layernorm_fwd_kernel<float><<<blocks, 256>>>((float *)out, mean, rstd, (const float *)inp, (const float *)weight,
+        layernorm_fwd_kernel<float><<<blocks, 256, 0, cur_stream()>>>((float *)out, mean, rstd, (const float *)inp, (const float *)weight,
                                                      (const float *)bias, N, C, (float *)res, (const float *)add);
-    check_launch("layernorm_fwd_kernel");
+    launched("layernorm_fwd_kernel");
 }
 
 static void cu_layernorm_fwd(DType dt, void *out, float *mean, float *rstd, const void *inp, const void *weight,
@@ -676,15 +868,15 @@ __global__ void layernorm_bwd_wb_partial_kernel(float *pw, float *pb, const T *d
 template <typename T>
 static void layernorm_bwd_t(void *dinp, float *dweight, float *dbias, const void *dout, const void *inp,
                             const void *weight, const float *mean, const float *rstd, int N, int C) {
-    layernorm_bwd_dinp_kernel<T><<<cdiv(N, 8), 256>>>((T *)dinp, (const T *)dout, (const T *)inp, (const T *)weight,
+    layernorm_bwd_dinp_kernel<T><<<cdiv(N, 8), 256, 0, cur_stream()>>>((T *)dinp, (const T *)dout, (const T *)inp, (const T *)weight,
                                                       mean, rstd, N, C);
-    check_launch("layernorm_bwd_dinp_kernel");
+    launched("layernorm_bwd_dinp_kernel");
     int nch = (int)cdiv(N, COL_CHUNK);
     float *pw = (float *)scratch(SCR_COLSUM, sizeof(float) * 2 * (size_t)nch * C);
     float *pb = pw + (size_t)nch * C;
-    layernorm_bwd_wb_partial_kernel<T><<<dim3(cdiv(C, 32), nch), dim3(32, 8)>>>(pw, pb, (const T *)dout,
+    layernorm_bwd_wb_partial_kernel<T><<<dim3(cdiv(C, 32), nch), dim3(32, 8), 0, cur_stream()>>>(pw, pb, (const T *)dout,
                                                                                 (const T *)inp, mean, rstd, N, C);
-    check_launch("layernorm_bwd_wb_partial_kernel");
+    launched("layernorm_bwd_wb_partial_kernel");
     colsum_finalize(dweight, pw, nch, C);
     colsum_finalize(dbias, pb, nch, C);
 }
@@ -701,8 +893,8 @@ static void cu_layernorm_bwd(DType dt, void *dinp, float *dweight, float *dbias,
 // (dk, dv); each lane owns the head channels lane, lane+32, ... (at most ATT_MAXC per lane), and the
 // scores are warp sums of the lanes' partial dot products in a fixed butterfly order. Keys (or queries)
 // are visited in ascending order, with an online softmax in the forward, so every result has one fixed
-// order of additions. Same semantics as the CPU's block ops (see kernels.h); a later GPU pass makes it
-// fast (tiles in shared memory, tensor cores).
+// order of additions. Same semantics as the CPU's block ops (see kernels.h). These serve fp32, head
+// sizes other than 64 and 128, and views the flash kernels (attention.cu) cannot load.
 
 #define ATT_MAXC 8 // channels per lane: head sizes up to 256
 
@@ -909,13 +1101,37 @@ static AttShape att_shape(int B, int NH, int hs, int Tq, int q0, int Tk, int k0)
     return d;
 }
 
+// The flash kernels' arguments (attention.cu) for these views
+static FaView fa_view(AttnView v) {
+    FaView f = { v.p, (long long)v.bstride, (long long)v.tstride, v.dt == DT_F32 };
+    return f;
+}
+static FaArgs fa_args(AttnView out, float *lse, AttnView q, AttnView k, AttnView v, int B, int NH, int hs, int Tq, int q0,
+                      int Tk, int k0) {
+    FaArgs a;
+    memset(&a, 0, sizeof a);
+    a.q = fa_view(q);
+    a.k = fa_view(k);
+    a.v = fa_view(v);
+    a.out = fa_view(out);
+    a.lse = lse;
+    FaShape d = { B, NH, hs, Tq, q0, Tk, k0 };
+    a.d = d;
+    return a;
+}
+
 static void attn_fwd(AttnView out, float *lse, AttnView q, AttnView k, AttnView v, int B, int NH, int hs, int Tq, int q0,
                      int Tk, int k0, int merge) {
     if (B <= 0 || NH <= 0 || hs <= 0 || Tq <= 0) return;
+    if (!dev()->attn_simple) { // tensor cores where attention.cu takes the problem
+        FaArgs a = fa_args(out, lse, q, k, v, B, NH, hs, Tq, q0, Tk > 0 ? Tk : 0, k0);
+        a.merge = merge;
+        if (fa_forward(&a, (void *)cur_stream()) == 0) return;
+    }
     AttShape d = att_shape(B, NH, hs, Tq, q0, Tk, k0);
     size_t rows = (size_t)B * NH * Tq;
-    attention_fwd_kernel<<<cdiv(rows, 8), 256>>>(att_view(out), lse, att_view(q), att_view(k), att_view(v), d, merge);
-    check_launch("attention_fwd_kernel");
+    attention_fwd_kernel<<<cdiv(rows, 8), 256, 0, cur_stream()>>>(att_view(out), lse, att_view(q), att_view(k), att_view(v), d, merge);
+    launched("attention_fwd_kernel");
 }
 
 static void attn_bwd(AttnView dq, AttnView dk, AttnView dv, int accumulate, AttnView dout, AttnView out, const float *lse,
@@ -924,17 +1140,29 @@ static void attn_bwd(AttnView dq, AttnView dk, AttnView dv, int accumulate, Attn
     AttShape d = att_shape(B, NH, hs, Tq, q0, Tk, k0);
     size_t qrows = (size_t)B * NH * (Tq > 0 ? Tq : 0), krows = (size_t)B * NH * (Tk > 0 ? Tk : 0);
     float *D = (float *)scratch(SCR_ATTN, sizeof(float) * (qrows ? qrows : 1));
+    if (qrows) { // D = rowsum(dout·out), used by both paths
+        attention_rowdot_kernel<<<cdiv(qrows, 8), 256, 0, cur_stream()>>>(D, att_view(dout), att_view(out), d);
+        launched("attention_rowdot_kernel");
+    }
+    if (!dev()->attn_simple) {
+        FaArgs a = fa_args(out, (float *)lse, q, k, v, B, NH, hs, Tq > 0 ? Tq : 0, q0, Tk > 0 ? Tk : 0, k0);
+        a.dout = fa_view(dout);
+        a.dq = fa_view(dq);
+        a.dk = fa_view(dk);
+        a.dv = fa_view(dv);
+        a.D = D;
+        a.accumulate = accumulate;
+        if (fa_backward(&a, (void *)cur_stream()) == 0) return;
+    }
     if (qrows) {
-        attention_rowdot_kernel<<<cdiv(qrows, 8), 256>>>(D, att_view(dout), att_view(out), d);
-        check_launch("attention_rowdot_kernel");
-        attention_dq_kernel<<<cdiv(qrows, 8), 256>>>(att_view(dq), accumulate, att_view(dout), D, lse, att_view(q),
+        attention_dq_kernel<<<cdiv(qrows, 8), 256, 0, cur_stream()>>>(att_view(dq), accumulate, att_view(dout), D, lse, att_view(q),
                                                      att_view(k), att_view(v), d);
-        check_launch("attention_dq_kernel");
+        launched("attention_dq_kernel");
     }
     if (krows) {
-        attention_dkv_kernel<<<cdiv(krows, 8), 256>>>(att_view(dk), att_view(dv), accumulate, att_view(dout), D, lse,
+        attention_dkv_kernel<<<cdiv(krows, 8), 256, 0, cur_stream()>>>(att_view(dk), att_view(dv), accumulate, att_view(dout), D, lse,
                                                       att_view(q), att_view(k), att_view(v), d);
-        check_launch("attention_dkv_kernel");
+        launched("attention_dkv_kernel");
     }
 }
 
@@ -987,17 +1215,17 @@ template <typename T> __global__ void residual_bwd_kernel(T *dst, const T *src, 
 static void cu_residual_fwd(DType dt, void *out, const void *a, const void *b, size_t n) {
     if (n == 0) return;
     if (dt == DT_BF16)
-        residual_fwd_kernel<bf16s><<<ew_blocks(n, 256), 256>>>((bf16s *)out, (const bf16s *)a, (const bf16s *)b, n);
+        residual_fwd_kernel<bf16s><<<ew_blocks(n, 256), 256, 0, cur_stream()>>>((bf16s *)out, (const bf16s *)a, (const bf16s *)b, n);
     else
-        residual_fwd_kernel<float><<<ew_blocks(n, 256), 256>>>((float *)out, (const float *)a, (const float *)b, n);
-    check_launch("residual_fwd_kernel");
+        residual_fwd_kernel<float><<<ew_blocks(n, 256), 256, 0, cur_stream()>>>((float *)out, (const float *)a, (const float *)b, n);
+    launched("residual_fwd_kernel");
 }
 
 static void cu_residual_bwd(DType dt, void *dst, const void *src, size_t n) {
     if (n == 0) return;
-    if (dt == DT_BF16) residual_bwd_kernel<bf16s><<<ew_blocks(n, 256), 256>>>((bf16s *)dst, (const bf16s *)src, n);
-    else residual_bwd_kernel<float><<<ew_blocks(n, 256), 256>>>((float *)dst, (const float *)src, n);
-    check_launch("residual_bwd_kernel");
+    if (dt == DT_BF16) residual_bwd_kernel<bf16s><<<ew_blocks(n, 256), 256, 0, cur_stream()>>>((bf16s *)dst, (const bf16s *)src, n);
+    else residual_bwd_kernel<float><<<ew_blocks(n, 256), 256, 0, cur_stream()>>>((float *)dst, (const float *)src, n);
+    launched("residual_bwd_kernel");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1082,12 +1310,12 @@ static void cu_crossentropy_stats(DType dt, float *rowmax, float *rowsum, float 
     if (N <= 0) return;
     if (vreal > Vloc) vreal = Vloc;
     if (dt == DT_BF16)
-        crossentropy_stats_kernel<bf16s><<<N, CE_THREADS>>>(rowmax, rowsum, target, (const bf16s *)logits, targets,
+        crossentropy_stats_kernel<bf16s><<<N, CE_THREADS, 0, cur_stream()>>>(rowmax, rowsum, target, (const bf16s *)logits, targets,
                                                             vstart, vreal, Vloc);
     else
-        crossentropy_stats_kernel<float><<<N, CE_THREADS>>>(rowmax, rowsum, target, (const float *)logits, targets,
+        crossentropy_stats_kernel<float><<<N, CE_THREADS, 0, cur_stream()>>>(rowmax, rowsum, target, (const float *)logits, targets,
                                                             vstart, vreal, Vloc);
-    check_launch("crossentropy_stats_kernel");
+    launched("crossentropy_stats_kernel");
 }
 
 static void cu_crossentropy_fused(DType dt, void *dlogits, float *rowmax, float *rowsum, float *target, const void *logits,
@@ -1095,24 +1323,24 @@ static void cu_crossentropy_fused(DType dt, void *dlogits, float *rowmax, float 
     if (N <= 0 || Vloc <= 0) return;
     if (vreal > Vloc) vreal = Vloc;
     if (dt == DT_BF16)
-        crossentropy_fused_kernel<bf16s><<<N, CE_THREADS>>>((bf16s *)dlogits, rowmax, rowsum, target,
+        crossentropy_fused_kernel<bf16s><<<N, CE_THREADS, 0, cur_stream()>>>((bf16s *)dlogits, rowmax, rowsum, target,
                                                             (const bf16s *)logits, targets, dloss, vreal, Vloc);
     else
-        crossentropy_fused_kernel<float><<<N, CE_THREADS>>>((float *)dlogits, rowmax, rowsum, target,
+        crossentropy_fused_kernel<float><<<N, CE_THREADS, 0, cur_stream()>>>((float *)dlogits, rowmax, rowsum, target,
                                                             (const float *)logits, targets, dloss, vreal, Vloc);
-    check_launch("crossentropy_fused_kernel");
+    launched("crossentropy_fused_kernel");
 }
 
 static void cu_crossentropy_bwd(DType dt, void *dlogits, const void *logits, const int32_t *targets, const float *gmax,
                                 const float *gsum, float dloss, int N, int vstart, int vreal, int Vloc) {
     if (N <= 0 || Vloc <= 0) return;
     if (dt == DT_BF16)
-        crossentropy_bwd_kernel<bf16s><<<N, CE_THREADS>>>((bf16s *)dlogits, (const bf16s *)logits, targets, gmax, gsum,
+        crossentropy_bwd_kernel<bf16s><<<N, CE_THREADS, 0, cur_stream()>>>((bf16s *)dlogits, (const bf16s *)logits, targets, gmax, gsum,
                                                           dloss, vstart, vreal, Vloc);
     else
-        crossentropy_bwd_kernel<float><<<N, CE_THREADS>>>((float *)dlogits, (const float *)logits, targets, gmax, gsum,
+        crossentropy_bwd_kernel<float><<<N, CE_THREADS, 0, cur_stream()>>>((float *)dlogits, (const float *)logits, targets, gmax, gsum,
                                                           dloss, vstart, vreal, Vloc);
-    check_launch("crossentropy_bwd_kernel");
+    launched("crossentropy_bwd_kernel");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1159,19 +1387,20 @@ static void cu_adamw(DType dt, const AdamWSegment *segs, int nsegs, float lr, fl
     size_t it = 0;
     for (int s = 0; s < nsegs; s++)
         for (size_t i = 0; i < segs[s].n; i += ADAMW_CHUNK) items[it++] = AdamWItem{ s, i };
-    char *dev = (char *)scratch(SCR_ADAMW, bytes);
-    CK(cudaMemcpy, (dev, host, bytes, cudaMemcpyHostToDevice));
+    char *dev_items = (char *)scratch(SCR_ADAMW, bytes);
+    upload(dev_items, host, bytes); // queued before the kernel on the same stream; no wait
     free(host);
-    const AdamWSegment *dsegs = (const AdamWSegment *)dev;
-    const AdamWItem *ditems = (const AdamWItem *)(dev + seg_bytes);
+    const AdamWSegment *dsegs = (const AdamWSegment *)dev_items;
+    const AdamWItem *ditems = (const AdamWItem *)(dev_items + seg_bytes);
     if (dt == DT_BF16)
-        adamw_kernel<bf16s><<<(unsigned)nitems, 256>>>(dsegs, ditems, lr, beta1, beta2, eps, bc1, bc2, grad_scale);
-    else adamw_kernel<float><<<(unsigned)nitems, 256>>>(dsegs, ditems, lr, beta1, beta2, eps, bc1, bc2, grad_scale);
-    check_launch("adamw_kernel");
+        adamw_kernel<bf16s><<<(unsigned)nitems, 256, 0, cur_stream()>>>(dsegs, ditems, lr, beta1, beta2, eps, bc1, bc2, grad_scale);
+    else adamw_kernel<float><<<(unsigned)nitems, 256, 0, cur_stream()>>>(dsegs, ditems, lr, beta1, beta2, eps, bc1, bc2, grad_scale);
+    launched("adamw_kernel");
 }
 
 // Σ x² in double: one block per fixed chunk of SUMSQ_CHUNK elements (each thread strides the chunk, then a
-// fixed shared-memory tree); the chunk partials are summed in order on the host. Same chunking as the CPU.
+// fixed shared-memory tree), then one thread adds the chunk partials in chunk order and adds the total to
+// *acc. Same chunking as the CPU; sumsq is sumsq_acc into a zeroed double, read back.
 #define SUMSQ_CHUNK 65536
 #define SUMSQ_THREADS 256
 
@@ -1193,18 +1422,31 @@ __global__ void sumsq_kernel(double *partial, const float *x, size_t n) {
     if (threadIdx.x == 0) partial[blockIdx.x] = sh[0];
 }
 
+__global__ void sumsq_finish_kernel(double *acc, const double *partial, size_t nchunks) {
+    double total = 0.0;
+    for (size_t c = 0; c < nchunks; c++) total += partial[c];
+    *acc += total;
+}
+
+static void cu_sumsq_acc(double *acc, const float *x, size_t n) {
+    size_t nchunks = (n + SUMSQ_CHUNK - 1) / SUMSQ_CHUNK;
+    if (nchunks == 0) return;
+    if (nchunks > 0x7fffffffu) die("CUDA sumsq: tensor too large (%zu elements)", n);
+    double *partial = (double *)scratch(SCR_SUMSQ, sizeof(double) * (nchunks + 1));
+    sumsq_kernel<<<(unsigned)nchunks, SUMSQ_THREADS, 0, cur_stream()>>>(partial, x, n);
+    launched("sumsq_kernel");
+    sumsq_finish_kernel<<<1, 1, 0, cur_stream()>>>(acc, partial, nchunks);
+    launched("sumsq_finish_kernel");
+}
+
 static double cu_sumsq(const float *x, size_t n) {
     size_t nchunks = (n + SUMSQ_CHUNK - 1) / SUMSQ_CHUNK;
     if (nchunks == 0) return 0.0;
-    if (nchunks > 0x7fffffffu) die("CUDA sumsq: tensor too large (%zu elements)", n);
-    double *partial = (double *)scratch(SCR_SUMSQ, sizeof(double) * nchunks);
-    sumsq_kernel<<<(unsigned)nchunks, SUMSQ_THREADS>>>(partial, x, n);
-    check_launch("sumsq_kernel");
-    double *host = (double *)xmalloc(sizeof(double) * nchunks);
-    CK(cudaMemcpy, (host, partial, sizeof(double) * nchunks, cudaMemcpyDeviceToHost));
-    double total = 0.0;
-    for (size_t c = 0; c < nchunks; c++) total += host[c];
-    free(host);
+    // the total goes to the slot after the partials, then back to the host
+    double *acc = (double *)scratch(SCR_SUMSQ, sizeof(double) * (nchunks + 1)) + nchunks, total = 0.0;
+    CK(cudaMemsetAsync, (acc, 0, sizeof(double), cur_stream()));
+    cu_sumsq_acc(acc, x, n);
+    cu_to_host(&total, acc, sizeof total);
     return total;
 }
 
@@ -1215,11 +1457,11 @@ template <typename TD, typename TS> __global__ void cast_kernel(TD *dst, const T
 static void cu_cast(void *dst, DType dst_dt, const void *src, DType src_dt, size_t n) {
     if (n == 0) return;
     unsigned blocks = ew_blocks(n, 256);
-    if (dst_dt == DT_BF16 && src_dt == DT_BF16) cast_kernel<bf16s, bf16s><<<blocks, 256>>>((bf16s *)dst, (const bf16s *)src, n);
-    else if (dst_dt == DT_BF16) cast_kernel<bf16s, float><<<blocks, 256>>>((bf16s *)dst, (const float *)src, n);
-    else if (src_dt == DT_BF16) cast_kernel<float, bf16s><<<blocks, 256>>>((float *)dst, (const bf16s *)src, n);
-    else cast_kernel<float, float><<<blocks, 256>>>((float *)dst, (const float *)src, n);
-    check_launch("cast_kernel");
+    if (dst_dt == DT_BF16 && src_dt == DT_BF16) cast_kernel<bf16s, bf16s><<<blocks, 256, 0, cur_stream()>>>((bf16s *)dst, (const bf16s *)src, n);
+    else if (dst_dt == DT_BF16) cast_kernel<bf16s, float><<<blocks, 256, 0, cur_stream()>>>((bf16s *)dst, (const float *)src, n);
+    else if (src_dt == DT_BF16) cast_kernel<float, bf16s><<<blocks, 256, 0, cur_stream()>>>((float *)dst, (const bf16s *)src, n);
+    else cast_kernel<float, float><<<blocks, 256, 0, cur_stream()>>>((float *)dst, (const float *)src, n);
+    launched("cast_kernel");
 }
 
 template <typename TD, typename TS>
@@ -1235,13 +1477,13 @@ static void cu_cast_rows(void *dst, DType dst_dt, size_t dst_stride, const void 
     if (rows == 0 || n == 0) return;
     unsigned blocks = ew_blocks(rows * n, 256);
     if (dst_dt == DT_BF16 && src_dt == DT_BF16)
-        cast_rows_kernel<bf16s, bf16s><<<blocks, 256>>>((bf16s *)dst, dst_stride, (const bf16s *)src, src_stride, rows, n);
+        cast_rows_kernel<bf16s, bf16s><<<blocks, 256, 0, cur_stream()>>>((bf16s *)dst, dst_stride, (const bf16s *)src, src_stride, rows, n);
     else if (dst_dt == DT_BF16)
-        cast_rows_kernel<bf16s, float><<<blocks, 256>>>((bf16s *)dst, dst_stride, (const float *)src, src_stride, rows, n);
+        cast_rows_kernel<bf16s, float><<<blocks, 256, 0, cur_stream()>>>((bf16s *)dst, dst_stride, (const float *)src, src_stride, rows, n);
     else if (src_dt == DT_BF16)
-        cast_rows_kernel<float, bf16s><<<blocks, 256>>>((float *)dst, dst_stride, (const bf16s *)src, src_stride, rows, n);
-    else cast_rows_kernel<float, float><<<blocks, 256>>>((float *)dst, dst_stride, (const float *)src, src_stride, rows, n);
-    check_launch("cast_rows_kernel");
+        cast_rows_kernel<float, bf16s><<<blocks, 256, 0, cur_stream()>>>((float *)dst, dst_stride, (const bf16s *)src, src_stride, rows, n);
+    else cast_rows_kernel<float, float><<<blocks, 256, 0, cur_stream()>>>((float *)dst, dst_stride, (const float *)src, src_stride, rows, n);
+    launched("cast_rows_kernel");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1249,6 +1491,8 @@ static void cu_cast_rows(void *dst, DType dst_dt, size_t dst_stride, const void 
 
 static Backend CUDA_BACKEND;
 
+// cudaGetDeviceCount initialises the driver but creates no context on any device: a rank can count the
+// devices before it chooses its own.
 extern "C" int cuda_device_count(void) {
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
@@ -1259,11 +1503,28 @@ extern "C" int cuda_device_count(void) {
     return n;
 }
 
-extern "C" void cuda_use_device(int ordinal) { CK(cudaSetDevice, (ordinal)); }
+extern "C" void cuda_use_device(int ordinal) {
+    if (g_cu.ready) {
+        if (g_cu.ordinal != ordinal)
+            die("CUDA device %d chosen after this process started using device %d", ordinal, g_cu.ordinal);
+        return;
+    }
+    dev_init(ordinal);
+}
 
-// Forces the GEMM tile size (64 or 128; 0 restores the automatic choice). Results do not depend on it;
-// the tests use it to check exactly that.
-extern "C" void cuda_set_gemm_tile(int tile) { g_gemm_tile = tile; }
+// Test hooks (test/test_cuda.c; not in kernels.h): force the SIMT GEMM's tile size (64 or 128; 0
+// automatic), the GEMM (-1 SIMT only, 0 the best tensor-core kernel, GEMM_KERNEL_MMA or _WGMMA), the
+// simple attention kernels (1), and read how often scratch grew. Results do not depend on the SIMT
+// tile; the tests check exactly that.
+extern "C" void cuda_set_gemm_tile(int tile) { dev()->gemm_tile = tile; }
+extern "C" void cuda_set_gemm_kernel(int kernel) { dev()->gemm_kernel = kernel; }
+extern "C" void cuda_set_attention_simple(int simple) { dev()->attn_simple = simple; }
+extern "C" long long cuda_scratch_grows(void) { return dev()->grows; }
+// The GEMM kernel a bf16 matmul runs now (0 none: the SIMT GEMM), for the tests' names.
+extern "C" int cuda_gemm_kernel(void) {
+    CudaDev *d = dev();
+    return d->gemm_kernel < 0 ? 0 : (int)gemm_available((GemmKernel)d->gemm_kernel);
+}
 
 static void fill_table(Backend *b) {
     b->name = "cuda";
@@ -1296,25 +1557,22 @@ static void fill_table(Backend *b) {
     b->crossentropy_fused = cu_crossentropy_fused;
     b->adamw = cu_adamw;
     b->sumsq = cu_sumsq;
+    b->sumsq_acc = cu_sumsq_acc;
     b->cast = cu_cast;
     b->cast_rows = cu_cast_rows;
+    b->set_stream = cu_set_stream;
+    b->event_create = cu_event_create;
+    b->event_destroy = cu_event_destroy;
+    b->event_record = cu_event_record;
+    b->stream_wait = cu_stream_wait;
+    b->event_sync = cu_event_sync;
+    b->event_done = cu_event_done;
 }
 
+// The table only: no CUDA call, so no context appears on any device before the rank has chosen its own
+// (cuda_use_device), and a binary without a device still gets the table (the caller checks
+// cuda_device_count and reports; any op would fail with a CUDA error).
 extern "C" const Backend *backend_cuda(void) {
-    static int ready = 0;
-    if (ready) return &CUDA_BACKEND;
-    // Without a device the table is still returned (this binary has CUDA; the caller checks
-    // cuda_device_count() and reports), but nothing is initialised: every op would fail with a CUDA error.
-    if (cuda_device_count() <= 0) {
-        fill_table(&CUDA_BACKEND);
-        return &CUDA_BACKEND;
-    }
-    int dev = 0;
-    CK(cudaGetDevice, (&dev));
-    CK(cudaFree, (0)); // create the context now, so that failures are reported here
-    CK(cudaDeviceGetAttribute, (&g_num_sms, cudaDevAttrMultiProcessorCount, dev));
-    if (g_num_sms <= 0) g_num_sms = 1;
-    fill_table(&CUDA_BACKEND);
-    ready = 1;
+    if (!CUDA_BACKEND.name) fill_table(&CUDA_BACKEND);
     return &CUDA_BACKEND;
 }
