@@ -85,6 +85,10 @@ build/asan/test_unit.o: test/test_unit.c | build
 build/test_gemm: test/test_gemm.c gemm.h | build
 	$(CC) $(filter-out -O3 -DLLM4D_CUDA -fopenmp,$(CFLAGS)) -I. $(SAN) $< -o $@
 
+# the flash-attention kernels' index arithmetic and fragment layouts (attention.h), emulated, no GPU needed
+build/test_attention: test/test_attention.c attention.h gemm.h | build
+	$(CC) $(filter-out -O3 -DLLM4D_CUDA -fopenmp,$(CFLAGS)) -I. $(SAN) $< -o $@ -lm
+
 build/test_comm: build/asan/test_comm.o $(LIB_OBJ:build/%=build/asan/%)
 	$(CC) $(SAN) $^ -o $@ -lm -fopenmp -lpthread -lz -ljansson
 
@@ -143,7 +147,7 @@ test: deps
 	@$(MAKE) --no-print-directory test-bins
 	bash test/run.sh
 
-test-bins: train build/train-asan build/test_unit build/test_comm build/test_gemm build/attention_check $(VERBS_BIN)
+test-bins: train build/train-asan build/test_unit build/test_comm build/test_gemm build/test_attention build/attention_check $(VERBS_BIN)
 
 test-gpu:
 	bash scripts/gpu_check.sh

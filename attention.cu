@@ -235,7 +235,9 @@ __global__ void __launch_bounds__(FA_THREADS) fa_fwd_kernel(const __grid_constan
     cp_async_wait<0>();
 
     // out = O / l and lse = (m + log2 l)·ln 2 (natural log of Σ exp of the scaled scores), or both
-    // merged into what earlier key blocks left by the log-sum-exp rule (kernels.h)
+    // merged into what earlier key blocks left by the log-sum-exp rule (kernels.h). Every lane of a
+    // quad reads the row's old lse before one of them writes the new one (after the __syncwarp).
+    float lnew[MT][2];
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -244,22 +246,23 @@ __global__ void __launch_bounds__(FA_THREADS) fa_fwd_kernel(const __grid_constan
             lt += __shfl_xor_sync(0xffffffffu, lt, 1); // a butterfly: every lane of the quad gets the same sum
             lt += __shfl_xor_sync(0xffffffffu, lt, 2);
             const int t = wrow + mt * 16 + fa_acc_row(lane, 2 * r);
-            if (t >= d.Tq) continue;
             float lb = lt > 0.0f ? (m[mt][r] + log2f(lt)) * FA_LN2 : -INFINITY, inv = lt > 0.0f ? 1.0f / lt : 0.0f;
+            lnew[mt][r] = NAN; // NaN: nothing to write
+            if (t >= d.Tq) continue;
             float wa = 0.0f, wb = 1.0f;
             int mix = 0;
-            const long long li = (long long)bh * d.Tq + t;
             if (a.merge) {
-                const float la = a.lse[li];
+                const float la = a.lse[(long long)bh * d.Tq + t];
                 if (lb == -INFINITY) continue; // this block adds nothing to the row
                 if (la != -INFINITY) {
-                    const float mx = fmaxf(la, lb), lnew = mx + logf(expf(la - mx) + expf(lb - mx));
-                    wa = expf(la - lnew);
-                    wb = expf(lb - lnew);
-                    lb = lnew;
+                    const float mx = fmaxf(la, lb), ln = mx + logf(expf(la - mx) + expf(lb - mx));
+                    wa = expf(la - ln);
+                    wb = expf(lb - ln);
+                    lb = ln;
                     mix = 1;
                 }
             }
+            lnew[mt][r] = lb;
             const long long oo = fa_off(a.out, b, t, h, HS) + fa_acc_col(lane, 0);
 #pragma unroll
             for (int j = 0; j < DT; j++) {
@@ -271,8 +274,14 @@ __global__ void __launch_bounds__(FA_THREADS) fa_fwd_kernel(const __grid_constan
                 }
                 fa_st2(a.out, oo + 8 * j, x, y, 0);
             }
-            if ((lane & 3) == 0) a.lse[li] = lb;
         }
+    __syncwarp();
+    if ((lane & 3) == 0)
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int r = 0; r < 2; r++)
+                if (!isnan(lnew[mt][r])) a.lse[(long long)bh * d.Tq + wrow + mt * 16 + fa_acc_row(lane, 2 * r)] = lnew[mt][r];
 #endif
 }
 

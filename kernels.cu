@@ -64,6 +64,7 @@ typedef struct CudaDev {
     int gemm_tile;   // SIMT GEMM tile: 0 automatic, 64 or 128 forced (tests)
     int gemm_kernel; // -1: SIMT only; 0: the best tensor-core GEMM; GEMM_KERNEL_MMA or _WGMMA forced (tests)
     int attn_simple; // 1: the simple attention kernels even where the flash kernels apply (tests)
+    long long tc_calls; // ops that ran on the tensor-core GEMM or the flash kernels (tests)
 } CudaDev;
 
 static CudaDev g_cu;
@@ -580,7 +581,9 @@ static GemmKernel tc_gemm(const GemmProblem *p) {
     o.workspace = ws ? scratch(SCR_GEMM, ws) : NULL;
     o.workspace_bytes = ws;
     o.stream = (void *)cur_stream();
-    return gemm_bf16(p, &o);
+    const GemmKernel k = gemm_bf16(p, &o);
+    if (k != GEMM_KERNEL_NONE) d->tc_calls++;
+    return k;
 }
 
 static GemmProblem gemm_problem(int M, int N, int K, const void *A, long long lda, int a_kmajor, const void *B,
@@ -1126,7 +1129,10 @@ static void attn_fwd(AttnView out, float *lse, AttnView q, AttnView k, AttnView 
     if (!dev()->attn_simple) { // tensor cores where attention.cu takes the problem
         FaArgs a = fa_args(out, lse, q, k, v, B, NH, hs, Tq, q0, Tk > 0 ? Tk : 0, k0);
         a.merge = merge;
-        if (fa_forward(&a, (void *)cur_stream()) == 0) return;
+        if (fa_forward(&a, (void *)cur_stream()) == 0) {
+            dev()->tc_calls++;
+            return;
+        }
     }
     AttShape d = att_shape(B, NH, hs, Tq, q0, Tk, k0);
     size_t rows = (size_t)B * NH * Tq;
@@ -1152,7 +1158,10 @@ static void attn_bwd(AttnView dq, AttnView dk, AttnView dv, int accumulate, Attn
         a.dv = fa_view(dv);
         a.D = D;
         a.accumulate = accumulate;
-        if (fa_backward(&a, (void *)cur_stream()) == 0) return;
+        if (fa_backward(&a, (void *)cur_stream()) == 0) {
+            dev()->tc_calls++;
+            return;
+        }
     }
     if (qrows) {
         attention_dq_kernel<<<cdiv(qrows, 8), 256, 0, cur_stream()>>>(att_view(dq), accumulate, att_view(dout), D, lse, att_view(q),
@@ -1514,12 +1523,13 @@ extern "C" void cuda_use_device(int ordinal) {
 
 // Test hooks (test/test_cuda.c; not in kernels.h): force the SIMT GEMM's tile size (64 or 128; 0
 // automatic), the GEMM (-1 SIMT only, 0 the best tensor-core kernel, GEMM_KERNEL_MMA or _WGMMA), the
-// simple attention kernels (1), and read how often scratch grew. Results do not depend on the SIMT
+// simple attention kernels (1), and read how often scratch grew and how many ops ran on tensor cores. Results do not depend on the SIMT
 // tile; the tests check exactly that.
 extern "C" void cuda_set_gemm_tile(int tile) { dev()->gemm_tile = tile; }
 extern "C" void cuda_set_gemm_kernel(int kernel) { dev()->gemm_kernel = kernel; }
 extern "C" void cuda_set_attention_simple(int simple) { dev()->attn_simple = simple; }
 extern "C" long long cuda_scratch_grows(void) { return dev()->grows; }
+extern "C" long long cuda_tc_calls(void) { return dev()->tc_calls; }
 // The GEMM kernel a bf16 matmul runs now (0 none: the SIMT GEMM), for the tests' names.
 extern "C" int cuda_gemm_kernel(void) {
     CudaDev *d = dev();

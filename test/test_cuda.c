@@ -1,9 +1,15 @@
 // test_cuda.c: every op of the CUDA backend against the CPU reference backend, in fp32 and bf16, on
-// shapes that are not multiples of any tile size; plus determinism: each CUDA op rerun on the same inputs
-// (and, for the ops built on the GEMM, with each forced GEMM tile size) gives bitwise identical results.
+// fresh random inputs and shapes that are not multiples of any tile size, under every code path the
+// backend has for the op: the SIMT GEMM with each tile size and the tensor-core GEMMs (mma.sync, and
+// wgmma where the device has it) for matmuls, the simple and the flash kernels for attention. Outputs
+// that an op overwrites start as NaN on both sides (an element left unwritten fails), and NaN never
+// passes a tolerance check. Each path is also rerun on the same inputs: the results must be bitwise
+// identical. Then the backend's own machinery: streams and events ordering work across the compute and
+// communication streams, sumsq_acc, memory ops, and a repeated step allocating no scratch.
 //
 // Prints "ok <name>" or "FAIL <name> <details>" per check and "N passed, N failed" at the end; exits
 // non-zero on any failure. Without a CUDA device it prints "no CUDA device: skipped" and exits 0.
+// `test_cuda --fault` runs one kernel on a bad pointer (for LLM4D_CUDA_SYNC=1: the error names it).
 #include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -12,10 +18,16 @@
 #include <string.h>
 
 #include "common.h"
+#include "gemm.h"
 #include "kernels.h"
 
-// exported by kernels.cu (C linkage), not part of kernels.h: forces the GEMM tile size (0 = automatic)
+// test hooks exported by kernels.cu (C linkage), not part of kernels.h
 void cuda_set_gemm_tile(int tile);
+void cuda_set_gemm_kernel(int kernel);
+void cuda_set_attention_simple(int simple);
+long long cuda_scratch_grows(void);
+long long cuda_tc_calls(void);
+int cuda_gemm_kernel(void);
 
 static const Backend *CPU, *GPU;
 static int npass, nfail;
@@ -61,6 +73,9 @@ typedef struct {
 typedef struct Case Case;
 typedef void (*RunFn)(const Backend *be, Case *c, int side);
 
+// the code paths an op has on the GPU
+enum { KIND_PLAIN = 0, KIND_GEMM, KIND_ATTN };
+
 struct Case {
     char name[200];
     DType dt;
@@ -73,7 +88,8 @@ struct Case {
     int out[MAXT];
     double tol[MAXT];
     int nout;
-    int tiles; // the op uses the GEMM: also rerun with each forced tile size
+    int kind;       // KIND_*: which paths to run
+    int tc;         // the tensor-core path must take this case (bf16, shapes it accepts)
 };
 
 #define P(i) (c->t[(i)].p[side])
@@ -122,6 +138,13 @@ static void add_out(Case *c, int k, double tol) {
     c->nout++;
 }
 
+// an output the op overwrites entirely: it starts as NaN, so an element left unwritten fails
+static void add_out_poisoned(Case *c, int k, double tol) {
+    Ten *t = &c->t[k];
+    for (size_t i = 0; i < t->n; i++) set_val(t, i, NAN);
+    add_out(c, k, tol);
+}
+
 static float elem(const Ten *t, const void *host, size_t i) {
     return t->dt == DT_BF16 ? bf16_to_f32(((const uint16_t *)host)[i]) : ((const float *)host)[i];
 }
@@ -139,10 +162,10 @@ static unsigned char *download(const Ten *t, int side) {
 }
 
 // compares tensor k of the case between the CPU and the GPU side
-static void compare(Case *c, int k, double tol) {
+static void compare(Case *c, const char *path, int k, double tol) {
     const Ten *t = &c->t[k];
-    char name[260], details[300] = "";
-    snprintf(name, sizeof name, "%s:t%d", c->name, k);
+    char name[300], details[400] = "";
+    snprintf(name, sizeof name, "%s%s:t%d", c->name, path, k);
     unsigned char *a = download(t, 1), *b = download(t, 0);
     int ok = 1;
     if (tol < 0 || t->is_int) {
@@ -156,35 +179,55 @@ static void compare(Case *c, int k, double tol) {
             }
     } else {
         double maxref = 0.0, maxdiff = 0.0;
-        size_t worst = 0;
-        int nan_mismatch = 0;
+        size_t worst = 0, nans = 0, infs = 0;
         for (size_t i = 0; i < t->n; i++) {
             double x = elem(t, a, i), y = elem(t, b, i);
-            if (isnan(x) || isnan(y)) {
-                if (!(isnan(x) && isnan(y))) {
-                    nan_mismatch = 1;
-                    worst = i;
-                }
+            if (isnan(x) || isnan(y)) { // never passes, whatever the other side holds
+                if (!nans++) worst = i;
+                continue;
+            }
+            if (x == y) { // infinities included (lse of rows that see no key)
+                if (isfinite(y) && fabs(y) > maxref) maxref = fabs(y);
+                continue;
+            }
+            if (isinf(x) || isinf(y)) {
+                if (!infs++ && !nans) worst = i;
                 continue;
             }
             if (fabs(y) > maxref) maxref = fabs(y);
             double d = fabs(x - y);
-            if (!(d <= maxdiff)) {
+            if (d > maxdiff) {
                 maxdiff = d;
-                worst = i;
+                if (!nans && !infs) worst = i;
             }
         }
         double rel = maxref > 0 ? maxdiff / maxref : maxdiff;
-        if (nan_mismatch || !(rel <= tol)) {
+        if (nans || infs || !(rel <= tol)) {
             ok = 0;
-            snprintf(details, sizeof details, "%s max|a-b|/max|b| = %.3g > %.1g (at %zu: gpu %.9g cpu %.9g)",
-                     nan_mismatch ? "NaN mismatch;" : "", rel, tol, worst, (double)elem(t, a, worst),
-                     (double)elem(t, b, worst));
+            snprintf(details, sizeof details, "%zu NaN, %zu unequal infinities, max|a-b|/max|b| = %.3g (tol %.1g) (at %zu: gpu %.9g cpu %.9g)",
+                     nans, infs, rel, tol, worst, (double)elem(t, a, worst), (double)elem(t, b, worst));
         }
     }
     report(ok, name, details);
     free(a);
     free(b);
+}
+
+// The GPU paths of each kind of op: name, GEMM (-1 SIMT, 0 best tensor-core, 1 mma.sync, 2 wgmma),
+// SIMT tile, simple attention; `tc`: the path is a tensor-core one.
+typedef struct {
+    const char *name;
+    int gemm, tile, attn_simple, tc;
+} Path;
+static const Path PLAIN_PATHS[] = { { "", 0, 0, 0, 0 } };
+static const Path GEMM_PATHS[] = { { "@simt64", -1, 64, 0, 0 }, { "@simt128", -1, 128, 0, 0 },
+                                   { "@mma", GEMM_KERNEL_MMA, 0, 0, 1 }, { "@wgmma", GEMM_KERNEL_WGMMA, 0, 0, 1 } };
+static const Path ATTN_PATHS[] = { { "@simple", 0, 0, 1, 0 }, { "@flash", 0, 0, 0, 1 } };
+
+static void set_path(const Path *p) {
+    cuda_set_gemm_kernel(p->gemm);
+    cuda_set_gemm_tile(p->tile);
+    cuda_set_attention_simple(p->attn_simple);
 }
 
 static void run_case(Case *c, RunFn fn) {
@@ -195,37 +238,50 @@ static void run_case(Case *c, RunFn fn) {
         if (!c->t[i].p[0] || !c->t[i].p[1]) die("out of memory for test %s", c->name);
     }
     upload(c, 0);
-    upload(c, 1);
     fn(CPU, c, 0);
-    fn(GPU, c, 1);
-    GPU->sync();
-    for (int o = 0; o < c->nout; o++) compare(c, c->out[o], c->tol[o]);
 
-    // determinism: rerun from the same initial state, under every tile configuration when relevant
-    unsigned char *ref[MAXT];
-    for (int o = 0; o < c->nout; o++) ref[o] = download(&c->t[c->out[o]], 1);
-    int variants[3] = { 0, 64, 128 }, nvar = c->tiles ? 3 : 1;
-    int ok = 1;
-    char details[300] = "";
-    for (int v = 0; v < nvar && ok; v++) {
-        cuda_set_gemm_tile(variants[v]);
+    const Path *paths = PLAIN_PATHS;
+    int npaths = 1;
+    if (c->kind == KIND_GEMM) paths = GEMM_PATHS, npaths = c->dt == DT_BF16 ? 4 : 2;
+    if (c->kind == KIND_ATTN) paths = ATTN_PATHS, npaths = c->dt == DT_BF16 ? 2 : 1;
+    for (int pi = 0; pi < npaths; pi++) {
+        const Path *path = &paths[pi];
+        set_path(path);
+        if (c->kind == KIND_GEMM && path->tc && cuda_gemm_kernel() != path->gemm) {
+            printf("skipped %s%s: this device has no such kernel\n", c->name, path->name);
+            continue;
+        }
+        long long tc0 = cuda_tc_calls();
         upload(c, 1);
         fn(GPU, c, 1);
         GPU->sync();
+        for (int o = 0; o < c->nout; o++) compare(c, path->name, c->out[o], c->tol[o]);
+        char name[300], details[300] = "";
+        if (path->tc && c->tc) { // the fast path must really have run
+            snprintf(name, sizeof name, "tensor cores:%s%s", c->name, path->name);
+            report(cuda_tc_calls() > tc0, name, "the op fell back to the SIMT code");
+        }
+
+        // determinism: rerun from the same initial state on the same path
+        unsigned char *ref[MAXT];
+        for (int o = 0; o < c->nout; o++) ref[o] = download(&c->t[c->out[o]], 1);
+        upload(c, 1);
+        fn(GPU, c, 1);
+        GPU->sync();
+        int ok = 1;
         for (int o = 0; o < c->nout && ok; o++) {
             unsigned char *h = download(&c->t[c->out[o]], 1);
             if (memcmp(h, ref[o], c->t[c->out[o]].bytes) != 0) {
                 ok = 0;
-                snprintf(details, sizeof details, "t%d differs between runs (gemm tile %d)", c->out[o], variants[v]);
+                snprintf(details, sizeof details, "t%d differs between runs", c->out[o]);
             }
             free(h);
         }
+        snprintf(name, sizeof name, "determinism:%s%s", c->name, path->name);
+        report(ok, name, details);
+        for (int o = 0; o < c->nout; o++) free(ref[o]);
     }
-    cuda_set_gemm_tile(0);
-    char name[260];
-    snprintf(name, sizeof name, "determinism:%s", c->name);
-    report(ok, name, details);
-    for (int o = 0; o < c->nout; o++) free(ref[o]);
+    set_path(&PLAIN_PATHS[0]);
     for (int i = 0; i < c->nt; i++) {
         CPU->free(c->t[i].p[0]);
         GPU->free(c->t[i].p[1]);
@@ -253,7 +309,7 @@ static void test_encoder_fwd(DType dt, int B, int T, int C, int V, int vstart, i
     add_tokens(&c, (size_t)B * T, V);
     add_rand(&c, dt, (size_t)vlen * C, -1, 1);
     add_rand(&c, dt, (size_t)T * C, -1, 1);
-    add_out(&c, 0, EXACT);
+    add_out_poisoned(&c, 0, EXACT);
     run_case(&c, run_encoder_fwd);
 }
 
@@ -288,9 +344,9 @@ static void test_layernorm_fwd(DType dt, int N, int C) {
     add_rand(&c, dt, (size_t)N * C, -2, 3);
     add_rand(&c, dt, C, 0.5f, 1.5f);
     add_rand(&c, dt, C, -0.5f, 0.5f);
-    add_out(&c, 0, tol_ew(dt));
-    add_out(&c, 1, tol_ew(dt));
-    add_out(&c, 2, tol_ew(dt));
+    add_out_poisoned(&c, 0, tol_ew(dt));
+    add_out_poisoned(&c, 1, tol_ew(dt));
+    add_out_poisoned(&c, 2, tol_ew(dt));
     run_case(&c, run_layernorm_fwd);
 }
 
@@ -310,10 +366,11 @@ static void test_residual_layernorm_fwd(DType dt, int N, int C, int alias) {
     add_rand(&c, dt, (size_t)N * C, -1, 1);  // b
     add_rand(&c, dt, C, 0.5f, 1.5f);
     add_rand(&c, dt, C, -0.5f, 0.5f);
-    add_out(&c, alias ? 5 : 0, EXACT); // one rounded addition per element
-    add_out(&c, 1, tol_ew(dt));
-    add_out(&c, 2, tol_ew(dt));
-    add_out(&c, 3, tol_ew(dt));
+    if (alias) add_out(&c, 5, EXACT); // one rounded addition per element
+    else add_out_poisoned(&c, 0, EXACT);
+    add_out_poisoned(&c, 1, tol_ew(dt));
+    add_out_poisoned(&c, 2, tol_ew(dt));
+    add_out_poisoned(&c, 3, tol_ew(dt));
     run_case(&c, run_residual_layernorm_fwd);
 }
 
@@ -346,14 +403,15 @@ static void test_matmul_fwd(DType dt, int N, int C, int OC, int bias, int gelu) 
     Case c;
     case_init(&c, dt, "matmul_fwd[%s,N=%d,C=%d,OC=%d,%s%s]", dtype_name(dt), N, C, OC, bias ? "bias" : "nobias",
               gelu ? ",gelu" : "");
-    c.N = N, c.C = C, c.OC = OC, c.flag = bias | (gelu ? 2 : 0), c.tiles = 1;
+    c.N = N, c.C = C, c.OC = OC, c.flag = bias | (gelu ? 2 : 0), c.kind = KIND_GEMM;
+    c.tc = dt == DT_BF16 && C % 8 == 0 && OC % 8 == 0; // gemm.h: leading dimensions multiples of 8
     add_rand(&c, dt, (size_t)N * OC, -1, 1);
     add_rand(&c, dt, (size_t)N * C, -1, 1);
     add_rand(&c, dt, (size_t)OC * C, -1, 1);
     add_rand(&c, dt, OC, -1, 1);
     add_rand(&c, dt, (size_t)N * OC, -1, 1); // pre
-    add_out(&c, 0, tol_mm(dt));
-    if (gelu) add_out(&c, 4, tol_mm(dt));
+    add_out_poisoned(&c, 0, tol_mm(dt));
+    if (gelu) add_out_poisoned(&c, 4, tol_mm(dt));
     run_case(&c, run_matmul_fwd);
 }
 
@@ -366,7 +424,8 @@ static void test_matmul_bwd(DType dt, int N, int C, int OC, int full, int gelu) 
     Case c;
     case_init(&c, dt, "matmul_bwd[%s,N=%d,C=%d,OC=%d,%s%s]", dtype_name(dt), N, C, OC,
               full ? "dinp+dbias" : "dweight-only", gelu ? ",gelu" : "");
-    c.N = N, c.C = C, c.OC = OC, c.flag = full | (gelu ? 2 : 0), c.tiles = 1;
+    c.N = N, c.C = C, c.OC = OC, c.flag = full | (gelu ? 2 : 0), c.kind = KIND_GEMM;
+    c.tc = dt == DT_BF16 && C % 8 == 0 && OC % 8 == 0;
     add_rand(&c, dt, (size_t)N * C, -1, 1);       // dinp (overwritten)
     add_rand(&c, DT_F32, (size_t)OC * C, -1, 1);  // dweight (accumulated)
     add_rand(&c, DT_F32, OC, -1, 1);              // dbias (accumulated)
@@ -374,7 +433,7 @@ static void test_matmul_bwd(DType dt, int N, int C, int OC, int full, int gelu) 
     add_rand(&c, dt, (size_t)N * C, -1, 1);       // inp
     add_rand(&c, dt, (size_t)OC * C, -1, 1);      // weight
     add_rand(&c, dt, (size_t)N * C, -3, 3);       // gelu_pre
-    add_out(&c, 0, tol_mm(dt));
+    if (full) add_out_poisoned(&c, 0, tol_mm(dt));
     add_out(&c, 1, tol_mm(dt));
     add_out(&c, 2, tol_mm(dt));
     run_case(&c, run_matmul_bwd);
@@ -386,12 +445,13 @@ static void run_attention_fwd(const Backend *be, Case *c, int side) {
 static void test_attention_fwd(DType dt, int B, int T, int C, int NH) {
     Case c;
     case_init(&c, dt, "attention_fwd[%s,B=%d,T=%d,C=%d,NH=%d]", dtype_name(dt), B, T, C, NH);
-    c.B = B, c.T = T, c.C = C, c.NH = NH;
+    c.B = B, c.T = T, c.C = C, c.NH = NH, c.kind = KIND_ATTN;
+    c.tc = dt == DT_BF16 && (C / NH == 64 || C / NH == 128);
     add_rand(&c, dt, (size_t)B * T * C, -1, 1);
     add_rand(&c, DT_F32, (size_t)B * NH * T, -1, 1); // lse
     add_rand(&c, dt, (size_t)B * T * 3 * C, -1, 1);
-    add_out(&c, 0, tol_mm(dt));
-    add_out(&c, 1, tol_mm(dt));
+    add_out_poisoned(&c, 0, tol_mm(dt));
+    add_out_poisoned(&c, 1, tol_mm(dt));
     run_case(&c, run_attention_fwd);
 }
 
@@ -401,7 +461,8 @@ static void run_attention_bwd(const Backend *be, Case *c, int side) {
 static void test_attention_bwd(DType dt, int B, int T, int C, int NH) {
     Case c;
     case_init(&c, dt, "attention_bwd[%s,B=%d,T=%d,C=%d,NH=%d]", dtype_name(dt), B, T, C, NH);
-    c.B = B, c.T = T, c.C = C, c.NH = NH;
+    c.B = B, c.T = T, c.C = C, c.NH = NH, c.kind = KIND_ATTN;
+    c.tc = dt == DT_BF16 && (C / NH == 64 || C / NH == 128);
     add_rand(&c, dt, (size_t)B * T * 3 * C, -1, 1); // dqkv (overwritten)
     add_rand(&c, dt, (size_t)B * T * C, -1, 1);     // dout
     int q = add_rand(&c, dt, (size_t)B * T * 3 * C, -1, 1);
@@ -409,7 +470,7 @@ static void test_attention_bwd(DType dt, int B, int T, int C, int NH) {
     int l = add_ten(&c, DT_F32, 0, (size_t)B * NH * T);
     // out and lse of these q, k, v from the CPU forward (its memory is host memory)
     CPU->attention_fwd(dt, c.t[o].init, (float *)c.t[l].init, c.t[q].init, B, T, C, NH);
-    add_out(&c, 0, tol_mm(dt));
+    add_out_poisoned(&c, 0, tol_mm(dt));
     run_case(&c, run_attention_bwd);
 }
 
@@ -438,7 +499,8 @@ static void test_attention_blocks(DType dt, int B, int Tq, int Tk, int C, int NH
     Case c;
     case_init(&c, dt, "attention_block_fwd+bwd[%s,B=%d,Tq=%d@24,Tk=%d@%d,%d,C=%d,NH=%d]", dtype_name(dt), B, Tq, Tk, k0a,
               k0b, C, NH);
-    c.B = B, c.T = Tq, c.N = Tk, c.C = C, c.NH = NH, c.vstart = k0a, c.vlen = k0b;
+    c.B = B, c.T = Tq, c.N = Tk, c.C = C, c.NH = NH, c.vstart = k0a, c.vlen = k0b, c.kind = KIND_ATTN;
+    c.tc = dt == DT_BF16 && (C / NH == 64 || C / NH == 128);
     add_rand(&c, dt, (size_t)B * Tq * C, -1, 1);         // q
     add_rand(&c, dt, (size_t)2 * B * Tk * C, -1, 1);     // k of both blocks
     add_rand(&c, dt, (size_t)2 * B * Tk * C, -1, 1);     // v
@@ -448,8 +510,9 @@ static void test_attention_blocks(DType dt, int B, int Tq, int Tk, int C, int NH
     add_rand(&c, DT_F32, (size_t)B * Tq * C, -1, 1);     // dq (accumulated onto these values)
     add_rand(&c, DT_F32, (size_t)2 * B * Tk * C, -1, 1); // dk
     add_rand(&c, DT_F32, (size_t)2 * B * Tk * C, -1, 1); // dv
-    for (int i = 3; i <= 8; i++)
-        if (i != 5) add_out(&c, i, tol_mm(dt));
+    add_out_poisoned(&c, 3, tol_mm(dt)); // the first key block writes out and lse whole
+    add_out_poisoned(&c, 4, tol_mm(dt));
+    for (int i = 6; i <= 8; i++) add_out(&c, i, tol_mm(dt));
     run_case(&c, run_attention_blocks);
 }
 
@@ -461,7 +524,7 @@ static void test_residual_fwd(DType dt, size_t n) {
     add_rand(&c, dt, n, -1, 1);
     add_rand(&c, dt, n, -1, 1);
     add_rand(&c, dt, n, -1, 1);
-    add_out(&c, 0, EXACT);
+    add_out_poisoned(&c, 0, EXACT);
     run_case(&c, run_residual_fwd);
 }
 
@@ -500,9 +563,9 @@ static void test_crossentropy_stats(DType dt, int N, int V, int vstart, int vrea
     add_rand(&c, DT_F32, N, -1, 1); // target
     add_logits(&c, dt, N, vreal, Vloc);
     add_tokens(&c, N, V);
-    add_out(&c, 0, EXACT);            // a max does not depend on the order (also -inf with no real column)
-    add_out(&c, 1, tol_ew(DT_F32));   // fp32 sums in a different order
-    add_out(&c, 2, EXACT);            // the logit itself, or 0
+    add_out_poisoned(&c, 0, EXACT);          // a max does not depend on the order (also -inf with no real column)
+    add_out_poisoned(&c, 1, tol_ew(DT_F32)); // fp32 sums in a different order
+    add_out_poisoned(&c, 2, EXACT);          // the logit itself, or 0
     run_case(&c, run_ce_stats);
 }
 
@@ -519,12 +582,13 @@ static void test_crossentropy_fused(DType dt, int N, int V, int Vloc, int alias)
     add_rand(&c, DT_F32, N, -1, 1); // rowsum
     add_rand(&c, DT_F32, N, -1, 1); // target
     add_logits(&c, dt, N, V, Vloc);
-    add_rand(&c, dt, (size_t)N * Vloc, -1, 1); // dlogits: random, so the padding must be zeroed
+    add_rand(&c, dt, (size_t)N * Vloc, -1, 1); // dlogits (NaN below unless it aliases the logits)
     add_tokens(&c, N, V);
-    add_out(&c, 0, EXACT);
-    add_out(&c, 1, tol_ew(DT_F32));
-    add_out(&c, 2, EXACT);
-    add_out(&c, alias ? 3 : 4, tol_ew(dt));
+    add_out_poisoned(&c, 0, EXACT);
+    add_out_poisoned(&c, 1, tol_ew(DT_F32));
+    add_out_poisoned(&c, 2, EXACT);
+    if (alias) add_out(&c, 3, tol_ew(dt));
+    else add_out_poisoned(&c, 4, tol_ew(dt));
     run_case(&c, run_ce_fused);
 }
 
@@ -550,7 +614,8 @@ static void test_crossentropy_bwd(DType dt, int N, int V, int vstart, int vreal,
                                 (const int32_t *)c.t[tg].init, N, vstart, vreal, Vloc);
         free(target);
     }
-    add_out(&c, alias ? 1 : 0, tol_ew(dt));
+    if (alias) add_out(&c, 1, tol_ew(dt));
+    else add_out_poisoned(&c, 0, tol_ew(dt)); // the padding too must be written (zeros)
     run_case(&c, run_ce_bwd);
 }
 
@@ -606,7 +671,7 @@ static void test_cast(DType dst_dt, DType src_dt, size_t n) {
         size_t ns = sizeof bf16_special / sizeof bf16_special[0];
         for (size_t i = 0; i < ns && i < n; i++) memcpy(c.t[s].init + 2 * i, &bf16_special[i], 2);
     }
-    add_out(&c, 0, EXACT);
+    add_out_poisoned(&c, 0, EXACT);
     run_case(&c, run_cast);
 }
 
@@ -645,6 +710,109 @@ static void test_sumsq(size_t n) {
     free(h);
 }
 
+// sumsq_acc into a device double: 1.25 + two tensors' sums, bitwise what adding sumsq's results gives
+static void test_sumsq_acc(void) {
+    size_t n1 = (size_t)65536 * 2 + 5, n2 = 999;
+    float *h = xmalloc(sizeof(float) * (n1 + n2));
+    for (size_t i = 0; i < n1 + n2; i++) h[i] = frand(-3, 3);
+    float *x = GPU->alloc(sizeof(float) * (n1 + n2));
+    double *acc = GPU->alloc(sizeof(double)), start = 1.25, got = 0;
+    if (!x || !acc) die("out of memory for sumsq_acc test");
+    GPU->to_device(x, h, sizeof(float) * (n1 + n2));
+    GPU->to_device(acc, &start, sizeof start);
+    GPU->sumsq_acc(acc, x, n1);
+    GPU->sumsq_acc(acc, x + n1, n2);
+    GPU->to_host(&got, acc, sizeof got);
+    double want = start;
+    want += GPU->sumsq(x, n1);
+    want += GPU->sumsq(x + n1, n2);
+    char details[200];
+    snprintf(details, sizeof details, "device %.17g, host %.17g", got, want);
+    report(memcmp(&got, &want, sizeof got) == 0, "sumsq_acc adds what sumsq returns, bitwise", details);
+    GPU->free(x);
+    GPU->free(acc);
+    free(h);
+}
+
+// Work ordered across the two streams by events alone: compute makes y = (2 + K)·x, communication reads
+// it (after waiting for the compute stream's event) into z = y + x, compute reads z (after waiting for
+// communication) into w = z + x. Small integers keep every sum exact: w must be (K + 4)·x. Without the
+// waits the streams would race (the result would depend on timing, not on this test).
+static void test_streams(void) {
+    const size_t n = (size_t)1 << 22;
+    const int K = 40;
+    float *h = xmalloc(sizeof(float) * n), *back = xmalloc(sizeof(float) * n);
+    for (size_t i = 0; i < n; i++) h[i] = (float)((int)(next_u64() % 201) - 100);
+    float *x = GPU->alloc(sizeof(float) * n), *y = GPU->alloc(sizeof(float) * n), *z = GPU->alloc(sizeof(float) * n);
+    if (!x || !y || !z) die("out of memory for the stream test");
+    BackendEvent *e = GPU->event_create(), *f = GPU->event_create();
+    GPU->to_device(x, h, sizeof(float) * n);
+    GPU->residual_fwd(DT_F32, y, x, x, n);
+    for (int i = 0; i < K; i++) GPU->residual_fwd(DT_F32, y, y, x, n);
+    GPU->event_record(e, STREAM_COMPUTE);
+    GPU->stream_wait(STREAM_COMM, e);
+    StreamId prev = GPU->set_stream(STREAM_COMM);
+    GPU->residual_fwd(DT_F32, z, y, x, n);
+    GPU->event_record(f, STREAM_COMM);
+    GPU->set_stream(prev);
+    GPU->stream_wait(STREAM_COMPUTE, f);
+    GPU->residual_fwd(DT_F32, y, z, x, n);
+    GPU->to_host(back, y, sizeof(float) * n);
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) bad += back[i] != (float)(K + 4) * h[i];
+    char details[100];
+    snprintf(details, sizeof details, "%zu of %zu elements wrong", bad, n);
+    report(bad == 0 && prev == STREAM_COMPUTE, "streams: compute -> communication -> compute through events", details);
+    GPU->event_sync(f);
+    report(GPU->event_done(f) == 1 && GPU->event_done(e) == 1 && e->records == 1 && f->stream == STREAM_COMM,
+           "streams: events done after event_sync, their bookkeeping", "");
+    GPU->event_destroy(e);
+    GPU->event_destroy(f);
+    GPU->free(x);
+    GPU->free(y);
+    GPU->free(z);
+    free(h);
+    free(back);
+}
+
+// The scratch pool: a step's worth of ops run twice; the second run must not grow any scratch (a step
+// allocates nothing once the first has run).
+static void step_ops(DType dt, void **b, int N, int C, int NH, int T) {
+    int B = N / T;
+    GPU->matmul_fwd(dt, b[0], b[1], b[2], b[3], b[4], N, C, 4 * C);
+    GPU->matmul_bwd(dt, b[5], (float *)b[6], (float *)b[7], b[0], b[2], b[3], b[1], N, C, 4 * C);
+    GPU->attention_fwd(dt, b[8], (float *)b[9], b[10], B, T, C, NH);
+    GPU->attention_bwd(dt, b[11], b[8], b[10], b[8], (float *)b[9], B, T, C, NH);
+    GPU->layernorm_bwd(dt, b[5], (float *)b[6], (float *)b[7], b[2], b[2], b[4], (float *)b[9], (float *)b[9], N, C);
+    AdamWSegment seg = { (float *)b[6], NULL, (const float *)b[6], (float *)b[12], (float *)b[12] + (size_t)4 * C * C,
+                         (size_t)C * 4 * C, 0.1f };
+    GPU->adamw(dt, &seg, 1, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.1f, 1.0f);
+    (void)GPU->sumsq((float *)b[6], (size_t)4 * C * C);
+}
+static void test_scratch_reuse(DType dt) {
+    int N = 512, C = 128, NH = 2, T = 256;
+    size_t es = dtype_size(dt), sizes[13] = { N * 4 * C * es, N * 4 * C * es, N * C * es, 4 * C * C * es, 4 * C * es,
+                                               N * C * es, 4 * C * C * 4, 4 * C * 4, N * C * es, (size_t)N * NH * 4 + N * 8,
+                                               N * 3 * C * es, N * 3 * C * es, 2 * 4 * C * C * 4 };
+    void *b[13];
+    for (int i = 0; i < 13; i++) {
+        b[i] = GPU->alloc(sizes[i]);
+        if (!b[i]) die("out of memory for the scratch test");
+    }
+    step_ops(dt, b, N, C, NH, T);
+    GPU->sync();
+    long long g1 = cuda_scratch_grows();
+    size_t s1 = GPU->scratch_bytes();
+    step_ops(dt, b, N, C, NH, T);
+    GPU->sync();
+    char name[100], details[200];
+    snprintf(name, sizeof name, "scratch: a repeated step allocates nothing (%s)", dtype_name(dt));
+    snprintf(details, sizeof details, "%lld growths in the second step; scratch %zu -> %zu bytes",
+             cuda_scratch_grows() - g1, s1, GPU->scratch_bytes());
+    report(cuda_scratch_grows() == g1 && GPU->scratch_bytes() == s1 && s1 > 0, name, details);
+    for (int i = 0; i < 13; i++) GPU->free(b[i]);
+}
+
 static void test_memory(void) {
     size_t n = 1000003;
     unsigned char *h = xmalloc(n), *back = xmalloc(n);
@@ -668,6 +836,21 @@ static void test_memory(void) {
     GPU->to_host(back, b, n);
     memset(h + 100, 0, 1000);
     report(memcmp(h, back, n) == 0, "memory:zero", "zero cleared the wrong bytes");
+    // uploads through the pinned staging ring: more small copies in a row than it has slots, no waits
+    enum { NUP = 11 };
+    unsigned char *ups[NUP];
+    int same = 1;
+    for (int i = 0; i < NUP; i++) {
+        ups[i] = GPU->alloc(4000 + i);
+        if (!ups[i]) die("out of memory for the upload test");
+        GPU->to_device(ups[i], h + 1000 * i, 4000 + i);
+    }
+    for (int i = 0; i < NUP; i++) {
+        GPU->to_host(back, ups[i], 4000 + i);
+        same &= memcmp(back, h + 1000 * i, 4000 + i) == 0;
+        GPU->free(ups[i]);
+    }
+    report(same, "memory:staged_uploads", "a small upload arrived wrong");
     GPU->set_threads(3);
     GPU->free(a);
     GPU->free(b);
@@ -677,20 +860,39 @@ static void test_memory(void) {
     free(back);
 }
 
-int main(void) {
+// --fault: one kernel on a bad pointer. With LLM4D_CUDA_SYNC=1 the error line names residual_fwd_kernel;
+// without, the next waiting call reports the failure and says how to name the kernel.
+static int fault(void) {
+    GPU = backend_cuda();
+    void *bad = (void *)(uintptr_t)0x1000;
+    GPU->residual_fwd(DT_F32, bad, bad, bad, (size_t)1 << 20);
+    GPU->sync();
+    printf("no error reported\n");
+    return 0;
+}
+
+int main(int argc, char **argv) {
     if (cuda_device_count() <= 0) {
         printf("no CUDA device: skipped\n");
         return 0;
     }
+    if (argc > 1 && !strcmp(argv[1], "--fault")) return fault();
     CPU = backend_cpu();
     GPU = backend_cuda();
     if (!GPU) die("backend_cuda() returned NULL");
-    printf("backend %s vs %s\n", GPU->name, CPU->name);
+    cuda_use_device(0);
+    set_path(&PLAIN_PATHS[0]);
+    printf("backend %s vs %s; tensor-core GEMM here: %s\n", GPU->name, CPU->name,
+           gemm_kernel_name((GemmKernel)cuda_gemm_kernel()));
 
     test_memory();
     test_sumsq(0);
     test_sumsq(1000);
     test_sumsq((size_t)65536 * 3 + 17);
+    test_sumsq_acc();
+    test_streams();
+    test_scratch_reuse(DT_BF16);
+    test_scratch_reuse(DT_F32);
 
     for (int d = 0; d < 2; d++) {
         DType dt = d ? DT_BF16 : DT_F32;
@@ -711,30 +913,54 @@ int main(void) {
         test_layernorm_bwd(dt, 67, 40);
         test_layernorm_bwd(dt, 600, 72); // several row chunks
 
+        // shapes the tensor-core GEMM refuses (leading dimensions not multiples of 8): SIMT on every path
         test_matmul_fwd(dt, 67, 40, 131, 1, 0);
         test_matmul_fwd(dt, 67, 40, 131, 0, 0);
         test_matmul_fwd(dt, 1, 5, 3, 1, 0);
-        test_matmul_fwd(dt, 300, 200, 260, 1, 0);
         test_matmul_fwd(dt, 130, 1000, 70, 1, 0);
         test_matmul_fwd(dt, 67, 40, 131, 1, 1);
-        test_matmul_fwd(dt, 130, 1000, 70, 1, 1); // several k-slices on the CPU
         test_matmul_bwd(dt, 67, 40, 131, 1, 0);
         test_matmul_bwd(dt, 67, 40, 131, 0, 0);
-        test_matmul_bwd(dt, 600, 96, 144, 1, 0);
-        test_matmul_bwd(dt, 300, 200, 260, 1, 0);
         test_matmul_bwd(dt, 67, 40, 131, 1, 1);
-        test_matmul_bwd(dt, 600, 96, 700, 1, 1);
+        // shapes it takes: ragged rows and edge tiles in every dimension, bias, GELU and its derivative
+        // fused, split-K (few output tiles, long K) in the weight gradients, d12's widths
+        test_matmul_fwd(dt, 300, 200, 264, 1, 0);
+        test_matmul_fwd(dt, 1, 64, 8, 1, 0);
+        test_matmul_fwd(dt, 130, 1000, 72, 1, 1);
+        test_matmul_fwd(dt, 333, 768, 2304, 1, 0);
+        test_matmul_fwd(dt, 257, 768, 3072, 1, 1);
+        test_matmul_bwd(dt, 600, 96, 144, 1, 0);
+        test_matmul_bwd(dt, 300, 200, 264, 1, 0);
+        test_matmul_bwd(dt, 600, 96, 704, 1, 1);
+        test_matmul_bwd(dt, 4100, 128, 256, 1, 0);  // dweight: 2 output tiles, K = 4100: split-K
+        test_matmul_bwd(dt, 4100, 128, 256, 0, 0);
+        test_matmul_bwd(dt, 515, 3072, 768, 1, 1);  // the MLP's second matmul of d12, GELU's derivative fused
 
+        // head sizes the flash kernels do not take (simple kernels on both paths)
         test_attention_fwd(dt, 2, 37, 48, 3);
-        test_attention_fwd(dt, 1, 150, 64, 2);
-        test_attention_fwd(dt, 2, 200, 96, 4);
         test_attention_bwd(dt, 2, 37, 48, 3);
-        test_attention_bwd(dt, 1, 150, 64, 2);
+        test_attention_fwd(dt, 2, 200, 96, 4);
         test_attention_bwd(dt, 2, 200, 96, 4);
-        test_attention_fwd(dt, 3, 33, 17, 1);  // one head of 17 channels
+        test_attention_fwd(dt, 3, 33, 17, 1); // one head of 17 channels
         test_attention_bwd(dt, 3, 33, 17, 1);
-        test_attention_blocks(dt, 2, 8, 8, 48, 3, 0, 24);   // zigzag: the diagonal block and one fully seen
-        test_attention_blocks(dt, 1, 37, 40, 64, 2, 30, 0); // keys partly after the queries; blocks in any order
+        // head sizes 64 and 128: T off every tile size, one token, several query and key blocks
+        test_attention_fwd(dt, 1, 150, 64, 1);
+        test_attention_bwd(dt, 1, 150, 64, 1);
+        test_attention_fwd(dt, 2, 1, 128, 2);
+        test_attention_bwd(dt, 2, 1, 128, 2);
+        test_attention_fwd(dt, 2, 301, 256, 4);
+        test_attention_bwd(dt, 2, 301, 256, 4);
+        test_attention_fwd(dt, 1, 333, 256, 2);
+        test_attention_bwd(dt, 1, 333, 256, 2);
+        test_attention_fwd(dt, 1, 1024, 128, 1);
+        test_attention_bwd(dt, 1, 1024, 128, 1);
+        // context-parallel blocks (queries at positions 24..): zigzag, keys partly after the queries,
+        // blocks merged in any order, and the same with head sizes 64 and 128
+        test_attention_blocks(dt, 2, 8, 8, 48, 3, 0, 24);
+        test_attention_blocks(dt, 1, 37, 40, 64, 2, 30, 0);
+        test_attention_blocks(dt, 2, 70, 90, 128, 2, 40, 0);
+        test_attention_blocks(dt, 1, 130, 100, 256, 2, 0, 60);
+        test_attention_blocks(dt, 1, 64, 64, 128, 1, 24, 88); // the second block sees nothing: lse stays
 
         test_residual_fwd(dt, 100003);
         test_residual_bwd(dt, 100003);
