@@ -126,6 +126,10 @@ build/verbs_pair-asan: test/verbs_pair.c net_verbs.c common.c net_verbs.h common
 build/test_cuda: test/test_cuda.c $(LIB_OBJ) $(CUDA_OBJ)
 	$(CC) $(CFLAGS) -I. -I$(CUDA_HOME)/include $(filter %.c %.o,$^) -o $@ $(LDLIBS)
 
+# attention on the GPU, flash against simple kernels (scripts/gpu_check.sh)
+build/bench_attention: test/bench_attention.c $(LIB_OBJ) $(CUDA_OBJ)
+	$(CC) $(CFLAGS) -I. $(filter %.c %.o,$^) -o $@ $(LDLIBS)
+
 build/bench_matmul: test/bench_matmul.c $(LIB_OBJ) $(CUDA_OBJ)
 	$(CC) $(CFLAGS) -I. $(filter %.c %.o,$^) -o $@ $(LDLIBS)
 
