@@ -78,9 +78,11 @@ typedef struct BackendEvent {
 typedef struct Backend {
     const char *name;
     MemKind mem_kind;
-    // memory: the CPU backend's is registered host memory (hostmem.h) that the other ranks of a
-    // node read in place
-    // alloc returns zeroed memory or NULL; the caller reports the failure.
+    // memory: alloc returns zeroed memory (the CPU backend's is registered host memory, hostmem.h, that
+    // the other ranks of a node read in place) or NULL; the caller reports the failure. free waits
+    // for the device. to_device returns once the host bytes are taken (the copy may still be queued:
+    // the host buffer can be reused at once); to_host returns with the bytes, after the current
+    // stream's earlier work; copy and zero are queued like the ops. sync waits for both streams.
     void *(*alloc)(size_t bytes);
     void (*free)(void *p);
     void (*to_device)(void *dst, const void *host_src, size_t bytes);

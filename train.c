@@ -162,6 +162,8 @@ static const char USAGE[] =
     "  LLM4D_CPU_ISA=generic|avx512bf16\n"
     "                             environment: the CPU's bf16 matmul path (unset: avx512bf16 when the\n"
     "                             CPU has AVX512-BF16, else generic, which widens bf16 to fp32)\n"
+    "  LLM4D_CUDA_SYNC=1          environment: wait for every CUDA kernel as it is launched, so that an\n"
+    "                             error names the kernel that failed (slow; for debugging)\n"
     "  -h, --help                 this text\n";
 
 typedef struct {
