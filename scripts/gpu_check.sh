@@ -33,6 +33,15 @@ SUMMARY=$LOG/gpu_table.md
 FAILED=0
 SECTIONS=()
 
+# tmo N: a command's time limit, N seconds or what is left of the budget (plus a minute of grace), so
+# that the script ends, and writes its table, before whoever runs it gives up on it
+tmo() {
+    local left=$((BUDGET + 60 - SECONDS))
+    [ "$left" -lt 1 ] && left=1
+    [ "$1" -lt "$left" ] && left=$1
+    echo "$left"
+}
+
 finish() {
     {
         echo "# gpu_check: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n 1), $(date -u +%Y-%m-%dT%H:%MZ), ${SECONDS} s"
@@ -102,7 +111,7 @@ check_build() {
 
 check_kernels() {
     [ "$BUILD_OK" -eq 1 ] || { echo "build failed"; return 1; }
-    timeout 240 ./build/test_cuda > "$LOG/test_cuda.log" 2>&1
+    timeout "$(tmo 240)" ./build/test_cuda > "$LOG/test_cuda.log" 2>&1
     local rc=$? ok=0
     grep -E "^(FAIL|skipped|backend)" "$LOG/test_cuda.log" | head -n 40
     tail -n 1 "$LOG/test_cuda.log"
@@ -110,14 +119,14 @@ check_kernels() {
     grep -q "^no CUDA device: skipped" "$LOG/test_cuda.log" && { echo "no CUDA device was found"; ok=1; }
     grep -qE "^[0-9]+ passed, 0 failed$" "$LOG/test_cuda.log" || ok=1
     # a failing kernel: named with LLM4D_CUDA_SYNC=1, and the hint without it
-    LLM4D_CUDA_SYNC=1 timeout 60 ./build/test_cuda --fault > "$LOG/fault_sync.log" 2>&1
+    LLM4D_CUDA_SYNC=1 timeout "$(tmo 60)" ./build/test_cuda --fault > "$LOG/fault_sync.log" 2>&1
     rc=$?
     cat "$LOG/fault_sync.log"
     if [ "$rc" -ne 1 ] || ! grep -q "^error: CUDA kernel residual_fwd_kernel failed: " "$LOG/fault_sync.log"; then
         echo "LLM4D_CUDA_SYNC=1 did not name the failing kernel (status $rc)"
         ok=1
     fi
-    timeout 60 ./build/test_cuda --fault > "$LOG/fault.log" 2>&1
+    timeout "$(tmo 60)" ./build/test_cuda --fault > "$LOG/fault.log" 2>&1
     rc=$?
     cat "$LOG/fault.log"
     if [ "$rc" -ne 1 ] || ! grep -q "^error: CUDA .*LLM4D_CUDA_SYNC=1 names it" "$LOG/fault.log"; then
@@ -141,7 +150,7 @@ check_gemm() {
         [ "$hg" -gt 0 ] && [ "$hm" -gt 0 ] && [ "$ha" -gt 0 ] || { echo "expected HGMMA and HMMA in gemm_cu.o, HMMA in attention_cu.o"; ok=1; }
     fi
     for k in mma wgmma; do
-        timeout 150 ./build/gemm_check --check --kernel "$k" > "$LOG/gemm_check_$k.log" 2>&1
+        timeout "$(tmo 150)" ./build/gemm_check --check --kernel "$k" > "$LOG/gemm_check_$k.log" 2>&1
         rc=$?
         grep -E "^(FAIL|gemm_check:|device:)|skipped" "$LOG/gemm_check_$k.log" | head -n 40
         tail -n 3 "$LOG/gemm_check_$k.log"
@@ -158,7 +167,7 @@ check_gemm() {
     fi
     k=all
     [ "${#good[@]}" -eq 1 ] && k=${good[0]}
-    timeout 150 ./build/gemm_check --bench --kernel "$k" --table "$LOG/gemm_table.md" > "$LOG/gemm_bench.log" 2>&1
+    timeout "$(tmo 150)" ./build/gemm_check --bench --kernel "$k" --table "$LOG/gemm_table.md" > "$LOG/gemm_bench.log" 2>&1
     rc=$?
     tail -n 25 "$LOG/gemm_bench.log"
     [ "$rc" -eq 0 ] || { echo "gemm_check --bench exited with status $rc"; ok=1; }
@@ -167,11 +176,11 @@ check_gemm() {
 
 check_attention() {
     [ "$BUILD_OK" -eq 1 ] || { echo "build failed"; return 1; }
-    timeout 150 ./build/bench_attention --table "$LOG/attention_table.md" > "$LOG/bench_attention.log" 2>&1
+    timeout "$(tmo 150)" ./build/bench_attention --table "$LOG/attention_table.md" > "$LOG/bench_attention.log" 2>&1
     local rc=$?
     cat "$LOG/bench_attention.log"
     # the comparator: PyTorch's fused attention on the same shapes (not a pass/fail criterion)
-    timeout 120 python3 - > "$LOG/torch_attention.log" 2>&1 <<'EOF'
+    timeout "$(tmo 120)" python3 - > "$LOG/torch_attention.log" 2>&1 <<'EOF'
 import statistics, torch, torch.nn.functional as F
 rows = ["| hs | T | B x heads | fwd TFLOP/s | bwd TFLOP/s |", "|---|---|---|---|---|"]
 for hs in (64, 128):
@@ -251,9 +260,9 @@ check_training() {
         shape=(--layers "$4" --channels "$5" --heads "$6" --vocab 256 --seq-len 128 --micro-batch 4 --steps 5 --lr 1e-3
             --dtype "$dt" --train "$DATA/train.bin")
         echo "--- $name: ${shape[*]}"
-        timeout 120 ./train --device cpu "${shape[@]}" --log "$LOG/train_cpu_$name.jsonl" > "$LOG/train_cpu_$name.log" 2>&1 ||
+        timeout "$(tmo 120)" ./train --device cpu "${shape[@]}" --log "$LOG/train_cpu_$name.jsonl" > "$LOG/train_cpu_$name.log" 2>&1 ||
             { tail -n 3 "$LOG/train_cpu_$name.log"; ok=1; continue; }
-        timeout 120 ./train --device cuda "${shape[@]}" --log "$LOG/train_gpu_$name.jsonl" > "$LOG/train_gpu_$name.log" 2>&1 ||
+        timeout "$(tmo 120)" ./train --device cuda "${shape[@]}" --log "$LOG/train_gpu_$name.jsonl" > "$LOG/train_gpu_$name.log" 2>&1 ||
             { tail -n 3 "$LOG/train_gpu_$name.log"; ok=1; continue; }
         compare_losses "$LOG/train_cpu_$name.jsonl" "$LOG/train_gpu_$name.jsonl" "$tol" || ok=1
     done
@@ -265,7 +274,7 @@ check_throughput() {
     if [ "$DATA_OK" -ne 1 ]; then prepare_data || return 1; fi
     local b rc
     for b in 64 32 16; do
-        timeout 200 ./train --device cuda --model d12 --seq-len 1024 --micro-batch "$b" --batch-tokens $((b * 1024)) \
+        timeout "$(tmo 200)" ./train --device cuda --model d12 --seq-len 1024 --micro-batch "$b" --batch-tokens $((b * 1024)) \
             --steps 8 --dtype bf16 --train "$DATA/train.bin" > "$LOG/throughput_b$b.log" 2>&1
         rc=$?
         tail -n 4 "$LOG/throughput_b$b.log"
