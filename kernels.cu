@@ -291,7 +291,7 @@ static int cu_event_done(BackendEvent *e) {
 }
 static size_t cu_scratch_bytes(void) {
     if (!g_cu.ready) return 0;
-    size_t total = (size_t)STAGE_SLOTS * STAGE_BYTES;
+    size_t total = 0; // device memory only: the pinned staging buffers are host memory
     for (int s = 0; s < NUM_STREAMS; s++)
         for (int i = 0; i < NSCRATCH; i++) total += g_cu.cap[s][i];
     return total;

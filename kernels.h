@@ -91,9 +91,9 @@ typedef struct Backend {
     void (*zero)(void *dst, size_t bytes);
     void (*sync)(void);
     void (*set_threads)(int n); // CPU worker threads; ignored by device backends
-    // bytes the backend holds for itself, outside every alloc: grow-only workspaces (GEMM packing and
-    // split-K partial sums, reduction partials) and a device's pinned upload staging, which no memory
-    // account sees (reported beside the categories)
+    // bytes of device memory the backend holds for itself, outside every alloc: grow-only workspaces
+    // (GEMM packing and split-K partial sums, reduction partials), which no memory account sees
+    // (reported beside the categories)
     size_t (*scratch_bytes)(void);
 
     // Token and position embedding over a slice of the vocabulary (tensor parallelism splits wte by

@@ -13,7 +13,8 @@
 #      scaled_dot_product_attention on the same shapes when PyTorch is there (comparator only)
 #   6. training: 5 steps of small models on CPU and GPU, fp32 (losses equal to 1e-4) and bf16 with head
 #      sizes 64 and 128 (the tensor-core paths; losses equal to 2e-2)
-#   7. throughput: GPT-2 124M (d12), bf16, T = 1024, micro-batch 64 (or the largest of 64, 32, 16 that
+#   7. recompute: --recompute selective and full train bitwise the model file of --recompute none (bf16)
+#   8. throughput: GPT-2 124M (d12), bf16, T = 1024, micro-batch 64 (or the largest of 64, 32, 16 that
 #      fits): tokens/s and MFU against 989 TFLOP/s (dense bf16 peak of the H100/H200 datasheet)
 # Each section prints PASS, FAIL or SKIP; the script exits non-zero if any section failed. A section
 # that would not finish within the time budget (LLM4D_GPU_BUDGET seconds, default 480) is skipped.
@@ -269,6 +270,26 @@ check_training() {
     return $ok
 }
 
+# the rebuilt activations (gelu_fwd, LayerNorm, the whole block) are bitwise the forward's, so the trained
+# model files are identical; the peak activation memory falls
+check_recompute() {
+    [ "$BUILD_OK" -eq 1 ] || { echo "build failed"; return 1; }
+    if [ "$DATA_OK" -ne 1 ]; then prepare_data || return 1; fi
+    local r ok=0
+    for r in none selective full; do
+        timeout "$(tmo 60)" ./train --device cuda --dtype bf16 --train "$DATA/train.bin" --layers 4 --channels 128 --heads 2 \
+            --vocab 256 --seq-len 128 --micro-batch 4 --batch-tokens 1024 --steps 4 --recompute $r \
+            --log "$LOG/recompute_$r.jsonl" --save-model "$LOG/recompute_$r.bin" > "$LOG/recompute_$r.log" 2>&1 ||
+            { echo "--recompute $r failed"; tail -n 5 "$LOG/recompute_$r.log"; return 1; }
+        grep "memory of rank 0, peak" "$LOG/recompute_$r.log"
+    done
+    for r in selective full; do
+        if cmp "$LOG/recompute_none.bin" "$LOG/recompute_$r.bin"; then echo "--recompute $r: bitwise --recompute none"
+        else echo "--recompute $r: the model differs from --recompute none"; ok=1; fi
+    done
+    return $ok
+}
+
 check_throughput() {
     [ "$BUILD_OK" -eq 1 ] || { echo "build failed"; return 1; }
     if [ "$DATA_OK" -ne 1 ]; then prepare_data || return 1; fi
@@ -304,6 +325,7 @@ section "kernels (build/test_cuda, LLM4D_CUDA_SYNC)" 150 check_kernels
 section "tensor-core GEMM (build/gemm_check)" 120 check_gemm
 section "attention (build/bench_attention)" 60 check_attention
 section "training cpu vs gpu" 60 check_training
+section "recompute bitwise on the gpu" 45 check_recompute
 section "throughput (d12)" 60 check_throughput
 
 echo

@@ -415,6 +415,57 @@ static void test_matmul_fwd(DType dt, int N, int C, int OC, int bias, int gelu) 
     run_case(&c, run_matmul_fwd);
 }
 
+static void run_gelu_fwd(const Backend *be, Case *c, int side) { be->gelu_fwd(c->dt, P(0), P(1), c->n); }
+static void test_gelu_fwd(DType dt, size_t n) {
+    Case c;
+    case_init(&c, dt, "gelu_fwd[%s,n=%zu]", dtype_name(dt), n);
+    c.n = n;
+    add_rand(&c, dt, n, -1, 1);
+    add_rand(&c, dt, n, -6, 6);
+    add_out_poisoned(&c, 0, tol_ew(dt));
+    run_case(&c, run_gelu_fwd);
+}
+
+// gelu_fwd of the pre-activation matmul_fwd kept gives bitwise the output its GELU epilogue wrote, on
+// every GEMM path (selective recompute rebuilds GELU's output this way and must not change the step)
+static void test_gelu_rebuild(DType dt, int N, int C, int OC) {
+    Case c;
+    case_init(&c, dt, "gelu_fwd rebuilds matmul_fwd's GELU output[%s,N=%d,C=%d,OC=%d]", dtype_name(dt), N, C, OC);
+    add_ten(&c, dt, 0, (size_t)N * OC);     // 0: out
+    add_rand(&c, dt, (size_t)N * C, -1, 1);  // 1: inp
+    add_rand(&c, dt, (size_t)OC * C, -1, 1); // 2: weight
+    add_rand(&c, dt, OC, -1, 1);             // 3: bias
+    add_ten(&c, dt, 0, (size_t)N * OC);     // 4: pre
+    add_ten(&c, dt, 0, (size_t)N * OC);     // 5: rebuilt
+    for (int i = 0; i < c.nt; i++) {
+        c.t[i].p[1] = GPU->alloc(c.t[i].bytes);
+        if (!c.t[i].p[1]) die("out of memory for test %s", c.name);
+    }
+    int npaths = dt == DT_BF16 ? 4 : 2;
+    for (int pi = 0; pi < npaths; pi++) {
+        const Path *path = &GEMM_PATHS[pi];
+        set_path(path);
+        if (path->tc && cuda_gemm_kernel() != path->gemm) {
+            printf("skipped %s%s: this device has no such kernel\n", c.name, path->name);
+            continue;
+        }
+        upload(&c, 1);
+        GPU->matmul_fwd(dt, c.t[0].p[1], c.t[4].p[1], c.t[1].p[1], c.t[2].p[1], c.t[3].p[1], N, C, OC);
+        GPU->gelu_fwd(dt, c.t[5].p[1], c.t[4].p[1], (size_t)N * OC);
+        unsigned char *a = download(&c.t[0], 1), *b = download(&c.t[5], 1);
+        char name[300];
+        snprintf(name, sizeof name, "%s%s", c.name, path->name);
+        report(memcmp(a, b, c.t[0].bytes) == 0, name, "the rebuilt output differs from the epilogue's");
+        free(a);
+        free(b);
+    }
+    set_path(&PLAIN_PATHS[0]);
+    for (int i = 0; i < c.nt; i++) {
+        GPU->free(c.t[i].p[1]);
+        free(c.t[i].init);
+    }
+}
+
 // flag bit 0: dinp and dbias; bit 1: GELU's backward in the dinp epilogue
 static void run_matmul_bwd(const Backend *be, Case *c, int side) {
     be->matmul_bwd(c->dt, c->flag & 1 ? P(0) : NULL, P(1), c->flag & 1 ? P(2) : NULL, P(3), P(4), P(5),
@@ -935,6 +986,9 @@ int main(int argc, char **argv) {
         test_matmul_bwd(dt, 4100, 128, 256, 1, 0);  // dweight: 2 output tiles, K = 4100: split-K
         test_matmul_bwd(dt, 4100, 128, 256, 0, 0);
         test_matmul_bwd(dt, 515, 3072, 768, 1, 1);  // the MLP's second matmul of d12, GELU's derivative fused
+        test_gelu_fwd(dt, 100003);
+        test_gelu_rebuild(dt, 67, 40, 131);
+        test_gelu_rebuild(dt, 257, 768, 3072); // d12's MLP on the tensor-core GEMMs
 
         // head sizes the flash kernels do not take (simple kernels on both paths)
         test_attention_fwd(dt, 2, 37, 48, 3);
