@@ -40,9 +40,9 @@ const char *comm_op_name(CommOp op) {
 static size_t acc_size(CommType t) { return t == CT_BF16 ? 4 : comm_type_size(t); }
 
 // acc = in (the first contribution) or acc (op)= in, elementwise; bf16 accumulates in fp32.
-static void reduce_fn(const NetReduce *r, void *accp, const void *inp, size_t n) {
-    int mx = r->op == OP_MAX, first = r->first;
-    switch ((CommType)r->type) {
+void comm_reduce_host(void *accp, const void *inp, size_t n, int type, int op, int first) {
+    int mx = op == OP_MAX;
+    switch ((CommType)type) {
     case CT_F32: {
         float *a = accp;
         const float *x = inp;
@@ -77,14 +77,21 @@ static void reduce_fn(const NetReduce *r, void *accp, const void *inp, size_t n)
         break;
     }
     default:
-        die("internal: bad comm type %d", r->type);
+        die("internal: bad comm type %d", type);
     }
+}
+static void reduce_fn(const NetReduce *r, void *acc, const void *in, size_t n) {
+    comm_reduce_host(acc, in, n, r->type, r->op, r->first);
+}
+// The same on the device, queued on its communication stream.
+static void dev_reduce_fn(const NetReduce *r, void *acc, const void *in, size_t n) {
+    r->dev->reduce(acc, in, n, r->type, r->op, r->first);
 }
 
 // out = acc (divided by n for avg), rounded once to bf16; past the cache for a large operation.
-static void finish_acc(void *out, const void *accp, size_t n, CommType t, CommOp op, int ranks, int streaming) {
+void comm_finish_host(void *out, const void *accp, size_t n, int type, int op, int ranks, int streaming) {
     int avg = op == OP_AVG;
-    switch (t) {
+    switch ((CommType)type) {
     case CT_F32: {
         const float *a = accp;
         float *o = out;
@@ -111,8 +118,25 @@ static void finish_acc(void *out, const void *accp, size_t n, CommType t, CommOp
         break;
     }
     default:
-        die("internal: bad comm type %d", (int)t);
+        die("internal: bad comm type %d", type);
     }
+}
+static void finish_acc(const CommRequest *q, void *out, const void *acc, size_t n, int ranks, int streaming) {
+    if (q->dev) q->dev->finish(out, acc, n, q->t, q->op, ranks);
+    else comm_finish_host(out, acc, n, q->t, q->op, ranks, streaming);
+}
+// The accumulator of a chunk: the host's, or the device's for an operation on device memory.
+static void *acc_of(Comm *c, const CommRequest *q) {
+    if (!q->dev) return c->acc;
+    if (!c->dacc && !(c->dacc = q->dev->alloc(c->chunk_bytes)))
+        die("out of device memory: %zu bytes for the collectives' accumulator", (size_t)c->chunk_bytes);
+    return c->dacc;
+}
+// memmove between buffers of the operation's memory kind (queued on the device for device memory).
+static void move_bytes(const CommRequest *q, void *dst, const void *src, size_t n, int stream) {
+    if (q->dev) q->dev->copy(dst, src, n);
+    else if (stream) copy_streaming(dst, src, n);
+    else memmove(dst, src, n);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -141,8 +165,8 @@ static NetReq *alloc_reqs(CommRequest *q, size_t n) {
     return q->nr;
 }
 
-static NetReq *req(NetReq *r, int peer, const void *buf, size_t bytes, const NetReduce *red) {
-    *r = (NetReq){ .buf = (void *)buf, .bytes = bytes, .reduce = red, .peer = peer };
+static NetReq *req(const CommRequest *q, NetReq *r, int peer, const void *buf, size_t bytes, const NetReduce *red) {
+    *r = (NetReq){ .buf = (void *)buf, .bytes = bytes, .reduce = red, .peer = peer, .dev = q->dev };
     return r;
 }
 
@@ -171,6 +195,16 @@ static const void *private_input(Comm *c, CommRequest *q) {
     else copy = overlaps(out, own.len * es, in, own.off * es) ||
                 overlaps(out, own.len * es, in + (own.off + own.len) * es, bytes - (own.off + own.len) * es);
     if (!copy) return in;
+    if (q->dev) { // on the device; the peers read it only once the copy has finished
+        if (c->dwork_bytes < bytes) {
+            q->dev->free(c->dwork);
+            if (!(c->dwork = q->dev->alloc(bytes))) die("out of device memory: %zu bytes for a %s", bytes, REQ_NAMES[q->kind]);
+            c->dwork_bytes = bytes;
+        }
+        q->dev->copy(c->dwork, in, bytes);
+        q->dev->sync();
+        return c->dwork;
+    }
     comm_grow_work(c, bytes, REQ_NAMES[q->kind]);
     memcpy(c->work, in, bytes);
     return c->work;
@@ -182,8 +216,8 @@ static const void *private_input(Comm *c, CommRequest *q) {
 // of cache lines. Whether an operation goes this way depends only on the operation and the
 // communicator, so every member decides alike.
 
-static int slot_eligible(const Comm *c, int kind, size_t count, CommType t) {
-    return c->slots && (kind == REQ_ALLREDUCE || kind == REQ_REDUCE_SCATTER || kind == REQ_ALLGATHER) &&
+static int slot_eligible(const Comm *c, const CommRequest *q, int kind, size_t count, CommType t) {
+    return c->slots && !q->dev && (kind == REQ_ALLREDUCE || kind == REQ_REDUCE_SCATTER || kind == REQ_ALLGATHER) &&
            count * comm_type_size(t) <= NET_SLOT_BYTES;
 }
 
@@ -224,9 +258,8 @@ static int slot_try_finish(Comm *c, CommRequest *q) {
         }
     } else {
         Range out = q->kind == REQ_REDUCE_SCATTER ? segment(q->count, n, c->rank) : (Range){ 0, q->count };
-        NetReduce red = { es, acc_size(q->t), 1, reduce_fn, q->t, q->op };
-        for (int r = 0; r < n; r++, red.first = 0) red.fn(&red, c->acc, slot_of(c, r, parity)->data + out.off * es, out.len);
-        finish_acc(q->recv, c->acc, out.len, q->t, q->op, n, 0);
+        for (int r = 0; r < n; r++) comm_reduce_host(c->acc, slot_of(c, r, parity)->data + out.off * es, out.len, q->t, q->op, r == 0);
+        comm_finish_host(q->recv, c->acc, out.len, q->t, q->op, n, 0);
     }
     q->slot_done = 1;
     return 1;
@@ -236,13 +269,13 @@ void op_start(Comm *c, CommRequest *q) {
     int n = c->size, me = c->rank;
     size_t es = comm_type_size(q->t);
     c->op = REQ_NAMES[q->kind];
-    if (slot_eligible(c, q->kind, q->count, q->t)) {
+    if (slot_eligible(c, q, q->kind, q->count, q->t)) {
         q->slot = 1;
         slot_post(c, q);
         return;
     }
     if (q->kind == REQ_SEND || q->kind == REQ_RECV) {
-        NetReq *r = req(alloc_reqs(q, 1), q->peer, q->kind == REQ_SEND ? q->send : q->recv, q->count, NULL);
+        NetReq *r = req(q, alloc_reqs(q, 1), q->peer, q->kind == REQ_SEND ? q->send : q->recv, q->count, NULL);
         if (q->kind == REQ_SEND) net_post_send(c->conn[q->peer], r);
         else net_post_recv(c->conn[q->peer], r);
         return;
@@ -253,30 +286,29 @@ void op_start(Comm *c, CommRequest *q) {
         if (me == q->root) { // every rank reads the root's buffer (single-copy inside a node)
             NetReq *r = alloc_reqs(q, (size_t)n - 1);
             for (int p = 0, i = 0; p < n; p++)
-                if (p != me) net_post_send(c->conn[p], req(&r[i++], p, q->recv, bytes, NULL));
+                if (p != me) net_post_send(c->conn[p], req(q, &r[i++], p, q->recv, bytes, NULL));
         } else {
-            net_post_recv(c->conn[q->root], req(alloc_reqs(q, 1), q->root, q->recv, bytes, NULL));
+            net_post_recv(c->conn[q->root], req(q, alloc_reqs(q, 1), q->root, q->recv, bytes, NULL));
         }
         return;
     }
     if (q->kind == REQ_ALLGATHER) {
         Range mine = segment(q->count, n, me);
         if (mine.len && (const char *)q->send != (char *)q->recv + mine.off * es)
-            streaming(q) && !overlaps((char *)q->recv + mine.off * es, mine.len * es, q->send, mine.len * es)
-                ? copy_streaming((char *)q->recv + mine.off * es, q->send, mine.len * es)
-                : (void)memmove((char *)q->recv + mine.off * es, q->send, mine.len * es);
+            move_bytes(q, (char *)q->recv + mine.off * es, q->send, mine.len * es,
+                       streaming(q) && !overlaps((char *)q->recv + mine.off * es, mine.len * es, q->send, mine.len * es));
         if (n == 1) return (void)alloc_reqs(q, 0);
-        size_t ch = CHUNK_BYTES / es, total = 0;
+        size_t ch = c->chunk_bytes / es, total = 0;
         for (int p = 0; p < n; p++) total += nchunks(segment(q->count, n, p).len, ch);
         NetReq *r = alloc_reqs(q, total - nchunks(mine.len, ch) + (size_t)(n - 1) * nchunks(mine.len, ch));
         size_t i = 0;
         for (int p = 0; p < n; p++) {
             if (p == me) continue;
             for (size_t j = 0; j < nchunks(mine.len, ch); j++)
-                net_post_send(c->conn[p], req(&r[i++], p, (const char *)q->send + j * ch * es, chunk_len(mine.len, ch, j) * es, NULL));
+                net_post_send(c->conn[p], req(q, &r[i++], p, (const char *)q->send + j * ch * es, chunk_len(mine.len, ch, j) * es, NULL));
             Range s = segment(q->count, n, p);
             for (size_t j = 0; j < nchunks(s.len, ch); j++) {
-                NetReq *x = req(&r[i++], p, (char *)q->recv + (s.off + j * ch) * es, chunk_len(s.len, ch, j) * es, NULL);
+                NetReq *x = req(q, &r[i++], p, (char *)q->recv + (s.off + j * ch) * es, chunk_len(s.len, ch, j) * es, NULL);
                 x->streaming = streaming(q);
                 net_post_recv(c->conn[p], x);
             }
@@ -286,9 +318,9 @@ void op_start(Comm *c, CommRequest *q) {
     // all-reduce and reduce-scatter: every rank's contribution goes to the owner of its range
     q->small = q->kind == REQ_ALLREDUCE && q->count * es <= SMALL_BYTES;
     q->send = private_input(c, q);
-    size_t ch = CHUNK_BYTES / acc_size(q->t);
+    size_t ch = c->chunk_bytes / acc_size(q->t);
     q->chunk = ch;
-    q->red_first = (NetReduce){ es, acc_size(q->t), 1, reduce_fn, q->t, q->op };
+    q->red_first = (NetReduce){ es, acc_size(q->t), 1, q->dev ? dev_reduce_fn : reduce_fn, q->t, q->op, q->dev };
     q->red_rest = q->red_first;
     q->red_rest.first = 0;
     Range mine = q->small ? (Range){ 0, q->count } : segment(q->count, n, me);
@@ -310,7 +342,7 @@ void op_start(Comm *c, CommRequest *q) {
         if (p == me) continue;
         Range s = q->small ? (Range){ 0, q->count } : segment(q->count, n, p);
         for (size_t j = 0; j < nchunks(s.len, ch); j++)
-            net_post_send(c->conn[p], req(&r[i++], p, (const char *)q->send + (s.off + j * ch) * es, chunk_len(s.len, ch, j) * es, NULL));
+            net_post_send(c->conn[p], req(q, &r[i++], p, (const char *)q->send + (s.off + j * ch) * es, chunk_len(s.len, ch, j) * es, NULL));
     }
     q->nsend = i;
     q->rrecv = r + i;
@@ -343,12 +375,22 @@ static int advance_reduction(Comm *c, CommRequest *q) {
                     if (!q->nr[i].complete) return moved;
             }
             char *out = owned_out(q, q->rj);
-            finish_acc(out, c->acc, clen, q->t, q->op, n, streaming(q));
+            if (q->dev && q->n_ag_send) { // the peers gather the chunk once the device has finished it
+                if (!q->fin) {
+                    finish_acc(q, out, acc_of(c, q), clen, n, 0);
+                    q->fin = q->dev->mark(DEV_COMM);
+                }
+                if (!q->dev->test(q->fin)) return moved;
+                q->dev->release(q->fin);
+                q->fin = NULL;
+            } else {
+                finish_acc(q, out, acc_of(c, q), clen, n, streaming(q));
+            }
             if (q->n_ag_send)
                 for (int p = 0, i = 0; p < n; p++)
                     if (p != me) {
                         NetReq *r = &q->ag_send[q->rj * (size_t)(n - 1) + (size_t)i++];
-                        net_post_send(c->conn[p], req(r, p, out, clen * es, NULL));
+                        net_post_send(c->conn[p], req(q, r, p, out, clen * es, NULL));
                     }
             q->rj++;
             q->rk = 0;
@@ -357,14 +399,14 @@ static int advance_reduction(Comm *c, CommRequest *q) {
         }
         const NetReduce *red = q->rk == 0 ? &q->red_first : &q->red_rest;
         if (q->rk == me) {
-            red->fn(red, c->acc, (const char *)q->send + (q->own_off + q->rj * q->chunk) * es, clen);
+            red->fn(red, acc_of(c, q), (const char *)q->send + (q->own_off + q->rj * q->chunk) * es, clen);
             q->rk++;
             moved = 1;
             continue;
         }
         NetReq *r = &q->rrecv[q->rj * (size_t)(n - 1) + (size_t)slot_of_peer(me, q->rk)];
         if (!q->posted) {
-            net_post_recv(c->conn[q->rk], req(r, q->rk, c->acc, clen * es, red));
+            net_post_recv(c->conn[q->rk], req(q, r, q->rk, acc_of(c, q), clen * es, red));
             q->posted = 1;
             int m = 0;
             c->conn[q->rk]->ops->progress(c->conn[q->rk], &m);
@@ -382,7 +424,7 @@ static int advance_reduction(Comm *c, CommRequest *q) {
             if (p == me) continue;
             Range s = segment(q->count, n, p);
             for (size_t j = 0; j < nchunks(s.len, ch); j++) {
-                NetReq *x = req(&q->ag_recv[i++], p, (char *)q->recv + (s.off + j * ch) * es, chunk_len(s.len, ch, j) * es, NULL);
+                NetReq *x = req(q, &q->ag_recv[i++], p, (char *)q->recv + (s.off + j * ch) * es, chunk_len(s.len, ch, j) * es, NULL);
                 x->streaming = streaming(q);
                 net_post_recv(c->conn[p], x);
             }
@@ -404,7 +446,12 @@ int op_complete(CommRequest *q) {
     if (q->rrecv && (q->rj < q->rnch || !q->ag_posted)) return 0;
     while (q->scan < q->nnr && q->nr[q->scan].complete) q->scan++;
     // transfers planned but not yet posted count as incomplete: they are zeroed, complete == 0
-    return q->scan == q->nnr;
+    if (q->scan < q->nnr) return 0;
+    if (!q->dev) return 1;
+    // device memory: complete once the last work queued for it (a local copy, the last chunk's
+    // rounding) has finished, so that the caller may use the result on any stream
+    if (!q->last) q->last = q->dev->mark(DEV_COMM);
+    return q->dev->test(q->last);
 }
 
 int op_waits_for(const CommRequest *q) {
@@ -416,6 +463,12 @@ int op_waits_for(const CommRequest *q) {
 }
 
 void op_release(CommRequest *q) {
+    if (q->dev) {
+        q->dev->release(q->ready);
+        q->dev->release(q->fin);
+        q->dev->release(q->last);
+        q->ready = q->fin = q->last = NULL;
+    }
     if (q->nr != q->inline_nr) free(q->nr);
     q->nr = NULL;
 }

@@ -11,9 +11,11 @@
 
 #include "bootstrap.h"
 #include "collectives.h"
+#include "devmem.h"
 #include "net.h"
 
 #define CHUNK_BYTES (256u << 10) // accumulator bytes per chunk: a chunk's reduction stays in L2
+#define DEV_CHUNK_BYTES (4u << 20) // on a device communicator: a chunk is a kernel, large enough to fill it
 #define SMALL_BYTES 4096u         // all-reduces up to this size: one exchange, no all-gather
 #define INLINE_REQS 16            // transfers an operation carries without allocating
 #define STREAM_BYTES (16u << 20)  // operations from this size copy past the cache (half this L3)
@@ -47,10 +49,14 @@ struct Comm {
     int driver;               // 0: nobody drives, 1: the progress thread, 2: a caller
     int shutdown;
     pthread_t thread;
+    size_t chunk_bytes;       // accumulator bytes per chunk: CHUNK_BYTES, DEV_CHUNK_BYTES with a device
     unsigned char *acc;       // one chunk's accumulator
     unsigned char *work;      // a private copy of an input that its own output overlaps
     size_t work_bytes;
     MemAccount *work_acct;    // where work comes from (comm_count_memory); NULL: uncounted
+    const DevMem *dev;        // device memory this communicator moves in place (comm_use_device)
+    void *dacc, *dwork;       // the device's accumulator and private copy (allocated on first use)
+    size_t dwork_bytes;
     _Atomic uint64_t busy_ns; // time operations were running
 };
 
@@ -79,6 +85,10 @@ struct CommRequest {
     int small, ag_posted, hold_finish;
     int slot, slot_done, slot_peer; // a small collective through the slots: done, and whom it waits for
     uint64_t seq;
+    // device buffers (c->dev owns them): the compute stream's mark at submission, which the start
+    // waits for; a finished chunk's mark, which its all-gather sends wait for; the last queued work's
+    const DevMem *dev;
+    DevMark *ready, *fin, *last;
     NetReq inline_nr[INLINE_REQS]; // last: submit() clears everything before it
 };
 
@@ -94,6 +104,10 @@ int op_complete(CommRequest *q);
 int op_waits_for(const CommRequest *q);
 // Frees what op_start allocated.
 void op_release(CommRequest *q);
+// The host's reductions (what the device's must equal bitwise): acc = in (first) or acc (op)= in over
+// n elements of `type`, fp32 accumulators for bf16; out = acc rounded once (divided by ranks for avg).
+void comm_reduce_host(void *acc, const void *in, size_t n, int type, int op, int first);
+void comm_finish_host(void *out, const void *acc, size_t n, int type, int op, int ranks, int streaming);
 static inline int op_is_p2p(const CommRequest *q) { return q->kind == REQ_SEND || q->kind == REQ_RECV; }
 
 #endif

@@ -36,6 +36,7 @@ int comm_parse_transport(const char *s) {
 static const char *const TRANSPORT_NAMES[] = { "auto", "shm", "tcp", "verbs" };
 
 static void *progress_main(void *arg);
+static int has_work_locked(const Comm *c) { return c->head || c->cur || c->p2p; }
 
 // What decides each pair's transport, shared by the world's communicators (the last one closes it).
 // Where verbs may carry a pair (--transport verbs, or auto on more than one node), every rank opens
@@ -198,7 +199,8 @@ static void comm_connect(Comm *c) {
     c->slots = c->size > 1;
     for (int r = 0; r < c->size; r++)
         if (c->conn[r] && !c->conn[r]->ops->slot) c->slots = 0;
-    c->acc = xmalloc(CHUNK_BYTES);
+    c->chunk_bytes = CHUNK_BYTES;
+    c->acc = xmalloc(c->chunk_bytes);
     if (pthread_mutex_init(&c->mu, NULL) || pthread_cond_init(&c->work_cv, NULL) || pthread_cond_init(&c->done_cv, NULL))
         die("pthread init failed");
     if (pthread_create(&c->thread, NULL, progress_main, c) != 0) die("pthread_create: %s", strerror(errno));
@@ -303,6 +305,17 @@ Comm *comm_split(Comm *parent, int colour, int key, const char *name) {
     return c;
 }
 
+void comm_use_device(Comm *c, const DevMem *dev) {
+    if (!c) return;
+    pthread_mutex_lock(&c->mu);
+    if (c->driver || has_work_locked(c)) die("internal: comm_use_device on communicator %s while it runs operations", c->name);
+    c->dev = dev;
+    c->chunk_bytes = dev ? DEV_CHUNK_BYTES : CHUNK_BYTES; // every member attaches alike, so chunks match
+    free(c->acc);
+    c->acc = xmalloc(c->chunk_bytes);
+    pthread_mutex_unlock(&c->mu);
+}
+
 double comm_busy_seconds(Comm *c) { return atomic_load(&c->busy_ns) * 1e-9; }
 int comm_rank(const Comm *c) { return c->rank; }
 int comm_size(const Comm *c) { return c->size; }
@@ -372,11 +385,19 @@ void comm_destroy(Comm *c) {
     free(c->world_ranks);
     free(c->acc);
     set_work(c, 0, NULL, NULL);
+    if (c->dev) {
+        c->dev->free(c->dacc);
+        c->dev->free(c->dwork);
+    }
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->work_cv);
     pthread_cond_destroy(&c->done_cv);
+    const DevMem *dev = c->dev;
     free(c);
-    if (world_hold(w, -1) == 0) world_destroy(w);
+    if (world_hold(w, -1) == 0) {
+        if (dev) dev->forget_peers(); // the last communicator: no peer's device memory is read any more
+        world_destroy(w);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -399,6 +420,8 @@ static int start_queued(Comm *c) {
     pthread_mutex_lock(&c->mu);
     while (c->head && !c->cur) { // a collective posts until it ends: nothing issued later may pass it
         CommRequest *q = c->head;
+        // device buffers: the kernels that wrote them must have finished (the mark of submission)
+        if (q->ready && !q->dev->test(q->ready)) break;
         c->head = q->next;
         if (!c->head) c->tail = NULL;
         q->next = NULL;
@@ -508,6 +531,16 @@ static void waiter_pass(Comm *c, Waiter *wt, int moved) {
         if (world_root_cause(c->w, peer_w, why, sizeof why) == peer_w) world_die_after(c->w, peer_w, "%s: rank %d %s", head, peer_w, why);
         world_die_after(c->w, peer_w, "%s", head);
     }
+    // queued device work finishes without ringing anything: look again soon
+    if (q && q->dev) {
+        sched_yield();
+        return;
+    }
+    for (CommRequest *h = c->head; h; h = h->next)
+        if (h->ready) {
+            sched_yield();
+            return;
+        }
     // sleep until a peer rings or a socket is ready; the doorbell is armed before the last look
     uint32_t key = doorbell_arm(c->bell);
     if (engine_pass(c)) {
@@ -583,6 +616,18 @@ static void check_args(const Comm *c, int kind, CommType t, CommOp op, int root,
         die("internal: %s on communicator %s: bad peer %d", REQ_NAMES[kind], c->name, kind == REQ_BROADCAST ? root : peer);
 }
 
+// An operation on device memory (the communicator's DevMem owns its buffers) starts after the compute
+// stream's work queued so far, which wrote them. Its buffers are all device or all host memory.
+static void classify(Comm *c, CommRequest *q) {
+    if (!c->dev) return;
+    int ds = q->send && c->dev->owns(q->send), dr = q->recv && c->dev->owns(q->recv);
+    if (!ds && !dr) return;
+    if ((q->send && !ds) || (q->recv && !dr))
+        die("internal: %s on communicator %s mixes device and host buffers", REQ_NAMES[q->kind], c->name);
+    q->dev = c->dev;
+    q->ready = c->dev->mark(DEV_COMPUTE);
+}
+
 static CommRequest *submit(Comm *c, int kind, const void *send, void *recv, size_t count, CommType t, CommOp op,
                            int root, int peer, int async) {
     check_args(c, kind, t, op, root, peer);
@@ -590,6 +635,7 @@ static CommRequest *submit(Comm *c, int kind, const void *send, void *recv, size
     memset(q, 0, offsetof(CommRequest, inline_nr));
     q->c = c, q->kind = kind, q->send = send, q->recv = recv, q->count = count, q->t = t, q->op = op, q->root = root;
     q->peer = peer;
+    classify(c, q);
     pthread_mutex_lock(&c->mu);
     if (c->tail) c->tail->next = q;
     else c->head = q;
@@ -656,8 +702,8 @@ int comm_test(CommRequest *q) {
 // or allocating it (the latency path); otherwise it waits its turn.
 static void run(Comm *c, int kind, const void *s, void *r, size_t n, CommType t, CommOp op, int root, int peer) {
     pthread_mutex_lock(&c->mu);
-    if (c->driver || has_work(c)) {
-        pthread_mutex_unlock(&c->mu);
+    if (c->driver || has_work(c) || (c->dev && ((s && c->dev->owns(s)) || (r && c->dev->owns(r))))) {
+        pthread_mutex_unlock(&c->mu); // device memory goes the queued way: it waits for the compute stream
         comm_wait(submit(c, kind, s, r, n, t, op, root, peer, 0));
         return;
     }

@@ -94,6 +94,13 @@ const char *comm_name(const Comm *comm);
 const char *comm_transports(const Comm *comm, char *buf, size_t cap);
 // Seconds this communicator's progress thread has spent running operations (for comm_ms).
 double comm_busy_seconds(Comm *comm);
+// Device memory (devmem.h): from now on, operations whose buffers `dev` owns move and reduce them on
+// the device (CUDA IPC inside a node, pinned staging across nodes) without the host touching their
+// bytes; other operations stay on the host. Every member attaches the same device kind, before the
+// communicator's first operation or between operations; an operation's buffers are all of one kind,
+// on every rank. NULL detaches.
+struct DevMem;
+void comm_use_device(Comm *comm, const struct DevMem *dev);
 
 // An all-reduce or reduce-scatter whose output overlaps its input otherwise than exactly in place (or,
 // for a reduce-scatter, in this rank's own segment) reduces from a private copy of the input: the

@@ -34,6 +34,7 @@ typedef struct NetReduce {
     int first;
     void (*fn)(const struct NetReduce *r, void *acc, const void *in, size_t n);
     int type, op; // CommType and CommOp, for fn
+    const struct DevMem *dev; // a device reduction (devmem.h): fn queues it
 } NetReduce;
 
 typedef struct NetReq {
@@ -41,6 +42,8 @@ typedef struct NetReq {
     size_t bytes;            // bytes on the wire (a reducing receive: incoming elements x in_size)
     const NetReduce *reduce; // receives only: NULL copies
     int streaming;           // receives only: a large operation's bytes, copied past the cache
+    const struct DevMem *dev; // buf is device memory of this DevMem (devmem.h); NULL: host memory
+    struct DevMark *mark;     // transport-private: queued device work the request waits for
     size_t done;             // bytes moved so far
     int complete;            // set by the transport; the request is then the caller's again
     int peer;                // communicator rank, for the engine

@@ -8,9 +8,13 @@
 //          receiver maps once and reads in place
 //   CMA    header + an address: the receiver reads the sender's ordinary memory with
 //          process_vm_readv (cross-memory attach), one kernel copy
-// MAP and CMA are single-copy: the receiver copies, or reduces, straight from the sender's buffer
-// into its own, then bumps a per-ring counter (a step flag, release/acquire) that completes the
-// sender's request. This is the protocol the CUDA IPC transport follows with device buffers.
+//   DEV    header + a device handle (devmem.h): the bytes sit in the sender's device memory, which
+//          the receiver opens once (CUDA IPC) and reads with the device's copy and reduction
+// MAP, CMA and DEV are single-copy: the receiver copies, or reduces, straight from the sender's
+// buffer into its own, then bumps a per-ring counter (a step flag, release/acquire) that completes
+// the sender's request. For DEV the copy or reduction is queued on the device, and the flag is bumped
+// only once the device's mark says it has finished reading, so the flag in host shared memory orders
+// device work of two processes exactly as it orders host copies.
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -27,6 +31,7 @@
 #include <unistd.h>
 
 #include "common.h"
+#include "devmem.h"
 #include "hostmem.h"
 #include "net.h"
 
@@ -88,7 +93,7 @@ typedef struct {
     int fd;
 } ShmEndpoint;
 
-enum { REC_EAGER = 1, REC_MAP, REC_CMA };
+enum { REC_EAGER = 1, REC_MAP, REC_CMA, REC_DEV };
 typedef struct {
     uint32_t kind, pad;
     uint64_t bytes;
@@ -128,6 +133,21 @@ static int send_some(ShmConn *sc, NetReq *q) {
     Ring *r = sc->tx;
     uint64_t head = atomic_load_explicit(&r->head, memory_order_relaxed);
     size_t space = RING_BYTES - (size_t)(head - atomic_load_explicit(&r->tail, memory_order_acquire));
+    if (q->tstate == 0 && q->dev) { // device memory: always single-copy, through its exported handle
+        RecHdr hdr = { REC_DEV, 0, q->bytes };
+        DevHandle h;
+        if (space < sizeof hdr + sizeof h) return 0;
+        if (!q->dev->export_range(q->buf, q->bytes, &h))
+            die("%s on communicator %s: cannot export a device buffer of %zu bytes to rank %d (%s)", opname(&sc->base),
+                sc->base.comm, q->bytes, sc->base.peer_world, q->dev->name);
+        ring_write(r, head, &hdr, sizeof hdr);
+        ring_write(r, head + sizeof hdr, &h, sizeof h);
+        q->tseq = ++sc->rdv_sent;
+        q->tstate = 2;
+        atomic_store_explicit(&r->head, head + sizeof hdr + sizeof h, memory_order_release);
+        doorbell_ring(sc->peer_bell);
+        return 1;
+    }
     if (q->tstate == 0) { // choose the record: single-copy when the receiver can read our buffer
         HostMemHandle h;
         int kind = REC_EAGER;
@@ -209,6 +229,38 @@ static void cma_read(ShmConn *sc, NetReq *q, uint64_t addr) {
     }
 }
 
+// The step flag of a single-copy record of rec bytes at tail: the receiver is done with the sender's buffer.
+static void single_copy_done(ShmConn *sc, NetReq *q, uint64_t tail, size_t rec) {
+    Ring *r = sc->rx;
+    atomic_store_explicit(&r->tail, tail + rec, memory_order_release);
+    atomic_store_explicit(&r->rdv_done, atomic_load_explicit(&r->rdv_done, memory_order_relaxed) + 1, memory_order_release);
+    q->complete = 1;
+}
+
+// A DEV record: queues the device's copy or reduction from the peer's buffer and a mark after it;
+// the request waits in state 5 until the mark has passed (recv_device_done).
+static void recv_device(ShmConn *sc, NetReq *q, const RecHdr *hdr, uint64_t tail) {
+    NetConn *c = &sc->base;
+    DevHandle h;
+    ring_read(sc->rx, tail + sizeof *hdr, &h, sizeof h);
+    char why[256];
+    const void *src = q->dev->open_range(c->peer_pid, &h, why, sizeof why);
+    if (!src && kill(c->peer_pid, 0) != 0)
+        net_peer_lost(c, "%s on communicator %s: rank %d (pid %d) died", opname(c), c->comm, c->peer_world, (int)c->peer_pid);
+    if (!src) die("%s on communicator %s: cannot open rank %d's device memory: %s", opname(c), c->comm, c->peer_world, why);
+    if (q->reduce) net_reduce_bytes(q->reduce, q->buf, 0, src, q->bytes);
+    else q->dev->copy(q->buf, src, q->bytes);
+    q->mark = q->dev->mark(DEV_COMM);
+    q->tstate = 5;
+}
+static int recv_device_done(ShmConn *sc, NetReq *q) {
+    if (!q->dev->test(q->mark)) return 0;
+    q->dev->release(q->mark);
+    q->mark = NULL;
+    single_copy_done(sc, q, atomic_load_explicit(&sc->rx->tail, memory_order_relaxed), sizeof(RecHdr) + sizeof(DevHandle));
+    return 1;
+}
+
 // Finishes a single-copy record whose header is at tail.
 static void recv_single_copy(ShmConn *sc, NetReq *q, const RecHdr *hdr, uint64_t tail) {
     NetConn *c = &sc->base;
@@ -231,9 +283,7 @@ static void recv_single_copy(ShmConn *sc, NetReq *q, const RecHdr *hdr, uint64_t
         rec += 8;
         cma_read(sc, q, addr);
     }
-    atomic_store_explicit(&r->tail, tail + rec, memory_order_release);
-    atomic_store_explicit(&r->rdv_done, atomic_load_explicit(&r->rdv_done, memory_order_relaxed) + 1, memory_order_release);
-    q->complete = 1;
+    single_copy_done(sc, q, tail, rec);
 }
 
 static void shm_progress(NetConn *c, int *moved) {
@@ -258,6 +308,11 @@ static void shm_progress(NetConn *c, int *moved) {
     Ring *r = sc->rx;
     int freed = 0;
     for (NetReq *q = c->rq; q && !q->complete; q = q->next) {
+        if (q->tstate == 5) { // a device read in flight
+            if (!recv_device_done(sc, q)) break;
+            *moved = freed = 1;
+            continue;
+        }
         uint64_t tail = atomic_load_explicit(&r->tail, memory_order_relaxed);
         size_t avail = (size_t)(atomic_load_explicit(&r->head, memory_order_acquire) - tail);
         if (q->tstate == 0) {
@@ -267,8 +322,17 @@ static void shm_progress(NetConn *c, int *moved) {
             if (hdr.bytes != q->bytes)
                 die("%s on communicator %s: rank %d sent a message of %llu bytes where %zu were expected", opname(c),
                     c->comm, c->peer_world, (unsigned long long)hdr.bytes, q->bytes);
+            if ((hdr.kind == REC_DEV) != (q->dev != NULL))
+                die("%s on communicator %s: rank %d sent %s memory where this rank receives into %s memory (every rank "
+                    "of an operation passes buffers of one kind)", opname(c), c->comm, c->peer_world,
+                    hdr.kind == REC_DEV ? "device" : "host", q->dev ? "device" : "host");
             *moved = 1;
             freed = 1;
+            if (hdr.kind == REC_DEV) {
+                recv_device(sc, q, &hdr, tail);
+                if (!recv_device_done(sc, q)) break;
+                continue;
+            }
             if (hdr.kind != REC_EAGER) {
                 recv_single_copy(sc, q, &hdr, tail);
                 continue;
@@ -306,6 +370,8 @@ static const char *shm_peer_state(NetConn *c, char *buf, size_t cap) { return pr
 
 static void shm_close(NetConn *c) {
     ShmConn *sc = (ShmConn *)c;
+    for (NetReq *q = c->rq; q; q = q->next) // a device read still in flight when the job stops
+        if (q->mark) q->dev->release(q->mark), q->mark = NULL;
     munmap(sc->peer_inbox, sc->peer_inbox_bytes);
     free(sc->bounce);
     free(sc);

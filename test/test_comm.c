@@ -1,24 +1,28 @@
 // Collective tests: every collective against a serial reference computed here, for every type, op,
 // count and placement, on the world and on split communicators, two in flight at once, async overlap
-// and point-to-point. Run as `test_comm --nproc N [--transport auto|shm|tcp|verbs] [--quick|--small]`
-// (or under a torchrun/Slurm environment).
+// and point-to-point. Run as `test_comm --nproc N [--transport auto|shm|tcp|verbs] [--quick|--small]
+// [--device cpu|cuda]` (or under a torchrun/Slurm environment).
 //
 // Every rank can compute every rank's input (a function of the world rank and the index), so each rank
 // checks its own output against a serial reduction in the order the collectives promise: element i
 // is x_0[i] (op) x_1[i] (op) ... (op) x_{n-1}[i], communicator ranks in order, accumulated in fp32
 // for bf16 (rounded once) and divided by n at the end for avg. Outputs must match bitwise, floats
 // included. Buffers come both from registered memory (hostmem_alloc: the single-copy path) and from
-// malloc (cross-memory attach, or copies through the ring).
+// malloc (cross-memory attach, or copies through the ring). With --device cpu every buffer is device
+// memory of the stand-in (devmem.h: pointers the host cannot dereference, marks that pass late), so
+// the same checks cover the device path: exported handles, reads ordered by marks, TCP staging.
 #define _GNU_SOURCE
 #include <stdlib.h>
 #include <string.h>
 
 #include "collectives.h"
 #include "common.h"
+#include "devmem.h"
 #include "hostmem.h"
 #include "kernels.h"
 
 static int failures;
+static const DevMem *DEV; // --device cpu: the stand-in's memory for every buffer the collectives move
 
 static uint64_t hash64(uint64_t x) {
     x += 0x9e3779b97f4a7c15ULL;
@@ -78,7 +82,33 @@ static void *reference_reduce(Comm *c, size_t count, CommType t, CommOp op, uint
     return out;
 }
 
-static void expect_equal(Comm *c, const char *what, const void *got, const void *want, size_t bytes) {
+// Host views of test buffers: filled on the host and copied in (put), copied out before comparing.
+static void put(void *dst, const void *host, size_t bytes) {
+    if (DEV) DEV->copy(dst, host, bytes);
+    else memcpy(dst, host, bytes);
+}
+static void fill(void *dst, size_t count, CommType t, int w, uint64_t tc) {
+    if (!DEV) return gen(dst, count, t, w, tc);
+    void *h = xmalloc(count * comm_type_size(t) + 1);
+    gen(h, count, t, w, tc);
+    put(dst, h, count * comm_type_size(t));
+    free(h);
+}
+static void set_bytes(void *dst, int v, size_t bytes) {
+    if (!DEV) return (void)memset(dst, v, bytes);
+    void *h = xmalloc(bytes + 1);
+    memset(h, v, bytes);
+    put(dst, h, bytes);
+    free(h);
+}
+
+static void expect_equal(Comm *c, const char *what, const void *gotp, const void *want, size_t bytes) {
+    void *copy = NULL;
+    const void *got = gotp;
+    if (DEV && bytes) {
+        got = copy = xmalloc(bytes);
+        DEV->copy(copy, gotp, bytes);
+    }
     if (bytes && memcmp(got, want, bytes) != 0) {
         size_t i = 0;
         while (((const unsigned char *)got)[i] == ((const unsigned char *)want)[i]) i++;
@@ -86,6 +116,7 @@ static void expect_equal(Comm *c, const char *what, const void *got, const void 
                comm_name(c), i, bytes);
         failures++;
     }
+    free(copy);
 }
 
 static uint64_t case_id;
@@ -93,7 +124,12 @@ static uint64_t case_id;
 // Buffers the collectives move: registered memory for most cases, malloc for every third (which
 // rank gets which varies, so that both kinds meet in one operation). hostmem_free frees either.
 static void *tbuf(Comm *c, size_t bytes, uint64_t tc) {
+    if (DEV) return DEV->alloc(bytes);
     return (tc + (uint64_t)comm_world_rank(c, comm_rank(c))) % 3 ? hostmem_alloc(bytes) : xmalloc(bytes);
+}
+static void tfree(void *p) {
+    if (DEV) DEV->free(p);
+    else hostmem_free(p);
 }
 
 static void test_reductions(Comm *c, size_t count, CommType t, CommOp op, int in_place) {
@@ -104,19 +140,19 @@ static void test_reductions(Comm *c, size_t count, CommType t, CommOp op, int in
     unsigned char *want = reference_reduce(c, count, t, op, tc);
     unsigned char *send = tbuf(c, count * es + 1, tc), *recv = tbuf(c, count * es + 1, tc + 1);
     // all-reduce
-    gen(send, count, t, comm_world_rank(c, r), tc);
+    fill(send, count, t, comm_world_rank(c, r), tc);
     if (in_place) {
         comm_all_reduce(c, send, send, count, t, op);
         snprintf(what, sizeof what, "all_reduce %s %s count %zu in place", comm_type_name(t), comm_op_name(op), count);
         expect_equal(c, what, send, want, count * es);
     } else {
-        memset(recv, 0xab, count * es);
+        set_bytes(recv, 0xab, count * es);
         comm_all_reduce(c, send, recv, count, t, op);
         snprintf(what, sizeof what, "all_reduce %s %s count %zu", comm_type_name(t), comm_op_name(op), count);
         expect_equal(c, what, recv, want, count * es);
     }
     // reduce-scatter: rank r gets segment r
-    gen(send, count, t, comm_world_rank(c, r), tc);
+    fill(send, count, t, comm_world_rank(c, r), tc);
     size_t off = (size_t)r * seg < count ? (size_t)r * seg : count;
     size_t len = off + seg < count ? seg : count - off;
     void *dst = in_place ? (void *)send : (void *)recv;
@@ -124,8 +160,8 @@ static void test_reductions(Comm *c, size_t count, CommType t, CommOp op, int in
     snprintf(what, sizeof what, "reduce_scatter %s %s count %zu%s", comm_type_name(t), comm_op_name(op), count, in_place ? " in place" : "");
     expect_equal(c, what, dst, want + off * es, len * es);
     free(want);
-    hostmem_free(send);
-    hostmem_free(recv);
+    tfree(send);
+    tfree(recv);
 }
 
 static void test_gather_broadcast(Comm *c, size_t count, CommType t, int in_place) {
@@ -137,33 +173,34 @@ static void test_gather_broadcast(Comm *c, size_t count, CommType t, int in_plac
     unsigned char *want = xmalloc(count * es + 1), *part = tbuf(c, seg * es + 1, tc), *out = tbuf(c, count * es + 1, tc + 1);
     for (int q = 0; q < n; q++) {
         size_t off = (size_t)q * seg < count ? (size_t)q * seg : count, len = off + seg < count ? seg : count - off;
-        gen(part, seg, t, comm_world_rank(c, q), tc);
-        memcpy(want + off * es, part, len * es);
+        gen(want + off * es, len, t, comm_world_rank(c, q), tc);
     }
     size_t off = (size_t)r * seg < count ? (size_t)r * seg : count, len = off + seg < count ? seg : count - off;
-    memset(out, 0xcd, count * es);
+    unsigned char *mine = xmalloc(seg * es + 1);
+    gen(mine, seg, t, comm_world_rank(c, r), tc);
+    set_bytes(out, 0xcd, count * es);
     if (in_place) {
-        gen(part, seg, t, comm_world_rank(c, r), tc);
-        memcpy(out + off * es, part, len * es);
+        put(out + off * es, mine, len * es);
         comm_all_gather(c, out + off * es, out, count, t);
     } else {
-        gen(part, seg, t, comm_world_rank(c, r), tc);
+        put(part, mine, seg * es);
         comm_all_gather(c, part, out, count, t);
     }
+    free(mine);
     snprintf(what, sizeof what, "all_gather %s count %zu%s", comm_type_name(t), count, in_place ? " in place" : "");
     expect_equal(c, what, out, want, count * es);
     // broadcast from the first and the last rank
     for (int root = 0; root < n; root += (n > 1 ? n - 1 : 1)) {
         gen(want, count, t, comm_world_rank(c, root), tc + 7);
-        if (r == root) memcpy(out, want, count * es);
-        else memset(out, 0xee, count * es);
+        if (r == root) put(out, want, count * es);
+        else set_bytes(out, 0xee, count * es);
         comm_broadcast(c, out, count, t, root);
         snprintf(what, sizeof what, "broadcast %s count %zu root %d", comm_type_name(t), count, root);
         expect_equal(c, what, out, want, count * es);
     }
     free(want);
-    hostmem_free(part);
-    hostmem_free(out);
+    tfree(part);
+    tfree(out);
 }
 
 // Two all-reduces in flight on two communicators, plus compute between start and wait.
@@ -171,8 +208,8 @@ static void test_concurrent(Comm *a, Comm *b) {
     size_t count = 300007;
     uint64_t ta = ++case_id, tb = ++case_id;
     float *xa = tbuf(a, count * 4, ta), *xb = tbuf(b, count * 4, tb);
-    gen(xa, count, CT_F32, comm_world_rank(a, comm_rank(a)), ta);
-    gen(xb, count, CT_F32, comm_world_rank(b, comm_rank(b)), tb);
+    fill(xa, count, CT_F32, comm_world_rank(a, comm_rank(a)), ta);
+    fill(xb, count, CT_F32, comm_world_rank(b, comm_rank(b)), tb);
     CommRequest *ra = comm_iall_reduce(a, xa, xa, count, CT_F32, OP_SUM);
     CommRequest *rb = comm_iall_reduce(b, xb, xb, count, CT_F32, OP_SUM);
     // compute while the collectives run
@@ -184,7 +221,7 @@ static void test_concurrent(Comm *a, Comm *b) {
     float *wa = reference_reduce(a, count, CT_F32, OP_SUM, ta), *wb = reference_reduce(b, count, CT_F32, OP_SUM, tb);
     expect_equal(a, "concurrent all_reduce (first communicator)", xa, wa, count * 4);
     expect_equal(b, "concurrent all_reduce (second communicator)", xb, wb, count * 4);
-    hostmem_free(xa); hostmem_free(xb); free(wa); free(wb);
+    tfree(xa); tfree(xb); free(wa); free(wb);
 }
 
 // Every rank sends to the next and receives from the previous at once (a deadlock if serialised).
@@ -194,14 +231,14 @@ static void test_p2p(Comm *c) {
     if (n < 2) return;
     size_t bytes = 3 << 20; // larger than a shared-memory ring
     unsigned char *out = tbuf(c, bytes, tc), *in = tbuf(c, bytes, tc + 1), *want = xmalloc(bytes);
-    gen(out, bytes / 4, CT_I32, comm_world_rank(c, r), tc);
+    fill(out, bytes / 4, CT_I32, comm_world_rank(c, r), tc);
     gen(want, bytes / 4, CT_I32, comm_world_rank(c, (r + n - 1) % n), tc);
     CommRequest *s = comm_isend(c, out, bytes, (r + 1) % n);
     CommRequest *q = comm_irecv(c, in, bytes, (r + n - 1) % n);
     comm_wait(s);
     comm_wait(q);
     expect_equal(c, "send/recv ring exchange", in, want, bytes);
-    hostmem_free(out); hostmem_free(in); free(want);
+    tfree(out); tfree(in); free(want);
 }
 
 static void suite(Comm *c, int full, int quick) {
@@ -240,15 +277,24 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[i], "--comm-timeout")) opt.timeout = atof(argv[i + 1]);
         if (!strcmp(argv[i], "--transport") && (opt.transport = comm_parse_transport(argv[i + 1])) < 0)
             die("--transport must be auto, shm, tcp or verbs");
+        if (!strcmp(argv[i], "--device")) {
+            if (!strcmp(argv[i + 1], "cpu")) DEV = devmem_cpu();
+            else if (!strcmp(argv[i + 1], "cuda") && devmem_cuda()) DEV = devmem_cuda();
+            else die("--device must be cpu (the stand-in) or cuda (a CUDA build), got '%s'", argv[i + 1]);
+        }
     }
     LaunchEnv env;
     launch_env_read(&env); // without a launcher: a world of one
+    if (DEV && DEV == devmem_cuda()) cuda_use_device(env.local_rank % cuda_device_count()); // before any context
     Comm *world = comm_init(&env, &opt);
+    comm_use_device(world, DEV);
     int r = comm_rank(world), n = comm_size(world);
     suite(world, 1, quick || small);
     if (!quick) {
         Comm *parity = comm_split(world, r % 2, r, "parity");
         Comm *reversed = comm_split(world, 0, n - r, "reversed"); // same members, opposite rank order
+        comm_use_device(parity, DEV);
+        comm_use_device(reversed, DEV);
         suite(parity, 0, small);
         suite(reversed, 0, small);
         test_concurrent(parity, reversed);
@@ -256,9 +302,17 @@ int main(int argc, char **argv) {
         comm_destroy(parity);
         comm_destroy(reversed);
     }
-    int total = 0;
+    if (DEV == devmem_cpu()) { // every mark the collectives took was given back
+        long marks, released;
+        devmem_cpu_counts(&marks, &released);
+        if (marks == 0 || marks != released) {
+            printf("FAIL rank %d: the device stand-in's marks: %ld taken, %ld released\n", r, marks, released);
+            failures++;
+        }
+    }
+    int total = 0; // host memory on a device communicator: the host path
     comm_all_reduce(world, &failures, &total, 1, CT_I32, OP_SUM);
-    if (r == 0) printf("collectives on %d rank(s): %s (%d failure(s) over all ranks)\n", n, total ? "FAIL" : "ok", total);
+    if (r == 0) printf("collectives on %d rank(s)%s: %s (%d failure(s) over all ranks)\n", n, DEV ? ", device memory" : "", total ? "FAIL" : "ok", total);
     comm_destroy(world);
     return total ? 1 : 0;
 }
