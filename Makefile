@@ -35,7 +35,7 @@ CUDA_OBJ =
 else
 BACKENDS = cpu+cuda
 CFLAGS += -DLLM4D_CUDA
-CUDA_OBJ = build/kernels_cu.o build/gemm_cu.o build/attention_cu.o
+CUDA_OBJ = build/kernels_cu.o build/gemm_cu.o build/attention_cu.o build/net_ipc_cu.o
 LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lstdc++
 endif
 
@@ -50,6 +50,9 @@ build/%.o: %.c | build
 	$(CC) $(CFLAGS) -c $< -o $@
 
 build/kernels_cu.o: kernels.cu kernels.h gemm.h attention.h common.cuh common.h | build
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+build/net_ipc_cu.o: net_ipc.cu devmem.h kernels.h common.cuh common.h | build
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
 build/attention_cu.o: attention.cu attention.h gemm.h common.cuh common.h | build

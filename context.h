@@ -29,7 +29,9 @@ typedef struct {
     // use and the one arriving; an fp32 [B, T, C] accumulator of the output (forward) or of dq (backward);
     // fp32 [B, T, 2C] dK/dV accumulators, two travelling and one for this rank's own share of a step. They
     // come from the backend's allocator, as the pipeline's hand-off buffers do: on the CPU that is registered
-    // memory (hostmem.h), which the next rank on the node reads in place (single-copy)
+    // memory (hostmem.h), which the next rank on the node reads in place (single-copy); on a GPU device
+    // memory, which the ring's communicators move in place (devmem.h), each transfer starting after the
+    // kernels queued before it and complete once its copies are
     void *kvbuf[2];
     float *acc, *dkv[2], *dkv_part;
     double wait_s; // seconds spent waiting for ring transfers since the caller last reset it

@@ -1521,6 +1521,8 @@ extern "C" void cuda_use_device(int ordinal) {
     dev_init(ordinal);
 }
 
+extern "C" void *cuda_stream_handle(StreamId s) { return (void *)dev()->stream[backend_stream_check((int)s, "stream handle")]; }
+
 // Test hooks (test/test_cuda.c; not in kernels.h): force the SIMT GEMM's tile size (64 or 128; 0
 // automatic), the GEMM (-1 SIMT only, 0 the best tensor-core kernel, GEMM_KERNEL_MMA or _WGMMA), the
 // simple attention kernels (1), and read how often scratch grew and how many ops ran on tensor cores. Results do not depend on the SIMT

@@ -224,6 +224,9 @@ int cuda_device_count(void);
 // scratch there; call it before the first op. Without it the first op initialises device 0. No-op
 // without CUDA.
 void cuda_use_device(int ordinal);
+// The CUDA backend's stream s as a cudaStream_t (net_ipc.cu queues the collectives' device work on
+// STREAM_COMM and records on STREAM_COMPUTE with it, from the progress threads). CUDA builds only.
+void *cuda_stream_handle(StreamId s);
 // The CUDA backend's table; NULL when this binary was built without CUDA. Touches no device: calling it
 // before cuda_use_device creates nothing on device 0.
 const Backend *backend_cuda(void);

@@ -4,9 +4,9 @@
 // Every buffer of the model, the optimizer, the pipeline, the checkpoint writer and the collectives'
 // work areas is allocated through one MemAccount, which records its category. Device memory comes from
 // the backend (mem_alloc; on the CPU, registered host memory: hostmem.h); host buffers that play a
-// device buffer's part (checkpoint staging, the collectives' work areas, a device backend's pipeline
-// staging) come from mem_host_alloc, registered host memory too, so that the ranks of a node read them
-// in place, and count where the device is the host (the CPU backend), not on a GPU.
+// device buffer's part (checkpoint staging, the collectives' work areas) come from mem_host_alloc,
+// registered host memory too, so that the ranks of a node read them in place, and count where the
+// device is the host (the CPU backend), not on a GPU.
 //
 // A dry account allocates nothing: it hands out distinct fake addresses and only counts. With the dry
 // backend (whose copies are no-ops) the trainer's own builders then describe a layout that is not

@@ -495,7 +495,6 @@ void gpt2_free(GPT2 *m) {
     free(m->unit_offset);
     free(m->unit_params);
     free(m->unit_grads);
-    mem_free(a, m->stage_host);
     mem_destroy(a);
     memset(m, 0, sizeof *m);
 }
@@ -541,37 +540,14 @@ enum { TP_SUM, TP_GATHER, TP_SCATTER };
 
 // Tensor-parallel collectives on activations: TP_SUM all-reduces n elements in place; TP_GATHER
 // all-gathers the rows of n elements (this rank's shard at send) into recv; TP_SCATTER reduce-
-// scatters n elements of partial sums at send into this rank's shard at recv. Device memory is
-// staged through the host (the collectives move host memory; CUDA IPC will remove the copies).
+// scatters n elements of partial sums at send into this rank's shard at recv. On a GPU the buffers
+// are device memory, which the communicator moves in place (devmem.h: CUDA IPC inside a node).
 static void tp_collective(GPT2 *m, int kind, const void *send, void *recv, size_t n) {
     if (m->tp == 1) return;
     CommType t = m->dt == DT_BF16 ? CT_BF16 : CT_F32;
-    size_t es = dtype_size(m->dt), shard = n / m->tp;
-    if (m->be->mem_kind == MEMKIND_HOST) {
-        if (kind == TP_SUM) comm_all_reduce(m->tp_comm, send, recv, n, t, OP_SUM);
-        else if (kind == TP_GATHER) comm_all_gather(m->tp_comm, send, recv, n, t);
-        else comm_reduce_scatter(m->tp_comm, send, recv, n, t, OP_SUM);
-        return;
-    }
-    if (m->stage_bytes < n * es) { // host memory: not the device's (mem.h)
-        mem_free(&m->mem, m->stage_host);
-        m->stage_host = mem_host_alloc(&m->mem, MEM_COMM, n * es, "tensor-parallel host staging");
-        m->stage_bytes = n * es;
-    }
-    char *h = m->stage_host;
-    if (kind == TP_SUM) {
-        m->be->to_host(h, send, n * es);
-        comm_all_reduce(m->tp_comm, h, h, n, t, OP_SUM);
-        m->be->to_device(recv, h, n * es);
-    } else if (kind == TP_GATHER) {
-        m->be->to_host(h + (size_t)m->tp_rank * shard * es, send, shard * es);
-        comm_all_gather(m->tp_comm, h + (size_t)m->tp_rank * shard * es, h, n, t);
-        m->be->to_device(recv, h, n * es);
-    } else {
-        m->be->to_host(h, send, n * es);
-        comm_reduce_scatter(m->tp_comm, h, h, n, t, OP_SUM);
-        m->be->to_device(recv, h, shard * es);
-    }
+    if (kind == TP_SUM) comm_all_reduce(m->tp_comm, send, recv, n, t, OP_SUM);
+    else if (kind == TP_GATHER) comm_all_gather(m->tp_comm, send, recv, n, t);
+    else comm_reduce_scatter(m->tp_comm, send, recv, n, t, OP_SUM);
 }
 static void tp_sum(GPT2 *m, void *buf, size_t n) { tp_collective(m, TP_SUM, buf, buf, n); }
 
@@ -604,15 +580,7 @@ static void layernorm_bwd_tp(GPT2 *m, void *dinp, float *dweight, const void *do
     }
     m->be->zero(m->act->ln_grad, 2 * C * sizeof(float));
     m->be->layernorm_bwd(m->dt, dinp, m->act->ln_grad, m->act->ln_grad + C, dout, inp, weight, mean, rstd, rows, C);
-    if (m->be->mem_kind == MEMKIND_HOST) {
-        comm_all_reduce(m->tp_comm, m->act->ln_grad, m->act->ln_grad, 2 * (size_t)C, CT_F32, OP_SUM);
-    } else {
-        float *h = xmalloc(sizeof(float) * 2 * C);
-        m->be->to_host(h, m->act->ln_grad, sizeof(float) * 2 * C);
-        comm_all_reduce(m->tp_comm, h, h, 2 * (size_t)C, CT_F32, OP_SUM);
-        m->be->to_device(m->act->ln_grad, h, sizeof(float) * 2 * C);
-        free(h);
-    }
+    comm_all_reduce(m->tp_comm, m->act->ln_grad, m->act->ln_grad, 2 * (size_t)C, CT_F32, OP_SUM);
     m->be->residual_bwd(DT_F32, dweight, m->act->ln_grad, 2 * (size_t)C);
 }
 

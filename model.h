@@ -126,8 +126,6 @@ typedef struct {
     int cp, cp_rank;
     CpRing ring;
     size_t logits_bytes;  // the largest logits buffer: B·T·Vp_tp elements
-    void *stage_host;     // host staging for tensor-parallel sums of device memory
-    size_t stage_bytes;
     int B, T;         // largest micro-batch the activation buffers hold
     size_t param_sizes[NUM_PARAM_TENSORS];   // elements of this rank's slice, all layers
     size_t file_offsets[NUM_PARAM_TENSORS];  // offsets of the full tensors in llm.c's file order

@@ -50,15 +50,6 @@ void pipeline_init(Pipeline *p, GPT2 *m, Zero *z, Comm *fwd, Comm *bwd) {
     int n = m->nslots;
     p->send_out = xcalloc((size_t)n * p->chunks, sizeof(CommRequest *));
     p->send_grad = xcalloc((size_t)n * p->chunks, sizeof(CommRequest *));
-    p->host_in = xcalloc((size_t)n, sizeof(void *));
-    p->host_out = xcalloc((size_t)n, sizeof(void *));
-    if (m->be->mem_kind != MEMKIND_HOST && p->stages > 1) { // device memory crosses through host staging
-        size_t bytes = gpt2_stage_bytes(m, m->B, m->T);
-        for (int s = 0; s < n; s++) {
-            p->host_in[s] = mem_host_alloc(&m->mem, MEM_COMM, bytes, "pipeline receive staging");
-            p->host_out[s] = mem_host_alloc(&m->mem, MEM_COMM, bytes, "pipeline send staging");
-        }
-    }
 }
 
 void pipeline_place(Placement *pl, int L, int P, int V, int stage, int M, const char *pp_layers) {
@@ -107,14 +98,8 @@ void pipeline_free(Pipeline *p) {
         drain(&p->send_out[s]);
         drain(&p->send_grad[s]);
     }
-    for (int s = 0; s < p->model->nslots; s++) {
-        mem_free(&p->model->mem, p->host_in[s]);
-        mem_free(&p->model->mem, p->host_out[s]);
-    }
     free(p->send_out);
     free(p->send_grad);
-    free(p->host_in);
-    free(p->host_out);
     free(p->trace);
     memset(p, 0, sizeof *p);
 }
@@ -130,28 +115,17 @@ static void trace_op(Pipeline *p, char kind, int mb, int chunk) {
     if (p->chunks > 1) p->trace_len += (size_t)snprintf(p->trace + p->trace_len, p->trace_cap - p->trace_len, "c%d", chunk);
 }
 
-// Receives n bytes from rank `from` of c into device buffer dst (through host staging on devices),
-// counting the wait.
-static void recv_into(Pipeline *p, Comm *c, void *dst, size_t n, int from, int slot) {
-    GPT2 *m = p->model;
+// Receives n bytes from rank `from` of c into dst, counting the wait. On a GPU dst and the sends'
+// sources are device memory that the communicator moves in place (devmem.h), so every (slot, chunk)
+// hands off from its own buffer, which stays untouched until its send completes (send_out and
+// send_grad are drained before the slot is reused): no staging buffer is shared between chunks.
+static void recv_into(Pipeline *p, Comm *c, void *dst, size_t n, int from) {
     double t0 = now_seconds();
-    if (p->host_in[slot]) {
-        comm_recv(c, p->host_in[slot], n, from);
-        m->be->to_device(dst, p->host_in[slot], n);
-    } else {
-        comm_recv(c, dst, n, from);
-    }
+    comm_recv(c, dst, n, from);
     p->wait_s += now_seconds() - t0;
 }
 
-static CommRequest *send_from(Pipeline *p, Comm *c, const void *src, size_t n, int to, int slot) {
-    GPT2 *m = p->model;
-    if (p->host_out[slot]) {
-        m->be->to_host(p->host_out[slot], src, n);
-        return comm_isend(c, p->host_out[slot], n, to);
-    }
-    return comm_isend(c, src, n, to);
-}
+static CommRequest *send_from(Comm *c, const void *src, size_t n, int to) { return comm_isend(c, src, n, to); }
 
 // Neighbours in the virtual pipeline: chunk c of stage s follows chunk c of stage s-1, and chunk c of
 // the last stage feeds chunk c+1 of the first. -1: none (the model's ends).
@@ -176,10 +150,10 @@ static double forward_op(Pipeline *p, const int32_t *inputs, const int32_t *targ
     gpt2_use_slot(m, slot);
     size_t bytes = gpt2_stage_bytes(m, B, T), tokens = (size_t)B * T;
     int from = prev_stage(p, chunk), to = next_stage(p, chunk);
-    if (from >= 0) recv_into(p, p->fwd, gpt2_stage_input(m, chunk), bytes, from, slot);
+    if (from >= 0) recv_into(p, p->fwd, gpt2_stage_input(m, chunk), bytes, from);
     zero_begin_forward(p->zero);
     float loss = gpt2_forward_chunk(m, chunk, inputs + mb * tokens, targets ? targets + mb * tokens : NULL, B, T, dloss);
-    if (to >= 0) p->send_out[sc] = send_from(p, p->fwd, gpt2_stage_output(m, chunk), bytes, to, slot);
+    if (to >= 0) p->send_out[sc] = send_from(p->fwd, gpt2_stage_output(m, chunk), bytes, to);
     trace_op(p, 'F', mb, chunk);
     if (++p->live > p->peak_live) p->peak_live = p->live;
     return to < 0 ? loss : 0.0;
@@ -192,10 +166,10 @@ static void backward_op(Pipeline *p, int mb, int chunk, int M, int B, int T, flo
     gpt2_use_slot(m, slot);
     size_t bytes = gpt2_stage_bytes(m, B, T);
     int from = next_stage(p, chunk), to = prev_stage(p, chunk);
-    if (from >= 0) recv_into(p, p->bwd, gpt2_stage_grad(m), bytes, from, slot);
+    if (from >= 0) recv_into(p, p->bwd, gpt2_stage_grad(m), bytes, from);
     zero_begin_backward(p->zero, mb == M - 1);
     gpt2_backward_chunk(m, chunk, dloss);
-    if (to >= 0) p->send_grad[slot * p->chunks + chunk] = send_from(p, p->bwd, gpt2_stage_grad(m), bytes, to, slot);
+    if (to >= 0) p->send_grad[slot * p->chunks + chunk] = send_from(p->bwd, gpt2_stage_grad(m), bytes, to);
     trace_op(p, 'B', mb, chunk);
     p->live--;
 }
@@ -253,10 +227,10 @@ float pipeline_forward(Pipeline *p, const int32_t *inputs, const int32_t *target
     float loss = 0.0f;
     for (int c = 0; c < p->chunks; c++) { // through the virtual stages in order
         int from = prev_stage(p, c), to = next_stage(p, c);
-        if (from >= 0) recv_into(p, p->fwd, gpt2_stage_input(m, c), bytes, from, 0);
+        if (from >= 0) recv_into(p, p->fwd, gpt2_stage_input(m, c), bytes, from);
         float l = gpt2_forward_chunk(m, c, inputs, targets, B, T, 0.0f);
         if (to >= 0) {
-            CommRequest *r = send_from(p, p->fwd, gpt2_stage_output(m, c), bytes, to, 0);
+            CommRequest *r = send_from(p->fwd, gpt2_stage_output(m, c), bytes, to);
             drain(&r);
         } else {
             loss = l;

@@ -21,7 +21,6 @@ typedef struct {
     Comm *fwd, *bwd; // the pipeline's ranks, twice: activations flow on one, gradients on the other,
                      // so each direction of each channel carries one kind of message in schedule order
     int stages, stage, chunks;
-    void **host_in, **host_out; // host staging per activation set, for device backends
     CommRequest **send_out, **send_grad; // sends still in flight, per activation set and chunk
     double wait_s;   // this step: time spent waiting for activations or gradients
     int live, peak_live; // micro-batches whose activations this stage holds

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "collectives.h"
+#include "devmem.h"
 #include "common.h"
 #include "ckpt.h"
 #include "data.h"
@@ -730,11 +731,15 @@ static void setup_device(Trainer *t) {
     }
     if (threads) t->be->set_threads(threads);
     t->dt = o->dtype >= 0 ? (DType)o->dtype : (t->be == backend_cpu() ? DT_F32 : DT_BF16);
-    // zero.c hands gradient and weight buffers straight to the host collectives: on a GPU that needs
-    // device-aware transports (CUDA IPC), which are not built yet
-    if (t->be != backend_cpu() && (t->topo.dp_size > 1 || t->topo.pp_size > 1 || t->topo.cp_size > 1))
-        die("--device cuda: data, pipeline and context parallelism need device-aware collectives, not built yet (use "
-            "--device cpu, or --tp alone)");
+    // the model, ZeRO, the pipeline and the context-parallel ring hand device buffers to the collectives,
+    // which move them in place (devmem.h: CUDA IPC inside a node, pinned staging across nodes); host
+    // buffers stay on the host
+    if (t->be->mem_kind == MEMKIND_DEVICE) {
+        const DevMem *dev = devmem_cuda(); // after cuda_use_device: the progress threads use that device
+        Topology *tp = &t->topo;
+        Comm *all[] = { tp->world, tp->tp, tp->pp, tp->pp_fwd, tp->pp_bwd, tp->dp, tp->embed, tp->cp, tp->cp_grad };
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) comm_use_device(all[i], dev);
+    }
 }
 
 // The batch arithmetic, bounded so that no count overflows: accum micro-batches of B x T tokens on

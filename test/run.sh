@@ -292,6 +292,16 @@ t_collectives() {
     [ -z "$left" ] || { echo "left behind in /dev/shm: $left"; return 1; }
 }
 
+# The same on device memory of the CPU stand-in (devmem.h: pointers the host cannot dereference, marks
+# that pass late): the CUDA IPC protocol over shared memory (handles, reads ordered before the step
+# flag) on 2 and 3 ranks, and TCP's pinned staging on 3.
+t_collectives_device() {
+    timeout 600 ./build/test_comm --nproc 2 --comm-timeout 60 --device cpu || { echo "device collectives failed on 2 ranks"; return 1; }
+    timeout 600 ./build/test_comm --nproc 3 --comm-timeout 60 --device cpu --quick || { echo "device collectives failed on 3 ranks"; return 1; }
+    timeout 600 ./build/test_comm --nproc 3 --comm-timeout 60 --device cpu --transport tcp --quick ||
+        { echo "device collectives over TCP failed on 3 ranks"; return 1; }
+}
+
 # Two nodes simulated with network namespaces (shared memory inside a node, TCP across), and the
 # collectives' failure modes: a rank that never joins, a rank killed mid-collective, a wrong token,
 # random bytes at the bootstrap port, SIGTERM to the launcher.
@@ -892,6 +902,7 @@ run_test "bf16: master weights move below bf16 resolution" t_bf16_master
 run_test "bad input: one-line errors, non-zero exit, no crash (ASan)" t_bad_input
 run_test "the model learns and samples" t_learns
 run_test "collectives: every op, type, count, placement; 1-8 ranks; sub-communicators" t_collectives
+run_test "device memory in the collectives (CPU stand-in): CUDA IPC protocol, marks, TCP staging; 2-3 ranks" t_collectives_device
 run_test "collectives across two simulated nodes (network namespaces)" t_two_nodes
 run_test "collectives: dead, missing and impostor ranks, SIGTERM" t_comm_failures
 run_test "Slurm: 2 nodes x 2 ranks under srun and sbatch equal one rank" t_slurm
