@@ -4,7 +4,10 @@
 // algbw = bytes / time; busbw = algbw·2(n−1)/n for all-reduce, algbw·(n−1)/n for reduce-scatter and
 // all-gather (bytes = the whole input or gathered vector), busbw = algbw for broadcast. The check
 // column compares one operation's output against a closed form: rank r contributes v(r) to every
-// element, so a sum is Σ v(r), exact in the element type.
+// element, so a sum is Σ v(r), exact in the element type. --buffers device (CUDA builds) benchmarks
+// device memory (CUDA IPC inside a node) and prints, as its comparator, the device-to-device copy
+// bandwidth of the same device measured in the same run; --buffers standin uses the CPU stand-in of
+// device memory (devmem.h), for testing the path without a GPU.
 #define _GNU_SOURCE
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +15,7 @@
 
 #include "collectives.h"
 #include "common.h"
+#include "devmem.h"
 #include "hostmem.h"
 #include "kernels.h"
 
@@ -53,15 +57,27 @@ static void run_op(Comm *c, int op, void *send, void *recv, size_t count, CommTy
 }
 
 // Fills the inputs for one checked operation (recv poisoned), runs it, returns 1 when the output is right.
-static int checked_run(Comm *c, int op, void *send, void *recv, size_t count, CommType t) {
+// Device buffers are filled and read through host copies hsend and hrecv.
+static int checked_run(Comm *c, int op, void *dsend, void *drecv, size_t count, CommType t, const DevMem *dev, void *hsend,
+                       void *hrecv) {
     int n = comm_size(c), r = comm_rank(c);
+    void *send = dev ? hsend : dsend, *recv = dev ? hrecv : drecv;
     size_t seg = (count + n - 1) / n, in_count = op == BC_ALL_GATHER ? seg : count;
     size_t out_count = op == BC_REDUCE_SCATTER ? seg : count;
     for (size_t i = 0; i < in_count; i++) put(send, i, t, (float)contrib(r, n, t));
     for (size_t i = 0; i < out_count; i++) put(recv, i, t, -1.0f);
     if (op == BC_BROADCAST && r == 0)
         for (size_t i = 0; i < count; i++) put(recv, i, t, (float)(i % 251));
-    run_op(c, op, send, recv, count, t);
+    if (dev) {
+        dev->copy(dsend, hsend, in_count * comm_type_size(t));
+        dev->copy(drecv, hrecv, (op == BC_BROADCAST ? count : out_count) * comm_type_size(t));
+        dev->sync();
+    }
+    run_op(c, op, dsend, drecv, count, t);
+    if (dev) {
+        dev->copy(hrecv, drecv, out_count * comm_type_size(t));
+        dev->sync();
+    }
     float sum = 0;
     for (int q = 0; q < n; q++) sum += (float)contrib(q, n, t);
     size_t lo = op == BC_REDUCE_SCATTER ? (size_t)r * seg : 0, hi = lo + out_count > count ? count : lo + out_count;
@@ -112,7 +128,10 @@ static void parse_bench(BenchOptions *o, int argc, char **argv) {
         } else if (!strcmp(f, "--buffers")) {
             if (!strcmp(v, "registered")) o->registered = 1;
             else if (!strcmp(v, "malloc")) o->registered = 0;
-            else die("--buffers: '%s' is not registered or malloc", v);
+            else if (!strcmp(v, "device")) o->registered = 2;
+            else if (!strcmp(v, "standin")) o->registered = 3;
+            else die("--buffers: '%s' is not registered, malloc, device or standin", v);
+            if (o->registered == 2 && !devmem_cuda()) die("--buffers device: this binary was built without CUDA");
         } else if (!strcmp(f, "--transport")) {
             if ((o->transport = comm_parse_transport(v)) < 0) die("--transport: '%s' is not auto, shm, tcp or verbs", v);
         } else if (!strcmp(f, "--ib-dev")) o->ib_dev = v;
@@ -142,22 +161,51 @@ int bench_comm_main(int argc, char **argv) {
 
     LaunchEnv env;
     launch_env_read(&env); // without a launcher: a world of one
+    const DevMem *dev = registered == 3 ? devmem_cpu() : NULL;
+    if (registered == 2) { // this rank's GPU of the node, chosen before any context exists
+        int ndev = cuda_device_count();
+        if (ndev == 0) die("--buffers device: no CUDA device is available");
+        cuda_use_device(env.local_rank % ndev);
+        dev = devmem_cuda();
+    }
     CommOptions copt = { .timeout = bo.timeout, .transport = bo.transport, .ib_dev = bo.ib_dev, .ib_gid_index = bo.ib_gid_index };
     Comm *world = comm_init(&env, &copt);
+    comm_use_device(world, dev);
     int n = comm_size(world), rank = comm_rank(world);
     // reduce-scatter and all-gather move n equal parts (at least one element each), as in nccl-tests
     int parts = op == BC_REDUCE_SCATTER || op == BC_ALL_GATHER ? n : 1;
     size_t max_count = (size_t)max_bytes / es;
     if (max_count < (size_t)parts) max_count = (size_t)parts;
     // registered buffers, as the trainer's are: peers on this node read them in place
-    unsigned char *send = registered ? hostmem_alloc(max_count * es) : xmalloc(max_count * es);
-    unsigned char *recv = registered ? hostmem_alloc(max_count * es) : xmalloc(max_count * es);
+    unsigned char *send = dev ? dev->alloc(max_count * es) : registered ? hostmem_alloc(max_count * es) : xmalloc(max_count * es);
+    unsigned char *recv = dev ? dev->alloc(max_count * es) : registered ? hostmem_alloc(max_count * es) : xmalloc(max_count * es);
     if (!send || !recv) die("bench-comm: out of memory for 2 x %zu bytes", max_count * es);
+    void *hsend = dev ? xmalloc(max_count * es) : NULL, *hrecv = dev ? xmalloc(max_count * es) : NULL;
+    if (dev && rank == 0) { // the comparator: this device's copy bandwidth (read + write of max bytes), median of 5
+        double best[5];
+        for (int k = 0; k < 5; k++) {
+            dev->copy(recv, send, max_count * es);
+            dev->sync();
+            double t0 = now_seconds();
+            for (int j = 0; j < 10; j++) dev->copy(recv, send, max_count * es);
+            dev->sync();
+            best[k] = (double)(max_count * es) * 10 / (now_seconds() - t0) / 1e9;
+        }
+        for (int a = 0; a < 5; a++) // a sort of five
+            for (int b2 = a + 1; b2 < 5; b2++)
+                if (best[b2] < best[a]) {
+                    double x = best[a];
+                    best[a] = best[b2];
+                    best[b2] = x;
+                }
+        printf("# device-to-device copy of %zu bytes on rank 0's device: %.3f GB/s (median of 5)\n", max_count * es, best[2]);
+    }
     double bus = op == BC_ALLREDUCE ? 2.0 * (n - 1) / n : op == BC_BROADCAST ? 1.0 : (double)(n - 1) / n;
     if (rank == 0) {
         char names[64];
         printf("# bench-comm: %s, %d rank(s), transport %s, %s buffers, %s, warmup %d, iters %s\n", OP_FLAGS[op], n,
-               n == 1 ? "none (one rank)" : comm_transports(world, names, sizeof names), registered ? "registered" : "malloc",
+               n == 1 ? "none (one rank)" : comm_transports(world, names, sizeof names),
+               registered == 3 ? "device stand-in" : registered == 2 ? "device" : registered ? "registered" : "malloc",
                comm_type_name(t), warmup, iters ? "fixed" : "auto");
         printf("# %14s %14s %12s %6s %10s %12s %12s %6s\n", "op", "bytes", "count", "type", "time(us)", "algbw(GB/s)",
                "busbw(GB/s)", "check");
@@ -177,7 +225,7 @@ int bench_comm_main(int argc, char **argv) {
         // cores for the first milliseconds): a few warm-up operations measured 1 ms instead of 0.3 us.
         int wu = b == min_bytes && warmup < it ? it : warmup;
         for (int w = 0; w < wu; w++) run_op(world, op, send, recv, count, t);
-        int ok = checked_run(world, op, send, recv, count, t);
+        int ok = checked_run(world, op, send, recv, count, t, dev, hsend, hrecv);
         comm_barrier(world);
         double t0 = now_seconds();
         for (int k = 0; k < it; k++) run_op(world, op, send, recv, count, t);
@@ -193,8 +241,15 @@ int bench_comm_main(int argc, char **argv) {
         }
         if (b > max_bytes / 2) break;
     }
-    hostmem_free(send);
-    hostmem_free(recv);
+    if (dev) {
+        dev->free(send);
+        dev->free(recv);
+        free(hsend);
+        free(hrecv);
+    } else {
+        hostmem_free(send);
+        hostmem_free(recv);
+    }
     comm_destroy(world);
     if (wrong && rank == 0) fprintf(stderr, "error: bench-comm: %s gave a wrong result on some rank\n", OP_FLAGS[op]);
     return wrong ? 1 : 0;
