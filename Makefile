@@ -126,6 +126,10 @@ build/verbs_pair: test/verbs_pair.c net_verbs.c build/portable/common.o net_verb
 build/verbs_pair-asan: test/verbs_pair.c net_verbs.c common.c net_verbs.h common.h | build
 	$(CC) $(filter-out -fopenmp -O2 -MMD -MP,$(PORTABLE_CFLAGS)) $(SAN) -DVERBS_CORE_ONLY -I. $(filter %.c,$^) -o $@ -lz
 
+# the collectives' tests on device memory (scripts/gpu_check_multi.sh: test_comm --device cuda)
+build/test_comm-cuda: test/test_comm.c $(LIB_OBJ) $(CUDA_OBJ)
+	$(CC) $(CFLAGS) -I. $(filter %.c %.o,$^) -o $@ $(LDLIBS)
+
 build/test_cuda: test/test_cuda.c $(LIB_OBJ) $(CUDA_OBJ)
 	$(CC) $(CFLAGS) -I. -I$(CUDA_HOME)/include $(filter %.c %.o,$^) -o $@ $(LDLIBS)
 

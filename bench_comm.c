@@ -131,7 +131,7 @@ static void parse_bench(BenchOptions *o, int argc, char **argv) {
             else if (!strcmp(v, "device")) o->registered = 2;
             else if (!strcmp(v, "standin")) o->registered = 3;
             else die("--buffers: '%s' is not registered, malloc, device or standin", v);
-            if (o->registered == 2 && !devmem_cuda()) die("--buffers device: this binary was built without CUDA");
+            if (o->registered == 2 && !backend_cuda()) die("--buffers device: this binary was built without CUDA");
         } else if (!strcmp(f, "--transport")) {
             if ((o->transport = comm_parse_transport(v)) < 0) die("--transport: '%s' is not auto, shm, tcp or verbs", v);
         } else if (!strcmp(f, "--ib-dev")) o->ib_dev = v;

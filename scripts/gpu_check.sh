@@ -50,7 +50,7 @@ finish() {
         echo "| section | result |"
         echo "|---|---|"
         for s in "${SECTIONS[@]}"; do echo "| ${s#* } | ${s%% *} |"; done
-        for f in gemm_table.md attention_table.md torch_attention.md throughput.md; do
+        for f in gemm_table.md attention_table.md torch_attention.md throughput.md comm_table.md; do
             [ -f "$LOG/$f" ] || continue
             echo
             case $f in
@@ -58,6 +58,7 @@ finish() {
             attention_table.md) echo "## attention (build/bench_attention; causal, bf16, 16384 tokens per call, 16 heads)" ;;
             torch_attention.md) echo "## attention, PyTorch scaled_dot_product_attention (comparator)" ;;
             throughput.md) echo "## training throughput" ;;
+            comm_table.md) echo "## bench-comm over CUDA IPC (the first line: device-to-device copy, the comparator)" ;;
             esac
             echo
             cat "$LOG/$f"
@@ -327,6 +328,11 @@ section "attention (build/bench_attention)" 60 check_attention
 section "training cpu vs gpu" 60 check_training
 section "recompute bitwise on the gpu" 45 check_recompute
 section "throughput (d12)" 60 check_throughput
+# several ranks on the one GPU over CUDA IPC (scripts/gpu_check_multi.sh)
+source scripts/gpu_check_multi.sh
+section "collectives on device memory, 2 and 4 ranks (CUDA IPC)" 60 check_multi_collectives
+section "DP/TP/PP layouts on one GPU vs the single-GPU run; ZeRO 0-3 bitwise" 70 check_multi_layouts
+section "bench-comm over CUDA IPC vs device-to-device copy" 30 check_multi_bench
 
 echo
 echo "=== summary ($SECONDS s) ==="

@@ -269,6 +269,7 @@ int main(int argc, char **argv) {
     for (int i = 1; i + 1 < argc; i++)
         if (!strcmp(argv[i], "--nproc")) return launch_local(atoi(argv[i + 1]), argc, argv, NULL);
     CommOptions opt = { .timeout = 60, .transport = TRANSPORT_AUTO, .ib_gid_index = -1 };
+    int cuda = 0;
     // --quick: the world suite up to 1000 elements (failure tests); --small: every suite up to 1000
     // elements (under emulation, where bandwidth is scarce)
     int quick = 0, small = 0;
@@ -279,13 +280,18 @@ int main(int argc, char **argv) {
             die("--transport must be auto, shm, tcp or verbs");
         if (!strcmp(argv[i], "--device")) {
             if (!strcmp(argv[i + 1], "cpu")) DEV = devmem_cpu();
-            else if (!strcmp(argv[i + 1], "cuda") && devmem_cuda()) DEV = devmem_cuda();
+            else if (!strcmp(argv[i + 1], "cuda") && backend_cuda()) cuda = 1; // the table once the device is chosen
             else die("--device must be cpu (the stand-in) or cuda (a CUDA build), got '%s'", argv[i + 1]);
         }
     }
     LaunchEnv env;
     launch_env_read(&env); // without a launcher: a world of one
-    if (DEV && DEV == devmem_cuda()) cuda_use_device(env.local_rank % cuda_device_count()); // before any context
+    if (cuda) { // this rank's GPU of the node, chosen before any context exists
+        int ndev = cuda_device_count();
+        if (ndev == 0) die("--device cuda: no CUDA device is available");
+        cuda_use_device(env.local_rank % ndev);
+        DEV = devmem_cuda();
+    }
     Comm *world = comm_init(&env, &opt);
     comm_use_device(world, DEV);
     int r = comm_rank(world), n = comm_size(world);
