@@ -16,10 +16,13 @@
 #   7. recompute: --recompute selective and full train bitwise the model file of --recompute none (bf16)
 #   8. throughput: GPT-2 124M (d12), bf16, T = 1024, micro-batch 64 (or the largest of 64, 32, 16 that
 #      fits): tokens/s and MFU against 989 TFLOP/s (dense bf16 peak of the H100/H200 datasheet)
+#   9. several ranks sharing the GPU (scripts/gpu_check_multi.sh): the collectives on device memory over
+#      CUDA IPC and TCP staging, DP/TP/PP/CP layouts against the single-GPU run, ZeRO 0-3 bitwise, and
+#      bench-comm over CUDA IPC against the device-to-device copy bandwidth
 # Each section prints PASS, FAIL or SKIP; the script exits non-zero if any section failed. A section
 # that would not finish within the time budget (LLM4D_GPU_BUDGET seconds, default 480) is skipped.
 # Logs go to build/gpucheck/. With $OUT set, exactly two files are written there: $OUT/gpu_table.md
-# (the summary: sections, the GEMM, attention and throughput tables) and $OUT/gpucheck_logs.tar.gz.
+# (the summary: sections, the GEMM, attention, throughput and bench-comm tables) and $OUT/gpucheck_logs.tar.gz.
 set -uo pipefail
 
 cd "$(dirname "$0")/.."
@@ -331,7 +334,7 @@ section "throughput (d12)" 60 check_throughput
 # several ranks on the one GPU over CUDA IPC (scripts/gpu_check_multi.sh)
 source scripts/gpu_check_multi.sh
 section "collectives on device memory, 2 and 4 ranks (CUDA IPC)" 60 check_multi_collectives
-section "DP/TP/PP layouts on one GPU vs the single-GPU run; ZeRO 0-3 bitwise" 70 check_multi_layouts
+section "DP/TP/PP/CP layouts on one GPU vs the single-GPU run; ZeRO 0-3 bitwise" 80 check_multi_layouts
 section "bench-comm over CUDA IPC vs device-to-device copy" 30 check_multi_bench
 
 echo

@@ -4,13 +4,13 @@
 #   collectives  build/test_comm --device cuda on 2 and 4 ranks: every collective, type, count and
 #                placement against the serial reference, bitwise (the device's reductions must equal
 #                the host's); then over TCP with pinned staging on 2 ranks (--quick)
-#   layouts      5 bf16 steps of a small model: DP 2, TP 2, PP 2, PP 2 interleaved, TP 2 x DP 2 and
-#                PP 2 x DP 2 against the single-GPU run (losses within 2e-2), and DP 2 with ZeRO 1, 2
-#                and 3 bitwise equal (saved model) to ZeRO 0
+#   layouts      5 bf16 steps of a small model: DP 2, TP 2, PP 2, PP 2 interleaved, CP 2, TP 2 x DP 2,
+#                PP 2 x DP 2 and CP 2 x DP 2 against the single-GPU run (losses within 2e-2), and DP 2
+#                with ZeRO 1, 2 and 3 bitwise equal (saved model) to ZeRO 0
 #   bench        ./train bench-comm --buffers device, all-reduce 2 and 4 ranks, 1 MiB to 256 MiB; the
 #                device-to-device copy bandwidth it prints first is the comparator (busbw of ranks
 #                sharing one GPU is a memory-bandwidth figure)
-# Expected worst case, about 150 s together on one H200.
+# Expected worst case, about 170 s together on one H200.
 
 check_multi_collectives() {
     [ "$BUILD_OK" -eq 1 ] || { echo "build failed"; return 1; }
@@ -32,13 +32,13 @@ check_multi_layouts() {
     if [ "$DATA_OK" -ne 1 ]; then prepare_data || return 1; fi
     local ok=0 name
     # 4 heads of 32 channels (divisible by TP 2), 4 layers (PP 2 interleaved: 2 chunks of 1 layer per stage),
-    # 4 sequences of 128 per step whatever the layout
+    # 4 sequences of 128 per step whatever the layout (CP 2: 4 chunks of 32 positions)
     local shape=(--device cuda --dtype bf16 --layers 4 --channels 128 --heads 4 --vocab 256 --seq-len 128 --micro-batch 1
         --batch-tokens 512 --steps 5 --lr 1e-3 --train "$DATA/train.bin")
     timeout "$(tmo 60)" ./train "${shape[@]}" --log "$LOG/multi_single.jsonl" --save-model "$LOG/multi_single.bin" \
         > "$LOG/multi_single.log" 2>&1 || { tail -n 3 "$LOG/multi_single.log"; return 1; }
     for run in "dp2 --nproc 2" "tp2 --nproc 2 --tp 2" "pp2 --nproc 2 --pp 2" "pp2i --nproc 2 --pp 2 --pp-virtual 2" \
-        "tp2dp2 --nproc 4 --tp 2" "pp2dp2 --nproc 4 --pp 2"; do
+        "cp2 --nproc 2 --cp 2" "tp2dp2 --nproc 4 --tp 2" "pp2dp2 --nproc 4 --pp 2" "cp2dp2 --nproc 4 --cp 2"; do
         set -- $run
         name=$1
         shift
