@@ -142,6 +142,23 @@ static inline void net_reduce_bytes(const NetReduce *r, void *acc, size_t in_off
     r->fn(r, (char *)acc + first * r->acc_size, in, in_bytes / r->in_size);
 }
 
+// Device memory (devmem.h) through a byte-stream transport (TCP, verbs): staged through pinned host
+// buffers, one per direction (a connection sends one message at a time and receives one at a time).
+// A send's bytes are copied out whole before its first byte leaves; a receive arrives whole in the
+// staging buffer before the device copies or reduces it in. Implemented in net_tcp.c.
+typedef struct {
+    const struct DevMem *dev; // whose pinned host memory tx and rx are
+    void *tx, *rx;
+    size_t cap_tx, cap_rx;
+} NetStaging;
+// The host bytes to send for q (q->dev set): its staging buffer, filled by the first call.
+const void *net_stage_send(NetStaging *s, NetReq *q, const char *transport);
+// Where q's bytes (q->dev set) arrive, all of them; then net_stage_recv_done puts them onto the
+// device (a copy, or q's reduction) and waits for it.
+void *net_stage_recv(NetStaging *s, NetReq *q, const char *transport);
+void net_stage_recv_done(NetStaging *s, NetReq *q);
+void net_staging_free(NetStaging *s);
+
 // ---------------------------------------------------------------------------------------------
 // setting connections up (through the bootstrap, bootstrap.h)
 

@@ -1,9 +1,8 @@
 // net_tcp.c: the TCP transport between ranks of different nodes (one connection per pair; the lower
 // world rank connects to the other's data port and presents the job token), and the socket helpers
 // the bootstrap uses. Messages are bytes in order; a reducing receive reads into a bounce buffer and
-// reduces from there. Device memory (devmem.h) is staged through pinned host buffers: a send is
-// copied out whole before its first byte leaves, a receive arrives whole before the device copies or
-// reduces it in.
+// reduces from there. Device memory (devmem.h) is staged through pinned host buffers (NetStaging, here
+// for the verbs transport too).
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
@@ -124,6 +123,47 @@ void tcp_local_ip(int fd, char *out, size_t cap) {
 
 
 // ---------------------------------------------------------------------------------------------
+// device memory through a byte stream (net.h NetStaging; TCP and verbs)
+
+// A pinned staging buffer of at least `bytes`.
+static void *stage_buf(NetStaging *s, const DevMem *dev, int tx, size_t bytes, const char *transport) {
+    void **p = tx ? &s->tx : &s->rx;
+    size_t *cap = tx ? &s->cap_tx : &s->cap_rx;
+    if (*cap < bytes) {
+        if (*p) s->dev->host_free(*p);
+        s->dev = dev;
+        if (!(*p = dev->host_alloc(bytes)))
+            die("out of pinned host memory: %zu bytes to stage device memory for %s", bytes, transport);
+        *cap = bytes;
+    }
+    return *p;
+}
+
+const void *net_stage_send(NetStaging *s, NetReq *q, const char *transport) {
+    void *from = stage_buf(s, q->dev, 1, q->bytes, transport);
+    if (q->tstate == 0) { // the device's bytes, whole, before the first leaves
+        q->dev->copy(from, q->buf, q->bytes);
+        q->dev->sync();
+        q->tstate = 1;
+    }
+    return from;
+}
+
+void *net_stage_recv(NetStaging *s, NetReq *q, const char *transport) { return stage_buf(s, q->dev, 0, q->bytes, transport); }
+
+void net_stage_recv_done(NetStaging *s, NetReq *q) {
+    if (q->reduce) net_reduce_bytes(q->reduce, q->buf, 0, s->rx, q->bytes);
+    else q->dev->copy(q->buf, s->rx, q->bytes);
+    q->dev->sync();
+}
+
+void net_staging_free(NetStaging *s) {
+    if (s->tx) s->dev->host_free(s->tx);
+    if (s->rx) s->dev->host_free(s->rx);
+    *s = (NetStaging){ 0 };
+}
+
+// ---------------------------------------------------------------------------------------------
 // the transport
 
 #define BOUNCE_BYTES (256u << 10)
@@ -133,39 +173,15 @@ typedef struct {
     int fd;
     unsigned char *bounce; // reducing receives
     size_t held;           // bytes of a partial element kept at the start of the bounce buffer
-    const DevMem *dev;     // the staging buffers' device (pinned host memory), grown on demand
-    void *stage_tx, *stage_rx;
-    size_t cap_tx, cap_rx;
+    NetStaging stage;      // device memory's way through this connection
 } TcpConn;
-
-// A pinned staging buffer of at least `bytes` (one per direction: a connection sends one message at
-// a time, and receives one at a time).
-static void *stage_buf(TcpConn *tc, const DevMem *dev, int tx, size_t bytes) {
-    void **p = tx ? &tc->stage_tx : &tc->stage_rx;
-    size_t *cap = tx ? &tc->cap_tx : &tc->cap_rx;
-    if (*cap < bytes) {
-        if (*p) tc->dev->host_free(*p);
-        tc->dev = dev;
-        if (!(*p = dev->host_alloc(bytes))) die("out of pinned host memory: %zu bytes to stage device memory for TCP", bytes);
-        *cap = bytes;
-    }
-    return *p;
-}
 
 static const char *opname(const NetConn *c) { return c->opname && *c->opname ? *c->opname : "setup"; }
 
 static void tcp_progress(NetConn *c, int *moved) {
     TcpConn *tc = (TcpConn *)c;
     for (NetReq *q = c->sq; q; q = q->next) { // a byte stream: one request after the other
-        const void *from = q->buf;
-        if (q->dev) {
-            from = stage_buf(tc, q->dev, 1, q->bytes);
-            if (q->tstate == 0) { // the device's bytes, whole, before the first leaves
-                q->dev->copy((void *)from, q->buf, q->bytes);
-                q->dev->sync();
-                q->tstate = 1;
-            }
-        }
+        const void *from = q->dev ? net_stage_send(&tc->stage, q, "TCP") : q->buf;
         while (q->done < q->bytes) {
             ssize_t w = send(tc->fd, (const char *)from + q->done, q->bytes - q->done, MSG_NOSIGNAL | MSG_DONTWAIT);
             if (w > 0) {
@@ -186,7 +202,7 @@ static void tcp_progress(NetConn *c, int *moved) {
             size_t left = q->bytes - q->done;
             void *dst = (char *)q->buf + q->done;
             if (q->dev) {
-                dst = (char *)stage_buf(tc, q->dev, 0, q->bytes) + q->done;
+                dst = (char *)net_stage_recv(&tc->stage, q, "TCP") + q->done;
             } else if (q->reduce) {
                 if (!tc->bounce) tc->bounce = xmalloc(BOUNCE_BYTES);
                 dst = tc->bounce + tc->held;
@@ -211,11 +227,7 @@ static void tcp_progress(NetConn *c, int *moved) {
             memmove(tc->bounce, tc->bounce + whole, tc->held);
         }
         if (q->done < q->bytes) break;
-        if (q->dev) { // the whole message is in the staging buffer: onto the device
-            if (q->reduce) net_reduce_bytes(q->reduce, q->buf, 0, tc->stage_rx, q->bytes);
-            else q->dev->copy(q->buf, tc->stage_rx, q->bytes);
-            q->dev->sync();
-        }
+        if (q->dev) net_stage_recv_done(&tc->stage, q);
         q->complete = 1;
     }
     net_pop_done(c);
@@ -239,8 +251,7 @@ static void tcp_close(NetConn *c) {
     TcpConn *tc = (TcpConn *)c;
     close(tc->fd);
     free(tc->bounce);
-    if (tc->stage_tx) tc->dev->host_free(tc->stage_tx);
-    if (tc->stage_rx) tc->dev->host_free(tc->stage_rx);
+    net_staging_free(&tc->stage);
     free(tc);
 }
 
