@@ -7,8 +7,10 @@
 //   net_tcp.c  ranks of different nodes: one TCP connection per pair.
 //   net_verbs.c ranks of different nodes that both have an RDMA device (InfiniBand, RoCE): one
 //              reliable-connected queue pair per pair, RDMA writes into registered staging buffers.
-// The CUDA IPC transport (net_ipc.cu) of a later issue implements the same table: a posted send names a registered region, a posted receive names where the bytes go
-// (or the accumulator they are reduced into), and progress moves what it can without blocking.
+// Each implements the same table: a posted send names a registered region, a posted receive names
+// where the bytes go (or the accumulator they are reduced into), and progress moves what it can
+// without blocking. Device memory (devmem.h) takes net_shm.c with CUDA IPC handles (net_ipc.cu)
+// inside a node, and pinned staging (NetStaging below) through TCP or verbs across nodes.
 //
 // A connection (NetConn) carries messages in order in each direction. Sends and receives are posted
 // as NetReq records and match one to one, in order, with the peer's: the collectives decide the

@@ -152,6 +152,7 @@ const void *net_stage_send(NetStaging *s, NetReq *q, const char *transport) {
 void *net_stage_recv(NetStaging *s, NetReq *q, const char *transport) { return stage_buf(s, q->dev, 0, q->bytes, transport); }
 
 void net_stage_recv_done(NetStaging *s, NetReq *q) {
+    if (!q->bytes) return; // nothing arrived: no staging buffer either
     if (q->reduce) net_reduce_bytes(q->reduce, q->buf, 0, s->rx, q->bytes);
     else q->dev->copy(q->buf, s->rx, q->bytes);
     q->dev->sync();

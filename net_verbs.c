@@ -822,6 +822,7 @@ typedef struct VerbsConn {
     VerbsEp *e;
     unsigned char part[16]; // a reducing receive's element that straddles two slots
     size_t held;
+    NetStaging stage; // device memory's way through this connection (pinned host buffers)
     struct VerbsConn *next_closing;
 } VerbsConn;
 
@@ -877,7 +878,8 @@ static void verbs_conn_progress(NetConn *c, int *moved) {
     VerbsEp *e = vc->e;
     for (NetReq *q = c->sq; q; q = q->next) { // a byte stream: one request after the other
         if (q->done < q->bytes) {
-            ssize_t n = verbs_send(e, (const char *)q->buf + q->done, q->bytes - q->done);
+            const char *from = q->dev ? net_stage_send(&vc->stage, q, "verbs") : q->buf;
+            ssize_t n = verbs_send(e, from + q->done, q->bytes - q->done);
             if (n < 0) verbs_lost(c);
             q->done += (size_t)n;
             *moved |= n > 0;
@@ -888,8 +890,9 @@ static void verbs_conn_progress(NetConn *c, int *moved) {
     }
     for (NetReq *q = c->rq; q; q = q->next) {
         while (q->done < q->bytes) {
-            if (!q->reduce) {
-                ssize_t n = verbs_recv(e, (char *)q->buf + q->done, q->bytes - q->done);
+            if (!q->reduce || q->dev) { // device memory arrives whole in staging, then goes onto the device
+                char *to = q->dev ? net_stage_recv(&vc->stage, q, "verbs") : q->buf;
+                ssize_t n = verbs_recv(e, to + q->done, q->bytes - q->done);
                 if (n < 0) verbs_lost(c);
                 if (n == 0) break;
                 q->done += (size_t)n;
@@ -926,6 +929,7 @@ static void verbs_conn_progress(NetConn *c, int *moved) {
             }
         }
         if (q->done < q->bytes) break;
+        if (q->dev) net_stage_recv_done(&vc->stage, q);
         q->complete = 1;
     }
     net_pop_done(c);
@@ -956,6 +960,7 @@ static void verbs_conn_close(NetConn *c) {
     VerbsConn *vc = (VerbsConn *)c;
     VerbsNet *vn = vc->vn;
     (void)verbs_ep_finish(vc->e); // a full send queue or an error: verbs_net_close tries again and reports
+    net_staging_free(&vc->stage); // nothing is posted any more
     pthread_mutex_lock(&vn->mu);
     vc->next_closing = vn->closing;
     vn->closing = vc;

@@ -8,7 +8,8 @@
 #     communicators, concurrent operations, point-to-point) on 3 ranks, 2 + 1 per node, bitwise
 #     against its serial reference; again on 2 ranks with 3 staging slots of 4099 bytes
 #     (LLM4D_VERBS_STAGING), which wraps the staging ring constantly and cuts elements at slot
-#     boundaries;
+#     boundaries; and on 2 ranks on device memory of the CPU stand-in (devmem.h: --device cpu), which
+#     verbs stages through pinned host buffers as TCP does;
 #   - DP 2 x ZeRO-1 (verbs) and DP 3 x ZeRO-3 (2 + 1 ranks per node: shared memory and verbs) training
 #     against the single-rank run of the same binary (test/compare_runs.py at 1e-5), and rank 0's line
 #     naming each pair's transport;
@@ -66,6 +67,7 @@ out=$(bash test/verbs_vm.sh --timeout 400 --share "$WORK" --bin $TRAIN --bin $CO
     export FAKE_NODES_PORT=29400 OMP_WAIT_POLICY=passive
     run comm3 sh test/fake_nodes.sh n0 n0 n1 -- '$COMM' --small --comm-timeout 120
     LLM4D_VERBS_STAGING=3x4099 run comm-odd sh test/fake_nodes.sh n0 n1 -- '$COMM' --small --comm-timeout 120
+    run comm-dev sh test/fake_nodes.sh n0 n1 -- '$COMM' --small --device cpu --comm-timeout 120
     run dp sh test/fake_nodes.sh n0 n1 -- '$TRAIN' "$@" --zero 1 --comm-timeout 120 --log $W/dp.jsonl --save-model $W/dp.bin
     run dp3 sh test/fake_nodes.sh n0 n0 n1 -- '$TRAIN' "$@" --zero 3 --comm-timeout 120 --log $W/dp3.jsonl --save-model $W/dp3.bin
     run bench sh test/fake_nodes.sh n0 n1 -- '$TRAIN' bench-comm --min-bytes 4 --max-bytes 1M --warmup 1 --iters 2
@@ -85,6 +87,7 @@ expect() { # NAME STATUS PATTERN...: the block exited STATUS and has a line matc
 }
 expect comm3 0 '^\[0\] collectives on 3 rank\(s\): ok '
 expect comm-odd 0 '^\[0\] collectives on 2 rank\(s\): ok '
+expect comm-dev 0 '^\[0\] collectives on 2 rank\(s\), device memory: ok '
 expect dp 0 '^\[0\] collectives: 2 rank\(s\) on 2 node\(s\) \| .*RDMA verbs for 1 pair\(s\) \(rxe0 port 1, RoCE v2 GID index 1 .*; TCP for 0 pair'
 expect dp3 0 '^\[0\] collectives: 3 rank\(s\) on 2 node\(s\) \| .*single-copy, for 1 pair\(s\); RDMA verbs for 2 pair\(s\) '
 expect bench 0 '^\[0\] # bench-comm: allreduce, 2 rank\(s\), transport verbs,' '^\[0\] +allreduce +1048576 .* ok$'
