@@ -85,11 +85,11 @@ build/asan/test_unit.o: test/test_unit.c | build
 	$(CC) $(filter-out -O3 -DLLM4D_CUDA,$(CFLAGS)) -I. $(SAN) -c $< -o $@
 
 # the GEMM's host-side index arithmetic (gemm.h), no GPU needed
-build/test_gemm: test/test_gemm.c gemm.h | build
+build/test_gemm: test/test_gemm.c test/check.h gemm.h | build
 	$(CC) $(filter-out -O3 -DLLM4D_CUDA -fopenmp,$(CFLAGS)) -I. $(SAN) $< -o $@
 
 # the flash-attention kernels' index arithmetic and fragment layouts (attention.h), emulated, no GPU needed
-build/test_attention: test/test_attention.c attention.h gemm.h | build
+build/test_attention: test/test_attention.c test/check.h attention.h gemm.h | build
 	$(CC) $(filter-out -O3 -DLLM4D_CUDA -fopenmp,$(CFLAGS)) -I. $(SAN) $< -o $@ -lm
 
 build/test_comm: build/asan/test_comm.o $(LIB_OBJ:build/%=build/asan/%)

@@ -19,20 +19,7 @@
 
 #include "attention.h"
 
-static int failures, checks;
-
-#define CHECK(cond, ...)                                                                                    \
-    do {                                                                                                    \
-        checks++;                                                                                           \
-        if (!(cond)) {                                                                                      \
-            failures++;                                                                                     \
-            if (failures <= 20) {                                                                           \
-                printf("FAIL %s:%d: ", __FILE__, __LINE__);                                                 \
-                printf(__VA_ARGS__);                                                                        \
-                printf("\n");                                                                               \
-            }                                                                                               \
-        }                                                                                                   \
-    } while (0)
+#include "check.h"
 
 // ------------------------------------------------------------------------------------------------
 // the visibility helpers against the definition: key s is visible to query row t iff s < Tk and

@@ -16,20 +16,7 @@
 
 #include "gemm.h"
 
-static int failures, checks;
-
-#define CHECK(cond, ...)                                                                                    \
-    do {                                                                                                    \
-        checks++;                                                                                           \
-        if (!(cond)) {                                                                                      \
-            failures++;                                                                                     \
-            if (failures <= 20) {                                                                           \
-                printf("FAIL %s:%d: ", __FILE__, __LINE__);                                                 \
-                printf(__VA_ARGS__);                                                                        \
-                printf("\n");                                                                               \
-            }                                                                                               \
-        }                                                                                                   \
-    } while (0)
+#include "check.h"
 
 // ------------------------------------------------------------------------------------------------
 
