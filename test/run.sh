@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # llm4d's test runner: every test is a function below; each prints "ok NAME" or "FAIL NAME" (with its
 # log), and the last line is "N passed, N failed" (", N skipped" when a prerequisite is missing).
-# Run from the repository root after `make train build/train-asan build/test_unit` (make test does).
+# Run from the repository root after `make test-bins` (make test does).
+# Usage: test/run.sh [PATTERN]: only the tests whose function name or description matches PATTERN
+# (an extended regular expression, case-insensitive), as `make test T=PATTERN` does.
 set -uo pipefail
+FILTER=${1:-}
 cd "$(dirname "$0")/.."
 TRAIN=./train
 ASAN=./build/train-asan
@@ -15,6 +18,7 @@ passed=0 failed=0 skipped=0
 
 run_test() { # name function
     local name=$1 fn=$2 log="$WORK/$2.log"
+    if [ -n "$FILTER" ] && ! grep -qiE -- "$FILTER" <<<"$fn $name"; then return 0; fi
     if "$fn" >"$log" 2>&1; then
         echo "ok $name"
         passed=$((passed + 1))
@@ -940,6 +944,11 @@ run_test "--skip-spikes: NaN and spiking losses are skipped on every rank" t_ski
 run_test "stragglers are reported by rank and host" t_stragglers
 run_test "safe files: outputs checked first, device nodes refused, symlinks, stale temporaries, write errors, bad input" t_safe_files
 
+if [ -n "$FILTER" ] && [ $((passed + failed + skipped)) -eq 0 ]; then
+    echo "error: no test matches '$FILTER' (test/run.sh PATTERN matches test names and descriptions)"
+    echo "0 passed, 1 failed"
+    exit 1
+fi
 if [ $skipped -gt 0 ]; then
     echo "$passed passed, $failed failed, $skipped skipped"
 else
