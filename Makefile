@@ -156,7 +156,7 @@ demo: deps train
 # deps first, then a fresh make: what deps installed (libibverbs-dev) decides what gets built
 test: deps
 	@$(MAKE) --no-print-directory test-bins
-	bash test/run.sh $(if $(T),'$(T)')
+	bash test/run.sh $(if $(value T),'$(value T)')
 
 test-bins: train build/train-asan build/test_unit build/test_comm build/test_gemm build/test_attention build/attention_check $(VERBS_BIN)
 

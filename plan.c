@@ -57,6 +57,15 @@
 //                                    apart) sits in one node, else --inter-bw; 0 for CP = 1
 //   compute                          c · N · batch / G / --flops, c = 6 (forward 2, backward 4), 8 with
 //                                    --recompute full (one more forward)
+//   step (what the order uses)       (compute + TP + CP exposed) / (1 − bubble) + DP exposed, with the
+//                                    overlap the trainer achieves: TP's all-reduces block the step (none
+//                                    hidden); the CP ring hides behind the resident block's attention,
+//                                    CP exposed = max(0, CP − compute · T / (12·C + T)) (attention's share
+//                                    of a layer's FLOPs: causal 2·T·C against the matmuls' 24·C² per
+//                                    token); the DP reduction hides behind one micro-batch's compute
+//                                    (the last backward's buckets, ZeRO-1/2's gather in the next forward),
+//                                    DP exposed = max(0, DP − compute / M); the bubble is the interleaved
+//                                    one with --exact --interleaved where it applies
 // Not counted: the embedding and logits activations, the pipeline's point-to-point hand-offs,
 // communication buffers, and any overlap of communication with compute (the CP ring overlaps its
 // transfers with attention).
@@ -76,7 +85,7 @@
 // A layout llm4d cannot run is listed with the reason: TP not dividing the heads, more stages than
 // layers, a sequence that does not cut into 2·CP equal chunks, or a batch that does not split into whole
 // sequences per micro-batch. Sorted: fitting layouts first, then those that do not fit, then those that
-// cannot run; inside each by bubble, then by DP + TP + CP communication time.
+// cannot run; inside each by the estimated step time.
 #define _GNU_SOURCE
 #include <errno.h>
 #include <math.h>
@@ -180,6 +189,7 @@ typedef struct {
     int dp_intra;                      // each DP x CP group (the gradient reduction's) sits inside one node
     int cp_intra;                      // each CP group sits inside one node
     double dp_allreduce_s, tp_comm_s, cp_comm_s, compute_s;
+    double dp_exposed_s, cp_exposed_s, step_s; // the step estimate (top of this file)
 } Layout;
 
 // ---------------------------------------------------------------------------------------------
@@ -314,6 +324,9 @@ static void parse_plan(PlanInput *in, int argc, char **argv) {
         if (in->T > in->cfg.maxT) die("--seq-len %d is above the model's maximum sequence length %d", in->T, in->cfg.maxT);
     }
     if (in->max_tp > in->gpus_per_node) in->max_tp = in->gpus_per_node;
+    if (in->batch_tokens < in->T)
+        die("--batch-tokens %.0f is less than one sequence of %d tokens: no layout can run (a replica takes whole "
+            "sequences)", in->batch_tokens, in->T);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -343,6 +356,16 @@ static int weight_group_in_node(int tp, int cp, int pp, int world, int gpus_per_
     }
     free(node);
     return ok;
+}
+
+// The step time with the overlap the trainer achieves (the formula at the top of this file).
+static void estimate_step(const PlanInput *in, Layout *y) {
+    double T = in->T, C = in->cfg.C, M = in->micro_batches;
+    double bubble = in->interleaved && !isnan(y->bubble_interleaved) ? y->bubble_interleaved : y->bubble;
+    double attention = y->compute_s * T / (12 * C + T);
+    y->cp_exposed_s = fmax(0, y->cp_comm_s - attention);
+    y->dp_exposed_s = fmax(0, y->dp_allreduce_s - y->compute_s / M);
+    y->step_s = (y->compute_s + y->tp_comm_s + y->cp_exposed_s) / (1 - bubble) + y->dp_exposed_s;
 }
 
 // The seed's model, the formulas at the top of this file.
@@ -405,6 +428,7 @@ static void estimate_seed(const PlanInput *in, Layout *y) {
     y->cp_comm_s = cp == 1 ? 0 : Ls * M * (passes * (cp - 1) * kv + cp * dkv) / (y->cp_intra ? in->intra_bw : in->inter_bw);
     double c_flops = in->recompute == RECOMPUTE_FULL ? 8 : 6;
     y->compute_s = c_flops * in->params * in->batch_tokens / in->gpus / in->flops;
+    estimate_step(in, y);
 }
 
 // --exact: llm4d's buffers for every stage of the layout, counted by building the rank dry (see the top
@@ -475,9 +499,7 @@ static int layout_rank(const Layout *y) { return y->why ? 2 : y->fits ? 0 : 1; }
 static int layout_order(const void *pa, const void *pb) {
     const Layout *a = pa, *b = pb;
     if (layout_rank(a) != layout_rank(b)) return layout_rank(a) - layout_rank(b);
-    if (a->bubble != b->bubble) return a->bubble < b->bubble ? -1 : 1;
-    double ca = a->dp_allreduce_s + a->tp_comm_s + a->cp_comm_s, cb = b->dp_allreduce_s + b->tp_comm_s + b->cp_comm_s;
-    if (ca != cb) return ca < cb ? -1 : 1;
+    if (a->step_s != b->step_s) return a->step_s < b->step_s ? -1 : 1;
     if (a->tp != b->tp) return a->tp - b->tp;
     return a->cp != b->cp ? a->cp - b->cp : a->pp - b->pp;
 }
@@ -513,10 +535,10 @@ static void print_table(const PlanInput *in, const Layout *ys, int n) {
                "use it); interleaved bubble with V = %d\n\n", in->pp_virtual);
     if (in->exact)
         printf("  TP   CP   PP     DP  layers/st  tok/replica stage  weights    grads    optim     act  recomp     comm    other"
-               "    total  fits  bubble  interlvd   DP all-reduce    TP comm       CP comm   compute\n");
+               "    total  fits  bubble  interlvd   DP all-reduce    TP comm       CP comm   compute      step\n");
     else
         printf("  TP   CP   PP     DP  layers/st  tok/replica  weights    grads    optim  act upper  act 1F1B    total  fits  "
-               "bubble  interlvd   DP all-reduce    TP comm       CP comm   compute\n");
+               "bubble  interlvd   DP all-reduce    TP comm       CP comm   compute      step\n");
     int rows = in->top && in->top < n ? in->top : n;
     for (int i = 0; i < rows; i++) {
         const Layout *y = &ys[i];
@@ -534,9 +556,10 @@ static void print_table(const PlanInput *in, const Layout *ys, int n) {
             printf(" %8.2f %8.2f %8.2f %10.2f %9.2f %8.2f", y->weights / 1e9, y->grads / 1e9, y->optimizer / 1e9,
                    y->act_upper / 1e9, y->act_1f1b / 1e9, y->total / 1e9);
         }
-        printf("  %-4s %6.1f%% %9s %9.1f %-5s %10.1f %7.1f %-5s %9.1f", y->why ? "-" : y->fits ? "yes" : "no",
+        printf("  %-4s %6.1f%% %9s %9.1f %-5s %10.1f %7.1f %-5s %9.1f %9.1f", y->why ? "-" : y->fits ? "yes" : "no",
                100 * y->bubble, intl, 1e3 * y->dp_allreduce_s, y->dp * y->cp == 1 ? "" : y->dp_intra ? "intra" : "inter",
-               1e3 * y->tp_comm_s, 1e3 * y->cp_comm_s, y->cp == 1 ? "" : y->cp_intra ? "intra" : "inter", 1e3 * y->compute_s);
+               1e3 * y->tp_comm_s, 1e3 * y->cp_comm_s, y->cp == 1 ? "" : y->cp_intra ? "intra" : "inter", 1e3 * y->compute_s,
+               1e3 * y->step_s);
         if (y->why) printf("  (%s)", y->why);
         printf("\n");
     }
@@ -559,9 +582,9 @@ static void write_json(FILE *f, const PlanInput *in, const Layout *ys, int n) {
                "\"seq_len\":%d,", c->L, c->C, c->NH, c->V, c->Vp, c->maxT, in->T);
     json_num(f, "params", in->params, "},");
     fprintf(f, "\"inputs\":{\"gpus\":%d,\"gpus_per_node\":%d,\"max_tp\":%d,\"micro_batches\":%d,\"pp_virtual\":%d,"
-               "\"zero\":%d,\"recompute\":\"%s\",\"attention\":\"%s\",\"dtype\":\"%s\",", in->gpus, in->gpus_per_node,
+               "\"zero\":%d,\"recompute\":\"%s\",\"attention\":\"%s\",\"dtype\":\"%s\",\"top\":%d,", in->gpus, in->gpus_per_node,
             in->max_tp, in->micro_batches, in->pp_virtual, in->zero, RECOMPUTE_NAMES[in->recompute],
-            in->flash ? "flash" : "full", in->fp32 ? "fp32" : "bf16");
+            in->flash ? "flash" : "full", in->fp32 ? "fp32" : "bf16", in->top);
     json_num(f, "batch_tokens", in->batch_tokens, ",");
     json_num(f, "gpu_mem_bytes", in->gpu_mem, ",");
     json_num(f, "intra_bw_bytes_per_s", in->intra_bw, ",");
@@ -599,7 +622,10 @@ static void write_json(FILE *f, const PlanInput *in, const Layout *ys, int n) {
         json_num(f, "tp_comm_s", y->tp_comm_s, ",");
         fprintf(f, "\"cp_intra_node\":%s,", y->cp_intra ? "true" : "false");
         json_num(f, "cp_comm_s", y->cp_comm_s, ",");
-        json_num(f, "compute_s", y->compute_s, "");
+        json_num(f, "compute_s", y->compute_s, ",");
+        json_num(f, "dp_exposed_s", y->dp_exposed_s, ",");
+        json_num(f, "cp_exposed_s", y->cp_exposed_s, ",");
+        json_num(f, "step_s", y->step_s, "");
         if (in->exact && y->exact_stage >= 0) { // llm4d's own buffers: the fullest stage, and every stage
             fprintf(f, ",\"exact\":{\"stage\":%d,\"total\":%.17g,\"bytes\":", y->exact_stage, y->exact_total);
             json_bytes(f, y->stage_bytes[y->exact_stage]);

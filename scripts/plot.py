@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """llm4d's pictures, drawn with matplotlib (Debian's python3-matplotlib; scripts/deps.sh installs it).
 
   scripts/plot.py RUN.jsonl [MORE.jsonl ...] -o OUT.png
@@ -25,6 +25,9 @@ def fail(msg):
     sys.exit(1)
 
 
+DEBIAN_PYTHON = "/usr/bin/python3"  # where Debian's python3-matplotlib is (scripts/deps.sh installs it)
+
+
 def load_matplotlib():
     try:
         import matplotlib
@@ -32,7 +35,16 @@ def load_matplotlib():
         import matplotlib.pyplot as plt
         return plt
     except ImportError:
-        fail("scripts/plot.py needs matplotlib: install python3-matplotlib (scripts/deps.sh does, as root)")
+        pass
+    # `python3 scripts/plot.py` may run another interpreter than Debian's (a pyenv or venv python3 on
+    # the PATH), one that does not see Debian's matplotlib: run this script again under Debian's
+    here = os.path.realpath(sys.executable or "")
+    if os.access(DEBIAN_PYTHON, os.X_OK) and here != os.path.realpath(DEBIAN_PYTHON) and \
+            not os.environ.get("LLM4D_PLOT_REEXEC"):
+        os.environ["LLM4D_PLOT_REEXEC"] = "1"
+        os.execv(DEBIAN_PYTHON, [DEBIAN_PYTHON, os.path.abspath(__file__)] + sys.argv[1:])
+    fail("scripts/plot.py needs matplotlib, which %s cannot import: install python3-matplotlib (scripts/deps.sh "
+         "does, as root) and run it with %s" % (sys.executable or "this python", DEBIAN_PYTHON))
 
 
 def read_log(path):
@@ -179,7 +191,10 @@ def plot_memory_bars(ax, logs):
         ax.bar(range(len(bars)), h, bottom=bottom, label=k)
         bottom = [b + x for b, x in zip(bottom, h)]
     ax.set_xticks(range(len(bars)))
-    ax.set_xticklabels([b for b, _ in bars], fontsize=7)
+    # many ranks: rotated labels, so that neighbours never overlap
+    many = len(bars) > 4
+    ax.set_xticklabels([b.replace("\n", " ") if many else b for b, _ in bars], fontsize=6 if many else 7,
+                       rotation=60 if many else 0, ha="right" if many else "center")
 
 
 def plot_plan(path, out, max_bars=40):
@@ -190,7 +205,8 @@ def plot_plan(path, out, max_bars=40):
     except (OSError, ValueError, KeyError, TypeError) as e:
         fail("%s: not a ./train plan --json document (%s)" % ("standard input" if path == "-" else path, e))
     runs = [y for y in layouts if y["runs"]]
-    shown = runs[:max_bars]
+    top = inputs.get("top") or 0  # ./train plan --top N: the same N layouts as its table
+    shown = runs[:min(max_bars, top) if top else max_bars]
     fig, ax = plt.subplots(figsize=(max(8, 0.45 * len(shown) + 3), 6))
     exact = inputs.get("exact", False)  # --exact: llm4d's own buffers on each layout's fullest stage
     if exact:
@@ -212,8 +228,8 @@ def plot_plan(path, out, max_bars=40):
     if not shown:
         ax.text(0.5, 0.5, "no layout llm4d can run", ha="center", transform=ax.transAxes)
     ax.set_xticks(range(len(shown)))
-    ax.set_xticklabels(["TP%d PP%d DP%d" % (y["tp"], y["pp"], y["dp"]) for y in shown], rotation=60, ha="right",
-                       fontsize=8)
+    ax.set_xticklabels(["TP%d CP%d PP%d DP%d" % (y["tp"], y.get("cp", 1), y["pp"], y["dp"]) for y in shown], rotation=60,
+                       ha="right", fontsize=8)
     ax.set_ylabel("GB per GPU (1e9 bytes)")
     more = "" if len(runs) == len(shown) else ", the first %d of %d" % (len(shown), len(runs))
     n = model["params"]
@@ -228,6 +244,7 @@ def plot_plan(path, out, max_bars=40):
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     save(fig, plt, out)
+    print("plot: %d layout(s): %s" % (len(shown), ", ".join(t.get_text() for t in ax.get_xticklabels())), file=sys.stderr)
 
 
 def main(argv):

@@ -152,6 +152,12 @@ def reference(case, tp, cp, pp, dp):
     ring = (3 if rc == "full" else 2) * (cp - 1) * 2 * block * e + cp * 2 * block * 4
     r["cp_comm_s"] = 0 if cp == 1 else Ls * M * ring / (case["intra"] if cp_intra else case["inter"])
     r["compute_s"] = (8 if rc == "full" else 6) * N * case["batch"] / case["G"] / case["flops"]
+    # the step: TP blocks; the CP ring hides behind attention's share of the FLOPs (causal 2·T·C per
+    # token and layer against the matmuls' 2·12·C²); the DP reduction behind one micro-batch's compute
+    attention = r["compute_s"] * (2 * T * C) / (2 * T * C + 24 * C * C)
+    r["cp_exposed_s"] = max(0.0, r["cp_comm_s"] - attention)
+    r["dp_exposed_s"] = max(0.0, r["dp_allreduce_s"] - r["compute_s"] / M)
+    r["step_s"] = (r["compute_s"] + r["tp_comm_s"] + r["cp_exposed_s"]) / (1 - r["bubble"]) + r["dp_exposed_s"]
     return r
 
 
@@ -185,9 +191,8 @@ def check_case(args, case):
                 raise AssertionError("%s: TP %d CP %d PP %d DP %d: %s = %r, expected %r" % (args, y["tp"], y["cp"], y["pp"],
                                                                                            y["dp"], k, flat[k], v))
         group = 2 if ref["why"] else 0 if ref["fits"] else 1
-        comm = ref["dp_allreduce_s"] + ref["tp_comm_s"] + ref["cp_comm_s"]
-        keys.append((group, ref["bubble"], comm, y["tp"], y["cp"], y["pp"]))
-    assert keys == sorted(keys), "%s: layouts not sorted (fitting first, then by bubble, then communication)" % args
+        keys.append((group, ref["step_s"], y["tp"], y["cp"], y["pp"]))
+    assert keys == sorted(keys), "%s: layouts not sorted (fitting first, then by the estimated step time)" % args
     assert plan["inputs"]["gpus"] == G and plan["inputs"]["zero"] == case["zero"]
     print("ok: %s: %d layouts, %d run and fit" % (args, len(got), sum(y["runs"] and y["fits"] for y in plan["layouts"])))
     return plan
@@ -228,10 +233,29 @@ def check_readme(case1, case3):
     print("ok: README's 70B table (TP 8, PP 8, DP 8, ZeRO-1 and ZeRO-3) matches the formulas")
 
 
+def check_ranking():
+    """d48 on 64 GPUs: a CP 64 layout whose ring takes far longer than the compute must not rank above
+    the pipeline layouts (it did when the order was bubble first); and a batch below one sequence is
+    refused in one line."""
+    args = "--layers 48 --channels 1600 --heads 25 --vocab 50257 --seq-len 1024 --gpus 64 --batch-tokens 1M --micro-batches 8"
+    plan = json.loads(subprocess.run([TRAIN, "plan", "--json"] + args.split(), stdout=subprocess.PIPE, check=True).stdout)
+    runs = [y for y in plan["layouts"] if y["runs"] and y["fits"]]
+    best = runs[0]
+    assert best["cp_comm_s"] < best["compute_s"], "best layout %s is communication-bound" % best
+    cp64 = [i for i, y in enumerate(runs) if y["cp"] == 64]
+    pp2 = [i for i, y in enumerate(runs) if y["pp"] == 2 and y["cp"] == 1]
+    assert not cp64 or not pp2 or min(pp2) < min(cp64), "a CP 64 layout ranks above every PP 2 layout"
+    r = subprocess.run([TRAIN, "plan", "--model", "d12", "--gpus", "4", "--batch-tokens", "1000"], stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True)
+    assert r.returncode != 0 and r.stdout == "" and r.stderr.count("\n") == 1 and "--batch-tokens 1000" in r.stderr, r
+    print("ok: ranked by the estimated step time; a batch below one sequence refused")
+
+
 def main():
     for args, case in CASES:
         check_case(args, case)
     check_readme(CASES[0][1], CASES[1][1])
+    check_ranking()
 
 
 main()

@@ -18,7 +18,7 @@ passed=0 failed=0 skipped=0
 
 run_test() { # name function
     local name=$1 fn=$2 log="$WORK/$2.log"
-    if [ -n "$FILTER" ] && ! grep -qiE -- "$FILTER" <<<"$fn $name"; then return 0; fi
+    if [ -n "$FILTER" ] && ! grep -qiE -- "$FILTER" <<<"$fn" && ! grep -qiE -- "$FILTER" <<<"$name"; then return 0; fi
     if "$fn" >"$log" 2>&1; then
         echo "ok $name"
         passed=$((passed + 1))
@@ -793,7 +793,19 @@ EOF
         { echo "unwritable output: $err"; return 1; }
     err=$($TRAIN plan --model d12 --gpus 8 --batch-tokens 512K --plot "$d/missing/p.png" 2>&1 >/dev/null)
     [ $? -ne 0 ] && grep -q "^error: cannot write $d/missing/p.png" <<<"$err" || { echo "plan --plot: $err"; return 1; }
-    [ ! -e "$d/bad.png" ] && [ ! -e "$d/bad.png.tmp" ]
+    [ ! -e "$d/bad.png" ] && [ ! -e "$d/bad.png.tmp" ] || return 1
+    # the plan plot: --top N bars, each labelled with all four axes (CP too)
+    err=$($TRAIN plan --model d12 --gpus 64 --batch-tokens 1M --top 5 --plot "$d/top.png" 2>&1 >/dev/null) || return 1
+    grep -q "^plot: 5 layout(s): TP[0-9]* CP[0-9]* PP[0-9]* DP[0-9]*, " <<<"$err" || { echo "plan --top 5 --plot: $err"; return 1; }
+    # an interpreter without Debian's matplotlib (a pyenv or venv python3 first on the PATH) runs the
+    # script again under /usr/bin/python3; where it cannot, the error names the interpreter
+    cp /usr/bin/python3 "$d/py3" || return 1
+    "$d/py3" -S scripts/plot.py "$d/one.jsonl" -o "$d/other.png" 2>"$d/other.err" || { cat "$d/other.err"; return 1; }
+    [ -s "$d/other.png" ] || { echo "no plot from another interpreter"; return 1; }
+    err=$(LLM4D_PLOT_REEXEC=1 "$d/py3" -S scripts/plot.py "$d/one.jsonl" -o "$d/other2.png" 2>&1)
+    [ $? -ne 0 ] && grep -q "^error: scripts/plot.py needs matplotlib, which $d/py3 cannot import" <<<"$err" ||
+        { echo "no-matplotlib error: $err"; return 1; }
+    [ -x scripts/plot.py ] || { echo "scripts/plot.py is not executable"; return 1; }
 }
 
 # RDMA verbs where libibverbs is absent: ./train does not link it (it is opened at run time), the verbs
