@@ -164,7 +164,11 @@ int bench_comm_main(int argc, char **argv) {
     const DevMem *dev = registered == 3 ? devmem_cpu() : NULL;
     if (registered == 2) { // this rank's GPU of the node, chosen before any context exists
         int ndev = cuda_device_count();
-        if (ndev == 0) die("--buffers device: no CUDA device is available");
+        if (ndev == 0) {
+            char why[256];
+            cuda_unavailable_reason(why, sizeof why);
+            die("--buffers device: %s", why);
+        }
         cuda_use_device(env.local_rank % ndev);
         dev = devmem_cuda();
     }

@@ -55,6 +55,24 @@ static inline void cuda_launched(const char *kernel, cudaStream_t stream) {
     }
 }
 
+// A CUDA driver function by name through the runtime (so nothing links libcuda directly), or NULL
+// when the driver lacks it. cudaGetDriverEntryPointByVersion exists from CUDA 12.5 on (the
+// unversioned call is deprecated in CUDA 13); older runtimes have only the unversioned one.
+static inline void *cuda_driver_entry(const char *name) {
+    void *fn = NULL;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050
+    cudaError_t e = cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &q);
+#else
+    cudaError_t e = cudaGetDriverEntryPoint(name, &fn, cudaEnableDefault, &q);
+#endif
+    if (e != cudaSuccess || q != cudaDriverEntryPointSuccess) {
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    return fn;
+}
+
 __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
 // 16 bytes from global to shared memory, asynchronously; bytes past src_bytes are zero-filled, which is

@@ -25,13 +25,14 @@
 #include <sys/types.h>
 
 // Where an exported range lives in its owner: the allocation (id, never reused by the owner; its
-// size), the range's offset in it, and the device's own handle for the allocation.
+// size), the range's offset in it, the owner's device, and the device's own handle for the allocation.
 typedef struct {
     uint64_t id;
     uint64_t alloc_bytes;
     uint64_t offset;
-    int32_t device; // the owner's device ordinal (the stand-in: 0)
+    int32_t device; // the owner's device ordinal, for messages only (ordinals differ between processes)
     int32_t pad;
+    unsigned char uuid[16]; // the owner's GPU (cudaDeviceProp.uuid); the stand-in: zeros
     unsigned char blob[64]; // cudaIpcMemHandle_t; the stand-in: its HostMemHandle
 } DevHandle;
 

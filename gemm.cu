@@ -611,10 +611,8 @@ const DeviceInfo &device_info() {
 
 PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
     if (g_encode) return g_encode;
-    void *fn = NULL;
-    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-    CK(cudaGetDriverEntryPointByVersion, ("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q));
-    if (q != cudaDriverEntryPointSuccess || !fn) die("CUDA driver has no cuTensorMapEncodeTiled (needs CUDA 12.0 or later)");
+    void *fn = cuda_driver_entry("cuTensorMapEncodeTiled");
+    if (!fn) die("CUDA driver has no cuTensorMapEncodeTiled (needs CUDA 12.0 or later)");
     g_encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
     return g_encode;
 }

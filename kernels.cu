@@ -285,7 +285,10 @@ static void cu_event_sync(BackendEvent *e) {
 static int cu_event_done(BackendEvent *e) {
     backend_event_check(e, "event_done");
     cudaError_t r = cudaEventQuery((cudaEvent_t)e->handle);
-    if (r == cudaErrorNotReady) return 0;
+    if (r == cudaErrorNotReady) { // not a failure, but left as the last error: the next launch check would report it
+        (void)cudaGetLastError();
+        return 0;
+    }
     if (r != cudaSuccess) cuda_fail("cudaEventQuery", r);
     return 1;
 }
@@ -1510,6 +1513,29 @@ extern "C" int cuda_device_count(void) {
         return 0;
     }
     return n;
+}
+
+// Why cuda_device_count() is 0, in words for an error line: a driver older than this build's CUDA
+// runtime is not the same as no GPU at all.
+extern "C" void cuda_unavailable_reason(char *buf, size_t cap) {
+    int n = 0, drv = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    (void)cudaGetLastError();
+    if (e == cudaErrorInsufficientDriver) {
+        if (cudaDriverGetVersion(&drv) != cudaSuccess) (void)cudaGetLastError(), drv = 0;
+        if (drv > 0)
+            snprintf(buf, cap, "the NVIDIA driver supports CUDA %d.%d, older than the CUDA %d.%d this binary was built with: "
+                     "install a driver for CUDA %d.%d or later", drv / 1000, drv % 1000 / 10, CUDART_VERSION / 1000,
+                     CUDART_VERSION % 1000 / 10, CUDART_VERSION / 1000, CUDART_VERSION % 1000 / 10);
+        else // cudaDriverGetVersion gives 0 when no driver is installed at all
+            snprintf(buf, cap, "no CUDA device is available (no NVIDIA driver is installed)");
+    } else if (e == cudaErrorNoDevice || (e == cudaSuccess && n == 0)) {
+        snprintf(buf, cap, "no CUDA device is available");
+    } else if (e != cudaSuccess) {
+        snprintf(buf, cap, "no CUDA device is available (%s)", cudaGetErrorString(e));
+    } else {
+        snprintf(buf, cap, "%d CUDA device(s) available", n);
+    }
 }
 
 extern "C" void cuda_use_device(int ordinal) {

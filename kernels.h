@@ -220,6 +220,7 @@ const char *cpu_isa(void);
 // Creates no context on any device (it only initialises the driver), so every rank can call it before
 // it has chosen its device.
 int cuda_device_count(void);
+void cuda_unavailable_reason(char *buf, size_t cap); // why the count is 0, for an error line
 // Makes device `ordinal` this process's device (one rank per GPU) and creates the context, streams and
 // scratch there; call it before the first op. Without it the first op initialises device 0. No-op
 // without CUDA.

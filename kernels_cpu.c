@@ -1441,6 +1441,7 @@ const Backend *backend_cpu(void) { return &CPU_BACKEND; }
 #ifndef LLM4D_CUDA
 // CPU-only build: kernels.cu is not linked in.
 int cuda_device_count(void) { return 0; }
+void cuda_unavailable_reason(char *buf, size_t cap) { snprintf(buf, cap, "this binary was built without CUDA"); }
 void cuda_use_device(int ordinal) { (void)ordinal; }
 const Backend *backend_cuda(void) { return NULL; }
 #endif

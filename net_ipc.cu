@@ -51,19 +51,30 @@ struct Opened {
     int direct; // this device's kernels can read it
 };
 
+// A GPU is named by its UUID: ordinals are per process (CUDA_VISIBLE_DEVICES, Slurm's
+// --gpus-per-task: every rank may see its own GPU as device 0).
+struct Uuid {
+    unsigned char b[16];
+};
+
 struct IpcState {
     pthread_mutex_t mu;
     int ordinal, ready;
+    Uuid uuid; // this process's device
     AddressRangeFn range;
     Exported *ex;
     size_t nex, capex;
     uint64_t next_id;
     Opened *op;
     size_t nop, capop;
-    void *bounce; // a peer chunk that this device cannot read directly is copied here first
+    // A peer chunk that this device cannot read directly is copied here first. bounce_mu is held from
+    // the copy into it until the kernel reading it is queued, so that no other progress thread's copy
+    // lands in between or frees the buffer under an in-flight copy (all share one stream).
+    pthread_mutex_t bounce_mu;
+    void *bounce;
     size_t bounce_bytes;
 };
-IpcState g_ipc = { PTHREAD_MUTEX_INITIALIZER, -1, 0, NULL, NULL, 0, 0, 1, NULL, 0, 0, NULL, 0 };
+IpcState g_ipc = { PTHREAD_MUTEX_INITIALIZER, -1, 0, {}, NULL, NULL, 0, 0, 1, NULL, 0, 0, PTHREAD_MUTEX_INITIALIZER, NULL, 0 };
 __thread int t_bound = -1; // the device this thread last made current
 
 // The process's device current on this thread.
@@ -154,10 +165,21 @@ void *ipc_alloc(size_t bytes) {
     }
     return p;
 }
+// Forgets the exports of allocations overlapping [a, a + bytes): an address freed and allocated
+// again must get a new handle and id, never the old allocation's (a peer would read freed memory).
+void forget_exports(uintptr_t a, size_t bytes) {
+    size_t k = 0;
+    for (size_t i = 0; i < g_ipc.nex; i++)
+        if (g_ipc.ex[i].base + g_ipc.ex[i].bytes <= a || a + bytes <= g_ipc.ex[i].base) g_ipc.ex[k++] = g_ipc.ex[i];
+    g_ipc.nex = k;
+}
 void ipc_free(void *p) {
     if (!p) return;
     bind();
     CK(cudaStreamSynchronize, (comm_stream()));
+    pthread_mutex_lock(&g_ipc.mu);
+    forget_exports((uintptr_t)p, 1);
+    pthread_mutex_unlock(&g_ipc.mu);
     CK(cudaFree, (p));
 }
 void *ipc_host_alloc(size_t bytes) {
@@ -177,16 +199,22 @@ int ipc_export(const void *p, size_t bytes, DevHandle *h) {
     bind();
     uintptr_t a = (uintptr_t)p;
     pthread_mutex_lock(&g_ipc.mu);
+    // the allocation holding the range now: a cached export of another allocation that held these
+    // addresses once (freed outside ipc_free) is dropped
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    if (!g_ipc.range || g_ipc.range(&base, &size, (CUdeviceptr)a) != CUDA_SUCCESS || a + bytes > base + size) {
+        pthread_mutex_unlock(&g_ipc.mu);
+        return 0;
+    }
     Exported *x = NULL;
     for (size_t i = 0; i < g_ipc.nex && !x; i++)
         if (a >= g_ipc.ex[i].base && a + bytes <= g_ipc.ex[i].base + g_ipc.ex[i].bytes) x = &g_ipc.ex[i];
+    if (x && (x->base != (uintptr_t)base || x->bytes != size)) {
+        forget_exports((uintptr_t)base, size);
+        x = NULL;
+    }
     if (!x) {
-        CUdeviceptr base = 0;
-        size_t size = 0;
-        if (!g_ipc.range || g_ipc.range(&base, &size, (CUdeviceptr)a) != CUDA_SUCCESS || a + bytes > base + size) {
-            pthread_mutex_unlock(&g_ipc.mu);
-            return 0;
-        }
         grow(&g_ipc.ex, &g_ipc.capex, g_ipc.nex);
         x = &g_ipc.ex[g_ipc.nex++];
         x->base = (uintptr_t)base;
@@ -205,10 +233,39 @@ int ipc_export(const void *p, size_t bytes, DevHandle *h) {
     h->alloc_bytes = x->bytes;
     h->offset = a - x->base;
     h->device = g_ipc.ordinal;
+    static_assert(sizeof h->uuid == sizeof g_ipc.uuid.b, "a device UUID fits the record");
+    memcpy(h->uuid, g_ipc.uuid.b, sizeof h->uuid);
     static_assert(sizeof(cudaIpcMemHandle_t) <= sizeof h->blob, "an IPC handle fits the record");
     memcpy(h->blob, &x->handle, sizeof x->handle);
     pthread_mutex_unlock(&g_ipc.mu);
     return 1;
+}
+
+// Whether this device's kernels can read memory on the GPU named uuid: the same GPU, or one this
+// process sees (by UUID, not by ordinal) with peer access. Otherwise reads go through a copy
+// (cudaMemcpyAsync stages through the host where no peer path exists).
+int can_read_directly(const unsigned char uuid[16]) {
+    if (!memcmp(uuid, g_ipc.uuid.b, 16)) return 1;
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    for (int d = 0; d < n; d++) {
+        cudaDeviceProp p;
+        if (cudaGetDeviceProperties(&p, d) != cudaSuccess) {
+            (void)cudaGetLastError();
+            continue;
+        }
+        if (memcmp(p.uuid.bytes, uuid, 16)) continue;
+        int ok = 0;
+        if (cudaDeviceCanAccessPeer(&ok, g_ipc.ordinal, d) != cudaSuccess) {
+            (void)cudaGetLastError();
+            ok = 0;
+        }
+        return ok;
+    }
+    return 0; // a GPU this process cannot see
 }
 
 const void *ipc_open(pid_t owner, const DevHandle *h, char *why, size_t cap) {
@@ -230,11 +287,7 @@ const void *ipc_open(pid_t owner, const DevHandle *h, char *why, size_t cap) {
         pthread_mutex_unlock(&g_ipc.mu);
         return NULL;
     }
-    int direct = h->device == g_ipc.ordinal;
-    if (!direct && cudaDeviceCanAccessPeer(&direct, g_ipc.ordinal, h->device) != cudaSuccess) {
-        (void)cudaGetLastError();
-        direct = 0;
-    }
+    int direct = can_read_directly(h->uuid);
     grow(&g_ipc.op, &g_ipc.capop, g_ipc.nop);
     g_ipc.op[g_ipc.nop++] = Opened{ owner, h->id, (char *)base, (size_t)h->alloc_bytes, direct };
     pthread_mutex_unlock(&g_ipc.mu);
@@ -256,10 +309,9 @@ void ipc_copy(void *dst, const void *src, size_t n) {
     if (n) CK(cudaMemcpyAsync, (dst, src, n, cudaMemcpyDefault, comm_stream()));
 }
 
-// Where this device's kernels can read `in`: itself, or a copy of it in the bounce buffer (a peer's
-// memory on a device that cannot be reached directly). The copy is queued on the stream before the
-// kernel that reads it, and the next reduction reuses the buffer only after that kernel (one stream).
-const void *readable(const void *in, size_t bytes) {
+// Whether this device's kernels can read `in` where it is (this device's memory, or a peer's that it
+// reaches directly).
+int directly_readable(const void *in) {
     uintptr_t a = (uintptr_t)in;
     int direct = 1;
     pthread_mutex_lock(&g_ipc.mu);
@@ -268,16 +320,22 @@ const void *readable(const void *in, size_t bytes) {
             direct = g_ipc.op[i].direct;
             break;
         }
-    if (!direct && g_ipc.bounce_bytes < bytes) {
+    pthread_mutex_unlock(&g_ipc.mu);
+    return direct;
+}
+
+// The bounce buffer holding a copy of `in`, queued on the stream; the caller holds bounce_mu until it
+// has queued the kernel that reads it.
+const void *bounced(const void *in, size_t bytes) {
+    if (g_ipc.bounce_bytes < bytes) {
         if (g_ipc.bounce) {
-            CK(cudaStreamSynchronize, (comm_stream()));
+            CK(cudaStreamSynchronize, (comm_stream())); // every queued reader of the old buffer is done
             CK(cudaFree, (g_ipc.bounce));
+            g_ipc.bounce = NULL, g_ipc.bounce_bytes = 0;
         }
         CK(cudaMalloc, (&g_ipc.bounce, bytes));
         g_ipc.bounce_bytes = bytes;
     }
-    pthread_mutex_unlock(&g_ipc.mu);
-    if (direct) return in;
     CK(cudaMemcpyAsync, (g_ipc.bounce, in, bytes, cudaMemcpyDefault, comm_stream()));
     return g_ipc.bounce;
 }
@@ -287,23 +345,21 @@ void ipc_reduce(void *acc, const void *in, size_t n, int type, int op, int first
     bind();
     cudaStream_t s = comm_stream();
     unsigned g = blocks_for(n);
+    static const size_t width[] = { 4, 2, 4, 8 }; // bytes of an input element per CommType
+    if (type < T_F32 || type > T_I64) die("internal: bad comm type %d", type);
+    int direct = directly_readable(in);
+    if (!direct) {
+        pthread_mutex_lock(&g_ipc.bounce_mu);
+        in = bounced(in, n * width[type]);
+    }
     switch (type) {
-    case T_F32:
-        reduce_kernel<float, float><<<g, 256, 0, s>>>((float *)acc, (const float *)readable(in, n * 4), n, op, first);
-        break;
-    case T_BF16:
-        reduce_kernel<float, uint16_t><<<g, 256, 0, s>>>((float *)acc, (const uint16_t *)readable(in, n * 2), n, op, first);
-        break;
-    case T_I32:
-        reduce_kernel<int32_t, int32_t><<<g, 256, 0, s>>>((int32_t *)acc, (const int32_t *)readable(in, n * 4), n, op, first);
-        break;
-    case T_I64:
-        reduce_kernel<int64_t, int64_t><<<g, 256, 0, s>>>((int64_t *)acc, (const int64_t *)readable(in, n * 8), n, op, first);
-        break;
-    default:
-        die("internal: bad comm type %d", type);
+    case T_F32: reduce_kernel<float, float><<<g, 256, 0, s>>>((float *)acc, (const float *)in, n, op, first); break;
+    case T_BF16: reduce_kernel<float, uint16_t><<<g, 256, 0, s>>>((float *)acc, (const uint16_t *)in, n, op, first); break;
+    case T_I32: reduce_kernel<int32_t, int32_t><<<g, 256, 0, s>>>((int32_t *)acc, (const int32_t *)in, n, op, first); break;
+    default: reduce_kernel<int64_t, int64_t><<<g, 256, 0, s>>>((int64_t *)acc, (const int64_t *)in, n, op, first); break;
     }
     cuda_launched("reduce_kernel", s);
+    if (!direct) pthread_mutex_unlock(&g_ipc.bounce_mu);
 }
 
 void ipc_finish(void *out, const void *acc, size_t n, int type, int op, int ranks) {
@@ -371,12 +427,11 @@ extern "C" const DevMem *devmem_cuda(void) {
     pthread_mutex_lock(&g_ipc.mu);
     if (!g_ipc.ready) {
         CK(cudaGetDevice, (&g_ipc.ordinal));
-        void *fn = NULL;
-        cudaDriverEntryPointQueryResult q;
-        if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-            q != cudaDriverEntryPointSuccess)
-            (void)cudaGetLastError(), fn = NULL; // export then fails, and the error names the buffer
-        g_ipc.range = (AddressRangeFn)fn;
+        cudaDeviceProp p;
+        CK(cudaGetDeviceProperties, (&p, g_ipc.ordinal));
+        memcpy(g_ipc.uuid.b, p.uuid.bytes, sizeof g_ipc.uuid.b);
+        // export then fails without it, and the error names the buffer
+        g_ipc.range = (AddressRangeFn)cuda_driver_entry("cuMemGetAddressRange");
         g_ipc.ready = 1;
     }
     pthread_mutex_unlock(&g_ipc.mu);

@@ -711,7 +711,11 @@ static void setup_device(Trainer *t) {
     int ncuda = cuda_device_count();
     if (o->device ? !strcmp(o->device, "cuda") : ncuda > 0) {
         if (!backend_cuda()) die("--device cuda: this binary was built without CUDA (nvcc was not found)");
-        if (ncuda == 0) die("--device cuda: no CUDA device is available");
+        if (ncuda == 0) {
+            char why[256];
+            cuda_unavailable_reason(why, sizeof why);
+            die("--device cuda: %s", why);
+        }
         if (t->topo.world) cuda_use_device(t->topo.env.local_rank % ncuda); // one GPU per rank of this node
         t->be = backend_cuda();
     } else {
