@@ -11,6 +11,7 @@ or not). Every .c, .h, .cu and .cuh in DIR is read (emu/ is the tests' emulated 
     FILE includes HEADER: LAYER_A may not use LAYER_B     an include up the chain
     circle: a -> b -> a                                   modules that include each other
     FILE: in no layer (add it to LAYERS in scripts/check_layers.py and to DESIGN.md's table)
+    FILE includes emu/HEADER: ...                         the emulated GPU is the tests' alone
 
 A module is a file name without its extension (a.c, a.h and a.cu are module a): a.c including b.h and
 b.c including a.h is a circle between a and b, though no header includes itself. Includes are read
@@ -92,6 +93,9 @@ def check(root):
             problems.append(f"{src}: in no layer (add it to LAYERS in scripts/check_layers.py and to DESIGN.md's table)")
             continue
         for hdr in includes[src]:
+            if hdr.split("/")[0] == "emu":
+                problems.append(f"{src} includes {hdr}: {rank[src][1]} may not use the emulated GPU (emu/ is for tests, never part of ./train)")
+                continue
             if os.path.dirname(hdr) or hdr not in includes:
                 continue  # not a top-level source (emu/..., a system header written with quotes)
             if hdr not in rank:

@@ -44,13 +44,15 @@ t_make_missing_deps() {
 t_layers() { $PY scripts/check_layers.py; }
 
 # The checker on a small tree of its own: two includes up the chain, each closing a circle with an
-# allowed include back, a circle inside one row (no include goes up, still a circle),
-# a file in no layer, files in emu/ and test/ that are not checked; then the tree made clean. An include
-# under #if counts: a build option must not turn the chain around.
+# allowed include back (one of them under an #if: a build option must not turn the chain around); a
+# circle inside one row (no include goes up, still a circle); a file in no layer; a top-level file that
+# includes emu/ (the tests' emulated GPU); files in emu/ and test/, which are not checked. Then the tree
+# made clean passes.
 t_layers_fails() {
     local d=$WORK/layers out ok=0
     mkdir -p "$d/emu" "$d/test"
     printf '#include <stdio.h>\n' >"$d/common.h"
+    printf '#include "common.h"\n#include "emu/cuda_runtime.h"\n' >"$d/common.c"               # ./train on emu/
     printf '#include "common.h"\n#ifdef X\n#  include "collectives.h"\n#endif\n' >"$d/bootstrap.h" # up, under an #if
     printf '#include "collectives.h"\n' >"$d/algorithms.c"                                     # algorithms -> collectives
     printf '#include "bootstrap.h"\n#include "algorithms.h"\n' >"$d/collectives.c"             # ... -> algorithms
@@ -67,15 +69,16 @@ t_layers_fails() {
     for want in "bootstrap.h includes collectives.h: bootstrap may not use collectives" \
         "algorithms.c includes collectives.h: algorithms may not use collectives" \
         "circle: algorithms -> collectives -> algorithms" "circle: bootstrap -> collectives -> bootstrap" \
-        "circle: context -> model -> context" \
+        "circle: context -> model -> context" "common.c includes emu/cuda_runtime.h: common may not use the emulated GPU" \
         "stray.c: in no layer"; do
         grep -qF "$want" <<<"$out" || { echo "FAIL: not reported: $want"; ok=1; }
     done
-    [ "$(grep -c -e ' includes ' -e '^circle: ' -e 'in no layer' <<<"$out")" -eq 6 ] || { echo "FAIL: not exactly those 6 violations"; ok=1; }
+    [ "$(grep -c -e ' includes ' -e '^circle: ' -e 'in no layer' <<<"$out")" -eq 7 ] || { echo "FAIL: not exactly those 7 violations"; ok=1; }
     # made clean: collectives may use bootstrap (a row above it); the rest removed
     printf '#include "common.h"\n' >"$d/bootstrap.h"
     printf '#include "algorithms.h"\n' >"$d/algorithms.c"
     printf '#include "model.h"\n' >"$d/model.c"
+    printf '#include "common.h"\n' >"$d/common.c"
     rm "$d/stray.c"
     out=$($PY scripts/check_layers.py "$d") || { echo "FAIL: the clean tree failed: $out"; ok=1; }
     return $ok

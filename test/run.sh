@@ -985,7 +985,7 @@ run_test ckpt    t_ckpt_sigterm            "SIGTERM: every rank checkpoints and 
 run_test ckpt    t_skip_spikes             "--skip-spikes: NaN and spiking losses are skipped on every rank"
 run_test cli     t_stragglers              "stragglers are reported by rank and host"
 run_test build   t_make_missing_deps       "make without the build packages (jansson.h, zlib.h, the compiler) stops at one line naming them and scripts/deps.sh"
-run_test layers  t_layers_fails            "scripts/check_layers.py fails on an include up the chain, a circle, a file in no layer; passes a clean tree"
+run_test layers  t_layers_fails            "scripts/check_layers.py fails on includes up the chain, circles, a file in no layer, an include of emu/; passes a clean tree"
 run_test layers  t_layers                  "includes follow DESIGN.md's layers: no circle, no include up the chain (scripts/check_layers.py)"
 run_test cli     t_safe_files              "safe files: outputs checked first, device nodes refused, symlinks, stale temporaries, write errors, bad input"
 
