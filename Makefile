@@ -1,4 +1,5 @@
-# llm4d. `make` builds ./train: with CUDA kernels when nvcc is found, CPU-only otherwise.
+# llm4d. `make` builds ./train: with CUDA kernels when nvcc is found, CPU-only otherwise. `make test` runs
+# every test, `make test T=GROUP` one group, `make test T='^t_name$'` one test (test/run.sh --list).
 CC ?= gcc
 NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
@@ -175,10 +176,11 @@ demo: deps
 	@$(MAKE) --no-print-directory train
 	bash scripts/demo.sh
 
-# deps first, then a fresh make: what deps installed (libibverbs-dev) decides what gets built
+# deps first, then a fresh make: what deps installed (libibverbs-dev) decides what gets built. T is passed
+# on unexpanded ($(value T)), so a pattern's $ reaches test/run.sh.
 test: deps
 	@$(MAKE) --no-print-directory test-bins
-	bash test/run.sh $(if $(T),'$(T)')
+	bash test/run.sh $(if $(T),'$(value T)')
 
 test-bins: train build/train-asan build/test_unit build/test_comm build/test_gemm build/test_attention build/attention_check $(VERBS_BIN)
 

@@ -13,8 +13,9 @@ or not). Every .c, .h, .cu and .cuh in DIR is read (emu/ is the tests' emulated 
     FILE: in no layer (add it to LAYERS in scripts/check_layers.py and to DESIGN.md's table)
     FILE includes emu/HEADER: ...                         the emulated GPU is the tests' alone
 
-A module is a file name without its extension (a.c, a.h and a.cu are module a): a.c including b.h and
-b.c including a.h is a circle between a and b, though no header includes itself. Includes are read
+A module is a file name without its extension (a.c, a.h and a.cu are module a; a .cuh is a module of
+its own): a.c including b.h and b.c including a.h is a circle between a and b, though no header
+includes itself. Includes are read
 whatever #if surrounds them: a build option must not turn the chain around. Exit status 1 on any
 violation, 0 (and one line saying so) when there is none.
 """
@@ -49,7 +50,10 @@ INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"')
 
 
 def module(name):
-    return os.path.basename(name).split(".")[0]
+    """a.c, a.h, a.cu: module a. A .cuh keeps its name: common.cuh (kernels) is not common.h's module
+    (common), and a module never spans two rows."""
+    base = os.path.basename(name)
+    return base if base.endswith(".cuh") else base.split(".")[0]
 
 
 def read_includes(root):

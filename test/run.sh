@@ -68,6 +68,7 @@ run_test() { # group function description
     else
         echo "FAIL $name"
         sed 's/^/    /' "$log" | tail -n 40
+        echo "    (alone: bash test/run.sh '^$fn\$' after make test-bins, or make test T='^$fn\$')"
         failed=$((failed + 1))
     fi
 }
