@@ -8,7 +8,8 @@
 #        test/run.sh PATTERN      any other PATTERN: the tests whose function name or description it
 #                                 matches (an extended regular expression, case-insensitive), e.g.
 #                                 test/run.sh 't_data_parallel$'
-#        test/run.sh --list       every test as "GROUP FUNCTION DESCRIPTION", one line each, running none
+#        test/run.sh --list       every test as "GROUP FUNCTION DESCRIPTION", one line each, running none;
+#                                 --list GROUP or --list PATTERN: the tests that would run
 # `make test T=...` passes T on. A PATTERN that matches a whole group name selects by group alone.
 # The groups, by what they test:
 #   kernels  compute ops: unit tests, GEMM and attention index arithmetic, attention against PyTorch
@@ -26,8 +27,8 @@
 set -uo pipefail
 LIST=0 FILTER=
 case "${1:-}" in
---list) LIST=1 ;;
--*) echo "test/run.sh: unknown option '$1' (usage: test/run.sh [--list | GROUP | PATTERN])"; echo "0 passed, 1 failed"; exit 1 ;;
+--list) LIST=1 FILTER=${2:-} ;;
+-*) echo "test/run.sh: unknown option '$1' (usage: test/run.sh [--list] [GROUP | PATTERN])"; echo "0 passed, 1 failed"; exit 1 ;;
 *) FILTER=${1:-} ;;
 esac
 cd "$(dirname "$0")/.."
@@ -38,7 +39,7 @@ WORK=$(mktemp -d /tmp/llm4d-test.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 CORPUS=/usr/share/common-licenses/GPL-3 # in Debian's base-files: on every Debian machine
 export ASAN_OPTIONS=detect_leaks=0:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1
-passed=0 failed=0 skipped=0
+passed=0 failed=0 skipped=0 listed=0
 
 # The groups run_test registers tests under (the table above); a FILTER that matches one of them whole
 # selects by group, so `run.sh comm` does not also pick the planner's test for mentioning communication.
@@ -57,8 +58,8 @@ selected() { # group function description
 run_test() { # group function description
     local group=$1 fn=$2 name=$3 log="$WORK/$2.log"
     case " $TEST_GROUPS " in *" $group "*) ;; *) echo "test/run.sh: $fn is in no group ('$group')"; exit 1 ;; esac
-    if [ $LIST -eq 1 ]; then printf '%-7s %-25s %s\n' "$group" "$fn" "$name"; return 0; fi
     selected "$group" "$fn" "$name" || return 0
+    if [ $LIST -eq 1 ]; then printf '%-7s %-25s %s\n' "$group" "$fn" "$name"; listed=$((listed + 1)); return 0; fi
     if "$fn" >"$log" 2>&1; then
         echo "ok $name"
         passed=$((passed + 1))
@@ -990,8 +991,8 @@ run_test layers  t_layers_fails            "scripts/check_layers.py fails on inc
 run_test layers  t_layers                  "includes follow DESIGN.md's layers: no circle, no include up the chain (scripts/check_layers.py)"
 run_test cli     t_safe_files              "safe files: outputs checked first, device nodes refused, symlinks, stale temporaries, write errors, bad input"
 
-[ $LIST -eq 0 ] || exit 0
-if [ -n "$FILTER" ] && [ $((passed + failed + skipped)) -eq 0 ]; then
+if [ $LIST -eq 1 ] && [ $listed -gt 0 ]; then exit 0; fi
+if [ -n "$FILTER" ] && [ $((passed + failed + skipped + listed)) -eq 0 ]; then
     echo "error: no test matches '$FILTER' (test/run.sh GROUP runs a group, any other PATTERN matches test names and descriptions; test/run.sh --list lists them)"
     echo "0 passed, 1 failed"
     exit 1
