@@ -1,4 +1,5 @@
-# llm4d. `make` builds ./train: with CUDA kernels when nvcc is found, CPU-only otherwise.
+# llm4d. `make` builds ./train: with CUDA kernels when nvcc is found, CPU-only otherwise. `make test` runs
+# every test, `make test T=GROUP` one group, `make test T='^t_name$'` one test (test/run.sh --list).
 CC ?= gcc
 NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
@@ -11,6 +12,23 @@ CFLAGS ?= -O3 -march=native
 CFLAGS += -std=gnu11 -Wall -Wextra -Werror -fopenmp -fno-math-errno -MMD -MP
 LDLIBS = -lm -fopenmp -lpthread -lz -ljansson
 SAN = -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+
+# The build packages, checked before anything is built: a clone without them stops at one line naming
+# what is missing and what installs it, not at the compiler's "fatal error: jansson.h". Each entry is
+# HEADER:DEBIAN-PACKAGE. deps, clean, demo and test skip the check: they install first (scripts/deps.sh)
+# and then run a make that checks.
+BUILD_HEADERS = jansson.h:libjansson-dev zlib.h:zlib1g-dev
+NO_CHECK_GOALS = deps clean demo test
+ifneq ($(filter-out $(NO_CHECK_GOALS),$(or $(MAKECMDGOALS),all)),)
+ifeq ($(shell command -v $(firstword $(CC)) 2>/dev/null),)
+$(error the C compiler '$(firstword $(CC))' is not installed: scripts/deps.sh (or `make deps`, as root) installs gcc)
+endif
+have_header = $(shell $(CC) -E -include $(1) -x c /dev/null -o /dev/null 2>/dev/null && echo yes)
+MISSING_BUILD = $(strip $(foreach h,$(BUILD_HEADERS),$(if $(call have_header,$(word 1,$(subst :, ,$(h)))),,$(h))))
+ifneq ($(MISSING_BUILD),)
+$(error missing build headers: $(foreach h,$(MISSING_BUILD),$(word 1,$(subst :, ,$(h)))) (Debian: $(foreach h,$(MISSING_BUILD),$(word 2,$(subst :, ,$(h))))); scripts/deps.sh (or `make deps`, as root) installs them)
+endif
+endif
 
 HOST_SRC = train.c model.c context.c mem.c zero.c pipeline.c data.c ckpt.c common.c hostmem.c kernels_cpu.c launch.c \
            bootstrap.c collectives.c algorithms.c net_shm.c net_tcp.c devmem_cpu.c bench_comm.c plan.c
@@ -61,12 +79,13 @@ build/attention_cu.o: attention.cu attention.h gemm.h common.cuh common.h | buil
 build/gemm_cu.o: gemm.cu gemm.h common.cuh common.h | build
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
-# The tensor-core GEMM's check and benchmark (scripts/gpu_check.sh builds it; never part of ./train).
+# The tensor-core GEMM's check and benchmark (scripts/gpu/: scripts/gpu_check.sh builds and runs it;
+# never part of ./train).
 # cuBLAS is linked here only, as the benchmark's comparator, and left out when the toolkit lacks it.
 CUBLAS_LIB = $(wildcard $(CUDA_HOME)/lib64/libcublas.so)
 GEMM_CHECK_CUBLAS = $(if $(CUBLAS_LIB),-DGEMM_CHECK_CUBLAS -lcublas)
-build/gemm_check: test/gemm_check.cu build/gemm_cu.o build/common.o gemm.h | build
-	$(NVCC) $(NVCCFLAGS) -I. -Xcompiler -fopenmp test/gemm_check.cu build/gemm_cu.o build/common.o -o $@ \
+build/gemm_check: scripts/gpu/gemm_check.cu build/gemm_cu.o build/common.o gemm.h | build
+	$(NVCC) $(NVCCFLAGS) -I. -Xcompiler -fopenmp scripts/gpu/gemm_check.cu build/gemm_cu.o build/common.o -o $@ \
 		$(GEMM_CHECK_CUBLAS) -lgomp -lz -Xlinker -rpath -Xlinker $(CUDA_HOME)/lib64
 
 # AddressSanitizer + UBSan builds (CPU only) for the unit tests and the bad-input tests
@@ -133,13 +152,15 @@ build/test_comm-cuda: test/test_comm.c $(LIB_OBJ) $(CUDA_OBJ)
 build/test_cuda: test/test_cuda.c $(LIB_OBJ) $(CUDA_OBJ)
 	$(CC) $(CFLAGS) -I. -I$(CUDA_HOME)/include $(filter %.c %.o,$^) -o $@ $(LDLIBS)
 
-# attention on the GPU, flash against simple kernels (scripts/gpu_check.sh)
-build/bench_attention: test/bench_attention.c $(LIB_OBJ) $(CUDA_OBJ)
+# attention on the GPU, flash against simple kernels (scripts/gpu/; scripts/gpu_check.sh runs it)
+build/bench_attention: scripts/gpu/bench_attention.c $(LIB_OBJ) $(CUDA_OBJ)
 	$(CC) $(CFLAGS) -I. $(filter %.c %.o,$^) -o $@ $(LDLIBS)
 
-build/bench_matmul: test/bench_matmul.c $(LIB_OBJ) $(CUDA_OBJ)
+# the CPU matmul kernels on the model's shapes against the measured FMA peak (scripts/bench/; make bench)
+build/bench_matmul: scripts/bench/bench_matmul.c $(LIB_OBJ) $(CUDA_OBJ)
 	$(CC) $(CFLAGS) -I. $(filter %.c %.o,$^) -o $@ $(LDLIBS)
 
+# attention's inputs and results for test/attention_ref.py (t_attention_torch)
 build/attention_check: test/attention_check.c $(LIB_OBJ) $(CUDA_OBJ)
 	$(CC) $(CFLAGS) -I. $(filter %.c %.o,$^) -o $@ $(LDLIBS)
 
@@ -149,11 +170,14 @@ build:
 deps:
 	bash scripts/deps.sh
 
-# Trains the default small model on the Debian license texts (always on a Debian machine).
-demo: deps train
+# Trains the default small model on the Debian license texts (always on a Debian machine). deps first,
+# then a make of ./train: it builds with what deps installed.
+demo: deps
+	@$(MAKE) --no-print-directory train
 	bash scripts/demo.sh
 
-# deps first, then a fresh make: what deps installed (libibverbs-dev) decides what gets built
+# deps first, then a fresh make: what deps installed (libibverbs-dev) decides what gets built. T is passed
+# on unexpanded ($(value T)), so a pattern's $ reaches test/run.sh.
 test: deps
 	@$(MAKE) --no-print-directory test-bins
 	bash test/run.sh $(if $(value T),'$(value T)')

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # make bench: throughput figures (medians over steps 2-6), never pass/fail. Prints the machine and its load
 # first: the figures are only as good as the machine was quiet.
+# Its matmul benchmark, build/bench_matmul, is built from scripts/bench/bench_matmul.c (the benchmark programs
+# live in scripts/bench/, beside the OpenMPI and gloo comparison).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 W=$(mktemp -d /tmp/llm4d-bench.XXXXXX)

@@ -2,7 +2,8 @@
 # gpu_check.sh: everything that needs a GPU, in one prepared pass (make test-gpu), about 6-8 minutes on
 # one H200. Run from the repository root on a machine with one CUDA GPU:
 #   1. device: nvidia-smi summary
-#   2. build: ./train with the CUDA backend, build/test_cuda, build/gemm_check, build/bench_attention
+#   2. build: ./train with the CUDA backend, build/test_cuda (test/test_cuda.c), build/gemm_check and
+#      build/bench_attention (their sources in scripts/gpu/: programs this script runs, not tests)
 #   3. kernels: build/test_cuda (every CUDA op against the CPU reference on every code path, fp32 and
 #      bf16, streams and events, scratch reuse), then one kernel on a bad pointer: with LLM4D_CUDA_SYNC=1
 #      the error must name it, without it the error must say how to name it

@@ -1,11 +1,36 @@
 #!/usr/bin/env bash
-# llm4d's test runner: every test is a function below; each prints "ok NAME" or "FAIL NAME" (with its
-# log), and the last line is "N passed, N failed" (", N skipped" when a prerequisite is missing).
-# Run from the repository root after `make test-bins` (make test does).
-# Usage: test/run.sh [PATTERN]: only the tests whose function name or description matches PATTERN
-# (an extended regular expression, case-insensitive), as `make test T=PATTERN` does.
+# llm4d's test runner: every test is a function below, registered with its group by run_test at the
+# end; each prints "ok NAME" or "FAIL NAME" (with its log), and the last line is "N passed, N failed"
+# (", N skipped" when a prerequisite is missing). Run from the repository root after `make test-bins`
+# (make test does).
+# Usage: test/run.sh              every test
+#        test/run.sh GROUP        one group, or several as an alternation: test/run.sh 'kernels|cli'
+#        test/run.sh PATTERN      any other PATTERN: the tests whose function name or description it
+#                                 matches (an extended regular expression, case-insensitive), e.g.
+#                                 test/run.sh 't_data_parallel$'
+#        test/run.sh --list       every test as "GROUP FUNCTION DESCRIPTION", one line each, running none;
+#                                 --list GROUP or --list PATTERN: the tests that would run
+# `make test T=...` passes T on. A PATTERN that matches a whole group name selects by group alone.
+# The groups, by what they test:
+#   kernels  compute ops: unit tests, GEMM and attention index arithmetic, attention against PyTorch
+#   model    one rank's training against PyTorch and itself: shapes, bf16, accumulation, determinism
+#   cli      the command line and its outputs: prepare, bad input, --profile, plot.py, stragglers, safe files
+#   comm     the collectives: every op on 1-8 ranks, device memory, two simulated nodes, failure modes
+#   dp tp pp cp   each parallel axis (and its layouts with the others) against one rank
+#   memory   bytes per rank: activations, ZeRO, TP, CP, recompute, the memory inventory
+#   plan     ./train plan against its formulas, its bad input, --exact
+#   ckpt     checkpoints, restarts, SIGTERM, --skip-spikes
+#   slurm    a local Slurm cluster (srun, sbatch, SIGUSR1); needs root
+#   verbs    RDMA verbs: absent, and on soft-RoCE in a QEMU guest
+#   build    the Makefile: a missing build package named in one line
+#   layers   the include chain of DESIGN.md's layers (scripts/check_layers.py), and its self-test
 set -uo pipefail
-FILTER=${1:-}
+LIST=0 FILTER=
+case "${1:-}" in
+--list) LIST=1 FILTER=${2:-} ;;
+-*) echo "test/run.sh: unknown option '$1' (usage: test/run.sh [--list] [GROUP | PATTERN])"; echo "0 passed, 1 failed"; exit 1 ;;
+*) FILTER=${1:-} ;;
+esac
 cd "$(dirname "$0")/.."
 TRAIN=./train
 ASAN=./build/train-asan
@@ -14,11 +39,32 @@ WORK=$(mktemp -d /tmp/llm4d-test.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 CORPUS=/usr/share/common-licenses/GPL-3 # in Debian's base-files: on every Debian machine
 export ASAN_OPTIONS=detect_leaks=0:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1
-passed=0 failed=0 skipped=0
+passed=0 failed=0 skipped=0 listed=0
 
-run_test() { # name function
-    local name=$1 fn=$2 log="$WORK/$2.log"
-    if [ -n "$FILTER" ] && ! grep -qiE -- "$FILTER" <<<"$fn" && ! grep -qiE -- "$FILTER" <<<"$name"; then return 0; fi
+# The groups run_test registers tests under (the table above); a FILTER that matches one of them whole
+# selects by group, so `run.sh comm` does not also pick the planner's test for mentioning communication.
+TEST_GROUPS="kernels model cli comm dp tp pp cp memory plan ckpt slurm verbs build layers"
+BY_GROUP=0
+if [ -n "$FILTER" ]; then
+    grep -qE -- "$FILTER" <<<"" 2>/dev/null
+    if [ $? -eq 2 ]; then echo "test/run.sh: '$FILTER' is not an extended regular expression"; echo "0 passed, 1 failed"; exit 1; fi
+    for g in $TEST_GROUPS; do grep -qixE -- "$FILTER" <<<"$g" && BY_GROUP=1; done
+fi
+
+selected() { # group function description
+    if [ -z "$FILTER" ]; then return 0; fi
+    if [ $BY_GROUP -eq 1 ]; then grep -qixE -- "$FILTER" <<<"$1"; return; fi
+    grep -qiE -- "$FILTER" <<<"$2" || grep -qiE -- "$FILTER" <<<"$3"
+}
+
+run_test() { # group function description
+    local group=$1 fn=$2 name=$3 log="$WORK/$2.log"
+    case " $TEST_GROUPS " in
+    *" $group "*) ;;
+    *) echo "FAIL $name: $fn's group '$group' is none of: $TEST_GROUPS"; failed=$((failed + 1)); return 0 ;;
+    esac
+    selected "$group" "$fn" "$name" || return 0
+    if [ $LIST -eq 1 ]; then printf '%-7s %-25s %s\n' "$group" "$fn" "$name"; listed=$((listed + 1)); return 0; fi
     if "$fn" >"$log" 2>&1; then
         echo "ok $name"
         passed=$((passed + 1))
@@ -28,6 +74,7 @@ run_test() { # name function
     else
         echo "FAIL $name"
         sed 's/^/    /' "$log" | tail -n 40
+        echo "    (alone: bash test/run.sh '^$fn\$' after make test-bins, or make test T='^$fn\$')"
         failed=$((failed + 1))
     fi
 }
@@ -897,67 +944,73 @@ t_verbs_transport() { bash test/verbs_transport.sh; }
 source test/ckpt.sh
 # activation recompute, memory per rank, ./train plan --exact
 source test/recompute.sh
+# a make without the build packages; the includes against DESIGN.md's layers
+source test/build.sh
 
 # ---------------------------------------------------------------------------------------------
 
-prepare || { echo "FAIL prepare"; echo "0 passed, 1 failed"; exit 1; }
-run_test "unit tests (ASan+UBSan): kernels, formats, init" t_unit
-run_test "tensor-core GEMM index arithmetic: tile order, split-K, swizzle, wgmma descriptors, TMA boxes (ASan+UBSan)" t_gemm_host
-run_test "flash-attention kernels emulated on a model of ldmatrix and mma against double-precision attention (ASan+UBSan)" t_attention_host
-run_test "prepare writes the bytes as shards and a byte tokenizer" t_prepare_roundtrip
-run_test "PyTorch reference: C=36 (not a multiple of 8), 2 micro-batches" t_torch_c36
-run_test "PyTorch reference: T=24 below maxT=64" t_torch_short_t
-run_test "PyTorch reference: V=200 (padded to 256)" t_torch_v200
-run_test "PyTorch reference at 1e-5: T=27 below maxT=40, 8 heads of 4 channels" t_torch_heads
-run_test "PyTorch reference at 1e-5: one head of 20 channels, T=45" t_torch_one_head
-run_test "PyTorch reference: bf16" t_torch_bf16
-run_test "PyTorch reference: bf16 on the generic matmul path (LLM4D_CPU_ISA=generic)" t_torch_bf16_generic
-run_test "attention against PyTorch: whole sequence and zigzag context-parallel blocks" t_attention_torch
-run_test "gradient accumulation equals the large batch" t_grad_accum
-run_test "bitwise determinism across reruns and thread counts (fp32 and bf16)" t_determinism
-run_test "--profile splits each step into matmuls, attention and the rest" t_profile
-run_test "activation memory is linear in T (no T x T attention buffers)" t_activation_memory
-run_test "model files round trip (fp32 bitwise, bf16 exact)" t_model_roundtrip
-run_test "bf16: master weights move below bf16 resolution" t_bf16_master
-run_test "bad input: one-line errors, non-zero exit, no crash (ASan)" t_bad_input
-run_test "the model learns and samples" t_learns
-run_test "collectives: every op, type, count, placement; 1-8 ranks; sub-communicators" t_collectives
-run_test "device memory in the collectives (CPU stand-in): CUDA IPC protocol, marks, TCP staging; 2-3 ranks" t_collectives_device
-run_test "collectives across two simulated nodes (network namespaces)" t_two_nodes
-run_test "collectives: dead, missing and impostor ranks, SIGTERM" t_comm_failures
-run_test "Slurm: 2 nodes x 2 ranks under srun and sbatch equal one rank" t_slurm
-run_test "SIGUSR1 (Slurm time-limit warning) stops every rank cleanly" t_usr1
-run_test "data parallel DP 2,3,4 x ZeRO 0-3 x M 1,3 equals one rank; stages and bucket sizes 0, 0.02, 25 bitwise" t_data_parallel
-run_test "data parallel bf16 and active clipping equal one rank" t_data_parallel_bf16_clip
-run_test "ZeRO memory per rank at DP 4 follows the formula" t_zero_memory
-run_test "tensor parallel TP 2,3,4 with and without --sp, alone and with DP 2 x ZeRO 0,1,3, equals one rank" t_tensor_parallel
-run_test "pipeline PP 2,3,4 x M, plain and interleaved (V 2), and 3D layouts equal one rank; schedules" t_pipeline
-run_test "tensor parallel memory falls to 1/TP (activations too with --sp); logits B x T x Vp/TP" t_tensor_parallel_memory
-run_test "context parallel CP 2, 4, with TP 2 (--sp), PP 2, DP 2 x ZeRO 1, 3, bf16 equal one rank; reruns bitwise; attention FLOPs balanced" t_context_parallel
-run_test "context parallel activation memory per rank falls to 1/CP" t_context_parallel_memory
-run_test "context parallel: one-line errors (sequence split, layout, --sp)" t_context_parallel_errors
-run_test "plan: every layout's bytes, bubble, communication and compute against the formulas; README's 70B table" t_plan
-run_test "plan: bad input, one-line errors naming the flag (ASan)" t_plan_bad_input
-run_test "recompute selective and full are bitwise --recompute none: 1 rank fp32/bf16, DP x ZeRO 1-3, TP+SP, PP plain/interleaved, 3D bf16, CP alone and with TP+SP x ZeRO-3, resume; no extra ZeRO-3 gathers" t_recompute
-run_test "memory: every rank's peak activations and recompute scratch equal the inventory; fall with recompute, TP, SP, PP, CP, B, T" t_memory_formulas
-run_test "plan --exact predicts every rank's measured peak per category (DP x ZeRO, TP+SP, PP, interleaved, CP, recompute)" t_plan_exact
-run_test "plot.py: training logs and the planner's memory bars as PNG" t_plot
-run_test "RDMA verbs absent: ./train does not link libibverbs, runs as before; verbs say why in one line" t_verbs_absent
-run_test "RDMA verbs on soft-RoCE in a QEMU guest: 1 B-64 MiB both ways checked, 8/3/1 slots, selection, dead peer" t_verbs_vm
-run_test "verbs transport on soft-RoCE across two named nodes: collectives (bitwise), DP 2 and 3 equal one rank, bench-comm, fallback to TCP" t_verbs_transport
-run_test "checkpoints: resume is bitwise (one rank, DP x ZeRO 0-3, TP, PP, interleaved, CP, 3D)" t_ckpt_resume
-run_test "checkpoints: re-sharded to another layout (CP 2 to 1 and 1 to 2 among them) equals one rank" t_ckpt_reshard
-run_test "checkpoints: the format read with numpy equals --save-model" t_ckpt_reader
-run_test "restarts: 10 injected rank deaths under --max-restarts end bitwise as the uninterrupted runs" t_ckpt_restarts
-run_test "checkpoints: flipped byte, truncated or missing shard, missing manifest, incompatible, --keep" t_ckpt_bad
-run_test "checkpoints: a full disk leaves the previous checkpoint and the run going" t_ckpt_full_disk
-run_test "SIGTERM: every rank checkpoints and exits 0; resuming is bitwise" t_ckpt_sigterm
-run_test "--skip-spikes: NaN and spiking losses are skipped on every rank" t_skip_spikes
-run_test "stragglers are reported by rank and host" t_stragglers
-run_test "safe files: outputs checked first, device nodes refused, symlinks, stale temporaries, write errors, bad input" t_safe_files
+[ $LIST -eq 1 ] || prepare || { echo "FAIL prepare"; echo "0 passed, 1 failed"; exit 1; }
+run_test kernels t_unit                    "unit tests (ASan+UBSan): kernels, formats, init"
+run_test kernels t_gemm_host               "tensor-core GEMM index arithmetic: tile order, split-K, swizzle, wgmma descriptors, TMA boxes (ASan+UBSan)"
+run_test kernels t_attention_host          "flash-attention kernels emulated on a model of ldmatrix and mma against double-precision attention (ASan+UBSan)"
+run_test cli     t_prepare_roundtrip       "prepare writes the bytes as shards and a byte tokenizer"
+run_test model   t_torch_c36               "PyTorch reference: C=36 (not a multiple of 8), 2 micro-batches"
+run_test model   t_torch_short_t           "PyTorch reference: T=24 below maxT=64"
+run_test model   t_torch_v200              "PyTorch reference: V=200 (padded to 256)"
+run_test model   t_torch_heads             "PyTorch reference at 1e-5: T=27 below maxT=40, 8 heads of 4 channels"
+run_test model   t_torch_one_head          "PyTorch reference at 1e-5: one head of 20 channels, T=45"
+run_test model   t_torch_bf16              "PyTorch reference: bf16"
+run_test model   t_torch_bf16_generic      "PyTorch reference: bf16 on the generic matmul path (LLM4D_CPU_ISA=generic)"
+run_test kernels t_attention_torch         "attention against PyTorch: whole sequence and zigzag context-parallel blocks"
+run_test model   t_grad_accum              "gradient accumulation equals the large batch"
+run_test model   t_determinism             "bitwise determinism across reruns and thread counts (fp32 and bf16)"
+run_test cli     t_profile                 "--profile splits each step into matmuls, attention and the rest"
+run_test memory  t_activation_memory       "activation memory is linear in T (no T x T attention buffers)"
+run_test model   t_model_roundtrip         "model files round trip (fp32 bitwise, bf16 exact)"
+run_test model   t_bf16_master             "bf16: master weights move below bf16 resolution"
+run_test cli     t_bad_input               "bad input: one-line errors, non-zero exit, no crash (ASan)"
+run_test model   t_learns                  "the model learns and samples"
+run_test comm    t_collectives             "collectives: every op, type, count, placement; 1-8 ranks; sub-communicators"
+run_test comm    t_collectives_device      "device memory in the collectives (CPU stand-in): CUDA IPC protocol, marks, TCP staging; 2-3 ranks"
+run_test comm    t_two_nodes               "collectives across two simulated nodes (network namespaces)"
+run_test comm    t_comm_failures           "collectives: dead, missing and impostor ranks, SIGTERM"
+run_test slurm   t_slurm                   "Slurm: 2 nodes x 2 ranks under srun and sbatch equal one rank"
+run_test slurm   t_usr1                    "SIGUSR1 (Slurm time-limit warning) stops every rank cleanly"
+run_test dp      t_data_parallel           "data parallel DP 2,3,4 x ZeRO 0-3 x M 1,3 equals one rank; stages and bucket sizes 0, 0.02, 25 bitwise"
+run_test dp      t_data_parallel_bf16_clip "data parallel bf16 and active clipping equal one rank"
+run_test memory  t_zero_memory             "ZeRO memory per rank at DP 4 follows the formula"
+run_test tp      t_tensor_parallel         "tensor parallel TP 2,3,4 with and without --sp, alone and with DP 2 x ZeRO 0,1,3, equals one rank"
+run_test pp      t_pipeline                "pipeline PP 2,3,4 x M, plain and interleaved (V 2), and 3D layouts equal one rank; schedules"
+run_test memory  t_tensor_parallel_memory  "tensor parallel memory falls to 1/TP (activations too with --sp); logits B x T x Vp/TP"
+run_test cp      t_context_parallel        "context parallel CP 2, 4, with TP 2 (--sp), PP 2, DP 2 x ZeRO 1, 3, bf16 equal one rank; reruns bitwise; attention FLOPs balanced"
+run_test memory  t_context_parallel_memory "context parallel activation memory per rank falls to 1/CP"
+run_test cp      t_context_parallel_errors "context parallel: one-line errors (sequence split, layout, --sp)"
+run_test plan    t_plan                    "plan: every layout's bytes, bubble, communication and compute against the formulas; README's 70B table"
+run_test plan    t_plan_bad_input          "plan: bad input, one-line errors naming the flag (ASan)"
+run_test memory  t_recompute               "recompute selective and full are bitwise --recompute none: 1 rank fp32/bf16, DP x ZeRO 1-3, TP+SP, PP plain/interleaved, 3D bf16, CP alone and with TP+SP x ZeRO-3, resume; no extra ZeRO-3 gathers"
+run_test memory  t_memory_formulas         "memory: every rank's peak activations and recompute scratch equal the inventory; fall with recompute, TP, SP, PP, CP, B, T"
+run_test plan    t_plan_exact              "plan --exact predicts every rank's measured peak per category (DP x ZeRO, TP+SP, PP, interleaved, CP, recompute)"
+run_test cli     t_plot                    "plot.py: training logs and the planner's memory bars as PNG"
+run_test verbs   t_verbs_absent            "RDMA verbs absent: ./train does not link libibverbs, runs as before; verbs say why in one line"
+run_test verbs   t_verbs_vm                "RDMA verbs on soft-RoCE in a QEMU guest: 1 B-64 MiB both ways checked, 8/3/1 slots, selection, dead peer"
+run_test verbs   t_verbs_transport         "verbs transport on soft-RoCE across two named nodes: collectives (bitwise), DP 2 and 3 equal one rank, bench-comm, fallback to TCP"
+run_test ckpt    t_ckpt_resume             "checkpoints: resume is bitwise (one rank, DP x ZeRO 0-3, TP, PP, interleaved, CP, 3D)"
+run_test ckpt    t_ckpt_reshard            "checkpoints: re-sharded to another layout (CP 2 to 1 and 1 to 2 among them) equals one rank"
+run_test ckpt    t_ckpt_reader             "checkpoints: the format read with numpy equals --save-model"
+run_test ckpt    t_ckpt_restarts           "restarts: 10 injected rank deaths under --max-restarts end bitwise as the uninterrupted runs"
+run_test ckpt    t_ckpt_bad                "checkpoints: flipped byte, truncated or missing shard, missing manifest, incompatible, --keep"
+run_test ckpt    t_ckpt_full_disk          "checkpoints: a full disk leaves the previous checkpoint and the run going"
+run_test ckpt    t_ckpt_sigterm            "SIGTERM: every rank checkpoints and exits 0; resuming is bitwise"
+run_test ckpt    t_skip_spikes             "--skip-spikes: NaN and spiking losses are skipped on every rank"
+run_test cli     t_stragglers              "stragglers are reported by rank and host"
+run_test build   t_make_missing_deps       "make without the build packages (jansson.h, zlib.h, the compiler) stops at one line naming them and scripts/deps.sh"
+run_test layers  t_layers_fails            "scripts/check_layers.py fails on includes up the chain, circles, a file in no layer, an include of emu/; passes a clean tree"
+run_test layers  t_layers                  "includes follow DESIGN.md's layers: no circle, no include up the chain (scripts/check_layers.py)"
+run_test cli     t_safe_files              "safe files: outputs checked first, device nodes refused, symlinks, stale temporaries, write errors, bad input"
 
-if [ -n "$FILTER" ] && [ $((passed + failed + skipped)) -eq 0 ]; then
-    echo "error: no test matches '$FILTER' (test/run.sh PATTERN matches test names and descriptions)"
+if [ $LIST -eq 1 ] && [ $listed -gt 0 ]; then exit 0; fi
+if [ -n "$FILTER" ] && [ $((passed + failed + skipped + listed)) -eq 0 ]; then
+    echo "error: no test matches '$FILTER' (test/run.sh GROUP runs a group, any other PATTERN matches test names and descriptions; test/run.sh --list lists them)"
     echo "0 passed, 1 failed"
     exit 1
 fi
