@@ -6,6 +6,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <float.h>
 #include <jansson.h>
 #include <limits.h>
 #include <pthread.h>
@@ -110,6 +111,85 @@ static int full_shape(const GPT2Config *c, int k, int64_t d[3]) {
 void ckpt_path(const char *dir, int64_t step, char *out, size_t cap) {
     int n = snprintf(out, cap, "%s/ckpt_%08lld", dir, (long long)step);
     if (n < 0 || (size_t)n >= cap) die("path too long: %s", dir);
+}
+
+// ---------------------------------------------------------------------------------------------
+// the lock: one run at a time in a checkpoint directory
+
+#define LOCK_FILE "llm4d.lock"
+
+// Who holds a lock, from what ckpt_lock wrote into its file ("pid P host H").
+static void lock_holder(const char *path, char *out, size_t cap) {
+    char buf[320] = "", host[256];
+    long pid;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    ssize_t n = fd >= 0 ? read(fd, buf, sizeof buf - 1) : -1;
+    if (fd >= 0) close(fd);
+    if (n > 0) buf[n] = 0;
+    if (n > 0 && sscanf(buf, "pid %ld host %255s", &pid, host) == 2) snprintf(out, cap, "PID %ld on host %s", pid, host);
+    else snprintf(out, cap, "a process that has not written its PID and host yet");
+}
+
+// The directory a checkpoint path lies in.
+static void parent_dir(const char *path, char *out, size_t cap) {
+    snprintf(out, cap, "%s", path);
+    size_t n = strlen(out);
+    while (n > 1 && out[n - 1] == '/') out[--n] = 0;
+    char *s = strrchr(out, '/');
+    if (!s) snprintf(out, cap, ".");
+    else if (s == out) s[1] = 0;
+    else *s = 0;
+}
+
+int ckpt_lock(const char *dir, const char *resume, int *fd, char *err, size_t cap) {
+    char path[SAFE_PATH_MAX + 32], who[320];
+    *fd = -1;
+    if (resume) { // tested, not taken: F_OFD_GETLK reports a conflicting lock without acquiring one
+        char parent[SAFE_PATH_MAX];
+        parent_dir(resume, parent, sizeof parent);
+        snprintf(path, sizeof path, "%s/" LOCK_FILE, parent);
+        int pfd = open(path, O_RDONLY | O_CLOEXEC);
+        if (pfd >= 0) {
+            struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET };
+            int r = fcntl(pfd, F_OFD_GETLK, &fl);
+            close(pfd);
+            if (r == 0 && fl.l_type != F_UNLCK) {
+                lock_holder(path, who, sizeof who);
+                return snprintf(err, cap, "--resume %s: its directory %s is in use by another run (%s holds %s): wait for "
+                                "it to end, or copy the checkpoint elsewhere", resume, parent, who, path), -1;
+            }
+        }
+    }
+    if (!dir) return 0;
+    snprintf(path, sizeof path, "%s/" LOCK_FILE, dir);
+    int f = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (f < 0) return snprintf(err, cap, "--ckpt-dir %s: cannot open its lock file %s: %s", dir, path, strerror(errno)), -1;
+    struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET }; // the whole file
+    if (fcntl(f, F_OFD_SETLK, &fl) != 0) {
+        int e = errno;
+        close(f);
+        if (e == EAGAIN || e == EACCES) {
+            lock_holder(path, who, sizeof who);
+            return snprintf(err, cap, "--ckpt-dir %s is in use by another run (%s holds %s): wait for it to end, or "
+                            "choose another directory", dir, who, path), -1;
+        }
+        if (e == ENOLCK || e == EINVAL || e == EOPNOTSUPP) { // a file system without locks: the run goes on, unguarded
+            fprintf(stderr, "warning: --ckpt-dir %s: cannot lock %s (%s): a second run into it would not be refused\n", dir,
+                    path, strerror(e));
+            return 0;
+        }
+        return snprintf(err, cap, "--ckpt-dir %s: cannot lock %s: %s", dir, path, strerror(e)), -1;
+    }
+    char host[256] = "", text[320];
+    if (gethostname(host, sizeof host - 1) != 0 || !host[0]) snprintf(host, sizeof host, "unknown");
+    int n = snprintf(text, sizeof text, "pid %ld host %s\n", (long)getpid(), host);
+    if (ftruncate(f, 0) != 0 || pwrite(f, text, (size_t)n, 0) != n) {
+        int e = errno;
+        close(f);
+        return snprintf(err, cap, "--ckpt-dir %s: cannot write %s: %s", dir, path, strerror(e)), -1;
+    }
+    *fd = f;
+    return 0;
 }
 
 // Checkpoint directories in dir (ckpt_<digits>), newest first.
@@ -540,6 +620,7 @@ static char *manifest_text(const Ckpt *c, const int64_t *all, size_t *len) {
     json_t *da = json_object();
     json_object_set_new(da, "train", json_string(mt->train));
     json_object_set_new(da, "tokens", json_integer((json_int_t)mt->train_tokens));
+    json_object_set_new(da, "fingerprint", json_string(mt->train_fp));
     json_object_set_new(da, "next_sequence", json_integer(mt->step * (mt->batch_tokens / mt->seq_len)));
     json_object_set_new(r, "data", da);
     json_t *op = json_object();
@@ -764,7 +845,7 @@ static const char *parse_meta(json_t *r, CkptMeta *mt) {
     long long i;
     double d;
     memset(mt, 0, sizeof *mt);
-#define INT(obj, key, field) if (!get_int(obj, key, &i)) return key; mt->field = i;
+#define INT(obj, key, field) if (!get_int(obj, key, &i)) return key; mt->field = i; if ((long long)mt->field != i) return key;
 #define NUM(obj, key, field) if (!get_num(obj, key, &d)) return key; mt->field = d;
     char s[64];
     if (!get_str(r, "format", s, sizeof s) || strcmp(s, FORMAT)) return "format";
@@ -801,6 +882,9 @@ static const char *parse_meta(json_t *r, CkptMeta *mt) {
     INT(la, "batch_tokens", batch_tokens);
     if (!get_str(da, "train", mt->train, sizeof mt->train)) return "train";
     INT(da, "tokens", train_tokens);
+    json_t *fp = json_object_get(da, "fingerprint"); // absent in checkpoints written before it
+    if (fp && (!json_is_string(fp) || strlen(json_string_value(fp)) >= sizeof mt->train_fp)) return "fingerprint";
+    if (fp) snprintf(mt->train_fp, sizeof mt->train_fp, "%s", json_string_value(fp));
     if (!get_str(op, "schedule", mt->schedule, sizeof mt->schedule)) return "schedule";
     NUM(op, "lr", lr);
     NUM(op, "lr_min_frac", lr_min_frac);
@@ -825,8 +909,75 @@ static const char *parse_meta(json_t *r, CkptMeta *mt) {
     }
 #undef INT
 #undef NUM
-    if (mt->step < 0 || mt->adam_t < 0 || mt->adam_t > mt->step || mt->seq_len <= 0 || mt->ranks <= 0) return "step";
     return NULL;
+}
+
+// The ranges of the fields parse_meta read (their types it checked): 0, or -1 with one line naming the
+// first field out of range. What a writer could not have produced is refused before anything uses it.
+static int validate_meta(const CkptMeta *mt, char *why, size_t cap) {
+#define RANGE(name, x, lo, hi) \
+    if ((x) < (lo) || (x) > (hi)) \
+        return snprintf(why, cap, "%s = %lld is out of range (%lld to %lld)", name, (long long)(x), (long long)(lo), \
+                        (long long)(hi)), -1;
+#define REAL(name, x, lo, hi) \
+    if (!((x) >= (lo) && (x) <= (hi))) return snprintf(why, cap, "%s = %g is out of range (%g to %g)", name, (double)(x), \
+                                                       (double)(lo), (double)(hi)), -1;
+    const GPT2Config *m = &mt->model;
+    RANGE("step", mt->step, 0, INT32_MAX);
+    RANGE("adam_t", mt->adam_t, 0, mt->step); // an update per step at most
+    RANGE("model.layers", m->L, 1, INT32_MAX);
+    RANGE("model.channels", m->C, 1, INT32_MAX);
+    RANGE("model.heads", m->NH, 1, m->C);
+    if (m->C % m->NH)
+        return snprintf(why, cap, "model.heads = %d does not divide model.channels = %d", m->NH, m->C), -1;
+    RANGE("model.vocab", m->V, 1, INT32_MAX);
+    RANGE("model.padded_vocab", m->Vp, m->V, INT32_MAX);
+    RANGE("model.max_seq_len", m->maxT, 1, INT32_MAX);
+    RANGE("layout.ranks", mt->ranks, 1, 1 << 24);
+    RANGE("layout.dp", mt->dp, 1, mt->ranks);
+    RANGE("layout.tp", mt->tp, 1, mt->ranks);
+    RANGE("layout.pp", mt->pp, 1, mt->ranks);
+    RANGE("layout.cp", mt->cp, 1, mt->ranks);
+    if ((long long)mt->dp * mt->tp * mt->pp * mt->cp != mt->ranks) // each at most 2^24: the product fits
+        return snprintf(why, cap, "layout: dp x tp x pp x cp = %d x %d x %d x %d is not layout.ranks = %d", mt->dp, mt->tp,
+                        mt->pp, mt->cp, mt->ranks), -1;
+    RANGE("layout.pp_virtual", mt->pp_virtual, 1, m->L);
+    RANGE("layout.zero", mt->zero, 0, 3);
+    REAL("layout.bucket_mb", mt->bucket_mb, 0, 1e6);
+    if (strcmp(mt->dtype, "fp32") && strcmp(mt->dtype, "bf16"))
+        return snprintf(why, cap, "layout.dtype = '%s' is not fp32 or bf16", mt->dtype), -1;
+    RANGE("layout.micro_batch", mt->micro_batch, 1, 1 << 20);
+    RANGE("layout.seq_len", mt->seq_len, 1, m->maxT);
+    RANGE("layout.batch_tokens", mt->batch_tokens, mt->seq_len, (long long)1 << 40);
+    if (mt->batch_tokens % mt->seq_len)
+        return snprintf(why, cap, "layout.batch_tokens = %lld is not a multiple of layout.seq_len = %d", mt->batch_tokens,
+                        mt->seq_len), -1;
+    if (mt->train_tokens > (uint64_t)INT64_MAX) // read as a signed integer: a negative one
+        return snprintf(why, cap, "data.tokens = %lld is negative", (long long)mt->train_tokens), -1;
+    size_t nfp = strlen(mt->train_fp); // "" or 8 hex digits per shard, separated by one space
+    for (size_t i = 0; i < nfp || (nfp && (nfp + 1) % 9); i++)
+        if (i >= nfp || !strchr(i % 9 == 8 ? " " : "0123456789abcdef", mt->train_fp[i]))
+            return snprintf(why, cap, "data.fingerprint is not 8 hexadecimal digits per shard, separated by spaces"), -1;
+    if (strcmp(mt->schedule, "cosine") && strcmp(mt->schedule, "linear") && strcmp(mt->schedule, "constant"))
+        return snprintf(why, cap, "optimizer.schedule = '%s' is not cosine, linear or constant", mt->schedule), -1;
+    REAL("optimizer.lr", mt->lr, 0, 1e3);
+    REAL("optimizer.lr_min_frac", mt->lr_min_frac, 0, 1);
+    RANGE("optimizer.warmup", mt->warmup, 0, INT32_MAX);
+    RANGE("optimizer.steps", mt->steps, 0, INT32_MAX);
+    REAL("optimizer.beta1", mt->beta1, 0, 1);
+    REAL("optimizer.beta2", mt->beta2, 0, 1);
+    REAL("optimizer.eps", mt->eps, 0, 1);
+    REAL("optimizer.weight_decay", mt->weight_decay, 0, 1e3);
+    REAL("optimizer.clip", mt->clip, 0, 1e30);
+    REAL("skip_spikes.threshold", mt->skip_spikes, 0, 1e30);
+    RANGE("skip_spikes.skipped", mt->skipped, 0, mt->step);
+    for (int k = 0; k < mt->nhist; k++) {
+        REAL("skip_spikes.loss", mt->hist_loss[k], -FLT_MAX, FLT_MAX); // the applied steps': finite
+        REAL("skip_spikes.norm", mt->hist_norm[k], 0, FLT_MAX);
+    }
+#undef RANGE
+#undef REAL
+    return 0;
 }
 
 // What a run cannot change and still continue the checkpoint: the model and the data order.
@@ -877,10 +1028,63 @@ static uint64_t scatter(const Runs *need, const int64_t *pairs, size_t nruns, co
     return copied;
 }
 
+// Every shard's runs of one tensor, to check that together they tile it: each element in exactly one.
+typedef struct {
+    uint64_t full, len;
+    int rank;
+} Tile;
+typedef struct {
+    Tile *t;
+    size_t n, cap;
+} Tiles;
+
+static void tiles_add(Tiles *ts, uint64_t full, uint64_t len, int rank) {
+    if (ts->n == ts->cap) {
+        ts->cap = ts->cap ? 2 * ts->cap : 64;
+        ts->t = realloc(ts->t, ts->cap * sizeof(Tile));
+        if (!ts->t) die("out of memory");
+    }
+    ts->t[ts->n++] = (Tile){ full, len, rank };
+}
+
+static int by_tile(const void *a, const void *b) {
+    const Tile *x = a, *y = b;
+    if (x->full != y->full) return x->full < y->full ? -1 : 1;
+    return (x->rank > y->rank) - (x->rank < y->rank);
+}
+
+// 0 when the runs of tensor k (full elements) cover it without gap or overlap, else -1 with why.
+static int check_tiling(const char *d, int k, Tiles *ts, uint64_t full, char *why, size_t cap) {
+    qsort(ts->t, ts->n, sizeof(Tile), by_tile);
+    uint64_t pos = 0;
+    int prev = -1;
+    for (size_t i = 0; i < ts->n; i++) {
+        const Tile *t = &ts->t[i];
+        if (!t->len) continue;
+        if (t->full < pos)
+            return snprintf(why, cap, "%s: the runs of %s overlap: element %llu is in rank_%05d.safetensors and in "
+                            "rank_%05d.safetensors", d, PARAM_NAMES[k], (unsigned long long)t->full, prev, t->rank), -1;
+        if (t->full > pos) break;
+        pos = t->full + t->len;
+        prev = t->rank;
+    }
+    if (pos < full) {
+        uint64_t e = full;
+        for (size_t i = 0; i < ts->n; i++)
+            if (ts->t[i].len && ts->t[i].full > pos) {
+                e = ts->t[i].full;
+                break;
+            }
+        return snprintf(why, cap, "%s: elements [%llu, %llu) of %s are in no shard", d, (unsigned long long)pos,
+                        (unsigned long long)e, PARAM_NAMES[k]), -1;
+    }
+    return 0;
+}
+
 // Reads one shard into this rank's arrays; returns 0, or -1 with why (naming the file).
 static int read_shard(const char *file, const unsigned char *buf, size_t len, const CkptMeta *mt, int rank,
                       const GPT2Config *cfg, const Runs need[NUM_PARAM_TENSORS], float *dst[3],
-                      uint64_t copied[NUM_PARAM_TENSORS], char *why, size_t cap) {
+                      uint64_t copied[NUM_PARAM_TENSORS], Tiles tiles[NUM_PARAM_TENSORS], char *why, size_t cap) {
     uint64_t hl;
     if (len < 8) return snprintf(why, cap, "%s: shorter than a safetensors header", file), -1;
     memcpy(&hl, buf, 8);
@@ -949,6 +1153,7 @@ static int read_shard(const char *file, const unsigned char *buf, size_t len, co
                 goto out;
             }
             total += (uint64_t)pairs[2 * i + 1];
+            tiles_add(&tiles[k], (uint64_t)pairs[2 * i], (uint64_t)pairs[2 * i + 1], rank);
         }
         if (total != n[1] || total != n[2] || total != n[3]) {
             free(pairs);
@@ -991,12 +1196,18 @@ static int load_one(const char *d, const GPT2 *model, const Runs need[NUM_PARAM_
     long long want = -1;
     int code = LOAD_UNUSABLE;
     const char *bad;
+    Tiles tiles[NUM_PARAM_TENSORS] = { 0 };
     if (!get_int(r, "manifest_crc32", &want) || (uint32_t)want != crc) {
         snprintf(why, cap, "%s: checksum mismatch (crc32 %08x, manifest_crc32 says %08x)", path, crc, (uint32_t)want);
         goto out;
     }
     if ((bad = parse_meta(r, mt))) {
-        snprintf(why, cap, "%s: missing or malformed '%s'", path, bad);
+        snprintf(why, cap, "%s: missing or malformed '%s' (not of its type, or beyond its type's range)", path, bad);
+        goto out;
+    }
+    char range[256];
+    if (validate_meta(mt, range, sizeof range) != 0) {
+        snprintf(why, cap, "%s: %s", path, range);
         goto out;
     }
     if (!compatible(d, mt, now, why, cap)) {
@@ -1035,9 +1246,16 @@ static int load_one(const char *d, const GPT2 *model, const Runs need[NUM_PARAM_
             snprintf(why, cap, "%s: checksum mismatch (crc32 %08x, the manifest says %08x)", file, got, (uint32_t)scrc);
             goto out;
         }
-        int rc = read_shard(file, buf, len, mt, q, &model->cfg, need, dst, copied, why, cap);
+        int rc = read_shard(file, buf, len, mt, q, &model->cfg, need, dst, copied, tiles, why, cap);
         free(buf);
         if (rc != 0) goto out;
+    }
+    for (int k = 0; k < NUM_PARAM_TENSORS; k++) {
+        int64_t dim[3];
+        int nd = full_shape(&model->cfg, k, dim);
+        uint64_t full = 1;
+        for (int i = 0; i < nd; i++) full *= (uint64_t)dim[i];
+        if (check_tiling(d, k, &tiles[k], full, why, cap) != 0) goto out;
     }
     for (int k = 0; k < NUM_PARAM_TENSORS; k++)
         if (copied[k] != need[k].elems) {
@@ -1047,6 +1265,7 @@ static int load_one(const char *d, const GPT2 *model, const Runs need[NUM_PARAM_
         }
     code = LOAD_OK;
 out:
+    for (int k = 0; k < NUM_PARAM_TENSORS; k++) free(tiles[k].t);
     json_decref(r);
     return code;
 }
@@ -1056,6 +1275,24 @@ static int32_t reduce_i32(Comm *world, int32_t x, CommOp op) {
     int32_t y;
     comm_all_reduce(world, &x, &y, 1, CT_I32, op);
     return y;
+}
+
+// Moves an unusable checkpoint out of the way (ckpt_S to ckpt_S.bad, or .bad.1, .bad.2, ... when that
+// exists), so that the resumed run can write its own checkpoint of step S; kept, not removed: it is
+// evidence, and perhaps repairable. Rank 0, under the directory's lock.
+static void move_aside(const char *d) {
+    char to[SAFE_PATH_MAX + 32];
+    for (int i = 0; i < 1000; i++) {
+        if (i) snprintf(to, sizeof to, "%s.bad.%d", d, i);
+        else snprintf(to, sizeof to, "%s.bad", d);
+        struct stat st;
+        if (lstat(to, &st) == 0) continue; // rename would replace an empty directory
+        if (rename(d, to) == 0) printf("moved the unusable checkpoint %s aside to %s\n", d, to);
+        else fprintf(stderr, "warning: cannot move the unusable checkpoint %s aside to %s: %s\n", d, to, strerror(errno));
+        fflush(stdout);
+        return;
+    }
+    fprintf(stderr, "warning: the unusable checkpoint %s stays: %s.bad to .bad.999 all exist\n", d, d);
 }
 
 int ckpt_resume(const char *dir, const char *path, const GPT2 *model, Comm *world, const CkptMeta *now, CkptMeta *meta,
@@ -1098,6 +1335,7 @@ int ckpt_resume(const char *dir, const char *path, const GPT2 *model, Comm *worl
             exit(1);
         }
         if (rank == lowest) fprintf(stderr, "warning: checkpoint unusable: %s; trying the one before it\n", why);
+        if (worst == LOAD_UNUSABLE && rank == 0) move_aside(d); // every rank has finished reading it
     }
     runs_free(need);
     if (!found && any_complete) {

@@ -45,6 +45,7 @@ typedef struct {
     long long batch_tokens;
     char train[1024];
     uint64_t train_tokens;
+    char train_fp[9216]; // the content fingerprint of the training shards (data.h); "" in older checkpoints
     // optimizer and schedule
     char schedule[16];
     float lr, lr_min_frac, beta1, beta2, eps, weight_decay, clip;
@@ -56,6 +57,13 @@ typedef struct {
     float hist_loss[SPIKE_WINDOW], hist_norm[SPIKE_WINDOW];
 } CkptMeta;
 
+// Before anything in dir is read or changed, on rank 0: takes the advisory lock on dir/llm4d.lock and
+// writes this process's PID and host into it; *fd stays open for the run (an open-file-description lock:
+// the kernel releases it when the process ends in any way, SIGKILL included). resume (a --resume PATH, or
+// NULL) must not lie in a directory another run holds either. Returns -1 with one line naming the
+// holder's PID and host when another process holds either lock. dir NULL: only the check of resume.
+int ckpt_lock(const char *dir, const char *resume, int *fd, char *err, size_t cap);
+
 // Path of the checkpoint of step `step` in dir.
 void ckpt_path(const char *dir, int64_t step, char *out, size_t cap);
 
@@ -65,8 +73,9 @@ int ckpt_newest_complete(const char *dir, int64_t *step);
 
 // Chooses and reads the checkpoint to resume from; collective over world (NULL: one process). path is
 // a checkpoint directory, or NULL for the newest usable one in dir: each unusable one (no manifest, a
-// missing, truncated or corrupt shard) is reported in one line naming the file, and the one before it
-// is tried. A checkpoint that `now` cannot continue (another model shape or vocabulary, another data
+// missing, truncated or corrupt shard, a manifest field out of range, runs that do not tile a tensor)
+// is reported in one line naming the file or field, moved aside to ckpt_<step>.bad (.bad.1, ... when
+// that exists) with one line saying so, and the one before it is tried. A checkpoint that `now` cannot continue (another model shape or vocabulary, another data
 // order) is refused with one line. Fills meta and this rank's slice of the fp32 master weights and the
 // AdamW moments (internal order, model->num_params floats each) and returns 1; returns 0 when dir holds
 // no complete checkpoint (a fresh start).

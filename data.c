@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include "common.h"
 
@@ -66,6 +67,65 @@ static void shard_validate(const Shard *s, int vocab) {
     free(buf);
 }
 
+// One shard's part of the fingerprint (data.h), continuing crc.
+static uint32_t shard_fingerprint(const Shard *s, uint32_t crc) {
+    unsigned char *buf = xmalloc(2 * FP_BLOCK > 1024 ? 2 * FP_BLOCK : 1024);
+    pread_all(s->fd, buf, 1024, 0, s->path);
+    crc = (uint32_t)crc32(crc, buf, 1024);
+    uint64_t n = s->ntokens;
+    if (n <= (uint64_t)FP_BLOCKS * FP_BLOCK) { // small: every token
+        for (uint64_t at = 0; at < n; at += FP_BLOCK) {
+            size_t take = n - at < FP_BLOCK ? (size_t)(n - at) : FP_BLOCK;
+            pread_all(s->fd, buf, 2 * take, (off_t)(1024 + 2 * at), s->path);
+            crc = (uint32_t)crc32(crc, buf, (uInt)(2 * take));
+        }
+    } else {
+        for (uint64_t j = 0; j < FP_BLOCKS; j++) {
+            uint64_t at = j * (n - FP_BLOCK) / (FP_BLOCKS - 1);
+            pread_all(s->fd, buf, 2 * FP_BLOCK, (off_t)(1024 + 2 * at), s->path);
+            crc = (uint32_t)crc32(crc, buf, 2 * FP_BLOCK);
+        }
+    }
+    free(buf);
+    return crc;
+}
+
+static char *fingerprint_of(const TokenSet *ts) {
+    char *out = xmalloc((size_t)FP_SHARDS * 9 + 1);
+    size_t w = 0;
+    out[0] = 0;
+    for (int i = 0; i < ts->nshards && i < FP_SHARDS; i++) {
+        uint32_t crc = shard_fingerprint(&ts->shards[i], (uint32_t)crc32(0L, Z_NULL, 0));
+        if (i == FP_SHARDS - 1)
+            for (int j = i + 1; j < ts->nshards; j++) crc = shard_fingerprint(&ts->shards[j], crc);
+        w += (size_t)sprintf(out + w, "%s%08x", i ? " " : "", crc);
+    }
+    return out;
+}
+
+const char *tokenset_fingerprint(const TokenSet *ts) { return ts->fingerprint; }
+
+int tokenset_fingerprint_check(const TokenSet *ts, const char *fp, char *why, size_t cap) {
+    if (!*fp) return 1;
+    const char *a = ts->fingerprint, *b = fp;
+    int na = *a ? 1 : 0, nb = 1;
+    for (const char *p = a; *p; p++) na += *p == ' ';
+    for (const char *p = b; *p; p++) nb += *p == ' ';
+    if (na != nb)
+        return snprintf(why, cap, "the training data holds %d shard(s) (the first %s), the checkpoint's held %d", ts->nshards,
+                        ts->shards[0].path, nb), -1;
+    for (int i = 0; i < na; i++, a += 9, b += 9)
+        if (strncmp(a, b, 8) != 0) {
+            if (i == FP_SHARDS - 1 && ts->nshards > FP_SHARDS)
+                return snprintf(why, cap, "%s or one of the %d shards after it differs from the checkpoint's training data "
+                                "(content fingerprint %.8s, the checkpoint's %.8s)", ts->shards[i].path,
+                                ts->nshards - FP_SHARDS, a, b), -1;
+            return snprintf(why, cap, "%s differs from the shard the checkpoint was trained on (content fingerprint %.8s, "
+                            "the checkpoint's %.8s)", ts->shards[i].path, a, b), -1;
+        }
+    return 0;
+}
+
 void tokenset_open(TokenSet *ts, const char *pattern, const char *flag, int vocab, int T, int shuffle, uint64_t seed) {
     memset(ts, 0, sizeof *ts);
     glob_t g;
@@ -91,6 +151,7 @@ void tokenset_open(TokenSet *ts, const char *pattern, const char *flag, int voca
     ts->shuffle = shuffle;
     ts->seed = seed;
     ts->perm_epoch = UINT64_MAX;
+    ts->fingerprint = fingerprint_of(ts);
 }
 
 void tokenset_close(TokenSet *ts) {
@@ -100,6 +161,7 @@ void tokenset_close(TokenSet *ts) {
     }
     free(ts->shards);
     free(ts->perm);
+    free(ts->fingerprint);
     memset(ts, 0, sizeof *ts);
 }
 

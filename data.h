@@ -33,6 +33,7 @@ typedef struct {
     uint64_t seed;
     uint64_t perm_epoch; // epoch whose permutation is cached in perm (UINT64_MAX: none)
     uint32_t *perm;
+    char *fingerprint; // tokenset_fingerprint
 } TokenSet;
 
 // Opens every shard matching the glob pattern, checking every token against the vocabulary (one pass);
@@ -46,6 +47,20 @@ void tokenset_read(const TokenSet *ts, uint64_t pos, size_t n, uint16_t *out);
 uint64_t tokenset_window(TokenSet *ts, uint64_t g);
 // Inputs and targets (T each) of global sequence g.
 void tokenset_sequence(TokenSet *ts, uint64_t g, int32_t *inputs, int32_t *targets);
+
+// The content fingerprint of the shards, computed when they are opened, that a checkpoint records: per
+// shard in file order, the zlib crc32 of its 1024-byte header followed by a fixed sample of its tokens
+// (all of them up to FP_BLOCKS x FP_BLOCK tokens; else FP_BLOCKS blocks of FP_BLOCK tokens, block j
+// starting at token floor(j x (n - FP_BLOCK) / (FP_BLOCKS - 1)) of the shard's n), as 8 lowercase hex
+// digits, the shards' separated by one space. Beyond FP_SHARDS shards the last entry is the crc32 continued
+// over all the remaining shards, one after the other. At most FP_SHARDS x 9 bytes, NUL included.
+#define FP_BLOCKS 64
+#define FP_BLOCK 1024
+#define FP_SHARDS 1024
+const char *tokenset_fingerprint(const TokenSet *ts);
+// Compares the shards with a checkpoint's fingerprint fp: 0 when equal, 1 when fp is empty (a checkpoint
+// written before fingerprints), -1 with why naming the first shard that differs.
+int tokenset_fingerprint_check(const TokenSet *ts, const char *fp, char *why, size_t cap);
 
 // Writes a token shard atomically.
 void shard_write(const char *path, const uint16_t *tokens, size_t n);

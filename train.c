@@ -137,6 +137,10 @@ static const char USAGE[] =
     "  --resume [PATH]            continue from the newest usable checkpoint in --ckpt-dir (from step 0 when\n"
     "                             it has none), or from the checkpoint directory PATH; any layout (ranks,\n"
     "                             --tp, --cp, --pp, --pp-virtual, --zero) reads a checkpoint of any other\n"
+    "                             (a directory is used by one run at a time: rank 0 holds DIR/llm4d.lock,\n"
+    "                             and a second run into it is refused, naming the holder's PID and host)\n"
+    "  --allow-data-change        with --resume: continue on training data other than the checkpoint's\n"
+    "                             (another content fingerprint or token count; refused without it)\n"
     "  --max-restarts R           with --nproc: when a rank dies, relaunch the job from the newest complete\n"
     "                             checkpoint, up to R times (default 0)\n"
     "  --skip-spikes F            skip (and count) the update of a step whose loss or gradient norm is not\n"
@@ -179,7 +183,7 @@ typedef struct {
     const char *pp_layers, *pp_trace;
     double bucket_mb, comm_timeout;
     const char *ckpt_dir, *resume_path;
-    int ckpt_every, keep, resume, max_restarts, straggler_steps;
+    int ckpt_every, keep, resume, max_restarts, straggler_steps, allow_data_change;
     float skip_spikes, straggler;
     int transport;
     const char *ib_dev;
@@ -240,6 +244,10 @@ static void parse_options(Options *o, int argc, char **argv) {
         }
         if (!strcmp(f, "--profile")) {
             o->profile = 1;
+            continue;
+        }
+        if (!strcmp(f, "--allow-data-change")) {
+            o->allow_data_change = 1;
             continue;
         }
         if (!strcmp(f, "--resume")) { // an optional value: a checkpoint directory
@@ -326,6 +334,7 @@ static void parse_options(Options *o, int argc, char **argv) {
         die("--schedule must be cosine, linear or constant, got '%s'", o->schedule);
     if (o->device && strcmp(o->device, "cpu") && strcmp(o->device, "cuda"))
         die("--device must be cpu or cuda, got '%s'", o->device);
+    if (o->allow_data_change && !o->resume) die("--allow-data-change lets --resume continue on other data: it needs --resume");
     if (o->resume && !o->resume_path && !o->ckpt_dir)
         die("--resume needs --ckpt-dir DIR (the newest checkpoint in it), or a checkpoint: --resume PATH");
     if ((o->ib_dev || o->ib_gid_index >= 0) && (o->transport == TRANSPORT_SHM || o->transport == TRANSPORT_TCP))
@@ -687,6 +696,7 @@ typedef struct {
     Zero zero;
     Pipeline pipe;
     Ckpt *ckpt;
+    int ckpt_lock; // rank 0: the descriptor holding --ckpt-dir's lock (-1: none)
     int start_step, end_step, resumed;
     int32_t *inputs, *targets; // this rank's tokens of a step (its positions of them under context parallelism)
     int32_t *full_in, *full_tgt; // context parallelism: the whole sequences they are cut from
@@ -866,6 +876,7 @@ static void fill_meta(const Trainer *t, int step, CkptMeta *m) {
     m->batch_tokens = t->batch_tokens;
     snprintf(m->train, sizeof m->train, "%s", o->train ? o->train : "");
     m->train_tokens = t->have_train ? t->train.ntokens : 0;
+    snprintf(m->train_fp, sizeof m->train_fp, "%s", t->have_train ? tokenset_fingerprint(&t->train) : "");
     snprintf(m->schedule, sizeof m->schedule, "%s", o->schedule);
     m->lr = o->lr;
     m->lr_min_frac = o->lr_min_frac;
@@ -908,8 +919,19 @@ static void build_model(Trainer *t, float *host_params) {
         v = xmalloc(sizeof(float) * n);
         CkptMeta now;
         fill_meta(t, 0, &now);
+        if (o->allow_data_change) now.train_tokens = 0; // another token count too
         char from[SAFE_PATH_MAX];
         t->resumed = ckpt_resume(o->ckpt_dir, o->resume_path, &t->model, tp->world, &now, &saved, master, m, v, from, sizeof from);
+        if (t->resumed && t->have_train) { // the same data as the checkpoint's, by content
+            char why[2 * SAFE_PATH_MAX], msg[3 * SAFE_PATH_MAX + 128];
+            int same = tokenset_fingerprint_check(&t->train, saved.train_fp, why, sizeof why);
+            snprintf(msg, sizeof msg, "--resume %s: %s: pass --allow-data-change to train on other data on purpose", from, why);
+            agree_or_exit(tp, same < 0 && !o->allow_data_change ? msg : NULL);
+            if (tp->lead && same < 0) printf("note: --allow-data-change: %s\n", why);
+            if (tp->lead && same > 0)
+                fprintf(stderr, "warning: %s records no fingerprint of its training data (written before them): the data "
+                        "is not compared\n", from);
+        }
         if (t->resumed) {
             t->start_step = (int)saved.step;
             t->spikes.n = saved.nhist;
@@ -1067,6 +1089,9 @@ static void trainer_init(Trainer *t, int argc, char **argv) {
     Topology *tp = &t->topo;
     if (o->dump && tp->nranks > 1) die("--dump works on a single rank only");
     check_outputs(t);
+    char err[2 * SAFE_PATH_MAX] = ""; // the checkpoint directory locked before anything in it is read or changed
+    t->ckpt_lock = -1;
+    agree_or_exit(tp, tp->lead && ckpt_lock(o->ckpt_dir, o->resume_path, &t->ckpt_lock, err, sizeof err) < 0 ? err : NULL);
     parse_faults(&t->faults, tp->rank);
     setup_device(t);
     float *host_params;
@@ -1421,6 +1446,7 @@ static void trainer_finish(Trainer *t) {
         free(file);
     }
     if (t->ckpt) ckpt_close(t->ckpt);
+    if (t->ckpt_lock >= 0) close(t->ckpt_lock); // the directory released (an exit in any other way releases it too)
     free(t->inputs);
     free(t->targets);
     free(t->full_in);

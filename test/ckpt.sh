@@ -316,3 +316,175 @@ EOF
         "${S[@]}" --train "$d/badtok.bin" --steps 1 || ok=1
     return $ok
 }
+
+# The lock: a run (seed 11) holding --ckpt-dir, stopped after its first checkpoint (SIGSTOP: it holds
+# the lock for as long as the test needs), refuses a second run into the directory (seed 22; fresh,
+# with --resume, and under --nproc 2) and a --resume PATH from it, each in one line naming the holder's
+# PID and host; its checkpoints stay byte for byte; killed with SIGKILL, it leaves the lock to a new
+# run (seed 33), which resumes from the newest of them and adds its own.
+t_ckpt_lock() {
+    local d=$WORK/cklock ok=0 i
+    rm -rf "$d"
+    mkdir -p "$d"
+    local S=("${CK[@]}" --layers 2 --train "$DATA/train.bin" --batch-tokens 64)
+    $TRAIN "${S[@]}" --seed 11 --steps 100000 --ckpt-every 2 --ckpt-dir "$d/c" >"$d/a.out" 2>&1 &
+    local a=$!
+    for i in $(seq 1 600); do # until its first checkpoint is complete (bounded: 60 s)
+        compgen -G "$d/c/ckpt_*/manifest.json" >/dev/null && break
+        sleep 0.1
+    done
+    kill -STOP $a || return 1
+    local held=() c
+    for c in "$d"/c/ckpt_*; do [ -f "$c/manifest.json" ] && held+=("$c"); done
+    [ ${#held[@]} -gt 0 ] || { kill -9 $a; echo "FAIL: no checkpoint before the stop"; return 1; }
+    find "${held[@]}" -type f -exec md5sum {} + >"$d/held.md5"
+    local who="is in use by another run (PID $a on host $(hostname) holds $d/c/llm4d.lock)"
+    expect_error "ckpt-dir $d/c $who" "${S[@]}" --seed 22 --steps 4 --ckpt-dir "$d/c" || ok=1
+    expect_error "ckpt-dir $d/c $who" "${S[@]}" --seed 22 --steps 100 --ckpt-dir "$d/c" --resume || ok=1
+    expect_error "resume ${held[0]}: its directory $d/c $who" "${S[@]}" --seed 22 --steps 100 --resume "${held[0]}" \
+        --ckpt-dir "$d/other" || ok=1
+    timeout 300 $TRAIN --nproc 2 "${S[@]}" --seed 22 --steps 4 --ckpt-dir "$d/c" >/dev/null 2>"$d/b.err" &&
+        { echo "FAIL: a run under --nproc 2 was not refused"; ok=1; }
+    [ "$(grep -c "^error: --ckpt-dir $d/c $who" "$d/b.err")" -eq 1 ] ||
+        { echo "FAIL --nproc 2: $(cat "$d/b.err")"; ok=1; }
+    md5sum -c --quiet "$d/held.md5" || { echo "FAIL: the holder's checkpoints changed"; ok=1; }
+    kill -9 $a
+    wait $a 2>/dev/null
+    local newest=${held[-1]##*_}
+    $TRAIN "${S[@]}" --seed 33 --steps $((10#$newest + 2)) --ckpt-dir "$d/c" --resume >"$d/c.out" 2>&1 &
+    local n=$!
+    wait $n || { echo "FAIL: the run after the holder's death: $(tail -3 "$d/c.out")"; return 1; }
+    grep -q "^resumed from ${held[-1]}: step $((10#$newest))" "$d/c.out" || { echo "FAIL: did not resume"; ok=1; }
+    grep -q "^pid $n host $(hostname)$" "$d/c/llm4d.lock" || { echo "FAIL: the lock file names $(cat "$d/c/llm4d.lock")"; ok=1; }
+    md5sum -c --quiet "$d/held.md5" || { echo "FAIL: the first run's checkpoints changed"; ok=1; }
+    for c in "${held[@]}"; do
+        grep -q '^  "seed": 11,$' "$c/manifest.json" || { echo "FAIL: $c does not hold seed 11"; ok=1; }
+    done
+    c=$(printf '%s/c/ckpt_%08d' "$d" $((10#$newest + 2)))
+    grep -q '^  "seed": 33,$' "$c/manifest.json" || { echo "FAIL: $c does not hold the new run's seed 33"; ok=1; }
+    echo "held by PID $a: ${held[*]##*/}; then PID $n resumed from step $((10#$newest))"
+    return $ok
+}
+
+# The data fingerprint: the manifest records, per shard, the crc32 of its header and of a fixed sample
+# of its tokens (computed here from the README's definition, for a shard hashed whole and one sampled);
+# resuming on another corpus of the same token count is refused in one line naming the shard and
+# --allow-data-change, with which it proceeds; a checkpoint without the fingerprint (older) resumes with
+# a warning.
+t_ckpt_fingerprint() {
+    local d=$WORK/ckfp ok=0
+    rm -rf "$d"
+    mkdir -p "$d/a" "$d/b"
+    $PY - "$DATA/train.bin" "$d" <<'EOF2' || return 1
+import sys, struct, zlib
+src, d = sys.argv[1], sys.argv[2]
+b = open(src, "rb").read()
+tok = b[1024:]
+big = tok * 5  # more than 64 x 1024 tokens: sampled
+def shard(path, t):
+    open(path, "wb").write(struct.pack("<3i", 20240520, 1, len(t) // 2) + bytes(1012) + t)
+shard(f"{d}/a/s0.bin", tok)
+shard(f"{d}/a/s1.bin", big)
+shard(f"{d}/b/s0.bin", tok)
+shard(f"{d}/b/s1.bin", big[2:] + big[:2])  # the same token count, another order
+def fingerprint(path):
+    f = open(path, "rb").read()
+    n = (len(f) - 1024) // 2
+    crc = zlib.crc32(f[:1024])
+    if n <= 64 * 1024:
+        return zlib.crc32(f[1024:], crc)
+    for j in range(64):
+        at = j * (n - 1024) // 63
+        crc = zlib.crc32(f[1024 + 2 * at:1024 + 2 * (at + 1024)], crc)
+    return crc
+for x in "ab":
+    open(f"{d}/{x}.fp", "w").write(" ".join("%08x" % fingerprint(f"{d}/{x}/s{i}.bin") for i in range(2)))
+EOF2
+    local S=("${CK[@]}" --layers 2 --batch-tokens 64)
+    timeout 300 $TRAIN "${S[@]}" --train "$d/a/*.bin" --steps 2 --ckpt-dir "$d/c" >"$d/a.out" 2>&1 || { tail -3 "$d/a.out"; return 1; }
+    local ck=$d/c/ckpt_00000002
+    grep -q "^    \"fingerprint\": \"$(cat "$d/a.fp")\",$" "$ck/manifest.json" ||
+        { echo "FAIL: the manifest's fingerprint is not '$(cat "$d/a.fp")': $(grep fingerprint "$ck/manifest.json")"; ok=1; }
+    local fa fb
+    fa=$(cut -d' ' -f2 "$d/a.fp")
+    fb=$(cut -d' ' -f2 "$d/b.fp")
+    expect_error "resume $ck: $d/b/s1.bin differs from the shard the checkpoint was trained on (content fingerprint $fb, the checkpoint's $fa): pass --allow-data-change" \
+        "${S[@]}" --train "$d/b/*.bin" --steps 4 --resume "$ck" || ok=1
+    timeout 300 $TRAIN "${S[@]}" --train "$d/b/*.bin" --steps 4 --resume "$ck" --allow-data-change >"$d/b.out" 2>&1 ||
+        { echo "FAIL: --allow-data-change did not proceed: $(tail -2 "$d/b.out")"; ok=1; }
+    grep -q "^note: --allow-data-change: $d/b/s1.bin differs" "$d/b.out" || { echo "FAIL: no note"; ok=1; }
+    grep -q "^resumed from $ck: step 2" "$d/b.out" || { echo "FAIL: not resumed"; ok=1; }
+    # another token count: refused as before, and accepted on purpose
+    expect_error "was trained on $(( $(stat -c %s "$d/a/s0.bin") / 2 * 6 - 3072 )) tokens of --train data" \
+        "${S[@]}" --train "$d/a/s1.bin" --steps 4 --resume "$ck" || ok=1
+    timeout 300 $TRAIN "${S[@]}" --train "$d/a/s1.bin" --steps 4 --resume "$ck" --allow-data-change >/dev/null 2>&1 ||
+        { echo "FAIL: --allow-data-change with another token count did not proceed"; ok=1; }
+    # written before fingerprints: resumed, with one warning
+    $PY test/ckpt_craft.py "$ck" "$d/old" -data.fingerprint || return 1
+    timeout 300 $TRAIN "${S[@]}" --train "$d/a/*.bin" --steps 4 --resume "$d/old" >"$d/old.out" 2>"$d/old.err" ||
+        { echo "FAIL: a checkpoint without a fingerprint was refused: $(cat "$d/old.err")"; ok=1; }
+    [ "$(cat "$d/old.err")" = "warning: $d/old records no fingerprint of its training data (written before them): the data is not compared" ] ||
+        { echo "FAIL: expected one warning, got: $(cat "$d/old.err")"; ok=1; }
+    return $ok
+}
+
+# The manifest's fields are checked for range and type after its crc32 verifies (test/ckpt_craft.py
+# recomputes it): each damage is refused in one line naming the field; a shard whose run overlaps
+# another's (one element then in no run, which the count of copied elements misses) names both shards.
+t_ckpt_fields() {
+    local d=$WORK/ckfld ok=0 e
+    rm -rf "$d"
+    mkdir -p "$d"
+    local S=("${CK[@]}" --layers 2 --train "$DATA/train.bin" --batch-tokens 64)
+    timeout 300 $TRAIN --nproc 2 --zero 1 "${S[@]}" --steps 2 --ckpt-dir "$d/c" >"$d/a.out" 2>&1 || { tail -3 "$d/a.out"; return 1; }
+    local ck=$d/c/ckpt_00000002 i=0
+    for e in "layout.dp=-7|layout.dp = -7 is out of range (1 to 2)" "layout.tp=1000000|layout.tp = 1000000 is out of range (1 to 2)" \
+        "layout.zero=99|layout.zero = 99 is out of range (0 to 3)" "model.layers=4294967300|missing or malformed 'layers' (not of its type, or beyond its type's range)" \
+        "skip_spikes.skipped=-5|skip_spikes.skipped = -5 is out of range (0 to 2)" "adam_t=1000000000000|adam_t = 1000000000000 is out of range (0 to 2)" \
+        "model.heads=4.5|missing or malformed 'heads'" 'layout.dtype="fp8"|layout.dtype = .fp8. is not fp32 or bf16' \
+        "layout.ranks=3|layout: dp x tp x pp x cp = 2 x 1 x 1 x 1 is not layout.ranks = 3" \
+        'data.fingerprint="xyz"|data.fingerprint is not 8 hexadecimal digits per shard'; do
+        i=$((i + 1))
+        $PY test/ckpt_craft.py "$ck" "$d/x$i" "${e%%|*}" || return 1
+        expect_error "resume: $d/x$i/manifest.json: ${e#*|}" "${S[@]}" --steps 4 --resume "$d/x$i" || ok=1
+    done
+    local where
+    where=$($PY test/ckpt_craft.py "$ck" "$d/overlap" overlap) || return 1
+    expect_error "resume: $d/overlap: the runs of ${where% *} overlap: element ${where#* } is in rank_0000[01].safetensors and in rank_00001.safetensors" \
+        "${S[@]}" --steps 4 --resume "$d/overlap" || ok=1
+    return $ok
+}
+
+# An unusable checkpoint found by --resume's search (its manifest.json a directory; a manifest field out
+# of range) is moved aside, to ckpt_<step>.bad or, when that exists, .bad.1, with one line saying so; the
+# run resumes from the one before it and writes its own checkpoint of that step; the model equals the
+# uninterrupted run's.
+t_ckpt_move_aside() {
+    local d=$WORK/ckbadmv ok=0 case
+    rm -rf "$d"
+    mkdir -p "$d"
+    local S=("${CK[@]}" --layers 2 --train "$DATA/train.bin" --batch-tokens 64 --steps 4)
+    timeout 300 $TRAIN "${S[@]}" --ckpt-dir "$d/ref" --ckpt-every 2 --save-model "$d/ref.bin" >"$d/ref.out" 2>&1 || return 1
+    for case in dir field; do
+        local c=$d/$case to
+        cp -r "$d/ref" "$c"
+        if [ $case = dir ]; then
+            rm "$c/ckpt_00000004/manifest.json"
+            mkdir "$c/ckpt_00000004/manifest.json" "$c/ckpt_00000004.bad" # the name taken: .bad.1
+            to=$c/ckpt_00000004.bad.1
+        else
+            mv "$c/ckpt_00000004" "$d/field.src"
+            $PY test/ckpt_craft.py "$d/field.src" "$c/ckpt_00000004" layout.zero=99 || return 1
+            to=$c/ckpt_00000004.bad
+        fi
+        timeout 300 $TRAIN "${S[@]}" --ckpt-dir "$c" --resume --save-model "$d/$case.bin" >"$d/$case.out" 2>"$d/$case.err" ||
+            { echo "FAIL $case: the run failed: $(tail -2 "$d/$case.err")"; ok=1; continue; }
+        echo "$case: $(cat "$d/$case.err")"
+        grep -q "^moved the unusable checkpoint $c/ckpt_00000004 aside to $to$" "$d/$case.out" || { echo "FAIL $case: no line"; ok=1; }
+        grep -q "^resumed from $c/ckpt_00000002: step 2" "$d/$case.out" || { echo "FAIL $case: not resumed from step 2"; ok=1; }
+        [ -f "$c/ckpt_00000004/manifest.json" ] && [ -e "$to/manifest.json" ] ||
+            { echo "FAIL $case: expected the new checkpoint of step 4 and the old one aside: $(ls "$c")"; ok=1; }
+        cmp "$d/ref.bin" "$d/$case.bin" || { echo "FAIL $case: the model differs"; ok=1; }
+    done
+    return $ok
+}
