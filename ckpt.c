@@ -1,5 +1,6 @@
-// ckpt.c: checkpoints (see ckpt.h): the runs each rank owns, the writer thread, the manifest, and the
-// reader that assembles any layout's slice from any other layout's shards.
+// ckpt.c: checkpoints (see ckpt.h): the directory's lock, the runs each rank owns, the writer thread, the
+// manifest, and the reader that checks every manifest field and that the shards' runs tile each tensor,
+// and assembles any layout's slice from any other layout's shards.
 #define _GNU_SOURCE
 #include "ckpt.h"
 

@@ -16,8 +16,10 @@
 // tensors replicated across tensor parallelism come from its rank 0; the tied embedding from the first
 // pipeline stage). The header's "__metadata__" holds strings: the format, step, rank and each tensor's
 // full shape ("shape.wte": "[50304, 768]"). The manifest (JSON) holds the step, the AdamW update count,
-// seed, data position, model, layout, optimizer and schedule, the --skip-spikes history, and per shard
-// its file, size and zlib crc32; its last member "manifest_crc32" is the crc32 of every byte before it.
+// seed, data position and fingerprint, model, layout, optimizer and schedule, the --skip-spikes history,
+// and per shard its file, size and zlib crc32; its last member "manifest_crc32" is the crc32 of every
+// byte before it.
+// DIR/llm4d.lock, locked by rank 0 for the run, keeps a second run out of DIR.
 #ifndef LLM4D_CKPT_H
 #define LLM4D_CKPT_H
 
