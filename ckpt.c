@@ -872,7 +872,10 @@ static const char *parse_meta(json_t *r, CkptMeta *mt) {
     INT(la, "dp", dp);
     INT(la, "tp", tp);
     INT(la, "pp", pp);
-    mt->cp = get_int(la, "cp", &i) ? (int)i : 1; // written before context parallelism existed: 1
+    mt->cp = 1; // written before context parallelism existed: 1
+    if (json_object_get(la, "cp")) {
+        INT(la, "cp", cp);
+    }
     INT(la, "pp_virtual", pp_virtual);
     INT(la, "zero", zero);
     mt->sp = json_is_true(json_object_get(la, "sp"));
@@ -1198,7 +1201,7 @@ static int load_one(const char *d, const GPT2 *model, const Runs need[NUM_PARAM_
     int code = LOAD_UNUSABLE;
     const char *bad;
     Tiles tiles[NUM_PARAM_TENSORS] = { 0 };
-    if (!get_int(r, "manifest_crc32", &want) || (uint32_t)want != crc) {
+    if (!get_int(r, "manifest_crc32", &want) || want < 0 || want > UINT32_MAX || (uint32_t)want != crc) {
         snprintf(why, cap, "%s: checksum mismatch (crc32 %08x, manifest_crc32 says %08x)", path, crc, (uint32_t)want);
         goto out;
     }
@@ -1226,7 +1229,7 @@ static int load_one(const char *d, const GPT2 *model, const Runs need[NUM_PARAM_
         char name[256], file[SAFE_PATH_MAX + 300];
         long long bytes, scrc, srank;
         if (!get_str(s, "file", name, sizeof name) || strchr(name, '/') || !get_int(s, "bytes", &bytes) ||
-            !get_int(s, "crc32", &scrc) || !get_int(s, "rank", &srank) || srank != q) {
+            !get_int(s, "crc32", &scrc) || scrc < 0 || scrc > UINT32_MAX || !get_int(s, "rank", &srank) || srank != q) {
             snprintf(why, cap, "%s: malformed shard entry %d", path, q);
             goto out;
         }

@@ -47,7 +47,7 @@ typedef struct {
     long long batch_tokens;
     char train[1024];
     uint64_t train_tokens;
-    char train_fp[9216]; // the content fingerprint of the training shards (data.h); "" in older checkpoints
+    char train_fp[9216]; // the training shards' content fingerprint (data.h: FP_SHARDS x 9 bytes); "": older ones
     // optimizer and schedule
     char schedule[16];
     float lr, lr_min_frac, beta1, beta2, eps, weight_decay, clip;

@@ -443,7 +443,8 @@ t_ckpt_fields() {
         "skip_spikes.skipped=-5|skip_spikes.skipped = -5 is out of range (0 to 2)" "adam_t=1000000000000|adam_t = 1000000000000 is out of range (0 to 2)" \
         "model.heads=4.5|missing or malformed 'heads'" 'layout.dtype="fp8"|layout.dtype = .fp8. is not fp32 or bf16' \
         "layout.ranks=3|layout: dp x tp x pp x cp = 2 x 1 x 1 x 1 is not layout.ranks = 3" \
-        'data.fingerprint="xyz"|data.fingerprint is not 8 hexadecimal digits per shard'; do
+        'data.fingerprint="xyz"|data.fingerprint is not 8 hexadecimal digits per shard' "layout.cp=4294967297|missing or malformed 'cp'" \
+        "data.tokens=-1|data.tokens = -1 is negative"; do
         i=$((i + 1))
         $PY test/ckpt_craft.py "$ck" "$d/x$i" "${e%%|*}" || return 1
         expect_error "resume: $d/x$i/manifest.json: ${e#*|}" "${S[@]}" --steps 4 --resume "$d/x$i" || ok=1
