@@ -1,4 +1,5 @@
-# test/ckpt.sh: checkpoints, restarts, bad checkpoints, loss spikes, stragglers and safe files.
+# test/ckpt.sh: checkpoints, restarts, bad checkpoints, the directory lock, the data fingerprint, the manifest's field
+# checks, loss spikes, stragglers and safe files.
 # Sourced by test/run.sh, which provides TRAIN, ASAN, PY, WORK, DATA, have_torch and expect_error.
 
 CK=(--layers 4 --channels 32 --heads 4 --vocab 256 --seq-len 32 --micro-batch 1 --lr 1e-3 --warmup 2 --weight-decay 0.1
