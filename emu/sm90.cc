@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include <algorithm>
+#include <iterator>
 #include <map>
 #include <new>
 #include <string>
@@ -21,6 +22,11 @@ namespace {
 
 struct Copy { // a TMA copy whose bytes stay pending until its barrier's phase completes
     uint32_t dst, bytes;
+};
+
+struct Landed { // the last TMA copy that wrote a range of shared memory
+    uint32_t bytes;
+    unsigned span; // its swizzle span in bytes (0: none)
 };
 
 struct Barrier {
@@ -63,7 +69,8 @@ struct WarpGroup {
 
 struct Thread {
     bool spinning = false; // last operation was a failed wait ...
-    uint64_t spin_epoch = 0; // ... when the block's state was at this epoch
+    uint64_t spin_epoch = 0; // ... when the block's state was at this epoch ...
+    unsigned spin_calls = 0; // ... in this many calls (2 or more: a spin loop)
     uint32_t spin_bar = 0, spin_parity = 0;
     bool spin_regs = false;
 };
@@ -71,6 +78,7 @@ struct Thread {
 struct Block {
     unsigned threads;
     std::map<uint32_t, Barrier> bars;
+    std::map<uint32_t, Landed> landed; // by start address, not overlapping
     std::vector<Thread> th;
     std::vector<WarpGroup> wg;
     uint64_t epoch = 1;      // advances with every change another thread could be waiting for
@@ -104,9 +112,11 @@ void changed(Block &b) {
     b.stuck = 0;
 }
 
+bool stuck(const Block &b, const Thread &th) { return th.spinning && th.spin_epoch == b.epoch && th.spin_calls >= 2; }
+
 void unspin(Block &b, unsigned t) {
     Thread &th = b.th[t];
-    if (th.spinning && th.spin_epoch == b.epoch) b.stuck--;
+    if (stuck(b, th)) b.stuck--;
     th.spinning = false;
 }
 
@@ -250,17 +260,22 @@ std::string describe(Block &b) {
     return out;
 }
 
-// A failed wait by the calling thread: it has seen the current state. When every thread of the block
-// spins on a state that has not changed, or 2^21 waits have failed in a row without any change, no
-// thread can make progress: a deadlock, reported with what everybody waits for.
+// A failed wait by the calling thread: it has seen the current state. A thread that fails again at the
+// same state in a later call is spinning. When every thread of the block spins on a state that has
+// not changed, or 2^21 waits have failed in a row without any change, no thread can make progress:
+// a deadlock, reported with what everybody waits for.
 void note_spin(Block &b, unsigned t, uint32_t bar, uint32_t parity, bool regs) {
     Thread &th = b.th[t];
-    if (!(th.spinning && th.spin_epoch == b.epoch)) b.stuck++;
+    if (!(th.spinning && th.spin_epoch == b.epoch && th.spin_bar == bar && th.spin_regs == regs)) {
+        if (stuck(b, th)) b.stuck--;
+        th.spin_calls = 0;
+    }
     th.spinning = true;
     th.spin_epoch = b.epoch;
     th.spin_bar = bar;
     th.spin_parity = parity;
     th.spin_regs = regs;
+    if (++th.spin_calls == 2) b.stuck++;
     if (b.stuck == b.threads) emu_fail("deadlock: every thread of the block waits and none can proceed: %s", describe(b).c_str());
     if (++b.stale_waits > (1u << 21))
         emu_fail("deadlock: %llu waits failed without any mbarrier or register-pool change: %s",
@@ -461,6 +476,7 @@ void emu_mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
 
 bool emu_mbar_try_wait_parity(uint32_t bar, uint32_t parity) {
     parity &= 1;
+    uint64_t seen = 0;
     for (int look = 0; look < 2; look++) {
         Block &b = blk();
         const unsigned t = emu_thread_rank();
@@ -470,7 +486,8 @@ bool emu_mbar_try_wait_parity(uint32_t bar, uint32_t parity) {
             unspin(b, t);
             return true;
         }
-        note_spin(b, t, bar, parity, false);
+        if (look == 0 || b.epoch != seen) note_spin(b, t, bar, parity, false); // one call counts once per state
+        seen = b.epoch;
         if (look == 0) emu_yield();
     }
     return false;
@@ -537,6 +554,11 @@ void emu_tma_load_2d(uint32_t dst, const void *tensor_map, int c0, int c1, uint3
                 memcpy(p, g + (uint64_t)y * m.stride[0] + (uint64_t)x * es, es);
         }
     }
+    // what wgmma later reads here must be described with this copy's swizzle
+    auto lo = b.landed.lower_bound(dst);
+    if (lo != b.landed.begin() && std::prev(lo)->first + std::prev(lo)->second.bytes > dst) --lo;
+    while (lo != b.landed.end() && lo->first < dst + bytes) lo = b.landed.erase(lo);
+    b.landed[dst] = { bytes, span };
     r.copies.push_back({ dst, bytes });
     mbar_complete_tx(b, bar, r, bytes);
 }
@@ -553,6 +575,15 @@ float bf16_to_float(uint16_t h) {
     float f;
     memcpy(&f, &u, 4);
     return f;
+}
+
+const char *span_name(unsigned span) {
+    switch (span) {
+    case 128: return "128-byte";
+    case 64: return "64-byte";
+    case 32: return "32-byte";
+    default: return "no";
+    }
 }
 
 struct Desc {
@@ -610,6 +641,12 @@ void read_operand(Block &b, const Desc &d, bool mn_major, unsigned rows, const c
                 if (a + 2 > c.dst && a < c.dst + c.bytes)
                     emu_fail("wgmma reads %s element (%u, %u) at shared address 0x%x, which a TMA copy to [0x%x, 0x%x) is still writing "
                              "(its mbarrier phase has not completed)", which, r, k, a, c.dst, c.dst + c.bytes);
+            auto it = b.landed.upper_bound(a);
+            if (it != b.landed.begin() && a < std::prev(it)->first + std::prev(it)->second.bytes &&
+                std::prev(it)->second.span != d.span)
+                emu_fail("wgmma reads %s through a descriptor with %s swizzle (mode %u) from shared memory [0x%x, 0x%x) that a "
+                         "TMA copy wrote with %s swizzle", which, span_name(d.span), d.swizzle_mode, std::prev(it)->first,
+                         std::prev(it)->first + std::prev(it)->second.bytes, span_name(std::prev(it)->second.span));
             uint16_t h;
             memcpy(&h, emu_smem(a, 2), 2);
             out[(size_t)r * 16 + k] = bf16_to_float(h);
@@ -919,7 +956,7 @@ void emu_setmaxnreg(int inc, unsigned regs) {
 
 bool emu_sm90_thread_spinning(unsigned thread) {
     Block &b = blk();
-    return thread < b.threads && b.th[thread].spinning && b.th[thread].spin_epoch == b.epoch;
+    return thread < b.threads && stuck(b, b.th[thread]);
 }
 
 void emu_sm90_describe(char *buf, size_t n) {
