@@ -45,6 +45,10 @@ prepare() { $TRAIN prepare "$CORPUS" "$DATA" >/dev/null; }
 t_unit() { ./build/test_unit; }
 t_gemm_host() { ./build/test_gemm; }
 t_attention_host() { ./build/test_attention; }
+t_emu_sm90() {
+    [ -x ./build/test_emu_sm90 ] || { echo "no C++ compiler: build/test_emu_sm90 not built"; return 77; }
+    ./build/test_emu_sm90
+}
 
 t_prepare_roundtrip() {
     have_torch || return $?
@@ -892,6 +896,7 @@ prepare || { echo "FAIL prepare"; echo "0 passed, 1 failed"; exit 1; }
 run_test "unit tests (ASan+UBSan): kernels, formats, init" t_unit
 run_test "tensor-core GEMM index arithmetic: tile order, split-K, swizzle, wgmma descriptors, TMA boxes (ASan+UBSan)" t_gemm_host
 run_test "flash-attention kernels emulated on a model of ldmatrix and mma against double-precision attention (ASan+UBSan)" t_attention_host
+run_test "emulator sm_90a instructions: mbarrier, TMA and tensor maps, wgmma layouts, setmaxnreg, gemm.cu's pipeline and its broken variants (ASan+UBSan)" t_emu_sm90
 run_test "prepare writes the bytes as shards and a byte tokenizer" t_prepare_roundtrip
 run_test "PyTorch reference: C=36 (not a multiple of 8), 2 micro-batches" t_torch_c36
 run_test "PyTorch reference: T=24 below maxT=64" t_torch_short_t
