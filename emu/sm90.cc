@@ -147,7 +147,16 @@ MbarState mbar_decode(uint64_t w) {
     return s;
 }
 
+// Shared-window addresses on sm_90 lie below 227 KiB (the most a block can have); wgmma descriptors
+// encode 18 bits of them. An address at or above 256 KiB cannot be a real one.
+void check_window(uint32_t addr, size_t bytes, const char *op) {
+    if ((uint64_t)addr + bytes > (1u << 18))
+        emu_fail("%s at shared address 0x%x: beyond 256 KiB, which no sm_90 block has (227 KiB at most) and a wgmma matrix "
+                 "descriptor cannot encode (18 bits); the shared window must start at the block's shared memory", op, addr);
+}
+
 uint64_t *mbar_word(uint32_t bar) {
+    check_window(bar, 8, "mbarrier");
     if (bar & 7) emu_fail("mbarrier at shared address 0x%x is not 8-byte aligned (PTX ISA: mbarrier objects are 8-byte aligned)", bar);
     return reinterpret_cast<uint64_t *>(emu_smem(bar, 8));
 }
@@ -262,7 +271,7 @@ std::string describe(Block &b) {
 
 // A failed wait by the calling thread: it has seen the current state. A thread that fails again at the
 // same state in a later call is spinning. When every thread of the block spins on a state that has
-// not changed, or 2^21 waits have failed in a row without any change, no thread can make progress:
+// not changed, or 2^18 waits have failed in a row without any change, no thread can make progress:
 // a deadlock, reported with what everybody waits for.
 void note_spin(Block &b, unsigned t, uint32_t bar, uint32_t parity, bool regs) {
     Thread &th = b.th[t];
@@ -277,7 +286,7 @@ void note_spin(Block &b, unsigned t, uint32_t bar, uint32_t parity, bool regs) {
     th.spin_regs = regs;
     if (++th.spin_calls == 2) b.stuck++;
     if (b.stuck == b.threads) emu_fail("deadlock: every thread of the block waits and none can proceed: %s", describe(b).c_str());
-    if (++b.stale_waits > (1u << 21))
+    if (++b.stale_waits > (1u << 18))
         emu_fail("deadlock: %llu waits failed without any mbarrier or register-pool change: %s",
                  (unsigned long long)b.stale_waits, describe(b).c_str());
 }
@@ -441,6 +450,20 @@ int emu_tensor_map_encode_tiled(void *map, int dtype, uint32_t rank, void *globa
     return r;
 }
 
+#ifdef LLM4D_EMU_CUDA_H
+CUresult emu_cuTensorMapEncodeTiled(CUtensorMap *map, CUtensorMapDataType dtype, cuuint32_t rank, void *global_address,
+                                    const cuuint64_t *global_dim, const cuuint64_t *global_strides,
+                                    const cuuint32_t *box_dim, const cuuint32_t *element_strides,
+                                    CUtensorMapInterleave interleave, CUtensorMapSwizzle swizzle,
+                                    CUtensorMapL2promotion l2_promotion, CUtensorMapFloatOOBfill oob_fill) {
+    static_assert(sizeof(CUtensorMap) == EMU_TENSOR_MAP_BYTES, "CUtensorMap is 128 bytes");
+    return emu_tensor_map_encode_tiled(map, (int)dtype, rank, global_address, global_dim, global_strides, box_dim,
+                                       element_strides, (int)interleave, (int)swizzle, (int)l2_promotion, (int)oob_fill)
+               ? CUDA_ERROR_INVALID_VALUE
+               : CUDA_SUCCESS;
+}
+#endif
+
 // ------------------------------------------------------------------------------------------------
 // mbarrier entry points
 
@@ -519,6 +542,7 @@ void emu_tma_load_2d(uint32_t dst, const void *tensor_map, int c0, int c1, uint3
         emu_fail("cp.async.bulk.tensor: the emulator does not model tensor maps with data type %u, interleave %u or swizzle %u",
                  m.dtype, m.interleave, m.swizzle);
     if (dst % 128) emu_fail("cp.async.bulk.tensor: shared-memory destination 0x%x is not 128-byte aligned", dst);
+    check_window(dst, (size_t)m.box[0] * m.box[1] * m.elsize, "cp.async.bulk.tensor destination");
     Barrier &r = mbar_get(b, bar, "cp.async.bulk.tensor (complete_tx)");
     if (!r.fenced)
         emu_fail("cp.async.bulk.tensor completes on the mbarrier at 0x%x, whose mbarrier.init (thread %u) was not made visible "
@@ -858,6 +882,11 @@ void emu_wgmma_m64nNk16_f32_bf16(float *d, unsigned n, uint64_t desc_a, uint64_t
                                  int imm_scale_b, int imm_trans_a, int imm_trans_b) {
     WgmmaArgs a = { emu_thread_rank(), d, n, desc_a, desc_b, scale_d != 0, imm_scale_a, imm_scale_b, imm_trans_a, imm_trans_b };
     emu_collective(128, "wgmma.mma_async", &a, exec_wgmma, nullptr);
+}
+
+void emu_wgmma(float *d, int n, uint64_t desc_a, uint64_t desc_b, int scale_d, int imm_trans_a, int imm_trans_b) {
+    if (n <= 0) emu_fail("wgmma.mma_async.m64n%dk16: n must be a multiple of 8 from 8 to 256", n);
+    emu_wgmma_m64nNk16_f32_bf16(d, (unsigned)n, desc_a, desc_b, scale_d, 1, 1, imm_trans_a, imm_trans_b);
 }
 
 // ------------------------------------------------------------------------------------------------

@@ -24,9 +24,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#if __has_include("emu.h")
-#include "emu.h"
-#else
+// The hooks, as emu/emu.h declares them (repeated here so that this header stands alone, as in the
+// unit test's mock; a mismatch with emu.h is a compile or link error).
 [[noreturn]] void emu_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void emu_yield(void);
 unsigned emu_thread_rank(void);
@@ -38,6 +37,10 @@ void emu_collective(unsigned width, const char *op, void *my_args, void (*exec)(
                     void *ctx);
 void *emu_block_data(const char *key, size_t bytes, void (*fini)(void *));
 int emu_regs_per_thread_limit(void);
+
+// emu-core's driver types (emu/cuda.h), when this header sits next to them
+#if __has_include("emu.h") && __has_include("cuda.h")
+#include "cuda.h"
 #endif
 
 // ---- mbarrier (PTX ISA 9.7.13.15) ---------------------------------------------------------------
@@ -93,6 +96,15 @@ int emu_tensor_map_encode_tiled(void *map, int dtype, uint32_t rank, void *globa
                                 const uint64_t *global_strides, const uint32_t *box_dim,
                                 const uint32_t *element_strides, int interleave, int swizzle, int l2_promotion,
                                 int oob_fill);
+#ifdef LLM4D_EMU_CUDA_H
+// The same with the driver's own types: what cuGetProcAddress / cudaGetDriverEntryPoint hand out for
+// "cuTensorMapEncodeTiled" (PFN_cuTensorMapEncodeTiled_v12000).
+CUresult emu_cuTensorMapEncodeTiled(CUtensorMap *map, CUtensorMapDataType dtype, cuuint32_t rank, void *global_address,
+                                    const cuuint64_t *global_dim, const cuuint64_t *global_strides,
+                                    const cuuint32_t *box_dim, const cuuint32_t *element_strides,
+                                    CUtensorMapInterleave interleave, CUtensorMapSwizzle swizzle,
+                                    CUtensorMapL2promotion l2_promotion, CUtensorMapFloatOOBfill oob_fill);
+#endif
 // The same check without printing: 0 with an empty reason, or 1 with the reason in why[0..n).
 int emu_tensor_map_check(void *map, int dtype, uint32_t rank, void *global_address, const uint64_t *global_dim,
                          const uint64_t *global_strides, const uint32_t *box_dim, const uint32_t *element_strides,
@@ -115,6 +127,10 @@ void emu_wgmma_wait(int n);
 void emu_wgmma_m64nNk16_f32_bf16(float *d, unsigned n, uint64_t desc_a, uint64_t desc_b, int scale_d,
                                  int imm_scale_a, int imm_scale_b, int imm_trans_a, int imm_trans_b);
 
+// common.cuh's wgmma_m64n256k16<TA, TB>(d, da, db) under the emulator: emu_wgmma(d, 256, da, db, 1, TA,
+// TB), i.e. the call above with imm-scale-a = imm-scale-b = 1 (what gemm.cu's PTX passes).
+void emu_wgmma(float *d, int n, uint64_t desc_a, uint64_t desc_b, int scale_d, int imm_trans_a, int imm_trans_b);
+
 // ---- setmaxnreg (PTX ISA 9.7.19.x) -------------------------------------------------------------
 // setmaxnreg.{inc,dec}.sync.aligned.u32 regs (warpgroup-collective). The launch reserves
 // emu_regs_per_thread_limit() (rounded down to the allocation unit of 8) for every thread; .dec gives
@@ -125,7 +141,7 @@ void emu_setmaxnreg(int inc, unsigned regs);
 // Whether thread `thread` of the current block is spinning on an mbarrier (or a setmaxnreg.inc) and has
 // already seen the current state: when every thread that has neither exited nor blocked at a barrier
 // is spinning, nothing can change any more and the block is deadlocked. (This module also reports on
-// its own when every thread of the block spins, and after 2^21 failed waits without any change.)
+// its own when every thread of the block spins, and after 2^18 failed waits without any change.)
 bool emu_sm90_thread_spinning(unsigned thread);
 // One line on what the spinning threads wait for: barriers, their phases, pending arrivals, tx-count.
 void emu_sm90_describe(char *buf, size_t n);

@@ -542,6 +542,11 @@ static void test_mbarrier_errors() {
               emu_fence_mbarrier_init();
               emu_tma_load_2d(1024 + 64, map, 0, 0, 64);
           }, 1 },
+        { "TMA to an address no sm_90 block has", "beyond 256 KiB", [] {
+              emu_mbar_init(64, 1);
+              emu_fence_mbarrier_init();
+              emu_tma_load_2d(1u << 18, map, 0, 0, 64);
+          }, 1 },
         { "TMA past the shared memory", "past the launch", [] {
               emu_mbar_init(64, 1);
               emu_fence_mbarrier_init();
