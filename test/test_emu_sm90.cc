@@ -5,7 +5,8 @@
 // emu_sm90_thread_spinning stands in for emu-core's. Each operation is checked against an
 // independent reference, and each check is shown to fail on a broken input with its reason:
 //  - cuTensorMapEncodeTiled: maps the GEMM builds pass; each documented rule broken once fails;
-//  - TMA boxes in every swizzle mode, out of bounds on all sides, against direct indexing and CuTe's
+//  - TMA boxes in every swizzle mode, out of bounds on all sides (zero and NaN fill, element strides),
+//    against direct indexing and CuTe's
 //    Swizzle<B,4,3> formula; the destination pending until the phase completes;
 //  - mbarrier phase sequences (parity waits, arrival counts, tx-count before and after arrivals) and
 //    the errors: uninitialised, overwritten, tx-count overflow and underflow, expect_tx too small or too
@@ -393,6 +394,40 @@ static void test_tma_boxes() {
             CHECK(bad == 0, "swizzle %u B, box at (%d, %d): %d elements differ from direct indexing", span, cc[0], cc[1], bad);
         }
     }
+    // every second row (elementStrides[1] = 2: ceil(24 / 2) rows land) and NaN out-of-bounds fill
+    MapArgs a;
+    a.addr = (uintptr_t)g;
+    a.dim[0] = C;
+    a.dim[1] = R;
+    a.stride[0] = LD * 2;
+    a.box[0] = 64;
+    a.box[1] = 24;
+    a.es[1] = 2;
+    a.oob = EMU_TM_OOB_FILL_NAN_REQUEST_ZERO_FMA;
+    alignas(64) unsigned char map[EMU_TENSOR_MAP_BYTES];
+    CHECK(encode(a, nullptr, map) == 0, "strided map rejected");
+    const uint32_t rows = 12, bytes = rows * 128;
+    std::string err = mock::run_block(1, 16384, [&](unsigned) {
+        emu_mbar_init(64, 1);
+        emu_fence_mbarrier_init();
+        emu_mbar_arrive_expect_tx(64, bytes);
+        emu_tma_load_2d(2048, map, 30, 10, 64);
+        CHECK(emu_mbar_try_wait_parity(64, 0), "strided box: %u bytes did not complete the phase", bytes);
+    });
+    CHECK(err.empty(), "strided box: %s", err.c_str());
+    int bad = 0;
+    for (uint32_t i1 = 0; i1 < rows; i1++)
+        for (uint32_t i0 = 0; i0 < 64; i0++) {
+            const long x = 30 + (long)i0, y = 10 + 2 * (long)i1;
+            const uint32_t at = cute_swizzle(2048 + (i1 * 64 + i0) * 2, 3);
+            uint16_t got;
+            memcpy(&got, &mock::smem[at], 2);
+            if (x < C && y < R)
+                bad += got != g[y * LD + x];
+            else
+                bad += !isnan(float_of(got));
+        }
+    CHECK(bad == 0, "strided box with NaN fill: %d elements wrong", bad);
 }
 
 // ------------------------------------------------------------------------------------------------
