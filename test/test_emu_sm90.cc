@@ -2,12 +2,13 @@
 // emu-core's hooks: the block's threads are OS threads of which exactly one runs at a time (a baton
 // passed round-robin at every emu_yield and collective, as emu-core's fibers do), collectives run
 // their exec when the whole group has arrived, and a deadlock detector built on
-// emu_sm90_thread_spinning stands in for emu-core's. Each operation is checked against an
+// emu_sm90_thread_spinning stands in for emu-core's (threads rather than one: a collective's callers
+// pass pointers into their own frames, which must live until the last one arrives). Each operation is checked against an
 // independent reference, and each check is shown to fail on a broken input with its reason:
 //  - cuTensorMapEncodeTiled: maps the GEMM builds pass; each documented rule broken once fails;
 //  - TMA boxes in every swizzle mode, out of bounds on all sides (zero and NaN fill, element strides),
-//    against direct indexing and CuTe's
-//    Swizzle<B,4,3> formula; the destination pending until the phase completes;
+//    against direct indexing and CuTe's Swizzle<B,4,3> formula; the destination pending until the
+//    phase completes;
 //  - mbarrier phase sequences (parity waits, arrival counts, tx-count before and after arrivals) and
 //    the errors: uninitialised, overwritten, tx-count overflow and underflow, expect_tx too small or too
 //    large (a deadlock), too many arrivals, TMA without fence.mbarrier_init;
