@@ -1,5 +1,5 @@
 // emu/sm90.cc: the sm_90a instructions of the emulator (see sm90.h for what each function is and what
-// it reports). Facts are the PTX ISA's (mbarrier 9.7.13.15, cp.async.bulk.tensor 9.7.9.25, wgmma
+// it reports). Facts are the PTX ISA's (mbarrier 9.7.13.15, cp.async.bulk.tensor, wgmma
 // 9.7.15, setmaxnreg) and the CUDA driver API's (cuTensorMapEncodeTiled); each rule cites its source.
 #include "sm90.h"
 
@@ -724,7 +724,7 @@ void exec_wgmma(void **args, unsigned n, void *) {
     if ((a0.trans_a & ~1) || (a0.trans_b & ~1)) emu_fail("wgmma.mma_async: imm-trans-a %d / imm-trans-b %d must be 0 or 1", a0.trans_a, a0.trans_b);
     const unsigned nreg = N / 2;
 
-    // wgmma.fence (PTX ISA 9.7.15.7.1): required before the first wgmma.mma_async of the warpgroup and
+    // wgmma.fence (PTX ISA, wgmma.fence): required before the first wgmma.mma_async of the warpgroup and
     // between a register access and a wgmma.mma_async that accesses the same registers, except across
     // wgmma.mma_async of the same shape on the same accumulators. Checked: a first wgmma without any
     // fence, and accumulator registers that differ from what the emulator last left there (written by

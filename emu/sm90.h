@@ -64,7 +64,7 @@ void emu_fence_mbarrier_init(void);
 // it also publishes the thread's earlier mbarrier.init to the async proxy.
 void emu_fence_proxy_async(void);
 
-// ---- TMA (cp.async.bulk.tensor, PTX ISA 9.7.9.25) and the driver's tensor maps ------------------
+// ---- TMA (PTX ISA, cp.async.bulk.tensor) and the driver's tensor maps ------------------
 
 // cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [dst], [map, {c0, c1}],
 // [bar]: the box at coordinates (c0, c1) (c0 along dimension 0, the contiguous one; negative or past
@@ -131,7 +131,7 @@ void emu_wgmma_m64nNk16_f32_bf16(float *d, unsigned n, uint64_t desc_a, uint64_t
 // TB), i.e. the call above with imm-scale-a = imm-scale-b = 1 (what gemm.cu's PTX passes).
 void emu_wgmma(float *d, int n, uint64_t desc_a, uint64_t desc_b, int scale_d, int imm_trans_a, int imm_trans_b);
 
-// ---- setmaxnreg (PTX ISA 9.7.19.x) -------------------------------------------------------------
+// ---- setmaxnreg (PTX ISA, setmaxnreg) ------------------------------------------------------------
 // setmaxnreg.{inc,dec}.sync.aligned.u32 regs (warpgroup-collective). The launch reserves
 // emu_regs_per_thread_limit() (rounded down to the allocation unit of 8) for every thread; .dec gives
 // registers to the block's pool, .inc takes them and waits while the pool is short.
