@@ -111,6 +111,16 @@ build/test_gemm: test/test_gemm.c test/check.h gemm.h | build
 build/test_attention: test/test_attention.c test/check.h attention.h gemm.h | build
 	$(CC) $(filter-out -O3 -DLLM4D_CUDA -fopenmp,$(CFLAGS)) -I. $(SAN) $< -o $@ -lm
 
+# the emulator's sm_90a instructions (emu/sm90.cc: mbarrier, TMA, wgmma, setmaxnreg) on a mock of the
+# emulator core, C++17, test-only; built when a C++ compiler is found
+CXX ?= g++
+ifneq ($(shell command -v $(CXX) 2>/dev/null),)
+EMU_SM90_TEST = build/test_emu_sm90
+endif
+build/test_emu_sm90: test/test_emu_sm90.cc emu/sm90.cc emu/sm90.h gemm.h test/check.h | build
+	$(CXX) -std=c++17 -Wall -Wextra -Werror -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer \
+	    -fno-sanitize-recover=undefined -pthread test/test_emu_sm90.cc emu/sm90.cc -o $@
+
 build/test_comm: build/asan/test_comm.o $(LIB_OBJ:build/%=build/asan/%)
 	$(CC) $(SAN) $^ -o $@ -lm -fopenmp -lpthread -lz -ljansson
 
@@ -182,7 +192,8 @@ test: deps
 	@$(MAKE) --no-print-directory test-bins
 	bash test/run.sh $(if $(value T),'$(value T)')
 
-test-bins: train build/train-asan build/test_unit build/test_comm build/test_gemm build/test_attention build/attention_check $(VERBS_BIN)
+test-bins: train build/train-asan build/test_unit build/test_comm build/test_gemm build/test_attention build/attention_check $(VERBS_BIN) \
+           $(EMU_SM90_TEST)
 
 test-gpu:
 	bash scripts/gpu_check.sh

@@ -92,6 +92,10 @@ prepare() { $TRAIN prepare "$CORPUS" "$DATA" >/dev/null; }
 t_unit() { ./build/test_unit; }
 t_gemm_host() { ./build/test_gemm; }
 t_attention_host() { ./build/test_attention; }
+t_emu_sm90() {
+    [ -x ./build/test_emu_sm90 ] || { echo "no C++ compiler: build/test_emu_sm90 not built"; return 77; }
+    ./build/test_emu_sm90
+}
 
 t_prepare_roundtrip() {
     have_torch || return $?
@@ -1011,6 +1015,7 @@ run_test build   t_make_missing_deps       "make without the build packages (jan
 run_test layers  t_layers_fails            "scripts/check_layers.py fails on includes up the chain, circles, a file in no layer, an include of emu/; passes a clean tree"
 run_test layers  t_layers                  "includes follow DESIGN.md's layers: no circle, no include up the chain (scripts/check_layers.py)"
 run_test cli     t_safe_files              "safe files: outputs checked first, device nodes refused, symlinks, stale temporaries, write errors, bad input"
+run_test kernels t_emu_sm90                "emulator sm_90a instructions: mbarrier, TMA and tensor maps, wgmma layouts, setmaxnreg, gemm.cu's pipeline and its broken variants (ASan+UBSan)"
 
 if [ $LIST -eq 1 ] && [ $listed -gt 0 ]; then exit 0; fi
 if [ -n "$FILTER" ] && [ $((passed + failed + skipped + listed)) -eq 0 ]; then
