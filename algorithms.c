@@ -25,61 +25,6 @@ const char *const REQ_NAMES[] = { "all_reduce", "reduce_scatter", "all_gather", 
 // ---------------------------------------------------------------------------------------------
 // element types and reductions
 
-size_t comm_type_size(CommType t) {
-    static const size_t sizes[CT_NTYPES] = { 4, 2, 4, 8 };
-    return sizes[t];
-}
-const char *comm_type_name(CommType t) {
-    static const char *names[CT_NTYPES] = { "fp32", "bf16", "int32", "int64" };
-    return names[t];
-}
-const char *comm_op_name(CommOp op) {
-    static const char *names[CT_NOPS] = { "sum", "avg", "max" };
-    return names[op];
-}
-static size_t acc_size(CommType t) { return t == CT_BF16 ? 4 : comm_type_size(t); }
-
-// acc = in (the first contribution) or acc (op)= in, elementwise; bf16 accumulates in fp32.
-void comm_reduce_host(void *accp, const void *inp, size_t n, int type, int op, int first) {
-    int mx = op == OP_MAX;
-    switch ((CommType)type) {
-    case CT_F32: {
-        float *a = accp;
-        const float *x = inp;
-        if (first) memcpy(a, x, n * 4);
-        else if (mx) for (size_t i = 0; i < n; i++) a[i] = x[i] > a[i] ? x[i] : a[i];
-        else for (size_t i = 0; i < n; i++) a[i] += x[i];
-        break;
-    }
-    case CT_BF16: {
-        float *a = accp;
-        const uint16_t *x = inp;
-        for (size_t i = 0; i < n; i++) {
-            float v = bf16_to_f32(x[i]);
-            a[i] = first ? v : mx ? (v > a[i] ? v : a[i]) : a[i] + v;
-        }
-        break;
-    }
-    case CT_I32: {
-        int32_t *a = accp;
-        const int32_t *x = inp;
-        if (first) memcpy(a, x, n * 4);
-        else if (mx) for (size_t i = 0; i < n; i++) a[i] = x[i] > a[i] ? x[i] : a[i];
-        else for (size_t i = 0; i < n; i++) a[i] = (int32_t)((uint32_t)a[i] + (uint32_t)x[i]);
-        break;
-    }
-    case CT_I64: {
-        int64_t *a = accp;
-        const int64_t *x = inp;
-        if (first) memcpy(a, x, n * 8);
-        else if (mx) for (size_t i = 0; i < n; i++) a[i] = x[i] > a[i] ? x[i] : a[i];
-        else for (size_t i = 0; i < n; i++) a[i] = (int64_t)((uint64_t)a[i] + (uint64_t)x[i]);
-        break;
-    }
-    default:
-        die("internal: bad comm type %d", type);
-    }
-}
 static void reduce_fn(const NetReduce *r, void *acc, const void *in, size_t n) {
     comm_reduce_host(acc, in, n, r->type, r->op, r->first);
 }
@@ -88,39 +33,6 @@ static void dev_reduce_fn(const NetReduce *r, void *acc, const void *in, size_t 
     r->dev->reduce(acc, in, n, r->type, r->op, r->first);
 }
 
-// out = acc (divided by n for avg), rounded once to bf16; past the cache for a large operation.
-void comm_finish_host(void *out, const void *accp, size_t n, int type, int op, int ranks, int streaming) {
-    int avg = op == OP_AVG;
-    switch ((CommType)type) {
-    case CT_F32: {
-        const float *a = accp;
-        float *o = out;
-        if (!avg) streaming ? copy_streaming(o, a, n * 4) : (void)memcpy(o, a, n * 4);
-        else for (size_t i = 0; i < n; i++) o[i] = a[i] / (float)ranks;
-        break;
-    }
-    case CT_BF16: {
-        const float *a = accp;
-        uint16_t *o = out;
-        for (size_t i = 0; i < n; i++) o[i] = f32_to_bf16(avg ? a[i] / (float)ranks : a[i]);
-        break;
-    }
-    case CT_I32: {
-        const int32_t *a = accp;
-        int32_t *o = out;
-        for (size_t i = 0; i < n; i++) o[i] = avg ? a[i] / ranks : a[i];
-        break;
-    }
-    case CT_I64: {
-        const int64_t *a = accp;
-        int64_t *o = out;
-        for (size_t i = 0; i < n; i++) o[i] = avg ? a[i] / ranks : a[i];
-        break;
-    }
-    default:
-        die("internal: bad comm type %d", type);
-    }
-}
 static void finish_acc(const CommRequest *q, void *out, const void *acc, size_t n, int ranks, int streaming) {
     if (q->dev) q->dev->finish(out, acc, n, q->t, q->op, ranks);
     else comm_finish_host(out, acc, n, q->t, q->op, ranks, streaming);
@@ -318,9 +230,9 @@ void op_start(Comm *c, CommRequest *q) {
     // all-reduce and reduce-scatter: every rank's contribution goes to the owner of its range
     q->small = q->kind == REQ_ALLREDUCE && q->count * es <= SMALL_BYTES;
     q->send = private_input(c, q);
-    size_t ch = c->chunk_bytes / acc_size(q->t);
+    size_t ch = c->chunk_bytes / comm_acc_size(q->t);
     q->chunk = ch;
-    q->red_first = (NetReduce){ es, acc_size(q->t), 1, q->dev ? dev_reduce_fn : reduce_fn, q->t, q->op, q->dev };
+    q->red_first = (NetReduce){ es, comm_acc_size(q->t), 1, q->dev ? dev_reduce_fn : reduce_fn, q->t, q->op, q->dev };
     q->red_rest = q->red_first;
     q->red_rest.first = 0;
     Range mine = q->small ? (Range){ 0, q->count } : segment(q->count, n, me);

@@ -13,6 +13,7 @@
 #include "collectives.h"
 #include "devmem.h"
 #include "net.h"
+#include "reduce.h"
 
 #define CHUNK_BYTES (256u << 10) // accumulator bytes per chunk: a chunk's reduction stays in L2
 #define DEV_CHUNK_BYTES (4u << 20) // on a device communicator: a chunk is a kernel, large enough to fill it
@@ -104,10 +105,6 @@ int op_complete(CommRequest *q);
 int op_waits_for(const CommRequest *q);
 // Frees what op_start allocated.
 void op_release(CommRequest *q);
-// The host's reductions (what the device's must equal bitwise): acc = in (first) or acc (op)= in over
-// n elements of `type`, fp32 accumulators for bf16; out = acc rounded once (divided by ranks for avg).
-void comm_reduce_host(void *acc, const void *in, size_t n, int type, int op, int first);
-void comm_finish_host(void *out, const void *acc, size_t n, int type, int op, int ranks, int streaming);
 static inline int op_is_p2p(const CommRequest *q) { return q->kind == REQ_SEND || q->kind == REQ_RECV; }
 
 #endif

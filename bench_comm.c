@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "collectives.h"
+#include "launch.h"
 #include "common.h"
 #include "devmem.h"
 #include "hostmem.h"

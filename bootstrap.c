@@ -5,6 +5,7 @@
 #include "bootstrap.h"
 
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -16,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -23,7 +25,7 @@
 
 #include "common.h"
 #include "hostmem.h"
-#include "net.h"
+#include "sock.h"
 
 #define MAX_STORE_VALUE (1u << 20) // longest value the store accepts
 #define GREETING_S 10.0            // an unauthenticated connection has this long to greet
@@ -250,17 +252,6 @@ void world_set_waiting(World *w, int peer, const char *op, const char *comm) {
         snprintf(s->comm, sizeof s->comm, "%s", comm ? comm : "?");
     }
     atomic_store_explicit(&s->waiting_on, peer, memory_order_release);
-}
-
-void net_peer_lost(const NetConn *c, const char *fmt, ...) {
-    char line[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(line, sizeof line, fmt, ap);
-    va_end(ap);
-    if (!c->world) die("%s", line);
-    world_set_failed(c->world);
-    world_die_after(c->world, c->peer_world, "%s", line);
 }
 
 void world_set_failed(World *w) {
@@ -678,6 +669,31 @@ int world_take_connection(World *w, uint64_t comm_id, int src, double deadline) 
 // ---------------------------------------------------------------------------------------------
 // joining the job
 
+// Shows this process as "<program>-r<rank>" in ps and top.
+static void name_process(int rank) {
+    // "train-r3" in ps and top (the kernel keeps 15 characters), so users can find and stop ranks. No
+    // spaces or parentheses: tools that read /proc/PID/stat as whitespace-separated fields misparse such
+    // a name; Slurm's proctrack/linuxproc then misses the rank and never passes it a step's signals.
+    char exe[4096], name[16];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    const char *base = "llm4d";
+    if (n > 0) {
+        exe[n] = 0;
+        char *gone = strstr(exe, " (deleted)");
+        if (gone) *gone = 0;
+        base = strrchr(exe, '/') ? strrchr(exe, '/') + 1 : exe;
+    }
+    char suffix[16];
+    int ns = snprintf(suffix, sizeof suffix, "-r%d", rank);
+    size_t keep = sizeof name - 1 - (size_t)ns, nb = strlen(base) < keep ? strlen(base) : keep;
+    memcpy(name, base, nb);
+    for (size_t i = 0; i < nb; i++)
+        if (isspace((unsigned char)name[i]) || name[i] == '(' || name[i] == ')') name[i] = '_';
+    memcpy(name + nb, suffix, (size_t)ns + 1);
+    prctl(PR_SET_NAME, name, 0, 0, 0);
+}
+
+
 // The node's status board: the launcher's (inherited descriptor), else one the node's lowest rank
 // makes and the others open.
 static void board_attach(World *w) {
@@ -731,6 +747,7 @@ attached:
 }
 
 World *world_create(const LaunchEnv *env, double timeout_s) {
+    name_process(env->rank);
     World *w = xcalloc(1, sizeof *w);
     w->env = *env;
     w->timeout = timeout_s;

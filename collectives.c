@@ -244,7 +244,6 @@ static void log_transports(Transports *tr, World *w) {
 }
 
 Comm *comm_init(const LaunchEnv *env, const CommOptions *opt) {
-    launch_name_process(env->rank);
     World *w = world_create(env, opt->timeout);
     Comm *c = comm_new(w, 0, "world");
     c->rank = env->rank;

@@ -57,7 +57,7 @@ typedef struct DevMem {
     // Queued on the communication stream: a copy between any two of device, peer device and host
     // memory; acc = in (first) or acc (op)= in for n elements of CommType `type` (acc in fp32 for
     // bf16), in device, peer or pinned host memory; out = acc rounded to `type` (divided by ranks for
-    // OP_AVG). Bitwise what the host reduction gives (algorithms.c comm_reduce_host).
+    // OP_AVG). Bitwise what the host reduction gives (reduce.h comm_reduce_host).
     void (*copy)(void *dst, const void *src, size_t n);
     void (*reduce)(void *acc, const void *in, size_t n, int type, int op, int first);
     void (*finish)(void *out, const void *acc, size_t n, int type, int op, int ranks);

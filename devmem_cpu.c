@@ -15,11 +15,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "algorithms.h"
 #include "common.h"
 #include "devmem.h"
 #include "hostmem.h"
 #include "kernels.h"
+#include "reduce.h"
 
 #define FAKE_BIT ((uintptr_t)1 << 62)
 

@@ -2,6 +2,8 @@
 // the `--nproc N` launcher, which forks N local ranks, forwards signals to them, names the rank that
 // stopped answering when the job fails, and never leaves a rank or a shared-memory segment behind.
 #define _GNU_SOURCE
+#include "launch.h"
+
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -16,9 +18,8 @@
 #include <unistd.h>
 
 #include "bootstrap.h"
-#include "collectives.h"
 #include "common.h"
-#include "net.h"
+#include "sock.h"
 
 // ---------------------------------------------------------------------------------------------
 // the launch environment
@@ -134,29 +135,6 @@ int launch_env_read(LaunchEnv *e) {
     return 1;
 }
 
-
-void launch_name_process(int rank) {
-    // "train-r3" in ps and top (the kernel keeps 15 characters), so users can find and stop ranks. No
-    // spaces or parentheses: tools that read /proc/PID/stat as whitespace-separated fields misparse such
-    // a name; Slurm's proctrack/linuxproc then misses the rank and never passes it a step's signals.
-    char exe[4096], name[16];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    const char *base = "llm4d";
-    if (n > 0) {
-        exe[n] = 0;
-        char *gone = strstr(exe, " (deleted)");
-        if (gone) *gone = 0;
-        base = strrchr(exe, '/') ? strrchr(exe, '/') + 1 : exe;
-    }
-    char suffix[16];
-    int ns = snprintf(suffix, sizeof suffix, "-r%d", rank);
-    size_t keep = sizeof name - 1 - (size_t)ns, nb = strlen(base) < keep ? strlen(base) : keep;
-    memcpy(name, base, nb);
-    for (size_t i = 0; i < nb; i++)
-        if (isspace((unsigned char)name[i]) || name[i] == '(' || name[i] == ')') name[i] = '_';
-    memcpy(name + nb, suffix, (size_t)ns + 1);
-    prctl(PR_SET_NAME, name, 0, 0, 0);
-}
 
 // ---------------------------------------------------------------------------------------------
 // the local launcher

@@ -118,7 +118,7 @@ static inline void net_post_recv(NetConn *c, NetReq *r) {
 }
 static inline int net_busy(const NetConn *c) { return c->sq || c->rq; }
 // The peer is gone (died, closed the connection): dies with the message, naming the rank that
-// failed first when that is another (bootstrap.c).
+// failed first when that is another (net.c, through the bootstrap's status board).
 void net_peer_lost(const NetConn *c, const char *fmt, ...) __attribute__((noreturn, format(printf, 2, 3)));
 // Queue helpers for transports: drop completed requests from the heads.
 static inline void net_pop_done(NetConn *c) {
@@ -147,7 +147,7 @@ static inline void net_reduce_bytes(const NetReduce *r, void *acc, size_t in_off
 // Device memory (devmem.h) through a byte-stream transport (TCP, verbs): staged through pinned host
 // buffers, one per direction (a connection sends one message at a time and receives one at a time).
 // A send's bytes are copied out whole before its first byte leaves; a receive arrives whole in the
-// staging buffer before the device copies or reduces it in. Implemented in net_tcp.c.
+// staging buffer before the device copies or reduces it in. Implemented in net.c.
 typedef struct {
     const struct DevMem *dev; // whose pinned host memory tx and rx are
     void *tx, *rx;
@@ -215,17 +215,5 @@ static inline uint32_t doorbell_arm(Doorbell *bell) {
 }
 static inline void doorbell_disarm(Doorbell *bell) { atomic_fetch_sub(&bell->waiters, 1); }
 void doorbell_wait(Doorbell *bell, uint32_t key, int timeout_ms); // disarms
-
-// ---------------------------------------------------------------------------------------------
-// TCP helpers (net_tcp.c), also used by the bootstrap
-
-int tcp_listen_any(int *port);                                  // listening socket; *port 0 = any
-int tcp_connect(const char *host, int port, double deadline_s); // retries until the deadline; -1 on failure
-void tcp_set_options(int fd);                                   // TCP_NODELAY and large buffers
-int tcp_write_all(int fd, const void *buf, size_t n, double deadline_s); // 0 on success
-// 0 on success, TCP_TIMEOUT when the deadline passed, TCP_CLOSED when the peer closed or reset
-enum { TCP_TIMEOUT = -1, TCP_CLOSED = -2 };
-int tcp_read_all(int fd, void *buf, size_t n, double deadline_s);
-void tcp_local_ip(int fd, char *out, size_t cap);
 
 #endif
