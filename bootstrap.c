@@ -313,13 +313,14 @@ static int send_msg(int fd, uint32_t type, const void *v, uint32_t vlen, double 
     return tcp_write_all(fd, &h, sizeof h, deadline) || tcp_write_all(fd, v, vlen, deadline);
 }
 
-static void *store_reject(StoreConn *sc, const char *why) {
+// Tells the connection why it is refused and ends it; -1.
+static int store_reject(StoreConn *sc, const char *why) {
     warn("bootstrap: rejected a connection from %s: %s", sc->peer, why);
     char msg[256];
     snprintf(msg, sizeof msg, "bootstrap: rank 0 rejected this rank: %s", why);
     send_msg(sc->fd, MSG_ABANDON, msg, (uint32_t)strlen(msg), now_seconds() + 1.0); // best effort
     store_conn_end(sc);
-    return NULL;
+    return -1;
 }
 
 static void timespec_at(struct timespec *ts, double t) { // a CLOCK_MONOTONIC time point
@@ -352,8 +353,9 @@ static int store_wait_joined(Store *s) {
     return 0;
 }
 
-static void *store_conn_main(void *arg) {
-    StoreConn *sc = arg;
+// A rank's greeting: checked, recorded, and answered with the table once every rank has joined.
+// 0 when the connection is to go on serving the rank; otherwise the connection has been ended.
+static int store_join(StoreConn *sc) {
     Store *s = sc->s;
     WireHdr h;
     RankInfo info;
@@ -379,7 +381,7 @@ static void *store_conn_main(void *arg) {
         pthread_mutex_unlock(&s->mu);
         send_msg(sc->fd, MSG_ABANDON, why, (uint32_t)strlen(why), now_seconds() + 1.0);
         store_conn_end(sc);
-        return NULL;
+        return -1;
     }
     s->ranks[info.rank] = info;
     s->joined++;
@@ -389,7 +391,7 @@ static void *store_conn_main(void *arg) {
     pthread_mutex_unlock(&s->mu);
     if (!ok) {
         store_conn_end(sc);
-        return NULL;
+        return -1;
     }
     uint32_t tbytes = (uint32_t)(sizeof(RankInfo) * s->env.world);
     RankInfo *table = xmalloc(tbytes);
@@ -397,50 +399,64 @@ static void *store_conn_main(void *arg) {
     for (int r = 0; r < s->env.world; r++) memset(table[r].token, 0, sizeof table[r].token);
     int bad = send_msg(sc->fd, MSG_TABLE, table, tbytes, now_seconds() + s->timeout);
     free(table);
-    // then SET and GET until the rank disconnects (or the store closes)
-    while (!bad) {
-        if (tcp_read_all(sc->fd, &h, sizeof h, 1e18) != 0) break;
-        if (h.magic != NET_MAGIC || h.klen == 0 || h.klen > 4096 || h.vlen > MAX_STORE_VALUE ||
-            (h.type != MSG_SET && h.type != MSG_GET)) {
-            warn("bootstrap: malformed request from rank %d; dropping its connection", info.rank);
-            break;
-        }
-        char *key = xmalloc(h.klen + 1), *val = xmalloc(h.vlen + 1);
-        if (tcp_read_all(sc->fd, key, h.klen, now_seconds() + s->timeout) ||
-            tcp_read_all(sc->fd, val, h.vlen, now_seconds() + s->timeout)) {
-            free(key);
-            free(val);
-            break;
-        }
-        key[h.klen] = 0;
-        pthread_mutex_lock(&s->mu);
-        if (h.type == MSG_SET) {
-            KV *kv = xmalloc(sizeof *kv);
-            *kv = (KV){ key, val, h.vlen, s->kv };
-            s->kv = kv;
-            pthread_cond_broadcast(&s->cv);
-            pthread_mutex_unlock(&s->mu);
-            continue;
-        }
-        free(val);
-        KV *found = NULL;
-        while (!found && !s->closing) {
-            for (KV *kv = s->kv; kv; kv = kv->next)
-                if (!strcmp(kv->key, key)) found = kv;
-            if (!found) pthread_cond_wait(&s->cv, &s->mu);
-        }
-        free(key);
-        if (!found) {
-            pthread_mutex_unlock(&s->mu);
-            break;
-        }
-        uint32_t vlen = found->vlen;
-        char *copy = xmalloc(vlen + 1);
-        memcpy(copy, found->val, vlen);
-        pthread_mutex_unlock(&s->mu);
-        bad = send_msg(sc->fd, MSG_VALUE, copy, vlen, now_seconds() + s->timeout);
-        free(copy);
+    if (bad) store_conn_end(sc);
+    return bad ? -1 : 0;
+}
+
+// One SET or GET of the joined rank; 0 to serve the next, -1 when the connection is done.
+static int store_serve_one(StoreConn *sc) {
+    Store *s = sc->s;
+    WireHdr h;
+    if (tcp_read_all(sc->fd, &h, sizeof h, 1e18) != 0) return -1;
+    if (h.magic != NET_MAGIC || h.klen == 0 || h.klen > 4096 || h.vlen > MAX_STORE_VALUE ||
+        (h.type != MSG_SET && h.type != MSG_GET)) {
+        warn("bootstrap: malformed request from rank %d; dropping its connection", sc->rank);
+        return -1;
     }
+    char *key = xmalloc(h.klen + 1), *val = xmalloc(h.vlen + 1);
+    if (tcp_read_all(sc->fd, key, h.klen, now_seconds() + s->timeout) ||
+        tcp_read_all(sc->fd, val, h.vlen, now_seconds() + s->timeout)) {
+        free(key);
+        free(val);
+        return -1;
+    }
+    key[h.klen] = 0;
+    pthread_mutex_lock(&s->mu);
+    if (h.type == MSG_SET) {
+        KV *kv = xmalloc(sizeof *kv);
+        *kv = (KV){ key, val, h.vlen, s->kv };
+        s->kv = kv;
+        pthread_cond_broadcast(&s->cv);
+        pthread_mutex_unlock(&s->mu);
+        return 0;
+    }
+    free(val);
+    KV *found = NULL;
+    while (!found && !s->closing) {
+        for (KV *kv = s->kv; kv; kv = kv->next)
+            if (!strcmp(kv->key, key)) found = kv;
+        if (!found) pthread_cond_wait(&s->cv, &s->mu);
+    }
+    free(key);
+    if (!found) {
+        pthread_mutex_unlock(&s->mu);
+        return -1;
+    }
+    uint32_t vlen = found->vlen;
+    char *copy = xmalloc(vlen + 1);
+    memcpy(copy, found->val, vlen);
+    pthread_mutex_unlock(&s->mu);
+    int bad = send_msg(sc->fd, MSG_VALUE, copy, vlen, now_seconds() + s->timeout);
+    free(copy);
+    return bad ? -1 : 0;
+}
+
+// A connection to the store: the greeting, then SET and GET until the rank disconnects (or the store
+// closes).
+static void *store_conn_main(void *arg) {
+    StoreConn *sc = arg;
+    if (store_join(sc) != 0) return NULL;
+    while (store_serve_one(sc) == 0) {}
     store_conn_end(sc);
     return NULL;
 }

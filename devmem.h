@@ -1,5 +1,7 @@
-// devmem.h: device memory in the collectives. A communicator given a DevMem (comm_use_device) moves
-// and reduces the buffers that DevMem owns without the host touching their bytes:
+// devmem.h: device memory in the collectives (an interface below the transports, which take a
+// DevMem in each posted transfer; it includes nothing of llm4d). A communicator given a DevMem
+// (comm_use_device) moves and reduces the buffers that DevMem owns without the host touching their
+// bytes:
 //
 //   inside a node  the single-copy protocol of net_shm.c, with a device handle in the record: the
 //                  sender exports its buffer once (a CUDA IPC handle), the receiver opens it once and

@@ -1,5 +1,5 @@
-// net.c: what the transports share (net.h): losing a peer, and device memory through a byte-stream
-// transport (NetStaging: TCP and verbs). Part of the transports' layer: above the bootstrap (which
+// net.c: what the transports share (net.h): their table, losing a peer, and device memory through a
+// byte-stream transport (NetStaging: TCP and verbs). Part of the transports' layer: above the bootstrap (which
 // names the root cause of a lost peer), below the algorithms.
 #define _GNU_SOURCE
 #include <stdarg.h>
@@ -9,6 +9,16 @@
 #include "common.h"
 #include "devmem.h"
 #include "net.h"
+
+const NetTransport *const NET_TRANSPORTS[] = {
+    &NET_SHM,
+#ifdef LLM4D_VERBS
+    &NET_VERBS,
+#endif
+    &NET_TCP,
+    NULL,
+};
+_Static_assert(sizeof NET_TRANSPORTS / sizeof *NET_TRANSPORTS <= NET_MAX_TRANSPORTS + 1, "NET_MAX_TRANSPORTS is too small");
 
 void net_peer_lost(const NetConn *c, const char *fmt, ...) {
     char line[1024];
@@ -23,6 +33,9 @@ void net_peer_lost(const NetConn *c, const char *fmt, ...) {
 
 // ---------------------------------------------------------------------------------------------
 // device memory through a byte stream (net.h NetStaging; TCP and verbs)
+
+// A staged send's NetReq.tstate (net_post_send starts it at STAGE_EMPTY).
+enum { STAGE_EMPTY = 0, STAGE_FILLED };
 
 // A pinned staging buffer of at least `bytes`.
 static void *stage_buf(NetStaging *s, const DevMem *dev, int tx, size_t bytes, const char *transport) {
@@ -40,10 +53,10 @@ static void *stage_buf(NetStaging *s, const DevMem *dev, int tx, size_t bytes, c
 
 const void *net_stage_send(NetStaging *s, NetReq *q, const char *transport) {
     void *from = stage_buf(s, q->dev, 1, q->bytes, transport);
-    if (q->tstate == 0) { // the device's bytes, whole, before the first leaves
+    if (q->tstate == STAGE_EMPTY) { // the device's bytes, whole, before the first leaves
         q->dev->copy(from, q->buf, q->bytes);
         q->dev->sync();
-        q->tstate = 1;
+        q->tstate = STAGE_FILLED;
     }
     return from;
 }
