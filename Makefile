@@ -32,6 +32,8 @@ endif
 
 HOST_SRC = train.c model.c context.c mem.c zero.c pipeline.c data.c ckpt.c common.c hostmem.c kernels_cpu.c launch.c \
            bootstrap.c collectives.c algorithms.c net_shm.c net_tcp.c devmem_cpu.c bench_comm.c plan.c
+# the communication chain's files below the collectives: sockets, host reductions, the transports' shared part
+HOST_SRC += sock.c reduce.c net.c
 HOST_OBJ = $(HOST_SRC:%.c=build/%.o)
 LIB_OBJ = $(filter-out build/train.o build/bench_comm.o build/plan.o,$(HOST_OBJ))
 
@@ -70,7 +72,7 @@ build/%.o: %.c | build
 build/kernels_cu.o: kernels.cu kernels.h gemm.h attention.h common.cuh common.h | build
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
-build/net_ipc_cu.o: net_ipc.cu devmem.h kernels.h common.cuh common.h | build
+build/net_ipc_cu.o: net_ipc.cu devmem.h kernels.h reduce.h common.cuh common.h | build
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
 build/attention_cu.o: attention.cu attention.h gemm.h common.cuh common.h | build

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "collectives.h"
+#include "launch.h"
 #include "common.h"
 #include "devmem.h"
 #include "hostmem.h"
@@ -151,6 +152,59 @@ void bench_comm_check_flags(int argc, char **argv) {
     parse_bench(&o, argc, argv);
 }
 
+// The comparator of --buffers device: this device's copy bandwidth (read + write of `bytes`), median of 5.
+static void print_device_copy(const DevMem *dev, void *dst, const void *src, size_t bytes) {
+    double best[5];
+    for (int k = 0; k < 5; k++) {
+        dev->copy(dst, src, bytes);
+        dev->sync();
+        double t0 = now_seconds();
+        for (int j = 0; j < 10; j++) dev->copy(dst, src, bytes);
+        dev->sync();
+        best[k] = (double)bytes * 10 / (now_seconds() - t0) / 1e9;
+    }
+    for (int a = 0; a < 5; a++) // a sort of five
+        for (int b2 = a + 1; b2 < 5; b2++)
+            if (best[b2] < best[a]) {
+                double x = best[a];
+                best[a] = best[b2];
+                best[b2] = x;
+            }
+    printf("# device-to-device copy of %zu bytes on rank 0's device: %.3f GB/s (median of 5)\n", bytes, best[2]);
+}
+
+// One row of the table: count elements, timed over the slowest rank; 0 when some rank's result was wrong.
+static int bench_size(Comm *world, const BenchOptions *bo, size_t count, int first, unsigned char *send,
+                      unsigned char *recv, const DevMem *dev, void *hsend, void *hrecv) {
+    int op = bo->op, n = comm_size(world);
+    CommType t = bo->t;
+    size_t bytes = count * comm_type_size(t);
+    double bus = op == BC_ALLREDUCE ? 2.0 * (n - 1) / n : op == BC_BROADCAST ? 1.0 : (double)(n - 1) / n;
+    int it = bo->iters;
+    if (!it) { // about 256 MiB of traffic per size, between 5 and 1000 operations
+        long long a = (256LL << 20) / (long long)bytes;
+        it = a < 5 ? 5 : a > 1000 ? 1000 : (int)a;
+    }
+    // The first size also absorbs the start-up transient (threads of the job still settling on the
+    // cores for the first milliseconds): a few warm-up operations measured 1 ms instead of 0.3 us.
+    int wu = first && bo->warmup < it ? it : bo->warmup;
+    for (int w = 0; w < wu; w++) run_op(world, op, send, recv, count, t);
+    int ok = checked_run(world, op, send, recv, count, t, dev, hsend, hrecv);
+    comm_barrier(world);
+    double t0 = now_seconds();
+    for (int k = 0; k < it; k++) run_op(world, op, send, recv, count, t);
+    double mean = (now_seconds() - t0) / it;
+    int64_t mine[2] = { (int64_t)(mean * 1e9 + 0.5), ok ? 0 : 1 }, worst[2];
+    comm_all_reduce(world, mine, worst, 2, CT_I64, OP_MAX);
+    if (comm_rank(world) == 0) {
+        double us = (double)worst[0] / 1e3, algbw = (double)bytes / ((double)worst[0] > 0 ? (double)worst[0] : 1);
+        printf("  %14s %14zu %12zu %6s %10.2f %12.3f %12.3f %6s\n", OP_FLAGS[op], bytes, count, comm_type_name(t),
+               us, algbw, algbw * bus, worst[1] ? "WRONG" : "ok");
+        fflush(stdout);
+    }
+    return !worst[1];
+}
+
 int bench_comm_main(int argc, char **argv) {
     BenchOptions bo;
     parse_bench(&bo, argc, argv);
@@ -185,26 +239,7 @@ int bench_comm_main(int argc, char **argv) {
     unsigned char *recv = dev ? dev->alloc(max_count * es) : registered ? hostmem_alloc(max_count * es) : xmalloc(max_count * es);
     if (!send || !recv) die("bench-comm: out of memory for 2 x %zu bytes", max_count * es);
     void *hsend = dev ? xmalloc(max_count * es) : NULL, *hrecv = dev ? xmalloc(max_count * es) : NULL;
-    if (dev && rank == 0) { // the comparator: this device's copy bandwidth (read + write of max bytes), median of 5
-        double best[5];
-        for (int k = 0; k < 5; k++) {
-            dev->copy(recv, send, max_count * es);
-            dev->sync();
-            double t0 = now_seconds();
-            for (int j = 0; j < 10; j++) dev->copy(recv, send, max_count * es);
-            dev->sync();
-            best[k] = (double)(max_count * es) * 10 / (now_seconds() - t0) / 1e9;
-        }
-        for (int a = 0; a < 5; a++) // a sort of five
-            for (int b2 = a + 1; b2 < 5; b2++)
-                if (best[b2] < best[a]) {
-                    double x = best[a];
-                    best[a] = best[b2];
-                    best[b2] = x;
-                }
-        printf("# device-to-device copy of %zu bytes on rank 0's device: %.3f GB/s (median of 5)\n", max_count * es, best[2]);
-    }
-    double bus = op == BC_ALLREDUCE ? 2.0 * (n - 1) / n : op == BC_BROADCAST ? 1.0 : (double)(n - 1) / n;
+    if (dev && rank == 0) print_device_copy(dev, recv, send, max_count * es);
     if (rank == 0) {
         char names[64];
         printf("# bench-comm: %s, %d rank(s), transport %s, %s buffers, %s, warmup %d, iters %s\n", OP_FLAGS[op], n,
@@ -219,30 +254,7 @@ int bench_comm_main(int argc, char **argv) {
     for (long long b = min_bytes; b <= max_bytes; b *= 2) {
         size_t count = (size_t)b / es / (size_t)parts * (size_t)parts;
         if (count < (size_t)parts) count = (size_t)parts;
-        size_t bytes = count * es;
-        int it = iters;
-        if (!it) { // about 256 MiB of traffic per size, between 5 and 1000 operations
-            long long a = (256LL << 20) / (long long)bytes;
-            it = a < 5 ? 5 : a > 1000 ? 1000 : (int)a;
-        }
-        // The first size also absorbs the start-up transient (threads of the job still settling on the
-        // cores for the first milliseconds): a few warm-up operations measured 1 ms instead of 0.3 us.
-        int wu = b == min_bytes && warmup < it ? it : warmup;
-        for (int w = 0; w < wu; w++) run_op(world, op, send, recv, count, t);
-        int ok = checked_run(world, op, send, recv, count, t, dev, hsend, hrecv);
-        comm_barrier(world);
-        double t0 = now_seconds();
-        for (int k = 0; k < it; k++) run_op(world, op, send, recv, count, t);
-        double mean = (now_seconds() - t0) / it;
-        int64_t mine[2] = { (int64_t)(mean * 1e9 + 0.5), ok ? 0 : 1 }, worst[2];
-        comm_all_reduce(world, mine, worst, 2, CT_I64, OP_MAX);
-        if (worst[1]) wrong = 1;
-        if (rank == 0) {
-            double us = (double)worst[0] / 1e3, algbw = (double)bytes / ((double)worst[0] > 0 ? (double)worst[0] : 1);
-            printf("  %14s %14zu %12zu %6s %10.2f %12.3f %12.3f %6s\n", OP_FLAGS[op], bytes, count, comm_type_name(t),
-                   us, algbw, algbw * bus, worst[1] ? "WRONG" : "ok");
-            fflush(stdout);
-        }
+        if (!bench_size(world, &bo, count, b == min_bytes, send, recv, dev, hsend, hrecv)) wrong = 1;
         if (b > max_bytes / 2) break;
     }
     if (dev) {

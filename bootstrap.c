@@ -5,6 +5,7 @@
 #include "bootstrap.h"
 
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -16,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -23,7 +25,7 @@
 
 #include "common.h"
 #include "hostmem.h"
-#include "net.h"
+#include "sock.h"
 
 #define MAX_STORE_VALUE (1u << 20) // longest value the store accepts
 #define GREETING_S 10.0            // an unauthenticated connection has this long to greet
@@ -252,17 +254,6 @@ void world_set_waiting(World *w, int peer, const char *op, const char *comm) {
     atomic_store_explicit(&s->waiting_on, peer, memory_order_release);
 }
 
-void net_peer_lost(const NetConn *c, const char *fmt, ...) {
-    char line[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(line, sizeof line, fmt, ap);
-    va_end(ap);
-    if (!c->world) die("%s", line);
-    world_set_failed(c->world);
-    world_die_after(c->world, c->peer_world, "%s", line);
-}
-
 void world_set_failed(World *w) {
     if (w->board) atomic_store(&w->board->slot[w->env.rank].failed, 1);
 }
@@ -322,13 +313,14 @@ static int send_msg(int fd, uint32_t type, const void *v, uint32_t vlen, double 
     return tcp_write_all(fd, &h, sizeof h, deadline) || tcp_write_all(fd, v, vlen, deadline);
 }
 
-static void *store_reject(StoreConn *sc, const char *why) {
+// Tells the connection why it is refused and ends it; -1.
+static int store_reject(StoreConn *sc, const char *why) {
     warn("bootstrap: rejected a connection from %s: %s", sc->peer, why);
     char msg[256];
     snprintf(msg, sizeof msg, "bootstrap: rank 0 rejected this rank: %s", why);
     send_msg(sc->fd, MSG_ABANDON, msg, (uint32_t)strlen(msg), now_seconds() + 1.0); // best effort
     store_conn_end(sc);
-    return NULL;
+    return -1;
 }
 
 static void timespec_at(struct timespec *ts, double t) { // a CLOCK_MONOTONIC time point
@@ -361,8 +353,9 @@ static int store_wait_joined(Store *s) {
     return 0;
 }
 
-static void *store_conn_main(void *arg) {
-    StoreConn *sc = arg;
+// A rank's greeting: checked, recorded, and answered with the table once every rank has joined.
+// 0 when the connection is to go on serving the rank; otherwise the connection has been ended.
+static int store_join(StoreConn *sc) {
     Store *s = sc->s;
     WireHdr h;
     RankInfo info;
@@ -388,7 +381,7 @@ static void *store_conn_main(void *arg) {
         pthread_mutex_unlock(&s->mu);
         send_msg(sc->fd, MSG_ABANDON, why, (uint32_t)strlen(why), now_seconds() + 1.0);
         store_conn_end(sc);
-        return NULL;
+        return -1;
     }
     s->ranks[info.rank] = info;
     s->joined++;
@@ -398,7 +391,7 @@ static void *store_conn_main(void *arg) {
     pthread_mutex_unlock(&s->mu);
     if (!ok) {
         store_conn_end(sc);
-        return NULL;
+        return -1;
     }
     uint32_t tbytes = (uint32_t)(sizeof(RankInfo) * s->env.world);
     RankInfo *table = xmalloc(tbytes);
@@ -406,50 +399,64 @@ static void *store_conn_main(void *arg) {
     for (int r = 0; r < s->env.world; r++) memset(table[r].token, 0, sizeof table[r].token);
     int bad = send_msg(sc->fd, MSG_TABLE, table, tbytes, now_seconds() + s->timeout);
     free(table);
-    // then SET and GET until the rank disconnects (or the store closes)
-    while (!bad) {
-        if (tcp_read_all(sc->fd, &h, sizeof h, 1e18) != 0) break;
-        if (h.magic != NET_MAGIC || h.klen == 0 || h.klen > 4096 || h.vlen > MAX_STORE_VALUE ||
-            (h.type != MSG_SET && h.type != MSG_GET)) {
-            warn("bootstrap: malformed request from rank %d; dropping its connection", info.rank);
-            break;
-        }
-        char *key = xmalloc(h.klen + 1), *val = xmalloc(h.vlen + 1);
-        if (tcp_read_all(sc->fd, key, h.klen, now_seconds() + s->timeout) ||
-            tcp_read_all(sc->fd, val, h.vlen, now_seconds() + s->timeout)) {
-            free(key);
-            free(val);
-            break;
-        }
-        key[h.klen] = 0;
-        pthread_mutex_lock(&s->mu);
-        if (h.type == MSG_SET) {
-            KV *kv = xmalloc(sizeof *kv);
-            *kv = (KV){ key, val, h.vlen, s->kv };
-            s->kv = kv;
-            pthread_cond_broadcast(&s->cv);
-            pthread_mutex_unlock(&s->mu);
-            continue;
-        }
-        free(val);
-        KV *found = NULL;
-        while (!found && !s->closing) {
-            for (KV *kv = s->kv; kv; kv = kv->next)
-                if (!strcmp(kv->key, key)) found = kv;
-            if (!found) pthread_cond_wait(&s->cv, &s->mu);
-        }
-        free(key);
-        if (!found) {
-            pthread_mutex_unlock(&s->mu);
-            break;
-        }
-        uint32_t vlen = found->vlen;
-        char *copy = xmalloc(vlen + 1);
-        memcpy(copy, found->val, vlen);
-        pthread_mutex_unlock(&s->mu);
-        bad = send_msg(sc->fd, MSG_VALUE, copy, vlen, now_seconds() + s->timeout);
-        free(copy);
+    if (bad) store_conn_end(sc);
+    return bad ? -1 : 0;
+}
+
+// One SET or GET of the joined rank; 0 to serve the next, -1 when the connection is done.
+static int store_serve_one(StoreConn *sc) {
+    Store *s = sc->s;
+    WireHdr h;
+    if (tcp_read_all(sc->fd, &h, sizeof h, 1e18) != 0) return -1;
+    if (h.magic != NET_MAGIC || h.klen == 0 || h.klen > 4096 || h.vlen > MAX_STORE_VALUE ||
+        (h.type != MSG_SET && h.type != MSG_GET)) {
+        warn("bootstrap: malformed request from rank %d; dropping its connection", sc->rank);
+        return -1;
     }
+    char *key = xmalloc(h.klen + 1), *val = xmalloc(h.vlen + 1);
+    if (tcp_read_all(sc->fd, key, h.klen, now_seconds() + s->timeout) ||
+        tcp_read_all(sc->fd, val, h.vlen, now_seconds() + s->timeout)) {
+        free(key);
+        free(val);
+        return -1;
+    }
+    key[h.klen] = 0;
+    pthread_mutex_lock(&s->mu);
+    if (h.type == MSG_SET) {
+        KV *kv = xmalloc(sizeof *kv);
+        *kv = (KV){ key, val, h.vlen, s->kv };
+        s->kv = kv;
+        pthread_cond_broadcast(&s->cv);
+        pthread_mutex_unlock(&s->mu);
+        return 0;
+    }
+    free(val);
+    KV *found = NULL;
+    while (!found && !s->closing) {
+        for (KV *kv = s->kv; kv; kv = kv->next)
+            if (!strcmp(kv->key, key)) found = kv;
+        if (!found) pthread_cond_wait(&s->cv, &s->mu);
+    }
+    free(key);
+    if (!found) {
+        pthread_mutex_unlock(&s->mu);
+        return -1;
+    }
+    uint32_t vlen = found->vlen;
+    char *copy = xmalloc(vlen + 1);
+    memcpy(copy, found->val, vlen);
+    pthread_mutex_unlock(&s->mu);
+    int bad = send_msg(sc->fd, MSG_VALUE, copy, vlen, now_seconds() + s->timeout);
+    free(copy);
+    return bad ? -1 : 0;
+}
+
+// A connection to the store: the greeting, then SET and GET until the rank disconnects (or the store
+// closes).
+static void *store_conn_main(void *arg) {
+    StoreConn *sc = arg;
+    if (store_join(sc) != 0) return NULL;
+    while (store_serve_one(sc) == 0) {}
     store_conn_end(sc);
     return NULL;
 }
@@ -678,6 +685,31 @@ int world_take_connection(World *w, uint64_t comm_id, int src, double deadline) 
 // ---------------------------------------------------------------------------------------------
 // joining the job
 
+// Shows this process as "<program>-r<rank>" in ps and top.
+static void name_process(int rank) {
+    // "train-r3" in ps and top (the kernel keeps 15 characters), so users can find and stop ranks. No
+    // spaces or parentheses: tools that read /proc/PID/stat as whitespace-separated fields misparse such
+    // a name; Slurm's proctrack/linuxproc then misses the rank and never passes it a step's signals.
+    char exe[4096], name[16];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    const char *base = "llm4d";
+    if (n > 0) {
+        exe[n] = 0;
+        char *gone = strstr(exe, " (deleted)");
+        if (gone) *gone = 0;
+        base = strrchr(exe, '/') ? strrchr(exe, '/') + 1 : exe;
+    }
+    char suffix[16];
+    int ns = snprintf(suffix, sizeof suffix, "-r%d", rank);
+    size_t keep = sizeof name - 1 - (size_t)ns, nb = strlen(base) < keep ? strlen(base) : keep;
+    memcpy(name, base, nb);
+    for (size_t i = 0; i < nb; i++)
+        if (isspace((unsigned char)name[i]) || name[i] == '(' || name[i] == ')') name[i] = '_';
+    memcpy(name + nb, suffix, (size_t)ns + 1);
+    prctl(PR_SET_NAME, name, 0, 0, 0);
+}
+
+
 // The node's status board: the launcher's (inherited descriptor), else one the node's lowest rank
 // makes and the others open.
 static void board_attach(World *w) {
@@ -731,6 +763,7 @@ attached:
 }
 
 World *world_create(const LaunchEnv *env, double timeout_s) {
+    name_process(env->rank);
     World *w = xcalloc(1, sizeof *w);
     w->env = *env;
     w->timeout = timeout_s;

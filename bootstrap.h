@@ -1,4 +1,7 @@
-// bootstrap.h: how the ranks of a job find each other (bootstrap.c). Rank 0 serves a key-value
+// bootstrap.h: how the ranks of a job find each other (bootstrap.c). In the communication chain
+// (common -> sockets -> bootstrap -> transports -> algorithms -> collectives -> launch) it sits on the
+// sockets (sock.h) and serves everything above: the transports set their connections up through its
+// store and acceptor, the collectives report through its status board. Rank 0 serves a key-value
 // store on MASTER_ADDR:MASTER_PORT; every rank connects, presents the job token and receives the
 // table of all ranks (pid, node, data address). Each rank also listens on a data port where the TCP
 // transport's connections arrive; the acceptor authenticates them concurrently, so silent or
@@ -12,7 +15,15 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "collectives.h"
+// How this process learned its place: filled from the environment (launch.h launch_env_read).
+typedef struct LaunchEnv {
+    int rank, world;
+    int local_rank, local_world, node_rank;
+    char master_addr[256];
+    int master_port;
+    char token[65];    // job token every rank presents to the bootstrap
+    char node_id[256]; // ranks with equal node_id share memory (hostname unless LLM4D_NODE_ID is set)
+} LaunchEnv;
 
 #define NET_MAGIC 0x344d4c4cu // "LLM4", first word of every greeting
 
@@ -33,9 +44,10 @@ typedef struct {
     int32_t src;
 } ConnectHello;
 
-// Joins the job described by env: rank 0 serves the store; every rank waits (timeout_s) for the
-// others and dies with one line when the job cannot form (every rank then prints the same root
-// cause, which rank 0 sends to those connected when a rank never joins).
+// Joins the job described by env: names this process "<program>-r<rank>" (ps, top); rank 0 serves
+// the store; every rank waits (timeout_s) for the others and dies with one line when the job cannot
+// form (every rank then prints the same root cause, which rank 0 sends to those connected when a
+// rank never joins).
 World *world_create(const LaunchEnv *env, double timeout_s);
 void world_destroy(World *w); // when the last communicator goes; frees everything world_create made
 int world_hold(World *w, int delta); // communicators alive (returns the count after adding delta)

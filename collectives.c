@@ -1,9 +1,11 @@
-// collectives.c: communicators and the progress engine (collectives.h); what each collective sends,
-// receives and adds is in algorithms.c.
+// collectives.c: communicators and the progress engine (collectives.h). It owns struct Comm and
+// struct CommRequest (created, run and destroyed here); what each collective sends, receives and adds
+// is in algorithms.c, which sees a communicator only as its AlgoComm and never calls back. In the
+// chain it sits on the algorithms, the transport table (net.h) and the bootstrap (bootstrap.h).
 //
-// Read top to bottom: communicators (a transport for each peer, chosen alike at both ends); the
-// engine that runs operations (who drives, how a waiting rank spins, sleeps and times out); the
-// public calls.
+// Read top to bottom: communicators (the world's transports, a transport for each peer from the
+// table, chosen alike at both ends); the engine that runs operations (who drives, how a waiting rank
+// spins, sleeps and times out); the public calls.
 #define _GNU_SOURCE
 #include "collectives.h"
 
@@ -20,11 +22,45 @@
 #include "algorithms.h"
 #include "bootstrap.h"
 #include "common.h"
-#include "hostmem.h"
 #include "net.h"
 
 // ---------------------------------------------------------------------------------------------
 // communicators
+
+// A communicator: its members, its connections (one transport per peer) and the engine that runs
+// its operations; what the algorithms see of it is `a` (algorithms.h).
+struct Comm {
+    World *w;
+    uint64_t id;
+    char name[96];
+    int *world_ranks;
+    AlgoComm a;       // rank, size, connections, the operations' buffers
+    void *endpoint[NET_MAX_TRANSPORTS]; // per NET_TRANSPORTS entry: what its setup returned
+    struct Transports *tr; // shared by the world's communicators: the choice, the RDMA device
+    Doorbell *bell;   // what the engine sleeps on: the shared-memory doorbell, or private_bell
+    Doorbell private_bell;
+    int oversubscribed; // this node runs more ranks than it has cores
+    uint32_t split_seq;
+    // the engine: the queue under mu; cur and p2p belong to whoever drives
+    pthread_mutex_t mu;
+    pthread_cond_t work_cv; // the progress thread waits here for work and for the driver's seat
+    pthread_cond_t done_cv; // callers wait here for their requests
+    CommRequest *head, *tail; // submitted, not started
+    CommRequest *cur;         // the collective running
+    CommRequest *p2p;         // started sends and receives
+    int driver;               // 0: nobody drives, 1: the progress thread, 2: a caller
+    int shutdown;
+    pthread_t thread;
+    _Atomic uint64_t busy_ns; // time operations were running
+};
+
+// A request: the queue's links and completion around the operation (algorithms.h).
+struct CommRequest {
+    Comm *c;
+    _Atomic int done;
+    struct CommRequest *next; // the queue, then the list of started sends and receives
+    AlgoOp alg;               // last: its inline transfers are not cleared
+};
 
 int comm_parse_transport(const char *s) {
     if (!strcmp(s, "auto")) return TRANSPORT_AUTO;
@@ -45,23 +81,31 @@ static int has_work_locked(const Comm *c) { return c->head || c->cur || c->p2p; 
 // the same answer from the same entries.
 typedef struct Transports {
     _Atomic int refs;
+    World *w;
     int choice;          // TransportChoice
     int verbs_considered;
     VerbsNet *vn;        // this rank's device (NULL: none)
     char why[320];       // why not, when vn is NULL
     pthread_mutex_t mu;
     signed char *usable; // per world rank: -1 not read yet, 0 or 1
+    NetReach reach;      // what the table's can_connect asks
 } Transports;
-
-enum { VIA_SHM, VIA_TCP, VIA_VERBS };
 
 static int same_node(const World *w, int a, int b) {
     return !strcmp(world_rank_info(w, a)->node_id, world_rank_info(w, b)->node_id);
 }
 
+static int rank_usable(Transports *tr, World *w, int r, char *text, size_t cap);
+static int reach_rdma(void *ctx, int r) {
+    Transports *tr = ctx;
+    return rank_usable(tr, tr->w, r, NULL, 0);
+}
+
 static Transports *transports_open(World *w, const CommOptions *opt) {
     Transports *tr = xcalloc(1, sizeof *tr);
     atomic_store(&tr->refs, 1);
+    tr->w = w;
+    tr->reach = (NetReach){ w, reach_rdma, tr };
     tr->choice = opt->transport;
     if (pthread_mutex_init(&tr->mu, NULL) != 0) die("pthread_mutex_init failed");
     const LaunchEnv *env = world_env(w);
@@ -109,14 +153,22 @@ static int rank_usable(Transports *tr, World *w, int r, char *text, size_t cap) 
     return ok;
 }
 
-static int pair_via(Transports *tr, World *w, int a, int b) {
-    int same = same_node(w, a, b);
-    switch (tr->choice) {
-    case TRANSPORT_SHM: return VIA_SHM; // comm_init refused pairs on different nodes
-    case TRANSPORT_TCP: return VIA_TCP;
-    case TRANSPORT_VERBS: return VIA_VERBS; // comm_init refused ranks without a device
-    default: return same ? VIA_SHM : rank_usable(tr, w, a, NULL, 0) && rank_usable(tr, w, b, NULL, 0) ? VIA_VERBS : VIA_TCP;
+// The transport of world ranks a and b (an index into NET_TRANSPORTS): the first that can connect
+// them, among all (auto) or the one --transport forces (transports_check has refused a forced one that
+// cannot reach every pair).
+static int pair_transport(Transports *tr, int a, int b) {
+    for (int t = 0; NET_TRANSPORTS[t]; t++) {
+        if (tr->choice != TRANSPORT_AUTO && strcmp(NET_TRANSPORTS[t]->name, TRANSPORT_NAMES[tr->choice])) continue;
+        if (NET_TRANSPORTS[t]->can_connect(&tr->reach, a, b)) return t;
     }
+    die("internal: no transport reaches ranks %d and %d (--transport %s)", a, b, TRANSPORT_NAMES[tr->choice]);
+}
+
+// per[t] for the transport of that name (0 when this build has none).
+static int pairs_via(const int *per, const char *name) {
+    for (int t = 0; NET_TRANSPORTS[t]; t++)
+        if (!strcmp(NET_TRANSPORTS[t]->name, name)) return per[t];
+    return 0;
 }
 
 // A forced transport that cannot reach a peer: one line naming both ranks.
@@ -159,48 +211,46 @@ static void transports_release(Transports *tr, double timeout_s) {
     free(tr);
 }
 
-static void comm_connect(Comm *c) {
+// Every pair's transport, then each transport's connections, in the table's order on every rank.
+static void connect_peers(Comm *c) {
     World *w = c->w;
-    int me_w = c->world_ranks[c->rank];
-    c->conn = xcalloc((size_t)c->size, sizeof(NetConn *));
-    int *peers[3], np[3] = { 0, 0, 0 };
-    for (int k = 0; k < 3; k++) peers[k] = xmalloc(sizeof(int) * c->size);
-    for (int r = 0; r < c->size; r++) {
-        if (r == c->rank) continue;
-        int via = pair_via(c->tr, w, me_w, c->world_ranks[r]);
-        peers[via][np[via]++] = r;
+    int me_w = c->world_ranks[c->a.rank];
+    c->a.conn = xcalloc((size_t)c->a.size, sizeof(NetConn *));
+    int *peers[NET_MAX_TRANSPORTS], np[NET_MAX_TRANSPORTS] = { 0 };
+    for (int t = 0; t < NET_MAX_TRANSPORTS; t++) peers[t] = xmalloc(sizeof(int) * c->a.size);
+    for (int r = 0; r < c->a.size; r++) {
+        if (r == c->a.rank) continue;
+        int t = pair_transport(c->tr, me_w, c->world_ranks[r]);
+        peers[t][np[t]++] = r;
     }
-    NetSetup s = { w, c->id, c->name, c->rank, c->size, c->world_ranks, &c->op };
-    NetConn **tmp = xcalloc((size_t)c->size, sizeof(NetConn *));
+    NetSetup s = { w, c->id, c->name, c->a.rank, c->a.size, c->world_ranks, &c->a.op, &c->bell, c->tr->vn };
+    NetConn **tmp = xcalloc((size_t)c->a.size, sizeof(NetConn *));
     c->bell = &c->private_bell;
-    // every rank sets its transports up in this order, so that no two wait for each other
-    for (int via = 0; via < 3; via++) {
-        if (!np[via]) continue;
-        if (via == VIA_SHM) c->shm = shm_setup(&s, np[via], peers[via], tmp, &c->bell);
-        else if (via == VIA_TCP) tcp_setup(&s, np[via], peers[via], tmp);
-#ifdef LLM4D_VERBS
-        else verbs_setup(&s, c->tr->vn, np[via], peers[via], tmp);
-#endif
-        for (int i = 0; i < np[via]; i++) c->conn[peers[via][i]] = tmp[i];
+    for (int t = 0; NET_TRANSPORTS[t]; t++) {
+        if (!np[t]) continue;
+        c->endpoint[t] = NET_TRANSPORTS[t]->setup(&s, np[t], peers[t], tmp);
+        for (int i = 0; i < np[t]; i++) c->a.conn[peers[t][i]] = tmp[i];
     }
-    for (int r = 0; r < c->size; r++)
-        if (c->conn[r]) {
-            c->conn[r]->peer = r;
-            c->conn[r]->peer_world = c->world_ranks[r];
-            c->conn[r]->comm = c->name;
-            c->conn[r]->world = w;
-            c->conn[r]->opname = &c->op;
+    for (int r = 0; r < c->a.size; r++)
+        if (c->a.conn[r]) {
+            c->a.conn[r]->peer = r;
+            c->a.conn[r]->peer_world = c->world_ranks[r];
+            c->a.conn[r]->comm = c->name;
+            c->a.conn[r]->world = w;
+            c->a.conn[r]->opname = &c->a.op;
         }
     free(tmp);
-    for (int k = 0; k < 3; k++) free(peers[k]);
+    for (int t = 0; t < NET_MAX_TRANSPORTS; t++) free(peers[t]);
+}
+
+static void comm_connect(Comm *c) {
+    World *w = c->w;
+    int me_w = c->world_ranks[c->a.rank];
+    connect_peers(c);
     int local = 0;
     for (int r = 0; r < world_env(w)->world; r++) local += same_node(w, r, me_w);
     c->oversubscribed = local > sysconf(_SC_NPROCESSORS_ONLN);
-    c->slots = c->size > 1;
-    for (int r = 0; r < c->size; r++)
-        if (c->conn[r] && !c->conn[r]->ops->slot) c->slots = 0;
-    c->chunk_bytes = CHUNK_BYTES;
-    c->acc = xmalloc(c->chunk_bytes);
+    algo_init(&c->a);
     if (pthread_mutex_init(&c->mu, NULL) || pthread_cond_init(&c->work_cv, NULL) || pthread_cond_init(&c->done_cv, NULL))
         die("pthread init failed");
     if (pthread_create(&c->thread, NULL, progress_main, c) != 0) die("pthread_create: %s", strerror(errno));
@@ -217,40 +267,40 @@ static Comm *comm_new(World *w, uint64_t id, const char *name) {
 // Rank 0's one line about the world: ranks, nodes and which transport each pair uses; where auto
 // left pairs of different nodes on TCP, the first rank without RDMA and why.
 static void log_transports(Transports *tr, World *w) {
-    int n = world_env(w)->world, nodes = 0, count[3] = { 0, 0, 0 }, no_rdma = -1;
+    int n = world_env(w)->world, nodes = 0, per[NET_MAX_TRANSPORTS] = { 0 }, no_rdma = -1;
     for (int a = 0; a < n; a++) {
         int first = 1;
         for (int b = 0; b < a; b++)
             if (same_node(w, a, b)) first = 0;
         nodes += first;
-        for (int b = a + 1; b < n; b++) count[pair_via(tr, w, a, b)]++;
+        for (int b = a + 1; b < n; b++) per[pair_transport(tr, a, b)]++;
         if (no_rdma < 0 && tr->verbs_considered && !rank_usable(tr, w, a, NULL, 0)) no_rdma = a;
     }
+    int shm = pairs_via(per, "shm"), tcp = pairs_via(per, "tcp"), verbs = pairs_via(per, "verbs");
     char dev[400] = "", tcp_why[1024] = "";
     int with_dev = -1;
-    for (int r = 0; r < n && with_dev < 0 && count[VIA_VERBS]; r++)
+    for (int r = 0; r < n && with_dev < 0 && verbs; r++)
         if (rank_usable(tr, w, r, NULL, 0)) with_dev = r;
     if (with_dev >= 0) rank_usable(tr, w, with_dev, dev, sizeof dev);
-    if (tr->choice == TRANSPORT_AUTO && count[VIA_TCP] && no_rdma >= 0) {
+    if (tr->choice == TRANSPORT_AUTO && tcp && no_rdma >= 0) {
         char why[400];
         rank_usable(tr, w, no_rdma, why, sizeof why);
         snprintf(tcp_why, sizeof tcp_why, " (rank %d on %s has no RDMA: %s)", no_rdma, world_rank_info(w, no_rdma)->node_id, why);
     }
     printf("collectives: %d rank(s) on %d node(s) | transports (--transport %s): shared memory, single-copy, for %d "
            "pair(s); RDMA verbs for %d pair(s)%s%s%s; TCP for %d pair(s)%s\n",
-           n, nodes, TRANSPORT_NAMES[tr->choice], count[VIA_SHM], count[VIA_VERBS], *dev ? " (" : "", dev, *dev ? ")" : "",
-           count[VIA_TCP], tcp_why);
+           n, nodes, TRANSPORT_NAMES[tr->choice], shm, verbs, *dev ? " (" : "", dev, *dev ? ")" : "",
+           tcp, tcp_why);
     fflush(stdout);
 }
 
 Comm *comm_init(const LaunchEnv *env, const CommOptions *opt) {
-    launch_name_process(env->rank);
     World *w = world_create(env, opt->timeout);
     Comm *c = comm_new(w, 0, "world");
-    c->rank = env->rank;
-    c->size = env->world;
-    c->world_ranks = xmalloc(sizeof(int) * c->size);
-    for (int r = 0; r < c->size; r++) c->world_ranks[r] = r;
+    c->a.rank = env->rank;
+    c->a.size = env->world;
+    c->world_ranks = xmalloc(sizeof(int) * c->a.size);
+    for (int r = 0; r < c->a.size; r++) c->world_ranks[r] = r;
     world_hold(w, 1);
     c->tr = transports_open(w, opt);
     transports_check(c->tr, w);
@@ -264,10 +314,10 @@ Comm *comm_split(Comm *parent, int colour, int key, const char *name) {
     uint32_t seq = parent->split_seq++;
     char k[128];
     int32_t mine[2] = { colour, key };
-    snprintf(k, sizeof k, "split/%016llx/%u/%d", (unsigned long long)parent->id, seq, parent->rank);
+    snprintf(k, sizeof k, "split/%016llx/%u/%d", (unsigned long long)parent->id, seq, parent->a.rank);
     store_set(w, k, mine, sizeof mine);
-    int32_t *all = xmalloc(sizeof(int32_t) * 2 * parent->size);
-    for (int r = 0; r < parent->size; r++) {
+    int32_t *all = xmalloc(sizeof(int32_t) * 2 * parent->a.size);
+    for (int r = 0; r < parent->a.size; r++) {
         uint32_t n;
         snprintf(k, sizeof k, "split/%016llx/%u/%d", (unsigned long long)parent->id, seq, r);
         char *v = store_get(w, k, &n, "comm_split");
@@ -280,9 +330,9 @@ Comm *comm_split(Comm *parent, int colour, int key, const char *name) {
         return NULL;
     }
     Comm *c = comm_new(w, mix64(parent->id ^ mix64(((uint64_t)seq << 32) ^ (uint32_t)colour)) | 1, name ? name : "split");
-    c->world_ranks = xmalloc(sizeof(int) * parent->size);
+    c->world_ranks = xmalloc(sizeof(int) * parent->a.size);
     int n = 0; // members ordered by (key, parent rank): insertion sort over the parent ranks
-    for (int r = 0; r < parent->size; r++) {
+    for (int r = 0; r < parent->a.size; r++) {
         if (all[2 * r] != colour) continue;
         int pos = n++;
         while (pos > 0) {
@@ -294,9 +344,9 @@ Comm *comm_split(Comm *parent, int colour, int key, const char *name) {
         }
         c->world_ranks[pos] = parent->world_ranks[r];
     }
-    c->size = n;
+    c->a.size = n;
     for (int r = 0; r < n; r++)
-        if (c->world_ranks[r] == parent->world_ranks[parent->rank]) c->rank = r;
+        if (c->world_ranks[r] == parent->world_ranks[parent->a.rank]) c->a.rank = r;
     free(all);
     world_hold(w, 1);
     c->tr = parent->tr;
@@ -309,44 +359,18 @@ void comm_use_device(Comm *c, const DevMem *dev) {
     if (!c) return;
     pthread_mutex_lock(&c->mu);
     if (c->driver || has_work_locked(c)) die("internal: comm_use_device on communicator %s while it runs operations", c->name);
-    c->dev = dev;
-    c->chunk_bytes = dev ? DEV_CHUNK_BYTES : CHUNK_BYTES; // every member attaches alike, so chunks match
-    free(c->acc);
-    c->acc = xmalloc(c->chunk_bytes);
+    algo_use_device(&c->a, dev);
     pthread_mutex_unlock(&c->mu);
 }
 
 double comm_busy_seconds(Comm *c) { return atomic_load(&c->busy_ns) * 1e-9; }
-int comm_rank(const Comm *c) { return c->rank; }
-int comm_size(const Comm *c) { return c->size; }
+int comm_rank(const Comm *c) { return c->a.rank; }
+int comm_size(const Comm *c) { return c->a.size; }
 int comm_world_rank(const Comm *c, int r) { return c->world_ranks[r]; }
 const char *comm_name(const Comm *c) { return c->name; }
 
-// ---------------------------------------------------------------------------------------------
-// the work area (see comm_count_memory)
-
-static void set_work(Comm *c, size_t bytes, MemAccount *acct, const char *what) {
-    if (c->work_acct) mem_free(c->work_acct, c->work);
-    else hostmem_free(c->work);
-    c->work = NULL;
-    c->work_bytes = 0;
-    c->work_acct = acct;
-    if (!bytes) return;
-    if (acct) {
-        c->work = mem_host_alloc(acct, MEM_COMM, bytes, "collectives' work area");
-    } else {
-        c->work = hostmem_alloc(bytes);
-        if (!c->work) die("out of memory: %zu bytes for a %s", bytes, what);
-    }
-    c->work_bytes = bytes;
-}
-
-void comm_grow_work(Comm *c, size_t bytes, const char *what) {
-    if (c->work_bytes < bytes) set_work(c, bytes, c->work_acct, what);
-}
-
 void comm_count_memory(Comm *c, MemAccount *acct) {
-    if (c && c->work_acct != acct) set_work(c, acct ? c->work_bytes : 0, acct, "work area");
+    if (c) algo_count_memory(&c->a, acct);
 }
 
 const char *comm_transports(const Comm *c, char *buf, size_t cap) {
@@ -354,9 +378,9 @@ const char *comm_transports(const Comm *c, char *buf, size_t cap) {
     int n = 0;
     size_t used = 0;
     buf[0] = 0;
-    for (int r = 0; r < c->size; r++) {
-        if (!c->conn[r]) continue;
-        const char *name = c->conn[r]->ops->name;
+    for (int r = 0; r < c->a.size; r++) {
+        if (!c->a.conn[r]) continue;
+        const char *name = c->a.conn[r]->ops->name;
         int dup = 0;
         for (int i = 0; i < n; i++) dup |= !strcmp(seen[i], name);
         if (dup || n == 8) continue;
@@ -376,23 +400,19 @@ void comm_destroy(Comm *c) {
     pthread_cond_signal(&c->work_cv);
     pthread_mutex_unlock(&c->mu);
     pthread_join(c->thread, NULL);
-    for (int r = 0; r < c->size; r++)
-        if (c->conn[r]) c->conn[r]->ops->close(c->conn[r]);
-    shm_teardown(c->shm);
+    for (int r = 0; r < c->a.size; r++)
+        if (c->a.conn[r]) c->a.conn[r]->ops->close(c->a.conn[r]);
+    for (int t = 0; NET_TRANSPORTS[t]; t++)
+        if (c->endpoint[t]) NET_TRANSPORTS[t]->teardown(c->endpoint[t]);
     World *w = c->w;
     transports_release(c->tr, world_timeout(w));
-    free(c->conn);
+    free(c->a.conn);
     free(c->world_ranks);
-    free(c->acc);
-    set_work(c, 0, NULL, NULL);
-    if (c->dev) {
-        c->dev->free(c->dacc);
-        c->dev->free(c->dwork);
-    }
+    const DevMem *dev = c->a.dev;
+    algo_free(&c->a);
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->work_cv);
     pthread_cond_destroy(&c->done_cv);
-    const DevMem *dev = c->dev;
     free(c);
     if (world_hold(w, -1) == 0) {
         if (dev) dev->forget_peers(); // the last communicator: no peer's device memory is read any more
@@ -408,7 +428,7 @@ void comm_destroy(Comm *c) {
 // which the operations were issued; sends and receives start at once and complete in any order.
 
 static void finish(Comm *c, CommRequest *q) {
-    op_release(q);
+    op_release(&q->alg);
     pthread_mutex_lock(&c->mu);
     atomic_store(&q->done, 1);
     pthread_cond_broadcast(&c->done_cv);
@@ -421,13 +441,13 @@ static int start_queued(Comm *c) {
     while (c->head && !c->cur) { // a collective posts until it ends: nothing issued later may pass it
         CommRequest *q = c->head;
         // device buffers: the kernels that wrote them must have finished (the mark of submission)
-        if (q->ready && !q->dev->test(q->ready)) break;
+        if (q->alg.ready && !q->alg.dev->test(q->alg.ready)) break;
         c->head = q->next;
         if (!c->head) c->tail = NULL;
         q->next = NULL;
         pthread_mutex_unlock(&c->mu);
-        op_start(c, q);
-        if (op_is_p2p(q)) {
+        op_start(&c->a, &q->alg);
+        if (op_is_p2p(&q->alg)) {
             q->next = c->p2p;
             c->p2p = q;
         } else {
@@ -445,11 +465,11 @@ static int engine_idle(const Comm *c) { return !c->cur && !c->p2p; }
 // One pass: start, move, advance, finish. Returns 1 when anything moved.
 static int engine_pass(Comm *c) {
     int moved = start_queued(c);
-    for (int r = 0; r < c->size; r++)
-        if (c->conn[r] && net_busy(c->conn[r])) c->conn[r]->ops->progress(c->conn[r], &moved);
+    for (int r = 0; r < c->a.size; r++)
+        if (c->a.conn[r] && net_busy(c->a.conn[r])) c->a.conn[r]->ops->progress(c->a.conn[r], &moved);
     if (c->cur) {
-        moved |= op_advance(c, c->cur);
-        if (op_complete(c->cur)) {
+        moved |= op_advance(&c->a, &c->cur->alg);
+        if (op_complete(&c->cur->alg)) {
             CommRequest *q = c->cur;
             c->cur = NULL;
             finish(c, q);
@@ -458,7 +478,7 @@ static int engine_pass(Comm *c) {
     }
     for (CommRequest **pp = &c->p2p; *pp;) {
         CommRequest *q = *pp;
-        if (op_complete(q)) {
+        if (op_complete(&q->alg)) {
             *pp = q->next;
             finish(c, q);
             moved = 1;
@@ -486,82 +506,102 @@ static void waiter_reset(Waiter *wt) {
     wt->idle = 0;
 }
 
-static void waiter_pass(Comm *c, Waiter *wt, int moved) {
-    if (moved) {
-        if (wt->published) world_set_waiting(c->w, -1, NULL, NULL), wt->published = 0;
-        wt->idle = 0;
-        wt->last_progress = now_seconds();
-        return;
-    }
+static void waiter_progressed(Comm *c, Waiter *wt) {
+    if (wt->published) world_set_waiting(c->w, -1, NULL, NULL), wt->published = 0;
+    wt->idle = 0;
+    wt->last_progress = now_seconds();
+}
+
+// The first part of a wait: spin, then yield. 1 while it lasts; 0 with *now set once it is over.
+static int waiter_spin(const Comm *c, Waiter *wt, double *now) {
     // (on an oversubscribed node every spin keeps a rank that would make progress off the core)
     if (++wt->idle < (c->oversubscribed ? 8 : 256) || (wt->spin_only && (wt->idle & 255))) {
         __builtin_ia32_pause();
-        return;
+        return 1;
     }
-    double now = now_seconds();
-    if (now - wt->last_progress < (wt->spin_only ? 10e-3 : 200e-6)) {
+    *now = now_seconds();
+    if (*now - wt->last_progress < (wt->spin_only ? 10e-3 : 200e-6)) {
         if (!wt->spin_only) sched_yield();
-        return;
+        return 1;
     }
-    CommRequest *q = c->cur ? c->cur : c->p2p;
-    int peer = q ? op_waits_for(q) : -1;
+    return 0;
+}
+
+// Publishes whom this rank waits for, and dies when that peer has died or the wait has timed out.
+// 1 when one more look found progress after all.
+static int waiter_check_peer(Comm *c, Waiter *wt, int peer, double now) {
     int peer_w = peer >= 0 ? c->world_ranks[peer] : -1;
     if (!wt->published && peer_w >= 0) {
-        world_set_waiting(c->w, peer_w, c->op, c->name);
+        world_set_waiting(c->w, peer_w, c->a.op, c->name);
         wt->published = 1;
     }
     char st[128];
-    const char *state = peer >= 0 && c->conn[peer] ? c->conn[peer]->ops->peer_state(c->conn[peer], st, sizeof st) : NULL;
+    NetConn *pc = peer >= 0 ? c->a.conn[peer] : NULL;
+    const char *state = pc ? pc->ops->peer_state(pc, st, sizeof st) : NULL;
     if (state && !strcmp(state, "died")) {
         // a rank that finished its part and exited (the last barrier) left its contribution readable:
         // look once more before blaming it
-        if (engine_pass(c)) {
-            waiter_pass(c, wt, 1);
-            return;
-        }
+        if (engine_pass(c)) return 1;
         world_set_failed(c->w);
-        world_die_after(c->w, peer_w, "%s on communicator %s: rank %d (pid %d) died", c->op, c->name, peer_w, (int)c->conn[peer]->peer_pid);
+        world_die_after(c->w, peer_w, "%s on communicator %s: rank %d (pid %d) died", c->a.op, c->name, peer_w, (int)pc->peer_pid);
     }
     if (now - wt->last_progress > world_timeout(c->w)) {
         world_set_failed(c->w);
         char head[256], why[256] = "";
         snprintf(head, sizeof head, "timeout: %s on communicator %s (rank %d of %d, world rank %d): no progress with rank %d for %.1f s",
-                 c->op, c->name, c->rank, c->size, c->world_ranks[c->rank], peer_w, now - wt->last_progress);
+                 c->a.op, c->name, c->a.rank, c->a.size, c->world_ranks[c->a.rank], peer_w, now - wt->last_progress);
         if (peer_w < 0) die("%s", head);
         if (world_root_cause(c->w, peer_w, why, sizeof why) == peer_w) world_die_after(c->w, peer_w, "%s: rank %d %s", head, peer_w, why);
         world_die_after(c->w, peer_w, "%s", head);
     }
-    // queued device work finishes without ringing anything: look again soon
-    if (q && q->dev) {
-        sched_yield();
-        return;
-    }
-    for (CommRequest *h = c->head; h; h = h->next)
-        if (h->ready) {
-            sched_yield();
-            return;
-        }
-    // sleep until a peer rings or a socket is ready; the doorbell is armed before the last look
+    return 0;
+}
+
+// Queued device work finishes without ringing anything: 1 when the running or a queued operation
+// waits for some (then the waiter looks again soon instead of sleeping).
+static int waits_for_device(const Comm *c, const CommRequest *q) {
+    if (q && q->alg.dev) return 1;
+    for (const CommRequest *h = c->head; h; h = h->next)
+        if (h->alg.ready) return 1;
+    return 0;
+}
+
+// Sleeps until a peer rings or a socket is ready; the doorbell is armed before the last look.
+static void waiter_sleep(Comm *c, Waiter *wt) {
     uint32_t key = doorbell_arm(c->bell);
     if (engine_pass(c)) {
         doorbell_disarm(c->bell);
-        waiter_pass(c, wt, 1);
+        waiter_progressed(c, wt);
         return;
     }
     NetWait nw = { 0 };
-    for (int r = 0; r < c->size; r++)
-        if (c->conn[r] && net_busy(c->conn[r])) c->conn[r]->ops->wait_hint(c->conn[r], &nw);
+    for (int r = 0; r < c->a.size; r++)
+        if (c->a.conn[r] && net_busy(c->a.conn[r])) c->a.conn[r]->ops->wait_hint(c->a.conn[r], &nw);
     if (nw.ready) {
         doorbell_disarm(c->bell);
     } else if (nw.nfd) {
         struct pollfd pf[NET_MAX_POLL];
         for (int i = 0; i < nw.nfd; i++) pf[i] = (struct pollfd){ .fd = nw.fd[i], .events = nw.events[i] };
-        // shared-memory peers of the same operation are looked at again after at most 1 ms
-        if (poll(pf, (nfds_t)nw.nfd, c->shm ? 1 : 2) < 0 && errno != EINTR) die("poll: %s", strerror(errno));
+        // peers that ring the doorbell (shared memory) are looked at again after at most 1 ms
+        if (poll(pf, (nfds_t)nw.nfd, c->bell != &c->private_bell ? 1 : 2) < 0 && errno != EINTR) die("poll: %s", strerror(errno));
         doorbell_disarm(c->bell);
     } else {
         doorbell_wait(c->bell, key, 20);
     }
+}
+
+// One step of waiting after an engine pass that moved (moved) or did not.
+static void waiter_pass(Comm *c, Waiter *wt, int moved) {
+    double now;
+    if (moved) {
+        waiter_progressed(c, wt);
+        return;
+    }
+    if (waiter_spin(c, wt, &now)) return;
+    CommRequest *q = c->cur ? c->cur : c->p2p;
+    if (waiter_check_peer(c, wt, q ? op_waits_for(&q->alg) : -1, now)) waiter_progressed(c, wt);
+    else if (waits_for_device(c, q)) sched_yield();
+    else waiter_sleep(c, wt);
 }
 
 // Drives until `until` is done (a caller) or no work is left (the progress thread).
@@ -611,30 +651,30 @@ static void *progress_main(void *arg) {
 
 static void check_args(const Comm *c, int kind, CommType t, CommOp op, int root, int peer) {
     if ((unsigned)t >= CT_NTYPES || (unsigned)op >= CT_NOPS) die("internal: bad type or op for %s", REQ_NAMES[kind]);
-    if ((kind == REQ_BROADCAST && (root < 0 || root >= c->size)) ||
-        ((kind == REQ_SEND || kind == REQ_RECV) && (peer < 0 || peer >= c->size || peer == c->rank)))
+    if ((kind == REQ_BROADCAST && (root < 0 || root >= c->a.size)) ||
+        ((kind == REQ_SEND || kind == REQ_RECV) && (peer < 0 || peer >= c->a.size || peer == c->a.rank)))
         die("internal: %s on communicator %s: bad peer %d", REQ_NAMES[kind], c->name, kind == REQ_BROADCAST ? root : peer);
 }
 
 // An operation on device memory (the communicator's DevMem owns its buffers) starts after the compute
 // stream's work queued so far, which wrote them. Its buffers are all device or all host memory.
 static void classify(Comm *c, CommRequest *q) {
-    if (!c->dev) return;
-    int ds = q->send && c->dev->owns(q->send), dr = q->recv && c->dev->owns(q->recv);
+    if (!c->a.dev) return;
+    int ds = q->alg.send && c->a.dev->owns(q->alg.send), dr = q->alg.recv && c->a.dev->owns(q->alg.recv);
     if (!ds && !dr) return;
-    if ((q->send && !ds) || (q->recv && !dr))
-        die("internal: %s on communicator %s mixes device and host buffers", REQ_NAMES[q->kind], c->name);
-    q->dev = c->dev;
-    q->ready = c->dev->mark(DEV_COMPUTE);
+    if ((q->alg.send && !ds) || (q->alg.recv && !dr))
+        die("internal: %s on communicator %s mixes device and host buffers", REQ_NAMES[q->alg.kind], c->name);
+    q->alg.dev = c->a.dev;
+    q->alg.ready = c->a.dev->mark(DEV_COMPUTE);
 }
 
 static CommRequest *submit(Comm *c, int kind, const void *send, void *recv, size_t count, CommType t, CommOp op,
                            int root, int peer, int async) {
     check_args(c, kind, t, op, root, peer);
     CommRequest *q = xmalloc(sizeof *q);
-    memset(q, 0, offsetof(CommRequest, inline_nr));
-    q->c = c, q->kind = kind, q->send = send, q->recv = recv, q->count = count, q->t = t, q->op = op, q->root = root;
-    q->peer = peer;
+    q->c = c, q->next = NULL;
+    atomic_init(&q->done, 0);
+    op_init(&q->alg, kind, send, recv, count, t, op, root, peer);
     classify(c, q);
     pthread_mutex_lock(&c->mu);
     if (c->tail) c->tail->next = q;
@@ -702,7 +742,7 @@ int comm_test(CommRequest *q) {
 // or allocating it (the latency path); otherwise it waits its turn.
 static void run(Comm *c, int kind, const void *s, void *r, size_t n, CommType t, CommOp op, int root, int peer) {
     pthread_mutex_lock(&c->mu);
-    if (c->driver || has_work(c) || (c->dev && ((s && c->dev->owns(s)) || (r && c->dev->owns(r))))) {
+    if (c->driver || has_work(c) || (c->a.dev && ((s && c->a.dev->owns(s)) || (r && c->a.dev->owns(r))))) {
         pthread_mutex_unlock(&c->mu); // device memory goes the queued way: it waits for the compute stream
         comm_wait(submit(c, kind, s, r, n, t, op, root, peer, 0));
         return;
@@ -711,10 +751,11 @@ static void run(Comm *c, int kind, const void *s, void *r, size_t n, CommType t,
     pthread_mutex_unlock(&c->mu);
     check_args(c, kind, t, op, root, peer);
     CommRequest q;
-    memset(&q, 0, offsetof(CommRequest, inline_nr));
-    q.c = c, q.kind = kind, q.send = s, q.recv = r, q.count = n, q.t = t, q.op = op, q.root = root, q.peer = peer;
-    op_start(c, &q);
-    if (op_is_p2p(&q)) q.next = c->p2p, c->p2p = &q;
+    q.c = c, q.next = NULL;
+    atomic_init(&q.done, 0);
+    op_init(&q.alg, kind, s, r, n, t, op, root, peer);
+    op_start(&c->a, &q.alg);
+    if (op_is_p2p(&q.alg)) q.next = c->p2p, c->p2p = &q;
     else c->cur = &q;
     drive(c, &q);
     pthread_mutex_lock(&c->mu);
@@ -729,11 +770,11 @@ void comm_send(Comm *c, const void *buf, size_t bytes, int peer) { run(c, REQ_SE
 void comm_recv(Comm *c, void *buf, size_t bytes, int peer) { run(c, REQ_RECV, NULL, buf, bytes, CT_F32, OP_SUM, 0, peer); }
 
 double comm_sum_double(Comm *c, double x) {
-    if (!c || c->size == 1) return x;
-    double *all = xmalloc(sizeof(double) * c->size);
-    comm_all_gather(c, &x, all, (size_t)c->size, CT_I64); // raw bits: summed below in rank order
+    if (!c || c->a.size == 1) return x;
+    double *all = xmalloc(sizeof(double) * c->a.size);
+    comm_all_gather(c, &x, all, (size_t)c->a.size, CT_I64); // raw bits: summed below in rank order
     double s = 0;
-    for (int r = 0; r < c->size; r++) s += all[r];
+    for (int r = 0; r < c->a.size; r++) s += all[r];
     free(all);
     return s;
 }
@@ -741,5 +782,5 @@ double comm_sum_double(Comm *c, double x) {
 void comm_barrier(Comm *c) {
     int32_t one = 1, sum = 0;
     comm_all_reduce(c, &one, &sum, 1, CT_I32, OP_SUM);
-    if (sum != c->size) die("barrier on communicator %s: expected %d ranks, counted %d", c->name, c->size, sum);
+    if (sum != c->a.size) die("barrier on communicator %s: expected %d ranks, counted %d", c->name, c->a.size, sum);
 }

@@ -1,4 +1,7 @@
-// collectives.h: ranks, launching, communicators and hand-written collectives.
+// collectives.h: communicators and hand-written collectives (collectives.c), the interface the
+// trainer calls. In the communication chain (common -> sockets -> bootstrap -> transports ->
+// algorithms -> collectives -> launch) it sits on the algorithms (algorithms.h); only the launcher
+// (launch.h: the environment, --nproc) is above it.
 //
 // One process per device. The world is bootstrapped over TCP through rank 0 (MASTER_ADDR:MASTER_PORT,
 // authenticated with a job token; bootstrap.c); each pair of ranks talks through the best transport
@@ -16,56 +19,12 @@
 #include <stdint.h>
 
 #include "mem.h"
+#include "reduce.h" // CommType, CommOp
 
-typedef enum { CT_F32 = 0, CT_BF16, CT_I32, CT_I64, CT_NTYPES } CommType;
-typedef enum { OP_SUM = 0, OP_AVG, OP_MAX, CT_NOPS } CommOp;
-
-size_t comm_type_size(CommType t);
-const char *comm_type_name(CommType t);
-const char *comm_op_name(CommOp op);
-
-// How this process learned its place: filled from the environment (see launch_env_read).
-typedef struct {
-    int rank, world;
-    int local_rank, local_world, node_rank;
-    char master_addr[256];
-    int master_port;
-    char token[65];    // job token every rank presents to the bootstrap
-    char node_id[256]; // ranks with equal node_id share memory (hostname unless LLM4D_NODE_ID is set)
-} LaunchEnv;
-
-// Reads the torchrun-style variables (RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE NODE_RANK
-// MASTER_ADDR MASTER_PORT), or Slurm's (SLURM_PROCID SLURM_NTASKS SLURM_LOCALID SLURM_NODEID
-// SLURM_JOB_NODELIST; MASTER_ADDR overrides the first node of the list). Returns 0 when neither is
-// set, with env describing a world of one; dies naming the variable when one is malformed.
-int launch_env_read(LaunchEnv *env);
-// Expands a Slurm host list ("gpu[01-04,07],login2") and returns its first host in out.
-void slurm_first_host(const char *nodelist, char *out, size_t cap);
+typedef struct LaunchEnv LaunchEnv; // bootstrap.h (launch.h reads it from the environment)
 
 typedef struct Comm Comm;
 typedef struct CommRequest CommRequest;
-
-// How a `--nproc` job ended: every rank succeeded; a rank failed (crashed, timed out, stopped with an
-// error) first; or the launcher was interrupted (SIGINT, SIGTERM, SIGHUP), which it passed on.
-typedef enum { LAUNCH_OK = 0, LAUNCH_RANK_FAILED, LAUNCH_SIGNALLED } LaunchCause;
-typedef struct {
-    LaunchCause cause;
-    int rank;   // the rank that failed first (LAUNCH_RANK_FAILED)
-    int signal; // the signal that killed that rank, or that interrupted the launcher; 0 otherwise
-    int status; // the exit status to exit with: 0, the rank's status (128 + signal when killed), or 128 + signal
-} LaunchResult;
-
-// `--nproc N`: forks N local ranks running this binary with argv minus "--nproc N", each with the
-// torchrun-style environment and a fresh job token, and waits for them. SIGUSR1 is passed on (the
-// ranks start with it blocked and unblock it once their handler is in place); SIGINT, SIGTERM and
-// SIGHUP are passed on as SIGTERM, and ranks still running LLM4D_KILL_GRACE seconds later (default
-// 30) are killed. When a rank fails, one line names the rank that stopped answering, and the others
-// get SIGTERM (SIGCONT first when stopped) and min(5, LLM4D_KILL_GRACE) seconds before SIGKILL.
-// Keeps no state between calls (a restart loop may call it again). Returns result->status; result
-// may be NULL.
-int launch_local(int nproc, int argc, char **argv, LaunchResult *result);
-// Shows this process as "<program> r<rank>" in ps and top.
-void launch_name_process(int rank);
 
 typedef enum { TRANSPORT_AUTO = 0, TRANSPORT_SHM, TRANSPORT_TCP, TRANSPORT_VERBS } TransportChoice;
 // "auto", "shm", "tcp" or "verbs"; -1 otherwise.

@@ -1,4 +1,5 @@
-// common.h: error reporting and checked system calls shared by every file.
+// common.h: error reporting and checked system calls shared by every file (the bottom of every
+// chain: it includes nothing of llm4d).
 #ifndef LLM4D_COMMON_H
 #define LLM4D_COMMON_H
 

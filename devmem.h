@@ -1,5 +1,7 @@
-// devmem.h: device memory in the collectives. A communicator given a DevMem (comm_use_device) moves
-// and reduces the buffers that DevMem owns without the host touching their bytes:
+// devmem.h: device memory in the collectives (an interface below the transports, which take a
+// DevMem in each posted transfer; it includes nothing of llm4d). A communicator given a DevMem
+// (comm_use_device) moves and reduces the buffers that DevMem owns without the host touching their
+// bytes:
 //
 //   inside a node  the single-copy protocol of net_shm.c, with a device handle in the record: the
 //                  sender exports its buffer once (a CUDA IPC handle), the receiver opens it once and
@@ -58,7 +60,7 @@ typedef struct DevMem {
     // Queued on the communication stream: a copy between any two of device, peer device and host
     // memory; acc = in (first) or acc (op)= in for n elements of CommType `type` (acc in fp32 for
     // bf16), in device, peer or pinned host memory; out = acc rounded to `type` (divided by ranks for
-    // OP_AVG). Bitwise what the host reduction gives (algorithms.c comm_reduce_host).
+    // OP_AVG). Bitwise what the host reduction gives (reduce.h comm_reduce_host).
     void (*copy)(void *dst, const void *src, size_t n);
     void (*reduce)(void *acc, const void *in, size_t n, int type, int op, int first);
     void (*finish)(void *out, const void *acc, size_t n, int type, int op, int ranks);

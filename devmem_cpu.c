@@ -1,4 +1,6 @@
-// devmem_cpu.c: the CPU stand-in for device memory in the collectives (devmem.h), for tests.
+// devmem_cpu.c: the CPU stand-in for device memory in the collectives (devmem.h), for tests. Below
+// the transports that use a DevMem; it reduces with the host's reductions (reduce.h) and takes its
+// marks from the CPU backend's events (kernels.h).
 //
 // Its memory is registered host memory (hostmem.h), so that peers on the node can open it the way
 // CUDA IPC opens a device allocation, but the pointers it hands out are the host addresses plus
@@ -15,11 +17,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "algorithms.h"
 #include "common.h"
 #include "devmem.h"
 #include "hostmem.h"
 #include "kernels.h"
+#include "reduce.h"
 
 #define FAKE_BIT ((uintptr_t)1 << 62)
 

@@ -1,4 +1,5 @@
-// hostmem.c: registered host memory (see hostmem.h). Segments are sparse memfd mappings that only
+// hostmem.c: registered host memory (see hostmem.h; memory layer, below the collectives' chain,
+// which maps peers' segments through it). Segments are sparse memfd mappings that only
 // grow in number; blocks are carved from them first-fit and merged with free neighbours when freed.
 // The tables are process-wide, like malloc's heap, and guarded by one lock: the progress threads
 // look buffers up while the main thread allocates.

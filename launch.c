@@ -1,7 +1,11 @@
 // launch.c: how a process learns its place in the job (the torchrun-style or Slurm environment), and
 // the `--nproc N` launcher, which forks N local ranks, forwards signals to them, names the rank that
-// stopped answering when the job fails, and never leaves a rank or a shared-memory segment behind.
+// stopped answering when the job fails, and never leaves a rank or a shared-memory segment behind
+// (launch.h; the top of the communication chain: it uses the bootstrap's status board and sockets).
+// The launcher reads top to bottom: open (token, port, board, signals), spawn, wait, close.
 #define _GNU_SOURCE
+#include "launch.h"
+
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -16,9 +20,8 @@
 #include <unistd.h>
 
 #include "bootstrap.h"
-#include "collectives.h"
 #include "common.h"
-#include "net.h"
+#include "sock.h"
 
 // ---------------------------------------------------------------------------------------------
 // the launch environment
@@ -135,29 +138,6 @@ int launch_env_read(LaunchEnv *e) {
 }
 
 
-void launch_name_process(int rank) {
-    // "train-r3" in ps and top (the kernel keeps 15 characters), so users can find and stop ranks. No
-    // spaces or parentheses: tools that read /proc/PID/stat as whitespace-separated fields misparse such
-    // a name; Slurm's proctrack/linuxproc then misses the rank and never passes it a step's signals.
-    char exe[4096], name[16];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    const char *base = "llm4d";
-    if (n > 0) {
-        exe[n] = 0;
-        char *gone = strstr(exe, " (deleted)");
-        if (gone) *gone = 0;
-        base = strrchr(exe, '/') ? strrchr(exe, '/') + 1 : exe;
-    }
-    char suffix[16];
-    int ns = snprintf(suffix, sizeof suffix, "-r%d", rank);
-    size_t keep = sizeof name - 1 - (size_t)ns, nb = strlen(base) < keep ? strlen(base) : keep;
-    memcpy(name, base, nb);
-    for (size_t i = 0; i < nb; i++)
-        if (isspace((unsigned char)name[i]) || name[i] == '(' || name[i] == ')') name[i] = '_';
-    memcpy(name + nb, suffix, (size_t)ns + 1);
-    prctl(PR_SET_NAME, name, 0, 0, 0);
-}
-
 // ---------------------------------------------------------------------------------------------
 // the local launcher
 
@@ -233,171 +213,215 @@ static void report_failure(const Child *k, int n, Board *board, int r, int st) {
     // otherwise the rank said what went wrong itself
 }
 
-int launch_local(int nproc, int argc, char **argv, LaunchResult *result) {
-    if (nproc < 1) die("--nproc must be at least 1");
-    double grace_signal = env_seconds("LLM4D_KILL_GRACE", 30.0);
-    double grace_failure = grace_signal < 5.0 ? grace_signal : 5.0;
+// The signals the launcher handles; while it forks they are blocked (a rank inherits the mask across
+// exec and unblocks SIGUSR1 only once its handler is installed), and the handlers only write to the pipe.
+static const int LAUNCHER_SIGS[] = { SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGCHLD };
+enum { NSIG_HANDLED = sizeof LAUNCHER_SIGS / sizeof LAUNCHER_SIGS[0] };
+
+// One launch_local call's state.
+typedef struct {
+    int nproc;
+    double grace_signal, grace_failure; // seconds before SIGKILL after an interrupt, after a failure
+    char token[40];
+    int port;          // rank 0's store
+    char **argv;       // the ranks': ours minus "--nproc N"
+    Board *board;      // NULL without memfd: root causes are then the ranks' own
+    int board_fd;
+    int pipe[2];       // the signal handlers' self-pipe
+    struct sigaction old[NSIG_HANDLED];
+    sigset_t orig;     // the signal mask before the launch
+    Child *kid;
+    int alive;
+    double kill_at;    // when stopping: the end of the grace period, then SIGKILL
+    LaunchResult res;
+} Launcher;
+
+// A fresh job token, a free port for rank 0, the ranks' argv, the board, the self-pipe and the signal
+// handlers, with the handled signals blocked.
+static void launcher_open(Launcher *L, int nproc, int argc, char **argv) {
+    *L = (Launcher){ .nproc = nproc, .board_fd = -1, .res = { LAUNCH_OK, -1, 0, 0 }, .alive = nproc };
+    L->grace_signal = env_seconds("LLM4D_KILL_GRACE", 30.0);
+    L->grace_failure = L->grace_signal < 5.0 ? L->grace_signal : 5.0;
     unsigned char rnd[16];
     int ufd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
     if (ufd < 0 || read(ufd, rnd, sizeof rnd) != (ssize_t)sizeof rnd) die("cannot read /dev/urandom: %s", strerror(errno));
     close(ufd);
-    char token[40];
-    for (int i = 0; i < 16; i++) snprintf(token + 2 * i, 3, "%02x", rnd[i]);
-    int port = 0;
-    int lfd = tcp_listen_any(&port); // a free port for rank 0; released just before the ranks start
+    for (int i = 0; i < 16; i++) snprintf(L->token + 2 * i, 3, "%02x", rnd[i]);
+    int lfd = tcp_listen_any(&L->port); // a free port for rank 0; released just before the ranks start
     if (lfd < 0) die("cannot find a free TCP port: %s", strerror(errno));
     close(lfd);
-    char **child_argv = xcalloc((size_t)argc + 1, sizeof(char *));
+    L->argv = xcalloc((size_t)argc + 1, sizeof(char *));
     int k = 0;
     for (int i = 0; i < argc; i++) {
         if (!strcmp(argv[i], "--nproc")) {
             i++;
             continue;
         }
-        child_argv[k++] = argv[i];
+        L->argv[k++] = argv[i];
     }
-    int bfd = -1;
-    Board *board = board_create(nproc, &bfd); // NULL without memfd: root causes are then the ranks' own
-    int pfd[2];
-    if (pipe2(pfd, O_CLOEXEC | O_NONBLOCK) != 0) die("pipe: %s", strerror(errno));
-    launcher_pipe = pfd[1];
-    // Signals are blocked while the ranks are forked (a rank inherits the mask across exec and
-    // unblocks SIGUSR1 only once its handler is installed); the handlers only write to the pipe.
-    static const int sigs[] = { SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGCHLD };
-    enum { NSIG_HANDLED = sizeof sigs / sizeof sigs[0] };
-    struct sigaction old[NSIG_HANDLED];
-    sigset_t block, orig;
+    L->board = board_create(nproc, &L->board_fd);
+    if (pipe2(L->pipe, O_CLOEXEC | O_NONBLOCK) != 0) die("pipe: %s", strerror(errno));
+    launcher_pipe = L->pipe[1];
+    sigset_t block;
     sigemptyset(&block);
-    for (int i = 0; i < NSIG_HANDLED; i++) sigaddset(&block, sigs[i]);
-    if (sigprocmask(SIG_BLOCK, &block, &orig) != 0) die("sigprocmask: %s", strerror(errno));
+    for (int i = 0; i < NSIG_HANDLED; i++) sigaddset(&block, LAUNCHER_SIGS[i]);
+    if (sigprocmask(SIG_BLOCK, &block, &L->orig) != 0) die("sigprocmask: %s", strerror(errno));
     for (int i = 0; i < NSIG_HANDLED; i++) {
         struct sigaction sa = { .sa_handler = launcher_on_signal, .sa_flags = SA_RESTART };
         sigemptyset(&sa.sa_mask);
-        if (sigaction(sigs[i], &sa, &old[i]) != 0) die("sigaction: %s", strerror(errno));
+        if (sigaction(LAUNCHER_SIGS[i], &sa, &L->old[i]) != 0) die("sigaction: %s", strerror(errno));
     }
-    Child *kid = xcalloc((size_t)nproc, sizeof(Child));
+    L->kid = xcalloc((size_t)nproc, sizeof(Child));
+}
+
+// In the forked child: rank r's environment, then this very program.
+static void exec_rank(const Launcher *L, int r, pid_t launcher) {
+    for (int i = 0; i < NSIG_HANDLED; i++) signal(LAUNCHER_SIGS[i], SIG_DFL);
+    sigset_t m = L->orig;
+    sigaddset(&m, SIGUSR1);
+    sigprocmask(SIG_SETMASK, &m, NULL);
+    // the rank dies with its launcher, even when that is killed outright; it has a process group
+    // of its own, so that a signal to the launcher's group (Ctrl-C, kill -- -PGID) reaches it once,
+    // passed on by the launcher, not twice
+    if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || getppid() != launcher || setpgid(0, 0) != 0) _exit(1);
+    char buf[32];
+    snprintf(buf, sizeof buf, "%d", r);
+    setenv("RANK", buf, 1);
+    setenv("LOCAL_RANK", buf, 1);
+    snprintf(buf, sizeof buf, "%d", L->nproc);
+    setenv("WORLD_SIZE", buf, 1);
+    setenv("LOCAL_WORLD_SIZE", buf, 1);
+    setenv("NODE_RANK", "0", 1);
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    snprintf(buf, sizeof buf, "%d", L->port);
+    setenv("MASTER_PORT", buf, 1);
+    setenv("LLM4D_JOB_TOKEN", L->token, 1);
+    if (L->board_fd >= 0) {
+        snprintf(buf, sizeof buf, "%d", L->board_fd);
+        setenv("LLM4D_BOARD_FD", buf, 1);
+    }
+    execv("/proc/self/exe", L->argv); // this very program, even if its file was replaced since
+    error_line("cannot start rank %d: %s", r, strerror(errno));
+    _exit(127);
+}
+
+static void spawn_ranks(Launcher *L) {
     pid_t launcher = getpid();
-    for (int r = 0; r < nproc; r++) {
+    for (int r = 0; r < L->nproc; r++) {
         pid_t pid = fork();
         if (pid < 0) die("fork: %s", strerror(errno));
-        if (pid == 0) {
-            for (int i = 0; i < NSIG_HANDLED; i++) signal(sigs[i], SIG_DFL);
-            sigset_t m = orig;
-            sigaddset(&m, SIGUSR1);
-            sigprocmask(SIG_SETMASK, &m, NULL);
-            // the rank dies with its launcher, even when that is killed outright; it has a process group
-            // of its own, so that a signal to the launcher's group (Ctrl-C, kill -- -PGID) reaches it once,
-            // passed on by the launcher, not twice
-            if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || getppid() != launcher || setpgid(0, 0) != 0) _exit(1);
-            char buf[32];
-            snprintf(buf, sizeof buf, "%d", r);
-            setenv("RANK", buf, 1);
-            setenv("LOCAL_RANK", buf, 1);
-            snprintf(buf, sizeof buf, "%d", nproc);
-            setenv("WORLD_SIZE", buf, 1);
-            setenv("LOCAL_WORLD_SIZE", buf, 1);
-            setenv("NODE_RANK", "0", 1);
-            setenv("MASTER_ADDR", "127.0.0.1", 1);
-            snprintf(buf, sizeof buf, "%d", port);
-            setenv("MASTER_PORT", buf, 1);
-            setenv("LLM4D_JOB_TOKEN", token, 1);
-            if (bfd >= 0) {
-                snprintf(buf, sizeof buf, "%d", bfd);
-                setenv("LLM4D_BOARD_FD", buf, 1);
-            }
-            execv("/proc/self/exe", child_argv); // this very program, even if its file was replaced since
-            error_line("cannot start rank %d: %s", r, strerror(errno));
-            _exit(127);
-        }
-        kid[r].pid = pid;
+        if (pid == 0) exec_rank(L, r, launcher);
+        L->kid[r].pid = pid;
     }
-    sigprocmask(SIG_SETMASK, &orig, NULL); // from here on the handlers run, and only write the pipe
-    LaunchResult res = { LAUNCH_OK, -1, 0, 0 };
-    int alive = nproc;
-    double kill_at = 0; // when stopping: the end of the grace period, then SIGKILL
-    while (alive > 0) {
+    sigprocmask(SIG_SETMASK, &L->orig, NULL); // from here on the handlers run, and only write the pipe
+}
+
+// What the handlers wrote: SIGUSR1 goes to the ranks; an interrupt stops them (a second one at once).
+static void handle_signals(Launcher *L) {
+    unsigned char got[64];
+    ssize_t nb = read(L->pipe[0], got, sizeof got);
+    for (ssize_t i = 0; i < nb; i++) {
+        int sig = got[i];
+        if (sig == SIGUSR1) { // Slurm's warning before the time limit: the ranks decide
+            signal_all(L->kid, L->nproc, SIGUSR1);
+        } else if (sig != SIGCHLD) {
+            if (L->res.cause == LAUNCH_SIGNALLED) { // a second interrupt: no more grace
+                signal_all(L->kid, L->nproc, SIGKILL);
+                continue;
+            }
+            if (L->res.cause == LAUNCH_OK) {
+                error_line("interrupted by %s; stopping the %d rank(s)", signame(sig), L->alive);
+                L->res = (LaunchResult){ LAUNCH_SIGNALLED, -1, sig, 128 + sig };
+                L->kill_at = now_seconds() + L->grace_signal;
+            }
+            terminate_all(L->kid, L->nproc, L->board);
+        }
+    }
+}
+
+// Reaps everything that ended, then judges: when several ranks ended at once, the one a signal
+// killed (a crash) goes before those that gave up waiting for it.
+static void reap_ranks(Launcher *L) {
+    Child *kid = L->kid;
+    int first = -1;
+    for (;;) {
+        int st;
+        pid_t pid = waitpid(-1, &st, WNOHANG | WUNTRACED | WCONTINUED);
+        if (pid <= 0) break;
+        int r = 0;
+        while (r < L->nproc && kid[r].pid != pid) r++;
+        if (r == L->nproc) continue;
+        if (WIFSTOPPED(st)) {
+            kid[r].stopped = WSTOPSIG(st);
+            board_note(L->board, r, kid[r].stopped, 0);
+            continue;
+        }
+        if (WIFCONTINUED(st)) {
+            if (L->res.cause == LAUNCH_OK) { // (after a failure the board keeps it: we continued it to end it)
+                kid[r].stopped = 0;
+                board_note(L->board, r, 0, 0);
+            }
+            continue;
+        }
+        kid[r].pid = 0;
+        kid[r].status = st;
+        kid[r].ended = 1;
+        L->alive--;
+        int failed = WIFSIGNALED(st) || (WIFEXITED(st) && WEXITSTATUS(st) != 0);
+        if (failed && L->res.cause == LAUNCH_OK && (first < 0 || (WIFSIGNALED(st) && !WIFSIGNALED(kid[first].status))))
+            first = r;
+    }
+    if (first < 0) return;
+    int st = kid[first].status;
+    report_failure(kid, L->nproc, L->board, first, st);
+    L->res = (LaunchResult){ LAUNCH_RANK_FAILED, first, WIFSIGNALED(st) ? WTERMSIG(st) : 0, WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st) };
+    terminate_all(kid, L->nproc, L->board);
+    L->kill_at = now_seconds() + L->grace_failure;
+}
+
+// Until every rank has ended: signals, ended ranks, and SIGKILL once a grace period is over.
+static void wait_ranks(Launcher *L) {
+    while (L->alive > 0) {
         double now = now_seconds();
-        if (kill_at > 0 && now >= kill_at) {
-            signal_all(kid, nproc, SIGKILL);
-            kill_at = now + 3600;
+        if (L->kill_at > 0 && now >= L->kill_at) {
+            signal_all(L->kid, L->nproc, SIGKILL);
+            L->kill_at = now + 3600;
         }
-        struct pollfd p = { .fd = pfd[0], .events = POLLIN };
-        int wait_ms = kill_at > 0 ? (int)((kill_at - now) * 1000) + 1 : 1000;
+        struct pollfd p = { .fd = L->pipe[0], .events = POLLIN };
+        int wait_ms = L->kill_at > 0 ? (int)((L->kill_at - now) * 1000) + 1 : 1000;
         if (poll(&p, 1, wait_ms) < 0 && errno != EINTR) die("poll: %s", strerror(errno));
-        unsigned char got[64];
-        ssize_t nb = read(pfd[0], got, sizeof got);
-        for (ssize_t i = 0; i < nb; i++) {
-            int sig = got[i];
-            if (sig == SIGUSR1) { // Slurm's warning before the time limit: the ranks decide
-                signal_all(kid, nproc, SIGUSR1);
-            } else if (sig != SIGCHLD) {
-                if (res.cause == LAUNCH_SIGNALLED) { // a second interrupt: no more grace
-                    signal_all(kid, nproc, SIGKILL);
-                    continue;
-                }
-                if (res.cause == LAUNCH_OK) {
-                    error_line("interrupted by %s; stopping the %d rank(s)", signame(sig), alive);
-                    res = (LaunchResult){ LAUNCH_SIGNALLED, -1, sig, 128 + sig };
-                    kill_at = now_seconds() + grace_signal;
-                }
-                terminate_all(kid, nproc, board);
-            }
-        }
-        // reap everything that ended, then judge: when several ranks ended at once, the one a signal
-        // killed (a crash) goes before those that gave up waiting for it
-        int first = -1;
-        for (;;) {
-            int st;
-            pid_t pid = waitpid(-1, &st, WNOHANG | WUNTRACED | WCONTINUED);
-            if (pid <= 0) break;
-            int r = 0;
-            while (r < nproc && kid[r].pid != pid) r++;
-            if (r == nproc) continue;
-            if (WIFSTOPPED(st)) {
-                kid[r].stopped = WSTOPSIG(st);
-                board_note(board, r, kid[r].stopped, 0);
-                continue;
-            }
-            if (WIFCONTINUED(st)) {
-                if (res.cause == LAUNCH_OK) { // (after a failure the board keeps it: we continued it to end it)
-                    kid[r].stopped = 0;
-                    board_note(board, r, 0, 0);
-                }
-                continue;
-            }
-            kid[r].pid = 0;
-            kid[r].status = st;
-            kid[r].ended = 1;
-            alive--;
-            int failed = WIFSIGNALED(st) || (WIFEXITED(st) && WEXITSTATUS(st) != 0);
-            if (failed && res.cause == LAUNCH_OK && (first < 0 || (WIFSIGNALED(st) && !WIFSIGNALED(kid[first].status))))
-                first = r;
-        }
-        if (first >= 0) {
-            int st = kid[first].status;
-            report_failure(kid, nproc, board, first, st);
-            res = (LaunchResult){ LAUNCH_RANK_FAILED, first, WIFSIGNALED(st) ? WTERMSIG(st) : 0,
-                                  WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st) };
-            terminate_all(kid, nproc, board);
-            kill_at = now_seconds() + grace_failure;
-        }
+        handle_signals(L);
+        reap_ranks(L);
     }
+}
+
+// Sweeps the job's named shared memory, restores the signal handlers, frees everything.
+static void launcher_close(Launcher *L) {
     // Nothing may stay in /dev/shm: the transports use memfds, which go with their processes, and this
     // sweep covers named segments of the job however its ranks ended.
     char pattern[64];
-    snprintf(pattern, sizeof pattern, "/dev/shm/llm4d-%.16s-*", token);
+    snprintf(pattern, sizeof pattern, "/dev/shm/llm4d-%.16s-*", L->token);
     glob_t gl;
     if (glob(pattern, 0, NULL, &gl) == 0)
         for (size_t i = 0; i < gl.gl_pathc; i++) unlink(gl.gl_pathv[i]);
     globfree(&gl);
-    for (int i = 0; i < NSIG_HANDLED; i++) sigaction(sigs[i], &old[i], NULL);
+    for (int i = 0; i < NSIG_HANDLED; i++) sigaction(LAUNCHER_SIGS[i], &L->old[i], NULL);
     launcher_pipe = -1;
-    close(pfd[0]);
-    close(pfd[1]);
-    if (board) board_destroy(board, nproc);
-    if (bfd >= 0) close(bfd);
-    free(kid);
-    free(child_argv);
-    if (result) *result = res;
-    return res.status;
+    close(L->pipe[0]);
+    close(L->pipe[1]);
+    if (L->board) board_destroy(L->board, L->nproc);
+    if (L->board_fd >= 0) close(L->board_fd);
+    free(L->kid);
+    free(L->argv);
+}
+
+int launch_local(int nproc, int argc, char **argv, LaunchResult *result) {
+    if (nproc < 1) die("--nproc must be at least 1");
+    Launcher L;
+    launcher_open(&L, nproc, argc, argv);
+    spawn_ranks(&L);
+    wait_ranks(&L);
+    launcher_close(&L);
+    if (result) *result = L.res;
+    return L.res.status;
 }

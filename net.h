@@ -1,4 +1,8 @@
-// net.h: moving bytes between two ranks, behind one interface (NetOps) with one file per transport:
+// net.h: moving bytes between two ranks, behind one interface (NetOps) and one table of transports
+// (NetTransport, NET_TRANSPORTS), with one file per transport and what they share in net.c. In the
+// communication chain (common -> sockets -> bootstrap -> transports -> algorithms -> collectives ->
+// launch) the transports sit on the bootstrap (bootstrap.h: connections are set up through its store
+// and acceptor) and serve the algorithms, which post transfers without knowing who carries them.
 //
 //   net_shm.c  ranks of one node. Small messages are copied through a ring in the receiver's
 //              shared memory; larger ones are single-copy: the sender publishes where its bytes
@@ -7,7 +11,7 @@
 //   net_tcp.c  ranks of different nodes: one TCP connection per pair.
 //   net_verbs.c ranks of different nodes that both have an RDMA device (InfiniBand, RoCE): one
 //              reliable-connected queue pair per pair, RDMA writes into registered staging buffers.
-// Each implements the same table: a posted send names a registered region, a posted receive names
+// Each implements the same operations: a posted send names a registered region, a posted receive names
 // where the bytes go (or the accumulator they are reduced into), and progress moves what it can
 // without blocking. Device memory (devmem.h) takes net_shm.c with CUDA IPC handles (net_ipc.cu)
 // inside a node, and pinned staging (NetStaging below) through TCP or verbs across nodes.
@@ -51,7 +55,7 @@ typedef struct NetReq {
     int peer;                // communicator rank, for the engine
     struct NetReq *next;     // the connection's queue
     uint64_t tseq;           // transport-private
-    int tstate;
+    int tstate;              // transport-private: where the request stands, 0 when posted
 } NetReq;
 
 typedef struct NetConn NetConn;
@@ -118,7 +122,7 @@ static inline void net_post_recv(NetConn *c, NetReq *r) {
 }
 static inline int net_busy(const NetConn *c) { return c->sq || c->rq; }
 // The peer is gone (died, closed the connection): dies with the message, naming the rank that
-// failed first when that is another (bootstrap.c).
+// failed first when that is another (net.c, through the bootstrap's status board).
 void net_peer_lost(const NetConn *c, const char *fmt, ...) __attribute__((noreturn, format(printf, 2, 3)));
 // Queue helpers for transports: drop completed requests from the heads.
 static inline void net_pop_done(NetConn *c) {
@@ -147,7 +151,7 @@ static inline void net_reduce_bytes(const NetReduce *r, void *acc, size_t in_off
 // Device memory (devmem.h) through a byte-stream transport (TCP, verbs): staged through pinned host
 // buffers, one per direction (a connection sends one message at a time and receives one at a time).
 // A send's bytes are copied out whole before its first byte leaves; a receive arrives whole in the
-// staging buffer before the device copies or reduces it in. Implemented in net_tcp.c.
+// staging buffer before the device copies or reduces it in. Implemented in net.c.
 typedef struct {
     const struct DevMem *dev; // whose pinned host memory tx and rx are
     void *tx, *rx;
@@ -162,10 +166,23 @@ void net_stage_recv_done(NetStaging *s, NetReq *q);
 void net_staging_free(NetStaging *s);
 
 // ---------------------------------------------------------------------------------------------
-// setting connections up (through the bootstrap, bootstrap.h)
+// the transport table (as NCCL's ncclTransport): one entry per transport file, in order of
+// preference; the collectives give each pair of ranks the first entry that can connect it (both ends
+// compute the same answer) and set a communicator's connections up entry by entry in this order, so
+// that no two ranks wait for each other. Connections are set up through the bootstrap (bootstrap.h).
 
-// One communicator's connections through one transport: every member that uses the transport
-// calls setup with the same peers list of the others it reaches through it (communicator ranks).
+typedef struct VerbsNet VerbsNet;
+
+// What can_connect may ask about a pair of world ranks: their nodes (through the world), and whether a
+// rank has an active RDMA device (what it published at start; rdma may be called from any thread).
+typedef struct {
+    World *w;
+    int (*rdma)(void *ctx, int world_rank);
+    void *ctx;
+} NetReach;
+
+// One communicator's connections through one transport: every member that uses the transport calls
+// setup with the same peers list of the others it reaches through it (communicator ranks).
 typedef struct {
     World *w;
     uint64_t comm_id;
@@ -173,23 +190,38 @@ typedef struct {
     int rank, size;
     const int *world_ranks;
     const char *const *opname;
+    Doorbell **bell; // a transport whose peers ring this rank's doorbell points it at its own (shm)
+    VerbsNet *vn;    // this process's RDMA device (verbs)
 } NetSetup;
 
-// Shared memory (net_shm.c): the endpoint holds this rank's doorbell and incoming rings.
-void *shm_setup(const NetSetup *s, int npeers, const int *peers, NetConn **conns, Doorbell **bell);
-void shm_teardown(void *endpoint);
-// TCP (net_tcp.c): the lower world rank of each pair connects.
-void tcp_setup(const NetSetup *s, int npeers, const int *peers, NetConn **conns);
+typedef struct {
+    const char *name; // as --transport names it: "shm", "tcp", "verbs"
+    // 1 when this transport can carry world ranks a and b.
+    int (*can_connect)(const NetReach *r, int a, int b);
+    // Connects this rank to peers[i] through conns[i]; returns the endpoint that teardown frees
+    // after the connections are closed (NULL: none).
+    void *(*setup)(const NetSetup *s, int npeers, const int *peers, NetConn **conns);
+    void (*teardown)(void *endpoint);
+} NetTransport;
+
+// Shared memory (net_shm.c): ranks of one node; the endpoint holds this rank's doorbell and rings.
+extern const NetTransport NET_SHM;
+// TCP (net_tcp.c): any pair; the lower world rank of each pair connects.
+extern const NetTransport NET_TCP;
 // RDMA verbs (net_verbs.c, built where <infiniband/verbs.h> is installed; libibverbs is opened at run
-// time). One VerbsNet per process: the device (--ib-dev, --ib-gid-index; NULL and -1 choose), and
-// the connections whose communicator is closed until their peers have closed theirs too.
-typedef struct VerbsNet VerbsNet;
+// time): pairs whose ranks both have an RDMA device. Connection blobs (QP number, PSN, GID/LID,
+// receive buffer and rkey) go through the store, then a "ready" key per pair: no rank writes before
+// its peer's queue pair can receive.
+extern const NetTransport NET_VERBS;
+// The table (net.c): shm, verbs (where built), tcp; NULL-terminated.
+extern const NetTransport *const NET_TRANSPORTS[];
+#define NET_MAX_TRANSPORTS 3
+
+// One VerbsNet per process: the device (--ib-dev, --ib-gid-index; NULL and -1 choose), and the
+// connections whose communicator is closed until their peers have closed theirs too.
 #ifdef LLM4D_VERBS
 VerbsNet *verbs_net_open(const char *dev, int gid_index, char *why, size_t cap); // NULL: why says
 const char *verbs_net_describe(const VerbsNet *vn); // "mlx5_0 port 1, InfiniBand LID 7, MTU 4096"
-// Connection blobs (QP number, PSN, GID/LID, receive buffer and rkey) go through the store, then a
-// "ready" key per pair: no rank writes before its peer's queue pair can receive.
-void verbs_setup(const NetSetup *s, VerbsNet *vn, int npeers, const int *peers, NetConn **conns);
 // After the last communicator: waits (up to timeout_s) until every peer has closed its end, then
 // releases the device. Waiting here rather than in each close lets ranks close communicators in any
 // order.
@@ -215,17 +247,5 @@ static inline uint32_t doorbell_arm(Doorbell *bell) {
 }
 static inline void doorbell_disarm(Doorbell *bell) { atomic_fetch_sub(&bell->waiters, 1); }
 void doorbell_wait(Doorbell *bell, uint32_t key, int timeout_ms); // disarms
-
-// ---------------------------------------------------------------------------------------------
-// TCP helpers (net_tcp.c), also used by the bootstrap
-
-int tcp_listen_any(int *port);                                  // listening socket; *port 0 = any
-int tcp_connect(const char *host, int port, double deadline_s); // retries until the deadline; -1 on failure
-void tcp_set_options(int fd);                                   // TCP_NODELAY and large buffers
-int tcp_write_all(int fd, const void *buf, size_t n, double deadline_s); // 0 on success
-// 0 on success, TCP_TIMEOUT when the deadline passed, TCP_CLOSED when the peer closed or reset
-enum { TCP_TIMEOUT = -1, TCP_CLOSED = -2 };
-int tcp_read_all(int fd, void *buf, size_t n, double deadline_s);
-void tcp_local_ip(int fd, char *out, size_t cap);
 
 #endif

@@ -30,6 +30,7 @@ extern "C" {
 #include "common.h"
 #include "devmem.h"
 #include "kernels.h"
+#include "reduce.h"
 }
 #include "common.cuh"
 
@@ -96,10 +97,10 @@ template <class T> void grow(T **a, size_t *cap, size_t n) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// the reduction kernels: bitwise what algorithms.c comm_reduce_host / comm_finish_host compute
+// the reduction kernels: bitwise what reduce.c comm_reduce_host / comm_finish_host compute
 
-enum { T_F32 = 0, T_BF16, T_I32, T_I64 }; // CommType
-enum { O_SUM = 0, O_AVG, O_MAX };          // CommOp
+enum { T_F32 = CT_F32, T_BF16 = CT_BF16, T_I32 = CT_I32, T_I64 = CT_I64 }; // CommType (reduce.h)
+enum { O_SUM = OP_SUM, O_AVG = OP_AVG, O_MAX = OP_MAX };                  // CommOp
 
 __device__ __forceinline__ float bf16_in(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
 __device__ __forceinline__ uint16_t bf16_out(float f) { // nearest, ties to even; NaN stays NaN (kernels.h)

@@ -1,4 +1,6 @@
-// net_shm.c: the shared-memory transport between ranks of one node.
+// net_shm.c: the shared-memory transport between ranks of one node (net.h: its NET_SHM entry and
+// NetOps), and the doorbells every communicator sleeps on. A transport: on the bootstrap's store
+// (inboxes are published there), below the algorithms.
 //
 // Each rank has, per communicator, an inbox: a memfd segment holding its doorbell and one incoming
 // ring per local peer. A peer maps the inbox through /proc/PID/fd/N (so no name ever exists in
@@ -30,6 +32,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bootstrap.h"
 #include "common.h"
 #include "devmem.h"
 #include "hostmem.h"
@@ -99,6 +102,15 @@ typedef struct {
     uint64_t bytes;
 } RecHdr;
 
+// Where a request stands (NetReq.tstate; net_post_send and net_post_recv start it at SHM_NEW).
+enum {
+    SHM_NEW = 0,     // nothing of it in the ring yet (send), its header not read yet (receive)
+    SHM_EAGER,       // an eager record: the header is in the ring (send) or consumed (receive), bytes follow
+    SHM_POSTED,      // send: a single-copy record is in the ring; complete once the receiver bumps the step flag
+    SHM_SENT,        // send: every byte of an eager record is in the ring
+    SHM_DEV_READING, // receive: the device reads the peer's buffer; complete once its mark has passed
+};
+
 typedef struct {
     NetConn base;
     Inbox *mine;           // this rank's inbox
@@ -133,7 +145,7 @@ static int send_some(ShmConn *sc, NetReq *q) {
     Ring *r = sc->tx;
     uint64_t head = atomic_load_explicit(&r->head, memory_order_relaxed);
     size_t space = RING_BYTES - (size_t)(head - atomic_load_explicit(&r->tail, memory_order_acquire));
-    if (q->tstate == 0 && q->dev) { // device memory: always single-copy, through its exported handle
+    if (q->tstate == SHM_NEW && q->dev) { // device memory: always single-copy, through its exported handle
         RecHdr hdr = { REC_DEV, 0, q->bytes };
         DevHandle h;
         if (space < sizeof hdr + sizeof h) return 0;
@@ -143,12 +155,12 @@ static int send_some(ShmConn *sc, NetReq *q) {
         ring_write(r, head, &hdr, sizeof hdr);
         ring_write(r, head + sizeof hdr, &h, sizeof h);
         q->tseq = ++sc->rdv_sent;
-        q->tstate = 2;
+        q->tstate = SHM_POSTED;
         atomic_store_explicit(&r->head, head + sizeof hdr + sizeof h, memory_order_release);
         doorbell_ring(sc->peer_bell);
         return 1;
     }
-    if (q->tstate == 0) { // choose the record: single-copy when the receiver can read our buffer
+    if (q->tstate == SHM_NEW) { // choose the record: single-copy when the receiver can read our buffer
         HostMemHandle h;
         int kind = REC_EAGER;
         if (q->bytes > EAGER_MAX) {
@@ -170,12 +182,12 @@ static int send_some(ShmConn *sc, NetReq *q) {
         space -= rec;
         if (kind != REC_EAGER) {
             q->tseq = ++sc->rdv_sent;
-            q->tstate = 2;
+            q->tstate = SHM_POSTED;
             atomic_store_explicit(&r->head, head, memory_order_release);
             doorbell_ring(sc->peer_bell);
             return 1;
         }
-        q->tstate = 1;
+        q->tstate = SHM_EAGER;
     }
     // eager payload; its last piece carries the padding to the next record
     size_t left = q->bytes - q->done, tail_pad = pad8(q->bytes) - q->bytes, w;
@@ -190,7 +202,7 @@ static int send_some(ShmConn *sc, NetReq *q) {
         doorbell_ring(sc->peer_bell);
     }
     if (q->done < q->bytes) return 0;
-    q->tstate = 3;
+    q->tstate = SHM_SENT;
     q->complete = 1;
     return 1;
 }
@@ -238,7 +250,7 @@ static void single_copy_done(ShmConn *sc, NetReq *q, uint64_t tail, size_t rec) 
 }
 
 // A DEV record: queues the device's copy or reduction from the peer's buffer and a mark after it;
-// the request waits in state 5 until the mark has passed (recv_device_done).
+// the request waits in SHM_DEV_READING until the mark has passed (recv_device_done).
 static void recv_device(ShmConn *sc, NetReq *q, const RecHdr *hdr, uint64_t tail) {
     NetConn *c = &sc->base;
     DevHandle h;
@@ -251,7 +263,7 @@ static void recv_device(ShmConn *sc, NetReq *q, const RecHdr *hdr, uint64_t tail
     if (q->reduce) net_reduce_bytes(q->reduce, q->buf, 0, src, q->bytes);
     else q->dev->copy(q->buf, src, q->bytes);
     q->mark = q->dev->mark(DEV_COMM);
-    q->tstate = 5;
+    q->tstate = SHM_DEV_READING;
 }
 static int recv_device_done(ShmConn *sc, NetReq *q) {
     if (!q->dev->test(q->mark)) return 0;
@@ -291,7 +303,7 @@ static void shm_progress(NetConn *c, int *moved) {
     // sends: in order; single-copy ones stay queued until the receiver has read them
     for (NetReq *q = c->sq; q; q = q->next) {
         if (q->complete) continue;
-        if (q->tstate == 2) {
+        if (q->tstate == SHM_POSTED) {
             if (atomic_load_explicit(&sc->tx->rdv_done, memory_order_acquire) >= q->tseq) {
                 q->complete = 1;
                 *moved = 1;
@@ -308,14 +320,14 @@ static void shm_progress(NetConn *c, int *moved) {
     Ring *r = sc->rx;
     int freed = 0;
     for (NetReq *q = c->rq; q && !q->complete; q = q->next) {
-        if (q->tstate == 5) { // a device read in flight
+        if (q->tstate == SHM_DEV_READING) {
             if (!recv_device_done(sc, q)) break;
             *moved = freed = 1;
             continue;
         }
         uint64_t tail = atomic_load_explicit(&r->tail, memory_order_relaxed);
         size_t avail = (size_t)(atomic_load_explicit(&r->head, memory_order_acquire) - tail);
-        if (q->tstate == 0) {
+        if (q->tstate == SHM_NEW) {
             RecHdr hdr;
             if (avail < sizeof hdr) break;
             ring_read(r, tail, &hdr, sizeof hdr);
@@ -340,7 +352,7 @@ static void shm_progress(NetConn *c, int *moved) {
             tail += sizeof hdr;
             avail -= sizeof hdr;
             atomic_store_explicit(&r->tail, tail, memory_order_relaxed);
-            q->tstate = 1;
+            q->tstate = SHM_EAGER;
         }
         size_t es = q->reduce ? q->reduce->in_size : 1;
         size_t left = q->bytes - q->done, take = avail < left ? avail / es * es : left;
@@ -391,7 +403,13 @@ static const NetOps SHM_OPS = { "shm", shm_progress, shm_wait_hint, shm_peer_sta
 
 static int cmp_int(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
 
-void *shm_setup(const NetSetup *s, int npeers, const int *peers, NetConn **conns, Doorbell **bell) {
+// The shared-memory peers of a communicator: every member of one node (`--transport shm` refuses a
+// job on several nodes before any pair is connected).
+static int shm_can_connect(const NetReach *r, int a, int b) {
+    return !strcmp(world_rank_info(r->w, a)->node_id, world_rank_info(r->w, b)->node_id);
+}
+
+static void *shm_setup(const NetSetup *s, int npeers, const int *peers, NetConn **conns) {
     World *w = s->w;
     int nl = npeers + 1;
     int *members = xmalloc(sizeof(int) * nl);
@@ -409,7 +427,7 @@ void *shm_setup(const NetSetup *s, int npeers, const int *peers, NetConn **conns
     if (ep->mine == MAP_FAILED) die("communicator %s: mmap of %zu bytes: %s", s->comm_name, ep->bytes, strerror(errno));
     ep->mine->nlocal = nl;
     ep->mine->magic = INBOX_MAGIC;
-    *bell = &ep->mine->bell;
+    *s->bell = &ep->mine->bell;
     char key[160];
     int me_w = s->world_ranks[s->rank];
     InboxInfo mine = { getpid(), ep->fd, ep->bytes, (uint64_t)(uintptr_t)ep->mine };
@@ -463,10 +481,12 @@ void *shm_setup(const NetSetup *s, int npeers, const int *peers, NetConn **conns
     return ep;
 }
 
-void shm_teardown(void *endpoint) {
+static void shm_teardown(void *endpoint) {
     ShmEndpoint *ep = endpoint;
     if (!ep) return;
     munmap(ep->mine, ep->bytes);
     close(ep->fd);
     free(ep);
 }
+
+const NetTransport NET_SHM = { "shm", shm_can_connect, shm_setup, shm_teardown };

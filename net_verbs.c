@@ -1,4 +1,6 @@
-// net_verbs.c: the RDMA verbs byte stream declared in net_verbs.h (the API and its use are there).
+// net_verbs.c: the RDMA verbs byte stream declared in net_verbs.h (the API and its use are there),
+// and at the end the verbs transport of net.h (its NET_VERBS entry: a transport, on the bootstrap's
+// store, below the algorithms). The byte stream itself uses only common.h.
 //
 // Protocol. Each end owns two registered host buffers of `slots` slots of `slot_bytes`: a send
 // staging buffer and a receive buffer that the peer writes into. Slot i of my send buffer is only
@@ -978,8 +980,9 @@ static size_t staging_slot_bytes(int comm_size) {
 // Each end creates its endpoints (receives posted), publishes one blob per peer, connects to the
 // peer's blob and then says so in the store; a rank sends only after the peer's "ready", so that no
 // write reaches a queue pair that is not yet ready to receive.
-void verbs_setup(const NetSetup *s, VerbsNet *vn, int npeers, const int *peers, NetConn **conns) {
+static void *verbs_setup(const NetSetup *s, int npeers, const int *peers, NetConn **conns) {
     World *w = s->w;
+    VerbsNet *vn = s->vn;
     int me_w = s->world_ranks[s->rank];
     unsigned slots = vn->slots ? vn->slots : VERBS_DEFAULT_SLOTS;
     size_t slot_bytes = vn->slot_bytes ? vn->slot_bytes : staging_slot_bytes(s->size);
@@ -1019,7 +1022,12 @@ void verbs_setup(const NetSetup *s, VerbsNet *vn, int npeers, const int *peers, 
         snprintf(key, sizeof key, "verbs-ready/%016llx/%d/%d", (unsigned long long)s->comm_id, pw, me_w);
         free(store_get(w, key, &n, "connecting over verbs"));
     }
+    return NULL;
 }
+
+static int verbs_can_connect(const NetReach *r, int a, int b) { return r->rdma(r->ctx, a) && r->rdma(r->ctx, b); }
+
+const NetTransport NET_VERBS = { "verbs", verbs_can_connect, verbs_setup, NULL };
 
 // Arms every endpoint still closing and sleeps until one has a completion (at most 100 ms).
 static void wait_closing(VerbsNet *vn) {

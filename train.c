@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "collectives.h"
+#include "launch.h"
 #include "devmem.h"
 #include "common.h"
 #include "ckpt.h"

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "collectives.h"
+#include "launch.h"
 #include "common.h"
 #include "devmem.h"
 #include "hostmem.h"

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "collectives.h"
+#include "launch.h"
 #include "common.h"
 #include "data.h"
 #include "kernels.h"
