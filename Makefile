@@ -143,6 +143,10 @@ build/bench_matmul: test/bench_matmul.c $(LIB_OBJ) $(CUDA_OBJ)
 build/attention_check: test/attention_check.c $(LIB_OBJ) $(CUDA_OBJ)
 	$(CC) $(CFLAGS) -I. $(filter %.c %.o,$^) -o $@ $(LDLIBS)
 
+# the Llama family's CPU ops on random inputs, for test/llama_ref.py (PyTorch)
+build/llama_check: test/llama_check.c $(LIB_OBJ) $(CUDA_OBJ)
+	$(CC) $(CFLAGS) -I. $(filter %.c %.o,$^) -o $@ $(LDLIBS)
+
 build:
 	@mkdir -p build
 
@@ -158,7 +162,7 @@ test: deps
 	@$(MAKE) --no-print-directory test-bins
 	bash test/run.sh $(if $(T),'$(T)')
 
-test-bins: train build/train-asan build/test_unit build/test_comm build/test_gemm build/test_attention build/attention_check $(VERBS_BIN)
+test-bins: train build/train-asan build/test_unit build/test_comm build/test_gemm build/test_attention build/attention_check build/llama_check $(VERBS_BIN)
 
 test-gpu:
 	bash scripts/gpu_check.sh

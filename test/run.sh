@@ -99,6 +99,8 @@ t_torch_bf16_generic() {
 }
 # attention alone against PyTorch: the whole sequence, and the block ops on a zigzag split
 t_attention_torch() { have_torch || return $?; $PY test/attention_ref.py ./build/attention_check; }
+# the Llama family's CPU ops (RMSNorm, RoPE, SwiGLU, grouped-query attention with RoPE fused) against PyTorch
+t_llama_kernels() { have_torch || return $?; $PY test/llama_ref.py ./build/llama_check; }
 
 # M micro-batches of B equal one batch of M·B: same losses, same trained model.
 t_grad_accum() {
@@ -901,6 +903,7 @@ run_test "PyTorch reference at 1e-5: one head of 20 channels, T=45" t_torch_one_
 run_test "PyTorch reference: bf16" t_torch_bf16
 run_test "PyTorch reference: bf16 on the generic matmul path (LLM4D_CPU_ISA=generic)" t_torch_bf16_generic
 run_test "attention against PyTorch: whole sequence and zigzag context-parallel blocks" t_attention_torch
+run_test "Llama kernels against PyTorch: RMSNorm, RoPE (offsets, 3.1 scaling), SwiGLU, GQA (KV heads < heads, = 1) whole and zigzag CP blocks; fp32 and bf16" t_llama_kernels
 run_test "gradient accumulation equals the large batch" t_grad_accum
 run_test "bitwise determinism across reruns and thread counts (fp32 and bf16)" t_determinism
 run_test "--profile splits each step into matmuls, attention and the rest" t_profile
