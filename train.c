@@ -19,6 +19,7 @@
 #include "common.h"
 #include "ckpt.h"
 #include "data.h"
+#include "hf.h"
 #include "kernels.h"
 #include "model.h"
 #include "pipeline.h"
@@ -32,6 +33,9 @@ static const char USAGE[] =
     "                                            every (TP, CP, PP, DP) layout of G GPUs: memory per GPU,\n"
     "                                            bubble, communication and compute (./train plan --help)\n"
     "       ./train bench-comm --nproc N [flags] collective bandwidth table, as nccl-tests prints\n"
+    "       ./train hf-inspect DIR [--dump OUT] [--save-hf OUT2 [--dtype fp32|bf16] [--max-shard-bytes N]]\n"
+    "                                            a tool: a Hugging Face Llama checkpoint's config and tensors (read,\n"
+    "                                            shape-checked, converted to fp32), dumped raw or written again\n"
     "\n"
     "model (a preset, then any shape flag overrides it; default d12):\n"
     "  --model d12|d24|d36|d48    GPT-2 124M / 350M / 774M / 1558M shapes (maxT 1024, V 50257)\n"
@@ -1507,6 +1511,7 @@ int main(int argc, char **argv) {
         return launch_local(nproc, argc, argv, NULL);
     }
     if (argc >= 2 && !strcmp(argv[1], "plan")) return plan_main(argc - 1, argv + 1);
+    if (argc >= 2 && !strcmp(argv[1], "hf-inspect")) return hf_inspect_main(argc - 1, argv + 1);
     if (argc >= 2 && !strcmp(argv[1], "prepare")) {
         if (argc != 4) die("usage: ./train prepare INPUT.txt DIR");
         data_prepare(argv[2], argv[3]);
