@@ -258,7 +258,7 @@ static void parse_options(Options *o, int argc, char **argv) {
         else if (IS("--layers")) o->layers = (int)parse_int(f, v, 1, 4096);
         else if (IS("--channels")) o->channels = (int)parse_int(f, v, 1, 65536);
         else if (IS("--heads")) o->heads = (int)parse_int(f, v, 1, 65536);
-        else if (IS("--vocab")) o->vocab = (int)parse_int(f, v, 1, 65536);
+        else if (IS("--vocab")) o->vocab = (int)parse_int(f, v, 1, 1048448); // Vp (a multiple of 128) <= 2^20
         else if (IS("--max-seq-len")) o->max_seq_len = (int)parse_int(f, v, 1, 1048576);
         else if (IS("--seq-len")) o->seq_len = (int)parse_int(f, v, 1, 1048576);
         else if (IS("--init-from")) o->init_from = v;
@@ -791,7 +791,7 @@ static void open_data(Trainer *t) {
     if (t->have_train) {
         if (!o->train) die("no training data: pass --train PATTERN (make shards with ./train prepare INPUT.txt DIR)");
         tokenset_open(&t->train, o->train, "--train", t->cfg.V, t->T, o->shuffle, o->seed);
-        uint16_t t0;
+        uint32_t t0;
         tokenset_read(&t->train, 0, 1, &t0);
         t->first_token = t0;
     }

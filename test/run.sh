@@ -100,6 +100,8 @@ t_torch_bf16_generic() {
 # attention alone against PyTorch: the whole sequence, and the block ops on a zigzag split
 t_attention_torch() { have_torch || return $?; $PY test/attention_ref.py ./build/attention_check; }
 # the Llama family's CPU ops (RMSNorm, RoPE, SwiGLU, grouped-query attention with RoPE fused) against PyTorch
+# token shards of both llm.c headers (uint16 GPT-2, uint32 Llama 3) written with numpy, read by ./train (--dump)
+t_shards_u32() { $PY -c 'import numpy' 2>/dev/null || { echo "python3-numpy is not installed"; return 77; }; $PY test/shards_u32.py $TRAIN "$WORK/u32"; }
 t_llama_kernels() { have_torch || return $?; $PY test/llama_ref.py ./build/llama_check; }
 # Hugging Face checkpoints (hf.c through ./train hf-inspect, the ASan build): files of the safetensors package
 # (scripts/deps.sh installs it from PyPI) and of a numpy writer read back equal; hf.c's files read by the package
@@ -909,6 +911,7 @@ run_test "PyTorch reference: bf16 on the generic matmul path (LLM4D_CPU_ISA=gene
 run_test "attention against PyTorch: whole sequence and zigzag context-parallel blocks" t_attention_torch
 run_test "Llama kernels against PyTorch: RMSNorm, RoPE (offsets, 3.1 scaling), SwiGLU, GQA (KV heads < heads, = 1) whole and zigzag CP blocks; fp32 and bf16" t_llama_kernels
 run_test "Hugging Face checkpoints: config.json range checks, safetensors F32/BF16/F16 one file and sharded, in and out against the safetensors package and numpy; bad input" t_hf_checkpoints
+run_test "token shards with 32-bit ids (llm.c's Llama 3 header) written with numpy, mixed with uint16 ones; bad headers" t_shards_u32
 run_test "gradient accumulation equals the large batch" t_grad_accum
 run_test "bitwise determinism across reruns and thread counts (fp32 and bf16)" t_determinism
 run_test "--profile splits each step into matmuls, attention and the rest" t_profile
