@@ -140,6 +140,9 @@ build/bench_attention: test/bench_attention.c $(LIB_OBJ) $(CUDA_OBJ)
 build/bench_matmul: test/bench_matmul.c $(LIB_OBJ) $(CUDA_OBJ)
 	$(CC) $(CFLAGS) -I. $(filter %.c %.o,$^) -o $@ $(LDLIBS)
 
+build/bench_llama: test/bench_llama.c $(LIB_OBJ) $(CUDA_OBJ)
+	$(CC) $(CFLAGS) -I. $(filter %.c %.o,$^) -o $@ $(LDLIBS)
+
 build/attention_check: test/attention_check.c $(LIB_OBJ) $(CUDA_OBJ)
 	$(CC) $(CFLAGS) -I. $(filter %.c %.o,$^) -o $@ $(LDLIBS)
 
@@ -167,7 +170,7 @@ test-bins: train build/train-asan build/test_unit build/test_comm build/test_gem
 test-gpu:
 	bash scripts/gpu_check.sh
 
-bench: train build/bench_matmul
+bench: train build/bench_matmul build/bench_llama
 	bash scripts/bench.sh
 
 clean:
