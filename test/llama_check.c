@@ -15,7 +15,8 @@
 //   ROPE is 1); blocks as context parallelism over two ranks with the zigzag split runs them (chunks of
 //   T/4, rank 0 holding 0 and 3, rank 1 holding 1 and 2, key chunks in ring order merged into fp32, then
 //   every pair's backward accumulated in fp32): bout, blse, bdq [B,T,NH·HS], bdk, bdv [B,T,NKV·HS].
-// With NH = NKV and ROPE 0 it also checks that the result is bitwise attention_fwd/bwd's (GPT-2's).
+// gqa also checks that 3 threads give the bits of 1, and with NH = NKV and ROPE 0 that the result is
+// bitwise attention_fwd/bwd's (GPT-2's).
 // bf16 inputs are written as the stored values widened to fp32.
 #include <stdio.h>
 #include <stdlib.h>
@@ -139,9 +140,22 @@ int main(int argc, char **argv) {
         write_f32("qkv", qkv.f, n3); write_f32("dout", dout.f, nq);
         void *out = xcalloc(nq, es), *dqkv = xcalloc(n3, es);
         float *lse = xcalloc(nl, 4);
+        be->set_threads(1);
         be->attention_gqa_fwd(dt, out, lse, qkv.p, B, T, NH, NKV, hs, rope);
         be->attention_gqa_bwd(dt, dqkv, dout.p, qkv.p, out, lse, B, T, NH, NKV, hs, rope);
         write_dt("out", dt, out, nq); write_f32("lse", lse, nl); write_dt("dqkv", dt, dqkv, n3);
+        { // the same bits for another thread count (every output reduced in a fixed order)
+            void *out3 = xcalloc(nq, es), *dqkv3 = xcalloc(n3, es);
+            float *lse3 = xcalloc(nl, 4);
+            be->set_threads(3);
+            be->attention_gqa_fwd(dt, out3, lse3, qkv.p, B, T, NH, NKV, hs, rope);
+            be->attention_gqa_bwd(dt, dqkv3, dout.p, qkv.p, out3, lse3, B, T, NH, NKV, hs, rope);
+            be->set_threads(1);
+            if (memcmp(out, out3, nq * es) || memcmp(lse, lse3, nl * 4) || memcmp(dqkv, dqkv3, n3 * es))
+                die("gqa: 3 threads give other bits than 1");
+            printf("gqa: 1 and 3 threads bitwise equal\n");
+            free(out3); free(dqkv3); free(lse3);
+        }
         if (NH == NKV && !rope) { // multi-head attention: bitwise what the GPT-2 ops give on the same qkv
             void *out2 = xcalloc(nq, es), *dqkv2 = xcalloc(n3, es);
             float *lse2 = xcalloc(nl, 4);
