@@ -146,9 +146,13 @@ build/bench_llama: test/bench_llama.c $(LIB_OBJ) $(CUDA_OBJ)
 build/attention_check: test/attention_check.c $(LIB_OBJ) $(CUDA_OBJ)
 	$(CC) $(CFLAGS) -I. $(filter %.c %.o,$^) -o $@ $(LDLIBS)
 
-# the Llama family's CPU ops on random inputs, for test/llama_ref.py (PyTorch)
-build/llama_check: test/llama_check.c $(LIB_OBJ) $(CUDA_OBJ)
-	$(CC) $(CFLAGS) -I. $(filter %.c %.o,$^) -o $@ $(LDLIBS)
+# the Llama family's CPU ops on random inputs, for test/llama_ref.py (PyTorch); ASan+UBSan, CPU only
+build/llama_check: build/asan/llama_check.o $(LIB_OBJ:build/%=build/asan/%)
+	$(CC) $(SAN) $^ -o $@ -lm -fopenmp -lpthread -lz -ljansson
+
+build/asan/llama_check.o: test/llama_check.c | build
+	@mkdir -p build/asan
+	$(CC) $(filter-out -O3 -DLLM4D_CUDA,$(CFLAGS)) -I. $(SAN) -c $< -o $@
 
 build:
 	@mkdir -p build

@@ -909,7 +909,7 @@ run_test "PyTorch reference at 1e-5: one head of 20 channels, T=45" t_torch_one_
 run_test "PyTorch reference: bf16" t_torch_bf16
 run_test "PyTorch reference: bf16 on the generic matmul path (LLM4D_CPU_ISA=generic)" t_torch_bf16_generic
 run_test "attention against PyTorch: whole sequence and zigzag context-parallel blocks" t_attention_torch
-run_test "Llama kernels against PyTorch: RMSNorm, RoPE (offsets, 3.1 scaling), SwiGLU, GQA (KV heads < heads, = 1) whole and zigzag CP blocks; fp32 and bf16" t_llama_kernels
+run_test "Llama kernels against PyTorch (ASan+UBSan): RMSNorm, RoPE (offsets, 3.1 scaling), SwiGLU, GQA (KV heads < heads, = 1) whole and zigzag CP blocks; fp32 and bf16" t_llama_kernels
 run_test "Hugging Face checkpoints: config.json range checks, safetensors F32/BF16/F16 one file and sharded, in and out against the safetensors package and numpy; bad input" t_hf_checkpoints
 run_test "token shards with 32-bit ids (llm.c's Llama 3 header) written with numpy, mixed with uint16 ones; bad headers" t_shards_u32
 run_test "gradient accumulation equals the large batch" t_grad_accum
