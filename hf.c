@@ -243,6 +243,7 @@ static void map_file(const char *dir, const char *name, HFFile *f) {
     close(fd);
     static const unsigned char empty[1] = { 0 };
     if (st_parse(path, f->len ? f->map : empty, f->len, &f->st, why, sizeof why) != 0) die("%s", why);
+    if (!json_is_object(f->st.header)) die("%s: malformed header: not a JSON object", path);
 }
 
 HFCheckpoint *hf_open(const char *dir) {

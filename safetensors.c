@@ -47,10 +47,6 @@ int st_parse(const char *file, const unsigned char *buf, size_t len, StFile *st,
     json_error_t jerr;
     json_t *h = json_loadb((const char *)buf + 8, (size_t)hl, 0, &jerr);
     if (!h) return snprintf(why, cap, "%s: malformed header: %s", file, jerr.text), -1;
-    if (!json_is_object(h)) {
-        json_decref(h);
-        return snprintf(why, cap, "%s: malformed header: not a JSON object", file), -1;
-    }
     st->header = h;
     st->data = buf + 8 + hl;
     st->data_len = len - 8 - hl;

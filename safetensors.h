@@ -19,7 +19,8 @@ typedef struct {
     const unsigned char *data;
     uint64_t data_len;
 } StFile;
-// Parses the framing and the header JSON of buf[0..len); 0, or -1 with why naming file.
+// Parses the framing and the header JSON of buf[0..len); 0, or -1 with why naming file. (Whether the
+// header is an object, and what it must hold, is the caller's: ckpt.c's messages predate this file.)
 int st_parse(const char *file, const unsigned char *buf, size_t len, StFile *st, char *why, size_t cap);
 void st_free(StFile *st);
 
