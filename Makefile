@@ -30,7 +30,7 @@ $(error missing build headers: $(foreach h,$(MISSING_BUILD),$(word 1,$(subst :, 
 endif
 endif
 
-HOST_SRC = train.c model.c context.c mem.c zero.c pipeline.c data.c ckpt.c common.c hostmem.c kernels_cpu.c launch.c \
+HOST_SRC = train.c model.c context.c mem.c zero.c pipeline.c data.c ckpt.c safetensors.c hf.c common.c hostmem.c kernels_cpu.c launch.c \
            bootstrap.c collectives.c algorithms.c net_shm.c net_tcp.c devmem_cpu.c bench_comm.c plan.c
 # the communication chain's files below the collectives: sockets, host reductions, the transports' shared part
 HOST_SRC += sock.c reduce.c net.c
@@ -173,8 +173,19 @@ build/bench_matmul: scripts/bench/bench_matmul.c $(LIB_OBJ) $(CUDA_OBJ)
 	$(CC) $(CFLAGS) -I. $(filter %.c %.o,$^) -o $@ $(LDLIBS)
 
 # attention's inputs and results for test/attention_ref.py (t_attention_torch)
+build/bench_llama: scripts/bench/bench_llama.c $(LIB_OBJ) $(CUDA_OBJ)
+	$(CC) $(CFLAGS) -I. $(filter %.c %.o,$^) -o $@ $(LDLIBS)
+
 build/attention_check: test/attention_check.c $(LIB_OBJ) $(CUDA_OBJ)
 	$(CC) $(CFLAGS) -I. $(filter %.c %.o,$^) -o $@ $(LDLIBS)
+
+# the Llama family's CPU ops on random inputs, for test/llama_ref.py (PyTorch); ASan+UBSan, CPU only
+build/llama_check: build/asan/llama_check.o $(LIB_OBJ:build/%=build/asan/%)
+	$(CC) $(SAN) $^ -o $@ -lm -fopenmp -lpthread -lz -ljansson
+
+build/asan/llama_check.o: test/llama_check.c | build
+	@mkdir -p build/asan
+	$(CC) $(filter-out -O3 -DLLM4D_CUDA,$(CFLAGS)) -I. $(SAN) -c $< -o $@
 
 build:
 	@mkdir -p build
@@ -194,13 +205,13 @@ test: deps
 	@$(MAKE) --no-print-directory test-bins
 	bash test/run.sh $(if $(value T),'$(value T)')
 
-test-bins: train build/train-asan build/test_unit build/test_comm build/test_gemm build/test_attention build/attention_check $(VERBS_BIN) \
+test-bins: train build/train-asan build/test_unit build/test_comm build/test_gemm build/test_attention build/attention_check build/llama_check $(VERBS_BIN) \
            $(EMU_SM90_TEST)
 
 test-gpu:
 	bash scripts/gpu_check.sh
 
-bench: train build/bench_matmul
+bench: train build/bench_matmul build/bench_llama
 	bash scripts/bench.sh
 
 clean:

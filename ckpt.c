@@ -19,6 +19,7 @@
 #include <zlib.h>
 
 #include "common.h"
+#include "safetensors.h"
 
 #if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "checkpoint tensors are little-endian and written in host order"
@@ -403,16 +404,8 @@ static char *shard_header(const Ckpt *c, int64_t step, size_t *len) {
             off += bytes;
         }
     }
-    char *text = json_dumps(h, JSON_COMPACT);
+    char *out = st_header_text(h, len);
     json_decref(h);
-    if (!text) die("out of memory");
-    size_t n = strlen(text), padded = (n + 7) / 8 * 8;
-    char *out = xmalloc(padded + 1);
-    memcpy(out, text, n);
-    memset(out + n, ' ', padded - n);
-    out[padded] = 0;
-    free(text);
-    *len = padded;
     return out;
 }
 
@@ -784,33 +777,6 @@ void ckpt_close(Ckpt *c) {
 
 enum { LOAD_OK, LOAD_INCOMPLETE, LOAD_UNUSABLE, LOAD_INCOMPATIBLE };
 
-static int read_file(const char *path, unsigned char **buf, size_t *len, size_t limit, char *why, size_t cap) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return snprintf(why, cap, "%s: %s", path, strerror(errno)), -1;
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (size_t)st.st_size > limit) {
-        close(fd);
-        return snprintf(why, cap, "%s: not a regular file of at most %zu bytes", path, limit), -1;
-    }
-    *len = (size_t)st.st_size;
-    *buf = xmalloc(*len + 1);
-    size_t got = 0;
-    while (got < *len) {
-        ssize_t r = read(fd, *buf + got, *len - got);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) {
-            int e = r < 0 ? errno : EIO;
-            close(fd);
-            free(*buf);
-            return snprintf(why, cap, "%s: %s", path, strerror(e)), -1;
-        }
-        got += (size_t)r;
-    }
-    close(fd);
-    (*buf)[*len] = 0;
-    return 0;
-}
-
 static uint32_t crc_of(const unsigned char *p, size_t n) {
     uLong crc = crc32(0L, Z_NULL, 0);
     for (size_t done = 0; done < n;) {
@@ -1089,15 +1055,12 @@ static int check_tiling(const char *d, int k, Tiles *ts, uint64_t full, char *wh
 static int read_shard(const char *file, const unsigned char *buf, size_t len, const CkptMeta *mt, int rank,
                       const GPT2Config *cfg, const Runs need[NUM_PARAM_TENSORS], float *dst[3],
                       uint64_t copied[NUM_PARAM_TENSORS], Tiles tiles[NUM_PARAM_TENSORS], char *why, size_t cap) {
-    uint64_t hl;
-    if (len < 8) return snprintf(why, cap, "%s: shorter than a safetensors header", file), -1;
-    memcpy(&hl, buf, 8);
-    if (hl > len - 8) return snprintf(why, cap, "%s: header length %llu past the end of the file", file, (unsigned long long)hl), -1;
-    json_error_t jerr;
-    json_t *h = json_loadb((const char *)buf + 8, (size_t)hl, 0, &jerr);
-    if (!h) return snprintf(why, cap, "%s: malformed header: %s", file, jerr.text), -1;
-    const unsigned char *data = buf + 8 + hl;
-    uint64_t dlen = len - 8 - hl;
+    StFile sf;
+    if (st_parse(file, buf, len, &sf, why, cap) != 0) return -1;
+    json_t *h = sf.header;
+    const unsigned char *data = sf.data;
+    uint64_t dlen = sf.data_len;
+
     int rc = -1;
     json_t *meta = json_object_get(h, "__metadata__");
     char s[64] = "", want[32];
@@ -1185,7 +1148,7 @@ static int load_one(const char *d, const GPT2 *model, const Runs need[NUM_PARAM_
         return snprintf(why, cap, "%s/" MANIFEST ": missing (an incomplete checkpoint)", d), LOAD_INCOMPLETE;
     unsigned char *buf;
     size_t len;
-    if (read_file(path, &buf, &len, (size_t)64 << 20, why, cap) != 0) return LOAD_UNUSABLE;
+    if (st_read_file(path, &buf, &len, (size_t)64 << 20, why, cap) != 0) return LOAD_UNUSABLE;
     const char *key = NULL;
     for (const char *p = (const char *)buf; (p = strstr(p, CRC_KEY)); p++) key = p;
     if (!key) {
@@ -1243,7 +1206,7 @@ static int load_one(const char *d, const GPT2 *model, const Runs need[NUM_PARAM_
                      (long long)st.st_size < bytes ? "truncated" : "too long", (long long)st.st_size, bytes);
             goto out;
         }
-        if (read_file(file, &buf, &len, SIZE_MAX, why, cap) != 0) goto out;
+        if (st_read_file(file, &buf, &len, SIZE_MAX, why, cap) != 0) goto out;
         uint32_t got = crc_of(buf, len);
         if (got != (uint32_t)scrc) {
             free(buf);

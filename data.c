@@ -38,11 +38,15 @@ static void shard_open(Shard *s, const char *path) {
     if (st.st_size < 1024) die("%s is truncated: %lld bytes is shorter than the 1024-byte shard header", path, (long long)st.st_size);
     int32_t h[256];
     pread_all(s->fd, h, sizeof h, 0, path);
-    if (h[0] != SHARD_MAGIC) die("%s: bad magic %d (expected %d for an llm.c token shard)", path, h[0], SHARD_MAGIC);
-    if (h[1] != SHARD_VERSION) die("%s: unsupported token shard version %d (expected %d)", path, h[1], SHARD_VERSION);
+    if (h[0] != SHARD_MAGIC && h[0] != SHARD_MAGIC_U32)
+        die("%s: bad magic %d (expected %d for an llm.c token shard, or %d for its Llama 3 variant)", path, h[0],
+            SHARD_MAGIC, SHARD_MAGIC_U32);
+    int want = h[0] == SHARD_MAGIC ? SHARD_VERSION : SHARD_VERSION_U32;
+    if (h[1] != want) die("%s: unsupported token shard version %d (expected %d with magic %d)", path, h[1], want, h[0]);
+    s->tok_bytes = h[0] == SHARD_MAGIC ? 2 : 4;
     if (h[2] < 0) die("%s: negative token count %d in header", path, h[2]);
     s->ntokens = (uint64_t)h[2];
-    uint64_t need = 1024 + 2 * s->ntokens;
+    uint64_t need = 1024 + (uint64_t)s->tok_bytes * s->ntokens;
     if ((uint64_t)st.st_size < need)
         die("%s is truncated: header says %llu tokens (%llu bytes) but the file has %lld bytes", path,
             (unsigned long long)s->ntokens, (unsigned long long)need, (long long)st.st_size);
@@ -51,39 +55,54 @@ static void shard_open(Shard *s, const char *path) {
             (unsigned long long)s->ntokens);
 }
 
+// n tokens of the shard from its token `local` on, widened to uint32
+static void shard_tokens(const Shard *s, uint64_t local, size_t n, uint32_t *out) {
+    off_t off = (off_t)(1024 + (uint64_t)s->tok_bytes * local);
+    if (s->tok_bytes == 4) {
+        pread_all(s->fd, out, n * 4, off, s->path);
+        return;
+    }
+    uint16_t *narrow = xmalloc(sizeof(uint16_t) * (n ? n : 1));
+    pread_all(s->fd, narrow, n * 2, off, s->path);
+    for (size_t j = 0; j < n; j++) out[j] = narrow[j];
+    free(narrow);
+}
+
 // One pass over a shard's tokens: the first one at or above the vocabulary is reported with its file
 // and place, when the data is opened rather than when (or if) its window is read.
 static void shard_validate(const Shard *s, int vocab) {
     enum { CHUNK = 1 << 20 };
-    uint16_t *buf = xmalloc(sizeof(uint16_t) * CHUNK);
+    uint32_t *buf = xmalloc(sizeof(uint32_t) * CHUNK);
     for (uint64_t at = 0; at < s->ntokens; at += CHUNK) {
         size_t n = s->ntokens - at < CHUNK ? (size_t)(s->ntokens - at) : CHUNK;
-        pread_all(s->fd, buf, n * 2, (off_t)(1024 + 2 * at), s->path);
+        shard_tokens(s, at, n, buf);
         for (size_t j = 0; j < n; j++)
-            if (buf[j] >= vocab)
+            if (buf[j] >= (uint32_t)vocab)
                 die("%s: token %u at position %llu (byte offset %llu) is not below the vocabulary size %d", s->path, buf[j],
-                    (unsigned long long)(at + j), (unsigned long long)(1024 + 2 * (at + j)), vocab);
+                    (unsigned long long)(at + j), (unsigned long long)(1024 + (uint64_t)s->tok_bytes * (at + j)), vocab);
     }
     free(buf);
 }
 
-// One shard's part of the fingerprint (data.h), continuing crc.
+// One shard's part of the fingerprint (data.h), continuing crc: the tokens' bytes as stored (2 or 4 a
+// token, by the shard's header).
 static uint32_t shard_fingerprint(const Shard *s, uint32_t crc) {
-    unsigned char *buf = xmalloc(2 * FP_BLOCK > 1024 ? 2 * FP_BLOCK : 1024);
+    size_t w = (size_t)s->tok_bytes;
+    unsigned char *buf = xmalloc(w * FP_BLOCK > 1024 ? w * FP_BLOCK : 1024);
     pread_all(s->fd, buf, 1024, 0, s->path);
     crc = (uint32_t)crc32(crc, buf, 1024);
     uint64_t n = s->ntokens;
     if (n <= (uint64_t)FP_BLOCKS * FP_BLOCK) { // small: every token
         for (uint64_t at = 0; at < n; at += FP_BLOCK) {
             size_t take = n - at < FP_BLOCK ? (size_t)(n - at) : FP_BLOCK;
-            pread_all(s->fd, buf, 2 * take, (off_t)(1024 + 2 * at), s->path);
-            crc = (uint32_t)crc32(crc, buf, (uInt)(2 * take));
+            pread_all(s->fd, buf, w * take, (off_t)(1024 + w * at), s->path);
+            crc = (uint32_t)crc32(crc, buf, (uInt)(w * take));
         }
     } else {
         for (uint64_t j = 0; j < FP_BLOCKS; j++) {
             uint64_t at = j * (n - FP_BLOCK) / (FP_BLOCKS - 1);
-            pread_all(s->fd, buf, 2 * FP_BLOCK, (off_t)(1024 + 2 * at), s->path);
-            crc = (uint32_t)crc32(crc, buf, 2 * FP_BLOCK);
+            pread_all(s->fd, buf, w * FP_BLOCK, (off_t)(1024 + w * at), s->path);
+            crc = (uint32_t)crc32(crc, buf, (uInt)(w * FP_BLOCK));
         }
     }
     free(buf);
@@ -165,7 +184,7 @@ void tokenset_close(TokenSet *ts) {
     memset(ts, 0, sizeof *ts);
 }
 
-void tokenset_read(const TokenSet *ts, uint64_t pos, size_t n, uint16_t *out) {
+void tokenset_read(const TokenSet *ts, uint64_t pos, size_t n, uint32_t *out) {
     size_t done = 0;
     for (int i = 0; i < ts->nshards && done < n; i++) {
         const Shard *s = &ts->shards[i];
@@ -174,9 +193,9 @@ void tokenset_read(const TokenSet *ts, uint64_t pos, size_t n, uint16_t *out) {
         uint64_t local = p - s->first;
         size_t take = n - done;
         if (local + take > s->ntokens) take = (size_t)(s->ntokens - local);
-        pread_all(s->fd, out + done, take * 2, (off_t)(1024 + 2 * local), s->path);
+        shard_tokens(s, local, take, out + done);
         for (size_t j = 0; j < take; j++)
-            if (out[done + j] >= ts->vocab)
+            if (out[done + j] >= (uint32_t)ts->vocab)
                 die("%s: token %u at position %llu is not below the vocabulary size %d", s->path, out[done + j],
                     (unsigned long long)(local + j), ts->vocab);
         done += take;
@@ -206,26 +225,32 @@ uint64_t tokenset_window(TokenSet *ts, uint64_t g) {
 
 void tokenset_sequence(TokenSet *ts, uint64_t g, int32_t *inputs, int32_t *targets) {
     int T = ts->T;
-    uint16_t *buf = xmalloc(sizeof(uint16_t) * (T + 1));
+    uint32_t *buf = xmalloc(sizeof(uint32_t) * (T + 1));
     tokenset_read(ts, tokenset_window(ts, g) * (uint64_t)T, (size_t)T + 1, buf);
-    for (int t = 0; t < T; t++) {
-        inputs[t] = buf[t];
-        targets[t] = buf[t + 1];
+    for (int t = 0; t < T; t++) { // below the vocabulary (checked), so they fit int32
+        inputs[t] = (int32_t)buf[t];
+        targets[t] = (int32_t)buf[t + 1];
     }
     free(buf);
 }
 
-void shard_write(const char *path, const uint16_t *tokens, size_t n) {
+static void shard_write_as(const char *path, int magic, int version, const void *tokens, size_t n, size_t tok_bytes) {
     if (n > INT32_MAX) die("%s: %zu tokens do not fit one shard (at most %d)", path, n, INT32_MAX);
     int32_t h[256] = { 0 };
-    h[0] = SHARD_MAGIC;
-    h[1] = SHARD_VERSION;
+    h[0] = magic;
+    h[1] = version;
     h[2] = (int32_t)n;
     SafeFile sf;
     safe_open_or_die(&sf, path);
     safe_write_or_die(&sf, h, sizeof h);
-    safe_write_or_die(&sf, tokens, sizeof(uint16_t) * n);
+    safe_write_or_die(&sf, tokens, tok_bytes * n);
     safe_commit_or_die(&sf);
+}
+void shard_write(const char *path, const uint16_t *tokens, size_t n) {
+    shard_write_as(path, SHARD_MAGIC, SHARD_VERSION, tokens, n, 2);
+}
+void shard_write_u32(const char *path, const uint32_t *tokens, size_t n) {
+    shard_write_as(path, SHARD_MAGIC_U32, SHARD_VERSION_U32, tokens, n, 4);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -11,8 +11,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+// Token shards: 256 int32 header (magic, version, token count), then the tokens. llm.c's two variants
+// (dev/data/data_common.py): GPT-2's uint16 tokens, and Llama 3's uint32 tokens for vocabularies above
+// 65,535; the reader takes both, and shards of both kinds may be concatenated.
 #define SHARD_MAGIC 20240520
 #define SHARD_VERSION 1
+#define SHARD_MAGIC_U32 20240801
+#define SHARD_VERSION_U32 7
 #define TOKENIZER_MAGIC 20240328
 
 typedef struct {
@@ -20,6 +25,7 @@ typedef struct {
     int fd;
     uint64_t ntokens;
     uint64_t first; // position of its first token in the concatenation
+    int tok_bytes;  // 2 (uint16, GPT-2's header) or 4 (uint32, Llama 3's)
 } Shard;
 
 typedef struct {
@@ -42,7 +48,7 @@ void tokenset_open(TokenSet *ts, const char *pattern, const char *flag, int voca
 void tokenset_close(TokenSet *ts);
 // Reads n tokens starting at position pos of the concatenation (pos + n ≤ ntokens), checking each
 // against the vocabulary.
-void tokenset_read(const TokenSet *ts, uint64_t pos, size_t n, uint16_t *out);
+void tokenset_read(const TokenSet *ts, uint64_t pos, size_t n, uint32_t *out);
 // Window index of global sequence g under the contract above.
 uint64_t tokenset_window(TokenSet *ts, uint64_t g);
 // Inputs and targets (T each) of global sequence g.
@@ -62,8 +68,9 @@ const char *tokenset_fingerprint(const TokenSet *ts);
 // written before fingerprints), -1 with why naming the first shard that differs.
 int tokenset_fingerprint_check(const TokenSet *ts, const char *fp, char *why, size_t cap);
 
-// Writes a token shard atomically.
+// Writes a token shard atomically: GPT-2's uint16 variant, or Llama 3's uint32 one.
 void shard_write(const char *path, const uint16_t *tokens, size_t n);
+void shard_write_u32(const char *path, const uint32_t *tokens, size_t n);
 
 // Byte-level tokenizer (V = 256): token i is the byte i.
 typedef struct {

@@ -75,6 +75,24 @@ typedef struct BackendEvent {
     uint64_t records;  // how many times it was recorded
 } BackendEvent;
 
+// Rotary position embedding, in the rotate-half convention of Hugging Face's Llama: the head's hs
+// channels are two halves, and channel pair (i, i + hs/2) of a token at position p is rotated by the
+// angle p·inv_freq[i], inv_freq[i] = theta^(-2i/hs):
+//   y[i] = x[i]·cos - x[i + hs/2]·sin,   y[i + hs/2] = x[i + hs/2]·cos + x[i]·sin.
+// Llama 3.1's frequency scaling (factor > 0): wavelengths 2π/inv_freq longer than
+// original_max_pos/low_freq_factor divide inv_freq by factor, shorter than original_max_pos/high_freq_factor
+// keep it, and those between interpolate smoothly (HF's rope_type "llama3"). Angles are computed in double
+// from the position and then rounded, so a token's rotation depends on its global position only (a
+// context-parallel block at offset q0 rotates exactly as the whole sequence does).
+typedef struct {
+    double theta;            // rope_theta (Llama 3: 500000)
+    double factor;           // Llama 3.1 scaling; 0: none
+    double low_freq_factor, high_freq_factor;
+    int original_max_pos;    // original_max_position_embeddings of the scaling
+} RopeConfig;
+// inv_freq[0 .. hs/2) of the config for head size hs (even); host code, shared by every backend
+void rope_inv_freq(const RopeConfig *r, int hs, double *inv_freq);
+
 typedef struct Backend {
     const char *name;
     MemKind mem_kind;
@@ -150,6 +168,46 @@ typedef struct Backend {
     void (*attention_block_bwd)(AttnView dq, AttnView dk, AttnView dv, AttnView dout, AttnView out,
                                 const float *lse, AttnView q, AttnView k, AttnView v, int B, int NH, int hs,
                                 int Tq, int q0, int Tk, int k0);
+    // ---- the Llama family (issue 27). The CUDA table has NULL for these until its kernels are written.
+    // RMSNorm over the last dim: out = inp·rstd·weight, rstd = 1/sqrt(mean(inp²) + eps), saved per row
+    // (fp32) for the backward.
+    void (*rmsnorm_fwd)(DType dt, void *out, float *rstd, const void *inp, const void *weight, int N, int C, float eps);
+    // Fused residual add and RMSNorm: res = a + b (res may alias a or b), out = RMSNorm(res) as rmsnorm_fwd
+    // of the stored res.
+    void (*residual_rmsnorm_fwd)(DType dt, void *res, void *out, float *rstd, const void *a, const void *b,
+                                 const void *weight, int N, int C, float eps);
+    // The backward of both, as layernorm_bwd: dinp += ∂L/∂inp (the residual stream's gradient), dweight +=.
+    void (*rmsnorm_bwd)(DType dt, void *dinp, float *dweight, const void *dout, const void *inp, const void *weight,
+                        const float *rstd, int N, int C);
+    // RoPE in place on x viewed as [B, T, nheads, hs] (AttnView): token t of every sequence is at position
+    // pos[t] (pos: T int32 in the backend's memory, as tokens are) or pos0 + t when pos is NULL. rope_bwd
+    // applies the transposed rotation (the gradient of the unrotated input from that of the rotated one).
+    void (*rope_fwd)(AttnView x, int B, int T, int nheads, int hs, const int32_t *pos, int pos0, const RopeConfig *rope);
+    void (*rope_bwd)(AttnView dx, int B, int T, int nheads, int hs, const int32_t *pos, int pos0, const RopeConfig *rope);
+    // SwiGLU's activation: gateup[N, 2F] holds per row the gate projection (columns 0..F-1) then the up
+    // projection (F..2F-1); out[N, F] = silu(gate)·up. The backward overwrites dgateup[N, 2F] with
+    // ∂L/∂gate = dout·up·silu'(gate) and ∂L/∂up = dout·silu(gate).
+    void (*swiglu_fwd)(DType dt, void *out, const void *gateup, int N, int F);
+    void (*swiglu_bwd)(DType dt, void *dgateup, const void *dout, const void *gateup, int N, int F);
+    // Grouped-query attention: the block ops above with NH query heads sharing NKV key/value heads (NH a
+    // multiple of NKV; query head h reads kv head h / (NH/NKV)); k, v (and dk, dv) are views of NKV heads.
+    // K and V are read once per kv head, never copied per query head; the backward sums dK and dV over the
+    // group's query heads in head order (deterministic). With rope not NULL, q and k are given unrotated
+    // and rotated in the prologue at their global positions (query t at q0 + t, key s at k0 + s), and the
+    // backward's dq, dk are the gradients of the unrotated inputs; so context parallelism's ring passes K
+    // unrotated and every block rotates by position. NKV = NH with rope NULL is attention_block_fwd/bwd.
+    void (*attention_gqa_block_fwd)(AttnView out, float *lse, AttnView q, AttnView k, AttnView v, int B, int NH, int NKV,
+                                    int hs, int Tq, int q0, int Tk, int k0, const RopeConfig *rope, int merge);
+    void (*attention_gqa_block_bwd)(AttnView dq, AttnView dk, AttnView dv, AttnView dout, AttnView out, const float *lse,
+                                    AttnView q, AttnView k, AttnView v, int B, int NH, int NKV, int hs, int Tq, int q0,
+                                    int Tk, int k0, const RopeConfig *rope);
+    // Whole sequences: qkv[B, T, (NH + 2·NKV)·hs] holds per token q (NH heads), k (NKV heads), v (NKV
+    // heads), as one fused QKV projection writes them; out[B, T, NH·hs], lse[B, NH, T]; rope as above
+    // (NULL: none); the backward overwrites dqkv.
+    void (*attention_gqa_fwd)(DType dt, void *out, float *lse, const void *qkv, int B, int T, int NH, int NKV, int hs,
+                              const RopeConfig *rope);
+    void (*attention_gqa_bwd)(DType dt, void *dqkv, const void *dout, const void *qkv, const void *out, const float *lse,
+                              int B, int T, int NH, int NKV, int hs, const RopeConfig *rope);
     // out = a + b
     void (*residual_fwd)(DType dt, void *out, const void *a, const void *b, size_t n);
     // dst += src (the residual's backward: the gradient flows unchanged into both branches)

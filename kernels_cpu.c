@@ -7,6 +7,9 @@
 // backward in the input-gradient matmul's epilogue); the residual add with the LayerNorm that follows
 // it; softmax, cross-entropy and its gradient in one pass over a row of logits; AdamW over every tensor
 // in one parallel loop. Attention never materialises the T x T scores (see the attention section).
+// The Llama family's ops: RMSNorm (with the residual add fused as for LayerNorm), RoPE (standalone, or
+// fused into the attention prologue), SwiGLU's activation in one pass, and grouped-query attention
+// inside the same flash kernels (one task per key/value head and its group of query heads).
 #include "kernels.h"
 
 #include <math.h>
@@ -205,7 +208,7 @@ static void *aligned_scratch(size_t bytes) {
 // come from mmap and page-fault zeroed memory in every matmul. Like the OpenMP runtime they are
 // process-wide; ops are called from one thread at a time, which takes them before its parallel region
 // and gives each OpenMP thread its own slice.
-enum { SCR_GEMM_A, SCR_GEMM_B, SCR_GEMM_PART, SCR_WORK, NSCRATCH };
+enum { SCR_GEMM_A, SCR_GEMM_B, SCR_GEMM_PART, SCR_WORK, SCR_ROPE, NSCRATCH };
 static struct {
     void *p;
     size_t cap;
@@ -866,6 +869,26 @@ static void cpu_layernorm_bwd(DType dt, void *dinp, float *dweight, float *dbias
     free(w);
 }
 
+// RoPE's rotation of one head's row x[0..hs) by the cos|sin row cs (kernels.h): rope_row applies it,
+// rope_row_t its transpose (the backward)
+static inline void rope_row(float *x, int hs, const float *cs) {
+    int half = hs / 2;
+    for (int i = 0; i < half; i++) {
+        float a = x[i], b = x[i + half], c = cs[i], s = cs[half + i];
+        x[i] = a * c - b * s;
+        x[i + half] = b * c + a * s;
+    }
+}
+static inline void rope_row_t(float *x, int hs, const float *cs) {
+    int half = hs / 2;
+    for (int i = 0; i < half; i++) {
+        float a = x[i], b = x[i + half], c = cs[i], s = cs[half + i];
+        x[i] = a * c + b * s;
+        x[i + half] = b * c - a * s;
+    }
+}
+static void rope_table(const RopeConfig *r, int hs, const int32_t *pos, int p0, int n, float *tab);
+
 // ---------------------------------------------------------------------------------------------
 // Attention, flash style. For each (batch, head) pair, queries are taken ATT_BQ rows at a time against
 // keys ATT_BK at a time; a tile's scores S = (q/√hs)·kᵀ live only in a small buffer. The forward keeps a
@@ -874,8 +897,12 @@ static void cpu_layernorm_bwd(DType dt, void *dinp, float *dweight, float *dbias
 // lse = m + log l per row. The backward recomputes P = exp(S - lse) tile by tile, with
 // D = rowsum(dout·out): dV += Pᵀ·dO, dP = dO·Vᵀ, dS = P·(dP - D), dQ += dS·K, dK += dSᵀ·Q. Key tiles are
 // the outer loop and query tiles the inner one, so dK and dV of a key tile sum the query tiles in order
-// and dQ of a query tile sums the key tiles in order. One task per (batch, head), so the results do not
-// depend on the thread count. The whole-sequence ops are the block ops with q, k, v from one qkv buffer.
+// and dQ of a query tile sums the key tiles in order. One task per (batch, key/value head), so the results
+// do not depend on the thread count: with grouped-query attention the task runs the group's query heads
+// in head order against the K and V it loaded once, and dK, dV sum them in that order (multi-head
+// attention is the group of one). RoPE, when given, rotates q and k as they are loaded (the prologue) and
+// rotates dq and dk back as they are stored. The whole-sequence ops are the block ops with q, k, v from
+// one qkv buffer.
 
 #define ATT_BQ 32
 #define ATT_BK 32         // a multiple of VW
@@ -887,10 +914,12 @@ typedef struct {
     int hsp, Tqp, Tkp; // padded sizes
     int kvis;          // keys visible to at least one query of the block (a prefix of the block)
     float scale;
+    int NKV;           // key/value heads: NH for multi-head attention, fewer for grouped-query attention
+    const float *rq, *rk; // RoPE cos|sin rows of the queries [Tq][hs] and visible keys [kvis][hs]; NULL: none
 } AttDims;
 
-static AttDims att_dims(int B, int NH, int hs, int Tq, int q0, int Tk, int k0) {
-    AttDims d = { B, NH, hs, Tq, q0, Tk, k0, 0, 0, 0, 0, 0.0f };
+static AttDims att_dims(int B, int NH, int NKV, int hs, int Tq, int q0, int Tk, int k0) {
+    AttDims d = { B, NH, hs, Tq, q0, Tk, k0, 0, 0, 0, 0, 0.0f, NKV, NULL, NULL };
     d.hsp = (hs + ATT_HC - 1) / ATT_HC * ATT_HC;
     d.Tqp = (Tq + ATT_BQ - 1) / ATT_BQ * ATT_BQ;
     d.kvis = q0 + Tq - k0; // keys at positions <= the last query's
@@ -906,21 +935,26 @@ static inline size_t av_off(const AttnView *v, int b, int t, int h, int hs) {
     return (size_t)b * v->bstride + (size_t)t * v->tstride + (size_t)h * hs;
 }
 
-// rows [0, n) of (b, h) into dst[t][hsp] times mul, zero elsewhere up to rows_pad
-static void att_load_rows(const AttnView *v, int b, int h, const AttDims *d, int n, int rows_pad, float mul, float *dst) {
+// rows [0, n) of (b, h) into dst[t][hsp], rotated by rot's rows when rot is not NULL, times mul, zero
+// elsewhere up to rows_pad
+static void att_load_rows(const AttnView *v, int b, int h, const AttDims *d, int n, int rows_pad, float mul,
+                          const float *rot, float *dst) {
     memset(dst, 0, sizeof(float) * (size_t)rows_pad * d->hsp);
     for (int t = 0; t < n; t++) {
         float *r = dst + (size_t)t * d->hsp;
         row_load(v->dt, v->p, av_off(v, b, t, h, d->hs), d->hs, r);
+        if (rot) rope_row(r, d->hs, rot + (size_t)t * d->hs);
         if (mul != 1.0f)
             for (int i = 0; i < d->hs; i++) r[i] *= mul;
     }
 }
 // the same transposed: dst[i][t], row stride Tkp
-static void att_load_cols(const AttnView *v, int b, int h, const AttDims *d, int n, float *dst, float *tmp) {
+static void att_load_cols(const AttnView *v, int b, int h, const AttDims *d, int n, const float *rot, float *dst,
+                          float *tmp) {
     memset(dst, 0, sizeof(float) * (size_t)d->hsp * d->Tkp);
     for (int t = 0; t < n; t++) {
         row_load(v->dt, v->p, av_off(v, b, t, h, d->hs), d->hs, tmp);
+        if (rot) rope_row(tmp, d->hs, rot + (size_t)t * d->hs);
         for (int i = 0; i < d->hs; i++) dst[(size_t)i * d->Tkp + t] = tmp[i];
     }
 }
@@ -987,159 +1021,196 @@ static inline int att_visible(const AttDims *d, int qt0, int r, int kt0) {
     return lim < ATT_BK ? lim : ATT_BK;
 }
 
-static void att_fwd_head(const AttDims *d, int b, int h, AttnView out, float *lse, AttnView q, AttnView k, AttnView v,
+// One task: key/value head hk of batch row b, and the NH/NKV query heads that share it, in head order
+// (K and V are loaded once for the group).
+static void att_fwd_head(const AttDims *d, int b, int hk, AttnView out, float *lse, AttnView q, AttnView k, AttnView v,
                          int merge, float *work) {
-    int hsp = d->hsp;
+    int hsp = d->hsp, group = d->NH / d->NKV;
     float *kt = work, *vv = kt + (size_t)hsp * d->Tkp, *qt = vv + (size_t)d->Tkp * hsp, *o = qt + ATT_BQ * hsp;
     float *s = o + ATT_BQ * hsp, *row = s + ATT_BQ * ATT_BK;
     float m[ATT_BQ], l[ATT_BQ];
-    att_load_cols(&k, b, h, d, d->kvis, kt, row);
-    att_load_rows(&v, b, h, d, d->kvis, d->Tkp, 1.0f, vv);
-    for (int qt0 = 0; qt0 < d->Tq; qt0 += ATT_BQ) {
-        int nq = d->Tq - qt0 < ATT_BQ ? d->Tq - qt0 : ATT_BQ, qmax = d->q0 + qt0 + nq - 1;
-        memset(qt, 0, sizeof(float) * ATT_BQ * hsp);
-        for (int r = 0; r < nq; r++) {
-            float *qr = qt + (size_t)r * hsp;
-            row_load(q.dt, q.p, av_off(&q, b, qt0 + r, h, d->hs), d->hs, qr);
-            for (int i = 0; i < d->hs; i++) qr[i] *= d->scale;
-        }
-        memset(o, 0, sizeof(float) * ATT_BQ * hsp);
-        for (int r = 0; r < ATT_BQ; r++) m[r] = -INFINITY, l[r] = 0.0f;
-        for (int kt0 = 0; kt0 < d->kvis && d->k0 + kt0 <= qmax; kt0 += ATT_BK) {
-            att_abt(qt, kt + kt0, (size_t)d->Tkp, hsp, s);
-            for (int r = 0; r < ATT_BQ; r++) {
-                float *sr = s + r * ATT_BK;
-                int lim = r < nq ? att_visible(d, qt0, r, kt0) : 0;
-                for (int c = lim > 0 ? lim : 0; c < ATT_BK; c++) sr[c] = -INFINITY;
-                float mt = lim > 0 ? vmaxof(sr, ATT_BK) : -INFINITY;
-                if (mt == -INFINITY) {
-                    memset(sr, 0, sizeof(float) * ATT_BK);
-                    continue;
-                }
-                float mnew = mt > m[r] ? mt : m[r];
-                float alpha = m[r] == -INFINITY ? 0.0f : expf(m[r] - mnew);
-                l[r] = l[r] * alpha + vexp_sub_sum(sr, ATT_BK, mnew);
-                m[r] = mnew;
-                if (alpha != 1.0f)
-                    for (int i = 0; i < hsp; i++) o[(size_t)r * hsp + i] *= alpha;
+    att_load_cols(&k, b, hk, d, d->kvis, d->rk, kt, row);
+    att_load_rows(&v, b, hk, d, d->kvis, d->Tkp, 1.0f, NULL, vv);
+    for (int h = hk * group; h < (hk + 1) * group; h++)
+        for (int qt0 = 0; qt0 < d->Tq; qt0 += ATT_BQ) {
+            int nq = d->Tq - qt0 < ATT_BQ ? d->Tq - qt0 : ATT_BQ, qmax = d->q0 + qt0 + nq - 1;
+            memset(qt, 0, sizeof(float) * ATT_BQ * hsp);
+            for (int r = 0; r < nq; r++) {
+                float *qr = qt + (size_t)r * hsp;
+                row_load(q.dt, q.p, av_off(&q, b, qt0 + r, h, d->hs), d->hs, qr);
+                if (d->rq) rope_row(qr, d->hs, d->rq + (size_t)(qt0 + r) * d->hs);
+                for (int i = 0; i < d->hs; i++) qr[i] *= d->scale;
             }
-            att_ab(o, s, ATT_BK, 1, ATT_BK, vv + (size_t)kt0 * hsp, hsp, ATT_BQ);
-        }
-        for (int r = 0; r < nq; r++) {
-            float *orow = o + (size_t)r * hsp;
-            float lb = l[r] > 0.0f ? m[r] + logf(l[r]) : -INFINITY, inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-            for (int i = 0; i < d->hs; i++) orow[i] *= inv;
-            size_t li = ((size_t)b * d->NH + h) * d->Tq + qt0 + r, oo = av_off(&out, b, qt0 + r, h, d->hs);
-            if (merge) { // log-sum-exp rule against what earlier blocks left
-                float la = lse[li];
-                if (lb == -INFINITY) continue;
-                if (la != -INFINITY) {
-                    float mx = la > lb ? la : lb, lnew = mx + logf(expf(la - mx) + expf(lb - mx));
-                    float wa = expf(la - lnew), wb = expf(lb - lnew);
-                    row_load(out.dt, out.p, oo, d->hs, row);
-                    for (int i = 0; i < d->hs; i++) orow[i] = row[i] * wa + orow[i] * wb;
-                    lb = lnew;
+            memset(o, 0, sizeof(float) * ATT_BQ * hsp);
+            for (int r = 0; r < ATT_BQ; r++) m[r] = -INFINITY, l[r] = 0.0f;
+            for (int kt0 = 0; kt0 < d->kvis && d->k0 + kt0 <= qmax; kt0 += ATT_BK) {
+                att_abt(qt, kt + kt0, (size_t)d->Tkp, hsp, s);
+                for (int r = 0; r < ATT_BQ; r++) {
+                    float *sr = s + r * ATT_BK;
+                    int lim = r < nq ? att_visible(d, qt0, r, kt0) : 0;
+                    for (int c = lim > 0 ? lim : 0; c < ATT_BK; c++) sr[c] = -INFINITY;
+                    float mt = lim > 0 ? vmaxof(sr, ATT_BK) : -INFINITY;
+                    if (mt == -INFINITY) {
+                        memset(sr, 0, sizeof(float) * ATT_BK);
+                        continue;
+                    }
+                    float mnew = mt > m[r] ? mt : m[r];
+                    float alpha = m[r] == -INFINITY ? 0.0f : expf(m[r] - mnew);
+                    l[r] = l[r] * alpha + vexp_sub_sum(sr, ATT_BK, mnew);
+                    m[r] = mnew;
+                    if (alpha != 1.0f)
+                        for (int i = 0; i < hsp; i++) o[(size_t)r * hsp + i] *= alpha;
                 }
+                att_ab(o, s, ATT_BK, 1, ATT_BK, vv + (size_t)kt0 * hsp, hsp, ATT_BQ);
             }
-            lse[li] = lb;
-            row_store(out.dt, out.p, oo, d->hs, orow);
+            for (int r = 0; r < nq; r++) {
+                float *orow = o + (size_t)r * hsp;
+                float lb = l[r] > 0.0f ? m[r] + logf(l[r]) : -INFINITY, inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+                for (int i = 0; i < d->hs; i++) orow[i] *= inv;
+                size_t li = ((size_t)b * d->NH + h) * d->Tq + qt0 + r, oo = av_off(&out, b, qt0 + r, h, d->hs);
+                if (merge) { // log-sum-exp rule against what earlier blocks left
+                    float la = lse[li];
+                    if (lb == -INFINITY) continue;
+                    if (la != -INFINITY) {
+                        float mx = la > lb ? la : lb, lnew = mx + logf(expf(la - mx) + expf(lb - mx));
+                        float wa = expf(la - lnew), wb = expf(lb - lnew);
+                        row_load(out.dt, out.p, oo, d->hs, row);
+                        for (int i = 0; i < d->hs; i++) orow[i] = row[i] * wa + orow[i] * wb;
+                        lb = lnew;
+                    }
+                }
+                lse[li] = lb;
+                row_store(out.dt, out.p, oo, d->hs, orow);
+            }
         }
-    }
 }
 
-static void attn_fwd(AttnView out, float *lse, AttnView q, AttnView k, AttnView v, int B, int NH, int hs, int Tq, int q0,
-                     int Tk, int k0, int merge) {
+// RoPE cos|sin rows of the block's queries and visible keys (in the RoPE scratch slot); NULL rope: none
+static void att_rope_tables(AttDims *d, const RopeConfig *rope) {
+    if (!rope) return;
+    size_t nq = (size_t)d->Tq * d->hs, nk = (size_t)d->kvis * d->hs;
+    float *tab = scratch(SCR_ROPE, sizeof(float) * (nq + nk + 1));
+    rope_table(rope, d->hs, NULL, d->q0, d->Tq, tab);
+    rope_table(rope, d->hs, NULL, d->k0, d->kvis, tab + nq);
+    d->rq = tab;
+    d->rk = tab + nq;
+}
+
+static void attn_fwd(AttnView out, float *lse, AttnView q, AttnView k, AttnView v, int B, int NH, int NKV, int hs, int Tq,
+                     int q0, int Tk, int k0, const RopeConfig *rope, int merge) {
     if (B <= 0 || NH <= 0 || hs <= 0 || Tq <= 0) return;
-    AttDims d = att_dims(B, NH, hs, Tq, q0, Tk, k0);
+    if (NKV <= 0 || NH % NKV) die("attention: %d query heads do not share %d key/value heads evenly", NH, NKV);
+    if (rope && hs % 2) die("attention: RoPE needs an even head size (got %d)", hs);
+    AttDims d = att_dims(B, NH, NKV, hs, Tq, q0, Tk, k0);
+    att_rope_tables(&d, rope);
     size_t work = 2 * (size_t)d.hsp * d.Tkp + 2 * (size_t)ATT_BQ * d.hsp + ATT_BQ * ATT_BK + (size_t)d.hsp;
     float *all = thread_slices(SCR_WORK, work);
 #pragma omp parallel
     {
         float *w = my_slice(all, work);
 #pragma omp for schedule(dynamic, 1)
-        for (int bh = 0; bh < B * NH; bh++) att_fwd_head(&d, bh / NH, bh % NH, out, lse, q, k, v, merge, w);
+        for (int bh = 0; bh < B * NKV; bh++) att_fwd_head(&d, bh / NKV, bh % NKV, out, lse, q, k, v, merge, w);
     }
 }
 
-static void att_bwd_head(const AttDims *d, int b, int h, AttnView dq, AttnView dk, AttnView dv, int accumulate,
+// g[0..n) of (b, h) into the view: overwritten, or added to what is there (accumulate); rows at or past
+// valid hold no gradient (keys no query of the block sees): zero, or left alone when accumulating.
+// unrot: RoPE rows to take the gradient back through (the transposed rotation), or NULL.
+static void att_store_grad(AttnView *ov, int b, int h, const AttDims *d, const float *src, int n, int valid,
+                           int accumulate, const float *unrot, float *row, float *row2) {
+    for (int t = 0; t < n; t++) {
+        size_t oo = av_off(ov, b, t, h, d->hs);
+        const float *g = t < valid ? src + (size_t)t * d->hsp : NULL;
+        if (!g) {
+            if (accumulate) continue;
+            memset(row2, 0, sizeof(float) * (size_t)d->hs);
+            g = row2;
+        } else if (unrot) {
+            memcpy(row2, g, sizeof(float) * (size_t)d->hs);
+            rope_row_t(row2, d->hs, unrot + (size_t)t * d->hs);
+            g = row2;
+        }
+        if (accumulate) {
+            row_load(ov->dt, ov->p, oo, d->hs, row);
+            for (int i = 0; i < d->hs; i++) row[i] += g[i];
+            g = row;
+        }
+        row_store(ov->dt, ov->p, oo, d->hs, g);
+    }
+}
+
+// One task: key/value head hk of batch row b; its group's query heads in head order, each adding into
+// dK and dV, which are written once at the end (a fixed order of addition for every thread count).
+static void att_bwd_head(const AttDims *d, int b, int hk, AttnView dq, AttnView dk, AttnView dv, int accumulate,
                          AttnView dout, AttnView out, const float *lse, AttnView q, AttnView k, AttnView v, float *work) {
-    int hsp = d->hsp, Tqp = d->Tqp, Tkp = d->Tkp;
+    int hsp = d->hsp, Tqp = d->Tqp, Tkp = d->Tkp, group = d->NH / d->NKV;
     size_t qn = (size_t)Tqp * hsp, kn = (size_t)Tkp * hsp;
     float *qs = work, *dO = qs + qn, *dQ = dO + qn, *K = dQ + qn, *Kt = K + kn, *Vt = Kt + kn, *dK = Vt + kn, *dV = dK + kn;
     float *D = dV + kn, *L = D + Tqp, *P = L + Tqp, *dP = P + ATT_BQ * ATT_BK;
     float *row = dP + ATT_BQ * ATT_BK, *row2 = row + hsp;
-    att_load_rows(&q, b, h, d, d->Tq, Tqp, d->scale, qs);
-    att_load_rows(&dout, b, h, d, d->Tq, Tqp, 1.0f, dO);
-    att_load_rows(&k, b, h, d, d->kvis, Tkp, 1.0f, K);
-    att_load_cols(&k, b, h, d, d->kvis, Kt, row);
-    att_load_cols(&v, b, h, d, d->kvis, Vt, row);
-    for (int t = 0; t < Tqp; t++) {
-        if (t < d->Tq) {
-            row_load(out.dt, out.p, av_off(&out, b, t, h, d->hs), d->hs, row);
-            D[t] = vdot(dO + (size_t)t * hsp, row, d->hs);
-            L[t] = lse[((size_t)b * d->NH + h) * d->Tq + t];
-        } else {
-            D[t] = 0.0f;
-            L[t] = -INFINITY;
-        }
-    }
-    memset(dQ, 0, sizeof(float) * qn);
+    att_load_rows(&k, b, hk, d, d->kvis, Tkp, 1.0f, d->rk, K);
+    att_load_cols(&k, b, hk, d, d->kvis, d->rk, Kt, row);
+    att_load_cols(&v, b, hk, d, d->kvis, NULL, Vt, row);
     memset(dK, 0, sizeof(float) * 2 * kn);
-    for (int kt0 = 0; kt0 < d->kvis; kt0 += ATT_BK) {
-        for (int qt0 = 0; qt0 < d->Tq; qt0 += ATT_BQ) {
-            int nq = d->Tq - qt0 < ATT_BQ ? d->Tq - qt0 : ATT_BQ;
-            if (d->k0 + kt0 > d->q0 + qt0 + nq - 1) continue; // above the diagonal
-            const float *qi = qs + (size_t)qt0 * hsp, *doi = dO + (size_t)qt0 * hsp;
-            att_abt(qi, Kt + kt0, (size_t)Tkp, hsp, P);
-            for (int r = 0; r < ATT_BQ; r++) {
-                float *pr = P + r * ATT_BK, lr = L[qt0 + r];
-                int lim = r < nq && lr != -INFINITY ? att_visible(d, qt0, r, kt0) : 0;
-                if (lim <= 0) {
-                    memset(pr, 0, sizeof(float) * ATT_BK);
-                    continue;
+    for (int h = hk * group; h < (hk + 1) * group; h++) {
+        att_load_rows(&q, b, h, d, d->Tq, Tqp, d->scale, d->rq, qs);
+        att_load_rows(&dout, b, h, d, d->Tq, Tqp, 1.0f, NULL, dO);
+        for (int t = 0; t < Tqp; t++) {
+            if (t < d->Tq) {
+                row_load(out.dt, out.p, av_off(&out, b, t, h, d->hs), d->hs, row);
+                D[t] = vdot(dO + (size_t)t * hsp, row, d->hs);
+                L[t] = lse[((size_t)b * d->NH + h) * d->Tq + t];
+            } else {
+                D[t] = 0.0f;
+                L[t] = -INFINITY;
+            }
+        }
+        memset(dQ, 0, sizeof(float) * qn);
+        for (int kt0 = 0; kt0 < d->kvis; kt0 += ATT_BK) {
+            for (int qt0 = 0; qt0 < d->Tq; qt0 += ATT_BQ) {
+                int nq = d->Tq - qt0 < ATT_BQ ? d->Tq - qt0 : ATT_BQ;
+                if (d->k0 + kt0 > d->q0 + qt0 + nq - 1) continue; // above the diagonal
+                const float *qi = qs + (size_t)qt0 * hsp, *doi = dO + (size_t)qt0 * hsp;
+                att_abt(qi, Kt + kt0, (size_t)Tkp, hsp, P);
+                for (int r = 0; r < ATT_BQ; r++) {
+                    float *pr = P + r * ATT_BK, lr = L[qt0 + r];
+                    int lim = r < nq && lr != -INFINITY ? att_visible(d, qt0, r, kt0) : 0;
+                    if (lim <= 0) {
+                        memset(pr, 0, sizeof(float) * ATT_BK);
+                        continue;
+                    }
+                    vexp_sub_sum(pr, ATT_BK, lr);
+                    for (int c = lim; c < ATT_BK; c++) pr[c] = 0.0f;
                 }
-                vexp_sub_sum(pr, ATT_BK, lr);
-                for (int c = lim; c < ATT_BK; c++) pr[c] = 0.0f;
+                att_ab(dV + (size_t)kt0 * hsp, P, 1, ATT_BK, ATT_BQ, doi, hsp, ATT_BK); // dV += Pᵀ·dO
+                att_abt(doi, Vt + kt0, (size_t)Tkp, hsp, dP);                          // dP = dO·Vᵀ
+                for (int r = 0; r < ATT_BQ; r++) {
+                    float dr = D[qt0 + r];
+                    for (int c = 0; c < ATT_BK; c++) dP[r * ATT_BK + c] = P[r * ATT_BK + c] * (dP[r * ATT_BK + c] - dr);
+                }
+                att_ab(dQ + (size_t)qt0 * hsp, dP, ATT_BK, 1, ATT_BK, K + (size_t)kt0 * hsp, hsp, ATT_BQ); // dQ += dS·K
+                att_ab(dK + (size_t)kt0 * hsp, dP, 1, ATT_BK, ATT_BQ, qi, hsp, ATT_BK); // dK += dSᵀ·(q/√hs)
             }
-            att_ab(dV + (size_t)kt0 * hsp, P, 1, ATT_BK, ATT_BQ, doi, hsp, ATT_BK); // dV += Pᵀ·dO
-            att_abt(doi, Vt + kt0, (size_t)Tkp, hsp, dP);                          // dP = dO·Vᵀ
-            for (int r = 0; r < ATT_BQ; r++) {
-                float dr = D[qt0 + r];
-                for (int c = 0; c < ATT_BK; c++) dP[r * ATT_BK + c] = P[r * ATT_BK + c] * (dP[r * ATT_BK + c] - dr);
-            }
-            att_ab(dQ + (size_t)qt0 * hsp, dP, ATT_BK, 1, ATT_BK, K + (size_t)kt0 * hsp, hsp, ATT_BQ); // dQ += dS·K
-            att_ab(dK + (size_t)kt0 * hsp, dP, 1, ATT_BK, ATT_BQ, qi, hsp, ATT_BK); // dK += dSᵀ·(q/√hs)
         }
-    }
-    // dQ carries the 1/√hs of the scores; dK got it from the scaled queries
-    for (int t = 0; t < d->Tq; t++) {
-        float *g = dQ + (size_t)t * hsp;
-        for (int i = 0; i < d->hs; i++) g[i] *= d->scale;
-    }
-    struct { AttnView *view; float *src; int n; } outs[3] = { { &dq, dQ, d->Tq }, { &dk, dK, d->Tk }, { &dv, dV, d->Tk } };
-    for (int x = 0; x < 3; x++)
-        for (int t = 0; t < outs[x].n; t++) {
-            AttnView *ov = outs[x].view;
-            size_t oo = av_off(ov, b, t, h, d->hs);
-            const float *g = t < (x ? d->kvis : d->Tq) ? outs[x].src + (size_t)t * hsp : NULL;
-            if (!g) { // a key no query of this block sees
-                if (accumulate) continue;
-                memset(row2, 0, sizeof(float) * (size_t)d->hs);
-                g = row2;
-            }
-            if (accumulate) {
-                row_load(ov->dt, ov->p, oo, d->hs, row);
-                for (int i = 0; i < d->hs; i++) row[i] += g[i];
-                g = row;
-            }
-            row_store(ov->dt, ov->p, oo, d->hs, g);
+        // dQ carries the 1/√hs of the scores; dK got it from the scaled queries
+        for (int t = 0; t < d->Tq; t++) {
+            float *g = dQ + (size_t)t * hsp;
+            for (int i = 0; i < d->hs; i++) g[i] *= d->scale;
         }
+        att_store_grad(&dq, b, h, d, dQ, d->Tq, d->Tq, accumulate, d->rq, row, row2);
+    }
+    att_store_grad(&dk, b, hk, d, dK, d->Tk, d->kvis, accumulate, d->rk, row, row2);
+    att_store_grad(&dv, b, hk, d, dV, d->Tk, d->kvis, accumulate, NULL, row, row2);
 }
 
 static void attn_bwd(AttnView dq, AttnView dk, AttnView dv, int accumulate, AttnView dout, AttnView out, const float *lse,
-                     AttnView q, AttnView k, AttnView v, int B, int NH, int hs, int Tq, int q0, int Tk, int k0) {
+                     AttnView q, AttnView k, AttnView v, int B, int NH, int NKV, int hs, int Tq, int q0, int Tk, int k0,
+                     const RopeConfig *rope) {
     if (B <= 0 || NH <= 0 || hs <= 0 || (Tq <= 0 && Tk <= 0)) return;
-    AttDims d = att_dims(B, NH, hs, Tq, q0, Tk, k0);
+    if (NKV <= 0 || NH % NKV) die("attention: %d query heads do not share %d key/value heads evenly", NH, NKV);
+    if (rope && hs % 2) die("attention: RoPE needs an even head size (got %d)", hs);
+    AttDims d = att_dims(B, NH, NKV, hs, Tq, q0, Tk, k0);
+    att_rope_tables(&d, rope);
     size_t work = 3 * (size_t)d.Tqp * d.hsp + 5 * (size_t)d.Tkp * d.hsp + 2 * (size_t)d.Tqp + 2 * ATT_BQ * ATT_BK +
                   2 * (size_t)d.hsp;
     float *all = thread_slices(SCR_WORK, work);
@@ -1147,20 +1218,31 @@ static void attn_bwd(AttnView dq, AttnView dk, AttnView dv, int accumulate, Attn
     {
         float *w = my_slice(all, work);
 #pragma omp for schedule(dynamic, 1)
-        for (int bh = 0; bh < B * NH; bh++)
-            att_bwd_head(&d, bh / NH, bh % NH, dq, dk, dv, accumulate, dout, out, lse, q, k, v, w);
+        for (int bh = 0; bh < B * NKV; bh++)
+            att_bwd_head(&d, bh / NKV, bh % NKV, dq, dk, dv, accumulate, dout, out, lse, q, k, v, w);
     }
 }
 
 static void cpu_attention_block_fwd(AttnView out, float *lse, AttnView q, AttnView k, AttnView v, int B, int NH, int hs,
                                     int Tq, int q0, int Tk, int k0, int merge) {
-    attn_fwd(out, lse, q, k, v, B, NH, hs, Tq, q0, Tk, k0, merge);
+    attn_fwd(out, lse, q, k, v, B, NH, NH, hs, Tq, q0, Tk, k0, NULL, merge);
 }
 
 static void cpu_attention_block_bwd(AttnView dq, AttnView dk, AttnView dv, AttnView dout, AttnView out, const float *lse,
                                     AttnView q, AttnView k, AttnView v, int B, int NH, int hs, int Tq, int q0, int Tk,
                                     int k0) {
-    attn_bwd(dq, dk, dv, 1, dout, out, lse, q, k, v, B, NH, hs, Tq, q0, Tk, k0);
+    attn_bwd(dq, dk, dv, 1, dout, out, lse, q, k, v, B, NH, NH, hs, Tq, q0, Tk, k0, NULL);
+}
+
+static void cpu_attention_gqa_block_fwd(AttnView out, float *lse, AttnView q, AttnView k, AttnView v, int B, int NH,
+                                        int NKV, int hs, int Tq, int q0, int Tk, int k0, const RopeConfig *rope, int merge) {
+    attn_fwd(out, lse, q, k, v, B, NH, NKV, hs, Tq, q0, Tk, k0, rope, merge);
+}
+
+static void cpu_attention_gqa_block_bwd(AttnView dq, AttnView dk, AttnView dv, AttnView dout, AttnView out,
+                                        const float *lse, AttnView q, AttnView k, AttnView v, int B, int NH, int NKV,
+                                        int hs, int Tq, int q0, int Tk, int k0, const RopeConfig *rope) {
+    attn_bwd(dq, dk, dv, 1, dout, out, lse, q, k, v, B, NH, NKV, hs, Tq, q0, Tk, k0, rope);
 }
 
 // views of q, k and v (part 0, 1, 2) inside qkv[B,T,3C], and of a [B,T,C] tensor
@@ -1175,14 +1257,251 @@ static AttnView btc_view(DType dt, const void *x, int T, int C) {
 
 static void cpu_attention_fwd(DType dt, void *out, float *lse, const void *qkv, int B, int T, int C, int NH) {
     attn_fwd(btc_view(dt, out, T, C), lse, qkv_view(dt, qkv, 0, T, C), qkv_view(dt, qkv, 1, T, C),
-             qkv_view(dt, qkv, 2, T, C), B, NH, C / NH, T, 0, T, 0, 0);
+             qkv_view(dt, qkv, 2, T, C), B, NH, NH, C / NH, T, 0, T, 0, NULL, 0);
 }
 
 static void cpu_attention_bwd(DType dt, void *dqkv, const void *dout, const void *qkv, const void *out, const float *lse,
                               int B, int T, int C, int NH) {
     attn_bwd(qkv_view(dt, dqkv, 0, T, C), qkv_view(dt, dqkv, 1, T, C), qkv_view(dt, dqkv, 2, T, C), 0,
              btc_view(dt, dout, T, C), btc_view(dt, out, T, C), lse, qkv_view(dt, qkv, 0, T, C),
-             qkv_view(dt, qkv, 1, T, C), qkv_view(dt, qkv, 2, T, C), B, NH, C / NH, T, 0, T, 0);
+             qkv_view(dt, qkv, 1, T, C), qkv_view(dt, qkv, 2, T, C), B, NH, NH, C / NH, T, 0, T, 0, NULL);
+}
+
+// views of q (part 0: NH heads), k (1) and v (2: NKV heads each) inside qkv[B, T, (NH + 2·NKV)·hs]
+static AttnView gqa_view(DType dt, const void *qkv, int part, int T, int NH, int NKV, int hs) {
+    size_t row = (size_t)(NH + 2 * NKV) * hs, off = part == 0 ? 0 : part == 1 ? (size_t)NH * hs : (size_t)(NH + NKV) * hs;
+    AttnView v = { dt, (char *)qkv + off * dtype_size(dt), (size_t)T * row, row };
+    return v;
+}
+
+static void cpu_attention_gqa_fwd(DType dt, void *out, float *lse, const void *qkv, int B, int T, int NH, int NKV, int hs,
+                                  const RopeConfig *rope) {
+    attn_fwd(btc_view(dt, out, T, NH * hs), lse, gqa_view(dt, qkv, 0, T, NH, NKV, hs), gqa_view(dt, qkv, 1, T, NH, NKV, hs),
+             gqa_view(dt, qkv, 2, T, NH, NKV, hs), B, NH, NKV, hs, T, 0, T, 0, rope, 0);
+}
+
+static void cpu_attention_gqa_bwd(DType dt, void *dqkv, const void *dout, const void *qkv, const void *out,
+                                  const float *lse, int B, int T, int NH, int NKV, int hs, const RopeConfig *rope) {
+    attn_bwd(gqa_view(dt, dqkv, 0, T, NH, NKV, hs), gqa_view(dt, dqkv, 1, T, NH, NKV, hs),
+             gqa_view(dt, dqkv, 2, T, NH, NKV, hs), 0, btc_view(dt, dout, T, NH * hs), btc_view(dt, out, T, NH * hs), lse,
+             gqa_view(dt, qkv, 0, T, NH, NKV, hs), gqa_view(dt, qkv, 1, T, NH, NKV, hs),
+             gqa_view(dt, qkv, 2, T, NH, NKV, hs), B, NH, NKV, hs, T, 0, T, 0, rope);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The Llama family: RMSNorm, RoPE, SwiGLU (grouped-query attention is in the attention section)
+
+// y = x·rstd·w over one row
+static void rms_row(const float *x, const float *w, float *y, int C, float eps, float *rstd) {
+    float s = 1.0f / sqrtf(vdot(x, x, C) / C + eps);
+    for (int c = 0; c < C; c++) y[c] = x[c] * s * w[c];
+    *rstd = s;
+}
+
+static void rmsnorm_rows(DType dt, void *res, void *out, float *rstd, const void *a, const void *b, const void *weight,
+                         int N, int C, float eps) {
+    float *w = xmalloc(sizeof(float) * (size_t)C);
+    row_load(dt, weight, 0, C, w);
+#pragma omp parallel
+    {
+        float *x = xmalloc(sizeof(float) * 3 * (size_t)C), *y = x + C, *z = y + C;
+#pragma omp for schedule(static)
+        for (int n = 0; n < N; n++) {
+            size_t o = (size_t)n * C;
+            row_load(dt, a, o, C, x);
+            if (b) { // the residual add, stored as the stream's next value
+                row_load(dt, b, o, C, z);
+                for (int c = 0; c < C; c++) x[c] += z[c];
+                row_store(dt, res, o, C, x);
+                if (dt == DT_BF16) row_load(dt, res, o, C, x); // normalise what is stored
+            }
+            rms_row(x, w, y, C, eps, &rstd[n]);
+            row_store(dt, out, o, C, y);
+        }
+        free(x);
+    }
+    free(w);
+}
+
+static void cpu_rmsnorm_fwd(DType dt, void *out, float *rstd, const void *inp, const void *weight, int N, int C, float eps) {
+    rmsnorm_rows(dt, NULL, out, rstd, inp, NULL, weight, N, C, eps);
+}
+
+static void cpu_residual_rmsnorm_fwd(DType dt, void *res, void *out, float *rstd, const void *a, const void *b,
+                                     const void *weight, int N, int C, float eps) {
+    rmsnorm_rows(dt, res, out, rstd, a, b, weight, N, C, eps);
+}
+
+// As layernorm_bwd: chunks of LN_ROWS rows keep partial weight gradients, added in chunk order.
+static void cpu_rmsnorm_bwd(DType dt, void *dinp, float *dweight, const void *dout, const void *inp, const void *weight,
+                            const float *rstd, int N, int C) {
+    int nchunks = (N + LN_ROWS - 1) / LN_ROWS;
+    float *partial = scratch(SCR_WORK, sizeof(float) * (size_t)C * (nchunks > 0 ? nchunks : 1));
+    float *w = xmalloc(sizeof(float) * (size_t)C);
+    row_load(dt, weight, 0, C, w);
+#pragma omp parallel
+    {
+        float *x = xmalloc(sizeof(float) * 4 * (size_t)C), *dy = x + C, *dn = dy + C, *di = dn + C;
+#pragma omp for schedule(static)
+        for (int ch = 0; ch < nchunks; ch++) {
+            float *pw = partial + (size_t)ch * C;
+            memset(pw, 0, sizeof(float) * (size_t)C);
+            for (int n = ch * LN_ROWS; n < N && n < (ch + 1) * LN_ROWS; n++) {
+                size_t o = (size_t)n * C;
+                row_load(dt, inp, o, C, x);
+                row_load(dt, dout, o, C, dy);
+                row_load(dt, dinp, o, C, di);
+                float s = rstd[n];
+                for (int c = 0; c < C; c++) {
+                    x[c] *= s; // x̂
+                    dn[c] = w[c] * dy[c];
+                    pw[c] += dy[c] * x[c];
+                }
+                float ddot = vdot(dn, x, C) / C;
+                for (int c = 0; c < C; c++) di[c] += (dn[c] - x[c] * ddot) * s;
+                row_store(dt, dinp, o, C, di);
+            }
+        }
+        free(x);
+#pragma omp for schedule(static)
+        for (int c = 0; c < C; c++) {
+            float sw = 0.0f;
+            for (int ch = 0; ch < nchunks; ch++) sw += partial[(size_t)ch * C + c];
+            dweight[c] += sw;
+        }
+    }
+    free(w);
+}
+
+void rope_inv_freq(const RopeConfig *r, int hs, double *inv_freq) {
+    const double pi = 3.14159265358979323846;
+    for (int i = 0; i < hs / 2; i++) {
+        double f = pow(r->theta, -2.0 * i / hs);
+        if (r->factor > 0) { // Llama 3.1: long wavelengths slowed by factor, short kept, a smooth ramp between
+            double wavelen = 2 * pi / f, old = r->original_max_pos;
+            double low_wavelen = old / r->low_freq_factor, high_wavelen = old / r->high_freq_factor;
+            if (wavelen > low_wavelen) f /= r->factor;
+            else if (wavelen >= high_wavelen) {
+                double smooth = (old / wavelen - r->low_freq_factor) / (r->high_freq_factor - r->low_freq_factor);
+                f = (1 - smooth) * f / r->factor + smooth * f;
+            }
+        }
+        inv_freq[i] = f;
+    }
+}
+
+// tab[t][0..hs/2) = cos, tab[t][hs/2..hs) = sin of the angles of position pos[t] (or p0 + t)
+static void rope_table(const RopeConfig *r, int hs, const int32_t *pos, int p0, int n, float *tab) {
+    int half = hs / 2;
+    double *inv = xmalloc(sizeof(double) * (size_t)(half > 0 ? half : 1));
+    rope_inv_freq(r, hs, inv);
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < n; t++) {
+        double p = pos ? pos[t] : (double)p0 + t;
+        for (int i = 0; i < half; i++) {
+            double a = p * inv[i];
+            tab[(size_t)t * hs + i] = (float)cos(a);
+            tab[(size_t)t * hs + half + i] = (float)sin(a);
+        }
+    }
+    free(inv);
+}
+
+static void rope_apply(AttnView x, int B, int T, int nheads, int hs, const int32_t *pos, int pos0, const RopeConfig *rope,
+                       int transposed) {
+    if (B <= 0 || T <= 0 || nheads <= 0) return;
+    if (hs <= 0 || hs % 2) die("rope: the head size must be even (got %d)", hs);
+    float *tab = scratch(SCR_ROPE, sizeof(float) * (size_t)T * hs);
+    rope_table(rope, hs, pos, pos0, T, tab);
+#pragma omp parallel
+    {
+        float *r = xmalloc(sizeof(float) * (size_t)hs);
+#pragma omp for schedule(static)
+        for (long bt = 0; bt < (long)B * T; bt++) {
+            int b = (int)(bt / T), t = (int)(bt % T);
+            for (int h = 0; h < nheads; h++) {
+                size_t o = av_off(&x, b, t, h, hs);
+                row_load(x.dt, x.p, o, hs, r);
+                if (transposed) rope_row_t(r, hs, tab + (size_t)t * hs);
+                else rope_row(r, hs, tab + (size_t)t * hs);
+                row_store(x.dt, x.p, o, hs, r);
+            }
+        }
+        free(r);
+    }
+}
+
+static void cpu_rope_fwd(AttnView x, int B, int T, int nheads, int hs, const int32_t *pos, int pos0, const RopeConfig *rope) {
+    rope_apply(x, B, T, nheads, hs, pos, pos0, rope, 0);
+}
+static void cpu_rope_bwd(AttnView dx, int B, int T, int nheads, int hs, const int32_t *pos, int pos0, const RopeConfig *rope) {
+    rope_apply(dx, B, T, nheads, hs, pos, pos0, rope, 1);
+}
+
+// sigmoid for VW lanes through vexp (exp(-x) clamps for x below -88: sigmoid then rounds to 0)
+static inline vf vsigmoid(vf x) { return 1.0f / (1.0f + vexp(-x)); }
+
+// rows of gate|up in fp32: g[0..F), u[0..F); y[f] = silu(g)·u (fwd) or g := dgate, u := dup from dy (bwd)
+static void swiglu_row(float *g, float *u, const float *dy, float *y, int F) {
+    int f = 0;
+    for (; f < F; f += VW) {
+        vf gv, uv, dv = vsplat(0.0f);
+        int n = F - f < VW ? F - f : VW;
+        if (n == VW) {
+            gv = vload(g + f), uv = vload(u + f);
+            if (dy) dv = vload(dy + f);
+        } else { // the tail through padded lanes
+            float tg[VW] = { 0 }, tu[VW] = { 0 }, td[VW] = { 0 };
+            memcpy(tg, g + f, sizeof(float) * (size_t)n);
+            memcpy(tu, u + f, sizeof(float) * (size_t)n);
+            if (dy) memcpy(td, dy + f, sizeof(float) * (size_t)n);
+            gv = vload(tg), uv = vload(tu), dv = vload(td);
+        }
+        vf s = vsigmoid(gv), silu = gv * s;
+        vf r0, r1;
+        if (!dy) {
+            r0 = silu * uv;
+            r1 = r0;
+        } else {
+            r0 = dv * uv * s * (1.0f + gv * (1.0f - s)); // dgate
+            r1 = dv * silu;                              // dup
+        }
+        for (int j = 0; j < n; j++) {
+            if (!dy) y[f + j] = r0[j];
+            else g[f + j] = r0[j], u[f + j] = r1[j];
+        }
+    }
+}
+
+static void cpu_swiglu_fwd(DType dt, void *out, const void *gateup, int N, int F) {
+#pragma omp parallel
+    {
+        float *g = xmalloc(sizeof(float) * 3 * (size_t)F), *u = g + F, *y = u + F;
+#pragma omp for schedule(static)
+        for (int n = 0; n < N; n++) {
+            row_load(dt, gateup, (size_t)n * 2 * F, F, g);
+            row_load(dt, gateup, (size_t)n * 2 * F + F, F, u);
+            swiglu_row(g, u, NULL, y, F);
+            row_store(dt, out, (size_t)n * F, F, y);
+        }
+        free(g);
+    }
+}
+
+static void cpu_swiglu_bwd(DType dt, void *dgateup, const void *dout, const void *gateup, int N, int F) {
+#pragma omp parallel
+    {
+        float *g = xmalloc(sizeof(float) * 3 * (size_t)F), *u = g + F, *dy = u + F;
+#pragma omp for schedule(static)
+        for (int n = 0; n < N; n++) {
+            row_load(dt, gateup, (size_t)n * 2 * F, F, g);
+            row_load(dt, gateup, (size_t)n * 2 * F + F, F, u);
+            row_load(dt, dout, (size_t)n * F, F, dy);
+            swiglu_row(g, u, dy, NULL, F);
+            row_store(dt, dgateup, (size_t)n * 2 * F, 2 * F, g); // g and u are adjacent: one row of 2F
+        }
+        free(g);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1417,6 +1736,17 @@ static const Backend CPU_BACKEND = {
     .attention_bwd = cpu_attention_bwd,
     .attention_block_fwd = cpu_attention_block_fwd,
     .attention_block_bwd = cpu_attention_block_bwd,
+    .rmsnorm_fwd = cpu_rmsnorm_fwd,
+    .residual_rmsnorm_fwd = cpu_residual_rmsnorm_fwd,
+    .rmsnorm_bwd = cpu_rmsnorm_bwd,
+    .rope_fwd = cpu_rope_fwd,
+    .rope_bwd = cpu_rope_bwd,
+    .swiglu_fwd = cpu_swiglu_fwd,
+    .swiglu_bwd = cpu_swiglu_bwd,
+    .attention_gqa_block_fwd = cpu_attention_gqa_block_fwd,
+    .attention_gqa_block_bwd = cpu_attention_gqa_block_bwd,
+    .attention_gqa_fwd = cpu_attention_gqa_fwd,
+    .attention_gqa_bwd = cpu_attention_gqa_bwd,
     .residual_fwd = cpu_residual_fwd,
     .residual_bwd = cpu_residual_bwd,
     .crossentropy_stats = cpu_crossentropy_stats,

@@ -49,8 +49,6 @@ int gpt2_config_valid(const GPT2Config *cfg, char *why, size_t cap) {
         return snprintf(why, cap, "channels (%d) must be divisible by heads (%d)", cfg->C, cfg->NH), 0;
     if (cfg->Vp < cfg->V)
         return snprintf(why, cap, "padded vocab (%d) is smaller than vocab (%d)", cfg->Vp, cfg->V), 0;
-    if (cfg->V > 65536)
-        return snprintf(why, cap, "vocab (%d) above 65536 cannot be stored in uint16 token shards", cfg->V), 0;
     if (cfg->L > 4096 || cfg->C > 65536 || cfg->maxT > 1048576 || cfg->Vp > 1048576)
         return snprintf(why, cap, "shape out of range (L=%d C=%d maxT=%d Vp=%d)", cfg->L, cfg->C, cfg->maxT, cfg->Vp), 0;
     return 1;

@@ -20,6 +20,7 @@
 #include "common.h"
 #include "ckpt.h"
 #include "data.h"
+#include "hf.h"
 #include "kernels.h"
 #include "model.h"
 #include "pipeline.h"
@@ -33,6 +34,9 @@ static const char USAGE[] =
     "                                            every (TP, CP, PP, DP) layout of G GPUs: memory per GPU,\n"
     "                                            bubble, communication and compute (./train plan --help)\n"
     "       ./train bench-comm --nproc N [flags] collective bandwidth table, as nccl-tests prints\n"
+    "       ./train hf-inspect DIR [--dump OUT] [--save-hf OUT2 [--dtype fp32|bf16] [--max-shard-bytes N]]\n"
+    "                                            a tool: a Hugging Face Llama checkpoint's config and tensors (read,\n"
+    "                                            shape-checked, converted to fp32), dumped raw or written again\n"
     "\n"
     "model (a preset, then any shape flag overrides it; default d12):\n"
     "  --model d12|d24|d36|d48    GPT-2 124M / 350M / 774M / 1558M shapes (maxT 1024, V 50257)\n"
@@ -265,7 +269,7 @@ static void parse_options(Options *o, int argc, char **argv) {
         else if (IS("--layers")) o->layers = (int)parse_int(f, v, 1, 4096);
         else if (IS("--channels")) o->channels = (int)parse_int(f, v, 1, 65536);
         else if (IS("--heads")) o->heads = (int)parse_int(f, v, 1, 65536);
-        else if (IS("--vocab")) o->vocab = (int)parse_int(f, v, 1, 65536);
+        else if (IS("--vocab")) o->vocab = (int)parse_int(f, v, 1, 1048448); // Vp (a multiple of 128) <= 2^20
         else if (IS("--max-seq-len")) o->max_seq_len = (int)parse_int(f, v, 1, 1048576);
         else if (IS("--seq-len")) o->seq_len = (int)parse_int(f, v, 1, 1048576);
         else if (IS("--init-from")) o->init_from = v;
@@ -804,7 +808,7 @@ static void open_data(Trainer *t) {
     if (t->have_train) {
         if (!o->train) die("no training data: pass --train PATTERN (make shards with ./train prepare INPUT.txt DIR)");
         tokenset_open(&t->train, o->train, "--train", t->cfg.V, t->T, o->shuffle, o->seed);
-        uint16_t t0;
+        uint32_t t0;
         tokenset_read(&t->train, 0, 1, &t0);
         t->first_token = t0;
     }
@@ -1540,6 +1544,7 @@ int main(int argc, char **argv) {
         return launch_local(nproc, argc, argv, NULL);
     }
     if (argc >= 2 && !strcmp(argv[1], "plan")) return plan_main(argc - 1, argv + 1);
+    if (argc >= 2 && !strcmp(argv[1], "hf-inspect")) return hf_inspect_main(argc - 1, argv + 1);
     if (argc >= 2 && !strcmp(argv[1], "prepare")) {
         if (argc != 4) die("usage: ./train prepare INPUT.txt DIR");
         data_prepare(argv[2], argv[3]);

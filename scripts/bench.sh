@@ -47,6 +47,9 @@ echo
 echo "== matmul kernel on the model's shapes (build/bench_matmul) =="
 ./build/bench_matmul
 echo
+echo "== Llama kernels: GQA and RoPE against GPT-2's attention, RMSNorm, SwiGLU (scripts/bench_llama.sh) =="
+bash scripts/bench_llama.sh
+echo
 echo "== data parallelism (scripts/bench_dp.sh) =="
 bash scripts/bench_dp.sh
 echo

@@ -43,7 +43,7 @@ LAYERS = [
     ("zero", "zero.c zero.h"),
     ("pipeline", "pipeline.c pipeline.h"),
     ("data", "data.c data.h"),
-    ("ckpt", "ckpt.c ckpt.h"),
+    ("ckpt", "ckpt.c ckpt.h safetensors.c safetensors.h hf.c hf.h"),
     ("plan", "plan.c"),
     # bench_comm.c is `./train bench-comm`, one of train's commands
     ("train", "train.c options.c options.h report.c report.h bench_comm.c"),

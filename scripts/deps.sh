@@ -37,6 +37,18 @@ else
     echo "deps: installed ${missing[*]}"
 fi
 
+# safetensors (PyPI; Debian has no package): the Hugging Face checkpoint tests write and read files with
+# it (t_hf_*); without it they fall back to a numpy writer in the test and skip the reading side.
+if /usr/bin/python3 -c 'import safetensors' 2>/dev/null; then
+    echo "deps: python safetensors present"
+elif [ $root -eq 0 ]; then
+    echo "deps: WARNING: not root, cannot pip install safetensors: the Hugging Face tests will check against numpy only" >&2
+elif /usr/bin/python3 -m pip install -q --break-system-packages safetensors; then
+    echo "deps: installed python safetensors from PyPI"
+else
+    echo "deps: WARNING: pip install safetensors FAILED: the Hugging Face tests will check against numpy only" >&2
+fi
+
 if compgen -G "$CACHE/kernel/linux-image-6.1.*.deb" >/dev/null; then
     echo "deps: guest kernel cached ($(basename "$(ls "$CACHE"/kernel/linux-image-6.1.*.deb | sort -V | tail -n 1)"))"
 elif ! mkdir -p "$CACHE/kernel" 2>/dev/null || [ ! -w "$CACHE/kernel" ]; then

@@ -10,7 +10,8 @@
 #                                 test/run.sh 't_data_parallel$'
 #        test/run.sh --list       every test as "GROUP FUNCTION DESCRIPTION", one line each, running none;
 #                                 --list GROUP or --list PATTERN: the tests that would run
-# `make test T=...` passes T on. A PATTERN that matches a whole group name selects by group alone.
+# `make test T=...` passes T on. A PATTERN that matches a whole group name selects by group and by
+# function name only (not by description), so that `comm` is not every test that mentions it.
 # The groups, by what they test:
 #   kernels  compute ops: unit tests, GEMM and attention index arithmetic, attention against PyTorch
 #   model    one rank's training against PyTorch and itself: shapes, bf16, accumulation, determinism
@@ -53,7 +54,8 @@ fi
 
 selected() { # group function description
     if [ -z "$FILTER" ]; then return 0; fi
-    if [ $BY_GROUP -eq 1 ]; then grep -qixE -- "$FILTER" <<<"$1"; return; fi
+    # naming a group: that group, and the tests whose function name matches (T='layers|t_unit')
+    if [ $BY_GROUP -eq 1 ]; then grep -qixE -- "$FILTER" <<<"$1" || grep -qiE -- "$FILTER" <<<"$2"; return; fi
     grep -qiE -- "$FILTER" <<<"$2" || grep -qiE -- "$FILTER" <<<"$3"
 }
 
@@ -150,6 +152,14 @@ t_torch_bf16_generic() {
 }
 # attention alone against PyTorch: the whole sequence, and the block ops on a zigzag split
 t_attention_torch() { have_torch || return $?; $PY test/attention_ref.py ./build/attention_check; }
+# the Llama family's CPU ops (RMSNorm, RoPE, SwiGLU, grouped-query attention with RoPE fused) against PyTorch
+# token shards of both llm.c headers (uint16 GPT-2, uint32 Llama 3) written with numpy, read by ./train (--dump)
+t_shards_u32() { $PY -c 'import numpy' 2>/dev/null || { echo "python3-numpy is not installed"; return 77; }; $PY test/shards_u32.py $TRAIN "$WORK/u32"; }
+t_llama_kernels() { have_torch || return $?; $PY test/llama_ref.py ./build/llama_check; }
+# Hugging Face checkpoints (hf.c through ./train hf-inspect, the ASan build): files of the safetensors package
+# (scripts/deps.sh installs it from PyPI) and of a numpy writer read back equal; hf.c's files read by the package
+# equal; sharded index; every bad input one line and a non-zero exit
+t_hf_checkpoints() { $PY -c 'import numpy' 2>/dev/null || { echo "python3-numpy is not installed"; return 77; }; $PY test/hf_check.py $ASAN; }
 
 # M micro-batches of B equal one batch of M·B: same losses, same trained model.
 t_grad_accum() {
@@ -1016,6 +1026,9 @@ run_test layers  t_layers_fails            "scripts/check_layers.py fails on inc
 run_test layers  t_layers                  "includes follow DESIGN.md's layers: no circle, no include up the chain (scripts/check_layers.py)"
 run_test cli     t_safe_files              "safe files: outputs checked first, device nodes refused, symlinks, stale temporaries, write errors, bad input"
 run_test kernels t_emu_sm90                "emulator sm_90a instructions: mbarrier, TMA and tensor maps, wgmma layouts, setmaxnreg, gemm.cu's pipeline and its broken variants (ASan+UBSan)"
+run_test kernels t_llama_kernels           "Llama kernels against PyTorch (ASan+UBSan): RMSNorm, RoPE (offsets, 3.1 scaling), SwiGLU, GQA (KV heads < heads, = 1) whole and zigzag CP blocks; fp32 and bf16"
+run_test ckpt    t_hf_checkpoints          "Hugging Face checkpoints: config.json range checks, safetensors F32/BF16/F16 one file and sharded, in and out against the safetensors package and numpy; bad input"
+run_test model   t_shards_u32              "token shards with 32-bit ids (llm.c's Llama 3 header) written with numpy, mixed with uint16 ones; bad headers"
 
 if [ $LIST -eq 1 ] && [ $listed -gt 0 ]; then exit 0; fi
 if [ -n "$FILTER" ] && [ $((passed + failed + skipped + listed)) -eq 0 ]; then

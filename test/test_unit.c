@@ -708,6 +708,27 @@ static void test_formats(void) {
     check(ok, "shuffle is a per-epoch permutation of the windows", 0);
     tokenset_close(&ts);
 
+    // Llama 3's uint32 shards (ids above 65,535) concatenated with a GPT-2 uint16 one
+    uint32_t c[40];
+    for (int i = 0; i < 40; i++) c[i] = 65530u + (uint32_t)(i * 13 % 300);
+    snprintf(path, sizeof path, "%s/m_0.bin", tmpdir);
+    shard_write(path, a, 100);
+    snprintf(path, sizeof path, "%s/m_1.bin", tmpdir);
+    shard_write_u32(path, c, 40);
+    snprintf(path, sizeof path, "%s/m_*.bin", tmpdir);
+    tokenset_open(&ts, path, "--train", 70000, T, 0, 1);
+    ok = ts.ntokens == 140 && ts.shards[0].tok_bytes == 2 && ts.shards[1].tok_bytes == 4;
+    for (uint64_t g = 0; g < 13 && ok; g++) {
+        int32_t in[10], tg[10];
+        tokenset_sequence(&ts, g, in, tg);
+        for (int t = 0; t < T; t++) {
+            uint64_t p = (g % ts.windows) * T + t;
+            ok &= in[t] == (int32_t)(p < 100 ? a[p] : c[p - 100]) && tg[t] == (int32_t)(p + 1 < 100 ? a[p + 1] : c[p + 1 - 100]);
+        }
+    }
+    check(ok, "uint32 token shards (Llama 3 header) round trip and concatenate with uint16 ones", 0);
+    tokenset_close(&ts);
+
     // tokenizer round trip
     snprintf(path, sizeof path, "%s/tok.bin", tmpdir);
     tokenizer_write_bytes(path);
