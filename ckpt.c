@@ -65,7 +65,7 @@ static void runs_free(Runs rs[NUM_PARAM_TENSORS]) {
 // stage, tensors replicated across tensor parallelism by its rank 0 (their copies are identical).
 static int writes_tensor(const GPT2 *m, int k) {
     if ((k == P_WTE || k == P_WPE) && !m->first) return 0;
-    if (gpt2_tensor_replicated(m, k) && m->tp_rank != 0) return 0;
+    if (gpt2_tensor_replicated(m, k) && m->lay->tp.rank != 0) return 0;
     return 1;
 }
 

@@ -18,11 +18,12 @@
 
 #include "collectives.h"
 #include "kernels.h"
+#include "layout.h"
 
 typedef struct {
-    Comm *kv, *grad; // the group twice: K/V blocks travel on one, dK/dV accumulators on the other, so that
-                     // each channel carries one kind of message in ring order
-    int n, rank;     // group size and this rank's place in it
+    // the group (lay->cp) and this rank's place in it; the group twice: K/V blocks travel on lay->cp.comm,
+    // dK/dV accumulators on lay->cp_grad, so that each channel carries one kind of message in ring order
+    const Layout *lay;
     const Backend *be;
     DType dt;
     // scratch for the largest micro-batch (model.c allocates it): K/V blocks [B, T, 2C] in dt, the one in

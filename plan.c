@@ -180,7 +180,7 @@ typedef struct {
     int dp_intra;                      // each DP x CP group (the gradient reduction's) sits inside one node
     int cp_intra;                      // each CP group sits inside one node
     double dp_allreduce_s, tp_comm_s, cp_comm_s, compute_s;
-} Layout;
+} Candidate;
 
 // ---------------------------------------------------------------------------------------------
 // the command line: numbers with units, every error naming its flag
@@ -337,7 +337,9 @@ static int weight_group_in_node(int tp, int cp, int pp, int world, int gpus_per_
     long *node = xmalloc(sizeof(long) * groups);
     for (int g = 0; g < groups; g++) node[g] = -1;
     for (long r = 0; r < world && ok; r++) {
-        int g = (int)(r / ((long)tp * cp) % pp) * tp + (int)(r % tp);
+        int rd, rp, rc, rt;
+        layout_coords((int)r, tp, cp, pp, &rd, &rp, &rc, &rt);
+        int g = rp * tp + rt;
         if (node[g] < 0) node[g] = r / gpus_per_node;
         else ok = node[g] == r / gpus_per_node;
     }
@@ -346,7 +348,7 @@ static int weight_group_in_node(int tp, int cp, int pp, int world, int gpus_per_
 }
 
 // The seed's model, the formulas at the top of this file.
-static void estimate_seed(const PlanInput *in, Layout *y) {
+static void estimate_seed(const PlanInput *in, Candidate *y) {
     const GPT2Config *c = &in->cfg;
     double e = in->fp32 ? 4 : 2;                                 // bytes per activation element
     double wb = in->fp32 ? 4 : 2, gb = wb, ob = in->fp32 ? 8 : 12; // bytes per parameter
@@ -409,7 +411,7 @@ static void estimate_seed(const PlanInput *in, Layout *y) {
 
 // --exact: llm4d's buffers for every stage of the layout, counted by building the rank dry (see the top
 // of this file); the fullest stage decides total and fits.
-static void estimate_exact(const PlanInput *in, Layout *y) {
+static void estimate_exact(const PlanInput *in, Candidate *y) {
     y->exact_stage = -1;
     y->exact_total = NAN;
     if (y->why) return;
@@ -421,16 +423,23 @@ static void estimate_exact(const PlanInput *in, Layout *y) {
     int interleave = in->interleaved && !isnan(y->bubble_interleaved);
     y->stage_bytes = xcalloc((size_t)y->pp, sizeof *y->stage_bytes);
     for (int s = 0; s < y->pp; s++) {
-        RankLayout r = { .cfg = &in->cfg, .dt = in->fp32 ? DT_F32 : DT_BF16, .be = backend_dry(in->device_cpu ? MEMKIND_HOST : MEMKIND_DEVICE),
-                         .B = (int)B, .T = in->T, .accum = in->micro_batches, .tp_size = y->tp, .sp = in->sp,
-                         .pp_size = y->pp, .pp_rank = s, .pp_virtual = interleave ? in->pp_virtual : 1, .cp_size = y->cp,
-                         .dp_size = y->dp, .zero = in->zero, .recompute = in->recompute, .bucket_mb = in->bucket_mb };
+        Layout l; // stage s's first rank (every rank of a stage holds the same buffers), unconnected
+        layout_place(&l, layout_rank(0, s, 0, 0, y->tp, y->cp, y->pp), in->gpus, y->tp, y->cp, y->pp);
+        l.sp = in->sp && y->tp > 1;
+        l.zero = in->zero;
+        l.recompute = in->recompute;
+        l.bucket_mb = in->bucket_mb;
+        l.B = (int)B;
+        l.T = in->T;
+        l.accum = in->micro_batches;
+        layout_place_stages(&l, in->cfg.L, y->pp > 1 && interleave ? in->pp_virtual : 1, NULL);
         GPT2 m;
         Zero z;
         Pipeline p;
         AdamWConfig acfg = { 0 };
-        layout_build_model(&r, &m);
-        layout_build_state(&r, &m, &z, &p, NULL, &acfg);
+        DType dt = in->fp32 ? DT_F32 : DT_BF16;
+        layout_build_model(&l, &in->cfg, dt, backend_dry(in->device_cpu ? MEMKIND_HOST : MEMKIND_DEVICE), &m);
+        layout_build_state(&l, &m, &z, &p, NULL, &acfg);
         if (in->ckpt) {
             float *snap[3];
             ckpt_alloc_staging(&m.mem, &z, snap);
@@ -447,9 +456,9 @@ static void estimate_exact(const PlanInput *in, Layout *y) {
 
 // Every (TP, CP, PP, DP) with product G, TP <= max-tp and every TP group inside one node. Returns the
 // count; *out is malloc'd.
-static int enumerate_layouts(const PlanInput *in, Layout **out) {
+static int enumerate_layouts(const PlanInput *in, Candidate **out) {
     int cap = 16, n = 0, G = in->gpus;
-    Layout *ys = xmalloc(sizeof(Layout) * cap);
+    Candidate *ys = xmalloc(sizeof(Candidate) * cap);
     for (int tp = 1; tp <= in->max_tp && tp <= G; tp++) {
         if (G % tp || !group_in_node(1, tp, G, in->gpus_per_node)) continue;
         for (int cp = 1; cp <= G / tp; cp++) {
@@ -460,9 +469,9 @@ static int enumerate_layouts(const PlanInput *in, Layout **out) {
                 if ((in->only_tp && tp != in->only_tp) || (in->only_cp && cp != in->only_cp) ||
                     (in->only_pp && pp != in->only_pp) || (in->only_dp && dp != in->only_dp))
                     continue;
-                if (n == cap) ys = realloc(ys, sizeof(Layout) * (cap *= 2));
+                if (n == cap) ys = realloc(ys, sizeof(Candidate) * (cap *= 2));
                 if (!ys) die("out of memory");
-                ys[n++] = (Layout){ .tp = tp, .pp = pp, .cp = cp, .dp = dp };
+                ys[n++] = (Candidate){ .tp = tp, .pp = pp, .cp = cp, .dp = dp };
             }
         }
     }
@@ -470,11 +479,11 @@ static int enumerate_layouts(const PlanInput *in, Layout **out) {
     return n;
 }
 
-static int layout_rank(const Layout *y) { return y->why ? 2 : y->fits ? 0 : 1; }
+static int candidate_class(const Candidate *y) { return y->why ? 2 : y->fits ? 0 : 1; }
 
 static int layout_order(const void *pa, const void *pb) {
-    const Layout *a = pa, *b = pb;
-    if (layout_rank(a) != layout_rank(b)) return layout_rank(a) - layout_rank(b);
+    const Candidate *a = pa, *b = pb;
+    if (candidate_class(a) != candidate_class(b)) return candidate_class(a) - candidate_class(b);
     if (a->bubble != b->bubble) return a->bubble < b->bubble ? -1 : 1;
     double ca = a->dp_allreduce_s + a->tp_comm_s + a->cp_comm_s, cb = b->dp_allreduce_s + b->tp_comm_s + b->cp_comm_s;
     if (ca != cb) return ca < cb ? -1 : 1;
@@ -485,7 +494,7 @@ static int layout_order(const void *pa, const void *pb) {
 // ---------------------------------------------------------------------------------------------
 // output
 
-static void print_table(const PlanInput *in, const Layout *ys, int n) {
+static void print_table(const PlanInput *in, const Candidate *ys, int n) {
     const GPT2Config *c = &in->cfg;
     char count[32];
     if (in->params >= 1e9) snprintf(count, sizeof count, "%.2f B", in->params / 1e9);
@@ -519,7 +528,7 @@ static void print_table(const PlanInput *in, const Layout *ys, int n) {
                "bubble  interlvd   DP all-reduce    TP comm       CP comm   compute\n");
     int rows = in->top && in->top < n ? in->top : n;
     for (int i = 0; i < rows; i++) {
-        const Layout *y = &ys[i];
+        const Candidate *y = &ys[i];
         char intl[16] = "-";
         if (!isnan(y->bubble_interleaved)) snprintf(intl, sizeof intl, "%.1f%%", 100 * y->bubble_interleaved);
         printf("%4d %4d %4d %6d %10.3f %12.0f", y->tp, y->cp, y->pp, y->dp, y->layers_per_stage, y->tokens_per_replica);
@@ -553,7 +562,7 @@ static void json_bytes(FILE *f, const size_t b[MEM_NCAT]) {
     fputc('}', f);
 }
 
-static void write_json(FILE *f, const PlanInput *in, const Layout *ys, int n) {
+static void write_json(FILE *f, const PlanInput *in, const Candidate *ys, int n) {
     const GPT2Config *c = &in->cfg;
     fprintf(f, "{\"model\":{\"layers\":%d,\"channels\":%d,\"heads\":%d,\"vocab\":%d,\"padded_vocab\":%d,\"max_seq_len\":%d,"
                "\"seq_len\":%d,", c->L, c->C, c->NH, c->V, c->Vp, c->maxT, in->T);
@@ -573,7 +582,7 @@ static void write_json(FILE *f, const PlanInput *in, const Layout *ys, int n) {
                 in->interleaved ? "true" : "false", in->device_cpu ? "cpu" : "gpu", in->ckpt ? "true" : "false", in->bucket_mb);
     fprintf(f, "},\"layouts\":[");
     for (int i = 0; i < n; i++) {
-        const Layout *y = &ys[i];
+        const Candidate *y = &ys[i];
         fprintf(f, "%s{\"tp\":%d,\"pp\":%d,\"cp\":%d,\"dp\":%d,\"runs\":%s,\"why\":", i ? "," : "", y->tp, y->pp, y->cp,
                 y->dp, y->why ? "false" : "true");
         if (y->why) fprintf(f, "\"%s\",", y->why);
@@ -620,7 +629,7 @@ static void write_json(FILE *f, const PlanInput *in, const Layout *ys, int n) {
 // --plot: the JSON goes to scripts/plot.py (next to this binary) on its standard input; the script
 // writes the PNG and reports errors itself. Python: $LLM4D_PYTHON, else Debian's /usr/bin/python3
 // (where scripts/deps.sh installs matplotlib), else python3 on the PATH.
-static int plot_layouts(const PlanInput *in, const Layout *ys, int n) {
+static int plot_layouts(const PlanInput *in, const Candidate *ys, int n) {
     char exe[4096];
     ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (len < 0) die("--plot: cannot find this binary's directory: %s", strerror(errno));
@@ -661,7 +670,7 @@ static int plot_layouts(const PlanInput *in, const Layout *ys, int n) {
 int plan_main(int argc, char **argv) {
     PlanInput in;
     parse_plan(&in, argc, argv);
-    Layout *ys;
+    Candidate *ys;
     int n = enumerate_layouts(&in, &ys);
     if (n == 0) // only --tp, --cp, --pp or --dp can exclude TP 1 x CP 1 x PP 1 x DP G
         die("plan: no layout of %d GPUs has the --tp/--cp/--pp/--dp asked for (TP <= %d, each TP group inside a node of %d)",
@@ -670,7 +679,7 @@ int plan_main(int argc, char **argv) {
         estimate_seed(&in, &ys[i]);
         if (in.exact) estimate_exact(&in, &ys[i]);
     }
-    qsort(ys, (size_t)n, sizeof(Layout), layout_order);
+    qsort(ys, (size_t)n, sizeof(Candidate), layout_order);
     if (in.json) write_json(stdout, &in, ys, n);
     else print_table(&in, ys, n);
     if (fflush(stdout) != 0) die("plan: cannot write the output: %s", strerror(errno));

@@ -75,7 +75,7 @@ static int sample_token(const Options *o, float *probs, int *order, int V, uint6
 // Sampling: the model continues the first token of the training data, one token per forward.
 static void sample(Pipeline *p, const Options *o, const Tokenizer *tk, int first_token, int T, int step, int print) {
     GPT2 *m = p->model;
-    int n = o->sample_tokens < T - 1 ? o->sample_tokens : T - 1, Tl = T / m->cp;
+    int n = o->sample_tokens < T - 1 ? o->sample_tokens : T - 1, Tl = T / m->lay->cp.size;
     int32_t *ctx = xcalloc((size_t)T, sizeof(int32_t)), *local = xcalloc((size_t)Tl, sizeof(int32_t));
     float *probs = xmalloc(sizeof(float) * m->cfg.V);
     int *order = xmalloc(sizeof(int) * m->cfg.V);
@@ -90,16 +90,16 @@ static void sample(Pipeline *p, const Options *o, const Tokenizer *tk, int first
     for (int t = 1; t <= n; t++) {
         // the whole window each time: causal attention leaves positions < t untouched by the zeros after
         // them, and the shape stays divisible for sequence parallelism
-        if (m->cp > 1) cp_slice(ctx, local, 1, Tl, m->cp, m->cp_rank);
-        pipeline_forward(p, m->cp > 1 ? local : ctx, NULL, 1, Tl);
+        if (m->lay->cp.size > 1) cp_slice(ctx, local, 1, Tl, m->lay->cp.size, m->lay->cp.rank);
+        pipeline_forward(p, m->lay->cp.size > 1 ? local : ctx, NULL, 1, Tl);
         int V = m->cfg.V, next = 0;
         if (m->last) { // the last stage holds the logits and samples; the others learn the token from it
             gpt2_logits_at(m, 0, t - 1, Tl, probs);
             next = sample_token(o, probs, order, V, &rng);
         }
-        if (m->pp > 1) {
+        if (m->lay->pp.size > 1) {
             int32_t tok = next;
-            comm_broadcast(m->pp_comm, &tok, 1, CT_I32, m->pp - 1);
+            comm_broadcast(layout_group(&m->lay->pp), &tok, 1, CT_I32, m->lay->pp.size - 1);
             next = tok;
         }
         ctx[t] = next;
@@ -152,15 +152,15 @@ static int sample_token(const Options *o, float *probs, int *order, int V, uint6
 
 static float validate(Pipeline *p, TokenSet *val, Comm *cp_comm, int B, int T, int steps) {
     GPT2 *m = p->model;
-    int cp = m->cp, Tl = T / cp;
+    int cp = m->lay->cp.size, Tl = T / cp;
     int32_t *inp = xmalloc(sizeof(int32_t) * B * T), *tgt = xmalloc(sizeof(int32_t) * B * T);
     int32_t *linp = xmalloc(sizeof(int32_t) * B * Tl), *ltgt = xmalloc(sizeof(int32_t) * B * Tl);
     double sum = 0.0;
     for (int s = 0; s < steps; s++) {
         for (int b = 0; b < B; b++) tokenset_sequence(val, (uint64_t)s * B + b, inp + b * T, tgt + b * T);
         if (cp > 1) { // this rank's positions
-            cp_slice(inp, linp, B, Tl, cp, m->cp_rank);
-            cp_slice(tgt, ltgt, B, Tl, cp, m->cp_rank);
+            cp_slice(inp, linp, B, Tl, cp, m->lay->cp.rank);
+            cp_slice(tgt, ltgt, B, Tl, cp, m->lay->cp.rank);
         }
         sum += pipeline_forward(p, cp > 1 ? linp : inp, cp > 1 ? ltgt : tgt, B, Tl);
     }
@@ -169,7 +169,7 @@ static float validate(Pipeline *p, TokenSet *val, Comm *cp_comm, int B, int T, i
     free(linp);
     free(ltgt);
     // the loss lives on the last stage; each context-parallel rank has the mean of its share of the tokens
-    return (float)(comm_sum_double(cp_comm, comm_sum_double(m->pp_comm, sum)) / ((double)steps * cp));
+    return (float)(comm_sum_double(cp_comm, comm_sum_double(layout_group(&m->lay->pp), sum)) / ((double)steps * cp));
 }
 
 // --pp-trace: one line per step, "step S peak K: F0 F1 B0 ...", appended to DIR/stageS.txt.
@@ -257,88 +257,32 @@ static void parse_faults(Faults *f, int rank) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// the layout: rank = ((dp·PP + pp)·CP + cp)·TP + tp, so a tensor-parallel group is consecutive ranks (one
-// node when it fits), a context-parallel group's ranks are TP apart and a pipeline's stages TP·CP apart
+// the layout (layout.h)
 
-typedef struct {
-    LaunchEnv env;
-    Comm *world; // NULL: one process
-    // dp: the gradient group, every rank holding the same weights: DP x CP ranks (context-parallel ranks
-    // hold the same weights too); ZeRO shards over it
-    Comm *tp, *pp, *pp_fwd, *pp_bwd, *dp, *embed, *cp, *cp_grad;
-    int rank, nranks, lead;
-    int tp_size, pp_size, dp_size, cp_size, tp_rank, pp_rank, dp_rank, cp_rank;
-} Topology;
-
-// Whether nranks ranks split into the model-parallel axes: 0, or -1 with the reason.
-static int layout_error(const Options *o, int nranks, char *err, size_t cap) {
-    int model_ranks = o->tp * o->cp * o->pp;
-    if (nranks % model_ranks == 0) return 0;
-    if (o->cp > 1)
-        return snprintf(err, cap, "--tp %d x --cp %d x --pp %d = %d does not divide the %d ranks", o->tp, o->cp, o->pp,
-                        model_ranks, nranks), -1;
-    return snprintf(err, cap, "--tp %d x --pp %d = %d does not divide the %d ranks", o->tp, o->pp, model_ranks, nranks), -1;
-}
-
-static void topology_init(Topology *t, const Options *o) {
-    memset(t, 0, sizeof *t);
-    if (launch_env_read(&t->env)) {
+// The world from the launcher's environment (none: one process), and this rank's place in it.
+static void layout_init(Layout *l, LaunchEnv *env, const Options *o) {
+    Comm *world = NULL;
+    memset(env, 0, sizeof *env);
+    if (launch_env_read(env)) {
         CommOptions copt = { .timeout = o->comm_timeout, .transport = o->transport, .log = 1, .ib_dev = o->ib_dev,
                              .ib_gid_index = o->ib_gid_index };
-        t->world = comm_init(&t->env, &copt);
+        world = comm_init(env, &copt);
     }
-    t->rank = t->world ? comm_rank(t->world) : 0;
-    t->nranks = t->world ? comm_size(t->world) : 1;
-    t->lead = t->rank == 0;
-    t->tp_size = o->tp;
-    t->pp_size = o->pp;
-    t->cp_size = o->cp;
-    int model_ranks = t->tp_size * t->cp_size * t->pp_size;
-    char err[160];
-    if (layout_error(o, t->nranks, err, sizeof err)) die("%s", err);
-    t->dp_size = t->nranks / model_ranks;
-    t->tp_rank = t->rank % t->tp_size;
-    t->cp_rank = t->rank / t->tp_size % t->cp_size;
-    t->pp_rank = t->rank / (t->tp_size * t->cp_size) % t->pp_size;
-    t->dp_rank = t->rank / model_ranks;
-    if (!t->world) return;
-    int TP = t->tp_size, CP = t->cp_size, PP = t->pp_size;
-    int pipe = (t->dp_rank * CP + t->cp_rank) * TP + t->tp_rank;
-    int ends = PP > 1 && (t->pp_rank == 0 || t->pp_rank == PP - 1);
-    t->tp = comm_split(t->world, t->rank / TP, t->tp_rank, "tp");
-    t->pp = comm_split(t->world, pipe, t->pp_rank, "pp");
-    t->pp_fwd = comm_split(t->world, pipe, t->pp_rank, "pp activations");
-    t->pp_bwd = comm_split(t->world, pipe, t->pp_rank, "pp gradients");
-    t->dp = comm_split(t->world, t->pp_rank * TP + t->tp_rank, t->dp_rank * CP + t->cp_rank, CP > 1 ? "dp x cp" : "dp");
-    t->embed = comm_split(t->world, ends ? pipe : -1, t->pp_rank, "embedding");
-    if (CP > 1) { // K/V blocks on one, dK/dV accumulators on the other
-        int ring = (t->dp_rank * PP + t->pp_rank) * TP + t->tp_rank;
-        t->cp = comm_split(t->world, ring, t->cp_rank, "cp");
-        t->cp_grad = comm_split(t->world, ring, t->cp_rank, "cp gradients");
-    }
-}
-
-static void topology_free(Topology *t) {
-    if (!t->world) return;
-    comm_barrier(t->world); // nobody leaves while another rank still needs it
-    if (t->cp) comm_destroy(t->cp);
-    if (t->cp_grad) comm_destroy(t->cp_grad);
-    comm_destroy(t->tp);
-    comm_destroy(t->dp);
-    comm_destroy(t->pp);
-    comm_destroy(t->pp_fwd);
-    comm_destroy(t->pp_bwd);
-    comm_destroy(t->embed);
-    comm_destroy(t->world);
+    layout_place(l, world ? comm_rank(world) : 0, world ? comm_size(world) : 1, o->tp, o->cp, o->pp);
+    l->sp = o->sp;
+    l->zero = o->zero;
+    l->recompute = o->recompute;
+    l->bucket_mb = o->bucket_mb;
+    layout_connect(l, world);
 }
 
 // Whether every rank can go on: a problem (err) is printed once, by the lowest rank that has one, in
 // one line; the other ranks exit quietly.
-static void agree_or_exit(const Topology *t, const char *err) {
-    int32_t mine = err ? -t->rank : INT32_MIN, lowest = mine; // the maximum of -rank: there is no OP_MIN
-    if (t->world) comm_all_reduce(t->world, &mine, &lowest, 1, CT_I32, OP_MAX);
+static void agree_or_exit(const Layout *l, const char *err) {
+    int32_t mine = err ? -l->rank : INT32_MIN, lowest = mine; // the maximum of -rank: there is no OP_MIN
+    if (l->world) comm_all_reduce(l->world, &mine, &lowest, 1, CT_I32, OP_MAX);
     if (lowest == INT32_MIN) return;
-    if (err && -lowest == t->rank) die("%s", err);
+    if (err && -lowest == l->rank) die("%s", err);
     exit(1);
 }
 
@@ -360,17 +304,16 @@ typedef struct { // stragglers: consecutive slow steps of every rank, and its ho
 
 typedef struct {
     Options o;
-    Topology topo;
+    LaunchEnv env;
+    Layout lay; // built once (trainer_init), read-only afterwards
     const Backend *be;
     DType dt;
     GPT2Config cfg;
-    int B, T, accum, chunks; // chunks: --pp-virtual
     int Tl;                  // positions of a sequence on this rank: T / CP
     long long batch_tokens, G; // G: sequences per step
     TokenSet train, val;
     int have_train, have_tk, first_token;
     Tokenizer tk;
-    RankLayout rl;
     GPT2 model;
     Zero zero;
     Pipeline pipe;
@@ -400,7 +343,7 @@ static void setup_device(Trainer *t) {
     if (o->device ? !strcmp(o->device, "cuda") : ncuda > 0) {
         if (!backend_cuda()) die("--device cuda: this binary was built without CUDA (nvcc was not found)");
         if (ncuda == 0) die("--device cuda: no CUDA device is available");
-        if (t->topo.world) cuda_use_device(t->topo.env.local_rank % ncuda); // one GPU per rank of this node
+        if (t->lay.world) cuda_use_device(t->env.local_rank % ncuda); // one GPU per rank of this node
         t->be = backend_cuda();
     } else {
         t->be = backend_cpu();
@@ -413,9 +356,9 @@ static void setup_device(Trainer *t) {
     // ranks sharing a node share its cores: OpenMP threads that outnumber the cores spin against each
     // other and against the progress threads, and a step can take 100x longer
     int threads = o->threads;
-    if (!threads && t->topo.world && t->topo.env.local_world > 1) {
+    if (!threads && t->lay.world && t->env.local_world > 1) {
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        threads = cores / t->topo.env.local_world > 1 ? (int)(cores / t->topo.env.local_world) : 1;
+        threads = cores / t->env.local_world > 1 ? (int)(cores / t->env.local_world) : 1;
     }
     if (threads) t->be->set_threads(threads);
     t->dt = o->dtype >= 0 ? (DType)o->dtype : (t->be == backend_cpu() ? DT_F32 : DT_BF16);
@@ -424,9 +367,9 @@ static void setup_device(Trainer *t) {
     // buffers stay on the host
     if (t->be->mem_kind == MEMKIND_DEVICE) {
         const DevMem *dev = devmem_cuda(); // after cuda_use_device: the progress threads use that device
-        Topology *tp = &t->topo;
-        Comm *all[] = { tp->world, tp->tp, tp->pp, tp->pp_fwd, tp->pp_bwd, tp->dp, tp->embed, tp->cp, tp->cp_grad };
-        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) comm_use_device(all[i], dev);
+        Layout *l = &t->lay;
+        Comm *all[16];
+        for (int i = 0, n = layout_comms(l, all, 16); i < n; i++) comm_use_device(all[i], dev);
     }
 }
 
@@ -437,33 +380,33 @@ static void setup_device(Trainer *t) {
 #define MAX_STEP_TOKENS (1LL << 28) // one rank's tokens of a step (two int32 copies)
 static void setup_batch(Trainer *t) {
     const Options *o = &t->o;
-    int dp = t->topo.dp_size;
-    t->T = o->seq_len ? o->seq_len : t->cfg.maxT;
-    if (t->T > t->cfg.maxT) die("--seq-len %d is above the model's maximum sequence length %d", t->T, t->cfg.maxT);
-    t->B = o->micro_batch;
+    int dp = t->lay.dp.size;
+    t->lay.T = o->seq_len ? o->seq_len : t->cfg.maxT;
+    if (t->lay.T > t->cfg.maxT) die("--seq-len %d is above the model's maximum sequence length %d", t->lay.T, t->cfg.maxT);
+    t->lay.B = o->micro_batch;
     char err[256];
-    agree_or_exit(&t->topo, context_split_error(o, t->T, err, sizeof err) ? err : NULL); // the model's default T
-    t->Tl = t->T / t->topo.cp_size;
-    long long micro = (long long)t->B * t->T;
+    agree_or_exit(&t->lay, context_split_error(o, t->lay.T, err, sizeof err) ? err : NULL); // the model's default T
+    t->Tl = t->lay.T / t->lay.cp.size;
+    long long micro = (long long)t->lay.B * t->lay.T;
     if (micro > MAX_MICRO_TOKENS)
-        die("--micro-batch %d x --seq-len %d = %lld tokens per micro-batch, more than the %lld allowed", t->B, t->T, micro,
+        die("--micro-batch %d x --seq-len %d = %lld tokens per micro-batch, more than the %lld allowed", t->lay.B, t->lay.T, micro,
             MAX_MICRO_TOKENS);
     long long micro_tokens = micro * dp; // one micro-batch on every data-parallel rank
     t->batch_tokens = o->batch_tokens ? o->batch_tokens : micro_tokens;
     if (t->batch_tokens % micro_tokens != 0) {
         if (dp > 1)
             die("--batch-tokens %lld is not a multiple of data-parallel ranks x --micro-batch x --seq-len = %d x %d x %d = %lld",
-                t->batch_tokens, dp, t->B, t->T, micro_tokens);
-        die("--batch-tokens %lld is not a multiple of --micro-batch x --seq-len = %d x %d = %lld", t->batch_tokens, t->B, t->T,
+                t->batch_tokens, dp, t->lay.B, t->lay.T, micro_tokens);
+        die("--batch-tokens %lld is not a multiple of --micro-batch x --seq-len = %d x %d = %lld", t->batch_tokens, t->lay.B, t->lay.T,
             micro_tokens);
     }
     long long accum = t->batch_tokens / micro_tokens;
     if (accum > MAX_ACCUM || accum * micro > MAX_STEP_TOKENS)
         die("--batch-tokens %lld means %lld micro-batches of %d x %d per data-parallel rank and step, more than the %lld "
-            "micro-batches (and %lld tokens) a step may accumulate", t->batch_tokens, accum, t->B, t->T, MAX_ACCUM,
+            "micro-batches (and %lld tokens) a step may accumulate", t->batch_tokens, accum, t->lay.B, t->lay.T, MAX_ACCUM,
             MAX_STEP_TOKENS);
-    t->accum = (int)accum;
-    t->G = t->batch_tokens / t->T;
+    t->lay.accum = (int)accum;
+    t->G = t->batch_tokens / t->lay.T;
     if (t->G > (1LL << 62) / ((long long)o->steps + 1))
         die("--batch-tokens %lld x --steps %d: %lld sequences per step overflow the global sequence count", t->batch_tokens,
             o->steps, t->G);
@@ -474,12 +417,12 @@ static void open_data(Trainer *t) {
     t->have_train = o->steps > 0 || o->dump;
     if (t->have_train) {
         if (!o->train) die("no training data: pass --train PATTERN (make shards with ./train prepare INPUT.txt DIR)");
-        tokenset_open(&t->train, o->train, "--train", t->cfg.V, t->T, o->shuffle, o->seed);
+        tokenset_open(&t->train, o->train, "--train", t->cfg.V, t->lay.T, o->shuffle, o->seed);
         uint16_t t0;
         tokenset_read(&t->train, 0, 1, &t0);
         t->first_token = t0;
     }
-    if (o->val) tokenset_open(&t->val, o->val, "--val", t->cfg.V, t->T, 0, o->seed);
+    if (o->val) tokenset_open(&t->val, o->val, "--val", t->cfg.V, t->lay.T, 0, o->seed);
     if (o->tokenizer) {
         tokenizer_load(&t->tk, o->tokenizer);
         t->have_tk = 1;
@@ -511,19 +454,19 @@ static int check_log(const char *path, char *err, size_t cap) {
 // path is found now, not after the run.
 static void check_outputs(const Trainer *t) {
     const Options *o = &t->o;
-    const Topology *tp = &t->topo;
+    const Layout *l = &t->lay;
     char err[2 * SAFE_PATH_MAX] = "", target[SAFE_PATH_MAX];
     int bad = 0;
-    if (tp->lead && o->save_model) {
+    if (l->lead && o->save_model) {
         int link = safe_check("--save-model", o->save_model, target, sizeof target, err, sizeof err);
         bad = link < 0;
         if (link == 1) printf("note: --save-model %s is a symlink: the model goes to its target, %s\n", o->save_model, target);
     }
-    if (!bad && tp->lead && o->log) bad = check_log(o->log, err, sizeof err) < 0;
+    if (!bad && l->lead && o->log) bad = check_log(o->log, err, sizeof err) < 0;
     if (!bad && o->ckpt_dir) bad = ensure_dir("--ckpt-dir", o->ckpt_dir, err, sizeof err) < 0;
-    if (!bad && tp->lead && o->dump) bad = ensure_dir("--dump", o->dump, err, sizeof err) < 0;
-    if (!bad && o->pp_trace && tp->dp_rank == 0 && tp->cp_rank == 0 && tp->tp_rank == 0) bad = ensure_dir("--pp-trace", o->pp_trace, err, sizeof err) < 0;
-    agree_or_exit(tp, bad ? err : NULL);
+    if (!bad && l->lead && o->dump) bad = ensure_dir("--dump", o->dump, err, sizeof err) < 0;
+    if (!bad && o->pp_trace && l->dp.rank == 0 && l->cp.rank == 0 && l->tp.rank == 0) bad = ensure_dir("--pp-trace", o->pp_trace, err, sizeof err) < 0;
+    agree_or_exit(l, bad ? err : NULL);
 }
 
 // What a checkpoint of the state after `step` steps records besides the tensors.
@@ -535,18 +478,18 @@ static void fill_meta(const Trainer *t, int step, CkptMeta *m) {
     m->seed = o->seed;
     m->shuffle = o->shuffle;
     m->model = t->cfg;
-    m->ranks = t->topo.nranks;
-    m->dp = t->topo.dp_size;
-    m->tp = t->topo.tp_size;
-    m->pp = t->topo.pp_size;
-    m->cp = t->topo.cp_size;
-    m->pp_virtual = t->chunks;
+    m->ranks = t->lay.nranks;
+    m->dp = t->lay.dp.size;
+    m->tp = t->lay.tp.size;
+    m->pp = t->lay.pp.size;
+    m->cp = t->lay.cp.size;
+    m->pp_virtual = t->lay.chunks;
     m->zero = t->zero.model ? t->zero.stage : o->zero;
     m->sp = o->sp;
     m->bucket_mb = o->bucket_mb;
     snprintf(m->dtype, sizeof m->dtype, "%s", dtype_name(t->dt));
-    m->micro_batch = t->B;
-    m->seq_len = t->T;
+    m->micro_batch = t->lay.B;
+    m->seq_len = t->lay.T;
     m->batch_tokens = t->batch_tokens;
     snprintf(m->train, sizeof m->train, "%s", o->train ? o->train : "");
     m->train_tokens = t->have_train ? t->train.ntokens : 0;
@@ -571,19 +514,13 @@ static void fill_meta(const Trainer *t, int step, CkptMeta *m) {
 // --init-from (host_params, the full model in file order).
 static void build_model(Trainer *t, float *host_params) {
     const Options *o = &t->o;
-    Topology *tp = &t->topo;
-    int P = tp->pp_size, V = P > 1 ? o->pp_virtual : 1;
-    t->chunks = V;
-    if (V > 1 && t->accum % P)
+    Layout *l = &t->lay;
+    int P = l->pp.size, V = P > 1 ? o->pp_virtual : 1;
+    if (V > 1 && t->lay.accum % P)
         die("--pp-virtual %d: the %d micro-batch(es) per step must be a multiple of --pp %d for the interleaved schedule",
-            V, t->accum, P);
-    t->rl = (RankLayout){ .cfg = &t->cfg, .dt = t->dt, .be = t->be, .B = t->B, .T = t->T, .accum = t->accum,
-                          .tp_size = tp->tp_size, .tp_rank = tp->tp_rank, .sp = o->sp, .pp_size = P, .pp_rank = tp->pp_rank,
-                          .pp_virtual = V, .cp_size = tp->cp_size, .cp_rank = tp->cp_rank, .dp_size = tp->dp_size,
-                          .dp_rank = tp->dp_rank, .zero = o->zero, .recompute = o->recompute, .pp_layers = o->pp_layers,
-                          .bucket_mb = o->bucket_mb, .tp = tp->tp, .pp = tp->pp, .pp_fwd = tp->pp_fwd, .pp_bwd = tp->pp_bwd,
-                          .dp = tp->dp, .embed = tp->embed, .cp = tp->cp, .cp_grad = tp->cp_grad };
-    layout_build_model(&t->rl, &t->model);
+            V, t->lay.accum, P);
+    layout_place_stages(l, t->cfg.L, V, o->pp_layers);
+    layout_build_model(l, &t->cfg, t->dt, t->be, &t->model);
     size_t n = t->model.num_params;
     float *master = xmalloc(sizeof(float) * n), *m = NULL, *v = NULL;
     CkptMeta saved;
@@ -593,17 +530,17 @@ static void build_model(Trainer *t, float *host_params) {
         CkptMeta now;
         fill_meta(t, 0, &now);
         char from[SAFE_PATH_MAX];
-        t->resumed = ckpt_resume(o->ckpt_dir, o->resume_path, &t->model, tp->world, &now, &saved, master, m, v, from, sizeof from);
+        t->resumed = ckpt_resume(o->ckpt_dir, o->resume_path, &t->model, l->world, &now, &saved, master, m, v, from, sizeof from);
         if (t->resumed) {
             t->start_step = (int)saved.step;
             t->spikes.n = saved.nhist;
             t->spikes.skipped = saved.skipped;
             memcpy(t->spikes.loss, saved.hist_loss, sizeof saved.hist_loss);
             memcpy(t->spikes.norm, saved.hist_norm, sizeof saved.hist_norm);
-            if (tp->lead)
+            if (l->lead)
                 printf("resumed from %s: step %lld (written by %d rank(s): DP %d x PP %d x CP %d x TP %d, ZeRO-%d)\n", from,
                        (long long)saved.step, saved.ranks, saved.dp, saved.pp, saved.cp, saved.tp, saved.zero);
-        } else if (tp->lead) {
+        } else if (l->lead) {
             printf("note: --resume: no complete checkpoint in %s, starting from step 0\n", o->ckpt_dir);
         }
     }
@@ -614,7 +551,7 @@ static void build_model(Trainer *t, float *host_params) {
     free(host_params);
     if (t->model.params) gpt2_upload_params(&t->model, master); // ZeRO-3 keeps no full working copy
     AdamWConfig acfg = { o->beta1, o->beta2, o->eps, o->weight_decay, o->clip };
-    layout_build_state(&t->rl, &t->model, &t->zero, &t->pipe, master, &acfg);
+    layout_build_state(l, &t->model, &t->zero, &t->pipe, master, &acfg);
     if (t->resumed) zero_set_moments(&t->zero, m, v, (int)saved.adam_t);
     free(master);
     free(m);
@@ -626,36 +563,36 @@ static void setup_checkpoints(Trainer *t) {
     const Options *o = &t->o;
     if (!o->ckpt_dir) return;
     char err[2 * SAFE_PATH_MAX] = "";
-    int bad = t->topo.lead && ckpt_prepare_dir(o->ckpt_dir, t->start_step, o->resume, !o->resume_path, err, sizeof err) < 0;
-    agree_or_exit(&t->topo, bad ? err : NULL); // also: nobody writes before rank 0 has cleaned up
-    t->ckpt = ckpt_open(o->ckpt_dir, &t->model, &t->zero, t->topo.world, o->keep);
+    int bad = t->lay.lead && ckpt_prepare_dir(o->ckpt_dir, t->start_step, o->resume, !o->resume_path, err, sizeof err) < 0;
+    agree_or_exit(&t->lay, bad ? err : NULL); // also: nobody writes before rank 0 has cleaned up
+    t->ckpt = ckpt_open(o->ckpt_dir, &t->model, &t->zero, t->lay.world, o->keep);
     if (t->faults.ckpt_kill_step >= 0) ckpt_kill_during_write(t->ckpt, t->faults.ckpt_kill_step);
 }
 
 static void print_header(const Trainer *t) {
     const Options *o = &t->o;
-    const Topology *tp = &t->topo;
+    const Layout *l = &t->lay;
     const GPT2Config *c = &t->cfg;
-    if (tp->lead) {
+    if (l->lead) {
         size_t full_n = gpt2_param_layout(c, (size_t[NUM_PARAM_TENSORS]){ 0 }, (size_t[NUM_PARAM_TENSORS]){ 0 });
         printf("llm4d | device %s", t->be->name);
         if (t->be == backend_cpu() && t->dt == DT_BF16) printf(" (bf16 matmuls: %s)", cpu_isa());
         printf(" | dtype %s | model L=%d C=%d H=%d V=%d Vp=%d maxT=%d | %zu parameters", dtype_name(t->dt), c->L, c->C,
                c->NH, c->V, c->Vp, c->maxT, full_n);
-        if (tp->tp_size > 1) printf(", %zu on each tensor-parallel rank", t->model.num_params);
+        if (l->tp.size > 1) printf(", %zu on each tensor-parallel rank", t->model.num_params);
         printf("\n");
         printf("layout: %d rank(s) | data parallel %d x pipeline %d x context parallel %d x tensor parallel %d%s | ZeRO-%d | "
-               "%d gradient bucket(s) | recompute %s\n", tp->nranks, tp->dp_size, tp->pp_size, tp->cp_size, tp->tp_size,
+               "%d gradient bucket(s) | recompute %s\n", l->nranks, l->dp.size, l->pp.size, l->cp.size, l->tp.size,
                o->sp ? " (sequence parallel)" : "", t->zero.stage, t->zero.nbuckets, RECOMPUTE_NAMES[o->recompute]);
-        if (tp->cp_size > 1)
+        if (l->cp.size > 1)
             printf("context parallel: each sequence of %d in %d chunks of %d; rank c of a group holds chunks c and %d-c "
-                   "(%d positions); K/V round a ring of %d\n", t->T, 2 * tp->cp_size, t->T / (2 * tp->cp_size),
-                   2 * tp->cp_size - 1, t->Tl, tp->cp_size);
+                   "(%d positions); K/V round a ring of %d\n", t->lay.T, 2 * l->cp.size, t->lay.T / (2 * l->cp.size),
+                   2 * l->cp.size - 1, t->Tl, l->cp.size);
         printf("batch: %lld tokens per step = %d micro-batch(es) of %d x %d on each of %d rank(s) | %d steps\n",
-               t->batch_tokens, t->accum, t->B, t->T, tp->dp_size, o->steps);
+               t->batch_tokens, t->lay.accum, t->lay.B, t->lay.T, l->dp.size, o->steps);
         if (t->have_train)
             printf("data: %s (%llu tokens, %llu sequences of %d)%s\n", o->train, (unsigned long long)t->train.ntokens,
-                   (unsigned long long)t->train.windows, t->T, o->shuffle ? ", shuffled" : "");
+                   (unsigned long long)t->train.windows, t->lay.T, o->shuffle ? ", shuffled" : "");
         if (t->ckpt) {
             printf("checkpoints: %s | ", o->ckpt_dir);
             if (o->ckpt_every) printf("every %d steps, ", o->ckpt_every);
@@ -666,12 +603,12 @@ static void print_header(const Trainer *t) {
     }
     // every rank reports its own memory, one line each, in rank order: every buffer is allocated before
     // step 1, so this is the plan (the end of the run prints the peak)
-    if (tp->lead) printf("memory per rank: allocated at start, which is all the steps use (the peak follows at the end)\n");
+    if (l->lead) printf("memory per rank: allocated at start, which is all the steps use (the peak follows at the end)\n");
     char when[64];
     snprintf(when, sizeof when, " (%s)", t->be->name);
-    for (int r = 0; r < tp->nranks; r++) {
-        if (r == tp->rank) print_memory(&t->model, tp->rank, when, t->model.mem.cur, 0);
-        if (tp->world) comm_barrier(tp->world);
+    for (int r = 0; r < l->nranks; r++) {
+        if (r == l->rank) print_memory(&t->model, l->rank, when, t->model.mem.cur, 0);
+        if (l->world) comm_barrier(l->world);
     }
 }
 
@@ -679,19 +616,19 @@ static void print_header(const Trainer *t) {
 // as {"memory_peak":{"weights":..,...},"kernel_scratch":B,"rank":R}, one record per rank (kernel_scratch:
 // the backend's own grow-only workspaces, which the categories do not see).
 static void report_memory_peak(Trainer *t) {
-    Topology *tp = &t->topo;
+    Layout *l = &t->lay;
     size_t ks = t->be->scratch_bytes();
-    for (int r = 0; r < tp->nranks; r++) {
-        if (r == tp->rank) print_memory(&t->model, tp->rank, ", peak", t->model.mem.peak, ks);
-        if (tp->world) comm_barrier(tp->world);
+    for (int r = 0; r < l->nranks; r++) {
+        if (r == l->rank) print_memory(&t->model, l->rank, ", peak", t->model.mem.peak, ks);
+        if (l->world) comm_barrier(l->world);
     }
     enum { N = MEM_NCAT + 1 };
-    int64_t mine[N], *all = xmalloc(sizeof(int64_t) * N * tp->nranks);
+    int64_t mine[N], *all = xmalloc(sizeof(int64_t) * N * l->nranks);
     for (int c = 0; c < MEM_NCAT; c++) mine[c] = (int64_t)t->model.mem.peak[c];
     mine[MEM_NCAT] = (int64_t)ks;
-    if (tp->world) comm_all_gather(tp->world, mine, all, (size_t)N * tp->nranks, CT_I64);
+    if (l->world) comm_all_gather(l->world, mine, all, (size_t)N * l->nranks, CT_I64);
     else memcpy(all, mine, sizeof mine);
-    for (int r = 0; t->logf && r < tp->nranks; r++) {
+    for (int r = 0; t->logf && r < l->nranks; r++) {
         const int64_t *a = all + (size_t)r * N;
         fprintf(t->logf, "{\"memory_peak\":{");
         for (int c = 0; c < MEM_NCAT; c++) fprintf(t->logf, "%s\"%s\":%lld", c ? "," : "", MEM_KEYS[c], (long long)a[c]);
@@ -731,7 +668,7 @@ static void keep_log_until(const char *path, int step) {
 
 static void open_log(Trainer *t) {
     const Options *o = &t->o;
-    if (!o->log || !t->topo.lead) return;
+    if (!o->log || !t->lay.lead) return;
     if (t->resumed) keep_log_until(o->log, t->start_step);
     t->logf = xfopen(o->log, t->resumed ? "a" : "w");
     if (t->resumed) {
@@ -747,38 +684,38 @@ static void trainer_init(Trainer *t, int argc, char **argv) {
     if (o->max_restarts && !getenv("LLM4D_LAUNCH"))
         die("--max-restarts relaunches a --nproc job (under Slurm, scripts/train.sbatch relaunches job steps)");
     signal(SIGXFSZ, SIG_IGN); // a file over the size limit is a write error (EFBIG), not the end of the process
-    topology_init(&t->topo, o);
-    Topology *tp = &t->topo;
-    if (o->dump && tp->nranks > 1) die("--dump works on a single rank only");
+    layout_init(&t->lay, &t->env, o);
+    Layout *l = &t->lay;
+    if (o->dump && l->nranks > 1) die("--dump works on a single rank only");
     check_outputs(t);
-    parse_faults(&t->faults, tp->rank);
+    parse_faults(&t->faults, l->rank);
     setup_device(t);
     float *host_params;
     t->cfg = resolve_shape(o, &host_params);
-    if (t->cfg.NH % tp->tp_size) die("--tp %d does not divide the model's %d heads", tp->tp_size, t->cfg.NH);
-    if (o->sp && tp->tp_size == 1) die("--sp needs tensor parallelism (--tp 2 or more)");
+    if (t->cfg.NH % l->tp.size) die("--tp %d does not divide the model's %d heads", l->tp.size, t->cfg.NH);
+    if (o->sp && l->tp.size == 1) die("--sp needs tensor parallelism (--tp 2 or more)");
     setup_batch(t);
     open_data(t); // before any large allocation, so that a bad file is reported first
     build_model(t, host_params);
     setup_checkpoints(t);
-    t->flops_per_token = gpt2_flops_per_token(&t->cfg, t->T);
+    t->flops_per_token = gpt2_flops_per_token(&t->cfg, t->lay.T);
     print_header(t);
     open_log(t);
-    size_t step_tokens = (size_t)t->accum * t->B * t->Tl;
+    size_t step_tokens = (size_t)t->lay.accum * t->lay.B * t->Tl;
     t->inputs = xmalloc(sizeof(int32_t) * step_tokens);
     t->targets = xmalloc(sizeof(int32_t) * step_tokens);
-    if (tp->cp_size > 1) {
-        t->full_in = xmalloc(sizeof(int32_t) * step_tokens * tp->cp_size);
-        t->full_tgt = xmalloc(sizeof(int32_t) * step_tokens * tp->cp_size);
+    if (l->cp.size > 1) {
+        t->full_in = xmalloc(sizeof(int32_t) * step_tokens * l->cp.size);
+        t->full_tgt = xmalloc(sizeof(int32_t) * step_tokens * l->cp.size);
     }
-    t->strag.slow_for = xcalloc((size_t)tp->nranks, sizeof(int));
-    t->strag.compute = xcalloc((size_t)tp->nranks, sizeof(double));
-    t->strag.host = xcalloc((size_t)tp->nranks, 64);
-    snprintf(t->strag.host[tp->rank], 64, "%.63s", tp->env.node_id[0] ? tp->env.node_id : "localhost");
-    if (tp->world) { // every rank's host, for straggler reports
+    t->strag.slow_for = xcalloc((size_t)l->nranks, sizeof(int));
+    t->strag.compute = xcalloc((size_t)l->nranks, sizeof(double));
+    t->strag.host = xcalloc((size_t)l->nranks, 64);
+    snprintf(t->strag.host[l->rank], 64, "%.63s", t->env.node_id[0] ? t->env.node_id : "localhost");
+    if (l->world) { // every rank's host, for straggler reports
         char mine[64];
-        memcpy(mine, t->strag.host[tp->rank], 64);
-        comm_all_gather(tp->world, mine, t->strag.host, 16 * (size_t)tp->nranks, CT_I32);
+        memcpy(mine, t->strag.host[l->rank], 64);
+        comm_all_gather(l->world, mine, t->strag.host, 16 * (size_t)l->nranks, CT_I32);
     }
 }
 
@@ -788,15 +725,15 @@ static void trainer_init(Trainer *t, int argc, char **argv) {
 // This rank's sequences of step `step`: a contiguous block of accum x B of the global batch (under
 // context parallelism, this rank's positions of them).
 static void next_batch(Trainer *t, int step) {
-    int cp = t->topo.cp_size, n = t->accum * t->B;
+    int cp = t->lay.cp.size, n = t->lay.accum * t->lay.B;
     int32_t *in = cp > 1 ? t->full_in : t->inputs, *tgt = cp > 1 ? t->full_tgt : t->targets;
     for (int i = 0; i < n; i++) {
-        uint64_t g = (uint64_t)step * t->G + (uint64_t)t->topo.dp_rank * n + i;
-        tokenset_sequence(&t->train, g, in + (size_t)i * t->T, tgt + (size_t)i * t->T);
+        uint64_t g = (uint64_t)step * t->G + (uint64_t)t->lay.dp.rank * n + i;
+        tokenset_sequence(&t->train, g, in + (size_t)i * t->lay.T, tgt + (size_t)i * t->lay.T);
     }
     if (cp == 1) return;
-    cp_slice(in, t->inputs, n, t->Tl, cp, t->topo.cp_rank);
-    cp_slice(tgt, t->targets, n, t->Tl, cp, t->topo.cp_rank);
+    cp_slice(in, t->inputs, n, t->Tl, cp, t->lay.cp.rank);
+    cp_slice(tgt, t->targets, n, t->Tl, cp, t->lay.cp.rank);
 }
 
 // --skip-spikes: whether to skip the update of a step with this loss and gradient norm (the same on
@@ -813,7 +750,7 @@ static int spike(Trainer *t, float loss, float norm) {
         bad = loss > t->o.skip_spikes * ml || norm > t->o.skip_spikes * mn;
     }
     any = bad;
-    if (t->topo.world) comm_all_reduce(t->topo.world, &bad, &any, 1, CT_I32, OP_MAX);
+    if (t->lay.world) comm_all_reduce(t->lay.world, &bad, &any, 1, CT_I32, OP_MAX);
     if (any) {
         g->skipped++;
         return 1;
@@ -832,10 +769,10 @@ static int spike(Trainer *t, float loss, float norm) {
 // schedule, with the data-parallel reductions started inside); the reduced gradient and its norm;
 // the update.
 static void train_step(Trainer *t, int step, StepResult *r) {
-    Topology *tp = &t->topo;
+    Layout *l = &t->lay;
     if (step + 1 == t->faults.kill_step) raise(SIGKILL);
-    double t0 = now_seconds(), tp_busy0 = tp->tp_size > 1 ? comm_busy_seconds(tp->tp) : 0;
-    double cp_busy0 = tp->cp ? comm_busy_seconds(tp->cp) + comm_busy_seconds(tp->cp_grad) : 0;
+    double t0 = now_seconds(), tp_busy0 = l->tp.size > 1 ? comm_busy_seconds(l->tp.comm) : 0;
+    double cp_busy0 = l->cp.comm ? comm_busy_seconds(l->cp.comm) + comm_busy_seconds(l->cp_grad) : 0;
     t->model.prof = (Profile){ .on = t->o.profile };
     t->model.ring.wait_s = 0;
     zero_begin_step(&t->zero);
@@ -844,8 +781,8 @@ static void train_step(Trainer *t, int step, StepResult *r) {
 
     double c0 = now_seconds();
     if (t->faults.slow_from >= 0 && step + 1 >= t->faults.slow_from) usleep((useconds_t)t->faults.slow_ms * 1000);
-    double loss_sum = pipeline_step(&t->pipe, t->inputs, t->targets, t->accum, t->B, t->Tl, 1.0f / (float)t->batch_tokens);
-    double tp_busy = tp->tp_size > 1 ? comm_busy_seconds(tp->tp) - tp_busy0 : 0;
+    double loss_sum = pipeline_step(&t->pipe, t->inputs, t->targets, t->lay.accum, t->lay.B, t->Tl, 1.0f / (float)t->batch_tokens);
+    double tp_busy = l->tp.size > 1 ? comm_busy_seconds(l->tp.comm) - tp_busy0 : 0;
     // compute: the schedule's time less its waits for other ranks (pipeline hand-offs, ZeRO gathers and
     // buckets, tensor-parallel collectives, the context-parallel ring)
     r->compute_ms = (now_seconds() - c0 - t->pipe.wait_s - tp_busy - t->model.ring.wait_s) * 1e3 - zero_exposed_ms(&t->zero);
@@ -854,7 +791,7 @@ static void train_step(Trainer *t, int step, StepResult *r) {
 
     r->norm = zero_finish_grads(&t->zero); // first: the loss's reduction would queue behind the buckets
     // each rank's micro-batch losses are means over its B x Tl tokens, the same count on every rank
-    r->loss = (float)(comm_sum_double(tp->pp, zero_sum_double(&t->zero, loss_sum)) / (t->accum * tp->dp_size * tp->cp_size));
+    r->loss = (float)(comm_sum_double(l->pp.comm, zero_sum_double(&t->zero, loss_sum)) / (t->lay.accum * l->dp.size * l->cp.size));
 
     r->lr = lr_at(&t->o, step);
     r->skipped = t->o.skip_spikes > 0 ? spike(t, r->loss, r->norm) : 0;
@@ -865,7 +802,7 @@ static void train_step(Trainer *t, int step, StepResult *r) {
     r->comm_ms = zero_comm_ms(&t->zero);
     r->exposed_ms = zero_exposed_ms(&t->zero);
     r->tp_ms = tp_busy * 1e3;
-    r->cp_ms = tp->cp ? (comm_busy_seconds(tp->cp) + comm_busy_seconds(tp->cp_grad) - cp_busy0) * 1e3 : 0;
+    r->cp_ms = l->cp.comm ? (comm_busy_seconds(l->cp.comm) + comm_busy_seconds(l->cp_grad) - cp_busy0) * 1e3 : 0;
     r->cp_exposed_ms = t->model.ring.wait_s * 1e3;
     r->attn_flops = t->model.prof.attention_flops;
 }
@@ -875,29 +812,29 @@ static void train_step(Trainer *t, int step, StepResult *r) {
 // steps in a row is reported once per streak. Collective.
 #define STRAGGLER_MIN_MS 20.0
 static void stragglers(Trainer *t, int step, const StepResult *r, double *max_ms, double *median_ms, int *slowest) {
-    Topology *tp = &t->topo;
+    Layout *l = &t->lay;
     Stragglers *s = &t->strag;
     double mine = r->compute_ms;
-    if (tp->world) comm_all_gather(tp->world, &mine, s->compute, (size_t)tp->nranks, CT_I64);
+    if (l->world) comm_all_gather(l->world, &mine, s->compute, (size_t)l->nranks, CT_I64);
     else s->compute[0] = mine;
-    double *sorted = xmalloc(sizeof(double) * tp->nranks);
-    memcpy(sorted, s->compute, sizeof(double) * tp->nranks);
-    for (int i = 1; i < tp->nranks; i++)
+    double *sorted = xmalloc(sizeof(double) * l->nranks);
+    memcpy(sorted, s->compute, sizeof(double) * l->nranks);
+    for (int i = 1; i < l->nranks; i++)
         for (int j = i; j > 0 && sorted[j] < sorted[j - 1]; j--) {
             double x = sorted[j];
             sorted[j] = sorted[j - 1];
             sorted[j - 1] = x;
         }
-    int n = tp->nranks;
+    int n = l->nranks;
     *median_ms = n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
     free(sorted);
     *slowest = 0;
-    for (int q = 0; q < tp->nranks; q++) {
+    for (int q = 0; q < l->nranks; q++) {
         if (s->compute[q] > s->compute[*slowest]) *slowest = q;
-        int slow = tp->nranks > 1 && s->compute[q] > *median_ms * (1.0 + t->o.straggler) &&
+        int slow = l->nranks > 1 && s->compute[q] > *median_ms * (1.0 + t->o.straggler) &&
                    s->compute[q] - *median_ms > STRAGGLER_MIN_MS;
         s->slow_for[q] = slow ? s->slow_for[q] + 1 : 0;
-        if (s->slow_for[q] != t->o.straggler_steps || !tp->lead) continue;
+        if (s->slow_for[q] != t->o.straggler_steps || !l->lead) continue;
         fprintf(stderr, "warning: straggler: rank %d on %s has computed more than %.0f%% longer than the median for %d steps "
                "(%.1f ms against %.1f ms at step %d)\n", q, s->host[q], 100 * t->o.straggler, t->o.straggler_steps,
                s->compute[q], *median_ms, step + 1);
@@ -911,43 +848,43 @@ static void stragglers(Trainer *t, int step, const StepResult *r, double *max_ms
 }
 
 static void report(Trainer *t, int step, const StepResult *r) {
-    Topology *tp = &t->topo;
-    int P = tp->pp_size;
+    Layout *l = &t->lay;
+    int P = l->pp.size;
     double tps = t->batch_tokens / (r->ms / 1e3);
     // the bubble: the share of the step each stage waited for activations or gradients
-    double bubble_max = 0, bubble_mean = 0, bubble_formula = (P - 1.0) / ((double)t->chunks * t->accum + P - 1.0);
+    double bubble_max = 0, bubble_mean = 0, bubble_formula = (P - 1.0) / ((double)t->lay.chunks * t->lay.accum + P - 1.0);
     if (P > 1) {
         double mine = t->pipe.wait_s / (r->ms / 1e3), *all = xmalloc(sizeof(double) * P);
-        comm_all_gather(tp->pp, &mine, all, (size_t)P, CT_I64);
+        comm_all_gather(l->pp.comm, &mine, all, (size_t)P, CT_I64);
         for (int s = 0; s < P; s++) {
             bubble_mean += all[s] / P;
             if (all[s] > bubble_max) bubble_max = all[s];
         }
         free(all);
-        if (t->o.pp_trace && tp->dp_rank == 0 && tp->cp_rank == 0 && tp->tp_rank == 0) write_trace(t->o.pp_trace, tp->pp_rank, step + 1, &t->pipe);
+        if (t->o.pp_trace && l->dp.rank == 0 && l->cp.rank == 0 && l->tp.rank == 0) write_trace(t->o.pp_trace, l->pp.rank, step + 1, &t->pipe);
     }
     double cmax, cmed;
     int slowest;
     stragglers(t, step, r, &cmax, &cmed, &slowest);
     // attention FLOPs of every rank: context parallelism should give each rank of a group the same share
     double amin = r->attn_flops, amax = r->attn_flops, asum = r->attn_flops;
-    if (tp->world) {
-        double *all = xmalloc(sizeof(double) * tp->nranks);
-        comm_all_gather(tp->world, &r->attn_flops, all, (size_t)tp->nranks, CT_I64);
+    if (l->world) {
+        double *all = xmalloc(sizeof(double) * l->nranks);
+        comm_all_gather(l->world, &r->attn_flops, all, (size_t)l->nranks, CT_I64);
         asum = 0;
-        for (int q = 0; q < tp->nranks; q++) {
+        for (int q = 0; q < l->nranks; q++) {
             asum += all[q];
             amin = all[q] < amin ? all[q] : amin;
             amax = all[q] > amax ? all[q] : amax;
         }
         free(all);
     }
-    if (tp->lead) {
+    if (l->lead) {
         printf("step %4d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s | %.2f GFLOP/s", step + 1, t->o.steps,
                r->loss, r->lr, r->norm, r->ms, tps, tps * t->flops_per_token / 1e9);
-        if (tp->dp_size > 1) printf(" | comm %.1f ms, exposed %.1f ms", r->comm_ms, r->exposed_ms);
-        if (tp->tp_size > 1) printf(" | tp comm %.1f ms", r->tp_ms);
-        if (tp->cp_size > 1) printf(" | cp comm %.1f ms, exposed %.1f ms", r->cp_ms, r->cp_exposed_ms);
+        if (l->dp.size > 1) printf(" | comm %.1f ms, exposed %.1f ms", r->comm_ms, r->exposed_ms);
+        if (l->tp.size > 1) printf(" | tp comm %.1f ms", r->tp_ms);
+        if (l->cp.size > 1) printf(" | cp comm %.1f ms, exposed %.1f ms", r->cp_ms, r->cp_exposed_ms);
         if (P > 1) printf(" | bubble %.1f%% max, %.1f%% mean (formula %.1f%%)", 100 * bubble_max, 100 * bubble_mean, 100 * bubble_formula);
         if (t->stall_ms > 0) printf(" | checkpoint stall %.1f ms", t->stall_ms);
         if (r->skipped) printf(" | SKIPPED (%lld so far)", (long long)t->spikes.skipped);
@@ -985,7 +922,7 @@ static void report(Trainer *t, int step, const StepResult *r) {
 // Rank 0 reports finished checkpoints: complete ones with their size and write bandwidth.
 static void log_checkpoints(Trainer *t) {
     CkptEvent ev;
-    while (t->ckpt && t->topo.lead && ckpt_event(t->ckpt, &ev)) {
+    while (t->ckpt && t->lay.lead && ckpt_event(t->ckpt, &ev)) {
         double stall = 0;
         for (int i = 0; i < 4; i++)
             if (t->stall_step[i] == ev.step) stall = t->stall_hist[i];
@@ -1014,11 +951,11 @@ static void log_checkpoints(Trainer *t) {
 // whether every rank's shard of the checkpoint in flight is written. Returns 1 when the run ends here.
 static int step_boundary(Trainer *t, int step) {
     int32_t f[2] = { stop_signal != 0, t->ckpt ? ckpt_writing(t->ckpt) : 0 }, g[2] = { f[0], f[1] };
-    if (t->topo.world) comm_all_reduce(t->topo.world, f, g, 2, CT_I32, OP_MAX);
+    if (t->lay.world) comm_all_reduce(t->lay.world, f, g, 2, CT_I32, OP_MAX);
     if (t->ckpt) ckpt_advance(t->ckpt, g[1]);
     log_checkpoints(t);
     if (g[0] && step < t->end_step) {
-        if (t->topo.lead)
+        if (t->lay.lead)
             printf("received %s: stopping cleanly after %d of %d steps%s%s\n",
                    stop_signal == SIGUSR1 ? "SIGUSR1 (the job's time limit is near)" : stop_signal == SIGTERM ? "SIGTERM"
                                                                                     : "a stop signal (on another rank)",
@@ -1044,21 +981,21 @@ static void evaluate(Trainer *t, int step, int last) {
     const Options *o = &t->o;
     if (t->resumed && step == t->start_step) return;
     if (o->val && o->val_every > 0 && (step % o->val_every == 0 || last) && (step > 0 || !last)) {
-        float vl = validate(&t->pipe, &t->val, t->topo.cp, t->B, t->T, o->val_steps);
-        if (t->topo.lead) {
+        float vl = validate(&t->pipe, &t->val, t->lay.cp.comm, t->lay.B, t->lay.T, o->val_steps);
+        if (t->lay.lead) {
             printf("step %d | val loss %.6f\n", step, vl);
             if (t->logf) fprintf(t->logf, "{\"step\":%d,\"val_loss\":%.9g}\n", step, vl);
         }
     }
     if (o->sample_every > 0 && t->have_train && ((step > 0 && step % o->sample_every == 0) || (last && step > 0)))
-        sample(&t->pipe, o, t->have_tk ? &t->tk : NULL, t->first_token, t->T, step, t->topo.lead);
+        sample(&t->pipe, o, t->have_tk ? &t->tk : NULL, t->first_token, t->lay.T, step, t->lay.lead);
 }
 
 // --dump, a testing aid (single rank): step 0's global batch tokens, the first micro-batch's logits
 // by a forward that changes no state, and the accumulated gradients; the step itself then runs as usual.
 static void dump_step0(Trainer *t) {
     const char *dir = t->o.dump;
-    int B = t->B, T = t->T, V = t->cfg.V;
+    int B = t->lay.B, T = t->lay.T, V = t->cfg.V;
     next_batch(t, 0);
     gpt2_forward(&t->model, t->inputs, t->targets, B, T);
     float *logits = xmalloc(sizeof(float) * V * B * T);
@@ -1069,7 +1006,7 @@ static void dump_step0(Trainer *t) {
     size_t n = t->model.num_params;
     zero_begin_step(&t->zero);
     gpt2_zero_grad(&t->model);
-    pipeline_step(&t->pipe, t->inputs, t->targets, t->accum, B, T, 1.0f / (float)t->batch_tokens);
+    pipeline_step(&t->pipe, t->inputs, t->targets, t->lay.accum, B, T, 1.0f / (float)t->batch_tokens);
     zero_finish_grads(&t->zero);
     float *g = xmalloc(sizeof(float) * n), *gf = xmalloc(sizeof(float) * n);
     t->be->to_host(g, t->model.grads, sizeof(float) * n);
@@ -1097,7 +1034,7 @@ static void trainer_finish(Trainer *t) {
         float *host = xmalloc(sizeof(float) * t->model.num_params), *file = xmalloc(sizeof(float) * full_n);
         zero_gather_master(&t->zero, host);      // collective over the data-parallel group
         gpt2_gather_full(&t->model, host, file); // collective over the tensor-parallel group
-        if (t->topo.lead) {
+        if (t->lay.lead) {
             gpt2_save_file(o->save_model, &t->cfg, file);
             printf("saved %s\n", o->save_model);
         }
@@ -1118,7 +1055,7 @@ static void trainer_finish(Trainer *t) {
     if (t->have_train) tokenset_close(&t->train);
     if (o->val) tokenset_close(&t->val);
     if (t->have_tk) tokenizer_free(&t->tk);
-    topology_free(&t->topo);
+    layout_disconnect(&t->lay);
 }
 
 static int train_main(int argc, char **argv) {
@@ -1204,7 +1141,7 @@ int main(int argc, char **argv) {
         Options o;
         parse_options(&o, argc, argv); // every flag checked before any rank starts
         char err[160];
-        if (layout_error(&o, nproc, err, sizeof err)) die("%s", err);
+        if (layout_error(o.tp, o.cp, o.pp, nproc, err, sizeof err)) die("%s", err);
         return launch_with_restarts(&o, nproc, argc, argv);
     }
     return train_main(argc, argv);

@@ -182,11 +182,11 @@ static void grads_ready(void *ctx, int unit) {
     GPT2 *m = z->model;
     int b = z->unit_bucket[unit];
     int complete = z->bucket_first_unit[b] == unit;
-    if (unit == UNIT_EMBED && m->embed_comm) {
+    if (unit == UNIT_EMBED && m->lay->embed) {
         // the first and last stage hold the tied embedding: their gradients are summed first, without
         // blocking (the last stage still has to send its input gradient back), and the bucket's
         // data-parallel reduction waits for that sum in zero_finish_grads
-        z->embed_req = comm_iall_reduce(m->embed_comm, m->unit_grads[UNIT_EMBED], m->unit_grads[UNIT_EMBED],
+        z->embed_req = comm_iall_reduce(m->lay->embed, m->unit_grads[UNIT_EMBED], m->unit_grads[UNIT_EMBED],
                                         m->unit_offset[1] - m->unit_offset[0], CT_F32, OP_SUM);
         z->embed_bucket = complete && z->dp ? b : -1;
         return;
@@ -324,7 +324,7 @@ static double sumsq_range(const Zero *z, size_t off, size_t len, const float *gr
     const GPT2 *m = z->model;
     double s = 0;
     for (int k = 0; k < NUM_PARAM_TENSORS; k++) {
-        if (gpt2_tensor_replicated(m, k) && m->tp_rank != 0) continue;
+        if (gpt2_tensor_replicated(m, k) && m->lay->tp.rank != 0) continue;
         if ((k == P_WTE || k == P_WPE) && !m->first) continue; // the tied copy counts on the first stage
         int layers = gpt2_tensor_layers(m, k);
         for (int l = 0; l < layers; l++) {
@@ -361,7 +361,7 @@ float zero_finish_grads(Zero *z) {
     double local = 0;
     for (int b = 0; b < z->nbuckets; b++) local += sumsq_range(z, z->own_off[b], z->own_len[b], reduced_grad(z, b));
     GPT2 *m = z->model;
-    return (float)sqrt(comm_sum_double(m->pp_comm, comm_sum_double(m->tp_comm, comm_sum_double(z->dp, local))));
+    return (float)sqrt(comm_sum_double(layout_group(&m->lay->pp), comm_sum_double(layout_group(&m->lay->tp), comm_sum_double(z->dp, local))));
 }
 
 // The AdamW segments of [off, off+len) of the internal order, whose state sits at spos (shard or full
