@@ -12,7 +12,7 @@ CFLAGS += -std=gnu11 -Wall -Wextra -Werror -fopenmp -fno-math-errno -MMD -MP
 LDLIBS = -lm -fopenmp -lpthread -lz -ljansson
 SAN = -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
-HOST_SRC = train.c options.c layout.c model.c context.c mem.c zero.c pipeline.c data.c ckpt.c common.c hostmem.c kernels_cpu.c launch.c \
+HOST_SRC = train.c options.c report.c layout.c model.c context.c mem.c zero.c pipeline.c data.c ckpt.c common.c hostmem.c kernels_cpu.c launch.c \
            bootstrap.c collectives.c algorithms.c net_shm.c net_tcp.c devmem_cpu.c bench_comm.c plan.c
 HOST_OBJ = $(HOST_SRC:%.c=build/%.o)
 LIB_OBJ = $(filter-out build/train.o build/bench_comm.o build/plan.o,$(HOST_OBJ))

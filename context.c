@@ -37,13 +37,7 @@ static AttnView chunk_view(DType dt, const void *base, int T, int width, int j, 
     return v;
 }
 
-static void wait_timed(CpRing *r, CommRequest **q) {
-    if (!*q) return;
-    double t0 = now_seconds();
-    comm_wait(*q);
-    *q = NULL;
-    r->wait_s += now_seconds() - t0;
-}
+static void wait_ring(CpRing *r, CommRequest **q) { wait_timed(q, &r->times->ring_wait_s); }
 
 // Passes the block at cur to the next rank and receives the previous rank's into nxt (step s of n).
 static void pass_kv(CpRing *r, int s, void *cur, void *nxt, size_t bytes, CommRequest **send, CommRequest **recv) {
@@ -77,8 +71,8 @@ double cp_attention_fwd(CpRing *r, void *out, float *lse, const void *qkv, int B
                 started[jq] = 1;
                 pairs += causal_pairs(c, q0, c, k0);
             }
-        wait_timed(r, &send);
-        wait_timed(r, &recv);
+        wait_ring(r, &send);
+        wait_ring(r, &recv);
     }
     be->cast(out, dt, r->acc, DT_F32, rows * C);
     return pairs;
@@ -102,7 +96,7 @@ double cp_attention_bwd(CpRing *r, void *dqkv, const void *dout, const void *qkv
         // the block's accumulator arrives from the previous rank while this rank computes its share apart
         float *acc = r->dkv[s % 2], *mine = s == 0 ? acc : r->dkv_part;
         if (s > 0) {
-            wait_timed(r, &dsend[s % 2]); // that buffer's send, two steps ago
+            wait_ring(r, &dsend[s % 2]); // that buffer's send, two steps ago
             drecv = comm_irecv(r->lay->cp_grad, acc, dkv_bytes, prev);
         }
         be->zero(mine, dkv_bytes);
@@ -120,18 +114,18 @@ double cp_attention_bwd(CpRing *r, void *dqkv, const void *dout, const void *qkv
                 pairs += causal_pairs(c, q0, c, k0);
             }
         if (s > 0) { // the ranks before this one, then this one: the same order for every block
-            wait_timed(r, &drecv);
+            wait_ring(r, &drecv);
             be->residual_bwd(DT_F32, acc, mine, dkv_n);
         }
-        wait_timed(r, &dsend[(s + 1) % 2]); // one send at a time on the channel: the previous step's has left
+        wait_ring(r, &dsend[(s + 1) % 2]); // one send at a time on the channel: the previous step's has left
         dsend[s % 2] = comm_isend(r->lay->cp_grad, acc, dkv_bytes, next);
-        wait_timed(r, &send);
-        wait_timed(r, &recv);
+        wait_ring(r, &send);
+        wait_ring(r, &recv);
     }
     // this rank's own block returns from the previous rank with every rank's share
     CommRequest *home = comm_irecv(r->lay->cp_grad, r->dkv[n % 2], dkv_bytes, prev);
-    wait_timed(r, &home);
-    wait_timed(r, &dsend[(n + 1) % 2]);
+    wait_ring(r, &home);
+    wait_ring(r, &dsend[(n + 1) % 2]);
     be->cast_rows(dqkv, dt, 3 * (size_t)C, r->acc, DT_F32, (size_t)C, rows, (size_t)C);
     be->cast_rows((char *)dqkv + (size_t)C * es, dt, 3 * (size_t)C, r->dkv[n % 2], DT_F32, 2 * (size_t)C, rows, 2 * (size_t)C);
     return pairs;

@@ -19,6 +19,7 @@
 #include "collectives.h"
 #include "kernels.h"
 #include "layout.h"
+#include "timing.h"
 
 typedef struct {
     // the group (lay->cp) and this rank's place in it; the group twice: K/V blocks travel on lay->cp.comm,
@@ -35,7 +36,7 @@ typedef struct {
     // kernels queued before it and complete once its copies are
     void *kvbuf[2];
     float *acc, *dkv[2], *dkv_part;
-    double wait_s; // seconds spent waiting for ring transfers since the caller last reset it
+    StepTimes *times; // the ring adds its waits for transfers to times->ring_wait_s
 } CpRing;
 
 // Where local chunk j (0 or 1) of rank r of n starts in its sequence, for local sequences of T positions.

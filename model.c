@@ -193,7 +193,37 @@ int gpt2_tensor_replicated(const GPT2 *m, int k) {
            k == P_FCPROJB || k == P_LNFW || k == P_LNFB;
 }
 
+int gpt2_tensor_counted(const GPT2 *m, int k) {
+    if ((k == P_WTE || k == P_WPE) && !m->first) return 0;
+    return !(gpt2_tensor_replicated(m, k) && m->lay->tp.rank != 0);
+}
+
 int gpt2_tensor_layers(const GPT2 *m, int k) { return is_layer_tensor(k) ? m->nl : 1; }
+
+int gpt2_next_slice(const GPT2 *m, size_t off, size_t len, TensorSlice *s) {
+    for (;;) {
+        if (++s->l >= gpt2_tensor_layers(m, s->k)) {
+            s->l = -1;
+            if (++s->k >= NUM_PARAM_TENSORS) return 0;
+            continue;
+        }
+        size_t toff, tlen;
+        gpt2_tensor_range(m, s->k, s->l, &toff, &tlen);
+        s->start = toff;
+        s->a = toff > off ? toff : off;
+        s->e = toff + tlen < off + len ? toff + tlen : off + len;
+        if (s->a < s->e) return 1;
+    }
+}
+
+void gpt2_place_unit_params(GPT2 *m, int unit, void *params) { m->unit_params[unit] = params; }
+void gpt2_place_unit_grads(GPT2 *m, int unit, float *grads) { m->unit_grads[unit] = grads; }
+
+void gpt2_set_hooks(GPT2 *m, void *ctx, void (*fetch)(void *ctx, int unit), void (*ready)(void *ctx, int unit)) {
+    m->hook_ctx = ctx;
+    m->fetch_unit = fetch;
+    m->grads_ready = ready;
+}
 
 int gpt2_unit_of(const GPT2 *m, int k, int l) {
     if (k == P_WTE || k == P_WPE) return UNIT_EMBED;
@@ -321,9 +351,10 @@ void gpt2_gather_full(const GPT2 *m, const float *local, float *file) {
 }
 
 // The shape of this rank's slice and stage, from the layout.
-static void place(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, const Layout *lay) {
+static void place(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, const Layout *lay, StepTimes *times) {
     memset(m, 0, sizeof *m);
     m->lay = lay;
+    m->times = times;
     int B = lay->B, T = lay->T / lay->cp.size, TP = lay->tp.size;
     m->nl = 0;
     for (int k = 0; k < lay->chunks; k++) {
@@ -341,7 +372,7 @@ static void place(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, c
     if (cfg->NH % TP) die("internal: tensor parallelism %d does not divide %d heads", TP, cfg->NH);
     if (lay->sp && ((size_t)B * T) % TP) die("internal: sequence parallelism needs B*T divisible by %d", TP);
     if (lay->cp.size > 1 && T % 2) die("internal: context parallelism needs an even number of local positions, got %d", T);
-    m->ring = (CpRing){ .lay = lay, .be = be, .dt = dt };
+    m->ring = (CpRing){ .lay = lay, .times = times, .be = be, .dt = dt };
     m->C_tp = cfg->C / TP;
     m->NH_tp = cfg->NH / TP;
     m->Vp_tp = (cfg->Vp + TP - 1) / TP; // padded internally when the ranks do not divide Vp
@@ -450,9 +481,9 @@ static void alloc_recompute(GPT2 *m) {
 #undef RC
 }
 
-void gpt2_build(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, const Layout *lay, int own_params,
-                int own_grads) {
-    place(m, cfg, dt, be, lay);
+void gpt2_build(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, const Layout *lay, StepTimes *times,
+                int own_params, int own_grads) {
+    place(m, cfg, dt, be, lay, times);
     gpt2_param_layout(cfg, m->param_sizes, m->file_offsets);
     local_sizes(m);
     build_units(m);
@@ -596,14 +627,14 @@ static void layernorm_bwd_tp(GPT2 *m, void *dinp, float *dweight, const void *do
 
 // Per-op timer: the start of a timed op, and its end charged to a category (no-ops unless profiling).
 static double prof_begin(GPT2 *m) {
-    if (!m->prof.on) return 0.0;
+    if (!m->times->profile) return 0.0;
     m->be->sync();
     return now_seconds();
 }
 static void prof_end(GPT2 *m, int cat, double t0) {
-    if (!m->prof.on) return;
+    if (!m->times->profile) return;
     m->be->sync();
-    m->prof.seconds[cat] += now_seconds() - t0;
+    m->times->op_s[cat] += now_seconds() - t0;
 }
 #define TIMED(m, cat, call)                                                                                \
     do {                                                                                                   \
@@ -658,7 +689,7 @@ static void attention_forward(GPT2 *m, void *atty, float *lse, const void *qkv, 
         m->be->attention_fwd(m->dt, atty, lse, qkv, B, T, Ct, NH);
         pairs = causal_pairs(T, 0, T, 0);
     }
-    m->prof.attention_flops += 4.0 * (Ct / NH) * B * NH * pairs;
+    m->times->attention_flops += 4.0 * (Ct / NH) * B * NH * pairs;
 }
 static void attention_backward(GPT2 *m, void *dqkv, const void *datty, const void *qkv, const void *atty, const float *lse, int B,
                           int T) {
@@ -670,7 +701,7 @@ static void attention_backward(GPT2 *m, void *dqkv, const void *datty, const voi
         m->be->attention_bwd(m->dt, dqkv, datty, qkv, atty, lse, B, T, Ct, NH);
         pairs = causal_pairs(T, 0, T, 0);
     }
-    m->prof.attention_flops += 10.0 * (Ct / NH) * B * NH * pairs;
+    m->times->attention_flops += 10.0 * (Ct / NH) * B * NH * pairs;
 }
 
 // Cross-entropy over the vocabulary slices of the tensor-parallel group: each rank's row statistics

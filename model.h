@@ -11,6 +11,7 @@
 #include "kernels.h"
 #include "layout.h"
 #include "mem.h"
+#include "timing.h"
 
 #define MODEL_MAGIC 20240326
 #define MODEL_VERSION_F32 3
@@ -70,17 +71,6 @@ typedef struct {
     float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd, *lse;
 } BlockScratch;
 
-// Per-op timer (--profile): seconds spent in each kind of op since the last reset. Device backends are
-// synchronised around every timed op, so profiling slows a GPU run down. attention_flops counts, always,
-// the FLOPs of the causally visible query-key pairs this rank's attention computed: 4·hs per pair forward
-// (scores and the weighted sum), 10·hs backward (the scores again, dV, dP, dQ, dK).
-enum { PROF_MATMUL, PROF_ATTENTION, PROF_NCAT };
-typedef struct {
-    int on;
-    double seconds[PROF_NCAT];
-    double attention_flops;
-} Profile;
-
 // Inside the trainer the parameters are laid out unit by unit, in the order the forward uses them:
 // unit 0 holds the embeddings (wte, wpe), unit 1 + l block l's twelve tensors, unit L + 1 the final
 // LayerNorm. Data parallelism buckets, shards and (ZeRO-3) gathers whole units; model files keep
@@ -121,8 +111,8 @@ typedef struct {
     Activations *slots, *act;
     BlockScratch rc; // the block being rebuilt
     MemAccount mem;  // every buffer of this rank (zero.c, pipeline.c and ckpt.c allocate through it too)
-    Profile prof;
-    // data-parallel hooks (zero.c); NULL when unused
+    StepTimes *times; // the trainer's (timing.h): the model adds its op times and attention FLOPs
+    // data-parallel hooks (zero.c sets them with gpt2_set_hooks); NULL when unused
     void *hook_ctx;
     void (*fetch_unit)(void *ctx, int unit); // before a unit's weights are read
     void (*grads_ready)(void *ctx, int unit); // once a unit's gradients are final for this micro-batch
@@ -153,8 +143,9 @@ void gpt2_save_file(const char *path, const GPT2Config *cfg, const float *host_p
 // lay->T / CP positions. With own_params 0 the caller (ZeRO-3) provides unit_params instead of a full
 // working-weight buffer, and with own_grads 0 (ZeRO-2/3 streaming) unit_grads instead of a full
 // gradient buffer. With a dry backend (mem.h) it only counts the buffers it would allocate.
-void gpt2_build(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, const Layout *lay, int own_params,
-                int own_grads);
+// times: where this model, its ring and its owners (zero.c, pipeline.c) add the step's times.
+void gpt2_build(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, const Layout *lay, StepTimes *times,
+                int own_params, int own_grads);
 // Pipeline stages: choose the activation set of a micro-batch, and the buffers that travel between
 // stages (this rank's rows of the residual stream): the input a stage receives, the output it sends,
 // and the gradient of its input that its backward leaves for the previous stage.
@@ -172,6 +163,26 @@ void gpt2_tensor_range(const GPT2 *m, int k, int l, size_t *off, size_t *len);
 // Replicated across the tensor-parallel group (LayerNorms, position embedding, row-parallel biases):
 // counted once in the global norm.
 int gpt2_tensor_replicated(const GPT2 *m, int tensor);
+// Whether this rank's copy of tensor k is the one that counts (in the global norm, in a checkpoint): the
+// tied embedding's on the first pipeline stage, a tensor replicated across tensor parallelism on its
+// rank 0 (their copies are identical).
+int gpt2_tensor_counted(const GPT2 *m, int tensor);
+// The parts of the tensor slices (tensor k, local layer l) that meet the range [off, off + len) of the
+// internal order, tensor by tensor and layer by layer: [a, e) of the internal order, the slice starting
+// at start. for (TensorSlice s = GPT2_SLICES; gpt2_next_slice(m, off, len, &s);) visits them.
+typedef struct {
+    int k, l;
+    size_t a, e, start;
+} TensorSlice;
+#define GPT2_SLICES ((TensorSlice){ .k = 0, .l = -1 })
+int gpt2_next_slice(const GPT2 *m, size_t off, size_t len, TensorSlice *s);
+// Where unit u's working weights (gradients) are now: the model's own buffers, or zero.c's gathered
+// units (streamed buckets) while it holds them; NULL when nowhere.
+void gpt2_place_unit_params(GPT2 *m, int unit, void *params);
+void gpt2_place_unit_grads(GPT2 *m, int unit, float *grads);
+// The data-parallel hooks: fetch before a unit's weights are read, ready once a unit's gradients are
+// final for the micro-batch (NULL: none), both called with ctx.
+void gpt2_set_hooks(GPT2 *m, void *ctx, void (*fetch)(void *ctx, int unit), void (*ready)(void *ctx, int unit));
 // Where element i of this rank's slice of tensor k (local layer l) sits in a full model file, counted
 // from the file's first parameter; SIZE_MAX for the internal vocabulary padding past Vp.
 size_t gpt2_file_index(const GPT2 *m, int k, int l, size_t i);

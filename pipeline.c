@@ -1,4 +1,5 @@
-// pipeline.c: the 1F1B schedule and the hand-off of activations and gradients between stages.
+// pipeline.c: building the rank a layout places (model, ZeRO state, pipeline), the 1F1B schedule and the
+// hand-off of activations and gradients between stages.
 #include "pipeline.h"
 
 #include <stdlib.h>
@@ -10,6 +11,7 @@ void pipeline_init(Pipeline *p, GPT2 *m, Zero *z, Comm *fwd, Comm *bwd) {
     memset(p, 0, sizeof *p);
     p->model = m;
     p->zero = z;
+    p->times = m->times;
     p->fwd = fwd;
     p->bwd = bwd;
     p->stages = m->lay->pp.size;
@@ -20,14 +22,13 @@ void pipeline_init(Pipeline *p, GPT2 *m, Zero *z, Comm *fwd, Comm *bwd) {
     p->send_grad = xcalloc((size_t)n * p->chunks, sizeof(CommRequest *));
 }
 
-void layout_build_model(const Layout *l, const GPT2Config *cfg, DType dt, const Backend *be, GPT2 *m) {
+void layout_build_model(const Layout *l, const GPT2Config *cfg, DType dt, const Backend *be, StepTimes *times, GPT2 *m) {
     int stage = l->replicas.size > 1 ? l->zero : 0; // one replica: every stage is stage 0
-    gpt2_build(m, cfg, dt, be, l, stage != 3, !zero_streams_gradients(stage, l->replicas.size, l->accum));
+    gpt2_build(m, cfg, dt, be, l, times, stage != 3, !zero_streams_gradients(stage, l->replicas.size, l->accum));
 }
 
 void layout_build_state(const Layout *l, GPT2 *m, Zero *z, Pipeline *p, const float *host_params, const AdamWConfig *acfg) {
-    int stage = l->replicas.size > 1 ? l->zero : 0;
-    zero_init(z, m, l->replicas.comm, l->replicas.size, l->replicas.rank, stage, l->bucket_mb, l->accum, host_params, acfg);
+    zero_init(z, m, host_params, acfg);
     pipeline_init(p, m, z, l->pp_fwd, l->pp_bwd);
 }
 
@@ -63,9 +64,9 @@ static void trace_op(Pipeline *p, char kind, int mb, int chunk) {
 // hands off from its own buffer, which stays untouched until its send completes (send_out and
 // send_grad are drained before the slot is reused): no staging buffer is shared between chunks.
 static void recv_into(Pipeline *p, Comm *c, void *dst, size_t n, int from) {
-    double t0 = now_seconds();
+    double t0 = now_seconds(); // a blocking receive (its inline path is faster than a request's wait)
     comm_recv(c, dst, n, from);
-    p->wait_s += now_seconds() - t0;
+    p->times->pipe_wait_s += now_seconds() - t0;
 }
 
 static CommRequest *send_from(Comm *c, const void *src, size_t n, int to) { return comm_isend(c, src, n, to); }
@@ -132,7 +133,6 @@ static void op_at(const Pipeline *p, int k, int backward, int *mb, int *chunk) {
 }
 
 double pipeline_step(Pipeline *p, const int32_t *inputs, const int32_t *targets, int M, int B, int T, float dloss) {
-    p->wait_s = 0;
     p->live = p->peak_live = 0;
     p->trace_len = 0;
     if (p->trace) p->trace[0] = 0;

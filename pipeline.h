@@ -22,7 +22,7 @@ typedef struct {
                      // so each direction of each channel carries one kind of message in schedule order
     int stages, stage, chunks;
     CommRequest **send_out, **send_grad; // sends still in flight, per activation set and chunk
-    double wait_s;   // this step: time spent waiting for activations or gradients
+    StepTimes *times; // the model's: the pipeline adds its waits for activations and gradients
     int live, peak_live; // micro-batches whose activations this stage holds
     char *trace;     // this step's operations, "F0 F1 B0 ...", for tests
     size_t trace_len, trace_cap;
@@ -40,10 +40,10 @@ double pipeline_step(Pipeline *p, const int32_t *inputs, const int32_t *targets,
 float pipeline_forward(Pipeline *p, const int32_t *inputs, const int32_t *targets, int B, int T);
 
 // The model of the rank that l places (its slice, its stage's blocks, its activation sets), and its
-// optimizer state and pipeline, from host fp32 parameters in the internal order (NULL: dry). The trainer
+// optimizer state and pipeline (times: where they add the step's times, timing.h), from host fp32 parameters in the internal order (NULL: dry). The trainer
 // builds its own rank so; `./train plan --exact` builds any rank of any layout so with a dry backend
 // (mem.h), communicators NULL, and reads the account: the same code, so the same bytes.
-void layout_build_model(const Layout *l, const GPT2Config *cfg, DType dt, const Backend *be, GPT2 *m);
+void layout_build_model(const Layout *l, const GPT2Config *cfg, DType dt, const Backend *be, StepTimes *times, GPT2 *m);
 void layout_build_state(const Layout *l, GPT2 *m, Zero *z, Pipeline *p, const float *host_params, const AdamWConfig *acfg);
 
 #endif

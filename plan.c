@@ -221,78 +221,19 @@ static double parse_amount(const char *flag, const char *s, const Unit *units, d
     return v;
 }
 
-static void parse_plan(PlanInput *in, int argc, char **argv) {
-    const char *preset = NULL;
-    int L = 0, C = 0, NH = 0, V = 0, maxT = 0, T = 0;
-    *in = (PlanInput){ .gpus_per_node = 8, .max_tp = 8, .micro_batches = 8, .pp_virtual = 2, .flash = 1,
-                       .gpu_mem = 80e9, .intra_bw = 300e9, .inter_bw = 50e9, .flops = 400e12, .bucket_mb = 25 };
-    int device_given = 0, bucket_given = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *f = argv[i];
-        if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
-            fputs(PLAN_USAGE, stdout);
-            exit(0);
-        }
-        int *on = !strcmp(f, "--json") ? &in->json : !strcmp(f, "--exact") ? &in->exact : !strcmp(f, "--sp") ? &in->sp
-                : !strcmp(f, "--interleaved") ? &in->interleaved : !strcmp(f, "--ckpt") ? &in->ckpt : NULL;
-        if (on) {
-            *on = 1;
-            continue;
-        }
-        if (strncmp(f, "--", 2) != 0) die("plan: unexpected argument '%s' (see ./train plan --help)", f);
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-#define IS(name) (!strcmp(f, name) && (v ? (i++, 1) : (die("%s needs a value", name), 0)))
-#define INT(lo, hi) (int)parse_amount(f, v, NO_UNITS, lo, hi, 1)
-        if (IS("--model")) preset = v;
-        else if (IS("--layers")) L = INT(1, 4096);
-        else if (IS("--channels")) C = INT(1, 65536);
-        else if (IS("--heads")) NH = INT(1, 65536);
-        else if (IS("--vocab")) V = INT(1, 65536);
-        else if (IS("--max-seq-len")) maxT = INT(1, 1048576);
-        else if (IS("--seq-len")) T = INT(1, 1048576);
-        else if (IS("--params")) in->params = parse_amount(f, v, COUNT_UNITS, 1, 1e16, 0);
-        else if (IS("--gpus")) in->gpus = INT(1, 1 << 24);
-        else if (IS("--gpus-per-node")) in->gpus_per_node = INT(1, 1 << 16);
-        else if (IS("--max-tp")) in->max_tp = INT(1, 1 << 16);
-        else if (IS("--gpu-mem")) in->gpu_mem = parse_amount(f, v, BYTE_UNITS, 1, 1e18, 0);
-        else if (IS("--intra-bw")) in->intra_bw = 1e9 * parse_amount(f, v, NO_UNITS, 1e-6, 1e9, 0);
-        else if (IS("--inter-bw")) in->inter_bw = 1e9 * parse_amount(f, v, NO_UNITS, 1e-6, 1e9, 0);
-        else if (IS("--flops")) in->flops = parse_amount(f, v, FLOP_UNITS, 1, 1e21, 0);
-        else if (IS("--batch-tokens")) in->batch_tokens = parse_amount(f, v, TOKEN_UNITS, 1, 1e15, 1);
-        else if (IS("--micro-batches")) in->micro_batches = INT(1, 1 << 24);
-        else if (IS("--pp-virtual")) in->pp_virtual = INT(1, MAX_CHUNKS);
-        else if (IS("--zero")) in->zero = INT(0, 3);
-        else if (IS("--top")) in->top = INT(1, 1 << 30);
-        else if (IS("--tp")) in->only_tp = INT(1, 1 << 24);
-        else if (IS("--pp")) in->only_pp = INT(1, 1 << 24);
-        else if (IS("--cp")) in->only_cp = INT(1, 1 << 24);
-        else if (IS("--dp")) in->only_dp = INT(1, 1 << 24);
-        else if (IS("--plot")) in->plot = v;
-        else if (IS("--bucket-mb")) in->bucket_mb = parse_amount(f, v, NO_UNITS, 0, 1e6, 0), bucket_given = 1;
-        else if (IS("--device")) {
-            if (strcmp(v, "gpu") && strcmp(v, "cpu")) die("--device must be gpu or cpu, got '%s'", v);
-            in->device_cpu = !strcmp(v, "cpu");
-            device_given = 1;
-        }
-        else if (IS("--recompute")) {
-            if (!strcmp(v, "none")) in->recompute = RECOMPUTE_NONE;
-            else if (!strcmp(v, "selective")) in->recompute = RECOMPUTE_SELECTIVE;
-            else if (!strcmp(v, "full")) in->recompute = RECOMPUTE_FULL;
-            else die("--recompute must be none, selective or full, got '%s'", v);
-        } else if (IS("--attention")) {
-            if (strcmp(v, "flash") && strcmp(v, "full")) die("--attention must be flash or full, got '%s'", v);
-            in->flash = !strcmp(v, "flash");
-        } else if (IS("--dtype")) {
-            if (strcmp(v, "bf16") && strcmp(v, "fp32")) die("--dtype must be bf16 or fp32, got '%s'", v);
-            in->fp32 = !strcmp(v, "fp32");
-        } else die("plan: unknown flag %s (see ./train plan --help)", f);
-#undef INT
-#undef IS
-    }
+typedef struct { // the flags that only parse_plan's checks and the shape read
+    const char *preset;
+    int L, C, NH, V, maxT, T, device_given, bucket_given;
+} PlanFlags;
+
+// The checks between the flags, and the model's shape (from a preset and the shape flags, or --params).
+static void resolve_plan(PlanInput *in, const PlanFlags *g) {
+    const char *preset = g->preset;
+    int L = g->L, C = g->C, NH = g->NH, V = g->V, maxT = g->maxT, T = g->T;
     if (!in->gpus) die("plan: --gpus is required (the number of GPUs to split the model over)");
-    if (!in->exact && (in->sp || in->interleaved || in->ckpt || device_given || bucket_given))
+    if (!in->exact && (in->sp || in->interleaved || in->ckpt || g->device_given || g->bucket_given))
         die("%s describes llm4d's own buffers: it needs --exact", in->sp ? "--sp" : in->interleaved ? "--interleaved"
-                                                                 : in->ckpt ? "--ckpt" : device_given ? "--device"
+                                                                 : in->ckpt ? "--ckpt" : g->device_given ? "--device"
                                                                  : "--bucket-mb");
     if (in->exact && !in->flash) die("--exact counts llm4d's buffers, and its attention is flash: drop --attention full");
     if (in->exact && in->params > 0)
@@ -314,6 +255,75 @@ static void parse_plan(PlanInput *in, int argc, char **argv) {
         if (in->T > in->cfg.maxT) die("--seq-len %d is above the model's maximum sequence length %d", in->T, in->cfg.maxT);
     }
     if (in->max_tp > in->gpus_per_node) in->max_tp = in->gpus_per_node;
+}
+
+static void parse_plan(PlanInput *in, int argc, char **argv) {
+    PlanFlags g = { 0 };
+    *in = (PlanInput){ .gpus_per_node = 8, .max_tp = 8, .micro_batches = 8, .pp_virtual = 2, .flash = 1,
+                       .gpu_mem = 80e9, .intra_bw = 300e9, .inter_bw = 50e9, .flops = 400e12, .bucket_mb = 25 };
+    for (int i = 1; i < argc; i++) {
+        const char *f = argv[i];
+        if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
+            fputs(PLAN_USAGE, stdout);
+            exit(0);
+        }
+        int *on = !strcmp(f, "--json") ? &in->json : !strcmp(f, "--exact") ? &in->exact : !strcmp(f, "--sp") ? &in->sp
+                : !strcmp(f, "--interleaved") ? &in->interleaved : !strcmp(f, "--ckpt") ? &in->ckpt : NULL;
+        if (on) {
+            *on = 1;
+            continue;
+        }
+        if (strncmp(f, "--", 2) != 0) die("plan: unexpected argument '%s' (see ./train plan --help)", f);
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define IS(name) (!strcmp(f, name) && (v ? (i++, 1) : (die("%s needs a value", name), 0)))
+#define INT(lo, hi) (int)parse_amount(f, v, NO_UNITS, lo, hi, 1)
+        if (IS("--model")) g.preset = v;
+        else if (IS("--layers")) g.L = INT(1, 4096);
+        else if (IS("--channels")) g.C = INT(1, 65536);
+        else if (IS("--heads")) g.NH = INT(1, 65536);
+        else if (IS("--vocab")) g.V = INT(1, 65536);
+        else if (IS("--max-seq-len")) g.maxT = INT(1, 1048576);
+        else if (IS("--seq-len")) g.T = INT(1, 1048576);
+        else if (IS("--params")) in->params = parse_amount(f, v, COUNT_UNITS, 1, 1e16, 0);
+        else if (IS("--gpus")) in->gpus = INT(1, 1 << 24);
+        else if (IS("--gpus-per-node")) in->gpus_per_node = INT(1, 1 << 16);
+        else if (IS("--max-tp")) in->max_tp = INT(1, 1 << 16);
+        else if (IS("--gpu-mem")) in->gpu_mem = parse_amount(f, v, BYTE_UNITS, 1, 1e18, 0);
+        else if (IS("--intra-bw")) in->intra_bw = 1e9 * parse_amount(f, v, NO_UNITS, 1e-6, 1e9, 0);
+        else if (IS("--inter-bw")) in->inter_bw = 1e9 * parse_amount(f, v, NO_UNITS, 1e-6, 1e9, 0);
+        else if (IS("--flops")) in->flops = parse_amount(f, v, FLOP_UNITS, 1, 1e21, 0);
+        else if (IS("--batch-tokens")) in->batch_tokens = parse_amount(f, v, TOKEN_UNITS, 1, 1e15, 1);
+        else if (IS("--micro-batches")) in->micro_batches = INT(1, 1 << 24);
+        else if (IS("--pp-virtual")) in->pp_virtual = INT(1, MAX_CHUNKS);
+        else if (IS("--zero")) in->zero = INT(0, 3);
+        else if (IS("--top")) in->top = INT(1, 1 << 30);
+        else if (IS("--tp")) in->only_tp = INT(1, 1 << 24);
+        else if (IS("--pp")) in->only_pp = INT(1, 1 << 24);
+        else if (IS("--cp")) in->only_cp = INT(1, 1 << 24);
+        else if (IS("--dp")) in->only_dp = INT(1, 1 << 24);
+        else if (IS("--plot")) in->plot = v;
+        else if (IS("--bucket-mb")) in->bucket_mb = parse_amount(f, v, NO_UNITS, 0, 1e6, 0), g.bucket_given = 1;
+        else if (IS("--device")) {
+            if (strcmp(v, "gpu") && strcmp(v, "cpu")) die("--device must be gpu or cpu, got '%s'", v);
+            in->device_cpu = !strcmp(v, "cpu");
+            g.device_given = 1;
+        }
+        else if (IS("--recompute")) {
+            if (!strcmp(v, "none")) in->recompute = RECOMPUTE_NONE;
+            else if (!strcmp(v, "selective")) in->recompute = RECOMPUTE_SELECTIVE;
+            else if (!strcmp(v, "full")) in->recompute = RECOMPUTE_FULL;
+            else die("--recompute must be none, selective or full, got '%s'", v);
+        } else if (IS("--attention")) {
+            if (strcmp(v, "flash") && strcmp(v, "full")) die("--attention must be flash or full, got '%s'", v);
+            in->flash = !strcmp(v, "flash");
+        } else if (IS("--dtype")) {
+            if (strcmp(v, "bf16") && strcmp(v, "fp32")) die("--dtype must be bf16 or fp32, got '%s'", v);
+            in->fp32 = !strcmp(v, "fp32");
+        } else die("plan: unknown flag %s (see ./train plan --help)", f);
+#undef INT
+#undef IS
+    }
+    resolve_plan(in, &g);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -438,7 +448,8 @@ static void estimate_exact(const PlanInput *in, Candidate *y) {
         Pipeline p;
         AdamWConfig acfg = { 0 };
         DType dt = in->fp32 ? DT_F32 : DT_BF16;
-        layout_build_model(&l, &in->cfg, dt, backend_dry(in->device_cpu ? MEMKIND_HOST : MEMKIND_DEVICE), &m);
+        StepTimes times = { 0 }; // a dry build runs nothing
+        layout_build_model(&l, &in->cfg, dt, backend_dry(in->device_cpu ? MEMKIND_HOST : MEMKIND_DEVICE), &times, &m);
         layout_build_state(&l, &m, &z, &p, NULL, &acfg);
         if (in->ckpt) {
             float *snap[3];

@@ -1,12 +1,13 @@
-// train.c: the command line, the launcher's restarts, the layout, the step loop, validation, sampling,
-// logging and checkpoints.
+// train.c: the trainer: set-up (the layout, the device, the batch, data, model and state, checkpoints),
+// the step (batch, forward and backward through the pipeline, reduction and norm, update), the loop
+// with its step boundaries (stopping, checkpoints, validation, sampling), and main with the launcher's
+// restarts. The flags are options.c's, the printing and logging report.c's, the layout layout.c's.
 //
 //   ./train prepare INPUT.txt DIR      byte-level token shards from any text
 //   ./train plan [flags]               the layout planner (plan.c; ./train plan --help)
 //   ./train [flags]                    train (see --help)
 #define _GNU_SOURCE
 #include <errno.h>
-#include <jansson.h>
 #include <math.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -23,6 +24,8 @@
 #include "model.h"
 #include "options.h"
 #include "pipeline.h"
+#include "report.h"
+#include "timing.h"
 #include "zero.h"
 
 // The model's shape: from --init-from, or a preset overridden by the shape flags.
@@ -46,17 +49,6 @@ static float lr_at(const Options *o, int step) {
     float ratio = (float)(step - o->warmup) / (float)(o->steps - o->warmup);
     if (!strcmp(o->schedule, "linear")) return o->lr - (o->lr - min_lr) * ratio;
     return min_lr + 0.5f * (1.0f + cosf((float)M_PI * ratio)) * (o->lr - min_lr);
-}
-
-// One rank's memory table, one line: bytes per category (current or peak), in MiB; kernel_scratch, the
-// backend's own workspaces (outside the categories), when known.
-static void print_memory(const GPT2 *m, int rank, const char *when, const size_t bytes[MEM_NCAT], size_t kernel_scratch) {
-    printf("memory of rank %d%s:", rank, when);
-    for (int c = 0; c < MEM_NCAT; c++) printf(" %s %.2f MiB |", MEM_NAMES[c], bytes[c] / 1048576.0);
-    printf(" total %.2f MiB | largest logits buffer %zu bytes", mem_sum(bytes) / 1048576.0, m->logits_bytes);
-    if (kernel_scratch) printf(" | besides: kernel workspaces %.2f MiB", kernel_scratch / 1048576.0);
-    printf("\n");
-    fflush(stdout);
 }
 
 static void write_raw(const char *dir, const char *name, const void *data, size_t bytes) {
@@ -172,18 +164,6 @@ static float validate(Pipeline *p, TokenSet *val, Comm *cp_comm, int B, int T, i
     return (float)(comm_sum_double(cp_comm, comm_sum_double(layout_group(&m->lay->pp), sum)) / ((double)steps * cp));
 }
 
-// --pp-trace: one line per step, "step S peak K: F0 F1 B0 ...", appended to DIR/stageS.txt.
-static void write_trace(const char *dir, int stage, int step, const Pipeline *p) {
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST) die("--pp-trace: cannot create %s: %s", dir, strerror(errno));
-    size_t n = strlen(dir) + 32;
-    char *path = xmalloc(n);
-    snprintf(path, n, "%s/stage%d.txt", dir, stage);
-    FILE *f = xfopen(path, "a");
-    fprintf(f, "step %d peak %d: %s\n", step, p->peak_live, p->trace ? p->trace : "");
-    xfclose(f, path);
-    free(path);
-}
-
 // ---------------------------------------------------------------------------------------------
 // signals and injected faults
 
@@ -296,12 +276,6 @@ typedef struct { // --skip-spikes: the recent applied steps
 } SpikeGuard;
 #define SPIKE_MIN_HISTORY 5 // steps before the running mean is trusted (non-finite values are always skipped)
 
-typedef struct { // stragglers: consecutive slow steps of every rank, and its host
-    int *slow_for;
-    char (*host)[64];
-    double *compute; // this step's compute seconds of every rank
-} Stragglers;
-
 typedef struct {
     Options o;
     LaunchEnv env;
@@ -321,21 +295,15 @@ typedef struct {
     int start_step, end_step, resumed;
     int32_t *inputs, *targets; // this rank's tokens of a step (its positions of them under context parallelism)
     int32_t *full_in, *full_tgt; // context parallelism: the whole sequences they are cut from
-    FILE *logf;
+    Report rep;
+    StepTimes times; // this step's: reset at its start, filled by the model, ZeRO, the pipeline and the ring
     SpikeGuard spikes;
-    Stragglers strag;
     Faults faults;
     double flops_per_token, stall_ms; // the checkpoint stall before the coming step
     int64_t stall_step[4];
     double stall_hist[4]; // recent checkpoints' stalls, for their completion records
     int nstalls;
 } Trainer;
-
-typedef struct { // what one step did, for the report
-    float loss, norm, lr;
-    int skipped;
-    double ms, compute_ms, comm_ms, exposed_ms, tp_ms, cp_ms, cp_exposed_ms, attn_flops;
-} StepResult;
 
 static void setup_device(Trainer *t) {
     const Options *o = &t->o;
@@ -520,7 +488,8 @@ static void build_model(Trainer *t, float *host_params) {
         die("--pp-virtual %d: the %d micro-batch(es) per step must be a multiple of --pp %d for the interleaved schedule",
             V, t->lay.accum, P);
     layout_place_stages(l, t->cfg.L, V, o->pp_layers);
-    layout_build_model(l, &t->cfg, t->dt, t->be, &t->model);
+    t->times.profile = o->profile;
+    layout_build_model(l, &t->cfg, t->dt, t->be, &t->times, &t->model);
     size_t n = t->model.num_params;
     float *master = xmalloc(sizeof(float) * n), *m = NULL, *v = NULL;
     CkptMeta saved;
@@ -569,114 +538,6 @@ static void setup_checkpoints(Trainer *t) {
     if (t->faults.ckpt_kill_step >= 0) ckpt_kill_during_write(t->ckpt, t->faults.ckpt_kill_step);
 }
 
-static void print_header(const Trainer *t) {
-    const Options *o = &t->o;
-    const Layout *l = &t->lay;
-    const GPT2Config *c = &t->cfg;
-    if (l->lead) {
-        size_t full_n = gpt2_param_layout(c, (size_t[NUM_PARAM_TENSORS]){ 0 }, (size_t[NUM_PARAM_TENSORS]){ 0 });
-        printf("llm4d | device %s", t->be->name);
-        if (t->be == backend_cpu() && t->dt == DT_BF16) printf(" (bf16 matmuls: %s)", cpu_isa());
-        printf(" | dtype %s | model L=%d C=%d H=%d V=%d Vp=%d maxT=%d | %zu parameters", dtype_name(t->dt), c->L, c->C,
-               c->NH, c->V, c->Vp, c->maxT, full_n);
-        if (l->tp.size > 1) printf(", %zu on each tensor-parallel rank", t->model.num_params);
-        printf("\n");
-        printf("layout: %d rank(s) | data parallel %d x pipeline %d x context parallel %d x tensor parallel %d%s | ZeRO-%d | "
-               "%d gradient bucket(s) | recompute %s\n", l->nranks, l->dp.size, l->pp.size, l->cp.size, l->tp.size,
-               o->sp ? " (sequence parallel)" : "", t->zero.stage, t->zero.nbuckets, RECOMPUTE_NAMES[o->recompute]);
-        if (l->cp.size > 1)
-            printf("context parallel: each sequence of %d in %d chunks of %d; rank c of a group holds chunks c and %d-c "
-                   "(%d positions); K/V round a ring of %d\n", t->lay.T, 2 * l->cp.size, t->lay.T / (2 * l->cp.size),
-                   2 * l->cp.size - 1, t->Tl, l->cp.size);
-        printf("batch: %lld tokens per step = %d micro-batch(es) of %d x %d on each of %d rank(s) | %d steps\n",
-               t->batch_tokens, t->lay.accum, t->lay.B, t->lay.T, l->dp.size, o->steps);
-        if (t->have_train)
-            printf("data: %s (%llu tokens, %llu sequences of %d)%s\n", o->train, (unsigned long long)t->train.ntokens,
-                   (unsigned long long)t->train.windows, t->lay.T, o->shuffle ? ", shuffled" : "");
-        if (t->ckpt) {
-            printf("checkpoints: %s | ", o->ckpt_dir);
-            if (o->ckpt_every) printf("every %d steps, ", o->ckpt_every);
-            if (o->keep) printf("at the end and on SIGTERM/SIGUSR1 | keeping the newest %d", o->keep);
-            else printf("at the end and on SIGTERM/SIGUSR1 | keeping all");
-            printf(" | staging %.2f MiB of host memory on rank 0\n", ckpt_staging_bytes(t->ckpt) / 1048576.0);
-        }
-    }
-    // every rank reports its own memory, one line each, in rank order: every buffer is allocated before
-    // step 1, so this is the plan (the end of the run prints the peak)
-    if (l->lead) printf("memory per rank: allocated at start, which is all the steps use (the peak follows at the end)\n");
-    char when[64];
-    snprintf(when, sizeof when, " (%s)", t->be->name);
-    for (int r = 0; r < l->nranks; r++) {
-        if (r == l->rank) print_memory(&t->model, l->rank, when, t->model.mem.cur, 0);
-        if (l->world) comm_barrier(l->world);
-    }
-}
-
-// The end of the run: every rank's peak bytes per category, printed in rank order and logged by rank 0
-// as {"memory_peak":{"weights":..,...},"kernel_scratch":B,"rank":R}, one record per rank (kernel_scratch:
-// the backend's own grow-only workspaces, which the categories do not see).
-static void report_memory_peak(Trainer *t) {
-    Layout *l = &t->lay;
-    size_t ks = t->be->scratch_bytes();
-    for (int r = 0; r < l->nranks; r++) {
-        if (r == l->rank) print_memory(&t->model, l->rank, ", peak", t->model.mem.peak, ks);
-        if (l->world) comm_barrier(l->world);
-    }
-    enum { N = MEM_NCAT + 1 };
-    int64_t mine[N], *all = xmalloc(sizeof(int64_t) * N * l->nranks);
-    for (int c = 0; c < MEM_NCAT; c++) mine[c] = (int64_t)t->model.mem.peak[c];
-    mine[MEM_NCAT] = (int64_t)ks;
-    if (l->world) comm_all_gather(l->world, mine, all, (size_t)N * l->nranks, CT_I64);
-    else memcpy(all, mine, sizeof mine);
-    for (int r = 0; t->logf && r < l->nranks; r++) {
-        const int64_t *a = all + (size_t)r * N;
-        fprintf(t->logf, "{\"memory_peak\":{");
-        for (int c = 0; c < MEM_NCAT; c++) fprintf(t->logf, "%s\"%s\":%lld", c ? "," : "", MEM_KEYS[c], (long long)a[c]);
-        fprintf(t->logf, "},\"kernel_scratch\":%lld,\"rank\":%d}\n", (long long)a[MEM_NCAT], r);
-    }
-    free(all);
-}
-
-// A JSON string, escaped, for the log.
-static void log_string(FILE *f, const char *s) {
-    json_t *j = json_string(s);
-    char *e = j ? json_dumps(j, JSON_ENCODE_ANY) : NULL;
-    fputs(e ? e : "\"\"", f);
-    free(e);
-    json_decref(j);
-}
-
-// A resumed run keeps the log's records up to its checkpoint's step (complete lines only), so that
-// the log of a run with restarts reads like the uninterrupted run's.
-static void keep_log_until(const char *path, int step) {
-    struct stat st;
-    if (stat(path, &st) != 0 || !S_ISREG(st.st_mode)) return;
-    FILE *in = xfopen(path, "r");
-    SafeFile sf;
-    safe_open_or_die(&sf, path);
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t n;
-    while ((n = getline(&line, &cap, in)) > 0) {
-        long long s;
-        if (line[n - 1] == '\n' && sscanf(line, "{\"step\":%lld", &s) == 1 && s <= step) safe_write_or_die(&sf, line, (size_t)n);
-    }
-    free(line);
-    fclose(in);
-    safe_commit_or_die(&sf);
-}
-
-static void open_log(Trainer *t) {
-    const Options *o = &t->o;
-    if (!o->log || !t->lay.lead) return;
-    if (t->resumed) keep_log_until(o->log, t->start_step);
-    t->logf = xfopen(o->log, t->resumed ? "a" : "w");
-    if (t->resumed) {
-        const char *l = getenv("LLM4D_LAUNCH");
-        fprintf(t->logf, "{\"step\":%d,\"resumed\":true,\"launch\":%s}\n", t->start_step, l && *l ? l : "0");
-    }
-}
-
 static void trainer_init(Trainer *t, int argc, char **argv) {
     memset(t, 0, sizeof *t);
     Options *o = &t->o;
@@ -699,23 +560,15 @@ static void trainer_init(Trainer *t, int argc, char **argv) {
     build_model(t, host_params);
     setup_checkpoints(t);
     t->flops_per_token = gpt2_flops_per_token(&t->cfg, t->lay.T);
-    print_header(t);
-    open_log(t);
+    report_init(&t->rep, l, o, t->batch_tokens, t->flops_per_token);
+    report_header(&t->rep, &t->model, &t->zero, t->have_train ? &t->train : NULL, t->ckpt);
+    report_open(&t->rep, t->resumed, t->start_step, t->env.node_id);
     size_t step_tokens = (size_t)t->lay.accum * t->lay.B * t->Tl;
     t->inputs = xmalloc(sizeof(int32_t) * step_tokens);
     t->targets = xmalloc(sizeof(int32_t) * step_tokens);
     if (l->cp.size > 1) {
         t->full_in = xmalloc(sizeof(int32_t) * step_tokens * l->cp.size);
         t->full_tgt = xmalloc(sizeof(int32_t) * step_tokens * l->cp.size);
-    }
-    t->strag.slow_for = xcalloc((size_t)l->nranks, sizeof(int));
-    t->strag.compute = xcalloc((size_t)l->nranks, sizeof(double));
-    t->strag.host = xcalloc((size_t)l->nranks, 64);
-    snprintf(t->strag.host[l->rank], 64, "%.63s", t->env.node_id[0] ? t->env.node_id : "localhost");
-    if (l->world) { // every rank's host, for straggler reports
-        char mine[64];
-        memcpy(mine, t->strag.host[l->rank], 64);
-        comm_all_gather(l->world, mine, t->strag.host, 16 * (size_t)l->nranks, CT_I32);
     }
 }
 
@@ -773,8 +626,7 @@ static void train_step(Trainer *t, int step, StepResult *r) {
     if (step + 1 == t->faults.kill_step) raise(SIGKILL);
     double t0 = now_seconds(), tp_busy0 = l->tp.size > 1 ? comm_busy_seconds(l->tp.comm) : 0;
     double cp_busy0 = l->cp.comm ? comm_busy_seconds(l->cp.comm) + comm_busy_seconds(l->cp_grad) : 0;
-    t->model.prof = (Profile){ .on = t->o.profile };
-    t->model.ring.wait_s = 0;
+    step_times_reset(&t->times);
     zero_begin_step(&t->zero);
     gpt2_zero_grad(&t->model);
     next_batch(t, step);
@@ -785,7 +637,7 @@ static void train_step(Trainer *t, int step, StepResult *r) {
     double tp_busy = l->tp.size > 1 ? comm_busy_seconds(l->tp.comm) - tp_busy0 : 0;
     // compute: the schedule's time less its waits for other ranks (pipeline hand-offs, ZeRO gathers and
     // buckets, tensor-parallel collectives, the context-parallel ring)
-    r->compute_ms = (now_seconds() - c0 - t->pipe.wait_s - tp_busy - t->model.ring.wait_s) * 1e3 - zero_exposed_ms(&t->zero);
+    r->compute_ms = (now_seconds() - c0 - t->times.pipe_wait_s - tp_busy - t->times.ring_wait_s - t->times.zero_wait_s) * 1e3;
     if (step + 1 == t->faults.nan_step) loss_sum = NAN;
     if (step + 1 == t->faults.spike_step) loss_sum *= 1000;
 
@@ -800,120 +652,12 @@ static void train_step(Trainer *t, int step, StepResult *r) {
     t->be->sync();
     r->ms = (now_seconds() - t0) * 1e3;
     r->comm_ms = zero_comm_ms(&t->zero);
-    r->exposed_ms = zero_exposed_ms(&t->zero);
+    r->exposed_ms = t->times.zero_wait_s * 1e3;
     r->tp_ms = tp_busy * 1e3;
     r->cp_ms = l->cp.comm ? (comm_busy_seconds(l->cp.comm) + comm_busy_seconds(l->cp_grad) - cp_busy0) * 1e3 : 0;
-    r->cp_exposed_ms = t->model.ring.wait_s * 1e3;
-    r->attn_flops = t->model.prof.attention_flops;
-}
-
-// Stragglers: every rank's compute time; a rank above the median by more than --straggler (and by more
-// than STRAGGLER_MIN_MS: a busy machine's jitter on short steps is no straggler) for --straggler-steps
-// steps in a row is reported once per streak. Collective.
-#define STRAGGLER_MIN_MS 20.0
-static void stragglers(Trainer *t, int step, const StepResult *r, double *max_ms, double *median_ms, int *slowest) {
-    Layout *l = &t->lay;
-    Stragglers *s = &t->strag;
-    double mine = r->compute_ms;
-    if (l->world) comm_all_gather(l->world, &mine, s->compute, (size_t)l->nranks, CT_I64);
-    else s->compute[0] = mine;
-    double *sorted = xmalloc(sizeof(double) * l->nranks);
-    memcpy(sorted, s->compute, sizeof(double) * l->nranks);
-    for (int i = 1; i < l->nranks; i++)
-        for (int j = i; j > 0 && sorted[j] < sorted[j - 1]; j--) {
-            double x = sorted[j];
-            sorted[j] = sorted[j - 1];
-            sorted[j - 1] = x;
-        }
-    int n = l->nranks;
-    *median_ms = n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
-    free(sorted);
-    *slowest = 0;
-    for (int q = 0; q < l->nranks; q++) {
-        if (s->compute[q] > s->compute[*slowest]) *slowest = q;
-        int slow = l->nranks > 1 && s->compute[q] > *median_ms * (1.0 + t->o.straggler) &&
-                   s->compute[q] - *median_ms > STRAGGLER_MIN_MS;
-        s->slow_for[q] = slow ? s->slow_for[q] + 1 : 0;
-        if (s->slow_for[q] != t->o.straggler_steps || !l->lead) continue;
-        fprintf(stderr, "warning: straggler: rank %d on %s has computed more than %.0f%% longer than the median for %d steps "
-               "(%.1f ms against %.1f ms at step %d)\n", q, s->host[q], 100 * t->o.straggler, t->o.straggler_steps,
-               s->compute[q], *median_ms, step + 1);
-        if (t->logf) {
-            fprintf(t->logf, "{\"step\":%d,\"straggler\":%d,\"host\":", step + 1, q);
-            log_string(t->logf, s->host[q]);
-            fprintf(t->logf, ",\"compute_ms\":%.3f,\"median_ms\":%.3f}\n", s->compute[q], *median_ms);
-        }
-    }
-    *max_ms = s->compute[*slowest];
-}
-
-static void report(Trainer *t, int step, const StepResult *r) {
-    Layout *l = &t->lay;
-    int P = l->pp.size;
-    double tps = t->batch_tokens / (r->ms / 1e3);
-    // the bubble: the share of the step each stage waited for activations or gradients
-    double bubble_max = 0, bubble_mean = 0, bubble_formula = (P - 1.0) / ((double)t->lay.chunks * t->lay.accum + P - 1.0);
-    if (P > 1) {
-        double mine = t->pipe.wait_s / (r->ms / 1e3), *all = xmalloc(sizeof(double) * P);
-        comm_all_gather(l->pp.comm, &mine, all, (size_t)P, CT_I64);
-        for (int s = 0; s < P; s++) {
-            bubble_mean += all[s] / P;
-            if (all[s] > bubble_max) bubble_max = all[s];
-        }
-        free(all);
-        if (t->o.pp_trace && l->dp.rank == 0 && l->cp.rank == 0 && l->tp.rank == 0) write_trace(t->o.pp_trace, l->pp.rank, step + 1, &t->pipe);
-    }
-    double cmax, cmed;
-    int slowest;
-    stragglers(t, step, r, &cmax, &cmed, &slowest);
-    // attention FLOPs of every rank: context parallelism should give each rank of a group the same share
-    double amin = r->attn_flops, amax = r->attn_flops, asum = r->attn_flops;
-    if (l->world) {
-        double *all = xmalloc(sizeof(double) * l->nranks);
-        comm_all_gather(l->world, &r->attn_flops, all, (size_t)l->nranks, CT_I64);
-        asum = 0;
-        for (int q = 0; q < l->nranks; q++) {
-            asum += all[q];
-            amin = all[q] < amin ? all[q] : amin;
-            amax = all[q] > amax ? all[q] : amax;
-        }
-        free(all);
-    }
-    if (l->lead) {
-        printf("step %4d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s | %.2f GFLOP/s", step + 1, t->o.steps,
-               r->loss, r->lr, r->norm, r->ms, tps, tps * t->flops_per_token / 1e9);
-        if (l->dp.size > 1) printf(" | comm %.1f ms, exposed %.1f ms", r->comm_ms, r->exposed_ms);
-        if (l->tp.size > 1) printf(" | tp comm %.1f ms", r->tp_ms);
-        if (l->cp.size > 1) printf(" | cp comm %.1f ms, exposed %.1f ms", r->cp_ms, r->cp_exposed_ms);
-        if (P > 1) printf(" | bubble %.1f%% max, %.1f%% mean (formula %.1f%%)", 100 * bubble_max, 100 * bubble_mean, 100 * bubble_formula);
-        if (t->stall_ms > 0) printf(" | checkpoint stall %.1f ms", t->stall_ms);
-        if (r->skipped) printf(" | SKIPPED (%lld so far)", (long long)t->spikes.skipped);
-        if (t->o.profile) {
-            double mm = t->model.prof.seconds[PROF_MATMUL] * 1e3, at = t->model.prof.seconds[PROF_ATTENTION] * 1e3;
-            printf(" | matmul %.1f ms (%.0f%%), attention %.1f ms (%.0f%%), other %.1f ms (%.0f%%)", mm, 100 * mm / r->ms,
-                   at, 100 * at / r->ms, r->ms - mm - at, 100 * (r->ms - mm - at) / r->ms);
-        }
-        printf("\n");
-        fflush(stdout);
-    }
-    if (t->logf) {
-        fprintf(t->logf,
-                "{\"step\":%d,\"tokens\":%lld,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"ms\":%.3f,\"tokens_per_s\":%.1f,"
-                "\"comm_ms\":%.3f,\"exposed_comm_ms\":%.3f,\"tp_comm_ms\":%.3f,\"cp_comm_ms\":%.3f,\"cp_exposed_ms\":%.3f,"
-                "\"bubble_max\":%.4f,\"bubble_mean\":%.4f,\"bubble_formula\":%.4f,\"attn_flops_min\":%.0f,"
-                "\"attn_flops_max\":%.0f,\"attn_flops_total\":%.0f,\"compute_ms_max\":%.3f,\"compute_ms_median\":%.3f,"
-                "\"slowest_rank\":%d,\"ckpt_stall_ms\":%.3f,\"skipped\":%d,\"skipped_total\":%lld",
-                step + 1, (step + 1) * t->batch_tokens, r->loss, r->lr, r->norm, r->ms, tps, r->comm_ms, r->exposed_ms, r->tp_ms,
-                r->cp_ms, r->cp_exposed_ms, bubble_max, bubble_mean, bubble_formula, amin, amax, asum, cmax, cmed, slowest,
-                t->stall_ms, r->skipped, (long long)t->spikes.skipped);
-        if (t->zero.stage == 3) fprintf(t->logf, ",\"zero3_gathers\":%d", t->zero.gathers);
-        if (t->o.profile)
-            fprintf(t->logf, ",\"matmul_ms\":%.3f,\"attention_ms\":%.3f", t->model.prof.seconds[PROF_MATMUL] * 1e3,
-                    t->model.prof.seconds[PROF_ATTENTION] * 1e3);
-        fputs("}\n", t->logf);
-        if (fflush(t->logf) != 0) die("cannot write %s: %s", t->o.log, strerror(errno));
-    }
-    t->stall_ms = 0;
+    r->stall_ms = t->stall_ms;
+    r->skipped_total = t->spikes.skipped;
+    r->zero3_gathers = t->zero.stage == 3 ? t->zero.gathers : -1;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -926,24 +670,7 @@ static void log_checkpoints(Trainer *t) {
         double stall = 0;
         for (int i = 0; i < 4; i++)
             if (t->stall_step[i] == ev.step) stall = t->stall_hist[i];
-        double mibs = ev.write_s > 0 ? ev.bytes / 1048576.0 / ev.write_s : 0;
-        if (ev.ok)
-            printf("checkpoint %s: %.2f MiB in %.3f s (%.1f MiB/s), step stalled %.1f ms\n", ev.path, ev.bytes / 1048576.0,
-                   ev.write_s, mibs, stall);
-        else if (ev.msg[0] && !strstr(ev.msg, "rank ")) // a shard's failure was reported when it happened
-            fprintf(stderr, "warning: the checkpoint of step %lld was not completed (%s); training goes on\n",
-                    (long long)ev.step, ev.msg);
-        if (!t->logf) continue;
-        fprintf(t->logf, "{\"step\":%lld,\"ckpt\":", (long long)ev.step);
-        log_string(t->logf, ev.path);
-        fprintf(t->logf, ",\"ckpt_ok\":%s,\"ckpt_bytes\":%llu,\"ckpt_write_s\":%.6f,\"ckpt_MiB_per_s\":%.3f,\"ckpt_stall_ms\":%.3f",
-                ev.ok ? "true" : "false", (unsigned long long)ev.bytes, ev.write_s, mibs, stall);
-        if (!ev.ok) {
-            fprintf(t->logf, ",\"ckpt_error\":");
-            log_string(t->logf, ev.msg);
-        }
-        fprintf(t->logf, "}\n");
-        fflush(t->logf);
+        report_checkpoint(&t->rep, &ev, stall);
     }
 }
 
@@ -982,10 +709,7 @@ static void evaluate(Trainer *t, int step, int last) {
     if (t->resumed && step == t->start_step) return;
     if (o->val && o->val_every > 0 && (step % o->val_every == 0 || last) && (step > 0 || !last)) {
         float vl = validate(&t->pipe, &t->val, t->lay.cp.comm, t->lay.B, t->lay.T, o->val_steps);
-        if (t->lay.lead) {
-            printf("step %d | val loss %.6f\n", step, vl);
-            if (t->logf) fprintf(t->logf, "{\"step\":%d,\"val_loss\":%.9g}\n", step, vl);
-        }
+        report_val(&t->rep, step, vl);
     }
     if (o->sample_every > 0 && t->have_train && ((step > 0 && step % o->sample_every == 0) || (last && step > 0)))
         sample(&t->pipe, o, t->have_tk ? &t->tk : NULL, t->first_token, t->lay.T, step, t->lay.lead);
@@ -1027,8 +751,8 @@ static void trainer_finish(Trainer *t) {
         ckpt_finish(t->ckpt); // the last checkpoint complete, manifest included
         log_checkpoints(t);
     }
-    report_memory_peak(t);
-    if (t->logf) xfclose(t->logf, o->log);
+    report_memory_peak(&t->rep, &t->model);
+    report_close(&t->rep);
     if (o->save_model) {
         size_t full_n = gpt2_param_layout(&t->cfg, (size_t[NUM_PARAM_TENSORS]){ 0 }, (size_t[NUM_PARAM_TENSORS]){ 0 });
         float *host = xmalloc(sizeof(float) * t->model.num_params), *file = xmalloc(sizeof(float) * full_n);
@@ -1046,9 +770,6 @@ static void trainer_finish(Trainer *t) {
     free(t->targets);
     free(t->full_in);
     free(t->full_tgt);
-    free(t->strag.slow_for);
-    free(t->strag.compute);
-    free(t->strag.host);
     pipeline_free(&t->pipe);
     zero_free(&t->zero);
     gpt2_free(&t->model);
@@ -1070,7 +791,8 @@ static int train_main(int argc, char **argv) {
         if (last) break;
         StepResult r;
         train_step(&t, step, &r);
-        report(&t, step, &r);
+        report_step(&t.rep, step, &r, &t.times, &t.pipe);
+        t.stall_ms = 0;
     }
     trainer_finish(&t);
     return 0;
