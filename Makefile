@@ -30,7 +30,7 @@ $(error missing build headers: $(foreach h,$(MISSING_BUILD),$(word 1,$(subst :, 
 endif
 endif
 
-HOST_SRC = train.c model.c context.c mem.c zero.c pipeline.c data.c ckpt.c safetensors.c hf.c common.c hostmem.c kernels_cpu.c launch.c \
+HOST_SRC = train.c options.c report.c layout.c model.c context.c mem.c zero.c pipeline.c data.c ckpt.c safetensors.c hf.c common.c hostmem.c kernels_cpu.c launch.c \
            bootstrap.c collectives.c algorithms.c net_shm.c net_tcp.c devmem_cpu.c bench_comm.c plan.c
 # the communication chain's files below the collectives: sockets, host reductions, the transports' shared part
 HOST_SRC += sock.c reduce.c net.c

@@ -10,6 +10,7 @@
 #include <float.h>
 #include <jansson.h>
 #include <limits.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -64,26 +65,14 @@ static void runs_free(Runs rs[NUM_PARAM_TENSORS]) {
     memset(rs, 0, sizeof(Runs) * NUM_PARAM_TENSORS);
 }
 
-// Every element of the full model is written by one rank: the tied embedding by the first pipeline
-// stage, tensors replicated across tensor parallelism by its rank 0 (their copies are identical).
-static int writes_tensor(const GPT2 *m, int k) {
-    if ((k == P_WTE || k == P_WPE) && !m->first) return 0;
-    if (gpt2_tensor_replicated(m, k) && m->tp_rank != 0) return 0;
-    return 1;
-}
-
-// The runs of internal elements [a0, e0), which sit at state0 + (x - a0) of the rank's vector.
+// The runs of internal elements [a0, e0), which sit at state0 + (x - a0) of the rank's vector. Every
+// element of the full model is written by one rank (owned_only): the one whose copy counts.
 static void collect_runs(const GPT2 *m, size_t a0, size_t e0, uint64_t state0, int owned_only, Runs rs[NUM_PARAM_TENSORS]) {
-    for (int k = 0; k < NUM_PARAM_TENSORS; k++) {
-        if (owned_only && !writes_tensor(m, k)) continue;
-        for (int l = 0; l < gpt2_tensor_layers(m, k); l++) {
-            size_t toff, tlen;
-            gpt2_tensor_range(m, k, l, &toff, &tlen);
-            size_t a = toff > a0 ? toff : a0, e = toff + tlen < e0 ? toff + tlen : e0;
-            for (size_t x = a; x < e; x++) {
-                size_t f = gpt2_file_index(m, k, l, x - toff);
-                if (f != SIZE_MAX) runs_add(&rs[k], state0 + (x - a0), f - m->file_offsets[k]);
-            }
+    for (TensorSlice s = GPT2_SLICES; gpt2_next_slice(m, a0, e0 - a0, &s);) {
+        if (owned_only && !gpt2_tensor_counted(m, s.k)) continue;
+        for (size_t x = s.a; x < s.e; x++) {
+            size_t f = gpt2_file_index(m, s.k, s.l, x - s.start);
+            if (f != SIZE_MAX) runs_add(&rs[s.k], state0 + (x - a0), f - m->file_offsets[s.k]);
         }
     }
 }
@@ -578,67 +567,92 @@ static void wait_own_shard(Ckpt *c) {
     pthread_mutex_unlock(&c->mu);
 }
 
-// The manifest: the description, then every shard's file, size and crc32, then manifest_crc32.
-static char *manifest_text(const Ckpt *c, const int64_t *all, size_t *len) {
-    const CkptMeta *mt = &c->meta;
-    json_t *r = json_object();
-    json_object_set_new(r, "format", json_string(FORMAT));
-    json_object_set_new(r, "version", json_integer(FORMAT_VERSION));
-    json_object_set_new(r, "step", json_integer(mt->step));
-    json_object_set_new(r, "adam_t", json_integer(mt->adam_t));
-    json_object_set_new(r, "seed", json_integer((json_int_t)mt->seed));
-    json_object_set_new(r, "shuffle", json_boolean(mt->shuffle));
-    json_t *mo = json_object();
-    json_object_set_new(mo, "layers", json_integer(mt->model.L));
-    json_object_set_new(mo, "channels", json_integer(mt->model.C));
-    json_object_set_new(mo, "heads", json_integer(mt->model.NH));
-    json_object_set_new(mo, "vocab", json_integer(mt->model.V));
-    json_object_set_new(mo, "padded_vocab", json_integer(mt->model.Vp));
-    json_object_set_new(mo, "max_seq_len", json_integer(mt->model.maxT));
-    json_object_set_new(r, "model", mo);
-    json_t *la = json_object();
-    json_object_set_new(la, "ranks", json_integer(mt->ranks));
-    json_object_set_new(la, "dp", json_integer(mt->dp));
-    json_object_set_new(la, "tp", json_integer(mt->tp));
-    json_object_set_new(la, "pp", json_integer(mt->pp));
-    json_object_set_new(la, "cp", json_integer(mt->cp));
-    json_object_set_new(la, "pp_virtual", json_integer(mt->pp_virtual));
-    json_object_set_new(la, "zero", json_integer(mt->zero));
-    json_object_set_new(la, "sp", json_boolean(mt->sp));
-    json_object_set_new(la, "bucket_mb", json_real(mt->bucket_mb));
-    json_object_set_new(la, "dtype", json_string(mt->dtype));
-    json_object_set_new(la, "micro_batch", json_integer(mt->micro_batch));
-    json_object_set_new(la, "seq_len", json_integer(mt->seq_len));
-    json_object_set_new(la, "batch_tokens", json_integer(mt->batch_tokens));
-    json_object_set_new(r, "layout", la);
-    json_t *da = json_object();
-    json_object_set_new(da, "train", json_string(mt->train));
-    json_object_set_new(da, "tokens", json_integer((json_int_t)mt->train_tokens));
-    json_object_set_new(da, "fingerprint", json_string(mt->train_fp));
-    json_object_set_new(da, "next_sequence", json_integer(mt->step * (mt->batch_tokens / mt->seq_len)));
-    json_object_set_new(r, "data", da);
-    json_t *op = json_object();
-    json_object_set_new(op, "schedule", json_string(mt->schedule));
-    json_object_set_new(op, "lr", json_real(mt->lr));
-    json_object_set_new(op, "lr_min_frac", json_real(mt->lr_min_frac));
-    json_object_set_new(op, "warmup", json_integer(mt->warmup));
-    json_object_set_new(op, "steps", json_integer(mt->steps));
-    json_object_set_new(op, "beta1", json_real(mt->beta1));
-    json_object_set_new(op, "beta2", json_real(mt->beta2));
-    json_object_set_new(op, "eps", json_real(mt->eps));
-    json_object_set_new(op, "weight_decay", json_real(mt->weight_decay));
-    json_object_set_new(op, "clip", json_real(mt->clip));
-    json_object_set_new(r, "optimizer", op);
-    json_t *sk = json_object(), *hl = json_array(), *hn = json_array();
-    json_object_set_new(sk, "threshold", json_real(mt->skip_spikes));
-    json_object_set_new(sk, "skipped", json_integer(mt->skipped));
+// ---------------------------------------------------------------------------------------------
+// CkptMeta in the manifest: its field list, written once. The manifest holds the root members in this
+// order, then each section as an object in order of first appearance; manifest_text and parse_meta
+// add what is not a plain field (format and version, data.next_sequence, the --skip-spikes history).
+
+enum { MF_INT, MF_BOOL, MF_REAL, MF_STR }; // an integer of the field's size, a boolean, a real, a string
+typedef struct {
+    const char *section; // NULL: a member of the manifest itself
+    const char *key;
+    int kind;
+    size_t off, size;
+    int optional; // missing: 1 (written before the member existed), else the manifest is refused
+} MetaField;
+#define MF(section, key, kind, field) { section, key, kind, offsetof(CkptMeta, field), sizeof(((CkptMeta *)0)->field), 0 }
+static const MetaField META_FIELDS[] = {
+    MF(NULL, "step", MF_INT, step), MF(NULL, "adam_t", MF_INT, adam_t), MF(NULL, "seed", MF_INT, seed),
+    MF(NULL, "shuffle", MF_BOOL, shuffle),
+    MF("model", "layers", MF_INT, model.L), MF("model", "channels", MF_INT, model.C), MF("model", "heads", MF_INT, model.NH),
+    MF("model", "vocab", MF_INT, model.V), MF("model", "padded_vocab", MF_INT, model.Vp),
+    MF("model", "max_seq_len", MF_INT, model.maxT),
+    MF("layout", "ranks", MF_INT, ranks), MF("layout", "dp", MF_INT, dp), MF("layout", "tp", MF_INT, tp),
+    MF("layout", "pp", MF_INT, pp),
+    { "layout", "cp", MF_INT, offsetof(CkptMeta, cp), sizeof(int), 1 }, // before context parallelism: 1
+    MF("layout", "pp_virtual", MF_INT, pp_virtual), MF("layout", "zero", MF_INT, zero), MF("layout", "sp", MF_BOOL, sp),
+    MF("layout", "bucket_mb", MF_REAL, bucket_mb), MF("layout", "dtype", MF_STR, dtype),
+    MF("layout", "micro_batch", MF_INT, micro_batch), MF("layout", "seq_len", MF_INT, seq_len),
+    MF("layout", "batch_tokens", MF_INT, batch_tokens),
+    MF("data", "train", MF_STR, train), MF("data", "tokens", MF_INT, train_tokens),
+    { "data", "fingerprint", MF_STR, offsetof(CkptMeta, train_fp), sizeof(((CkptMeta *)0)->train_fp), 1 }, // before fingerprints: ""
+    MF("optimizer", "schedule", MF_STR, schedule), MF("optimizer", "lr", MF_REAL, lr),
+    MF("optimizer", "lr_min_frac", MF_REAL, lr_min_frac), MF("optimizer", "warmup", MF_INT, warmup),
+    MF("optimizer", "steps", MF_INT, steps), MF("optimizer", "beta1", MF_REAL, beta1), MF("optimizer", "beta2", MF_REAL, beta2),
+    MF("optimizer", "eps", MF_REAL, eps), MF("optimizer", "weight_decay", MF_REAL, weight_decay),
+    MF("optimizer", "clip", MF_REAL, clip),
+    MF("skip_spikes", "threshold", MF_REAL, skip_spikes), MF("skip_spikes", "skipped", MF_INT, skipped),
+};
+#undef MF
+#define N_META_FIELDS (sizeof META_FIELDS / sizeof META_FIELDS[0])
+
+// A field's value as JSON: integers of 4 or 8 bytes (signed or not: the bits of an int64), floats and
+// doubles, strings.
+static json_t *meta_value(const CkptMeta *mt, const MetaField *f) {
+    const char *p = (const char *)mt + f->off;
+    int64_t i = 0;
+    switch (f->kind) {
+    case MF_INT:
+    case MF_BOOL:
+        if (f->size == 4) i = *(const int32_t *)p;
+        else memcpy(&i, p, sizeof i);
+        return f->kind == MF_BOOL ? json_boolean(i) : json_integer((json_int_t)i);
+    case MF_REAL: return json_real(f->size == 4 ? (double)*(const float *)p : *(const double *)p);
+    default: return json_string(p);
+    }
+}
+
+// The object for a section of r: created (and added to r, so in table order) on first use.
+static json_t *meta_section(json_t *r, const char *section) {
+    if (!section) return r;
+    json_t *o = json_object_get(r, section);
+    if (!o) {
+        o = json_object();
+        json_object_set_new(r, section, o);
+    }
+    return o;
+}
+
+static void meta_to_json(const CkptMeta *mt, json_t *r) {
+    for (size_t i = 0; i < N_META_FIELDS; i++)
+        json_object_set_new(meta_section(r, META_FIELDS[i].section), META_FIELDS[i].key, meta_value(mt, &META_FIELDS[i]));
+    json_object_set_new(json_object_get(r, "data"), "next_sequence", json_integer(mt->step * (mt->batch_tokens / mt->seq_len)));
+    json_t *sk = json_object_get(r, "skip_spikes"), *hl = json_array(), *hn = json_array();
     for (int i = 0; i < mt->nhist; i++) {
         json_array_append_new(hl, json_real(mt->hist_loss[i]));
         json_array_append_new(hn, json_real(mt->hist_norm[i]));
     }
     json_object_set_new(sk, "loss", hl);
     json_object_set_new(sk, "norm", hn);
-    json_object_set_new(r, "skip_spikes", sk);
+}
+
+// The manifest: the description, then every shard's file, size and crc32, then manifest_crc32.
+static char *manifest_text(const Ckpt *c, const int64_t *all, size_t *len) {
+    const CkptMeta *mt = &c->meta;
+    json_t *r = json_object();
+    json_object_set_new(r, "format", json_string(FORMAT));
+    json_object_set_new(r, "version", json_integer(FORMAT_VERSION));
+    meta_to_json(mt, r);
     json_t *sh = json_array();
     for (int q = 0; q < c->nranks; q++) {
         json_t *s = json_object();
@@ -807,78 +821,76 @@ static int get_str(json_t *o, const char *key, char *out, size_t cap) {
     return 1;
 }
 
-// The manifest's description of the run into meta; returns the member that is missing, or NULL.
-static const char *parse_meta(json_t *r, CkptMeta *mt) {
+// One field from the manifest's section o into mt: 0 when it is missing or of the wrong type.
+static int meta_field(json_t *o, const MetaField *f, CkptMeta *mt) {
+    char *p = (char *)mt + f->off;
     long long i;
     double d;
-    memset(mt, 0, sizeof *mt);
-#define INT(obj, key, field) if (!get_int(obj, key, &i)) return key; mt->field = i; if ((long long)mt->field != i) return key;
-#define NUM(obj, key, field) if (!get_num(obj, key, &d)) return key; mt->field = d;
-    char s[64];
-    if (!get_str(r, "format", s, sizeof s) || strcmp(s, FORMAT)) return "format";
-    if (!get_int(r, "version", &i) || i != FORMAT_VERSION) return "version";
-    INT(r, "step", step);
-    INT(r, "adam_t", adam_t);
-    INT(r, "seed", seed);
-    mt->shuffle = json_is_true(json_object_get(r, "shuffle"));
-    json_t *mo = json_object_get(r, "model"), *la = json_object_get(r, "layout"), *da = json_object_get(r, "data");
-    json_t *op = json_object_get(r, "optimizer"), *sk = json_object_get(r, "skip_spikes");
-    if (!json_is_object(mo)) return "model";
-    if (!json_is_object(la)) return "layout";
-    if (!json_is_object(da)) return "data";
-    if (!json_is_object(op)) return "optimizer";
-    if (!json_is_object(sk)) return "skip_spikes";
-    INT(mo, "layers", model.L);
-    INT(mo, "channels", model.C);
-    INT(mo, "heads", model.NH);
-    INT(mo, "vocab", model.V);
-    INT(mo, "padded_vocab", model.Vp);
-    INT(mo, "max_seq_len", model.maxT);
-    INT(la, "ranks", ranks);
-    INT(la, "dp", dp);
-    INT(la, "tp", tp);
-    INT(la, "pp", pp);
-    mt->cp = 1; // written before context parallelism existed: 1
-    if (json_object_get(la, "cp")) {
-        INT(la, "cp", cp);
+    switch (f->kind) {
+    case MF_BOOL: { // written as a boolean; missing reads as false, anything else is refused
+        json_t *v = json_object_get(o, f->key);
+        if (v && !json_is_boolean(v)) return 0;
+        *(int *)p = json_is_true(v);
+        return 1;
     }
-    INT(la, "pp_virtual", pp_virtual);
-    INT(la, "zero", zero);
-    mt->sp = json_is_true(json_object_get(la, "sp"));
-    NUM(la, "bucket_mb", bucket_mb);
-    if (!get_str(la, "dtype", mt->dtype, sizeof mt->dtype)) return "dtype";
-    INT(la, "micro_batch", micro_batch);
-    INT(la, "seq_len", seq_len);
-    INT(la, "batch_tokens", batch_tokens);
-    if (!get_str(da, "train", mt->train, sizeof mt->train)) return "train";
-    INT(da, "tokens", train_tokens);
-    json_t *fp = json_object_get(da, "fingerprint"); // absent in checkpoints written before it
-    if (fp && (!json_is_string(fp) || strlen(json_string_value(fp)) >= sizeof mt->train_fp)) return "fingerprint";
-    if (fp) snprintf(mt->train_fp, sizeof mt->train_fp, "%s", json_string_value(fp));
-    if (!get_str(op, "schedule", mt->schedule, sizeof mt->schedule)) return "schedule";
-    NUM(op, "lr", lr);
-    NUM(op, "lr_min_frac", lr_min_frac);
-    INT(op, "warmup", warmup);
-    INT(op, "steps", steps);
-    NUM(op, "beta1", beta1);
-    NUM(op, "beta2", beta2);
-    NUM(op, "eps", eps);
-    NUM(op, "weight_decay", weight_decay);
-    NUM(op, "clip", clip);
-    NUM(sk, "threshold", skip_spikes);
-    INT(sk, "skipped", skipped);
+    case MF_INT:
+        if (!get_int(o, f->key, &i)) {
+            if (!f->optional) return 0;
+            i = 1;
+        }
+        if (f->size == 4 && (i < INT32_MIN || i > INT32_MAX)) return 0; // never truncated (2^32 + 4 is not 4)
+        if (f->size == 4) *(int32_t *)p = (int32_t)i;
+        else memcpy(p, &(int64_t){ (int64_t)i }, 8);
+        return 1;
+    case MF_REAL:
+        if (!get_num(o, f->key, &d)) return 0;
+        if (f->size == 4) *(float *)p = (float)d;
+        else *(double *)p = d;
+        return 1;
+    default:
+        if (f->optional && !json_object_get(o, f->key)) {
+            *p = 0;
+            return 1;
+        }
+        if (!json_is_string(json_object_get(o, f->key)) || strlen(json_string_value(json_object_get(o, f->key))) >= f->size)
+            return 0;
+        return get_str(o, f->key, p, f->size);
+    }
+}
+
+// The --skip-spikes history: 0 when it is malformed.
+static int parse_history(json_t *sk, CkptMeta *mt) {
     json_t *hl = json_object_get(sk, "loss"), *hn = json_object_get(sk, "norm");
     if (!json_is_array(hl) || !json_is_array(hn) || json_array_size(hl) != json_array_size(hn) ||
         json_array_size(hl) > SPIKE_WINDOW)
-        return "skip_spikes";
+        return 0;
     mt->nhist = (int)json_array_size(hl);
     for (int k = 0; k < mt->nhist; k++) {
-        if (!json_is_number(json_array_get(hl, k)) || !json_is_number(json_array_get(hn, k))) return "skip_spikes";
+        if (!json_is_number(json_array_get(hl, k)) || !json_is_number(json_array_get(hn, k))) return 0;
         mt->hist_loss[k] = (float)json_number_value(json_array_get(hl, k));
         mt->hist_norm[k] = (float)json_number_value(json_array_get(hn, k));
     }
-#undef INT
-#undef NUM
+    return 1;
+}
+
+// The manifest's description of the run into meta; returns the member that is missing, or NULL. The
+// manifest's own members first, then that every section is there, then the sections' members.
+static const char *parse_meta(json_t *r, CkptMeta *mt) {
+    long long i;
+    memset(mt, 0, sizeof *mt);
+    char s[64];
+    if (!get_str(r, "format", s, sizeof s) || strcmp(s, FORMAT)) return "format";
+    if (!get_int(r, "version", &i) || i != FORMAT_VERSION) return "version";
+    for (size_t k = 0; k < N_META_FIELDS; k++)
+        if (!META_FIELDS[k].section && !meta_field(r, &META_FIELDS[k], mt)) return META_FIELDS[k].key;
+    for (size_t k = 0; k < N_META_FIELDS; k++)
+        if (META_FIELDS[k].section && !json_is_object(json_object_get(r, META_FIELDS[k].section)))
+            return META_FIELDS[k].section;
+    for (size_t k = 0; k < N_META_FIELDS; k++) {
+        const MetaField *f = &META_FIELDS[k];
+        if (f->section && !meta_field(json_object_get(r, f->section), f, mt)) return f->key;
+    }
+    if (!parse_history(json_object_get(r, "skip_spikes"), mt)) return "skip_spikes";
     return NULL;
 }
 
@@ -1051,6 +1063,66 @@ static int check_tiling(const char *d, int k, Tiles *ts, uint64_t full, char *wh
     return 0;
 }
 
+// Tensor k of a shard (header h, data of dlen bytes): its runs and values into this rank's arrays;
+// returns 0 (also when the shard holds none of it), or -1 with why (naming the file).
+static int read_tensor(const char *file, json_t *h, const unsigned char *data, uint64_t dlen, int k, const GPT2Config *cfg,
+                       const Runs need[NUM_PARAM_TENSORS], float *dst[3], uint64_t copied[NUM_PARAM_TENSORS], Tiles *tiles,
+                       int rank, char *why, size_t cap) {
+    static const char *const what[] = { "runs", "master", "m", "v" };
+    const unsigned char *p[4];
+    uint64_t n[4];
+    int present = 0;
+    for (int q = 0; q < 4; q++) {
+        char key[32];
+        snprintf(key, sizeof key, "%s.%s", PARAM_NAMES[k], what[q]);
+        json_t *t = json_object_get(h, key), *off = json_object_get(t, "data_offsets");
+        if (!t) continue;
+        present++;
+        const char *dt = json_string_value(json_object_get(t, "dtype"));
+        json_t *shape = json_object_get(t, "shape");
+        json_int_t a = json_integer_value(json_array_get(off, 0)), e = json_integer_value(json_array_get(off, 1));
+        json_int_t n0 = json_integer_value(json_array_get(shape, 0));
+        size_t es = q == 0 ? 16 : 4;
+        if (!dt || strcmp(dt, q == 0 ? "I64" : "F32") || json_array_size(shape) != (q == 0 ? 2u : 1u) || a < 0 ||
+            e < a || (uint64_t)e > dlen || n0 < 0 || (uint64_t)n0 > dlen / es || (uint64_t)(e - a) != (uint64_t)n0 * es) {
+            snprintf(why, cap, "%s: malformed tensor %s", file, key);
+            return -1;
+        }
+        p[q] = data + a;
+        n[q] = (uint64_t)n0;
+    }
+    if (present == 0) return 0;
+    if (present != 4) {
+        snprintf(why, cap, "%s: tensor %s lacks some of runs, master, m and v", file, PARAM_NAMES[k]);
+        return -1;
+    }
+    int64_t d[3];
+    int nd = full_shape(cfg, k, d);
+    uint64_t full = 1, total = 0;
+    for (int i = 0; i < nd; i++) full *= (uint64_t)d[i];
+    int64_t *pairs = xmalloc(n[0] * 16 + 16);
+    memcpy(pairs, p[0], n[0] * 16);
+    for (uint64_t i = 0; i < n[0]; i++) {
+        if (pairs[2 * i] < 0 || pairs[2 * i + 1] < 0 || (uint64_t)pairs[2 * i] + (uint64_t)pairs[2 * i + 1] > full) {
+            free(pairs);
+            snprintf(why, cap, "%s: run %llu of %s lies outside the tensor", file, (unsigned long long)i, PARAM_NAMES[k]);
+            return -1;
+        }
+        total += (uint64_t)pairs[2 * i + 1];
+        tiles_add(tiles, (uint64_t)pairs[2 * i], (uint64_t)pairs[2 * i + 1], rank);
+    }
+    if (total != n[1] || total != n[2] || total != n[3]) {
+        free(pairs);
+        snprintf(why, cap, "%s: the runs of %s cover %llu elements, its values %llu", file, PARAM_NAMES[k],
+                 (unsigned long long)total, (unsigned long long)n[1]);
+        return -1;
+    }
+    const unsigned char *src[3] = { p[1], p[2], p[3] };
+    copied[k] += scatter(&need[k], pairs, n[0], src, dst);
+    free(pairs);
+    return 0;
+}
+
 // Reads one shard into this rank's arrays; returns 0, or -1 with why (naming the file).
 static int read_shard(const char *file, const unsigned char *buf, size_t len, const CkptMeta *mt, int rank,
                       const GPT2Config *cfg, const Runs need[NUM_PARAM_TENSORS], float *dst[3],
@@ -1078,64 +1150,67 @@ static int read_shard(const char *file, const unsigned char *buf, size_t len, co
         snprintf(why, cap, "%s: holds rank %s, the manifest says %s", file, s, want);
         goto out;
     }
-    for (int k = 0; k < NUM_PARAM_TENSORS; k++) {
-        static const char *const what[] = { "runs", "master", "m", "v" };
-        const unsigned char *p[4];
-        uint64_t n[4];
-        int present = 0;
-        for (int q = 0; q < 4; q++) {
-            char key[32];
-            snprintf(key, sizeof key, "%s.%s", PARAM_NAMES[k], what[q]);
-            json_t *t = json_object_get(h, key), *off = json_object_get(t, "data_offsets");
-            if (!t) continue;
-            present++;
-            const char *dt = json_string_value(json_object_get(t, "dtype"));
-            json_t *shape = json_object_get(t, "shape");
-            json_int_t a = json_integer_value(json_array_get(off, 0)), e = json_integer_value(json_array_get(off, 1));
-            json_int_t n0 = json_integer_value(json_array_get(shape, 0));
-            size_t es = q == 0 ? 16 : 4;
-            if (!dt || strcmp(dt, q == 0 ? "I64" : "F32") || json_array_size(shape) != (q == 0 ? 2u : 1u) || a < 0 ||
-                e < a || (uint64_t)e > dlen || n0 < 0 || (uint64_t)n0 > dlen / es || (uint64_t)(e - a) != (uint64_t)n0 * es) {
-                snprintf(why, cap, "%s: malformed tensor %s", file, key);
-                goto out;
-            }
-            p[q] = data + a;
-            n[q] = (uint64_t)n0;
-        }
-        if (present == 0) continue;
-        if (present != 4) {
-            snprintf(why, cap, "%s: tensor %s lacks some of runs, master, m and v", file, PARAM_NAMES[k]);
-            goto out;
-        }
-        int64_t d[3];
-        int nd = full_shape(cfg, k, d);
-        uint64_t full = 1, total = 0;
-        for (int i = 0; i < nd; i++) full *= (uint64_t)d[i];
-        int64_t *pairs = xmalloc(n[0] * 16 + 16);
-        memcpy(pairs, p[0], n[0] * 16);
-        for (uint64_t i = 0; i < n[0]; i++) {
-            if (pairs[2 * i] < 0 || pairs[2 * i + 1] < 0 || (uint64_t)pairs[2 * i] + (uint64_t)pairs[2 * i + 1] > full) {
-                free(pairs);
-                snprintf(why, cap, "%s: run %llu of %s lies outside the tensor", file, (unsigned long long)i, PARAM_NAMES[k]);
-                goto out;
-            }
-            total += (uint64_t)pairs[2 * i + 1];
-            tiles_add(&tiles[k], (uint64_t)pairs[2 * i], (uint64_t)pairs[2 * i + 1], rank);
-        }
-        if (total != n[1] || total != n[2] || total != n[3]) {
-            free(pairs);
-            snprintf(why, cap, "%s: the runs of %s cover %llu elements, its values %llu", file, PARAM_NAMES[k],
-                     (unsigned long long)total, (unsigned long long)n[1]);
-            goto out;
-        }
-        const unsigned char *src[3] = { p[1], p[2], p[3] };
-        copied[k] += scatter(&need[k], pairs, n[0], src, dst);
-        free(pairs);
-    }
+    for (int k = 0; k < NUM_PARAM_TENSORS; k++)
+        if (read_tensor(file, h, data, dlen, k, cfg, need, dst, copied, &tiles[k], rank, why, cap) != 0) goto out;
     rc = 0;
 out:
     json_decref(h);
     return rc;
+}
+
+// Every shard of the manifest's list (at path, in directory d) into this rank's arrays, their runs into
+// tiles: 0, or -1 with why.
+static int load_shards(const char *d, const char *path, json_t *shards, const CkptMeta *mt, const GPT2 *model,
+                       const Runs need[NUM_PARAM_TENSORS], float *dst[3], Tiles tiles[NUM_PARAM_TENSORS], char *why,
+                       size_t cap) {
+    struct stat st;
+    unsigned char *buf;
+    size_t len;
+    uint64_t copied[NUM_PARAM_TENSORS] = { 0 };
+    for (int q = 0; q < mt->ranks; q++) {
+        json_t *s = json_array_get(shards, (size_t)q);
+        char name[256], file[SAFE_PATH_MAX + 300];
+        long long bytes, scrc, srank;
+        if (!get_str(s, "file", name, sizeof name) || strchr(name, '/') || !get_int(s, "bytes", &bytes) ||
+            !get_int(s, "crc32", &scrc) || scrc < 0 || scrc > UINT32_MAX || !get_int(s, "rank", &srank) || srank != q) {
+            snprintf(why, cap, "%s: malformed shard entry %d", path, q);
+            return -1;
+        }
+        snprintf(file, sizeof file, "%s/%s", d, name);
+        if (stat(file, &st) != 0) {
+            snprintf(why, cap, "%s: %s (a missing shard)", file, strerror(errno));
+            return -1;
+        }
+        if ((long long)st.st_size != bytes) {
+            snprintf(why, cap, "%s: %s: %lld bytes, the manifest says %lld", file,
+                     (long long)st.st_size < bytes ? "truncated" : "too long", (long long)st.st_size, bytes);
+            return -1;
+        }
+        if (st_read_file(file, &buf, &len, SIZE_MAX, why, cap) != 0) return -1;
+        uint32_t got = crc_of(buf, len);
+        if (got != (uint32_t)scrc) {
+            free(buf);
+            snprintf(why, cap, "%s: checksum mismatch (crc32 %08x, the manifest says %08x)", file, got, (uint32_t)scrc);
+            return -1;
+        }
+        int rc = read_shard(file, buf, len, mt, q, &model->cfg, need, dst, copied, tiles, why, cap);
+        free(buf);
+        if (rc != 0) return -1;
+    }
+    for (int k = 0; k < NUM_PARAM_TENSORS; k++) {
+        int64_t dim[3];
+        int nd = full_shape(&model->cfg, k, dim);
+        uint64_t full = 1;
+        for (int i = 0; i < nd; i++) full *= (uint64_t)dim[i];
+        if (check_tiling(d, k, &tiles[k], full, why, cap) != 0) return -1;
+    }
+    for (int k = 0; k < NUM_PARAM_TENSORS; k++)
+        if (copied[k] != need[k].elems) {
+            snprintf(why, cap, "%s: the shards hold %llu of the %llu elements of %s this rank needs", d,
+                     (unsigned long long)copied[k], (unsigned long long)need[k].elems, PARAM_NAMES[k]);
+            return -1;
+        }
+    return 0;
 }
 
 // Loads checkpoint directory d; returns a LOAD_ code with why.
@@ -1186,50 +1261,7 @@ static int load_one(const char *d, const GPT2 *model, const Runs need[NUM_PARAM_
         snprintf(why, cap, "%s: the shard list does not hold the %d ranks", path, mt->ranks);
         goto out;
     }
-    uint64_t copied[NUM_PARAM_TENSORS] = { 0 };
-    for (int q = 0; q < mt->ranks; q++) {
-        json_t *s = json_array_get(shards, (size_t)q);
-        char name[256], file[SAFE_PATH_MAX + 300];
-        long long bytes, scrc, srank;
-        if (!get_str(s, "file", name, sizeof name) || strchr(name, '/') || !get_int(s, "bytes", &bytes) ||
-            !get_int(s, "crc32", &scrc) || scrc < 0 || scrc > UINT32_MAX || !get_int(s, "rank", &srank) || srank != q) {
-            snprintf(why, cap, "%s: malformed shard entry %d", path, q);
-            goto out;
-        }
-        snprintf(file, sizeof file, "%s/%s", d, name);
-        if (stat(file, &st) != 0) {
-            snprintf(why, cap, "%s: %s (a missing shard)", file, strerror(errno));
-            goto out;
-        }
-        if ((long long)st.st_size != bytes) {
-            snprintf(why, cap, "%s: %s: %lld bytes, the manifest says %lld", file,
-                     (long long)st.st_size < bytes ? "truncated" : "too long", (long long)st.st_size, bytes);
-            goto out;
-        }
-        if (st_read_file(file, &buf, &len, SIZE_MAX, why, cap) != 0) goto out;
-        uint32_t got = crc_of(buf, len);
-        if (got != (uint32_t)scrc) {
-            free(buf);
-            snprintf(why, cap, "%s: checksum mismatch (crc32 %08x, the manifest says %08x)", file, got, (uint32_t)scrc);
-            goto out;
-        }
-        int rc = read_shard(file, buf, len, mt, q, &model->cfg, need, dst, copied, tiles, why, cap);
-        free(buf);
-        if (rc != 0) goto out;
-    }
-    for (int k = 0; k < NUM_PARAM_TENSORS; k++) {
-        int64_t dim[3];
-        int nd = full_shape(&model->cfg, k, dim);
-        uint64_t full = 1;
-        for (int i = 0; i < nd; i++) full *= (uint64_t)dim[i];
-        if (check_tiling(d, k, &tiles[k], full, why, cap) != 0) goto out;
-    }
-    for (int k = 0; k < NUM_PARAM_TENSORS; k++)
-        if (copied[k] != need[k].elems) {
-            snprintf(why, cap, "%s: the shards hold %llu of the %llu elements of %s this rank needs", d,
-                     (unsigned long long)copied[k], (unsigned long long)need[k].elems, PARAM_NAMES[k]);
-            goto out;
-        }
+    if (load_shards(d, path, shards, mt, model, need, dst, tiles, why, cap) != 0) goto out;
     code = LOAD_OK;
 out:
     for (int k = 0; k < NUM_PARAM_TENSORS; k++) free(tiles[k].t);

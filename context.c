@@ -37,26 +37,21 @@ static AttnView chunk_view(DType dt, const void *base, int T, int width, int j, 
     return v;
 }
 
-static void wait_timed(CpRing *r, CommRequest **q) {
-    if (!*q) return;
-    double t0 = now_seconds();
-    comm_wait(*q);
-    *q = NULL;
-    r->wait_s += now_seconds() - t0;
-}
+static void wait_ring(CpRing *r, CommRequest **q) { wait_timed(q, &r->times->ring_wait_s); }
 
 // Passes the block at cur to the next rank and receives the previous rank's into nxt (step s of n).
 static void pass_kv(CpRing *r, int s, void *cur, void *nxt, size_t bytes, CommRequest **send, CommRequest **recv) {
     *send = *recv = NULL;
-    if (s + 1 >= r->n) return;
-    *send = comm_isend(r->kv, cur, bytes, (r->rank + 1) % r->n);
-    *recv = comm_irecv(r->kv, nxt, bytes, (r->rank + r->n - 1) % r->n);
+    int n = r->lay->cp.size, rank = r->lay->cp.rank;
+    if (s + 1 >= n) return;
+    *send = comm_isend(r->lay->cp.comm, cur, bytes, (rank + 1) % n);
+    *recv = comm_irecv(r->lay->cp.comm, nxt, bytes, (rank + n - 1) % n);
 }
 
 double cp_attention_fwd(CpRing *r, void *out, float *lse, const void *qkv, int B, int T, int C, int NH) {
     const Backend *be = r->be;
     DType dt = r->dt;
-    int n = r->n, c = T / 2, hs = C / NH;
+    int n = r->lay->cp.size, rank = r->lay->cp.rank, c = T / 2, hs = C / NH;
     size_t es = dtype_size(dt), rows = (size_t)B * T, kv_bytes = rows * 2 * C * es, lse_chunk = (size_t)B * NH * c;
     be->cast_rows(r->kvbuf[0], dt, 2 * (size_t)C, (const char *)qkv + (size_t)C * es, dt, 3 * (size_t)C, rows, 2 * (size_t)C);
     int started[2] = { 0, 0 };
@@ -65,10 +60,10 @@ double cp_attention_fwd(CpRing *r, void *out, float *lse, const void *qkv, int B
         void *cur = r->kvbuf[s % 2];
         CommRequest *send, *recv;
         pass_kv(r, s, cur, r->kvbuf[(s + 1) % 2], kv_bytes, &send, &recv); // overlaps the block's attention
-        int owner = (r->rank + n - s) % n;
+        int owner = (rank + n - s) % n;
         for (int jq = 0; jq < 2; jq++)
             for (int jk = 0; jk < 2; jk++) {
-                int q0 = cp_chunk_start(T, n, r->rank, jq), k0 = cp_chunk_start(T, n, owner, jk);
+                int q0 = cp_chunk_start(T, n, rank, jq), k0 = cp_chunk_start(T, n, owner, jk);
                 if (k0 > q0) continue; // the whole key chunk comes after the query chunk
                 AttnView o = chunk_view(DT_F32, r->acc, T, C, jq, 0, C), q = chunk_view(dt, qkv, T, 3 * C, jq, 0, C);
                 AttnView k = chunk_view(dt, cur, T, 2 * C, jk, 0, C), v = chunk_view(dt, cur, T, 2 * C, jk, 1, C);
@@ -76,8 +71,8 @@ double cp_attention_fwd(CpRing *r, void *out, float *lse, const void *qkv, int B
                 started[jq] = 1;
                 pairs += causal_pairs(c, q0, c, k0);
             }
-        wait_timed(r, &send);
-        wait_timed(r, &recv);
+        wait_ring(r, &send);
+        wait_ring(r, &recv);
     }
     be->cast(out, dt, r->acc, DT_F32, rows * C);
     return pairs;
@@ -87,7 +82,7 @@ double cp_attention_bwd(CpRing *r, void *dqkv, const void *dout, const void *qkv
                         int T, int C, int NH) {
     const Backend *be = r->be;
     DType dt = r->dt;
-    int n = r->n, c = T / 2, hs = C / NH, next = (r->rank + 1) % n, prev = (r->rank + n - 1) % n;
+    int n = r->lay->cp.size, rank = r->lay->cp.rank, c = T / 2, hs = C / NH, next = (rank + 1) % n, prev = (rank + n - 1) % n;
     size_t es = dtype_size(dt), rows = (size_t)B * T, kv_bytes = rows * 2 * C * es, lse_chunk = (size_t)B * NH * c;
     size_t dkv_n = rows * 2 * C, dkv_bytes = dkv_n * sizeof(float);
     be->cast_rows(r->kvbuf[0], dt, 2 * (size_t)C, (const char *)qkv + (size_t)C * es, dt, 3 * (size_t)C, rows, 2 * (size_t)C);
@@ -101,14 +96,14 @@ double cp_attention_bwd(CpRing *r, void *dqkv, const void *dout, const void *qkv
         // the block's accumulator arrives from the previous rank while this rank computes its share apart
         float *acc = r->dkv[s % 2], *mine = s == 0 ? acc : r->dkv_part;
         if (s > 0) {
-            wait_timed(r, &dsend[s % 2]); // that buffer's send, two steps ago
-            drecv = comm_irecv(r->grad, acc, dkv_bytes, prev);
+            wait_ring(r, &dsend[s % 2]); // that buffer's send, two steps ago
+            drecv = comm_irecv(r->lay->cp_grad, acc, dkv_bytes, prev);
         }
         be->zero(mine, dkv_bytes);
-        int owner = (r->rank + n - s) % n;
+        int owner = (rank + n - s) % n;
         for (int jq = 0; jq < 2; jq++)
             for (int jk = 0; jk < 2; jk++) {
-                int q0 = cp_chunk_start(T, n, r->rank, jq), k0 = cp_chunk_start(T, n, owner, jk);
+                int q0 = cp_chunk_start(T, n, rank, jq), k0 = cp_chunk_start(T, n, owner, jk);
                 if (k0 > q0) continue;
                 AttnView dq = chunk_view(DT_F32, r->acc, T, C, jq, 0, C);
                 AttnView dk = chunk_view(DT_F32, mine, T, 2 * C, jk, 0, C), dv = chunk_view(DT_F32, mine, T, 2 * C, jk, 1, C);
@@ -119,18 +114,18 @@ double cp_attention_bwd(CpRing *r, void *dqkv, const void *dout, const void *qkv
                 pairs += causal_pairs(c, q0, c, k0);
             }
         if (s > 0) { // the ranks before this one, then this one: the same order for every block
-            wait_timed(r, &drecv);
+            wait_ring(r, &drecv);
             be->residual_bwd(DT_F32, acc, mine, dkv_n);
         }
-        wait_timed(r, &dsend[(s + 1) % 2]); // one send at a time on the channel: the previous step's has left
-        dsend[s % 2] = comm_isend(r->grad, acc, dkv_bytes, next);
-        wait_timed(r, &send);
-        wait_timed(r, &recv);
+        wait_ring(r, &dsend[(s + 1) % 2]); // one send at a time on the channel: the previous step's has left
+        dsend[s % 2] = comm_isend(r->lay->cp_grad, acc, dkv_bytes, next);
+        wait_ring(r, &send);
+        wait_ring(r, &recv);
     }
     // this rank's own block returns from the previous rank with every rank's share
-    CommRequest *home = comm_irecv(r->grad, r->dkv[n % 2], dkv_bytes, prev);
-    wait_timed(r, &home);
-    wait_timed(r, &dsend[(n + 1) % 2]);
+    CommRequest *home = comm_irecv(r->lay->cp_grad, r->dkv[n % 2], dkv_bytes, prev);
+    wait_ring(r, &home);
+    wait_ring(r, &dsend[(n + 1) % 2]);
     be->cast_rows(dqkv, dt, 3 * (size_t)C, r->acc, DT_F32, (size_t)C, rows, (size_t)C);
     be->cast_rows((char *)dqkv + (size_t)C * es, dt, 3 * (size_t)C, r->dkv[n % 2], DT_F32, 2 * (size_t)C, rows, 2 * (size_t)C);
     return pairs;

@@ -18,11 +18,13 @@
 
 #include "collectives.h"
 #include "kernels.h"
+#include "layout.h"
+#include "timing.h"
 
 typedef struct {
-    Comm *kv, *grad; // the group twice: K/V blocks travel on one, dK/dV accumulators on the other, so that
-                     // each channel carries one kind of message in ring order
-    int n, rank;     // group size and this rank's place in it
+    // the group (lay->cp) and this rank's place in it; the group twice: K/V blocks travel on lay->cp.comm,
+    // dK/dV accumulators on lay->cp_grad, so that each channel carries one kind of message in ring order
+    const Layout *lay;
     const Backend *be;
     DType dt;
     // scratch for the largest micro-batch (model.c allocates it): K/V blocks [B, T, 2C] in dt, the one in
@@ -34,7 +36,7 @@ typedef struct {
     // kernels queued before it and complete once its copies are
     void *kvbuf[2];
     float *acc, *dkv[2], *dkv_part;
-    double wait_s; // seconds spent waiting for ring transfers since the caller last reset it
+    StepTimes *times; // the ring adds its waits for transfers to times->ring_wait_s
 } CpRing;
 
 // Where local chunk j (0 or 1) of rank r of n starts in its sequence, for local sequences of T positions.

@@ -186,12 +186,42 @@ static void *at(const void *base, size_t elems, DType dt) { return (char *)base 
 static int is_layer_tensor(int k) { return k != P_WTE && k != P_WPE && k != P_LNFW && k != P_LNFB; }
 
 int gpt2_tensor_replicated(const GPT2 *m, int k) {
-    if (m->tp == 1) return 0;
+    if (m->lay->tp.size == 1) return 0;
     return k == P_WPE || k == P_LN1W || k == P_LN1B || k == P_LN2W || k == P_LN2B || k == P_ATTPROJB ||
            k == P_FCPROJB || k == P_LNFW || k == P_LNFB;
 }
 
+int gpt2_tensor_counted(const GPT2 *m, int k) {
+    if ((k == P_WTE || k == P_WPE) && !m->first) return 0;
+    return !(gpt2_tensor_replicated(m, k) && m->lay->tp.rank != 0);
+}
+
 int gpt2_tensor_layers(const GPT2 *m, int k) { return is_layer_tensor(k) ? m->nl : 1; }
+
+int gpt2_next_slice(const GPT2 *m, size_t off, size_t len, TensorSlice *s) {
+    for (;;) {
+        if (++s->l >= gpt2_tensor_layers(m, s->k)) {
+            s->l = -1;
+            if (++s->k >= NUM_PARAM_TENSORS) return 0;
+            continue;
+        }
+        size_t toff, tlen;
+        gpt2_tensor_range(m, s->k, s->l, &toff, &tlen);
+        s->start = toff;
+        s->a = toff > off ? toff : off;
+        s->e = toff + tlen < off + len ? toff + tlen : off + len;
+        if (s->a < s->e) return 1;
+    }
+}
+
+void gpt2_place_unit_params(GPT2 *m, int unit, void *params) { m->unit_params[unit] = params; }
+void gpt2_place_unit_grads(GPT2 *m, int unit, float *grads) { m->unit_grads[unit] = grads; }
+
+void gpt2_set_hooks(GPT2 *m, void *ctx, void (*fetch)(void *ctx, int unit), void (*ready)(void *ctx, int unit)) {
+    m->hook_ctx = ctx;
+    m->fetch_unit = fetch;
+    m->grads_ready = ready;
+}
 
 int gpt2_unit_of(const GPT2 *m, int k, int l) {
     if (k == P_WTE || k == P_WPE) return UNIT_EMBED;
@@ -271,12 +301,12 @@ static size_t full_index(const GPT2 *m, int r, int k, int l, size_t i) {
 
 static int chunk_of(const GPT2 *m, int l) {
     int c = 0;
-    while (c + 1 < m->nchunks && l >= m->chunk_l0[c + 1]) c++;
+    while (c + 1 < m->lay->chunks && l >= m->chunk_l0[c + 1]) c++;
     return c;
 }
 static int layer_global(const GPT2 *m, int l) {
     int c = chunk_of(m, l);
-    return m->chunk_g0[c] + l - m->chunk_l0[c];
+    return m->lay->chunk_first[c] + l - m->chunk_l0[c];
 }
 
 // Copies between a full model in file order and a tensor-parallel rank's slice in internal order.
@@ -298,70 +328,160 @@ static void map_slice(const GPT2 *m, int r, float *full, float *local, int to_lo
     }
 }
 size_t gpt2_file_index(const GPT2 *m, int k, int l, size_t i) {
-    return full_index(m, m->tp_rank, k, is_layer_tensor(k) ? layer_global(m, l) : 0, i);
+    return full_index(m, m->lay->tp.rank, k, is_layer_tensor(k) ? layer_global(m, l) : 0, i);
 }
 
-void gpt2_full_to_local(const GPT2 *m, const float *file, float *local) { map_slice(m, m->tp_rank, (float *)file, local, 1); }
+void gpt2_full_to_local(const GPT2 *m, const float *file, float *local) { map_slice(m, m->lay->tp.rank, (float *)file, local, 1); }
 
 void gpt2_gather_full(const GPT2 *m, const float *local, float *file) {
     size_t full_n = m->file_offsets[P_LNFB] + m->cfg.C;
     memset(file, 0, sizeof(float) * full_n);
-    if (m->tp == 1) {
+    if (m->lay->tp.size == 1) {
         map_slice(m, 0, file, (float *)local, 0);
     } else {
-        float *all = xmalloc(sizeof(float) * (m->num_params * m->tp + 1));
-        comm_all_gather(m->tp_comm, local, all, m->num_params * m->tp, CT_F32);
-        for (int r = 0; r < m->tp; r++) map_slice(m, r, file, all + (size_t)r * m->num_params, 0);
+        float *all = xmalloc(sizeof(float) * (m->num_params * m->lay->tp.size + 1));
+        comm_all_gather(layout_group(&m->lay->tp), local, all, m->num_params * m->lay->tp.size, CT_F32);
+        for (int r = 0; r < m->lay->tp.size; r++) map_slice(m, r, file, all + (size_t)r * m->num_params, 0);
         free(all);
     }
     // each stage wrote its own blocks and zeros elsewhere: a sum over the stages assembles the model exactly
-    if (m->pp > 1) comm_all_reduce(m->pp_comm, file, file, full_n, CT_F32, OP_SUM);
+    if (m->lay->pp.size > 1) comm_all_reduce(layout_group(&m->lay->pp), file, file, full_n, CT_F32, OP_SUM);
 }
 
-void gpt2_build(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, int B, int T, int own_params, int own_grads,
-                const Placement *pl) {
+// The shape of this rank's slice and stage, from the layout.
+static void place(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, const Layout *lay, StepTimes *times) {
     memset(m, 0, sizeof *m);
-    int sp = pl->sp;
-    m->pp = pl->pp_size > 1 ? pl->pp_size : 1;
-    m->pp_comm = m->pp > 1 ? pl->pp : NULL;
-    m->pp_rank = m->pp > 1 ? pl->pp_rank : 0;
-    m->nchunks = m->pp > 1 ? pl->nchunks : 1;
-    if (m->nchunks < 1 || m->nchunks > MAX_CHUNKS) die("internal: %d chunks per stage", m->nchunks);
+    m->lay = lay;
+    m->times = times;
+    int B = lay->B, T = lay->T / lay->cp.size, TP = lay->tp.size;
     m->nl = 0;
-    for (int k = 0; k < m->nchunks; k++) {
-        m->chunk_g0[k] = m->pp > 1 ? pl->chunk_first[k] : 0;
-        m->chunk_nl[k] = m->pp > 1 ? pl->chunk_len[k] : cfg->L;
+    for (int k = 0; k < lay->chunks; k++) {
         m->chunk_l0[k] = m->nl;
-        m->nl += m->chunk_nl[k];
+        m->nl += lay->chunk_len[k];
     }
-    m->first = m->pp_rank == 0;
-    m->last = m->pp_rank == m->pp - 1;
-    m->embed_comm = pl->embed;
-    m->nslots = pl->nslots > 0 ? pl->nslots : 1;
-    m->recompute = pl->recompute;
+    m->first = lay->pp.rank == 0;
+    m->last = lay->pp.rank == lay->pp.size - 1;
     m->cfg = *cfg;
     m->dt = dt;
     m->be = be;
     m->B = B;
     m->T = T;
     mem_init(&m->mem, be);
-    m->tp = pl->tp_size > 1 ? pl->tp_size : 1;
-    m->tp_comm = m->tp > 1 ? pl->tp : NULL;
-    m->tp_rank = m->tp > 1 ? pl->tp_rank : 0;
-    if (cfg->NH % m->tp) die("internal: tensor parallelism %d does not divide %d heads", m->tp, cfg->NH);
-    m->sp = sp && m->tp > 1;
-    if (m->sp && ((size_t)B * T) % m->tp) die("internal: sequence parallelism needs B*T divisible by %d", m->tp);
-    m->cp = pl->cp_size > 1 ? pl->cp_size : 1;
-    m->cp_rank = m->cp > 1 ? pl->cp_rank : 0;
-    if (m->cp > 1 && T % 2) die("internal: context parallelism needs an even number of local positions, got %d", T);
-    m->ring = (CpRing){ .kv = pl->cp, .grad = pl->cp_grad, .n = m->cp, .rank = m->cp_rank, .be = be, .dt = dt };
-    m->C_tp = cfg->C / m->tp;
-    m->NH_tp = cfg->NH / m->tp;
-    m->Vp_tp = (cfg->Vp + m->tp - 1) / m->tp; // padded internally when the ranks do not divide Vp
-    m->v_start = m->tp_rank * m->Vp_tp;
+    if (cfg->NH % TP) die("internal: tensor parallelism %d does not divide %d heads", TP, cfg->NH);
+    if (lay->sp && ((size_t)B * T) % TP) die("internal: sequence parallelism needs B*T divisible by %d", TP);
+    if (lay->cp.size > 1 && T % 2) die("internal: context parallelism needs an even number of local positions, got %d", T);
+    m->ring = (CpRing){ .lay = lay, .times = times, .be = be, .dt = dt };
+    m->C_tp = cfg->C / TP;
+    m->NH_tp = cfg->NH / TP;
+    m->Vp_tp = (cfg->Vp + TP - 1) / TP; // padded internally when the ranks do not divide Vp
+    m->v_start = lay->tp.rank * m->Vp_tp;
     m->v_real = cfg->V - m->v_start;
     if (m->v_real > m->Vp_tp) m->v_real = m->Vp_tp;
     if (m->v_real < 0) m->v_real = 0;
+}
+
+// Activation set s: what a micro-batch keeps from its forward to its backward, and (set 0, shared by
+// the others) the scratch that lives only inside one forward or backward.
+static void alloc_slot(GPT2 *m, int s) {
+    const GPT2Config *cfg = &m->cfg;
+    size_t L = (size_t)m->nl, C = cfg->C, Ct = (size_t)m->C_tp, BT = (size_t)m->B * m->T, lse = (size_t)m->B * m->NH_tp * m->T;
+    size_t R = m->lay->sp ? BT / m->lay->tp.size : BT; // rows of the residual stream on this rank
+    size_t ds = dtype_size(m->dt);
+    MemAccount *a = &m->mem;
+    // what a micro-batch keeps per block: the block's output (the next block's input) always; the
+    // matmul inputs that are expensive to rebuild unless full recompute reruns the block; the LayerNorm
+    // outputs and GELU's output only without recompute
+    int keep_block = m->lay->recompute != RECOMPUTE_FULL, keep_cheap = m->lay->recompute == RECOMPUTE_NONE;
+    Activations *x = &m->slots[s];
+#define ACT(field, elems, esize) x->field = mem_alloc(a, MEM_ACTIVATIONS, (elems) * (esize), #field)
+    ACT(encoded, m->lay->chunks * R * C, ds); // each chunk's input
+    ACT(residual3, L * R * C, ds);        // each block's output
+    if (keep_block) {
+        ACT(ln1_mean, L * R, 4);
+        ACT(ln1_rstd, L * R, 4);
+        ACT(qkv, L * BT * 3 * Ct, ds);
+        ACT(atty, L * BT * Ct, ds);
+        ACT(lse, L * lse, 4); // attention keeps one log-sum-exp per row, never the T x T probabilities
+        ACT(residual2, L * R * C, ds);
+        ACT(ln2_mean, L * R, 4);
+        ACT(ln2_rstd, L * R, 4);
+        ACT(fch, L * BT * 4 * Ct, ds); // GELU's input
+    }
+    if (keep_cheap) {
+        ACT(ln1, L * R * C, ds);
+        ACT(ln2, L * R * C, ds);
+        ACT(fch_gelu, L * BT * 4 * Ct, ds);
+    }
+    if (m->last) { // the head
+        ACT(lnf, R * C, ds);
+        ACT(lnf_mean, R, 4);
+        ACT(lnf_rstd, R, 4);
+        ACT(logits, BT * m->Vp_tp, ds);
+        ACT(ce_max, BT, 4);
+        ACT(ce_sum, BT, 4);
+        ACT(ce_target, BT, 4);
+        ACT(targets, BT, 4);
+    }
+    if (m->first) ACT(inputs, BT, 4);
+    ACT(dresidual, R * C, ds); // also what a pipeline stage sends back, so one per micro-batch
+    if (s > 0) { // scratch lives only inside one forward or backward: shared
+        Activations *x0 = &m->slots[0];
+        x->partial = x0->partial, x->dbuf_c = x0->dbuf_c, x->dbuf_4c = x0->dbuf_4c, x->dqkv = x0->dqkv;
+        x->full = x0->full, x->dshard = x0->dshard, x->ln_grad = x0->ln_grad;
+        return;
+    }
+    ACT(partial, BT * C, ds);
+    ACT(dbuf_c, BT * C, ds);
+    ACT(dbuf_4c, BT * 4 * Ct, ds);
+    ACT(dqkv, BT * 3 * Ct, ds);
+    if (m->lay->sp) {
+        ACT(full, BT * C, ds);
+        ACT(dshard, R * C, ds);
+        ACT(ln_grad, 2 * C, 4);
+    }
+#undef ACT
+    if (m->lay->cp.size > 1) { // the ring's blocks in flight count as communication buffers, its accumulators as activations
+        CpRing *r = &m->ring;
+        for (int i = 0; i < 2; i++) {
+            r->kvbuf[i] = mem_alloc(a, MEM_COMM, BT * 2 * Ct * ds, "context-parallel K/V block");
+            r->dkv[i] = mem_alloc(a, MEM_COMM, BT * 2 * Ct * 4, "context-parallel dK/dV accumulator");
+        }
+        r->acc = mem_alloc(a, MEM_ACTIVATIONS, BT * Ct * 4, "context-parallel attention accumulator");
+        r->dkv_part = mem_alloc(a, MEM_ACTIVATIONS, BT * 2 * Ct * 4, "context-parallel dK/dV share");
+    }
+}
+
+// The one block being rebuilt before its backward (--recompute).
+static void alloc_recompute(GPT2 *m) {
+    const GPT2Config *cfg = &m->cfg;
+    size_t C = cfg->C, Ct = (size_t)m->C_tp, BT = (size_t)m->B * m->T, lse = (size_t)m->B * m->NH_tp * m->T;
+    size_t R = m->lay->sp ? BT / m->lay->tp.size : BT; // rows of the residual stream on this rank
+    size_t ds = dtype_size(m->dt);
+    MemAccount *a = &m->mem;
+    BlockScratch *r = &m->rc;
+#define RC(field, elems, esize) r->field = mem_alloc(a, MEM_RECOMPUTE, (elems) * (esize), "recompute " #field)
+    if (m->lay->recompute != RECOMPUTE_NONE) {
+        RC(ln1, R * C, ds); // selective: either LayerNorm's output, each rebuilt just before its use
+        RC(fch_gelu, BT * 4 * Ct, ds);
+    }
+    if (m->lay->recompute == RECOMPUTE_FULL) {
+        RC(ln1_mean, R, 4);
+        RC(ln1_rstd, R, 4);
+        RC(qkv, BT * 3 * Ct, ds);
+        RC(atty, BT * Ct, ds);
+        RC(lse, lse, 4);
+        RC(residual2, R * C, ds);
+        RC(ln2, R * C, ds);
+        RC(ln2_mean, R, 4);
+        RC(ln2_rstd, R, 4);
+        RC(fch, BT * 4 * Ct, ds);
+    }
+#undef RC
+}
+
+void gpt2_build(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, const Layout *lay, StepTimes *times,
+                int own_params, int own_grads) {
+    place(m, cfg, dt, be, lay, times);
     gpt2_param_layout(cfg, m->param_sizes, m->file_offsets);
     local_sizes(m);
     build_units(m);
@@ -378,100 +498,18 @@ void gpt2_build(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, int
         for (int u = 0; u < m->nunits; u++) m->unit_grads[u] = m->grads + m->unit_offset[u];
     }
 
-    size_t L = (size_t)m->nl, C = cfg->C, Ct = (size_t)m->C_tp, BT = (size_t)B * T, lse = (size_t)B * m->NH_tp * T;
-    size_t R = m->sp ? BT / m->tp : BT; // rows of the residual stream on this rank
-    // what a micro-batch keeps per block: the block's output (the next block's input) always; the
-    // matmul inputs that are expensive to rebuild unless full recompute reruns the block; the LayerNorm
-    // outputs and GELU's output only without recompute
-    int keep_block = m->recompute != RECOMPUTE_FULL, keep_cheap = m->recompute == RECOMPUTE_NONE;
-    m->slots = xcalloc((size_t)m->nslots, sizeof(Activations));
-    for (int s = 0; s < m->nslots; s++) { // what a micro-batch keeps from its forward to its backward
-        Activations *x = &m->slots[s];
-#define ACT(field, elems, esize) x->field = mem_alloc(a, MEM_ACTIVATIONS, (elems) * (esize), #field)
-        ACT(encoded, m->nchunks * R * C, ds); // each chunk's input
-        ACT(residual3, L * R * C, ds);        // each block's output
-        if (keep_block) {
-            ACT(ln1_mean, L * R, 4);
-            ACT(ln1_rstd, L * R, 4);
-            ACT(qkv, L * BT * 3 * Ct, ds);
-            ACT(atty, L * BT * Ct, ds);
-            ACT(lse, L * lse, 4); // attention keeps one log-sum-exp per row, never the T x T probabilities
-            ACT(residual2, L * R * C, ds);
-            ACT(ln2_mean, L * R, 4);
-            ACT(ln2_rstd, L * R, 4);
-            ACT(fch, L * BT * 4 * Ct, ds); // GELU's input
-        }
-        if (keep_cheap) {
-            ACT(ln1, L * R * C, ds);
-            ACT(ln2, L * R * C, ds);
-            ACT(fch_gelu, L * BT * 4 * Ct, ds);
-        }
-        if (m->last) { // the head
-            ACT(lnf, R * C, ds);
-            ACT(lnf_mean, R, 4);
-            ACT(lnf_rstd, R, 4);
-            ACT(logits, BT * m->Vp_tp, ds);
-            ACT(ce_max, BT, 4);
-            ACT(ce_sum, BT, 4);
-            ACT(ce_target, BT, 4);
-            ACT(targets, BT, 4);
-        }
-        if (m->first) ACT(inputs, BT, 4);
-        ACT(dresidual, R * C, ds); // also what a pipeline stage sends back, so one per micro-batch
-        if (s > 0) { // scratch lives only inside one forward or backward: shared
-            Activations *x0 = &m->slots[0];
-            x->partial = x0->partial, x->dbuf_c = x0->dbuf_c, x->dbuf_4c = x0->dbuf_4c, x->dqkv = x0->dqkv;
-            x->full = x0->full, x->dshard = x0->dshard, x->ln_grad = x0->ln_grad;
-            continue;
-        }
-        ACT(partial, BT * C, ds);
-        ACT(dbuf_c, BT * C, ds);
-        ACT(dbuf_4c, BT * 4 * Ct, ds);
-        ACT(dqkv, BT * 3 * Ct, ds);
-        if (m->sp) {
-            ACT(full, BT * C, ds);
-            ACT(dshard, R * C, ds);
-            ACT(ln_grad, 2 * C, 4);
-        }
-#undef ACT
-        if (m->cp > 1) { // the ring's blocks in flight count as communication buffers, its accumulators as activations
-            CpRing *r = &m->ring;
-            for (int i = 0; i < 2; i++) {
-                r->kvbuf[i] = mem_alloc(a, MEM_COMM, BT * 2 * Ct * ds, "context-parallel K/V block");
-                r->dkv[i] = mem_alloc(a, MEM_COMM, BT * 2 * Ct * 4, "context-parallel dK/dV accumulator");
-            }
-            r->acc = mem_alloc(a, MEM_ACTIVATIONS, BT * Ct * 4, "context-parallel attention accumulator");
-            r->dkv_part = mem_alloc(a, MEM_ACTIVATIONS, BT * 2 * Ct * 4, "context-parallel dK/dV share");
-        }
-    }
-    BlockScratch *r = &m->rc; // one block, rebuilt before its backward
-#define RC(field, elems, esize) r->field = mem_alloc(a, MEM_RECOMPUTE, (elems) * (esize), "recompute " #field)
-    if (m->recompute != RECOMPUTE_NONE) {
-        RC(ln1, R * C, ds); // selective: either LayerNorm's output, each rebuilt just before its use
-        RC(fch_gelu, BT * 4 * Ct, ds);
-    }
-    if (m->recompute == RECOMPUTE_FULL) {
-        RC(ln1_mean, R, 4);
-        RC(ln1_rstd, R, 4);
-        RC(qkv, BT * 3 * Ct, ds);
-        RC(atty, BT * Ct, ds);
-        RC(lse, lse, 4);
-        RC(residual2, R * C, ds);
-        RC(ln2, R * C, ds);
-        RC(ln2_mean, R, 4);
-        RC(ln2_rstd, R, 4);
-        RC(fch, BT * 4 * Ct, ds);
-    }
-#undef RC
-    comm_count_memory(m->tp_comm, a); // (no work area needed: see collectives.h)
+    m->slots = xcalloc((size_t)lay->nslots, sizeof(Activations));
+    for (int s = 0; s < lay->nslots; s++) alloc_slot(m, s);
+    alloc_recompute(m);
+    comm_count_memory(layout_group(&m->lay->tp), a); // (no work area needed: see collectives.h)
     m->act = &m->slots[0];
-    m->logits_bytes = m->last ? BT * m->Vp_tp * ds : 0;
+    m->logits_bytes = m->last ? (size_t)m->B * m->T * m->Vp_tp * ds : 0;
 }
 
 void gpt2_free(GPT2 *m) {
     MemAccount *a = &m->mem;
-    comm_count_memory(m->tp_comm, NULL);
-    for (int s = 0; s < m->nslots; s++) {
+    comm_count_memory(layout_group(&m->lay->tp), NULL);
+    for (int s = 0; s < m->lay->nslots; s++) {
         Activations *x = &m->slots[s];
         void *own[] = { x->encoded, x->ln1, x->ln1_mean, x->ln1_rstd, x->qkv, x->atty, x->lse, x->residual2, x->ln2,
                         x->ln2_mean, x->ln2_rstd, x->fch, x->fch_gelu, x->residual3, x->lnf, x->lnf_mean, x->lnf_rstd,
@@ -517,18 +555,18 @@ static void fetch(GPT2 *m, int unit) {
     if (m->fetch_unit && m->unit_offset[unit + 1] > m->unit_offset[unit]) m->fetch_unit(m->hook_ctx, unit);
 }
 
-void gpt2_use_slot(GPT2 *m, int slot) { m->act = &m->slots[slot % m->nslots]; }
+void gpt2_use_slot(GPT2 *m, int slot) { m->act = &m->slots[slot % m->lay->nslots]; }
 void *gpt2_stage_input(const GPT2 *m, int chunk) {
-    size_t sRC = (size_t)m->B * m->T / (m->sp ? m->tp : 1) * m->cfg.C;
+    size_t sRC = (size_t)m->B * m->T / (m->lay->sp ? m->lay->tp.size : 1) * m->cfg.C;
     return at(m->act->encoded, (size_t)chunk * sRC, m->dt);
 }
 void *gpt2_stage_output(const GPT2 *m, int chunk) {
-    size_t sRC = (size_t)m->B * m->T / (m->sp ? m->tp : 1) * m->cfg.C;
-    return at(m->act->residual3, (size_t)(m->chunk_l0[chunk] + m->chunk_nl[chunk] - 1) * sRC, m->dt);
+    size_t sRC = (size_t)m->B * m->T / (m->lay->sp ? m->lay->tp.size : 1) * m->cfg.C;
+    return at(m->act->residual3, (size_t)(m->chunk_l0[chunk] + m->lay->chunk_len[chunk] - 1) * sRC, m->dt);
 }
 void *gpt2_stage_grad(const GPT2 *m) { return m->act->dresidual; }
 size_t gpt2_stage_bytes(const GPT2 *m, int B, int T) {
-    return (size_t)B * T / (m->sp ? m->tp : 1) * m->cfg.C * dtype_size(m->dt);
+    return (size_t)B * T / (m->lay->sp ? m->lay->tp.size : 1) * m->cfg.C * dtype_size(m->dt);
 }
 static void ready(GPT2 *m, int unit) {
     if (m->grads_ready) m->grads_ready(m->hook_ctx, unit);
@@ -541,18 +579,18 @@ enum { TP_SUM, TP_GATHER, TP_SCATTER };
 // scatters n elements of partial sums at send into this rank's shard at recv. On a GPU the buffers
 // are device memory, which the communicator moves in place (devmem.h: CUDA IPC inside a node).
 static void tp_collective(GPT2 *m, int kind, const void *send, void *recv, size_t n) {
-    if (m->tp == 1) return;
+    if (m->lay->tp.size == 1) return;
     CommType t = m->dt == DT_BF16 ? CT_BF16 : CT_F32;
-    if (kind == TP_SUM) comm_all_reduce(m->tp_comm, send, recv, n, t, OP_SUM);
-    else if (kind == TP_GATHER) comm_all_gather(m->tp_comm, send, recv, n, t);
-    else comm_reduce_scatter(m->tp_comm, send, recv, n, t, OP_SUM);
+    if (kind == TP_SUM) comm_all_reduce(layout_group(&m->lay->tp), send, recv, n, t, OP_SUM);
+    else if (kind == TP_GATHER) comm_all_gather(layout_group(&m->lay->tp), send, recv, n, t);
+    else comm_reduce_scatter(layout_group(&m->lay->tp), send, recv, n, t, OP_SUM);
 }
 static void tp_sum(GPT2 *m, void *buf, size_t n) { tp_collective(m, TP_SUM, buf, buf, n); }
 
 // A row-parallel matmul's partial sums (in x->partial, n elements) become this rank's rows of the
 // residual stream: reduce-scattered under sequence parallelism, all-reduced otherwise. Returns where.
 static void *tp_finish_partial(GPT2 *m, void *shard_scratch, size_t n) {
-    if (m->sp) {
+    if (m->lay->sp) {
         tp_collective(m, TP_SCATTER, m->act->partial, shard_scratch, n);
         return shard_scratch;
     }
@@ -562,7 +600,7 @@ static void *tp_finish_partial(GPT2 *m, void *shard_scratch, size_t n) {
 
 // A column-parallel matmul's input: the whole rows, gathered under sequence parallelism.
 static void *tp_full_rows(GPT2 *m, void *shard, size_t n) {
-    if (!m->sp) return shard;
+    if (!m->lay->sp) return shard;
     tp_collective(m, TP_GATHER, shard, m->act->full, n);
     return m->act->full;
 }
@@ -572,13 +610,13 @@ static void *tp_full_rows(GPT2 *m, void *shard, size_t n) {
 static void layernorm_bwd_tp(GPT2 *m, void *dinp, float *dweight, const void *dout, const void *inp, const void *weight,
                              const float *mean, const float *rstd, int rows) {
     int C = m->cfg.C;
-    if (!m->sp) {
+    if (!m->lay->sp) {
         m->be->layernorm_bwd(m->dt, dinp, dweight, dweight + C, dout, inp, weight, mean, rstd, rows, C);
         return;
     }
     m->be->zero(m->act->ln_grad, 2 * C * sizeof(float));
     m->be->layernorm_bwd(m->dt, dinp, m->act->ln_grad, m->act->ln_grad + C, dout, inp, weight, mean, rstd, rows, C);
-    comm_all_reduce(m->tp_comm, m->act->ln_grad, m->act->ln_grad, 2 * (size_t)C, CT_F32, OP_SUM);
+    comm_all_reduce(layout_group(&m->lay->tp), m->act->ln_grad, m->act->ln_grad, 2 * (size_t)C, CT_F32, OP_SUM);
     m->be->residual_bwd(DT_F32, dweight, m->act->ln_grad, 2 * (size_t)C);
 }
 
@@ -587,14 +625,14 @@ static void layernorm_bwd_tp(GPT2 *m, void *dinp, float *dweight, const void *do
 
 // Per-op timer: the start of a timed op, and its end charged to a category (no-ops unless profiling).
 static double prof_begin(GPT2 *m) {
-    if (!m->prof.on) return 0.0;
+    if (!m->times->profile) return 0.0;
     m->be->sync();
     return now_seconds();
 }
 static void prof_end(GPT2 *m, int cat, double t0) {
-    if (!m->prof.on) return;
+    if (!m->times->profile) return;
     m->be->sync();
-    m->prof.seconds[cat] += now_seconds() - t0;
+    m->times->op_s[cat] += now_seconds() - t0;
 }
 #define TIMED(m, cat, call)                                                                                \
     do {                                                                                                   \
@@ -610,13 +648,13 @@ static void embed_fwd(GPT2 *m, void *out, const void *wpe, int B, int T) {
     const Backend *be = m->be;
     const void *wte = gpt2_param(m, P_WTE, 0);
     int C = m->cfg.C;
-    if (m->cp == 1) {
+    if (m->lay->cp.size == 1) {
         be->encoder_fwd(m->dt, out, m->act->inputs, wte, wpe, B, T, C, m->v_start, m->Vp_tp);
         return;
     }
     for (int b = 0; b < B; b++)
         for (int j = 0, c = T / 2; j < 2; j++) {
-            size_t row = (size_t)b * T + (size_t)j * c, pos = (size_t)cp_chunk_start(T, m->cp, m->cp_rank, j);
+            size_t row = (size_t)b * T + (size_t)j * c, pos = (size_t)cp_chunk_start(T, m->lay->cp.size, m->lay->cp.rank, j);
             be->encoder_fwd(m->dt, at(out, row * C, m->dt), m->act->inputs + row, wte, wpe ? at(wpe, pos * C, m->dt) : NULL,
                             1, c, C, m->v_start, m->Vp_tp);
         }
@@ -625,13 +663,13 @@ static void embed_bwd(GPT2 *m, const void *dout, int B, int T) {
     const Backend *be = m->be;
     float *dwte = gpt2_grad(m, P_WTE, 0), *dwpe = gpt2_grad(m, P_WPE, 0);
     int C = m->cfg.C;
-    if (m->cp == 1) {
+    if (m->lay->cp.size == 1) {
         be->encoder_bwd(m->dt, dwte, dwpe, dout, m->act->inputs, B, T, C, m->v_start, m->Vp_tp);
         return;
     }
     for (int b = 0; b < B; b++) // (b, t) in order, as on one rank
         for (int j = 0, c = T / 2; j < 2; j++) {
-            size_t row = (size_t)b * T + (size_t)j * c, pos = (size_t)cp_chunk_start(T, m->cp, m->cp_rank, j);
+            size_t row = (size_t)b * T + (size_t)j * c, pos = (size_t)cp_chunk_start(T, m->lay->cp.size, m->lay->cp.rank, j);
             be->encoder_bwd(m->dt, dwte, dwpe + pos * C, at(dout, row * C, m->dt), m->act->inputs + row, 1, c, C, m->v_start,
                             m->Vp_tp);
         }
@@ -643,25 +681,25 @@ static void embed_bwd(GPT2 *m, const void *dout, int B, int T) {
 static void attention_forward(GPT2 *m, void *atty, float *lse, const void *qkv, int B, int T) {
     int Ct = m->C_tp, NH = m->NH_tp;
     double pairs;
-    if (m->cp > 1) {
+    if (m->lay->cp.size > 1) {
         pairs = cp_attention_fwd(&m->ring, atty, lse, qkv, B, T, Ct, NH);
     } else {
         m->be->attention_fwd(m->dt, atty, lse, qkv, B, T, Ct, NH);
         pairs = causal_pairs(T, 0, T, 0);
     }
-    m->prof.attention_flops += 4.0 * (Ct / NH) * B * NH * pairs;
+    m->times->attention_flops += 4.0 * (Ct / NH) * B * NH * pairs;
 }
 static void attention_backward(GPT2 *m, void *dqkv, const void *datty, const void *qkv, const void *atty, const float *lse, int B,
                           int T) {
     int Ct = m->C_tp, NH = m->NH_tp;
     double pairs;
-    if (m->cp > 1) {
+    if (m->lay->cp.size > 1) {
         pairs = cp_attention_bwd(&m->ring, dqkv, datty, qkv, atty, lse, B, T, Ct, NH);
     } else {
         m->be->attention_bwd(m->dt, dqkv, datty, qkv, atty, lse, B, T, Ct, NH);
         pairs = causal_pairs(T, 0, T, 0);
     }
-    m->prof.attention_flops += 10.0 * (Ct / NH) * B * NH * pairs;
+    m->times->attention_flops += 10.0 * (Ct / NH) * B * NH * pairs;
 }
 
 // Cross-entropy over the vocabulary slices of the tensor-parallel group: each rank's row statistics
@@ -671,7 +709,7 @@ static void attention_backward(GPT2 *m, void *dqkv, const void *datty, const voi
 static float vocab_parallel_loss(GPT2 *m, int N, float dloss) {
     const Backend *be = m->be;
     Activations *x = m->act;
-    if (m->tp == 1 && dloss > 0.0f) {
+    if (m->lay->tp.size == 1 && dloss > 0.0f) {
         be->crossentropy_fused(m->dt, x->logits, x->ce_max, x->ce_sum, x->ce_target, x->logits, x->targets, dloss, N,
                                m->v_real, m->Vp_tp);
         x->dlogits_scale = dloss;
@@ -679,18 +717,18 @@ static float vocab_parallel_loss(GPT2 *m, int N, float dloss) {
         be->crossentropy_stats(m->dt, x->ce_max, x->ce_sum, x->ce_target, x->logits, x->targets, N, m->v_start,
                                m->v_real, m->Vp_tp);
     }
-    float *mine = xmalloc(sizeof(float) * 3 * N), *all = xmalloc(sizeof(float) * 3 * N * m->tp);
+    float *mine = xmalloc(sizeof(float) * 3 * N), *all = xmalloc(sizeof(float) * 3 * N * m->lay->tp.size);
     be->to_host(mine, x->ce_max, sizeof(float) * N);
     be->to_host(mine + N, x->ce_sum, sizeof(float) * N);
     be->to_host(mine + 2 * N, x->ce_target, sizeof(float) * N);
-    if (m->tp > 1) comm_all_gather(m->tp_comm, mine, all, (size_t)3 * N * m->tp, CT_F32);
+    if (m->lay->tp.size > 1) comm_all_gather(layout_group(&m->lay->tp), mine, all, (size_t)3 * N * m->lay->tp.size, CT_F32);
     else memcpy(all, mine, sizeof(float) * 3 * N);
     double total = 0.0;
     for (int n = 0; n < N; n++) {
         float gmax = -INFINITY, gsum = 0.0f, target = 0.0f;
-        for (int r = 0; r < m->tp; r++)
+        for (int r = 0; r < m->lay->tp.size; r++)
             if (all[(size_t)r * 3 * N + n] > gmax) gmax = all[(size_t)r * 3 * N + n];
-        for (int r = 0; r < m->tp; r++) {
+        for (int r = 0; r < m->lay->tp.size; r++) {
             const float *s = all + (size_t)r * 3 * N;
             if (s[N + n] > 0.0f) gsum += s[N + n] * expf(s[n] - gmax);
             target += s[2 * N + n];
@@ -719,7 +757,7 @@ typedef struct {
 
 // per-layer strides of the activation sets use the allocated B·T, so buffers stay where the backward
 // expects them whatever the micro-batch's shape
-static size_t rows_alloc(const GPT2 *m) { return (size_t)m->B * m->T / (m->sp ? m->tp : 1); }
+static size_t rows_alloc(const GPT2 *m) { return (size_t)m->B * m->T / (m->lay->sp ? m->lay->tp.size : 1); }
 
 static BlockActs block_acts(const GPT2 *m, int l) {
     const Activations *x = m->act;
@@ -728,7 +766,7 @@ static BlockActs block_acts(const GPT2 *m, int l) {
     size_t sR = rows_alloc(m), sRC = sR * m->cfg.C, sBTCt = (size_t)m->B * m->T * m->C_tp;
     size_t sLse = (size_t)m->B * m->NH_tp * m->T;
     BlockActs a = { .r3 = at(x->residual3, l * sRC, dt) };
-    if (m->recompute == RECOMPUTE_FULL) {
+    if (m->lay->recompute == RECOMPUTE_FULL) {
         a.ln1 = s->ln1, a.qkv = s->qkv, a.atty = s->atty, a.r2 = s->residual2, a.ln2 = s->ln2, a.fch = s->fch;
         a.fchg = s->fch_gelu, a.ln1_mean = s->ln1_mean, a.ln1_rstd = s->ln1_rstd, a.ln2_mean = s->ln2_mean;
         a.ln2_rstd = s->ln2_rstd, a.lse = s->lse;
@@ -738,7 +776,7 @@ static BlockActs block_acts(const GPT2 *m, int l) {
     a.fch = at(x->fch, l * 4 * sBTCt, dt), a.lse = x->lse + l * sLse;
     a.ln1_mean = x->ln1_mean + l * sR, a.ln1_rstd = x->ln1_rstd + l * sR;
     a.ln2_mean = x->ln2_mean + l * sR, a.ln2_rstd = x->ln2_rstd + l * sR;
-    if (m->recompute == RECOMPUTE_SELECTIVE) {
+    if (m->lay->recompute == RECOMPUTE_SELECTIVE) {
         a.ln1 = a.ln2 = s->ln1; // one buffer: each LayerNorm output is rebuilt just before its use
         a.fchg = s->fch_gelu;
     } else {
@@ -764,9 +802,9 @@ static void *block_input(const GPT2 *m, int l) {
 static void block_forward_to_gelu(GPT2 *m, int l, const BlockActs *a, const void *res, int B, int T) {
     const Backend *be = m->be;
     DType dt = m->dt;
-    int C = m->cfg.C, Ct = m->C_tp, N = B * T, R = m->sp ? N / m->tp : N;
+    int C = m->cfg.C, Ct = m->C_tp, N = B * T, R = m->lay->sp ? N / m->lay->tp.size : N;
     size_t BTC = (size_t)N * C;
-    int lead = m->tp_rank == 0; // adds what must be added once: the row-parallel biases
+    int lead = m->lay->tp.rank == 0; // adds what must be added once: the row-parallel biases
     const void *in = tp_full_rows(m, a->ln1, BTC);
     TIMED(m, PROF_MATMUL, be->matmul_fwd(dt, a->qkv, NULL, in, gpt2_param(m, P_QKVW, l), gpt2_param(m, P_QKVB, l), N, C, 3 * Ct));
     TIMED(m, PROF_ATTENTION, attention_forward(m, a->atty, a->lse, a->qkv, B, T));
@@ -783,19 +821,19 @@ static void block_forward_to_gelu(GPT2 *m, int l, const BlockActs *a, const void
 float gpt2_forward_chunk(GPT2 *m, int chunk, const int32_t *inputs, const int32_t *targets, int B, int T, float dloss) {
     if (B > m->B || T > m->T || B <= 0 || T <= 0)
         die("internal: micro-batch %dx%d exceeds the allocated %dx%d", B, T, m->B, m->T);
-    if (m->sp && ((size_t)B * T) % m->tp) die("internal: sequence parallelism needs B*T divisible by %d", m->tp);
+    if (m->lay->sp && ((size_t)B * T) % m->lay->tp.size) die("internal: sequence parallelism needs B*T divisible by %d", m->lay->tp.size);
     const Backend *be = m->be;
     const GPT2Config *cfg = &m->cfg;
     DType dt = m->dt;
     Activations *x = m->act;
-    int C = cfg->C, Ct = m->C_tp, N = B * T, R = m->sp ? N / m->tp : N;
+    int C = cfg->C, Ct = m->C_tp, N = B * T, R = m->lay->sp ? N / m->lay->tp.size : N;
     size_t BTC = (size_t)N * C, RC = (size_t)R * C;
-    int lead = m->tp_rank == 0; // adds what must be added once: position embedding, row-parallel biases
+    int lead = m->lay->tp.rank == 0; // adds what must be added once: position embedding, row-parallel biases
 
     x->B = B;
     x->T = T;
     x->dlogits_scale = 0.0f;
-    int head = m->last && chunk == m->nchunks - 1;
+    int head = m->last && chunk == m->lay->chunks - 1;
     if (m->first && chunk == 0) { // other chunks find their input in place, received from the previous stage
         be->to_device(x->inputs, inputs, sizeof(int32_t) * N);
         fetch(m, UNIT_EMBED);
@@ -803,7 +841,7 @@ float gpt2_forward_chunk(GPT2 *m, int chunk, const int32_t *inputs, const int32_
         void *embedded = tp_finish_partial(m, x->encoded, BTC);
         if (embedded != x->encoded) be->copy(x->encoded, embedded, RC * dtype_size(dt));
     }
-    int l0 = m->chunk_l0[chunk], l1 = l0 + m->chunk_nl[chunk]; // every chunk holds at least one block
+    int l0 = m->chunk_l0[chunk], l1 = l0 + m->lay->chunk_len[chunk]; // every chunk holds at least one block
     fetch(m, 1 + l0);
     // each block's first LayerNorm is fused with the residual add that ends the block before it
     BlockActs a = block_acts(m, l0);
@@ -844,19 +882,19 @@ float gpt2_forward_chunk(GPT2 *m, int chunk, const int32_t *inputs, const int32_
 // normalises; the first LayerNorm's output comes later (rebuild_ln1), into the same buffer.
 static void rebuild_block(GPT2 *m, int l, const BlockActs *a, const void *res, int B, int T) {
     const Backend *be = m->be;
-    int C = m->cfg.C, N = B * T, R = m->sp ? N / m->tp : N;
-    if (m->recompute == RECOMPUTE_FULL) {
+    int C = m->cfg.C, N = B * T, R = m->lay->sp ? N / m->lay->tp.size : N;
+    if (m->lay->recompute == RECOMPUTE_FULL) {
         be->layernorm_fwd(m->dt, a->ln1, a->ln1_mean, a->ln1_rstd, res, gpt2_param(m, P_LN1W, l), gpt2_param(m, P_LN1B, l),
                           R, C);
         block_forward_to_gelu(m, l, a, res, B, T);
-    } else if (m->recompute == RECOMPUTE_SELECTIVE) {
+    } else if (m->lay->recompute == RECOMPUTE_SELECTIVE) {
         be->gelu_fwd(m->dt, a->fchg, a->fch, (size_t)N * 4 * m->C_tp);
         be->layernorm_fwd(m->dt, a->ln2, a->ln2_mean, a->ln2_rstd, a->r2, gpt2_param(m, P_LN2W, l),
                           gpt2_param(m, P_LN2B, l), R, C);
     }
 }
 static void rebuild_ln1(GPT2 *m, int l, const BlockActs *a, const void *res, int R) {
-    if (m->recompute != RECOMPUTE_SELECTIVE) return;
+    if (m->lay->recompute != RECOMPUTE_SELECTIVE) return;
     m->be->layernorm_fwd(m->dt, a->ln1, a->ln1_mean, a->ln1_rstd, res, gpt2_param(m, P_LN1W, l), gpt2_param(m, P_LN1B, l),
                          R, m->cfg.C);
 }
@@ -869,13 +907,13 @@ void gpt2_backward_chunk(GPT2 *m, int chunk, float dloss_scale) {
     DType dt = m->dt;
     Activations *x = m->act;
     int B = x->B, T = x->T;
-    int C = cfg->C, Ct = m->C_tp, N = B * T, R = m->sp ? N / m->tp : N;
+    int C = cfg->C, Ct = m->C_tp, N = B * T, R = m->lay->sp ? N / m->lay->tp.size : N;
     size_t BTC = (size_t)N * C, RC = (size_t)R * C;
     // the input gradient of a column-parallel matmul is partial: all-reduced, or reduce-scattered to rows
     void *dln; // a LayerNorm's output gradient, this rank's rows
     const void *in, *dy;
 
-    int head = m->last && chunk == m->nchunks - 1;
+    int head = m->last && chunk == m->lay->chunks - 1;
     if (head) {
         // LM head: dlogits in place (unless the forward's fused loss left them), then into the final
         // LayerNorm; its input gradient starts the residual stream. Earlier stages find that gradient in
@@ -898,7 +936,7 @@ void gpt2_backward_chunk(GPT2 *m, int chunk, float dloss_scale) {
         ready(m, m->nl + 1);
     }
     int l0 = m->chunk_l0[chunk];
-    for (int l = l0 + m->chunk_nl[chunk] - 1; l >= l0; l--) {
+    for (int l = l0 + m->lay->chunk_len[chunk] - 1; l >= l0; l--) {
         BlockActs a = block_acts(m, l);
         const void *res = block_input(m, l);
         fetch(m, 1 + l); // recompute needs the block's weights too: no extra ZeRO-3 gather
@@ -942,17 +980,17 @@ void gpt2_zero_grad(GPT2 *m) {
 
 void gpt2_logits_at(GPT2 *m, int b, int t, int T, float *out) {
     int owner = 0;
-    if (m->cp > 1) { // the rank holding position t, and where it sits among that rank's positions
-        int c = T / 2, chunk = t / c, j = chunk >= m->cp;
-        owner = j ? 2 * m->cp - 1 - chunk : chunk;
+    if (m->lay->cp.size > 1) { // the rank holding position t, and where it sits among that rank's positions
+        int c = T / 2, chunk = t / c, j = chunk >= m->lay->cp.size;
+        owner = j ? 2 * m->lay->cp.size - 1 - chunk : chunk;
         t = j * c + t % c;
-        if (owner != m->cp_rank) {
-            comm_broadcast(m->ring.kv, out, (size_t)m->cfg.V, CT_F32, owner);
+        if (owner != m->lay->cp.rank) {
+            comm_broadcast(m->lay->cp.comm, out, (size_t)m->cfg.V, CT_F32, owner);
             return;
         }
     }
     size_t row = ((size_t)b * T + t) * m->Vp_tp, n = (size_t)m->Vp_tp;
-    float *mine = xmalloc(sizeof(float) * n), *all = xmalloc(sizeof(float) * n * m->tp);
+    float *mine = xmalloc(sizeof(float) * n), *all = xmalloc(sizeof(float) * n * m->lay->tp.size);
     if (m->dt == DT_F32) {
         m->be->to_host(mine, at(m->act->logits, row, DT_F32), n * sizeof(float));
     } else {
@@ -961,12 +999,12 @@ void gpt2_logits_at(GPT2 *m, int b, int t, int T, float *out) {
         for (size_t i = 0; i < n; i++) mine[i] = bf16_to_f32(tmp[i]);
         free(tmp);
     }
-    if (m->tp > 1) comm_all_gather(m->tp_comm, mine, all, n * m->tp, CT_F32);
+    if (m->lay->tp.size > 1) comm_all_gather(layout_group(&m->lay->tp), mine, all, n * m->lay->tp.size, CT_F32);
     else memcpy(all, mine, n * sizeof(float));
     memcpy(out, all, sizeof(float) * m->cfg.V); // slices are consecutive: the real words come first
     free(mine);
     free(all);
-    if (m->cp > 1) comm_broadcast(m->ring.kv, out, (size_t)m->cfg.V, CT_F32, owner);
+    if (m->lay->cp.size > 1) comm_broadcast(m->lay->cp.comm, out, (size_t)m->cfg.V, CT_F32, owner);
 }
 
 double gpt2_flops_per_token(const GPT2Config *cfg, int T) {

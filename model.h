@@ -9,7 +9,9 @@
 #include "collectives.h"
 #include "context.h"
 #include "kernels.h"
+#include "layout.h"
 #include "mem.h"
+#include "timing.h"
 
 #define MODEL_MAGIC 20240326
 #define MODEL_VERSION_F32 3
@@ -69,36 +71,6 @@ typedef struct {
     float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd, *lse;
 } BlockScratch;
 
-#define MAX_CHUNKS 16
-
-// Per-op timer (--profile): seconds spent in each kind of op since the last reset. Device backends are
-// synchronised around every timed op, so profiling slows a GPU run down. attention_flops counts, always,
-// the FLOPs of the causally visible query-key pairs this rank's attention computed: 4·hs per pair forward
-// (scores and the weighted sum), 10·hs backward (the scores again, dV, dP, dQ, dK).
-enum { PROF_MATMUL, PROF_ATTENTION, PROF_NCAT };
-typedef struct {
-    int on;
-    double seconds[PROF_NCAT];
-    double attention_flops;
-} Profile;
-
-// Where this rank's part of the model sits in the layout. The sizes and ranks describe it; the
-// communicators carry it (NULL where an axis has one rank, and in a dry build: see mem.h).
-typedef struct {
-    int tp_size, tp_rank, pp_size, pp_rank;
-    Comm *tp;            // tensor-parallel group
-    int sp;              // sequence parallelism
-    Comm *pp;            // pipeline group
-    // this stage's blocks: nchunks runs (more than one with the interleaved schedule), each of
-    // chunk_len[c] blocks from global block chunk_first[c]
-    int nchunks, chunk_first[MAX_CHUNKS], chunk_len[MAX_CHUNKS];
-    Comm *embed;         // first and last stage, which both hold the tied embedding (NULL: none)
-    int nslots;          // activation sets: micro-batches in flight
-    int recompute;       // RECOMPUTE_*: what each activation set keeps
-    int cp_size, cp_rank; // context parallelism (context.h): this rank's place in its group
-    Comm *cp, *cp_grad;  // the context-parallel group, twice (context.h)
-} Placement;
-
 // Inside the trainer the parameters are laid out unit by unit, in the order the forward uses them:
 // unit 0 holds the embeddings (wte, wpe), unit 1 + l block l's twelve tensors, unit L + 1 the final
 // LayerNorm. Data parallelism buckets, shards and (ZeRO-3) gathers whole units; model files keep
@@ -109,21 +81,18 @@ typedef struct {
     GPT2Config cfg;
     DType dt;
     const Backend *be;
-    // tensor parallelism: this rank's slice (tp = 1: the whole model)
-    Comm *tp_comm;
-    int tp, tp_rank;
-    int C_tp, NH_tp;      // channels and heads of this rank's attention and MLP slices (C/tp, NH/tp)
-    int Vp_tp;            // vocabulary rows per rank: ceil(Vp/tp), padded internally
+    // where this rank sits (layout.h): its tensor-parallel slice, its pipeline stage's blocks, its
+    // positions of each sequence under context parallelism, its activation sets; read-only
+    const Layout *lay;
+    int C_tp, NH_tp;      // channels and heads of this rank's attention and MLP slices (C/TP, NH/TP)
+    int Vp_tp;            // vocabulary rows per rank: ceil(Vp/TP), padded internally
     int v_start, v_real;  // first vocabulary row of this rank, and how many of its rows are real words
-    int sp;               // sequence parallelism: LayerNorm and residual regions split by rows
-    // pipeline parallelism: this stage's nl blocks, in nchunks runs; local block chunk_l0[c] + i is
-    // global block chunk_g0[c] + i. The first stage holds the embedding, the last the head.
-    Comm *pp_comm, *embed_comm;
-    int pp, pp_rank, nl, first, last;
-    int nchunks, chunk_l0[MAX_CHUNKS], chunk_nl[MAX_CHUNKS], chunk_g0[MAX_CHUNKS];
-    // context parallelism: this rank holds positions of chunks cp_rank and 2·cp-1-cp_rank of each sequence
-    // (T below counts this rank's positions); attention runs round the ring (cp = 1: none)
-    int cp, cp_rank;
+    // pipeline parallelism: this stage's nl blocks, in lay->chunks runs; local block chunk_l0[c] + i is
+    // global block lay->chunk_first[c] + i. The first stage holds the embedding, the last the head.
+    int nl, first, last;
+    int chunk_l0[MAX_CHUNKS];
+    // context parallelism: this rank holds positions of chunks cp.rank and 2·CP-1-cp.rank of each sequence
+    // (T below counts this rank's positions); attention runs round the ring (CP = 1: none)
     CpRing ring;
     size_t logits_bytes;  // the largest logits buffer: B·T·Vp_tp elements
     int B, T;         // largest micro-batch the activation buffers hold
@@ -137,15 +106,13 @@ typedef struct {
     void **unit_params; // [nunits] where each unit's working weights are now
     float *grads;       // fp32, internal order, accumulated over micro-batches; NULL when streamed
     float **unit_grads; // [nunits] where each unit's gradients are now (ZeRO-2/3 stream them in buckets)
-    // One activation set per micro-batch a pipeline stage keeps in flight (1 without pipelining);
-    // act is the one forward and backward use now (gpt2_use_slot).
-    int nslots;
+    // One activation set per micro-batch a pipeline stage keeps in flight (lay->nslots; 1 without
+    // pipelining); act is the one forward and backward use now (gpt2_use_slot).
     Activations *slots, *act;
-    int recompute;   // RECOMPUTE_*
     BlockScratch rc; // the block being rebuilt
     MemAccount mem;  // every buffer of this rank (zero.c, pipeline.c and ckpt.c allocate through it too)
-    Profile prof;
-    // data-parallel hooks (zero.c); NULL when unused
+    StepTimes *times; // the trainer's (timing.h): the model adds its op times and attention FLOPs
+    // data-parallel hooks (zero.c sets them with gpt2_set_hooks); NULL when unused
     void *hook_ctx;
     void (*fetch_unit)(void *ctx, int unit); // before a unit's weights are read
     void (*grads_ready)(void *ctx, int unit); // once a unit's gradients are final for this micro-batch
@@ -171,12 +138,14 @@ float *gpt2_init_params(const GPT2Config *cfg, uint64_t seed);
 float *gpt2_load_file(const char *path, GPT2Config *cfg);
 void gpt2_save_file(const char *path, const GPT2Config *cfg, const float *host_params);
 
-// Builds this rank's part of the model: its tensor-parallel slice when the tensor-parallel group has
-// several ranks. With own_params 0 the caller (ZeRO-3) provides unit_params instead of a full
+// Builds this rank's part of the model where lay (kept, read-only, for the model's life) places it: its
+// tensor-parallel slice, its stage's blocks, activation sets for micro-batches of lay->B sequences of
+// lay->T / CP positions. With own_params 0 the caller (ZeRO-3) provides unit_params instead of a full
 // working-weight buffer, and with own_grads 0 (ZeRO-2/3 streaming) unit_grads instead of a full
 // gradient buffer. With a dry backend (mem.h) it only counts the buffers it would allocate.
-void gpt2_build(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, int B, int T, int own_params, int own_grads,
-                const Placement *pl);
+// times: where this model, its ring and its owners (zero.c, pipeline.c) add the step's times.
+void gpt2_build(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, const Layout *lay, StepTimes *times,
+                int own_params, int own_grads);
 // Pipeline stages: choose the activation set of a micro-batch, and the buffers that travel between
 // stages (this rank's rows of the residual stream): the input a stage receives, the output it sends,
 // and the gradient of its input that its backward leaves for the previous stage.
@@ -194,6 +163,26 @@ void gpt2_tensor_range(const GPT2 *m, int k, int l, size_t *off, size_t *len);
 // Replicated across the tensor-parallel group (LayerNorms, position embedding, row-parallel biases):
 // counted once in the global norm.
 int gpt2_tensor_replicated(const GPT2 *m, int tensor);
+// Whether this rank's copy of tensor k is the one that counts (in the global norm, in a checkpoint): the
+// tied embedding's on the first pipeline stage, a tensor replicated across tensor parallelism on its
+// rank 0 (their copies are identical).
+int gpt2_tensor_counted(const GPT2 *m, int tensor);
+// The parts of the tensor slices (tensor k, local layer l) that meet the range [off, off + len) of the
+// internal order, tensor by tensor and layer by layer: [a, e) of the internal order, the slice starting
+// at start. for (TensorSlice s = GPT2_SLICES; gpt2_next_slice(m, off, len, &s);) visits them.
+typedef struct {
+    int k, l;
+    size_t a, e, start;
+} TensorSlice;
+#define GPT2_SLICES ((TensorSlice){ .k = 0, .l = -1 })
+int gpt2_next_slice(const GPT2 *m, size_t off, size_t len, TensorSlice *s);
+// Where unit u's working weights (gradients) are now: the model's own buffers, or zero.c's gathered
+// units (streamed buckets) while it holds them; NULL when nowhere.
+void gpt2_place_unit_params(GPT2 *m, int unit, void *params);
+void gpt2_place_unit_grads(GPT2 *m, int unit, float *grads);
+// The data-parallel hooks: fetch before a unit's weights are read, ready once a unit's gradients are
+// final for the micro-batch (NULL: none), both called with ctx.
+void gpt2_set_hooks(GPT2 *m, void *ctx, void (*fetch)(void *ctx, int unit), void (*ready)(void *ctx, int unit));
 // Where element i of this rank's slice of tensor k (local layer l) sits in a full model file, counted
 // from the file's first parameter; SIZE_MAX for the internal vocabulary padding past Vp.
 size_t gpt2_file_index(const GPT2 *m, int k, int l, size_t i);

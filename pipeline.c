@@ -1,4 +1,5 @@
-// pipeline.c: the 1F1B schedule and the hand-off of activations and gradients between stages.
+// pipeline.c: building the rank a layout places (model, ZeRO state, pipeline), the 1F1B schedule and the
+// hand-off of activations and gradients between stages.
 #include "pipeline.h"
 
 #include <stdlib.h>
@@ -6,86 +7,29 @@
 
 #include "common.h"
 
-void pipeline_split_layers(int L, int P, int V, const char *counts, int *first, int *count) {
-    if (P > L) die("--pp %d: more pipeline stages than the model's %d blocks", P, L);
-    if (P * V > L) die("--pp %d x --pp-virtual %d = %d chunks: more than the model's %d blocks", P, V, P * V, L);
-    if (V > 1 && counts) die("--pp-layers cannot be combined with --pp-virtual");
-    if (!counts) {
-        int n = P * V;
-        for (int s = 0; s < n; s++) count[s] = L / n + (s < L % n);
-        first[0] = 0;
-        for (int s = 1; s < n; s++) first[s] = first[s - 1] + count[s - 1];
-        return;
-    } else {
-        const char *c = counts;
-        int sum = 0;
-        for (int s = 0; s < P; s++) {
-            char *end;
-            long v = strtol(c, &end, 10);
-            if (end == c || v < 1 || v > L) die("--pp-layers '%s': expected %d positive block counts separated by commas", counts, P);
-            count[s] = (int)v;
-            sum += (int)v;
-            c = end;
-            if (s < P - 1) {
-                if (*c != ',') die("--pp-layers '%s': expected %d counts, one per stage", counts, P);
-                c++;
-            }
-        }
-        if (*c) die("--pp-layers '%s': expected %d counts, one per stage", counts, P);
-        if (sum != L) die("--pp-layers '%s' adds up to %d blocks, but the model has %d", counts, sum, L);
-    }
-    first[0] = 0;
-    for (int s = 1; s < P; s++) first[s] = first[s - 1] + count[s - 1];
-}
-
 void pipeline_init(Pipeline *p, GPT2 *m, Zero *z, Comm *fwd, Comm *bwd) {
     memset(p, 0, sizeof *p);
     p->model = m;
     p->zero = z;
+    p->times = m->times;
     p->fwd = fwd;
     p->bwd = bwd;
-    p->stages = m->pp;
-    p->stage = m->pp_rank;
-    p->chunks = m->nchunks;
-    int n = m->nslots;
+    p->stages = m->lay->pp.size;
+    p->stage = m->lay->pp.rank;
+    p->chunks = m->lay->chunks;
+    int n = m->lay->nslots;
     p->send_out = xcalloc((size_t)n * p->chunks, sizeof(CommRequest *));
     p->send_grad = xcalloc((size_t)n * p->chunks, sizeof(CommRequest *));
 }
 
-void pipeline_place(Placement *pl, int L, int P, int V, int stage, int M, const char *pp_layers) {
-    int *first = xmalloc(sizeof(int) * P * V), *count = xmalloc(sizeof(int) * P * V);
-    pipeline_split_layers(L, P, V, pp_layers, first, count);
-    pl->pp_size = P;
-    pl->pp_rank = stage;
-    pl->nchunks = V;
-    for (int c = 0; c < V; c++) { // stage s holds chunks s, s + P, ...
-        pl->chunk_first[c] = first[c * P + stage];
-        pl->chunk_len[c] = count[c * P + stage];
-    }
-    // micro-batches whose activations a stage holds at once: at most P - stage with 1F1B; every one
-    // interleaved
-    pl->nslots = V > 1 ? M : (P - stage < M ? P - stage : M);
-    free(first);
-    free(count);
+void layout_build_model(const Layout *l, const GPT2Config *cfg, DType dt, const Backend *be, StepTimes *times, GPT2 *m) {
+    int stage = l->replicas.size > 1 ? l->zero : 0; // one replica: every stage is stage 0
+    gpt2_build(m, cfg, dt, be, l, times, stage != 3, !zero_streams_gradients(stage, l->replicas.size, l->accum));
 }
 
-void layout_build_model(const RankLayout *r, GPT2 *m) {
-    Placement pl = { .tp_size = r->tp_size, .tp_rank = r->tp_rank, .tp = r->tp, .sp = r->sp, .pp = r->pp,
-                     .embed = r->embed, .recompute = r->recompute, .cp_size = r->cp_size, .cp_rank = r->cp_rank,
-                     .cp = r->cp, .cp_grad = r->cp_grad };
-    int V = r->pp_size > 1 ? r->pp_virtual : 1;
-    pipeline_place(&pl, r->cfg->L, r->pp_size, V, r->pp_rank, r->accum, r->pp_layers);
-    int replicas = r->dp_size * r->cp_size; // ranks holding the same weights: the ZeRO group
-    int stage = replicas > 1 ? r->zero : 0;   // one: every stage is stage 0
-    gpt2_build(m, r->cfg, r->dt, r->be, r->B, r->T / r->cp_size, stage != 3,
-               !zero_streams_gradients(stage, replicas, r->accum), &pl);
-}
-
-void layout_build_state(const RankLayout *r, GPT2 *m, Zero *z, Pipeline *p, const float *host_params,
-                        const AdamWConfig *acfg) {
-    int replicas = r->dp_size * r->cp_size, stage = replicas > 1 ? r->zero : 0;
-    zero_init(z, m, r->dp, replicas, r->dp_rank * r->cp_size + r->cp_rank, stage, r->bucket_mb, r->accum, host_params, acfg);
-    pipeline_init(p, m, z, r->pp_fwd, r->pp_bwd);
+void layout_build_state(const Layout *l, GPT2 *m, Zero *z, Pipeline *p, const float *host_params, const AdamWConfig *acfg) {
+    zero_init(z, m, host_params, acfg);
+    pipeline_init(p, m, z, l->pp_fwd, l->pp_bwd);
 }
 
 static void drain(CommRequest **r) {
@@ -94,7 +38,7 @@ static void drain(CommRequest **r) {
 }
 
 void pipeline_free(Pipeline *p) {
-    for (int s = 0; s < p->model->nslots * p->chunks; s++) {
+    for (int s = 0; s < p->model->lay->nslots * p->chunks; s++) {
         drain(&p->send_out[s]);
         drain(&p->send_grad[s]);
     }
@@ -120,9 +64,9 @@ static void trace_op(Pipeline *p, char kind, int mb, int chunk) {
 // hands off from its own buffer, which stays untouched until its send completes (send_out and
 // send_grad are drained before the slot is reused): no staging buffer is shared between chunks.
 static void recv_into(Pipeline *p, Comm *c, void *dst, size_t n, int from) {
-    double t0 = now_seconds();
+    double t0 = now_seconds(); // a blocking receive (its inline path is faster than a request's wait)
     comm_recv(c, dst, n, from);
-    p->wait_s += now_seconds() - t0;
+    p->times->pipe_wait_s += now_seconds() - t0;
 }
 
 static CommRequest *send_from(Comm *c, const void *src, size_t n, int to) { return comm_isend(c, src, n, to); }
@@ -141,7 +85,7 @@ static int next_stage(const Pipeline *p, int chunk) {
 static double forward_op(Pipeline *p, const int32_t *inputs, const int32_t *targets, int mb, int chunk, int B, int T,
                          float dloss) {
     GPT2 *m = p->model;
-    int slot = mb % m->nslots, sc = slot * p->chunks + chunk;
+    int slot = mb % m->lay->nslots, sc = slot * p->chunks + chunk;
     if (chunk == 0) // the set's previous micro-batch has left
         for (int c = 0; c < p->chunks; c++) {
             drain(&p->send_out[slot * p->chunks + c]);
@@ -161,7 +105,7 @@ static double forward_op(Pipeline *p, const int32_t *inputs, const int32_t *targ
 
 static void backward_op(Pipeline *p, int mb, int chunk, int M, int B, int T, float dloss) {
     GPT2 *m = p->model;
-    int slot = mb % m->nslots;
+    int slot = mb % m->lay->nslots;
     for (int c = 0; c < p->chunks; c++) drain(&p->send_grad[slot * p->chunks + c]); // dresidual is reused
     gpt2_use_slot(m, slot);
     size_t bytes = gpt2_stage_bytes(m, B, T);
@@ -189,7 +133,6 @@ static void op_at(const Pipeline *p, int k, int backward, int *mb, int *chunk) {
 }
 
 double pipeline_step(Pipeline *p, const int32_t *inputs, const int32_t *targets, int M, int B, int T, float dloss) {
-    p->wait_s = 0;
     p->live = p->peak_live = 0;
     p->trace_len = 0;
     if (p->trace) p->trace[0] = 0;
@@ -212,7 +155,7 @@ double pipeline_step(Pipeline *p, const int32_t *inputs, const int32_t *targets,
         op_at(p, i, 1, &mb, &chunk);
         backward_op(p, mb, chunk, M, B, T, dloss);
     }
-    for (int s = 0; s < p->model->nslots * V; s++) { // every hand-off of this step has left
+    for (int s = 0; s < p->model->lay->nslots * V; s++) { // every hand-off of this step has left
         drain(&p->send_out[s]);
         drain(&p->send_grad[s]);
     }

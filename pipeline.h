@@ -22,23 +22,12 @@ typedef struct {
                      // so each direction of each channel carries one kind of message in schedule order
     int stages, stage, chunks;
     CommRequest **send_out, **send_grad; // sends still in flight, per activation set and chunk
-    double wait_s;   // this step: time spent waiting for activations or gradients
+    StepTimes *times; // the model's: the pipeline adds its waits for activations and gradients
     int live, peak_live; // micro-batches whose activations this stage holds
     char *trace;     // this step's operations, "F0 F1 B0 ...", for tests
     size_t trace_len, trace_cap;
 } Pipeline;
 
-// Splits L blocks into P stages: equal (the first L mod P stages one block longer) unless counts
-// (comma-separated, from --pp-layers) says otherwise; dies with a message naming the flag when it
-// cannot. Fills first[P] and count[P].
-// With V > 1 chunks the L blocks form P·V chunks and stage s gets chunks s, s+P, ...; first and count
-// then hold P·V entries.
-void pipeline_split_layers(int L, int P, int V, const char *counts, int *first, int *count);
-// Where stage `stage` of P sits, for gpt2_build: its chunks of the L blocks (V per stage: the interleaved
-// schedule when V > 1; --pp-layers counts, or NULL) and how many micro-batches' activations it holds
-// at once with M per step. Fills the pipeline fields of pl (pp_size, pp_rank, nchunks, chunk_first,
-// chunk_len, nslots), not its communicators.
-void pipeline_place(Placement *pl, int L, int P, int V, int stage, int M, const char *pp_layers);
 void pipeline_init(Pipeline *p, GPT2 *model, Zero *zero, Comm *fwd, Comm *bwd);
 
 void pipeline_free(Pipeline *p);
@@ -50,26 +39,11 @@ double pipeline_step(Pipeline *p, const int32_t *inputs, const int32_t *targets,
 // stage when targets are given, 0 elsewhere.
 float pipeline_forward(Pipeline *p, const int32_t *inputs, const int32_t *targets, int B, int T);
 
-// One rank's place in a layout and what it runs with: everything that decides its buffers. The trainer
-// builds its rank from it; `./train plan --exact` builds any rank of any layout from it with a dry
-// backend (mem.h), communicators NULL, and reads the account: the same code, so the same bytes.
-typedef struct {
-    const GPT2Config *cfg;
-    DType dt;
-    const Backend *be;
-    int B, T, accum; // micro-batch shape (T: whole sequences, of which a context-parallel rank holds T/cp_size),
-                     // micro-batches per step
-    int tp_size, tp_rank, sp, pp_size, pp_rank, pp_virtual, cp_size, cp_rank, dp_size, dp_rank, zero, recompute;
-    const char *pp_layers;
-    double bucket_mb;
-    // dp: the ranks holding the same weights, DP x CP of them (rank dp_rank·cp_size + cp_rank), which ZeRO
-    // shards over; cp and cp_grad: the context-parallel group (context.h)
-    Comm *tp, *pp, *pp_fwd, *pp_bwd, *dp, *embed, *cp, *cp_grad;
-} RankLayout;
-// The model of this rank (its slice, its stage's blocks, its activation sets).
-void layout_build_model(const RankLayout *r, GPT2 *m);
-// The optimizer state and the pipeline, from host fp32 parameters in the internal order (NULL: dry).
-void layout_build_state(const RankLayout *r, GPT2 *m, Zero *z, Pipeline *p, const float *host_params,
-                        const AdamWConfig *acfg);
+// The model of the rank that l places (its slice, its stage's blocks, its activation sets), and its
+// optimizer state and pipeline (times: where they add the step's times, timing.h), from host fp32 parameters in the internal order (NULL: dry). The trainer
+// builds its own rank so; `./train plan --exact` builds any rank of any layout so with a dry backend
+// (mem.h), communicators NULL, and reads the account: the same code, so the same bytes.
+void layout_build_model(const Layout *l, const GPT2Config *cfg, DType dt, const Backend *be, StepTimes *times, GPT2 *m);
+void layout_build_state(const Layout *l, GPT2 *m, Zero *z, Pipeline *p, const float *host_params, const AdamWConfig *acfg);
 
 #endif

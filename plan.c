@@ -190,7 +190,7 @@ typedef struct {
     int cp_intra;                      // each CP group sits inside one node
     double dp_allreduce_s, tp_comm_s, cp_comm_s, compute_s;
     double dp_exposed_s, cp_exposed_s, step_s; // the step estimate (top of this file)
-} Layout;
+} Candidate;
 
 // ---------------------------------------------------------------------------------------------
 // the command line: numbers with units, every error naming its flag
@@ -231,78 +231,19 @@ static double parse_amount(const char *flag, const char *s, const Unit *units, d
     return v;
 }
 
-static void parse_plan(PlanInput *in, int argc, char **argv) {
-    const char *preset = NULL;
-    int L = 0, C = 0, NH = 0, V = 0, maxT = 0, T = 0;
-    *in = (PlanInput){ .gpus_per_node = 8, .max_tp = 8, .micro_batches = 8, .pp_virtual = 2, .flash = 1,
-                       .gpu_mem = 80e9, .intra_bw = 300e9, .inter_bw = 50e9, .flops = 400e12, .bucket_mb = 25 };
-    int device_given = 0, bucket_given = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *f = argv[i];
-        if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
-            fputs(PLAN_USAGE, stdout);
-            exit(0);
-        }
-        int *on = !strcmp(f, "--json") ? &in->json : !strcmp(f, "--exact") ? &in->exact : !strcmp(f, "--sp") ? &in->sp
-                : !strcmp(f, "--interleaved") ? &in->interleaved : !strcmp(f, "--ckpt") ? &in->ckpt : NULL;
-        if (on) {
-            *on = 1;
-            continue;
-        }
-        if (strncmp(f, "--", 2) != 0) die("plan: unexpected argument '%s' (see ./train plan --help)", f);
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-#define IS(name) (!strcmp(f, name) && (v ? (i++, 1) : (die("%s needs a value", name), 0)))
-#define INT(lo, hi) (int)parse_amount(f, v, NO_UNITS, lo, hi, 1)
-        if (IS("--model")) preset = v;
-        else if (IS("--layers")) L = INT(1, 4096);
-        else if (IS("--channels")) C = INT(1, 65536);
-        else if (IS("--heads")) NH = INT(1, 65536);
-        else if (IS("--vocab")) V = INT(1, 65536);
-        else if (IS("--max-seq-len")) maxT = INT(1, 1048576);
-        else if (IS("--seq-len")) T = INT(1, 1048576);
-        else if (IS("--params")) in->params = parse_amount(f, v, COUNT_UNITS, 1, 1e16, 0);
-        else if (IS("--gpus")) in->gpus = INT(1, 1 << 24);
-        else if (IS("--gpus-per-node")) in->gpus_per_node = INT(1, 1 << 16);
-        else if (IS("--max-tp")) in->max_tp = INT(1, 1 << 16);
-        else if (IS("--gpu-mem")) in->gpu_mem = parse_amount(f, v, BYTE_UNITS, 1, 1e18, 0);
-        else if (IS("--intra-bw")) in->intra_bw = 1e9 * parse_amount(f, v, NO_UNITS, 1e-6, 1e9, 0);
-        else if (IS("--inter-bw")) in->inter_bw = 1e9 * parse_amount(f, v, NO_UNITS, 1e-6, 1e9, 0);
-        else if (IS("--flops")) in->flops = parse_amount(f, v, FLOP_UNITS, 1, 1e21, 0);
-        else if (IS("--batch-tokens")) in->batch_tokens = parse_amount(f, v, TOKEN_UNITS, 1, 1e15, 1);
-        else if (IS("--micro-batches")) in->micro_batches = INT(1, 1 << 24);
-        else if (IS("--pp-virtual")) in->pp_virtual = INT(1, MAX_CHUNKS);
-        else if (IS("--zero")) in->zero = INT(0, 3);
-        else if (IS("--top")) in->top = INT(1, 1 << 30);
-        else if (IS("--tp")) in->only_tp = INT(1, 1 << 24);
-        else if (IS("--pp")) in->only_pp = INT(1, 1 << 24);
-        else if (IS("--cp")) in->only_cp = INT(1, 1 << 24);
-        else if (IS("--dp")) in->only_dp = INT(1, 1 << 24);
-        else if (IS("--plot")) in->plot = v;
-        else if (IS("--bucket-mb")) in->bucket_mb = parse_amount(f, v, NO_UNITS, 0, 1e6, 0), bucket_given = 1;
-        else if (IS("--device")) {
-            if (strcmp(v, "gpu") && strcmp(v, "cpu")) die("--device must be gpu or cpu, got '%s'", v);
-            in->device_cpu = !strcmp(v, "cpu");
-            device_given = 1;
-        }
-        else if (IS("--recompute")) {
-            if (!strcmp(v, "none")) in->recompute = RECOMPUTE_NONE;
-            else if (!strcmp(v, "selective")) in->recompute = RECOMPUTE_SELECTIVE;
-            else if (!strcmp(v, "full")) in->recompute = RECOMPUTE_FULL;
-            else die("--recompute must be none, selective or full, got '%s'", v);
-        } else if (IS("--attention")) {
-            if (strcmp(v, "flash") && strcmp(v, "full")) die("--attention must be flash or full, got '%s'", v);
-            in->flash = !strcmp(v, "flash");
-        } else if (IS("--dtype")) {
-            if (strcmp(v, "bf16") && strcmp(v, "fp32")) die("--dtype must be bf16 or fp32, got '%s'", v);
-            in->fp32 = !strcmp(v, "fp32");
-        } else die("plan: unknown flag %s (see ./train plan --help)", f);
-#undef INT
-#undef IS
-    }
+typedef struct { // the flags that only parse_plan's checks and the shape read
+    const char *preset;
+    int L, C, NH, V, maxT, T, device_given, bucket_given;
+} PlanFlags;
+
+// The checks between the flags, and the model's shape (from a preset and the shape flags, or --params).
+static void resolve_plan(PlanInput *in, const PlanFlags *g) {
+    const char *preset = g->preset;
+    int L = g->L, C = g->C, NH = g->NH, V = g->V, maxT = g->maxT, T = g->T;
     if (!in->gpus) die("plan: --gpus is required (the number of GPUs to split the model over)");
-    if (!in->exact && (in->sp || in->interleaved || in->ckpt || device_given || bucket_given))
+    if (!in->exact && (in->sp || in->interleaved || in->ckpt || g->device_given || g->bucket_given))
         die("%s describes llm4d's own buffers: it needs --exact", in->sp ? "--sp" : in->interleaved ? "--interleaved"
-                                                                 : in->ckpt ? "--ckpt" : device_given ? "--device"
+                                                                 : in->ckpt ? "--ckpt" : g->device_given ? "--device"
                                                                  : "--bucket-mb");
     if (in->exact && !in->flash) die("--exact counts llm4d's buffers, and its attention is flash: drop --attention full");
     if (in->exact && in->params > 0)
@@ -329,6 +270,75 @@ static void parse_plan(PlanInput *in, int argc, char **argv) {
             "sequences)", in->batch_tokens, in->T);
 }
 
+static void parse_plan(PlanInput *in, int argc, char **argv) {
+    PlanFlags g = { 0 };
+    *in = (PlanInput){ .gpus_per_node = 8, .max_tp = 8, .micro_batches = 8, .pp_virtual = 2, .flash = 1,
+                       .gpu_mem = 80e9, .intra_bw = 300e9, .inter_bw = 50e9, .flops = 400e12, .bucket_mb = 25 };
+    for (int i = 1; i < argc; i++) {
+        const char *f = argv[i];
+        if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
+            fputs(PLAN_USAGE, stdout);
+            exit(0);
+        }
+        int *on = !strcmp(f, "--json") ? &in->json : !strcmp(f, "--exact") ? &in->exact : !strcmp(f, "--sp") ? &in->sp
+                : !strcmp(f, "--interleaved") ? &in->interleaved : !strcmp(f, "--ckpt") ? &in->ckpt : NULL;
+        if (on) {
+            *on = 1;
+            continue;
+        }
+        if (strncmp(f, "--", 2) != 0) die("plan: unexpected argument '%s' (see ./train plan --help)", f);
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define IS(name) (!strcmp(f, name) && (v ? (i++, 1) : (die("%s needs a value", name), 0)))
+#define INT(lo, hi) (int)parse_amount(f, v, NO_UNITS, lo, hi, 1)
+        if (IS("--model")) g.preset = v;
+        else if (IS("--layers")) g.L = INT(1, 4096);
+        else if (IS("--channels")) g.C = INT(1, 65536);
+        else if (IS("--heads")) g.NH = INT(1, 65536);
+        else if (IS("--vocab")) g.V = INT(1, 65536);
+        else if (IS("--max-seq-len")) g.maxT = INT(1, 1048576);
+        else if (IS("--seq-len")) g.T = INT(1, 1048576);
+        else if (IS("--params")) in->params = parse_amount(f, v, COUNT_UNITS, 1, 1e16, 0);
+        else if (IS("--gpus")) in->gpus = INT(1, 1 << 24);
+        else if (IS("--gpus-per-node")) in->gpus_per_node = INT(1, 1 << 16);
+        else if (IS("--max-tp")) in->max_tp = INT(1, 1 << 16);
+        else if (IS("--gpu-mem")) in->gpu_mem = parse_amount(f, v, BYTE_UNITS, 1, 1e18, 0);
+        else if (IS("--intra-bw")) in->intra_bw = 1e9 * parse_amount(f, v, NO_UNITS, 1e-6, 1e9, 0);
+        else if (IS("--inter-bw")) in->inter_bw = 1e9 * parse_amount(f, v, NO_UNITS, 1e-6, 1e9, 0);
+        else if (IS("--flops")) in->flops = parse_amount(f, v, FLOP_UNITS, 1, 1e21, 0);
+        else if (IS("--batch-tokens")) in->batch_tokens = parse_amount(f, v, TOKEN_UNITS, 1, 1e15, 1);
+        else if (IS("--micro-batches")) in->micro_batches = INT(1, 1 << 24);
+        else if (IS("--pp-virtual")) in->pp_virtual = INT(1, MAX_CHUNKS);
+        else if (IS("--zero")) in->zero = INT(0, 3);
+        else if (IS("--top")) in->top = INT(1, 1 << 30);
+        else if (IS("--tp")) in->only_tp = INT(1, 1 << 24);
+        else if (IS("--pp")) in->only_pp = INT(1, 1 << 24);
+        else if (IS("--cp")) in->only_cp = INT(1, 1 << 24);
+        else if (IS("--dp")) in->only_dp = INT(1, 1 << 24);
+        else if (IS("--plot")) in->plot = v;
+        else if (IS("--bucket-mb")) in->bucket_mb = parse_amount(f, v, NO_UNITS, 0, 1e6, 0), g.bucket_given = 1;
+        else if (IS("--device")) {
+            if (strcmp(v, "gpu") && strcmp(v, "cpu")) die("--device must be gpu or cpu, got '%s'", v);
+            in->device_cpu = !strcmp(v, "cpu");
+            g.device_given = 1;
+        }
+        else if (IS("--recompute")) {
+            if (!strcmp(v, "none")) in->recompute = RECOMPUTE_NONE;
+            else if (!strcmp(v, "selective")) in->recompute = RECOMPUTE_SELECTIVE;
+            else if (!strcmp(v, "full")) in->recompute = RECOMPUTE_FULL;
+            else die("--recompute must be none, selective or full, got '%s'", v);
+        } else if (IS("--attention")) {
+            if (strcmp(v, "flash") && strcmp(v, "full")) die("--attention must be flash or full, got '%s'", v);
+            in->flash = !strcmp(v, "flash");
+        } else if (IS("--dtype")) {
+            if (strcmp(v, "bf16") && strcmp(v, "fp32")) die("--dtype must be bf16 or fp32, got '%s'", v);
+            in->fp32 = !strcmp(v, "fp32");
+        } else die("plan: unknown flag %s (see ./train plan --help)", f);
+#undef INT
+#undef IS
+    }
+    resolve_plan(in, &g);
+}
+
 // ---------------------------------------------------------------------------------------------
 // the estimate
 
@@ -350,7 +360,9 @@ static int weight_group_in_node(int tp, int cp, int pp, int world, int gpus_per_
     long *node = xmalloc(sizeof(long) * groups);
     for (int g = 0; g < groups; g++) node[g] = -1;
     for (long r = 0; r < world && ok; r++) {
-        int g = (int)(r / ((long)tp * cp) % pp) * tp + (int)(r % tp);
+        int rd, rp, rc, rt;
+        layout_coords((int)r, tp, cp, pp, &rd, &rp, &rc, &rt);
+        int g = rp * tp + rt;
         if (node[g] < 0) node[g] = r / gpus_per_node;
         else ok = node[g] == r / gpus_per_node;
     }
@@ -359,7 +371,7 @@ static int weight_group_in_node(int tp, int cp, int pp, int world, int gpus_per_
 }
 
 // The step time with the overlap the trainer achieves (the formula at the top of this file).
-static void estimate_step(const PlanInput *in, Layout *y) {
+static void estimate_step(const PlanInput *in, Candidate *y) {
     double T = in->T, C = in->cfg.C, M = in->micro_batches;
     double bubble = in->interleaved && !isnan(y->bubble_interleaved) ? y->bubble_interleaved : y->bubble;
     double attention = y->compute_s * T / (12 * C + T);
@@ -369,7 +381,7 @@ static void estimate_step(const PlanInput *in, Layout *y) {
 }
 
 // The seed's model, the formulas at the top of this file.
-static void estimate_seed(const PlanInput *in, Layout *y) {
+static void estimate_seed(const PlanInput *in, Candidate *y) {
     const GPT2Config *c = &in->cfg;
     double e = in->fp32 ? 4 : 2;                                 // bytes per activation element
     double wb = in->fp32 ? 4 : 2, gb = wb, ob = in->fp32 ? 8 : 12; // bytes per parameter
@@ -433,7 +445,7 @@ static void estimate_seed(const PlanInput *in, Layout *y) {
 
 // --exact: llm4d's buffers for every stage of the layout, counted by building the rank dry (see the top
 // of this file); the fullest stage decides total and fits.
-static void estimate_exact(const PlanInput *in, Layout *y) {
+static void estimate_exact(const PlanInput *in, Candidate *y) {
     y->exact_stage = -1;
     y->exact_total = NAN;
     if (y->why) return;
@@ -445,16 +457,24 @@ static void estimate_exact(const PlanInput *in, Layout *y) {
     int interleave = in->interleaved && !isnan(y->bubble_interleaved);
     y->stage_bytes = xcalloc((size_t)y->pp, sizeof *y->stage_bytes);
     for (int s = 0; s < y->pp; s++) {
-        RankLayout r = { .cfg = &in->cfg, .dt = in->fp32 ? DT_F32 : DT_BF16, .be = backend_dry(in->device_cpu ? MEMKIND_HOST : MEMKIND_DEVICE),
-                         .B = (int)B, .T = in->T, .accum = in->micro_batches, .tp_size = y->tp, .sp = in->sp,
-                         .pp_size = y->pp, .pp_rank = s, .pp_virtual = interleave ? in->pp_virtual : 1, .cp_size = y->cp,
-                         .dp_size = y->dp, .zero = in->zero, .recompute = in->recompute, .bucket_mb = in->bucket_mb };
+        Layout l; // stage s's first rank (every rank of a stage holds the same buffers), unconnected
+        layout_place(&l, layout_rank(0, s, 0, 0, y->tp, y->cp, y->pp), in->gpus, y->tp, y->cp, y->pp);
+        l.sp = in->sp && y->tp > 1;
+        l.zero = in->zero;
+        l.recompute = in->recompute;
+        l.bucket_mb = in->bucket_mb;
+        l.B = (int)B;
+        l.T = in->T;
+        l.accum = in->micro_batches;
+        layout_place_stages(&l, in->cfg.L, y->pp > 1 && interleave ? in->pp_virtual : 1, NULL);
         GPT2 m;
         Zero z;
         Pipeline p;
         AdamWConfig acfg = { 0 };
-        layout_build_model(&r, &m);
-        layout_build_state(&r, &m, &z, &p, NULL, &acfg);
+        DType dt = in->fp32 ? DT_F32 : DT_BF16;
+        StepTimes times = { 0 }; // a dry build runs nothing
+        layout_build_model(&l, &in->cfg, dt, backend_dry(in->device_cpu ? MEMKIND_HOST : MEMKIND_DEVICE), &times, &m);
+        layout_build_state(&l, &m, &z, &p, NULL, &acfg);
         if (in->ckpt) {
             float *snap[3];
             ckpt_alloc_staging(&m.mem, &z, snap);
@@ -471,9 +491,9 @@ static void estimate_exact(const PlanInput *in, Layout *y) {
 
 // Every (TP, CP, PP, DP) with product G, TP <= max-tp and every TP group inside one node. Returns the
 // count; *out is malloc'd.
-static int enumerate_layouts(const PlanInput *in, Layout **out) {
+static int enumerate_layouts(const PlanInput *in, Candidate **out) {
     int cap = 16, n = 0, G = in->gpus;
-    Layout *ys = xmalloc(sizeof(Layout) * cap);
+    Candidate *ys = xmalloc(sizeof(Candidate) * cap);
     for (int tp = 1; tp <= in->max_tp && tp <= G; tp++) {
         if (G % tp || !group_in_node(1, tp, G, in->gpus_per_node)) continue;
         for (int cp = 1; cp <= G / tp; cp++) {
@@ -484,9 +504,9 @@ static int enumerate_layouts(const PlanInput *in, Layout **out) {
                 if ((in->only_tp && tp != in->only_tp) || (in->only_cp && cp != in->only_cp) ||
                     (in->only_pp && pp != in->only_pp) || (in->only_dp && dp != in->only_dp))
                     continue;
-                if (n == cap) ys = realloc(ys, sizeof(Layout) * (cap *= 2));
+                if (n == cap) ys = realloc(ys, sizeof(Candidate) * (cap *= 2));
                 if (!ys) die("out of memory");
-                ys[n++] = (Layout){ .tp = tp, .pp = pp, .cp = cp, .dp = dp };
+                ys[n++] = (Candidate){ .tp = tp, .pp = pp, .cp = cp, .dp = dp };
             }
         }
     }
@@ -494,11 +514,11 @@ static int enumerate_layouts(const PlanInput *in, Layout **out) {
     return n;
 }
 
-static int layout_rank(const Layout *y) { return y->why ? 2 : y->fits ? 0 : 1; }
+static int candidate_class(const Candidate *y) { return y->why ? 2 : y->fits ? 0 : 1; }
 
 static int layout_order(const void *pa, const void *pb) {
-    const Layout *a = pa, *b = pb;
-    if (layout_rank(a) != layout_rank(b)) return layout_rank(a) - layout_rank(b);
+    const Candidate *a = pa, *b = pb;
+    if (candidate_class(a) != candidate_class(b)) return candidate_class(a) - candidate_class(b);
     if (a->step_s != b->step_s) return a->step_s < b->step_s ? -1 : 1;
     if (a->tp != b->tp) return a->tp - b->tp;
     return a->cp != b->cp ? a->cp - b->cp : a->pp - b->pp;
@@ -507,7 +527,7 @@ static int layout_order(const void *pa, const void *pb) {
 // ---------------------------------------------------------------------------------------------
 // output
 
-static void print_table(const PlanInput *in, const Layout *ys, int n) {
+static void print_table(const PlanInput *in, const Candidate *ys, int n) {
     const GPT2Config *c = &in->cfg;
     char count[32];
     if (in->params >= 1e9) snprintf(count, sizeof count, "%.2f B", in->params / 1e9);
@@ -541,7 +561,7 @@ static void print_table(const PlanInput *in, const Layout *ys, int n) {
                "bubble  interlvd   DP all-reduce    TP comm       CP comm   compute      step\n");
     int rows = in->top && in->top < n ? in->top : n;
     for (int i = 0; i < rows; i++) {
-        const Layout *y = &ys[i];
+        const Candidate *y = &ys[i];
         char intl[16] = "-";
         if (!isnan(y->bubble_interleaved)) snprintf(intl, sizeof intl, "%.1f%%", 100 * y->bubble_interleaved);
         printf("%4d %4d %4d %6d %10.3f %12.0f", y->tp, y->cp, y->pp, y->dp, y->layers_per_stage, y->tokens_per_replica);
@@ -576,7 +596,7 @@ static void json_bytes(FILE *f, const size_t b[MEM_NCAT]) {
     fputc('}', f);
 }
 
-static void write_json(FILE *f, const PlanInput *in, const Layout *ys, int n) {
+static void write_json(FILE *f, const PlanInput *in, const Candidate *ys, int n) {
     const GPT2Config *c = &in->cfg;
     fprintf(f, "{\"model\":{\"layers\":%d,\"channels\":%d,\"heads\":%d,\"vocab\":%d,\"padded_vocab\":%d,\"max_seq_len\":%d,"
                "\"seq_len\":%d,", c->L, c->C, c->NH, c->V, c->Vp, c->maxT, in->T);
@@ -596,7 +616,7 @@ static void write_json(FILE *f, const PlanInput *in, const Layout *ys, int n) {
                 in->interleaved ? "true" : "false", in->device_cpu ? "cpu" : "gpu", in->ckpt ? "true" : "false", in->bucket_mb);
     fprintf(f, "},\"layouts\":[");
     for (int i = 0; i < n; i++) {
-        const Layout *y = &ys[i];
+        const Candidate *y = &ys[i];
         fprintf(f, "%s{\"tp\":%d,\"pp\":%d,\"cp\":%d,\"dp\":%d,\"runs\":%s,\"why\":", i ? "," : "", y->tp, y->pp, y->cp,
                 y->dp, y->why ? "false" : "true");
         if (y->why) fprintf(f, "\"%s\",", y->why);
@@ -646,7 +666,7 @@ static void write_json(FILE *f, const PlanInput *in, const Layout *ys, int n) {
 // --plot: the JSON goes to scripts/plot.py (next to this binary) on its standard input; the script
 // writes the PNG and reports errors itself. Python: $LLM4D_PYTHON, else Debian's /usr/bin/python3
 // (where scripts/deps.sh installs matplotlib), else python3 on the PATH.
-static int plot_layouts(const PlanInput *in, const Layout *ys, int n) {
+static int plot_layouts(const PlanInput *in, const Candidate *ys, int n) {
     char exe[4096];
     ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (len < 0) die("--plot: cannot find this binary's directory: %s", strerror(errno));
@@ -687,7 +707,7 @@ static int plot_layouts(const PlanInput *in, const Layout *ys, int n) {
 int plan_main(int argc, char **argv) {
     PlanInput in;
     parse_plan(&in, argc, argv);
-    Layout *ys;
+    Candidate *ys;
     int n = enumerate_layouts(&in, &ys);
     if (n == 0) // only --tp, --cp, --pp or --dp can exclude TP 1 x CP 1 x PP 1 x DP G
         die("plan: no layout of %d GPUs has the --tp/--cp/--pp/--dp asked for (TP <= %d, each TP group inside a node of %d)",
@@ -696,7 +716,7 @@ int plan_main(int argc, char **argv) {
         estimate_seed(&in, &ys[i]);
         if (in.exact) estimate_exact(&in, &ys[i]);
     }
-    qsort(ys, (size_t)n, sizeof(Layout), layout_order);
+    qsort(ys, (size_t)n, sizeof(Candidate), layout_order);
     if (in.json) write_json(stdout, &in, ys, n);
     else print_table(&in, ys, n);
     if (fflush(stdout) != 0) die("plan: cannot write the output: %s", strerror(errno));

@@ -71,11 +71,7 @@ static ZeroSlot *slot_of(Zero *z, int bucket) {
 }
 
 static void slot_wait(Zero *z, ZeroSlot *s) {
-    if (!s->req) return;
-    double t0 = now_seconds();
-    comm_wait(s->req);
-    s->req = NULL;
-    z->exposed_s += now_seconds() - t0;
+    wait_timed(&s->req, &z->times->zero_wait_s);
 }
 
 static ZeroSlot *gather_bucket(Zero *z, int b, int protect) {
@@ -91,7 +87,7 @@ static ZeroSlot *gather_bucket(Zero *z, int b, int protect) {
     GPT2 *m = z->model;
     if (victim->bucket >= 0) {
         for (int u = 0; u < m->nunits; u++)
-            if (z->unit_bucket[u] == victim->bucket) m->unit_params[u] = NULL;
+            if (z->unit_bucket[u] == victim->bucket) gpt2_place_unit_params(m, u, NULL);
     }
     victim->bucket = b;
     victim->used = ++z->use_clock;
@@ -112,10 +108,7 @@ static void grads_acquire(Zero *z, int unit) {
     for (int i = 0; i < z->npool && s < 0; i++) {
         int hb = z->pool_bucket[i];
         if (z->breq[hb] == NULL) continue; // still being written by this backward
-        double t0 = now_seconds();
-        comm_wait(z->breq[hb]);
-        z->exposed_s += now_seconds() - t0;
-        z->breq[hb] = NULL;
+        wait_timed(&z->breq[hb], &z->times->zero_wait_s);
         s = i;
     }
     if (s < 0) die("internal: ZeRO gradient pool exhausted (%d buffers)", z->npool);
@@ -123,21 +116,17 @@ static void grads_acquire(Zero *z, int unit) {
     if (old >= 0) {
         z->bucket_buf[old] = NULL;
         for (int u = 0; u < m->nunits; u++)
-            if (z->unit_bucket[u] == old) m->unit_grads[u] = NULL;
+            if (z->unit_bucket[u] == old) gpt2_place_unit_grads(m, u, NULL);
     }
     z->pool_bucket[s] = b;
     z->bucket_buf[b] = z->pool[s];
     m->be->zero(z->pool[s], z->blen[b] * sizeof(float));
     for (int u = 0; u < m->nunits; u++)
-        if (z->unit_bucket[u] == b) m->unit_grads[u] = z->pool[s] + (m->unit_offset[u] - z->bstart[b]);
+        if (z->unit_bucket[u] == b) gpt2_place_unit_grads(m, u, z->pool[s] + (m->unit_offset[u] - z->bstart[b]));
 }
 
 static void wait_weights_of(Zero *z, int b) {
-    if (!z->wreq || !z->wreq[b]) return;
-    double t0 = now_seconds();
-    comm_wait(z->wreq[b]);
-    z->wreq[b] = NULL;
-    z->exposed_s += now_seconds() - t0;
+    if (z->wreq) wait_timed(&z->wreq[b], &z->times->zero_wait_s);
 }
 
 void zero_wait_weights(Zero *z) {
@@ -154,7 +143,7 @@ static void fetch_unit(void *ctx, int unit) {
     ZeroSlot *s = gather_bucket(z, b, -1);
     slot_wait(z, s);
     s->used = ++z->use_clock;
-    m->unit_params[unit] = at(s->buf, m->unit_offset[unit] - z->bstart[b], m->dt);
+    gpt2_place_unit_params(m, unit, at(s->buf, m->unit_offset[unit] - z->bstart[b], m->dt));
     // prefetch the unit the pass needs next, so that its gather overlaps this unit's compute. The
     // forward visits 0, 1, ..., L+1 and then 0 again for the tied head; the backward visits 0 (the
     // head), L+1, L, ..., 1 (the embedding's own gradient needs no weights).
@@ -182,11 +171,11 @@ static void grads_ready(void *ctx, int unit) {
     GPT2 *m = z->model;
     int b = z->unit_bucket[unit];
     int complete = z->bucket_first_unit[b] == unit;
-    if (unit == UNIT_EMBED && m->embed_comm) {
+    if (unit == UNIT_EMBED && m->lay->embed) {
         // the first and last stage hold the tied embedding: their gradients are summed first, without
         // blocking (the last stage still has to send its input gradient back), and the bucket's
         // data-parallel reduction waits for that sum in zero_finish_grads
-        z->embed_req = comm_iall_reduce(m->embed_comm, m->unit_grads[UNIT_EMBED], m->unit_grads[UNIT_EMBED],
+        z->embed_req = comm_iall_reduce(m->lay->embed, m->unit_grads[UNIT_EMBED], m->unit_grads[UNIT_EMBED],
                                         m->unit_offset[1] - m->unit_offset[0], CT_F32, OP_SUM);
         z->embed_bucket = complete && z->dp ? b : -1;
         return;
@@ -203,17 +192,18 @@ static float *reduced_grad(const Zero *z, int b) {
     return z->stage >= 2 ? z->gshard + z->shard_pos[b] : z->model->grads + z->own_off[b];
 }
 
-void zero_init(Zero *z, GPT2 *model, Comm *dp, int dp_size, int dp_rank, int stage, double bucket_mb, int accum,
-               const float *host, const AdamWConfig *cfg) {
+void zero_init(Zero *z, GPT2 *model, const float *host, const AdamWConfig *cfg) {
+    const Layout *l = model->lay;
     memset(z, 0, sizeof *z);
     z->cfg = *cfg;
     z->model = model;
-    z->stage = stage;
-    z->dp_size = dp_size > 1 ? dp_size : 1;
-    z->dp_rank = dp_size > 1 ? dp_rank : 0;
-    z->dp = z->dp_size > 1 ? dp : NULL;
-    if (z->dp_size == 1) z->stage = stage = 0; // one data-parallel rank: nothing to shard, gather or scatter
-    build_buckets(z, bucket_mb);
+    z->times = model->times;
+    z->dp_size = l->replicas.size;
+    z->dp_rank = l->replicas.rank;
+    z->dp = layout_group(&l->replicas);
+    int stage = z->stage = z->dp_size > 1 ? l->zero : 0; // one data-parallel rank: nothing to shard, gather or scatter
+    int accum = l->accum, fetch = 0; // fetch: the model asks for each unit's weights before reading them
+    build_buckets(z, l->bucket_mb);
     const Backend *be = model->be;
     MemAccount *a = &model->mem;
     DType dt = model->dt;
@@ -249,7 +239,7 @@ void zero_init(Zero *z, GPT2 *model, Comm *dp, int dp_size, int dp_rank, int sta
             z->pool[i] = mem_alloc(a, MEM_COMM, biggest * sizeof(float), "gradient bucket");
             z->pool_bucket[i] = -1;
         }
-        model->fetch_unit = fetch_unit;
+        fetch = 1;
     }
     if (stage == 3) {
         z->wshard = mem_alloc(a, MEM_WEIGHTS, z->shard_elems * dtype_size(dt), "weight shard");
@@ -260,14 +250,13 @@ void zero_init(Zero *z, GPT2 *model, Comm *dp, int dp_size, int dp_rank, int sta
             z->slots[s].buf = mem_alloc(a, MEM_COMM, biggest * dtype_size(dt), "gathered unit");
             z->slots[s].bucket = -1;
         }
-        model->fetch_unit = fetch_unit;
+        fetch = 1;
     }
     if ((stage == 1 || stage == 2) && z->dp) {
         z->wreq = xcalloc((size_t)z->nbuckets, sizeof(CommRequest *));
-        model->fetch_unit = fetch_unit;
+        fetch = 1;
     }
-    model->hook_ctx = z;
-    model->grads_ready = grads_ready;
+    gpt2_set_hooks(model, z, fetch ? fetch_unit : NULL, grads_ready);
 }
 
 void zero_free(Zero *z) {
@@ -297,13 +286,11 @@ void zero_free(Zero *z) {
     free(z->own_len);
     free(z->shard_pos);
     free(z->breq);
-    z->model->fetch_unit = NULL;
-    z->model->grads_ready = NULL;
+    gpt2_set_hooks(z->model, NULL, NULL, NULL);
     memset(z, 0, sizeof *z);
 }
 
 void zero_begin_step(Zero *z) {
-    z->exposed_s = 0;
     z->gathers = 0;
     z->comm_busy_at_start = z->dp ? comm_busy_seconds(z->dp) : 0;
     z->backward = 0;
@@ -322,66 +309,43 @@ double zero_sum_double(Zero *z, double x) { return comm_sum_double(z->dp, x); }
 // replicated across the tensor-parallel group count once in the global norm.
 static double sumsq_range(const Zero *z, size_t off, size_t len, const float *grad) {
     const GPT2 *m = z->model;
-    double s = 0;
-    for (int k = 0; k < NUM_PARAM_TENSORS; k++) {
-        if (gpt2_tensor_replicated(m, k) && m->tp_rank != 0) continue;
-        if ((k == P_WTE || k == P_WPE) && !m->first) continue; // the tied copy counts on the first stage
-        int layers = gpt2_tensor_layers(m, k);
-        for (int l = 0; l < layers; l++) {
-            size_t toff, tlen;
-            gpt2_tensor_range(m, k, l, &toff, &tlen);
-            size_t a = toff > off ? toff : off, e = toff + tlen < off + len ? toff + tlen : off + len;
-            if (a < e) s += m->be->sumsq(grad + (a - off), e - a);
-        }
-    }
-    return s;
+    double sum = 0;
+    for (TensorSlice s = GPT2_SLICES; gpt2_next_slice(m, off, len, &s);)
+        if (gpt2_tensor_counted(m, s.k)) sum += m->be->sumsq(grad + (s.a - off), s.e - s.a);
+    return sum;
 }
 
 float zero_finish_grads(Zero *z) {
     z->backward = 0;
-    double t0 = now_seconds();
     if (z->embed_req) {
-        comm_wait(z->embed_req);
-        z->embed_req = NULL;
+        wait_timed(&z->embed_req, &z->times->zero_wait_s);
         if (z->embed_bucket >= 0) launch_bucket(z, z->embed_bucket);
     }
-    for (int b = 0; b < z->nbuckets; b++)
-        if (z->breq[b]) {
-            comm_wait(z->breq[b]);
-            z->breq[b] = NULL;
-        }
-    z->exposed_s += now_seconds() - t0;
+    for (int b = 0; b < z->nbuckets; b++) wait_timed(&z->breq[b], &z->times->zero_wait_s);
     for (int i = 0; i < z->npool; i++) { // every bucket is reduced: the pool is free for the next step
         if (z->pool_bucket[i] >= 0) z->bucket_buf[z->pool_bucket[i]] = NULL;
         z->pool_bucket[i] = -1;
     }
     if (z->stream)
-        for (int u = 0; u < z->model->nunits; u++) z->model->unit_grads[u] = NULL;
+        for (int u = 0; u < z->model->nunits; u++) gpt2_place_unit_grads(z->model, u, NULL);
     // every stage sums the squares of the segments this rank owns, then the ranks' sums in rank order
     double local = 0;
     for (int b = 0; b < z->nbuckets; b++) local += sumsq_range(z, z->own_off[b], z->own_len[b], reduced_grad(z, b));
     GPT2 *m = z->model;
-    return (float)sqrt(comm_sum_double(m->pp_comm, comm_sum_double(m->tp_comm, comm_sum_double(z->dp, local))));
+    return (float)sqrt(comm_sum_double(layout_group(&m->lay->pp), comm_sum_double(layout_group(&m->lay->tp), comm_sum_double(z->dp, local))));
 }
 
 // The AdamW segments of [off, off+len) of the internal order, whose state sits at spos (shard or full
 // vector) and whose gradient is at grad: one per tensor slice, because decay applies to matrices only.
 static int adamw_segments(Zero *z, size_t off, size_t len, size_t spos, const float *grad, AdamWSegment *segs, int n) {
     GPT2 *m = z->model;
-    for (int k = 0; k < NUM_PARAM_TENSORS; k++) {
-        int layers = gpt2_tensor_layers(m, k);
-        for (int l = 0; l < layers; l++) {
-            size_t toff, tlen;
-            gpt2_tensor_range(m, k, l, &toff, &tlen);
-            size_t a = toff > off ? toff : off, e = toff + tlen < off + len ? toff + tlen : off + len;
-            if (a >= e) continue;
-            size_t s = spos + (a - off);
-            void *working = NULL;
-            if (z->stage == 3) working = at(z->wshard, s, m->dt);
-            else if (!(z->stage == 0 && m->dt == DT_F32)) working = at(m->params, a, m->dt);
-            segs[n++] = (AdamWSegment){ z->master + s, working, grad + (a - off), z->m + s, z->v + s, e - a,
-                                        gpt2_param_decays(k) ? z->cfg.weight_decay : 0.0f };
-        }
+    for (TensorSlice t = GPT2_SLICES; gpt2_next_slice(m, off, len, &t);) {
+        size_t s = spos + (t.a - off);
+        void *working = NULL;
+        if (z->stage == 3) working = at(z->wshard, s, m->dt);
+        else if (!(z->stage == 0 && m->dt == DT_F32)) working = at(m->params, t.a, m->dt);
+        segs[n++] = (AdamWSegment){ z->master + s, working, grad + (t.a - off), z->m + s, z->v + s, t.e - t.a,
+                                    gpt2_param_decays(t.k) ? z->cfg.weight_decay : 0.0f };
     }
     return n;
 }
@@ -421,7 +385,7 @@ void zero_step(Zero *z, float lr, float grad_norm) {
             slot_wait(z, &z->slots[s]);
             z->slots[s].bucket = -1;
         }
-        for (int u = 0; u < m->nunits; u++) m->unit_params[u] = NULL;
+        for (int u = 0; u < m->nunits; u++) gpt2_place_unit_params(m, u, NULL);
         // the next forward's first unit is gathered now, while the step ends and the next begins
         for (int u = 0; u < m->nunits; u++)
             if (m->unit_offset[u + 1] > m->unit_offset[u]) {
@@ -433,7 +397,6 @@ void zero_step(Zero *z, float lr, float grad_norm) {
 }
 
 double zero_comm_ms(const Zero *z) { return z->dp ? (comm_busy_seconds(z->dp) - z->comm_busy_at_start) * 1e3 : 0.0; }
-double zero_exposed_ms(const Zero *z) { return z->exposed_s * 1e3; }
 
 void zero_gather_master(Zero *z, float *host) {
     zero_wait_weights(z);

@@ -32,7 +32,7 @@ typedef struct {
     AdamWConfig cfg;
     GPT2 *model;
     int stage;
-    Comm *dp; // NULL when there is one data-parallel rank
+    Comm *dp; // the layout's replicas (layout.h): NULL when there is one
     int dp_rank, dp_size;
     // buckets
     int nbuckets;
@@ -66,7 +66,8 @@ typedef struct {
     uint64_t use_clock;
     int last_unit; // the unit fetched before, to tell the head's use of the embeddings from the encoder's
     // timing of the current step
-    double comm_busy_at_start, exposed_s;
+    double comm_busy_at_start;
+    StepTimes *times; // the model's: ZeRO adds its waits for the collectives (exposed communication)
 } Zero;
 
 // Sets up buckets and shards for the model, installs the model's hooks, and initialises the state
@@ -75,10 +76,10 @@ typedef struct {
 // without a full gradient buffer). With several micro-batches the gradients accumulate locally and are
 // reduced once, after the last, so that every stage computes bitwise the same step.
 int zero_streams_gradients(int stage, int dp_size, int accum);
-// dp is the data-parallel group of dp_size ranks, this one dp_rank (NULL for one rank, or in a dry build,
-// which only counts the buffers: see mem.h; host_params may then be NULL).
-void zero_init(Zero *z, GPT2 *model, Comm *dp, int dp_size, int dp_rank, int stage, double bucket_mb, int accum,
-               const float *host_params, const AdamWConfig *cfg);
+// The group, the stage, the bucket size and the micro-batches per step come from the model's layout
+// (model->lay->replicas: NULL communicator for one rank, or in a dry build, which only counts the
+// buffers: see mem.h; host_params may then be NULL).
+void zero_init(Zero *z, GPT2 *model, const float *host_params, const AdamWConfig *cfg);
 void zero_free(Zero *z);
 // Before the micro-batches of a step / before each backward.
 void zero_begin_step(Zero *z);
@@ -91,9 +92,8 @@ float zero_finish_grads(Zero *z);
 void zero_step(Zero *z, float lr, float grad_norm);
 // Waits until every working weight is current (anything that reads m->params outside a forward).
 void zero_wait_weights(Zero *z);
-// Milliseconds this step spent in data-parallel collectives, and waiting for them after the backward.
+// Milliseconds this step spent in data-parallel collectives (the waits for them: StepTimes.zero_wait_s).
 double zero_comm_ms(const Zero *z);
-double zero_exposed_ms(const Zero *z);
 // The full fp32 master weights in internal order, gathered onto every rank's host array.
 void zero_gather_master(Zero *z, float *host);
 // Checkpoints: each data-parallel rank owns, at every stage, the segment own_off[b] + [0, own_len[b])

@@ -38,7 +38,7 @@ LAYERS = [
     ("algorithms", "algorithms.c algorithms.h"),
     ("collectives", "collectives.c collectives.h"),
     ("launch", "launch.c launch.h"),
-    ("layout", "layout.c layout.h"),
+    ("layout", "layout.c layout.h timing.h"),  # timing.h: one step's times, filled by every axis above
     ("model", "model.c model.h context.c context.h"),
     ("zero", "zero.c zero.h"),
     ("pipeline", "pipeline.c pipeline.h"),

@@ -1,0 +1,137 @@
+// layout.c: the layout (layout.h): rank <-> coordinates, the communicators of every axis, the split of
+// the blocks into pipeline stages and chunks.
+#include "layout.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+
+int layout_rank(int dp, int pp, int cp, int tp, int TP, int CP, int PP) { return ((dp * PP + pp) * CP + cp) * TP + tp; }
+
+void layout_coords(int rank, int TP, int CP, int PP, int *dp, int *pp, int *cp, int *tp) {
+    *tp = rank % TP;
+    *cp = rank / TP % CP;
+    *pp = rank / (TP * CP) % PP;
+    *dp = rank / (TP * CP * PP);
+}
+
+int layout_error(int TP, int CP, int PP, int nranks, char *err, size_t cap) {
+    int model_ranks = TP * CP * PP;
+    if (nranks % model_ranks == 0) return 0;
+    if (CP > 1)
+        return snprintf(err, cap, "--tp %d x --cp %d x --pp %d = %d does not divide the %d ranks", TP, CP, PP, model_ranks,
+                        nranks), -1;
+    return snprintf(err, cap, "--tp %d x --pp %d = %d does not divide the %d ranks", TP, PP, model_ranks, nranks), -1;
+}
+
+void layout_place(Layout *l, int rank, int nranks, int TP, int CP, int PP) {
+    memset(l, 0, sizeof *l);
+    char err[160];
+    if (layout_error(TP, CP, PP, nranks, err, sizeof err)) die("%s", err);
+    l->rank = rank;
+    l->nranks = nranks;
+    l->lead = rank == 0;
+    l->tp.size = TP;
+    l->cp.size = CP;
+    l->pp.size = PP;
+    l->dp.size = nranks / (TP * CP * PP);
+    layout_coords(rank, TP, CP, PP, &l->dp.rank, &l->pp.rank, &l->cp.rank, &l->tp.rank);
+    l->replicas.size = l->dp.size * CP;
+    l->replicas.rank = l->dp.rank * CP + l->cp.rank;
+    l->chunks = l->nslots = 1;
+}
+
+void layout_connect(Layout *l, Comm *world) {
+    l->world = world;
+    if (!world) return;
+    int TP = l->tp.size, CP = l->cp.size, PP = l->pp.size, dp = l->dp.rank, pp = l->pp.rank, cp = l->cp.rank,
+        tp = l->tp.rank;
+    // each group's colour: the same for the ranks that differ only along the axis
+    int pipe = (dp * CP + cp) * TP + tp, ends = PP > 1 && (pp == 0 || pp == PP - 1);
+    l->tp.comm = comm_split(world, l->rank / TP, tp, "tp");
+    l->pp.comm = comm_split(world, pipe, pp, "pp");
+    l->pp_fwd = comm_split(world, pipe, pp, "pp activations");
+    l->pp_bwd = comm_split(world, pipe, pp, "pp gradients");
+    l->replicas.comm = comm_split(world, pp * TP + tp, l->replicas.rank, CP > 1 ? "dp x cp" : "dp");
+    l->embed = comm_split(world, ends ? pipe : -1, pp, "embedding");
+    if (CP > 1) { // K/V blocks on one, dK/dV accumulators on the other
+        int ring = (dp * PP + pp) * TP + tp;
+        l->cp.comm = comm_split(world, ring, cp, "cp");
+        l->cp_grad = comm_split(world, ring, cp, "cp gradients");
+    }
+}
+
+void layout_disconnect(Layout *l) {
+    if (!l->world) return;
+    comm_barrier(l->world); // nobody leaves while another rank still needs it
+    if (l->cp.comm) comm_destroy(l->cp.comm);
+    if (l->cp_grad) comm_destroy(l->cp_grad);
+    comm_destroy(l->tp.comm);
+    comm_destroy(l->replicas.comm);
+    comm_destroy(l->pp.comm);
+    comm_destroy(l->pp_fwd);
+    comm_destroy(l->pp_bwd);
+    comm_destroy(l->embed);
+    comm_destroy(l->world);
+    l->world = NULL;
+}
+
+int layout_comms(const Layout *l, Comm **out, int cap) {
+    Comm *all[] = { l->world, l->tp.comm, l->pp.comm, l->pp_fwd, l->pp_bwd, l->replicas.comm, l->embed, l->cp.comm,
+                    l->cp_grad };
+    int n = (int)(sizeof all / sizeof all[0]);
+    if (n > cap) die("internal: layout_comms needs room for %d communicators", n);
+    memcpy(out, all, sizeof all);
+    return n;
+}
+
+void layout_split_layers(int L, int P, int V, const char *counts, int *first, int *count) {
+    if (P > L) die("--pp %d: more pipeline stages than the model's %d blocks", P, L);
+    if (P * V > L) die("--pp %d x --pp-virtual %d = %d chunks: more than the model's %d blocks", P, V, P * V, L);
+    if (V > 1 && counts) die("--pp-layers cannot be combined with --pp-virtual");
+    if (!counts) {
+        int n = P * V;
+        for (int s = 0; s < n; s++) count[s] = L / n + (s < L % n);
+        first[0] = 0;
+        for (int s = 1; s < n; s++) first[s] = first[s - 1] + count[s - 1];
+        return;
+    }
+    const char *c = counts;
+    int sum = 0;
+    for (int s = 0; s < P; s++) {
+        char *end;
+        long v = strtol(c, &end, 10);
+        if (end == c || v < 1 || v > L) die("--pp-layers '%s': expected %d positive block counts separated by commas", counts, P);
+        count[s] = (int)v;
+        sum += (int)v;
+        c = end;
+        if (s < P - 1) {
+            if (*c != ',') die("--pp-layers '%s': expected %d counts, one per stage", counts, P);
+            c++;
+        }
+    }
+    if (*c) die("--pp-layers '%s': expected %d counts, one per stage", counts, P);
+    if (sum != L) die("--pp-layers '%s' adds up to %d blocks, but the model has %d", counts, sum, L);
+    first[0] = 0;
+    for (int s = 1; s < P; s++) first[s] = first[s - 1] + count[s - 1];
+}
+
+void layout_place_stages(Layout *l, int L, int V, const char *pp_layers) {
+    int P = l->pp.size, stage = l->pp.rank, M = l->accum;
+    if (V < 1 || V > MAX_CHUNKS) die("internal: %d chunks per stage", V);
+    int *first = xmalloc(sizeof(int) * P * V), *count = xmalloc(sizeof(int) * P * V);
+    layout_split_layers(L, P, V, pp_layers, first, count);
+    l->chunks = V;
+    for (int c = 0; c < V; c++) { // stage s holds chunks s, s + P, ...
+        l->chunk_first[c] = first[c * P + stage];
+        l->chunk_len[c] = count[c * P + stage];
+    }
+    // micro-batches whose activations a stage holds at once: at most P - stage with 1F1B; every one
+    // interleaved
+    l->nslots = V > 1 ? M : (P - stage < M ? P - stage : M);
+    if (l->nslots < 1) l->nslots = 1;
+    free(first);
+    free(count);
+}

@@ -1,0 +1,58 @@
+// report.h: what the trainer prints and logs: the header, one line (and one JSON record with --log) per
+// step, validation losses, checkpoints, stragglers, and every rank's memory at the start and its peak at
+// the end. Rank 0 prints and writes the log; the gathers over the ranks are collective.
+#ifndef LLM4D_REPORT_H
+#define LLM4D_REPORT_H
+
+#include <stdio.h>
+
+#include "ckpt.h"
+#include "data.h"
+#include "layout.h"
+#include "options.h"
+#include "pipeline.h"
+#include "timing.h"
+#include "zero.h"
+
+typedef struct { // what one step did (train.c fills it), besides its StepTimes
+    float loss, norm, lr;
+    int skipped;             // this step's update was skipped (--skip-spikes)
+    long long skipped_total; // skipped so far
+    double ms, compute_ms, comm_ms, exposed_ms, tp_ms, cp_ms;
+    double stall_ms;         // the checkpoint stall before the step
+    int zero3_gathers;       // units ZeRO-3 gathered (-1: not ZeRO-3)
+} StepResult;
+
+typedef struct {
+    const Layout *lay;
+    const Options *o;
+    long long batch_tokens;
+    double flops_per_token;
+    FILE *logf; // rank 0 with --log, else NULL
+    // stragglers: consecutive slow steps of every rank, its host, and this step's compute ms of every rank
+    int *slow_for;
+    char (*host)[64];
+    double *compute;
+} Report;
+
+void report_init(Report *r, const Layout *l, const Options *o, long long batch_tokens, double flops_per_token);
+// The header on rank 0, then every rank's memory, one line each in rank order (collective): every buffer
+// is allocated before step 1, so this is the plan. train: the training data (NULL: none); ckpt: NULL
+// without --ckpt-dir.
+void report_header(const Report *r, const GPT2 *m, const Zero *z, const TokenSet *train, const Ckpt *ckpt);
+// Opens --log on rank 0 (a resumed run keeps its records up to start_step and appends a "resumed" record)
+// and learns every rank's host (node_id; empty: localhost) for straggler reports (collective).
+void report_open(Report *r, int resumed, int start_step, const char *node_id);
+// The step line and record (collective: the bubble, stragglers and attention FLOPs are gathered over
+// the ranks); p: the pipeline, for --pp-trace.
+void report_step(Report *r, int step, const StepResult *res, const StepTimes *tm, const Pipeline *p);
+void report_val(Report *r, int step, float val_loss);
+// A finished checkpoint (rank 0), with the stall of the step that started it.
+void report_checkpoint(Report *r, const CkptEvent *ev, double stall_ms);
+// The end of the run: every rank's peak bytes per category, printed in rank order and logged by rank 0
+// as {"memory_peak":{"weights":..,...},"kernel_scratch":B,"rank":R}, one record per rank (kernel_scratch:
+// the backend's own grow-only workspaces, which the categories do not see). Collective.
+void report_memory_peak(Report *r, const GPT2 *m);
+void report_close(Report *r);
+
+#endif
