@@ -59,8 +59,26 @@ CUDA_OBJ = build/kernels_cu.o build/gemm_cu.o build/attention_cu.o build/net_ipc
 LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lstdc++
 endif
 
+# The emulated GPU (emu/, test only): the CUDA sources compiled by g++ with -DLLM4D_EMU against emu's
+# headers, every load and store outlined (-fsanitize=kernel-address, no sanitizer runtime: emu/exec.cc
+# defines the calls and checks shared and device memory). Nothing of it is linked into ./train.
+CXX ?= g++
+HAVE_CXX := $(shell command -v $(CXX) >/dev/null 2>&1 && echo yes)
+EMU_CXXFLAGS = -O2 -g -std=c++17 -Wall -Wextra -Werror -Iemu -I. -DLLM4D_EMU -DLLM4D_CUDA -MMD -MP
+EMU_KASAN = -fsanitize=kernel-address --param asan-instrumentation-with-call-threshold=0 --param asan-stack=0 --param asan-globals=0
+# (-fno-extern-tls-init: the dynamic shared array is thread-local and needs no initialiser call; the
+# warnings: the CUDA sources' #pragma unroll, and parameters of kernels whose body is compiled out)
+EMU_CU_FLAGS = $(EMU_CXXFLAGS) $(EMU_KASAN) -fno-extern-tls-init -Wno-unknown-pragmas -Wno-unused-parameter
+EMU_CORE = build/emu/runtime.o build/emu/exec.o $(patsubst emu/%.cc,build/emu/%.o,$(filter-out emu/test_%.cc,$(filter-out emu/runtime.cc emu/exec.cc,$(wildcard emu/*.cc))))
+EMU_CU_OBJ = build/emu/kernels_cu.o build/emu/gemm_cu.o build/emu/attention_cu.o build/emu/net_ipc_cu.o
+# the host objects that differ with the CUDA backend present
+EMU_HOST_OBJ = build/emu/kernels_cpu.o build/emu/devmem_cpu.o
+EMU_LIB_OBJ = $(filter-out build/kernels_cpu.o build/devmem_cpu.o,$(LIB_OBJ)) $(EMU_HOST_OBJ) $(EMU_CU_OBJ) $(EMU_CORE)
+EMU_LDLIBS = -lm -fopenmp -lpthread -lz -ljansson -lstdc++
+EMU_BIN = $(if $(HAVE_CXX),build/train-emu build/test_cuda-emu build/gemm_check-emu build/test_checker-emu)
+
 .PHONY: all deps demo test test-bins test-gpu bench clean
-all: train
+all: train $(EMU_BIN)
 	@echo "built ./train with backends: $(BACKENDS); transports: $(TRANSPORTS)"
 
 train: $(HOST_OBJ) $(CUDA_OBJ)
@@ -186,6 +204,32 @@ build/llama_check: build/asan/llama_check.o $(LIB_OBJ:build/%=build/asan/%)
 build/asan/llama_check.o: test/llama_check.c | build
 	@mkdir -p build/asan
 	$(CC) $(filter-out -O3 -DLLM4D_CUDA,$(CFLAGS)) -I. $(SAN) -c $< -o $@
+# the emulated GPU's rules (its variables are above)
+build/emu/%.o: emu/%.cc | build
+	@mkdir -p build/emu
+	$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
+
+build/emu/%_cu.o: %.cu | build
+	@mkdir -p build/emu
+	$(CXX) -x c++ $(EMU_CU_FLAGS) -c $< -o $@
+
+build/emu/%.o: %.c | build
+	@mkdir -p build/emu
+	$(CC) $(filter-out -DLLM4D_CUDA,$(CFLAGS)) -DLLM4D_CUDA -c $< -o $@
+
+build/train-emu: build/train.o build/bench_comm.o build/plan.o $(EMU_LIB_OBJ)
+	$(CC) $^ -o $@ $(EMU_LDLIBS)
+
+build/test_cuda-emu: test/test_cuda.c $(EMU_LIB_OBJ)
+	$(CC) $(filter-out -DLLM4D_CUDA,$(CFLAGS)) -DLLM4D_CUDA -I. $(filter %.c %.o,$^) -o $@ $(EMU_LDLIBS)
+
+# the checker against broken variants of the real kernels (test/emu.sh)
+build/test_checker-emu: emu/test_checker.cc gemm.cu attention.cu common.cuh $(EMU_CORE) build/common.o
+	$(CXX) $(EMU_CU_FLAGS) emu/test_checker.cc $(EMU_CORE) build/common.o -o $@ $(EMU_LDLIBS)
+
+build/gemm_check-emu: scripts/gpu/gemm_check.cu $(EMU_LIB_OBJ)
+	$(CXX) -x c++ $(EMU_CU_FLAGS) -fopenmp -c scripts/gpu/gemm_check.cu -o build/emu/gemm_check.o
+	$(CXX) build/emu/gemm_check.o $(EMU_LIB_OBJ) -o $@ $(EMU_LDLIBS)
 
 build:
 	@mkdir -p build
@@ -205,8 +249,8 @@ test: deps
 	@$(MAKE) --no-print-directory test-bins
 	bash test/run.sh $(if $(value T),'$(value T)')
 
-test-bins: train build/train-asan build/test_unit build/test_comm build/test_gemm build/test_attention build/attention_check build/llama_check $(VERBS_BIN) \
-           $(EMU_SM90_TEST)
+test-bins: train $(EMU_BIN) build/train-asan build/test_unit build/test_comm build/test_gemm build/test_attention build/attention_check \
+           build/llama_check $(VERBS_BIN) $(EMU_SM90_TEST)
 
 test-gpu:
 	bash scripts/gpu_check.sh
@@ -217,4 +261,4 @@ bench: train build/bench_matmul build/bench_llama
 clean:
 	rm -rf build train
 
--include $(wildcard build/*.d build/asan/*.d build/portable/*.d)
+-include $(wildcard build/*.d build/asan/*.d build/portable/*.d build/emu/*.d)

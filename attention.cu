@@ -23,9 +23,7 @@ extern "C" {
 
 // two fp32 values into a bf16 pair register (round to nearest even): lo in the low half
 __device__ __forceinline__ uint32_t fa_pack_bf16(float lo, float hi) {
-    uint32_t r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
+    return cvt_bf16x2(hi, lo);
 }
 __device__ __forceinline__ float fa_bf2f(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
 // round to nearest even, NaN stays a quiet NaN: f32_to_bf16 of kernels.h
@@ -562,10 +560,10 @@ extern "C" int fa_forward(const FaArgs *a, void *stream) {
     const size_t smem = fa_fwd_smem(a->d.hs);
     if (a->d.hs == 64) {
         CK(cudaFuncSetAttribute, (fa_fwd_kernel<64, 64, FA_FWD_MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        fa_fwd_kernel<64, 64, FA_FWD_MT><<<grid, FA_THREADS, smem, st>>>(*a, scale_log2);
+        CUDA_LAUNCH(grid, FA_THREADS, smem, st, fa_fwd_kernel<64, 64, FA_FWD_MT>)(*a, scale_log2);
     } else {
         CK(cudaFuncSetAttribute, (fa_fwd_kernel<128, 32, FA_FWD_MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        fa_fwd_kernel<128, 32, FA_FWD_MT><<<grid, FA_THREADS, smem, st>>>(*a, scale_log2);
+        CUDA_LAUNCH(grid, FA_THREADS, smem, st, fa_fwd_kernel<128, 32, FA_FWD_MT>)(*a, scale_log2);
     }
     cuda_launched("fa_fwd_kernel", st);
     return 0;
@@ -580,10 +578,10 @@ extern "C" int fa_backward(const FaArgs *a, void *stream) {
         const size_t smem = fa_dkv_smem(a->d.hs);
         if (a->d.hs == 64) {
             CK(cudaFuncSetAttribute, (fa_dkv_kernel<64, 64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-            fa_dkv_kernel<64, 64><<<grid, FA_THREADS, smem, st>>>(*a, scale_log2, scale);
+            CUDA_LAUNCH(grid, FA_THREADS, smem, st, fa_dkv_kernel<64, 64>)(*a, scale_log2, scale);
         } else {
             CK(cudaFuncSetAttribute, (fa_dkv_kernel<128, 32>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-            fa_dkv_kernel<128, 32><<<grid, FA_THREADS, smem, st>>>(*a, scale_log2, scale);
+            CUDA_LAUNCH(grid, FA_THREADS, smem, st, fa_dkv_kernel<128, 32>)(*a, scale_log2, scale);
         }
         cuda_launched("fa_dkv_kernel", st);
     }
@@ -592,10 +590,10 @@ extern "C" int fa_backward(const FaArgs *a, void *stream) {
         const size_t smem = fa_dq_smem(a->d.hs);
         if (a->d.hs == 64) {
             CK(cudaFuncSetAttribute, (fa_dq_kernel<64, 64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-            fa_dq_kernel<64, 64><<<grid, FA_THREADS, smem, st>>>(*a, scale_log2, scale);
+            CUDA_LAUNCH(grid, FA_THREADS, smem, st, fa_dq_kernel<64, 64>)(*a, scale_log2, scale);
         } else {
             CK(cudaFuncSetAttribute, (fa_dq_kernel<128, 64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-            fa_dq_kernel<128, 64><<<grid, FA_THREADS, smem, st>>>(*a, scale_log2, scale);
+            CUDA_LAUNCH(grid, FA_THREADS, smem, st, fa_dq_kernel<128, 64>)(*a, scale_log2, scale);
         }
         cuda_launched("fa_dq_kernel", st);
     }

@@ -9,7 +9,8 @@
 //    thread issues the copies; setmaxnreg gives its registers away) and two consumer warpgroups that
 //    each multiply 64 rows with wgmma m64n256k16 straight from shared memory; persistent: one block
 //    per multiprocessor walks the tiles (gemm_tile_coords order).
-// The warp-level instructions (cp.async, ldmatrix, mma.sync) are in common.cuh, shared with attention.cu.
+// Every inline PTX statement (cp.async, ldmatrix, mma.sync, shared with attention.cu, and the sm_90a
+// mbarrier, TMA, wgmma and setmaxnreg) is a wrapper in common.cuh.
 // Both hand their fp32 sums to one epilogue (epi_pair). Split-K (few output tiles, long K) writes fp32
 // partial sums to the caller's workspace and gemm_splitk_reduce_kernel adds them in split order, then
 // runs the same epilogue. Edges: any M, N, K; loads outside the matrices read zeros (cp.async's
@@ -349,55 +350,17 @@ enum {
     WG_CONSUMER_WARPS = 8,
 };
 
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
-}
 // Waits for the completion of the phase with this parity. A fresh barrier counts its (never run)
 // phase before phase 0 as complete, so waiting on parity 1 passes at once: the producer's first pass.
 // A wait of more than 2^35 cycles (over 15 s; the longest real wait is one tile's epilogue) can only
 // be a broken pipeline: trap, so that the launch fails with an error instead of hanging the GPU.
-__device__ __forceinline__ bool mbar_try_wait(uint32_t bar, uint32_t parity) {
-    uint32_t done;
-    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                 : "=r"(done)
-                 : "r"(bar), "r"(parity)
-                 : "memory");
-    return done != 0;
-}
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
     if (mbar_try_wait(bar, parity)) return;
     const long long start = clock64();
     while (!mbar_try_wait(bar, parity))
         if (clock64() - start > (1LL << 35)) __trap();
 }
-__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap *map, int c0, int c1, uint32_t bar) {
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
-                 "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(bar)
-                 : "memory");
-}
-
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-// Tells the compiler the accumulators may change here, so that it reads them after a wgmma wait and
-// not before (the asm statements above do not name them).
-__device__ __forceinline__ void acc_fence(float (&d)[128]) {
-#pragma unroll
-    for (int i = 0; i < 128; i++) asm volatile("" : "+f"(d[i])::"memory");
-}
-
-// One warpgroup's barrier (ids 1, 2; 0 is __syncthreads)
-__device__ __forceinline__ void wg_bar(int id) { asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory"); }
-
 // Columns 32*CH .. 32*CH+31 of the warpgroup's 64 x 256 accumulators into its staging area. Layout of
 // m64nNk16's accumulators: warp w holds rows 16w..16w+15; for each 8 columns j, d[4j], d[4j+1] sit at
 // row g, columns 8j+2c, +1 and d[4j+2], d[4j+3] at row g+8 (g = lane/4, c = lane%4).
@@ -411,38 +374,6 @@ template <int CH> __device__ __forceinline__ void wg_stage_chunk(const float (&d
     }
 }
 
-// D[64x256] += A[64x16] B[16x256]; operands described by shared-memory descriptors; TA/TB: 1 when the
-// operand is stored m- or n-major (transposed) rather than k-major.
-template <int TA, int TB> __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t da, uint64_t db) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
-                 "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
-                 "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
-                 "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
-                 "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
-                 "%128, %129, p, 1, 1, %131, %132;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-                   "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-                   "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-                   "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-                   "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-                   "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-                   "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-                   "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-                   "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-                 : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB));
-}
 #endif
 
 template <bool A_KMAJOR, bool B_KMAJOR>
@@ -463,14 +394,14 @@ __global__ void __launch_bounds__(GEMM_WG_THREADS, 1)
             mbar_init(full(s), 1);
             mbar_init(empty(s), WG_CONSUMER_WARPS);
         }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); // visible to the async proxy
+        fence_mbarrier_init(); // visible to the async proxy
     }
     __syncthreads();
 
     const int wg = threadIdx.x / 128;
     if (wg == 0) {
         // producer warpgroup: keeps few registers so that the consumers can have more
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+        setmaxnreg_dec<40>();
         if (threadIdx.x == 0) {
             int stage = 0;
             uint32_t phase = 0;
@@ -499,7 +430,7 @@ __global__ void __launch_bounds__(GEMM_WG_THREADS, 1)
             }
         }
     } else {
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+        setmaxnreg_inc<232>();
         const int cw = wg - 1, t = threadIdx.x & 127, lane = t & 31;
         const uint32_t a_off = gemm_tma_mn_offset(&a.pa, 64 * cw);
         float *epi = reinterpret_cast<float *>(smem_raw + (sE - smem_u32(smem_raw)) + cw * WG_EPI_BYTES);
@@ -599,7 +530,7 @@ const DeviceInfo &device_info() {
     if (d.major == 9 && d.minor == 0) {
         int *flag = NULL, host = 0;
         CK(cudaMalloc, (&flag, sizeof(int)));
-        gemm_probe_kernel<<<1, 1>>>(flag);
+        CUDA_LAUNCH(1, 1, 0, 0, gemm_probe_kernel)(flag);
         cuda_launched("gemm_probe_kernel", 0);
         CK(cudaMemcpy, (&host, flag, sizeof(int), cudaMemcpyDeviceToHost));
         CK(cudaFree, (flag));
@@ -703,7 +634,7 @@ void launch_mma(const GemmProblem *p, const Plan &pl, const EpiArgs &e, cudaStre
     const int smem = MMA_SMEM;
     CK(cudaFuncSetAttribute, (gemm_mma_kernel<AK, BK>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     if (pl.w.units > 0x7fffffffLL) die("CUDA gemm: %lld tiles is too many for one launch", pl.w.units);
-    gemm_mma_kernel<AK, BK><<<(unsigned)pl.w.units, GEMM_MMA_THREADS, smem, st>>>(a);
+    CUDA_LAUNCH((unsigned)pl.w.units, GEMM_MMA_THREADS, smem, st, gemm_mma_kernel<AK, BK>)(a);
     cuda_launched("gemm_mma_kernel", st);
 }
 
@@ -720,7 +651,7 @@ void launch_wgmma(const GemmProblem *p, const Plan &pl, const EpiArgs &e, int sm
     make_tensor_map(&tb, p->B, a.pb);
     CK(cudaFuncSetAttribute, (gemm_wgmma_kernel<AK, BK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)WG_SMEM));
     long long grid = pl.w.units < sms ? pl.w.units : sms;
-    gemm_wgmma_kernel<AK, BK><<<(unsigned)grid, GEMM_WG_THREADS, WG_SMEM, st>>>(ta, tb, a);
+    CUDA_LAUNCH((unsigned)grid, GEMM_WG_THREADS, WG_SMEM, st, gemm_wgmma_kernel<AK, BK>)(ta, tb, a);
     cuda_launched("gemm_wgmma_kernel", st);
 }
 
@@ -769,7 +700,7 @@ extern "C" GemmKernel gemm_bf16(const GemmProblem *p, const GemmOptions *o) {
     if (pl.w.splits > 1) {
         long long pairs = (long long)p->M * ((p->N + 1) / 2), blocks = (pairs + 255) / 256;
         if (blocks > (long long)d.sms * 16) blocks = (long long)d.sms * 16;
-        gemm_splitk_reduce_kernel<<<(unsigned)blocks, 256, 0, st>>>(e, pl.w.splits);
+        CUDA_LAUNCH((unsigned)blocks, 256, 0, st, gemm_splitk_reduce_kernel)(e, pl.w.splits);
         cuda_launched("gemm_splitk_reduce_kernel", st);
     }
     return k;

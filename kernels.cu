@@ -461,8 +461,8 @@ static void gemm(const GemmArgs &g, const char *name) {
     }
     if (g.batch > 65535 || cdiv(g.M, tile) > 65535u) die("CUDA %s: matrix too large (%d x %d x %d)", name, g.M, g.N, g.batch);
     dim3 grid(cdiv(g.N, tile), cdiv(g.M, tile), g.batch);
-    if (tile == 128) gemm_kernel<128, 128, TA, TB, TC, A_KC, B_KC><<<grid, GEMM_THREADS, 0, cur_stream()>>>(g);
-    else gemm_kernel<64, 64, TA, TB, TC, A_KC, B_KC><<<grid, GEMM_THREADS, 0, cur_stream()>>>(g);
+    if (tile == 128) CUDA_LAUNCH(grid, GEMM_THREADS, 0, cur_stream(), gemm_kernel<128, 128, TA, TB, TC, A_KC, B_KC>)(g);
+    else CUDA_LAUNCH(grid, GEMM_THREADS, 0, cur_stream(), gemm_kernel<64, 64, TA, TB, TC, A_KC, B_KC>)(g);
     launched(name);
 }
 
@@ -517,7 +517,7 @@ __global__ void colsum_finalize_kernel(float *dst, const float *partial, int nch
 }
 
 static void colsum_finalize(float *dst, const float *partial, int nchunks, int C) {
-    colsum_finalize_kernel<<<cdiv(C, 256), 256, 0, cur_stream()>>>(dst, partial, nchunks, C);
+    CUDA_LAUNCH(cdiv(C, 256), 256, 0, cur_stream(), colsum_finalize_kernel)(dst, partial, nchunks, C);
     launched("colsum_finalize_kernel");
 }
 
@@ -558,15 +558,15 @@ static void matmul_fwd_t(void *out, void *pre, const void *inp, const void *weig
     gemm<T, T, T, true, true>(g, "matmul_fwd");
     size_t n = (size_t)N * OC;
     if (pre && n) {
-        gelu_fwd_kernel<T><<<ew_blocks(n, 256), 256, 0, cur_stream()>>>((T *)out, (const T *)pre, n);
+        CUDA_LAUNCH(ew_blocks(n, 256), 256, 0, cur_stream(), gelu_fwd_kernel<T>)((T *)out, (const T *)pre, n);
         launched("gelu_fwd_kernel");
     }
 }
 
 static void cu_gelu_fwd(DType dt, void *out, const void *inp, size_t n) {
     if (!n) return;
-    if (dt == DT_BF16) gelu_fwd_kernel<bf16s><<<ew_blocks(n, 256), 256, 0, cur_stream()>>>((bf16s *)out, (const bf16s *)inp, n);
-    else gelu_fwd_kernel<float><<<ew_blocks(n, 256), 256, 0, cur_stream()>>>((float *)out, (const float *)inp, n);
+    if (dt == DT_BF16) CUDA_LAUNCH(ew_blocks(n, 256), 256, 0, cur_stream(), gelu_fwd_kernel<bf16s>)((bf16s *)out, (const bf16s *)inp, n);
+    else CUDA_LAUNCH(ew_blocks(n, 256), 256, 0, cur_stream(), gelu_fwd_kernel<float>)((float *)out, (const float *)inp, n);
     launched("gelu_fwd_kernel");
 }
 
@@ -639,7 +639,7 @@ static void matmul_bwd_t(void *dinp, float *dweight, float *dbias, const void *d
         gemm<T, T, T, true, false>(g, "matmul_bwd_dinp");
         size_t n = (size_t)N * C;
         if (gelu_pre && n) {
-            gelu_grad_mul_kernel<T><<<ew_blocks(n, 256), 256, 0, cur_stream()>>>((T *)dinp, (const T *)gelu_pre, n);
+            CUDA_LAUNCH(ew_blocks(n, 256), 256, 0, cur_stream(), gelu_grad_mul_kernel<T>)((T *)dinp, (const T *)gelu_pre, n);
             launched("gelu_grad_mul_kernel");
         }
     }
@@ -651,7 +651,7 @@ static void matmul_bwd_t(void *dinp, float *dweight, float *dbias, const void *d
     if (dbias && N > 0 && OC > 0) {
         int nch = (int)cdiv(N, COL_CHUNK);
         float *partial = (float *)scratch(SCR_COLSUM, sizeof(float) * (size_t)nch * OC);
-        dbias_partial_kernel<T><<<dim3(cdiv(OC, 32), nch), dim3(32, 8), 0, cur_stream()>>>(partial, (const T *)dout, N, OC);
+        CUDA_LAUNCH(dim3(cdiv(OC, 32), nch), dim3(32, 8), 0, cur_stream(), dbias_partial_kernel<T>)(partial, (const T *)dout, N, OC);
         launched("dbias_partial_kernel");
         colsum_finalize(dbias, partial, nch, OC);
     }
@@ -687,10 +687,10 @@ static void cu_encoder_fwd(DType dt, void *out, const int32_t *tokens, const voi
     if (B <= 0 || T <= 0 || C <= 0) return;
     size_t n = (size_t)B * T * C;
     if (dt == DT_BF16)
-        encoder_fwd_kernel<bf16s><<<ew_blocks(n, 256), 256, 0, cur_stream()>>>((bf16s *)out, tokens, (const bf16s *)wte,
+        CUDA_LAUNCH(ew_blocks(n, 256), 256, 0, cur_stream(), encoder_fwd_kernel<bf16s>)((bf16s *)out, tokens, (const bf16s *)wte,
                                                                (const bf16s *)wpe, B, T, C, vstart, vlen);
     else
-        encoder_fwd_kernel<float><<<ew_blocks(n, 256), 256, 0, cur_stream()>>>((float *)out, tokens, (const float *)wte,
+        CUDA_LAUNCH(ew_blocks(n, 256), 256, 0, cur_stream(), encoder_fwd_kernel<float>)((float *)out, tokens, (const float *)wte,
                                                                (const float *)wpe, B, T, C, vstart, vlen);
     launched("encoder_fwd_kernel");
 }
@@ -745,15 +745,15 @@ static void cu_encoder_bwd(DType dt, float *dwte, float *dwpe, const void *dout,
     size_t ntc = (size_t)T * C;
     if (dwpe) {
         if (dt == DT_BF16)
-            encoder_bwd_wpe_kernel<bf16s><<<ew_blocks(ntc, 256), 256, 0, cur_stream()>>>(dwpe, (const bf16s *)dout, B, T, C);
-        else encoder_bwd_wpe_kernel<float><<<ew_blocks(ntc, 256), 256, 0, cur_stream()>>>(dwpe, (const float *)dout, B, T, C);
+            CUDA_LAUNCH(ew_blocks(ntc, 256), 256, 0, cur_stream(), encoder_bwd_wpe_kernel<bf16s>)(dwpe, (const bf16s *)dout, B, T, C);
+        else CUDA_LAUNCH(ew_blocks(ntc, 256), 256, 0, cur_stream(), encoder_bwd_wpe_kernel<float>)(dwpe, (const float *)dout, B, T, C);
         launched("encoder_bwd_wpe_kernel");
     }
     if (dwte && vlen > 0) {
         dim3 gw(cdiv(C, 32), ENC_BUCKETS / 8), bw(32, 8);
         if (dt == DT_BF16)
-            encoder_bwd_wte_kernel<bf16s><<<gw, bw, 0, cur_stream()>>>(dwte, (const bf16s *)dout, tokens, B * T, C, vstart, vlen);
-        else encoder_bwd_wte_kernel<float><<<gw, bw, 0, cur_stream()>>>(dwte, (const float *)dout, tokens, B * T, C, vstart, vlen);
+            CUDA_LAUNCH(gw, bw, 0, cur_stream(), encoder_bwd_wte_kernel<bf16s>)(dwte, (const bf16s *)dout, tokens, B * T, C, vstart, vlen);
+        else CUDA_LAUNCH(gw, bw, 0, cur_stream(), encoder_bwd_wte_kernel<float>)(dwte, (const float *)dout, tokens, B * T, C, vstart, vlen);
         launched("encoder_bwd_wte_kernel");
     }
 }
@@ -801,10 +801,10 @@ static void layernorm_fwd_any(DType dt, void *res, void *out, float *mean, float
     if (N <= 0) return;
     unsigned blocks = cdiv(N, 8);
     if (dt == DT_BF16)
-        layernorm_fwd_kernel<bf16s><<<blocks, 256, 0, cur_stream()>>>((bf16s *)out, mean, rstd, (const bf16s *)inp, (const bf16s *)weight,
+        CUDA_LAUNCH(blocks, 256, 0, cur_stream(), layernorm_fwd_kernel<bf16s>)((bf16s *)out, mean, rstd, (const bf16s *)inp, (const bf16s *)weight,
                                                      (const bf16s *)bias, N, C, (bf16s *)res, (const bf16s *)add);
     else
-        layernorm_fwd_kernel<float><<<blocks, 256, 0, cur_stream()>>>((float *)out, mean, rstd, (const float *)inp, (const float *)weight,
+        CUDA_LAUNCH(blocks, 256, 0, cur_stream(), layernorm_fwd_kernel<float>)((float *)out, mean, rstd, (const float *)inp, (const float *)weight,
                                                      (const float *)bias, N, C, (float *)res, (const float *)add);
     launched("layernorm_fwd_kernel");
 }
@@ -874,13 +874,13 @@ __global__ void layernorm_bwd_wb_partial_kernel(float *pw, float *pb, const T *d
 template <typename T>
 static void layernorm_bwd_t(void *dinp, float *dweight, float *dbias, const void *dout, const void *inp,
                             const void *weight, const float *mean, const float *rstd, int N, int C) {
-    layernorm_bwd_dinp_kernel<T><<<cdiv(N, 8), 256, 0, cur_stream()>>>((T *)dinp, (const T *)dout, (const T *)inp, (const T *)weight,
+    CUDA_LAUNCH(cdiv(N, 8), 256, 0, cur_stream(), layernorm_bwd_dinp_kernel<T>)((T *)dinp, (const T *)dout, (const T *)inp, (const T *)weight,
                                                       mean, rstd, N, C);
     launched("layernorm_bwd_dinp_kernel");
     int nch = (int)cdiv(N, COL_CHUNK);
     float *pw = (float *)scratch(SCR_COLSUM, sizeof(float) * 2 * (size_t)nch * C);
     float *pb = pw + (size_t)nch * C;
-    layernorm_bwd_wb_partial_kernel<T><<<dim3(cdiv(C, 32), nch), dim3(32, 8), 0, cur_stream()>>>(pw, pb, (const T *)dout,
+    CUDA_LAUNCH(dim3(cdiv(C, 32), nch), dim3(32, 8), 0, cur_stream(), layernorm_bwd_wb_partial_kernel<T>)(pw, pb, (const T *)dout,
                                                                                 (const T *)inp, mean, rstd, N, C);
     launched("layernorm_bwd_wb_partial_kernel");
     colsum_finalize(dweight, pw, nch, C);
@@ -975,6 +975,7 @@ __global__ void attention_fwd_kernel(AttView out, float *lse, AttView q, AttView
     long long li = (long long)bh * d.Tq + t, oo = att_off(out, b, t, h, d.hs);
     if (merge) { // log-sum-exp rule against what earlier blocks left
         float la = lse[li];
+        __syncwarp(); // every lane has read the old lse before lane 0 replaces it below
         if (lb == -INFINITY) return;
         if (la != -INFINITY) {
             float mx = fmaxf(la, lb), lnew = mx + logf(expf(la - mx) + expf(lb - mx));
@@ -1139,7 +1140,7 @@ static void attn_fwd(AttnView out, float *lse, AttnView q, AttnView k, AttnView 
     }
     AttShape d = att_shape(B, NH, hs, Tq, q0, Tk, k0);
     size_t rows = (size_t)B * NH * Tq;
-    attention_fwd_kernel<<<cdiv(rows, 8), 256, 0, cur_stream()>>>(att_view(out), lse, att_view(q), att_view(k), att_view(v), d, merge);
+    CUDA_LAUNCH(cdiv(rows, 8), 256, 0, cur_stream(), attention_fwd_kernel)(att_view(out), lse, att_view(q), att_view(k), att_view(v), d, merge);
     launched("attention_fwd_kernel");
 }
 
@@ -1150,7 +1151,7 @@ static void attn_bwd(AttnView dq, AttnView dk, AttnView dv, int accumulate, Attn
     size_t qrows = (size_t)B * NH * (Tq > 0 ? Tq : 0), krows = (size_t)B * NH * (Tk > 0 ? Tk : 0);
     float *D = (float *)scratch(SCR_ATTN, sizeof(float) * (qrows ? qrows : 1));
     if (qrows) { // D = rowsum(dout·out), used by both paths
-        attention_rowdot_kernel<<<cdiv(qrows, 8), 256, 0, cur_stream()>>>(D, att_view(dout), att_view(out), d);
+        CUDA_LAUNCH(cdiv(qrows, 8), 256, 0, cur_stream(), attention_rowdot_kernel)(D, att_view(dout), att_view(out), d);
         launched("attention_rowdot_kernel");
     }
     if (!dev()->attn_simple) {
@@ -1167,12 +1168,12 @@ static void attn_bwd(AttnView dq, AttnView dk, AttnView dv, int accumulate, Attn
         }
     }
     if (qrows) {
-        attention_dq_kernel<<<cdiv(qrows, 8), 256, 0, cur_stream()>>>(att_view(dq), accumulate, att_view(dout), D, lse, att_view(q),
+        CUDA_LAUNCH(cdiv(qrows, 8), 256, 0, cur_stream(), attention_dq_kernel)(att_view(dq), accumulate, att_view(dout), D, lse, att_view(q),
                                                      att_view(k), att_view(v), d);
         launched("attention_dq_kernel");
     }
     if (krows) {
-        attention_dkv_kernel<<<cdiv(krows, 8), 256, 0, cur_stream()>>>(att_view(dk), att_view(dv), accumulate, att_view(dout), D, lse,
+        CUDA_LAUNCH(cdiv(krows, 8), 256, 0, cur_stream(), attention_dkv_kernel)(att_view(dk), att_view(dv), accumulate, att_view(dout), D, lse,
                                                       att_view(q), att_view(k), att_view(v), d);
         launched("attention_dkv_kernel");
     }
@@ -1227,16 +1228,16 @@ template <typename T> __global__ void residual_bwd_kernel(T *dst, const T *src, 
 static void cu_residual_fwd(DType dt, void *out, const void *a, const void *b, size_t n) {
     if (n == 0) return;
     if (dt == DT_BF16)
-        residual_fwd_kernel<bf16s><<<ew_blocks(n, 256), 256, 0, cur_stream()>>>((bf16s *)out, (const bf16s *)a, (const bf16s *)b, n);
+        CUDA_LAUNCH(ew_blocks(n, 256), 256, 0, cur_stream(), residual_fwd_kernel<bf16s>)((bf16s *)out, (const bf16s *)a, (const bf16s *)b, n);
     else
-        residual_fwd_kernel<float><<<ew_blocks(n, 256), 256, 0, cur_stream()>>>((float *)out, (const float *)a, (const float *)b, n);
+        CUDA_LAUNCH(ew_blocks(n, 256), 256, 0, cur_stream(), residual_fwd_kernel<float>)((float *)out, (const float *)a, (const float *)b, n);
     launched("residual_fwd_kernel");
 }
 
 static void cu_residual_bwd(DType dt, void *dst, const void *src, size_t n) {
     if (n == 0) return;
-    if (dt == DT_BF16) residual_bwd_kernel<bf16s><<<ew_blocks(n, 256), 256, 0, cur_stream()>>>((bf16s *)dst, (const bf16s *)src, n);
-    else residual_bwd_kernel<float><<<ew_blocks(n, 256), 256, 0, cur_stream()>>>((float *)dst, (const float *)src, n);
+    if (dt == DT_BF16) CUDA_LAUNCH(ew_blocks(n, 256), 256, 0, cur_stream(), residual_bwd_kernel<bf16s>)((bf16s *)dst, (const bf16s *)src, n);
+    else CUDA_LAUNCH(ew_blocks(n, 256), 256, 0, cur_stream(), residual_bwd_kernel<float>)((float *)dst, (const float *)src, n);
     launched("residual_bwd_kernel");
 }
 
@@ -1322,10 +1323,10 @@ static void cu_crossentropy_stats(DType dt, float *rowmax, float *rowsum, float 
     if (N <= 0) return;
     if (vreal > Vloc) vreal = Vloc;
     if (dt == DT_BF16)
-        crossentropy_stats_kernel<bf16s><<<N, CE_THREADS, 0, cur_stream()>>>(rowmax, rowsum, target, (const bf16s *)logits, targets,
+        CUDA_LAUNCH(N, CE_THREADS, 0, cur_stream(), crossentropy_stats_kernel<bf16s>)(rowmax, rowsum, target, (const bf16s *)logits, targets,
                                                             vstart, vreal, Vloc);
     else
-        crossentropy_stats_kernel<float><<<N, CE_THREADS, 0, cur_stream()>>>(rowmax, rowsum, target, (const float *)logits, targets,
+        CUDA_LAUNCH(N, CE_THREADS, 0, cur_stream(), crossentropy_stats_kernel<float>)(rowmax, rowsum, target, (const float *)logits, targets,
                                                             vstart, vreal, Vloc);
     launched("crossentropy_stats_kernel");
 }
@@ -1335,10 +1336,10 @@ static void cu_crossentropy_fused(DType dt, void *dlogits, float *rowmax, float 
     if (N <= 0 || Vloc <= 0) return;
     if (vreal > Vloc) vreal = Vloc;
     if (dt == DT_BF16)
-        crossentropy_fused_kernel<bf16s><<<N, CE_THREADS, 0, cur_stream()>>>((bf16s *)dlogits, rowmax, rowsum, target,
+        CUDA_LAUNCH(N, CE_THREADS, 0, cur_stream(), crossentropy_fused_kernel<bf16s>)((bf16s *)dlogits, rowmax, rowsum, target,
                                                             (const bf16s *)logits, targets, dloss, vreal, Vloc);
     else
-        crossentropy_fused_kernel<float><<<N, CE_THREADS, 0, cur_stream()>>>((float *)dlogits, rowmax, rowsum, target,
+        CUDA_LAUNCH(N, CE_THREADS, 0, cur_stream(), crossentropy_fused_kernel<float>)((float *)dlogits, rowmax, rowsum, target,
                                                             (const float *)logits, targets, dloss, vreal, Vloc);
     launched("crossentropy_fused_kernel");
 }
@@ -1347,10 +1348,10 @@ static void cu_crossentropy_bwd(DType dt, void *dlogits, const void *logits, con
                                 const float *gsum, float dloss, int N, int vstart, int vreal, int Vloc) {
     if (N <= 0 || Vloc <= 0) return;
     if (dt == DT_BF16)
-        crossentropy_bwd_kernel<bf16s><<<N, CE_THREADS, 0, cur_stream()>>>((bf16s *)dlogits, (const bf16s *)logits, targets, gmax, gsum,
+        CUDA_LAUNCH(N, CE_THREADS, 0, cur_stream(), crossentropy_bwd_kernel<bf16s>)((bf16s *)dlogits, (const bf16s *)logits, targets, gmax, gsum,
                                                           dloss, vstart, vreal, Vloc);
     else
-        crossentropy_bwd_kernel<float><<<N, CE_THREADS, 0, cur_stream()>>>((float *)dlogits, (const float *)logits, targets, gmax, gsum,
+        CUDA_LAUNCH(N, CE_THREADS, 0, cur_stream(), crossentropy_bwd_kernel<float>)((float *)dlogits, (const float *)logits, targets, gmax, gsum,
                                                           dloss, vstart, vreal, Vloc);
     launched("crossentropy_bwd_kernel");
 }
@@ -1405,8 +1406,8 @@ static void cu_adamw(DType dt, const AdamWSegment *segs, int nsegs, float lr, fl
     const AdamWSegment *dsegs = (const AdamWSegment *)dev_items;
     const AdamWItem *ditems = (const AdamWItem *)(dev_items + seg_bytes);
     if (dt == DT_BF16)
-        adamw_kernel<bf16s><<<(unsigned)nitems, 256, 0, cur_stream()>>>(dsegs, ditems, lr, beta1, beta2, eps, bc1, bc2, grad_scale);
-    else adamw_kernel<float><<<(unsigned)nitems, 256, 0, cur_stream()>>>(dsegs, ditems, lr, beta1, beta2, eps, bc1, bc2, grad_scale);
+        CUDA_LAUNCH((unsigned)nitems, 256, 0, cur_stream(), adamw_kernel<bf16s>)(dsegs, ditems, lr, beta1, beta2, eps, bc1, bc2, grad_scale);
+    else CUDA_LAUNCH((unsigned)nitems, 256, 0, cur_stream(), adamw_kernel<float>)(dsegs, ditems, lr, beta1, beta2, eps, bc1, bc2, grad_scale);
     launched("adamw_kernel");
 }
 
@@ -1445,9 +1446,9 @@ static void cu_sumsq_acc(double *acc, const float *x, size_t n) {
     if (nchunks == 0) return;
     if (nchunks > 0x7fffffffu) die("CUDA sumsq: tensor too large (%zu elements)", n);
     double *partial = (double *)scratch(SCR_SUMSQ, sizeof(double) * (nchunks + 1));
-    sumsq_kernel<<<(unsigned)nchunks, SUMSQ_THREADS, 0, cur_stream()>>>(partial, x, n);
+    CUDA_LAUNCH((unsigned)nchunks, SUMSQ_THREADS, 0, cur_stream(), sumsq_kernel)(partial, x, n);
     launched("sumsq_kernel");
-    sumsq_finish_kernel<<<1, 1, 0, cur_stream()>>>(acc, partial, nchunks);
+    CUDA_LAUNCH(1, 1, 0, cur_stream(), sumsq_finish_kernel)(acc, partial, nchunks);
     launched("sumsq_finish_kernel");
 }
 
@@ -1469,10 +1470,10 @@ template <typename TD, typename TS> __global__ void cast_kernel(TD *dst, const T
 static void cu_cast(void *dst, DType dst_dt, const void *src, DType src_dt, size_t n) {
     if (n == 0) return;
     unsigned blocks = ew_blocks(n, 256);
-    if (dst_dt == DT_BF16 && src_dt == DT_BF16) cast_kernel<bf16s, bf16s><<<blocks, 256, 0, cur_stream()>>>((bf16s *)dst, (const bf16s *)src, n);
-    else if (dst_dt == DT_BF16) cast_kernel<bf16s, float><<<blocks, 256, 0, cur_stream()>>>((bf16s *)dst, (const float *)src, n);
-    else if (src_dt == DT_BF16) cast_kernel<float, bf16s><<<blocks, 256, 0, cur_stream()>>>((float *)dst, (const bf16s *)src, n);
-    else cast_kernel<float, float><<<blocks, 256, 0, cur_stream()>>>((float *)dst, (const float *)src, n);
+    if (dst_dt == DT_BF16 && src_dt == DT_BF16) CUDA_LAUNCH(blocks, 256, 0, cur_stream(), cast_kernel<bf16s, bf16s>)((bf16s *)dst, (const bf16s *)src, n);
+    else if (dst_dt == DT_BF16) CUDA_LAUNCH(blocks, 256, 0, cur_stream(), cast_kernel<bf16s, float>)((bf16s *)dst, (const float *)src, n);
+    else if (src_dt == DT_BF16) CUDA_LAUNCH(blocks, 256, 0, cur_stream(), cast_kernel<float, bf16s>)((float *)dst, (const bf16s *)src, n);
+    else CUDA_LAUNCH(blocks, 256, 0, cur_stream(), cast_kernel<float, float>)((float *)dst, (const float *)src, n);
     launched("cast_kernel");
 }
 
@@ -1489,12 +1490,12 @@ static void cu_cast_rows(void *dst, DType dst_dt, size_t dst_stride, const void 
     if (rows == 0 || n == 0) return;
     unsigned blocks = ew_blocks(rows * n, 256);
     if (dst_dt == DT_BF16 && src_dt == DT_BF16)
-        cast_rows_kernel<bf16s, bf16s><<<blocks, 256, 0, cur_stream()>>>((bf16s *)dst, dst_stride, (const bf16s *)src, src_stride, rows, n);
+        CUDA_LAUNCH(blocks, 256, 0, cur_stream(), cast_rows_kernel<bf16s, bf16s>)((bf16s *)dst, dst_stride, (const bf16s *)src, src_stride, rows, n);
     else if (dst_dt == DT_BF16)
-        cast_rows_kernel<bf16s, float><<<blocks, 256, 0, cur_stream()>>>((bf16s *)dst, dst_stride, (const float *)src, src_stride, rows, n);
+        CUDA_LAUNCH(blocks, 256, 0, cur_stream(), cast_rows_kernel<bf16s, float>)((bf16s *)dst, dst_stride, (const float *)src, src_stride, rows, n);
     else if (src_dt == DT_BF16)
-        cast_rows_kernel<float, bf16s><<<blocks, 256, 0, cur_stream()>>>((float *)dst, dst_stride, (const bf16s *)src, src_stride, rows, n);
-    else cast_rows_kernel<float, float><<<blocks, 256, 0, cur_stream()>>>((float *)dst, dst_stride, (const float *)src, src_stride, rows, n);
+        CUDA_LAUNCH(blocks, 256, 0, cur_stream(), cast_rows_kernel<float, bf16s>)((float *)dst, dst_stride, (const bf16s *)src, src_stride, rows, n);
+    else CUDA_LAUNCH(blocks, 256, 0, cur_stream(), cast_rows_kernel<float, float>)((float *)dst, dst_stride, (const float *)src, src_stride, rows, n);
     launched("cast_rows_kernel");
 }
 

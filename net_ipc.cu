@@ -354,10 +354,10 @@ void ipc_reduce(void *acc, const void *in, size_t n, int type, int op, int first
         in = bounced(in, n * width[type]);
     }
     switch (type) {
-    case T_F32: reduce_kernel<float, float><<<g, 256, 0, s>>>((float *)acc, (const float *)in, n, op, first); break;
-    case T_BF16: reduce_kernel<float, uint16_t><<<g, 256, 0, s>>>((float *)acc, (const uint16_t *)in, n, op, first); break;
-    case T_I32: reduce_kernel<int32_t, int32_t><<<g, 256, 0, s>>>((int32_t *)acc, (const int32_t *)in, n, op, first); break;
-    default: reduce_kernel<int64_t, int64_t><<<g, 256, 0, s>>>((int64_t *)acc, (const int64_t *)in, n, op, first); break;
+    case T_F32: CUDA_LAUNCH(g, 256, 0, s, reduce_kernel<float, float>)((float *)acc, (const float *)in, n, op, first); break;
+    case T_BF16: CUDA_LAUNCH(g, 256, 0, s, reduce_kernel<float, uint16_t>)((float *)acc, (const uint16_t *)in, n, op, first); break;
+    case T_I32: CUDA_LAUNCH(g, 256, 0, s, reduce_kernel<int32_t, int32_t>)((int32_t *)acc, (const int32_t *)in, n, op, first); break;
+    default: CUDA_LAUNCH(g, 256, 0, s, reduce_kernel<int64_t, int64_t>)((int64_t *)acc, (const int64_t *)in, n, op, first); break;
     }
     cuda_launched("reduce_kernel", s);
     if (!direct) pthread_mutex_unlock(&g_ipc.bounce_mu);
@@ -370,10 +370,10 @@ void ipc_finish(void *out, const void *acc, size_t n, int type, int op, int rank
     unsigned g = blocks_for(n);
     int avg = op == O_AVG;
     switch (type) {
-    case T_F32: finish_kernel<float><<<g, 256, 0, s>>>((float *)out, (const float *)acc, n, avg, ranks); break;
-    case T_BF16: finish_bf16_kernel<<<g, 256, 0, s>>>((uint16_t *)out, (const float *)acc, n, avg, ranks); break;
-    case T_I32: finish_kernel<int32_t><<<g, 256, 0, s>>>((int32_t *)out, (const int32_t *)acc, n, avg, ranks); break;
-    case T_I64: finish_kernel<int64_t><<<g, 256, 0, s>>>((int64_t *)out, (const int64_t *)acc, n, avg, ranks); break;
+    case T_F32: CUDA_LAUNCH(g, 256, 0, s, finish_kernel<float>)((float *)out, (const float *)acc, n, avg, ranks); break;
+    case T_BF16: CUDA_LAUNCH(g, 256, 0, s, finish_bf16_kernel)((uint16_t *)out, (const float *)acc, n, avg, ranks); break;
+    case T_I32: CUDA_LAUNCH(g, 256, 0, s, finish_kernel<int32_t>)((int32_t *)out, (const int32_t *)acc, n, avg, ranks); break;
+    case T_I64: CUDA_LAUNCH(g, 256, 0, s, finish_kernel<int64_t>)((int64_t *)out, (const int64_t *)acc, n, avg, ranks); break;
     default: die("internal: bad comm type %d", type);
     }
     cuda_launched("finish_kernel", s);

@@ -14,6 +14,7 @@
 # function name only (not by description), so that `comm` is not every test that mentions it.
 # The groups, by what they test:
 #   kernels  compute ops: unit tests, GEMM and attention index arithmetic, attention against PyTorch
+#   emu      the real CUDA sources on the emulated GPU (emu/): kernels, checker, training, CUDA IPC
 #   model    one rank's training against PyTorch and itself: shapes, bf16, accumulation, determinism
 #   cli      the command line and its outputs: prepare, bad input, --profile, plot.py, stragglers, safe files
 #   comm     the collectives: every op on 1-8 ranks, device memory, two simulated nodes, failure modes
@@ -44,7 +45,7 @@ passed=0 failed=0 skipped=0 listed=0
 
 # The groups run_test registers tests under (the table above); a FILTER that matches one of them whole
 # selects by group, so `run.sh comm` does not also pick the planner's test for mentioning communication.
-TEST_GROUPS="kernels model cli comm dp tp pp cp memory plan ckpt slurm verbs build layers"
+TEST_GROUPS="kernels emu model cli comm dp tp pp cp memory plan ckpt slurm verbs build layers"
 BY_GROUP=0
 if [ -n "$FILTER" ]; then
     grep -qE -- "$FILTER" <<<"" 2>/dev/null
@@ -960,6 +961,8 @@ source test/ckpt.sh
 source test/recompute.sh
 # a make without the build packages; the includes against DESIGN.md's layers
 source test/build.sh
+# the CUDA sources on the emulated GPU
+source test/emu.sh
 
 # ---------------------------------------------------------------------------------------------
 
@@ -1025,10 +1028,17 @@ run_test build   t_make_missing_deps       "make without the build packages (jan
 run_test layers  t_layers_fails            "scripts/check_layers.py fails on includes up the chain, circles, a file in no layer, an include of emu/; passes a clean tree"
 run_test layers  t_layers                  "includes follow DESIGN.md's layers: no circle, no include up the chain (scripts/check_layers.py)"
 run_test cli     t_safe_files              "safe files: outputs checked first, device nodes refused, symlinks, stale temporaries, write errors, bad input"
-run_test kernels t_emu_sm90                "emulator sm_90a instructions: mbarrier, TMA and tensor maps, wgmma layouts, setmaxnreg, gemm.cu's pipeline and its broken variants (ASan+UBSan)"
+run_test emu     t_emu_sm90                "emulator sm_90a instructions: mbarrier, TMA and tensor maps, wgmma layouts, setmaxnreg, gemm.cu's pipeline and its broken variants (ASan+UBSan)"
 run_test kernels t_llama_kernels           "Llama kernels against PyTorch (ASan+UBSan): RMSNorm, RoPE (offsets, 3.1 scaling), SwiGLU, GQA (KV heads < heads, = 1) whole and zigzag CP blocks; fp32 and bf16"
 run_test ckpt    t_hf_checkpoints          "Hugging Face checkpoints: config.json range checks, safetensors F32/BF16/F16 one file and sharded, in and out against the safetensors package and numpy; bad input"
 run_test model   t_shards_u32              "token shards with 32-bit ids (llm.c's Llama 3 header) written with numpy, mixed with uint16 ones; bad headers"
+run_test emu     t_emu_kernels             "emulated GPU: test_cuda --small, every op and path against the CPU backend (H100 and A100)"
+run_test emu     t_emu_gemm_check          "emulated GPU: gemm_check --check --small (ragged shapes, 4 layouts, every epilogue, split-K) against fp64"
+run_test emu     t_emu_checker             "emulated GPU: the checker reports broken kernels (missing __syncthreads, wait_group too low, shared memory above the attribute, wgmma swizzle, expect_tx), deadlock, divergence; the runtime"
+run_test emu     t_emu_old_driver          "emulated GPU: a driver older than the build's CUDA is named with both versions; no driver says so"
+run_test emu     t_emu_sync_names_kernel   "emulated GPU: LLM4D_CUDA_SYNC=1 names a failing kernel"
+run_test emu     t_emu_train               "emulated GPU: ./train --device cuda fp32 and bf16 steps against the CPU; recompute bitwise"
+run_test emu     t_emu_multirank           "emulated GPU: DP 2 x ZeRO 0/3, TP 2, PP 2, CP 2, TP 2 x PP 2 through CUDA IPC on one emulated GPU, DP 2 on two GPUs and over TCP, equal one rank"
 
 if [ $LIST -eq 1 ] && [ $listed -gt 0 ]; then exit 0; fi
 if [ -n "$FILTER" ] && [ $((passed + failed + skipped + listed)) -eq 0 ]; then

@@ -9,7 +9,8 @@
 //
 // Prints "ok <name>" or "FAIL <name> <details>" per check and "N passed, N failed" at the end; exits
 // non-zero on any failure. Without a CUDA device it prints "no CUDA device: skipped" and exits 0.
-// `test_cuda --fault` runs one kernel on a bad pointer (for LLM4D_CUDA_SYNC=1: the error names it).
+// `test_cuda --fault` runs one kernel on a bad pointer (for LLM4D_CUDA_SYNC=1: the error names it);
+// `test_cuda --small` runs every op and path on small shapes (for the emulated GPU: build/test_cuda-emu).
 #include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -789,8 +790,7 @@ static void test_sumsq_acc(void) {
 // it (after waiting for the compute stream's event) into z = y + x, compute reads z (after waiting for
 // communication) into w = z + x. Small integers keep every sum exact: w must be (K + 4)·x. Without the
 // waits the streams would race (the result would depend on timing, not on this test).
-static void test_streams(void) {
-    const size_t n = (size_t)1 << 22;
+static void test_streams(size_t n) {
     const int K = 40;
     float *h = xmalloc(sizeof(float) * n), *back = xmalloc(sizeof(float) * n);
     for (size_t i = 0; i < n; i++) h[i] = (float)((int)(next_u64() % 201) - 100);
@@ -817,6 +817,18 @@ static void test_streams(void) {
     GPU->event_sync(f);
     report(GPU->event_done(f) == 1 && GPU->event_done(e) == 1 && e->records == 1 && f->stream == STREAM_COMM,
            "streams: events done after event_sync, their bookkeeping", "");
+    // polling an event that has not passed (cudaErrorNotReady, which the runtime leaves as the last
+    // error) must not make the next launch's check fail
+    GPU->residual_fwd(DT_F32, z, y, x, n);
+    GPU->event_record(e, STREAM_COMPUTE);
+    int polls = 0;
+    while (!GPU->event_done(e)) polls++;
+    GPU->residual_fwd(DT_F32, y, z, x, n);
+    GPU->to_host(back, y, sizeof(float) * n);
+    bad = 0;
+    for (size_t i = 0; i < n; i++) bad += back[i] != (float)(K + 6) * h[i];
+    snprintf(details, sizeof details, "%zu of %zu elements wrong after %d not-ready polls", bad, n, polls);
+    report(bad == 0, "streams: a launch after polling a pending event", details);
     GPU->event_destroy(e);
     GPU->event_destroy(f);
     GPU->free(x);
@@ -840,8 +852,7 @@ static void step_ops(DType dt, void **b, int N, int C, int NH, int T) {
     GPU->adamw(dt, &seg, 1, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.1f, 1.0f);
     (void)GPU->sumsq((float *)b[6], (size_t)4 * C * C);
 }
-static void test_scratch_reuse(DType dt) {
-    int N = 512, C = 128, NH = 2, T = 256;
+static void test_scratch_reuse(DType dt, int N, int C, int NH, int T) {
     size_t es = dtype_size(dt), sizes[13] = { N * 4 * C * es, N * 4 * C * es, N * C * es, 4 * C * C * es, 4 * C * es,
                                                N * C * es, 4 * C * C * 4, 4 * C * 4, N * C * es, (size_t)N * NH * 4 + N * 8,
                                                N * 3 * C * es, N * 3 * C * es, 2 * 4 * C * C * 4 };
@@ -922,12 +933,60 @@ static int fault(void) {
     return 0;
 }
 
+
+// --small: every op and path on shapes small enough for the emulated GPU (test/run.sh runs it there):
+// ragged in every dimension, split-K, every epilogue, both operand layouts, head sizes 64 and 128,
+// context-parallel blocks, T off the tiles.
+static void run_small(void) {
+    test_streams(3000);
+    test_scratch_reuse(DT_BF16, 64, 64, 1, 64);
+    for (int d = 0; d < 2; d++) {
+        DType dt = d ? DT_BF16 : DT_F32;
+        test_encoder_fwd(dt, 2, 7, 48, 100, 30, 45, 1);
+        test_encoder_fwd(dt, 2, 7, 48, 100, 0, 100, 0);
+        test_encoder_bwd(dt, 2, 7, 48, 100, 0, 100, 1);
+        test_encoder_bwd(dt, 4, 30, 40, 200, 70, 90, 0);
+        test_layernorm_fwd(dt, 9, 40);
+        test_residual_layernorm_fwd(dt, 9, 40, 1);
+        test_layernorm_bwd(dt, 33, 72);
+        test_matmul_fwd(dt, 17, 40, 13, 1, 0);   // SIMT only (leading dimensions off 8)
+        test_matmul_fwd(dt, 130, 64, 136, 1, 1); // ragged M and N, bias + GELU
+        test_matmul_fwd(dt, 1, 64, 8, 0, 0);
+        test_matmul_bwd(dt, 70, 48, 40, 1, 1);   // GELU's derivative fused
+        test_matmul_bwd(dt, 600, 16, 24, 1, 0);  // dweight: one output tile, long K: split-K
+        test_gelu_fwd(dt, 1003);
+        test_gelu_rebuild(dt, 17, 16, 24);
+        test_attention_fwd(dt, 1, 9, 17, 1);   // simple kernels only
+        test_attention_bwd(dt, 1, 9, 17, 1);
+        test_attention_fwd(dt, 1, 70, 64, 1);  // head size 64, T off the tiles
+        test_attention_bwd(dt, 1, 70, 64, 1);
+        test_attention_fwd(dt, 1, 33, 256, 2); // head size 128
+        test_attention_bwd(dt, 1, 33, 256, 2);
+        test_attention_blocks(dt, 1, 20, 30, 64, 1, 10, 0);
+        test_attention_blocks(dt, 1, 16, 16, 128, 1, 24, 40);
+        test_residual_fwd(dt, 1003);
+        test_residual_bwd(dt, 1003);
+        test_crossentropy_stats(dt, 5, 100, 30, 50, 128);
+        test_crossentropy_fused(dt, 5, 100, 128, 1);
+        test_crossentropy_bwd(dt, 5, 100, 30, 50, 128, 0, 1);
+        test_crossentropy_bwd(dt, 5, 100, 30, 50, 128, 1, 0);
+        test_adamw(dt, 1003, 1);
+        test_adamw(dt, 1003, 0);
+    }
+    test_cast(DT_BF16, DT_F32, 1003);
+    test_cast(DT_F32, DT_BF16, 1003);
+    test_cast_rows(DT_BF16, DT_F32, 11, 96);
+    test_cast_rows(DT_F32, DT_F32, 7, 13);
+}
+
 int main(int argc, char **argv) {
     if (cuda_device_count() <= 0) {
         printf("no CUDA device: skipped\n");
         return 0;
     }
     if (argc > 1 && !strcmp(argv[1], "--fault")) return fault();
+    const int small = argc > 1 && !strcmp(argv[1], "--small");
+    if (argc > 1 && !small) die("unknown argument %s (--small or --fault)", argv[1]);
     CPU = backend_cpu();
     GPU = backend_cuda();
     if (!GPU) die("backend_cuda() returned NULL");
@@ -941,9 +1000,14 @@ int main(int argc, char **argv) {
     test_sumsq(1000);
     test_sumsq((size_t)65536 * 3 + 17);
     test_sumsq_acc();
-    test_streams();
-    test_scratch_reuse(DT_BF16);
-    test_scratch_reuse(DT_F32);
+    if (small) {
+        run_small();
+        printf("%d passed, %d failed\n", npass, nfail);
+        return nfail ? 1 : 0;
+    }
+    test_streams((size_t)1 << 22);
+    test_scratch_reuse(DT_BF16, 512, 128, 2, 256);
+    test_scratch_reuse(DT_F32, 512, 128, 2, 256);
 
     for (int d = 0; d < 2; d++) {
         DType dt = d ? DT_BF16 : DT_F32;
