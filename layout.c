@@ -43,23 +43,29 @@ void layout_place(Layout *l, int rank, int nranks, int TP, int CP, int PP) {
     l->chunks = l->nslots = 1;
 }
 
+// The group along the axes: the ranks that differ only in their coordinates on them. Its colour is
+// the rank of its member at coordinates 0 there (layout_rank); key orders it.
+enum { ALONG_DP = 1, ALONG_PP = 2, ALONG_CP = 4, ALONG_TP = 8 };
+static Comm *split_along(const Layout *l, Comm *world, int axes, int key, const char *name) {
+    int dp = axes & ALONG_DP ? 0 : l->dp.rank, pp = axes & ALONG_PP ? 0 : l->pp.rank, cp = axes & ALONG_CP ? 0 : l->cp.rank,
+        tp = axes & ALONG_TP ? 0 : l->tp.rank;
+    return comm_split(world, layout_rank(dp, pp, cp, tp, l->tp.size, l->cp.size, l->pp.size), key, name);
+}
+
 void layout_connect(Layout *l, Comm *world) {
     l->world = world;
     if (!world) return;
-    int TP = l->tp.size, CP = l->cp.size, PP = l->pp.size, dp = l->dp.rank, pp = l->pp.rank, cp = l->cp.rank,
-        tp = l->tp.rank;
-    // each group's colour: the same for the ranks that differ only along the axis
-    int pipe = (dp * CP + cp) * TP + tp, ends = PP > 1 && (pp == 0 || pp == PP - 1);
-    l->tp.comm = comm_split(world, l->rank / TP, tp, "tp");
-    l->pp.comm = comm_split(world, pipe, pp, "pp");
-    l->pp_fwd = comm_split(world, pipe, pp, "pp activations");
-    l->pp_bwd = comm_split(world, pipe, pp, "pp gradients");
-    l->replicas.comm = comm_split(world, pp * TP + tp, l->replicas.rank, CP > 1 ? "dp x cp" : "dp");
-    l->embed = comm_split(world, ends ? pipe : -1, pp, "embedding");
+    int PP = l->pp.size, CP = l->cp.size, pp = l->pp.rank;
+    l->tp.comm = split_along(l, world, ALONG_TP, l->tp.rank, "tp");
+    l->pp.comm = split_along(l, world, ALONG_PP, pp, "pp");
+    l->pp_fwd = split_along(l, world, ALONG_PP, pp, "pp activations");
+    l->pp_bwd = split_along(l, world, ALONG_PP, pp, "pp gradients");
+    l->replicas.comm = split_along(l, world, ALONG_DP | ALONG_CP, l->replicas.rank, CP > 1 ? "dp x cp" : "dp");
+    if (PP > 1 && (pp == 0 || pp == PP - 1)) l->embed = split_along(l, world, ALONG_PP, pp, "embedding");
+    else l->embed = comm_split(world, -1, pp, "embedding"); // collective: every rank takes part
     if (CP > 1) { // K/V blocks on one, dK/dV accumulators on the other
-        int ring = (dp * PP + pp) * TP + tp;
-        l->cp.comm = comm_split(world, ring, cp, "cp");
-        l->cp_grad = comm_split(world, ring, cp, "cp gradients");
+        l->cp.comm = split_along(l, world, ALONG_CP, l->cp.rank, "cp");
+        l->cp_grad = split_along(l, world, ALONG_CP, l->cp.rank, "cp gradients");
     }
 }
 
