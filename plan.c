@@ -70,6 +70,11 @@
 // communication buffers, and any overlap of communication with compute (the CP ring overlaps its
 // transfers with attention).
 //
+// `./train plan comm` (its section below plan_main's helpers) takes one layout and models its step's
+// communication per traffic class (TP, PP hand-offs included, DP, CP) under each collective algorithm
+// (ring, fan-in, hierarchical) from link bandwidth and latency, with the connections, staging and
+// incast each needs.
+//
 // --exact replaces the memory model by llm4d's own buffers: for every stage of a layout it builds that
 // rank (tensor-, context- and data-parallel rank 0, which hold the most) with the trainer's own code
 // (layout_build_model and layout_build_state in pipeline.c) on a dry backend whose account only counts
