@@ -70,7 +70,7 @@
 // communication buffers, and any overlap of communication with compute (the CP ring overlaps its
 // transfers with attention).
 //
-// `./train plan comm` (its section below plan_main's helpers) takes one layout and models its step's
+// `./train plan comm` (its section just above plan_main) takes one layout and models its step's
 // communication per traffic class (TP, PP hand-offs included, DP, CP) under each collective algorithm
 // (ring, fan-in, hierarchical) from link bandwidth and latency, with the connections, staging and
 // incast each needs.
