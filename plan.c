@@ -789,7 +789,7 @@ static void allreduce_cost(const PlanInput *in, int a, GroupShape g, double B, C
     if (g.n == 1) return;
     if (a == ALGO_RING) {
         double bytes = 2 * (n - 1) / n * B;
-        (k > 1 ? &c->inter_bytes : &c->intra_bytes)[0] = bytes;
+        *(k > 1 ? &c->inter_bytes : &c->intra_bytes) = bytes;
         c->bw_s = bytes / (k > 1 ? be : bi);
         c->lat_s = 2 * (n - k) * ai + 2 * (k - 1) * ae;
         int conns = g.n - 1 < 2 ? g.n - 1 : 2;
@@ -835,7 +835,7 @@ static void p2p_cost(const PlanInput *in, int a, GroupShape g, double msgs, doub
     if (g.n == 1) return;
     int inter = g.nodes > 1; // the fullest group's worst boundary
     c->ops = msgs;
-    (inter ? &c->inter_bytes : &c->intra_bytes)[0] = bytes;
+    *(inter ? &c->inter_bytes : &c->intra_bytes) = bytes;
     c->bw_s = bytes / (inter ? in->inter_bw : in->intra_bw);
     c->lat_s = inter ? in->inter_lat : in->intra_lat;
     int conns = a == ALGO_FANIN ? g.n - 1 : g.n - 1 < 2 ? g.n - 1 : 2;
