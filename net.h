@@ -206,6 +206,9 @@ typedef struct {
 
 // Shared memory (net_shm.c): ranks of one node; the endpoint holds this rank's doorbell and rings.
 extern const NetTransport NET_SHM;
+// The bytes of one rank's inbox on a communicator with nlocal members on its node (itself included):
+// a header and one ring of 1 MiB per member (./train plan comm counts them).
+size_t shm_inbox_bytes(int nlocal);
 // TCP (net_tcp.c): any pair; the lower world rank of each pair connects.
 extern const NetTransport NET_TCP;
 // RDMA verbs (net_verbs.c, built where <infiniband/verbs.h> is installed; libibverbs is opened at run

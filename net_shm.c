@@ -85,6 +85,8 @@ typedef struct {
     Ring ring[];     // [nlocal]: ring i carries the messages of local member i to the inbox's owner
 } Inbox;
 
+size_t shm_inbox_bytes(int nlocal) { return sizeof(Inbox) + sizeof(Ring) * (size_t)nlocal; }
+
 typedef struct { // what a rank publishes about its inbox
     int32_t pid, fd;
     uint64_t bytes, addr;
@@ -419,7 +421,7 @@ static void *shm_setup(const NetSetup *s, int npeers, const int *peers, NetConn 
     int me_li = 0;
     while (members[me_li] != s->rank) me_li++;
     ShmEndpoint *ep = xcalloc(1, sizeof *ep);
-    ep->bytes = sizeof(Inbox) + sizeof(Ring) * (size_t)nl;
+    ep->bytes = shm_inbox_bytes(nl);
     ep->fd = memfd_create("llm4d-inbox", MFD_CLOEXEC);
     if (ep->fd < 0) die("communicator %s: memfd_create: %s (use --transport tcp)", s->comm_name, strerror(errno));
     if (ftruncate(ep->fd, (off_t)ep->bytes) != 0) die("communicator %s: ftruncate: %s", s->comm_name, strerror(errno));

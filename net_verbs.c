@@ -813,11 +813,6 @@ int verbs_print_gids(VerbsDev *d, FILE *out) {
 #include "bootstrap.h"
 #include "net.h"
 
-// Staging per communicator and rank, spread over its peers: 16 slots of 256 KiB per direction and
-// peer for small communicators, smaller slots (down to 16 KiB) for large ones, so that registered
-// memory stays bounded. A function of the communicator's size only: both ends agree.
-#define STAGING_BUDGET (128u << 20)
-
 typedef struct VerbsConn {
     NetConn base;
     struct VerbsNet *vn;
@@ -971,12 +966,6 @@ static void verbs_conn_close(NetConn *c) {
 
 static const NetOps VERBS_OPS = { "verbs", verbs_conn_progress, verbs_conn_wait_hint, verbs_conn_peer_state, verbs_conn_close, NULL, NULL };
 
-static size_t staging_slot_bytes(int comm_size) {
-    size_t per = STAGING_BUDGET / (2u * VERBS_DEFAULT_SLOTS * (size_t)(comm_size > 1 ? comm_size - 1 : 1));
-    per = per / 4096 * 4096;
-    return per > VERBS_DEFAULT_SLOT_BYTES ? VERBS_DEFAULT_SLOT_BYTES : per < (16u << 10) ? 16u << 10 : per;
-}
-
 // Each end creates its endpoints (receives posted), publishes one blob per peer, connects to the
 // peer's blob and then says so in the store; a rank sends only after the peer's "ready", so that no
 // write reaches a queue pair that is not yet ready to receive.
@@ -985,7 +974,7 @@ static void *verbs_setup(const NetSetup *s, int npeers, const int *peers, NetCon
     VerbsNet *vn = s->vn;
     int me_w = s->world_ranks[s->rank];
     unsigned slots = vn->slots ? vn->slots : VERBS_DEFAULT_SLOTS;
-    size_t slot_bytes = vn->slot_bytes ? vn->slot_bytes : staging_slot_bytes(s->size);
+    size_t slot_bytes = vn->slot_bytes ? vn->slot_bytes : verbs_staging_slot_bytes(s->size); // net_verbs.h
     char key[128], err[512], name[96];
     for (int i = 0; i < npeers; i++) {
         int pw = s->world_ranks[peers[i]];

@@ -70,6 +70,11 @@
 // communication buffers, and any overlap of communication with compute (the CP ring overlaps its
 // transfers with attention).
 //
+// `./train plan comm` (its section just above plan_main) takes one layout and models its step's
+// communication per traffic class (TP, PP hand-offs included, DP, CP) under each collective algorithm
+// (ring, fan-in, hierarchical) from link bandwidth and latency, with the connections, staging and
+// incast each needs.
+//
 // --exact replaces the memory model by llm4d's own buffers: for every stage of a layout it builds that
 // rank (tensor-, context- and data-parallel rank 0, which hold the most) with the trainer's own code
 // (layout_build_model and layout_build_state in pipeline.c) on a dry backend whose account only counts
@@ -100,11 +105,14 @@
 #include "common.h"
 #include "mem.h"
 #include "model.h"
+#include "net.h"       // shm_inbox_bytes: plan comm's shared-memory staging
+#include "net_verbs.h" // verbs_staging_slot_bytes: plan comm's registered staging
 #include "pipeline.h"
 #include "zero.h"
 
 static const char PLAN_USAGE[] =
     "usage: ./train plan --gpus G --batch-tokens N [flags]\n"
+    "       ./train plan comm --gpus G --batch-tokens N --tp T --pp P --dp D [--cp C] [flags]\n"
     "  every (TP, CP, PP, DP) with TP x CP x PP x DP = G: bytes per GPU, fits, bubble, communication and\n"
     "  compute per step, best first (the formulas: plan.c and README); rank = ((dp*PP + pp)*CP + cp)*TP + tp\n"
     "\n"
@@ -153,6 +161,12 @@ static const char PLAN_USAGE[] =
     "                             (checkpoint staging) are the device's memory too\n"
     "  --ckpt                     with --exact: checkpoints are written (--ckpt-dir): count their staging\n"
     "\n"
+    "communication of one layout (./train plan comm; the alpha-beta model: README, \"Communication at scale\"):\n"
+    "  comm                       (first) each traffic class (TP, PP, DP, CP) under each algorithm (ring,\n"
+    "                             fanin, hier): time, messages, connections, staging memory, incast\n"
+    "  --intra-lat US             latency per message inside a node, microseconds (default 3)\n"
+    "  --inter-lat US             latency per message across nodes, microseconds (default 5)\n"
+    "\n"
     "output:\n"
     "  --top N                    print the N best layouts only (default all)\n"
     "  --json                     one JSON object (inputs, model, every layout) instead of the table\n"
@@ -167,6 +181,8 @@ typedef struct {
     int only_tp, only_cp, only_pp, only_dp; // 0, or the one value of that axis to list
     int recompute; // RECOMPUTE_* (model.h)
     int flash, fp32, json;
+    int comm;                       // ./train plan comm: one layout's communication
+    double intra_lat, inter_lat;    // seconds per message (plan comm)
     int exact, sp, interleaved, device_cpu, ckpt; // --exact and its options
     double bucket_mb;
     double gpu_mem, intra_bw, inter_bw, flops, batch_tokens; // bytes, bytes/s, bytes/s, FLOP/s, tokens
@@ -234,6 +250,7 @@ static double parse_amount(const char *flag, const char *s, const Unit *units, d
 typedef struct { // the flags that only parse_plan's checks and the shape read
     const char *preset;
     int L, C, NH, V, maxT, T, device_given, bucket_given;
+    const char *lat_given; // --intra-lat or --inter-lat, which only `plan comm` takes
 } PlanFlags;
 
 // The checks between the flags, and the model's shape (from a preset and the shape flags, or --params).
@@ -245,6 +262,9 @@ static void resolve_plan(PlanInput *in, const PlanFlags *g) {
         die("%s describes llm4d's own buffers: it needs --exact", in->sp ? "--sp" : in->interleaved ? "--interleaved"
                                                                  : in->ckpt ? "--ckpt" : g->device_given ? "--device"
                                                                  : "--bucket-mb");
+    if (g->lat_given && !in->comm) die("%s is for ./train plan comm (the communication model)", g->lat_given);
+    if (in->comm && (in->exact || in->plot || in->top))
+        die("plan comm: %s is for the layout search (./train plan)", in->exact ? "--exact" : in->plot ? "--plot" : "--top");
     if (in->exact && !in->flash) die("--exact counts llm4d's buffers, and its attention is flash: drop --attention full");
     if (in->exact && in->params > 0)
         die("--exact counts llm4d's buffers, which need the whole shape (--model, or --layers --channels --heads --vocab), "
@@ -273,9 +293,14 @@ static void resolve_plan(PlanInput *in, const PlanFlags *g) {
 static void parse_plan(PlanInput *in, int argc, char **argv) {
     PlanFlags g = { 0 };
     *in = (PlanInput){ .gpus_per_node = 8, .max_tp = 8, .micro_batches = 8, .pp_virtual = 2, .flash = 1,
-                       .gpu_mem = 80e9, .intra_bw = 300e9, .inter_bw = 50e9, .flops = 400e12, .bucket_mb = 25 };
+                       .gpu_mem = 80e9, .intra_bw = 300e9, .inter_bw = 50e9, .flops = 400e12, .bucket_mb = 25,
+                       .intra_lat = 3e-6, .inter_lat = 5e-6 };
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
+        if (i == 1 && !strcmp(f, "comm")) {
+            in->comm = 1;
+            continue;
+        }
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
             fputs(PLAN_USAGE, stdout);
             exit(0);
@@ -304,6 +329,8 @@ static void parse_plan(PlanInput *in, int argc, char **argv) {
         else if (IS("--gpu-mem")) in->gpu_mem = parse_amount(f, v, BYTE_UNITS, 1, 1e18, 0);
         else if (IS("--intra-bw")) in->intra_bw = 1e9 * parse_amount(f, v, NO_UNITS, 1e-6, 1e9, 0);
         else if (IS("--inter-bw")) in->inter_bw = 1e9 * parse_amount(f, v, NO_UNITS, 1e-6, 1e9, 0);
+        else if (IS("--intra-lat")) in->intra_lat = 1e-6 * parse_amount(f, v, NO_UNITS, 0, 1e6, 0), g.lat_given = "--intra-lat";
+        else if (IS("--inter-lat")) in->inter_lat = 1e-6 * parse_amount(f, v, NO_UNITS, 0, 1e6, 0), g.lat_given = "--inter-lat";
         else if (IS("--flops")) in->flops = parse_amount(f, v, FLOP_UNITS, 1, 1e21, 0);
         else if (IS("--batch-tokens")) in->batch_tokens = parse_amount(f, v, TOKEN_UNITS, 1, 1e15, 1);
         else if (IS("--micro-batches")) in->micro_batches = INT(1, 1 << 24);
@@ -704,9 +731,280 @@ static int plot_layouts(const PlanInput *in, const Candidate *ys, int n) {
     die("--plot: %s %s was killed by signal %d", py, script, WTERMSIG(status));
 }
 
+// ---------------------------------------------------------------------------------------------
+// ./train plan comm: one layout's communication per step, traffic class by traffic class, under each
+// collective algorithm, in the alpha-beta model (a message of b bytes over a link costs α + b / bw;
+// README, "Communication at scale"). Symbols as at the top of this file; for a group of n ranks that
+// spans k nodes with l of them on the fullest node, a collective on a buffer of B bytes per rank:
+//
+//   ring   rank order, each rank sends to the next: 2·(n − 1)/n · B per rank over the slowest link of
+//          the ring (across nodes when k > 1); 2·(n − 1) steps one after the other, 2·(k − 1) of
+//          them across nodes (NCCL's count): latency 2·(n − k)·α_intra + 2·(k − 1)·α_inter
+//   fanin  llm4d's owner fan-in: every rank sends each owner its segment at once: the same bytes, of
+//          them 2·(l − 1)/n · B inside the node and 2·(n − l)/n · B across, on different links at
+//          the same time (the larger counts); two rounds (reduce-scatter, all-gather): latency 2·α of
+//          the slowest link; n − 1 connections per rank and n − l concurrent senders into each NIC
+//   hier   fan-in reduce-scatter inside the node, a ring across the k nodes between the ranks that
+//          hold the same segment (B / l bytes each, every NIC busy), fan-in all-gather inside:
+//          2·(l − 1)/l · B / bw_intra + 2·α_intra (when l > 1) + 2·(k − 1)/k · B/l / bw_inter
+//          + 2·(k − 1)·α_inter, the phases one after the other
+//
+// The traffic classes, per step and GPU of the fullest group (rank 0's):
+//   TP  n_ar · Ls · M all-reduces of (m/CP)·C·e bytes over the TP group (the planner's TP term)
+//   DP  f/2 all-reduces of the gradients, g·P bytes, over the DP x CP ranks holding the same weights
+//       (f = 2, 3 with ZeRO-3: the planner's DP term)
+//   PP  2·M hand-offs per stage boundary (activations forward, their gradients backward), each the
+//       micro-batch's (m/CP)·C·e bytes split over the TP ranks (sequence parallel); sends and receives
+//       overlap (full duplex), so a stage's link carries 2·M·(α + bytes / bw). Not a collective: the
+//       algorithms differ only in the connections (today's communicator connects every pair)
+//   CP  llm4d's ring (the planner's CP term): Ls · M · (f·(CP − 1) + CP) messages, the same under every
+//       algorithm except fanin's connections (every pair)
+// Connections per rank (of the fullest rank): ring min(2, n − 1), fanin n − 1, hier l − 1 inside the
+// node plus min(2, k − 1) across. Staging per rank: every connection across nodes registers
+// 2 · VERBS_DEFAULT_SLOTS · verbs_staging_slot_bytes(n) bytes for RDMA (net_verbs.h: send and receive
+// buffers), and the connections inside a node share one shared-memory inbox of shm_inbox_bytes(peers
+// + 1) (net_shm.c: a 1 MiB ring per peer). Bytes in flight towards one receiving NIC: its concurrent
+// senders, each with its VERBS_DEFAULT_SLOTS slots of credit. No incast penalty is modelled: the
+// bytes are equal, the counts of connections, staging and senders per NIC are what differs.
+
+enum { ALGO_RING, ALGO_FANIN, ALGO_HIER, NALGO };
+static const char *const ALGO_NAMES[NALGO] = { "ring", "fanin", "hier" };
+enum { CLS_TP, CLS_PP, CLS_DP, CLS_CP, NCLS };
+static const char *const CLASS_NAMES[NCLS] = { "tp", "pp", "dp", "cp" };
+
+// Where a group lies: members a·sa + b·sb (a < na, b < nb, in increasing order), nodes of gpn ranks.
+typedef struct {
+    int n, local, nodes; // members, members on the fullest node, nodes spanned
+} GroupShape;
+
+static GroupShape group_shape(int na, long sa, int nb, long sb, int gpn) {
+    GroupShape g = { na * nb, 0, 0 };
+    long last = -1;
+    int run = 0;
+    for (int a = 0; a < na; a++)
+        for (int b = 0; b < nb; b++) {
+            long node = (a * sa + b * sb) / gpn;
+            if (node != last) g.nodes++, run = 0, last = node;
+            if (++run > g.local) g.local = run;
+        }
+    return g;
+}
+
+typedef struct {
+    GroupShape g;
+    int intra;                   // the whole group inside one node
+    double ops, bytes;           // collectives (or hand-offs) per step, bytes of each per rank
+    double intra_bytes, inter_bytes; // per rank and step, by link
+    double lat_s, bw_s, time_s;  // per step
+    int conn_intra, conn_inter;  // connections of the fullest rank
+    double slot_bytes, registered, shm; // verbs slot size, registered RDMA staging, shared-memory inbox
+    int incast;                  // concurrent senders into one receiving NIC
+    double inflight;             // bytes in flight towards one receiving NIC
+} CommCost;
+
+// One all-reduce of B bytes per rank over g under algorithm a, into c (per collective).
+static void allreduce_cost(const PlanInput *in, int a, GroupShape g, double B, CommCost *c) {
+    double n = g.n, l = g.local, k = g.nodes, ai = in->intra_lat, ae = in->inter_lat;
+    double bi = in->intra_bw, be = in->inter_bw;
+    if (g.n == 1) return;
+    if (a == ALGO_RING) {
+        double bytes = 2 * (n - 1) / n * B;
+        *(k > 1 ? &c->inter_bytes : &c->intra_bytes) = bytes;
+        c->bw_s = bytes / (k > 1 ? be : bi);
+        c->lat_s = 2 * (n - k) * ai + 2 * (k - 1) * ae;
+        int conns = g.n - 1 < 2 ? g.n - 1 : 2;
+        c->conn_inter = g.nodes == 1 ? 0 : g.local == 1 ? conns : 1;
+        c->conn_intra = conns - c->conn_inter;
+        c->incast = g.nodes > 1;
+    } else if (a == ALGO_FANIN) {
+        c->intra_bytes = 2 * (l - 1) / n * B;
+        c->inter_bytes = 2 * (n - l) / n * B;
+        c->bw_s = fmax(c->intra_bytes / bi, c->inter_bytes / be);
+        c->lat_s = 2 * (k > 1 ? ae : ai);
+        c->conn_intra = g.local - 1;
+        c->conn_inter = g.n - g.local;
+        c->incast = g.n - g.local;
+    } else {
+        c->intra_bytes = 2 * (l - 1) / l * B;
+        c->inter_bytes = 2 * (k - 1) / k * B / l;
+        c->bw_s = c->intra_bytes / bi + c->inter_bytes / be;
+        c->lat_s = (g.local > 1 ? 2 * ai : 0) + 2 * (k - 1) * ae;
+        c->conn_intra = g.local - 1;
+        c->conn_inter = g.nodes - 1 < 2 ? g.nodes - 1 : 2;
+        c->incast = g.nodes > 1;
+    }
+}
+
+// Per step: scales one collective's bytes and times by its count, and adds the staging the
+// connections hold.
+static void comm_finish(CommCost *c) {
+    c->intra_bytes *= c->ops;
+    c->inter_bytes *= c->ops;
+    c->lat_s *= c->ops;
+    c->bw_s *= c->ops;
+    c->time_s = c->lat_s + c->bw_s;
+    c->slot_bytes = c->conn_inter ? (double)verbs_staging_slot_bytes(c->g.n) : 0;
+    c->registered = c->conn_inter * 2.0 * VERBS_DEFAULT_SLOTS * c->slot_bytes;
+    c->shm = c->conn_intra ? (double)shm_inbox_bytes(c->conn_intra + 1) : 0;
+    c->inflight = c->incast * (double)VERBS_DEFAULT_SLOTS * c->slot_bytes;
+}
+
+// Point-to-point over a group (PP's hand-offs, CP's ring): msgs messages of `bytes` per step to the
+// next rank; connections as the algorithm's communicator holds them (fanin: every pair).
+static void p2p_cost(const PlanInput *in, int a, GroupShape g, double msgs, double bytes, CommCost *c) {
+    if (g.n == 1) return;
+    int inter = g.nodes > 1; // the fullest group's worst boundary
+    c->ops = msgs;
+    *(inter ? &c->inter_bytes : &c->intra_bytes) = bytes;
+    c->bw_s = bytes / (inter ? in->inter_bw : in->intra_bw);
+    c->lat_s = inter ? in->inter_lat : in->intra_lat;
+    int conns = a == ALGO_FANIN ? g.n - 1 : g.n - 1 < 2 ? g.n - 1 : 2;
+    c->conn_inter = !inter ? 0 : a == ALGO_FANIN ? g.n - g.local : g.local == 1 ? conns : 1;
+    c->conn_intra = conns - c->conn_inter;
+    c->incast = inter; // one sender per link: the previous rank
+}
+
+static void comm_model(const PlanInput *in, const Candidate *y, CommCost cost[NCLS][NALGO]) {
+    int tp = y->tp, cp = y->cp, pp = y->pp, dp = y->dp, gpn = in->gpus_per_node;
+    double e = in->fp32 ? 4 : 2, gb = e, C = in->cfg.C, M = in->micro_batches, Ls = y->layers_per_stage;
+    double mc = y->micro_tokens / cp; // a micro-batch's tokens per GPU of a CP group
+    GroupShape gs[NCLS] = {
+        [CLS_TP] = group_shape(tp, 1, 1, 0, gpn),
+        [CLS_PP] = group_shape(pp, (long)tp * cp, 1, 0, gpn),
+        [CLS_DP] = group_shape(dp, (long)pp * cp * tp, cp, tp, gpn), // the DP x CP ranks of one (pp, tp)
+        [CLS_CP] = group_shape(cp, tp, 1, 0, gpn),
+    };
+    double n_ar = in->recompute == RECOMPUTE_FULL ? 6 : 4, passes = in->recompute == RECOMPUTE_FULL ? 3 : 2;
+    for (int a = 0; a < NALGO; a++) {
+        for (int k = 0; k < NCLS; k++) cost[k][a] = (CommCost){ .g = gs[k], .intra = gs[k].nodes == 1 };
+        CommCost *c = &cost[CLS_TP][a];
+        allreduce_cost(in, a, gs[CLS_TP], mc * C * e, c);
+        c->ops = tp > 1 ? n_ar * Ls * M : 0, c->bytes = tp > 1 ? mc * C * e : 0;
+        c = &cost[CLS_DP][a];
+        allreduce_cost(in, a, gs[CLS_DP], gb * y->params_per_gpu, c);
+        c->ops = dp * cp > 1 ? (in->zero == 3 ? 1.5 : 1) : 0, c->bytes = dp * cp > 1 ? gb * y->params_per_gpu : 0;
+        c = &cost[CLS_PP][a];
+        p2p_cost(in, a, gs[CLS_PP], 2 * M, mc * C * e / tp, c);
+        c->bytes = pp > 1 ? mc * C * e / tp : 0;
+        // CP: K/V blocks f·(CP − 1) steps, fp32 dK/dV accumulators CP steps, per layer and micro-batch
+        c = &cost[CLS_CP][a];
+        double kv = 2 * mc * (C / tp) * e, dkv = 2 * mc * (C / tp) * 4, msgs = passes * (cp - 1) + cp;
+        p2p_cost(in, a, gs[CLS_CP], Ls * M * msgs, (passes * (cp - 1) * kv + cp * dkv) / msgs, c);
+        c->bytes = cp > 1 ? (passes * (cp - 1) * kv + cp * dkv) / msgs : 0; // the mean message
+        for (int k = 0; k < NCLS; k++) comm_finish(&cost[k][a]);
+    }
+}
+
+static void comm_json_cost(FILE *f, const CommCost *c) {
+    fprintf(f, "{\"group\":%d,\"ranks_per_node\":%d,\"nodes\":%d,\"intra_node\":%s,", c->g.n, c->g.local, c->g.nodes,
+            c->intra ? "true" : "false");
+    json_num(f, "ops_per_step", c->ops, ",");
+    json_num(f, "bytes_per_op", c->bytes, ",");
+    json_num(f, "intra_bytes", c->intra_bytes, ",");
+    json_num(f, "inter_bytes", c->inter_bytes, ",");
+    json_num(f, "latency_s", c->lat_s, ",");
+    json_num(f, "bandwidth_s", c->bw_s, ",");
+    json_num(f, "time_s", c->time_s, ",");
+    fprintf(f, "\"connections_intra\":%d,\"connections_inter\":%d,", c->conn_intra, c->conn_inter);
+    json_num(f, "verbs_slot_bytes", c->slot_bytes, ",");
+    json_num(f, "registered_bytes", c->registered, ",");
+    json_num(f, "shm_bytes", c->shm, ",");
+    fprintf(f, "\"incast_senders\":%d,", c->incast);
+    json_num(f, "inflight_bytes_per_nic", c->inflight, "}");
+}
+
+static int plan_comm(const PlanInput *in) {
+    Candidate *ys;
+    int n = enumerate_layouts(in, &ys);
+    if (n != 1)
+        die("plan comm: give one layout: --tp, --pp and --dp (and --cp) with TP x CP x PP x DP = %d, TP <= %d and each "
+            "TP group inside a node of %d (%d layouts match)", in->gpus, in->max_tp, in->gpus_per_node, n);
+    Candidate *y = &ys[0];
+    estimate_seed(in, y);
+    CommCost cost[NCLS][NALGO];
+    comm_model(in, y, cost);
+    // the reference figures (the seed's check): the gradient ring all-reduce over either link, and the compute
+    double D = (double)y->dp * y->cp, grad = (in->fp32 ? 4 : 2) * y->params_per_gpu;
+    double ar_intra = 2 * (D - 1) / D * grad / in->intra_bw, ar_inter = 2 * (D - 1) / D * grad / in->inter_bw;
+    double total[NALGO] = { 0 }, regd[NALGO] = { 0 }, shm[NALGO] = { 0 };
+    int conns[NALGO] = { 0 };
+    for (int a = 0; a < NALGO; a++)
+        for (int k = 0; k < NCLS; k++) {
+            const CommCost *c = &cost[k][a];
+            total[a] += c->time_s, regd[a] += c->registered, shm[a] += c->shm, conns[a] += c->conn_intra + c->conn_inter;
+        }
+    if (in->json) {
+        printf("{\"layout\":{\"tp\":%d,\"cp\":%d,\"pp\":%d,\"dp\":%d,\"gpus\":%d,\"gpus_per_node\":%d,\"why\":", y->tp, y->cp,
+               y->pp, y->dp, in->gpus, in->gpus_per_node);
+        if (y->why) printf("\"%s\"},", y->why);
+        else printf("null},");
+        printf("\"inputs\":{");
+        json_num(stdout, "params", in->params, ",");
+        json_num(stdout, "batch_tokens", in->batch_tokens, ",");
+        printf("\"micro_batches\":%d,\"zero\":%d,\"recompute\":\"%s\",\"dtype\":\"%s\",", in->micro_batches, in->zero,
+               RECOMPUTE_NAMES[in->recompute], in->fp32 ? "fp32" : "bf16");
+        json_num(stdout, "intra_bw_bytes_per_s", in->intra_bw, ",");
+        json_num(stdout, "inter_bw_bytes_per_s", in->inter_bw, ",");
+        json_num(stdout, "intra_lat_s", in->intra_lat, ",");
+        json_num(stdout, "inter_lat_s", in->inter_lat, ",");
+        json_num(stdout, "flops_per_s", in->flops, "},");
+        printf("\"reference\":{");
+        json_num(stdout, "gradient_bytes", grad, ",");
+        json_num(stdout, "dp_allreduce_intra_bw_s", ar_intra, ",");
+        json_num(stdout, "dp_allreduce_inter_bw_s", ar_inter, ",");
+        json_num(stdout, "compute_s", y->compute_s, "},");
+        printf("\"algorithms\":{");
+        for (int a = 0; a < NALGO; a++) {
+            printf("%s\"%s\":{", a ? "," : "", ALGO_NAMES[a]);
+            for (int k = 0; k < NCLS; k++) {
+                printf("\"%s\":", CLASS_NAMES[k]);
+                comm_json_cost(stdout, &cost[k][a]);
+                printf(",");
+            }
+            json_num(stdout, "time_s", total[a], ",");
+            json_num(stdout, "registered_bytes", regd[a], ",");
+            json_num(stdout, "shm_bytes", shm[a], ",");
+            printf("\"connections\":%d}", conns[a]);
+        }
+        printf("}}\n");
+    } else {
+        printf("llm4d plan comm: one optimizer step's communication per GPU, TP %d x CP %d x PP %d x DP %d on %d GPUs, %d per "
+               "node (alpha-beta model: README, \"Communication at scale\")\n", y->tp, y->cp, y->pp, y->dp, in->gpus,
+               in->gpus_per_node);
+        printf("links: inside a node %.4g GB/s and %.4g us per message, across nodes %.4g GB/s and %.4g us (per GPU)\n",
+               in->intra_bw / 1e9, in->intra_lat * 1e6, in->inter_bw / 1e9, in->inter_lat * 1e6);
+        printf("step: %.0f tokens, %d micro-batches, %.4g parameters per GPU | ZeRO-%d | recompute %s | %s%s%s\n",
+               in->batch_tokens, in->micro_batches, y->params_per_gpu, in->zero, RECOMPUTE_NAMES[in->recompute],
+               in->fp32 ? "fp32" : "bf16", y->why ? " | note: " : "", y->why ? y->why : "");
+        printf("reference: gradients %.3g GB per GPU, their ring all-reduce over %g ranks %.3f s at %.4g GB/s and %.3f s "
+               "at %.4g GB/s (bandwidth terms); compute %.2f s\n\n", grad / 1e9, D, ar_intra, in->intra_bw / 1e9, ar_inter,
+               in->inter_bw / 1e9, y->compute_s);
+        printf("class algo   group/node/nodes   ops/step   MB per op  link     latency s  bandwidth s     time s  conns "
+               "(in+across)  verbs MiB  shm MiB  senders/NIC  in flight MiB\n");
+        for (int k = 0; k < NCLS; k++)
+            for (int a = 0; a < NALGO; a++) {
+                const CommCost *c = &cost[k][a];
+                char shape[32];
+                snprintf(shape, sizeof shape, "%d/%d/%d", c->g.n, c->g.local, c->g.nodes);
+                printf("%-5s %-6s %16s %10.6g %11.2f  %-6s %11.5f %12.5f %10.5f  %6d (%d+%d) %10.2f %8.2f %12d %14.2f\n",
+                       CLASS_NAMES[k], ALGO_NAMES[a], shape, c->ops, c->bytes / 1e6, c->g.n == 1 ? "-" : c->intra ? "intra" : "inter",
+                       c->lat_s, c->bw_s, c->time_s, c->conn_intra + c->conn_inter, c->conn_intra, c->conn_inter,
+                       c->registered / 1048576.0, c->shm / 1048576.0, c->incast, c->inflight / 1048576.0);
+            }
+        printf("\nper step (nothing overlapped), summed over the classes:\n");
+        for (int a = 0; a < NALGO; a++)
+            printf("  %-6s %8.3f s of communication, %4d connections, %8.2f MiB of registered staging, %6.2f MiB of "
+                   "shared memory per rank\n", ALGO_NAMES[a], total[a], conns[a], regd[a] / 1048576.0, shm[a] / 1048576.0);
+    }
+    if (fflush(stdout) != 0) die("plan: cannot write the output: %s", strerror(errno));
+    free(ys);
+    return 0;
+}
+
 int plan_main(int argc, char **argv) {
     PlanInput in;
     parse_plan(&in, argc, argv);
+    if (in.comm) return plan_comm(&in);
     Candidate *ys;
     int n = enumerate_layouts(&in, &ys);
     if (n == 0) // only --tp, --cp, --pp or --dp can exclude TP 1 x CP 1 x PP 1 x DP G

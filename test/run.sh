@@ -20,7 +20,7 @@
 #   comm     the collectives: every op on 1-8 ranks, device memory, two simulated nodes, failure modes
 #   dp tp pp cp   each parallel axis (and its layouts with the others) against one rank
 #   memory   bytes per rank: activations, ZeRO, TP, CP, recompute, the memory inventory
-#   plan     ./train plan against its formulas, its bad input, --exact
+#   plan     ./train plan against its formulas, its bad input, --exact, plan comm
 #   ckpt     checkpoints, restarts, SIGTERM, --skip-spikes
 #   slurm    a local Slurm cluster (srun, sbatch, SIGUSR1); needs root
 #   verbs    RDMA verbs: absent, and on soft-RoCE in a QEMU guest
@@ -781,6 +781,20 @@ print(len(runs), "layouts with llm4d's buffers on every stage")
 EOF
 }
 
+# ./train plan comm (one layout's communication per traffic class and algorithm, alpha-beta model)
+# against the closed forms recomputed in test/comm_model_check.py: every number for five layouts, the
+# transports' staging constants as the source states them, the seed's Beacon figures within stated
+# tolerances, fan-in's connection, staging and incast counts, and the README's Beacon table; the table
+# and the JSON also run clean under ASan/UBSan.
+t_comm_model() {
+    $PY test/comm_model_check.py "$TRAIN" README.md || return 1
+    local beacon=(plan comm --params 405B --layers 126 --channels 16384 --heads 128 --seq-len 4096 --gpus 16384
+        --tp 8 --pp 16 --dp 128 --batch-tokens 16e6 --intra-bw 450)
+    $ASAN "${beacon[@]}" >"$WORK/comm.txt" || return 1
+    grep -Eq '^dp +fanin +128/1/128 .* 127 \(0\+127\) ' "$WORK/comm.txt" || { echo "the Beacon table lacks DP fanin's 127 connections"; return 1; }
+    $ASAN "${beacon[@]}" --json | $PY -c 'import json, sys; json.load(sys.stdin)'
+}
+
 t_plan_bad_input() {
     local ok=0 p=(plan --gpus 8 --batch-tokens 64K)
     expect_error "plan: --gpus is required" plan --batch-tokens 4M || ok=1
@@ -810,6 +824,18 @@ t_plan_bad_input() {
     expect_error "plan: no layout of 8 GPUs has the --tp/--cp/--pp/--dp asked for" "${p[@]}" --tp 3 || ok=1
     expect_error "plan: no layout of 8 GPUs has the --tp/--cp/--pp/--dp asked for" "${p[@]}" --cp 16 || ok=1
     expect_error "--cp must be between 1 and" "${p[@]}" --cp 0 || ok=1
+    # plan comm: one layout, its latencies in microseconds
+    local c=(plan comm --gpus 8 --batch-tokens 64K --tp 2 --pp 2 --dp 2)
+    expect_error "--intra-lat is for ./train plan comm" "${p[@]}" --intra-lat 2 || ok=1
+    expect_error "--inter-lat is for ./train plan comm" "${p[@]}" --inter-lat 2 || ok=1
+    expect_error "--inter-lat must be between 0 and 1e+06, got '-1'" "${c[@]}" --inter-lat -1 || ok=1
+    expect_error "--intra-lat expects a number, got 'fast'" "${c[@]}" --intra-lat fast || ok=1
+    expect_error "--inter-lat needs a value" "${c[@]}" --inter-lat || ok=1
+    expect_error "plan comm: give one layout: --tp, --pp and --dp (and --cp) with TP x CP x PP x DP = 8" plan comm --gpus 8 --batch-tokens 64K || ok=1
+    expect_error "plan comm: give one layout" plan comm --gpus 8 --batch-tokens 64K --tp 2 --pp 2 --dp 4 || ok=1
+    expect_error "plan comm: --exact is for the layout search" "${c[@]}" --exact || ok=1
+    expect_error "plan comm: --top is for the layout search" "${c[@]}" --top 3 || ok=1
+    expect_error "plan: unknown flag --algo" "${c[@]}" --algo ring || ok=1
     return $ok
 }
 
@@ -1003,6 +1029,7 @@ run_test cp      t_context_parallel        "context parallel CP 2, 4, with TP 2 
 run_test memory  t_context_parallel_memory "context parallel activation memory per rank falls to 1/CP"
 run_test cp      t_context_parallel_errors "context parallel: one-line errors (sequence split, layout, --sp)"
 run_test plan    t_plan                    "plan: every layout's bytes, bubble, communication and compute against the formulas; README's 70B table"
+run_test plan    t_comm_model              "plan comm: each traffic class's time, connections, staging and incast per algorithm against closed forms; the seed's Beacon figures"
 run_test plan    t_plan_bad_input          "plan: bad input, one-line errors naming the flag (ASan)"
 run_test memory  t_recompute               "recompute selective and full are bitwise --recompute none: 1 rank fp32/bf16, DP x ZeRO 1-3, TP+SP, PP plain/interleaved, 3D bf16, CP alone and with TP+SP x ZeRO-3, resume; no extra ZeRO-3 gathers"
 run_test memory  t_memory_formulas         "memory: every rank's peak activations and recompute scratch equal the inventory; fall with recompute, TP, SP, PP, CP, B, T"
