@@ -9,10 +9,10 @@ CUDA_GENCODE ?= -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_80,c
 NVCCFLAGS = -O3 -std=c++17 $(CUDA_GENCODE) -Xcompiler -Wall,-Wextra,-Werror -DLLM4D_CUDA
 CFLAGS ?= -O3 -march=native
 CFLAGS += -std=gnu11 -Wall -Wextra -Werror -fopenmp -fno-math-errno -MMD -MP
-LDLIBS = -lm -fopenmp -lpthread -lz -ljansson
+LDLIBS = -lm -fopenmp -lpthread -lz -ljansson -lpcre2-8
 SAN = -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
-HOST_SRC = train.c model.c context.c mem.c zero.c pipeline.c data.c ckpt.c common.c hostmem.c kernels_cpu.c launch.c \
+HOST_SRC = train.c model.c context.c mem.c zero.c pipeline.c data.c tokenizer.c prepare.c ckpt.c common.c hostmem.c kernels_cpu.c launch.c \
            bootstrap.c collectives.c algorithms.c net_shm.c net_tcp.c devmem_cpu.c bench_comm.c plan.c
 HOST_OBJ = $(HOST_SRC:%.c=build/%.o)
 LIB_OBJ = $(filter-out build/train.o build/bench_comm.o build/plan.o,$(HOST_OBJ))
@@ -75,10 +75,10 @@ build/asan/%.o: %.c | build
 	$(CC) $(filter-out -O3 -DLLM4D_CUDA,$(CFLAGS)) $(SAN) -c $< -o $@
 
 build/train-asan: $(HOST_SRC:%.c=build/asan/%.o)
-	$(CC) $(SAN) $^ -o $@ -lm -fopenmp -lpthread -lz -ljansson
+	$(CC) $(SAN) $^ -o $@ -lm -fopenmp -lpthread -lz -ljansson -lpcre2-8
 
 build/test_unit: build/asan/test_unit.o $(LIB_OBJ:build/%=build/asan/%)
-	$(CC) $(SAN) $^ -o $@ -lm -fopenmp -lpthread -lz -ljansson
+	$(CC) $(SAN) $^ -o $@ -lm -fopenmp -lpthread -lz -ljansson -lpcre2-8
 
 build/asan/test_unit.o: test/test_unit.c | build
 	@mkdir -p build/asan
@@ -93,7 +93,7 @@ build/test_attention: test/test_attention.c test/check.h attention.h gemm.h | bu
 	$(CC) $(filter-out -O3 -DLLM4D_CUDA -fopenmp,$(CFLAGS)) -I. $(SAN) $< -o $@ -lm
 
 build/test_comm: build/asan/test_comm.o $(LIB_OBJ:build/%=build/asan/%)
-	$(CC) $(SAN) $^ -o $@ -lm -fopenmp -lpthread -lz -ljansson
+	$(CC) $(SAN) $^ -o $@ -lm -fopenmp -lpthread -lz -ljansson -lpcre2-8
 
 build/asan/test_comm.o: test/test_comm.c | build
 	@mkdir -p build/asan
@@ -108,11 +108,11 @@ build/portable/%.o: %.c | build
 
 # ./train for the guest: CPU backend only, baseline x86-64
 build/train-portable: $(HOST_SRC:%.c=build/portable/%.o)
-	$(CC) $^ -o $@ -lm -fopenmp -lpthread -lz -ljansson
+	$(CC) $^ -o $@ -lm -fopenmp -lpthread -lz -ljansson -lpcre2-8
 
 # the collective tests for the guest (test_comm without sanitizers: emulation is slow enough)
 build/test_comm-portable: build/portable/test_comm.o $(LIB_OBJ:build/%=build/portable/%)
-	$(CC) $^ -o $@ -lm -fopenmp -lpthread -lz -ljansson
+	$(CC) $^ -o $@ -lm -fopenmp -lpthread -lz -ljansson -lpcre2-8
 
 build/portable/test_comm.o: test/test_comm.c | build
 	@mkdir -p build/portable

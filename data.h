@@ -1,4 +1,4 @@
-// data.h: llm.c token shards and tokenizer files, text preparation, and the global-batch order.
+// data.h: llm.c token shards and tokenizer files, and the global-batch order (text to shards: prepare.c).
 //
 // The batch order is a contract every layout keeps: with T tokens per sequence, the training shards
 // (concatenated in sorted file-name order) hold W = (tokens - 1) / T windows; window w is the tokens
@@ -10,6 +10,8 @@
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include "common.h"
 
 #define SHARD_MAGIC 20240520
 #define SHARD_VERSION 1
@@ -49,6 +51,9 @@ void tokenset_sequence(TokenSet *ts, uint64_t g, int32_t *inputs, int32_t *targe
 
 // Writes a token shard atomically.
 void shard_write(const char *path, const uint16_t *tokens, size_t n);
+// A shard written in pieces: opens PATH through the safe-write path and writes the header for n tokens;
+// the caller safe_writes the n tokens and commits (or aborts). 0, or -1 with the reason in sf->err.
+int shard_begin(SafeFile *sf, const char *path, size_t n);
 
 // Byte-level tokenizer (V = 256): token i is the byte i.
 typedef struct {
@@ -57,14 +62,14 @@ typedef struct {
     int *lengths;
 } Tokenizer;
 void tokenizer_write_bytes(const char *path);
+// An llm.c tokenizer file (version 2: header magic, 2, vocab, end-of-text id; per token a uint8 length and
+// its bytes) through the safe-write path; 0, or -1 with the one-line reason in err.
+int tokenizer_write(const char *path, int vocab, int eot, const uint8_t *const *pieces, const int *lengths, char *err,
+                    size_t cap);
 void tokenizer_load(Tokenizer *tk, const char *path);
 void tokenizer_free(Tokenizer *tk);
 // Appends the text of a token, with bytes outside printable ASCII (other than newline) escaped,
 // into buf; returns the number of characters written.
 size_t tokenizer_decode(const Tokenizer *tk, int token, char *buf, size_t cap);
-
-// `train prepare INPUT.txt DIR`: DIR/train.bin, DIR/val.bin (the last 10% of the bytes) and
-// DIR/tokenizer.bin.
-void data_prepare(const char *input, const char *dir);
 
 #endif

@@ -22,6 +22,7 @@
 #include "kernels.h"
 #include "model.h"
 #include "pipeline.h"
+#include "prepare.h"
 #include "zero.h"
 
 static const char USAGE[] =
@@ -1507,11 +1508,7 @@ int main(int argc, char **argv) {
         return launch_local(nproc, argc, argv, NULL);
     }
     if (argc >= 2 && !strcmp(argv[1], "plan")) return plan_main(argc - 1, argv + 1);
-    if (argc >= 2 && !strcmp(argv[1], "prepare")) {
-        if (argc != 4) die("usage: ./train prepare INPUT.txt DIR");
-        data_prepare(argv[2], argv[3]);
-        return 0;
-    }
+    if (argc >= 2 && !strcmp(argv[1], "prepare")) return prepare_main(argc - 2, argv + 2);
     if (nproc) {
         Options o;
         parse_options(&o, argc, argv); // every flag checked before any rank starts
