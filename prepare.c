@@ -133,7 +133,7 @@ static void add_dir(Prep *p, const char *path) {
         n++;
     }
     closedir(d);
-    qsort(names, n, sizeof(char *), name_cmp);
+    if (n) qsort(names, n, sizeof(char *), name_cmp);
     for (size_t i = 0; i < n; i++) {
         add_path(p, names[i], 0);
         free(names[i]);
