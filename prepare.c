@@ -688,12 +688,13 @@ int prepare_main(int argc, char **argv) {
         P.pass = "counting";
         P.t0 = P.shown = now_seconds();
         read_inputs(&P);
-        progress(&P, 1);
+        if (P.printed) progress(&P, 1);
         for (int t = 1; t < p.threads; t++) bpe_counter_merge(P.count[0], P.count[t]);
         double t1 = now_seconds();
         bpe = bpe_train(P.count[0], p.bpe_vocab);
-        printf("learned %d merges on %zu distinct pre-tokens in %.2f s (V = %d)\n", bpe_merges(bpe), bpe_counter_types(P.count[0]),
-               now_seconds() - t1, bpe_vocab(bpe));
+        double t2 = now_seconds();
+        printf("learned %d merges in %.2f s: %zu distinct pre-tokens counted in %.2f s, merged in %.2f s (V = %d)\n",
+               bpe_merges(bpe), t2 - P.t0, bpe_counter_types(P.count[0]), t1 - P.t0, t2 - t1, bpe_vocab(bpe));
         if (bpe_vocab(bpe) < p.bpe_vocab)
             warn("prepare: the input has pairs for only %d merges: the vocabulary is %d tokens, not %d", bpe_merges(bpe),
                  bpe_vocab(bpe), p.bpe_vocab);
