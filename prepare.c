@@ -664,7 +664,7 @@ int prepare_main(int argc, char **argv) {
         if (!bpe) die("prepare: %s", err);
         if (bpe_eot(bpe) < 0) die("prepare: --bpe-encoder %s has no <|endoftext|> token to start documents with", p.encoder);
     }
-    static Outputs out; // large (SafeFile holds paths); one per process, as prepare runs once
+    Outputs out; // lives until exit: die() leaves this frame in place for remove_pending
     memset(&out, 0, sizeof out);
     prepare_dir(&p, &out);
     pending = &out;

@@ -32,8 +32,8 @@ ours() { # threads
             --shard-tokens 100000000 "$W/text.txt" "$W/out" | sed -n 's/^encoded .*(\([0-9.]*\) MB\/s.*/\1/p'
     done | median
 }
-# the references on the same text: tiktoken one string on 1 thread, the copies as a batch on 2; HF the
-# copies as a batch on RAYON_NUM_THREADS threads
+# the references on the same text: tiktoken one copy after another on 1 thread, the copies as a batch
+# on 2; HF the copies as a batch on RAYON_NUM_THREADS threads
 refs() { # threads
     RAYON_NUM_THREADS=$1 /usr/bin/python3 - "$G" "$W/text.txt" "$1" "$RUNS" "$COPIES" "$HF_COPIES" <<'PY'
 import sys, time, statistics
@@ -52,7 +52,8 @@ for name in ("tiktoken", "hf"):
     docs = [text[i * len(text) // n:(i + 1) * len(text) // n] for i in range(n)]  # the copies
     if name == "tiktoken":
         enc, _ = tiktoken_enc(g + "/encoder.json", g + "/vocab.bpe")
-        run = (lambda: enc.encode_ordinary(text)) if th == 1 else (lambda: enc.encode_ordinary_batch(docs, num_threads=th))
+        # one copy at a time on 1 thread (one 100 MB string is slower still), a batch on more
+        run = (lambda: [enc.encode_ordinary(d) for d in docs]) if th == 1 else (lambda: enc.encode_ordinary_batch(docs, num_threads=th))
     else:
         t = hf_tok(g + "/encoder.json", g + "/vocab.bpe")
         run = lambda: t.encode_batch(docs)  # RAYON_NUM_THREADS threads
@@ -80,16 +81,20 @@ echo "  2 threads against tiktoken on 1: $(ratio "${O[2]}" "${T[1]}") (goal: >= 
 
 # BPE training, N = 8192: ./train's counting + merging (the encoding pass after it left out) against BpeTrainer
 N=8192
-mine=$(for _ in $(seq "$RUNS"); do
-    rm -rf "$W/bpe"
-    ./train prepare --tokenizer bpe:$N --threads 2 "$W/text.txt" "$W/bpe" | sed -n 's/^learned [0-9]* merges in \([0-9.]*\) s.*/\1/p'
-done | median)
-hf=$(RAYON_NUM_THREADS=2 /usr/bin/python3 - "$W/text.txt" "$N" "$RUNS" "$COPIES" <<'PY'
+ours_train() {
+    for _ in $(seq "$RUNS"); do
+        rm -rf "$W/bpe"
+        ./train prepare --tokenizer bpe:$N --threads 2 "$W/text.txt" "$W/bpe" | sed -n 's/^learned [0-9]* merges in \([0-9.]*\) s.*/\1/p'
+    done | median
+}
+hf_train() {
+    RAYON_NUM_THREADS=2 /usr/bin/python3 - "$W/text.txt" "$N" "$RUNS" "$COPIES" <<'PY'
 import sys, time, statistics
 try:
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 except ImportError:
-    print("nan"); sys.exit()
+    print("nan")
+    sys.exit()
 path, N, runs, copies = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 text = open(path, encoding="utf-8").read()
 docs = [text[i * len(text) // copies:(i + 1) * len(text) // copies] for i in range(copies)]
@@ -104,6 +109,8 @@ for _ in range(runs):
     ts.append(time.perf_counter() - t0)
 print(f"{statistics.median(ts):.2f}")
 PY
-)
+}
+mine=$(ours_train)
+hf=$(hf_train)
 echo "BPE training, N = $N on $MB MB, 2 threads (median of $RUNS): ./train $mine s, HF BpeTrainer $hf s ($(ratio "$hf" "$mine") faster)"
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"

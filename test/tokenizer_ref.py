@@ -89,6 +89,7 @@ def stress(path):
         "Controls: a\x00b\x00\x00c \x01\x1f\x7f\x1b[0m zero\u200bwidth\u200d join \ufeffbom\n"
         "Words: tokenization antidisestablishmentarianism supercalifragilisticexpialidocious 'quoted'\n"
         "Code: def f(x):\n    return x**2  # comment\n\tif (a && b) { c++; }\n"
+        "Long runs: a" + " " * 300 + "é" + "é" * 200 + " " + "\t" * 300 + "\u3000y" + "a" * 300 + "\n" * 100 + "ü" + " " * 50 + "\n"
     )
     invalid = (
         b"Invalid UTF-8: \x80 \xff\xfe lone\x80continuation \xe2\x82 truncated \xc3 end\xc3\n"
