@@ -625,10 +625,10 @@ static void write_outputs(const Prep *p, Pipe *P, const Bpe *bpe, uint64_t total
     }
     free(buf);
     close(fd);
-    // the tokenizer files, then every commit at the end: a failure before this point leaves nothing
+    // the small tokenizer files, then the shards' commits (renames) last: a failure before this point
+    // leaves nothing (a tokenizer file that fails after another was written leaves that one)
     char err[2 * SAFE_PATH_MAX + 256];
     char *tk = out_path(p->dir, "tokenizer.bin");
-    for (int i = 0; i < o->nfiles; i++) safe_commit_or_die(&o->files[i]);
     int rc = 0;
     if (!bpe) tokenizer_write_bytes(tk);
     else rc = bpe_write_llmc(bpe, tk, err, sizeof err);
@@ -639,6 +639,7 @@ static void write_outputs(const Prep *p, Pipe *P, const Bpe *bpe, uint64_t total
         free(vb);
     }
     if (rc) die("%s", err);
+    for (int i = 0; i < o->nfiles; i++) safe_commit_or_die(&o->files[i]);
     int V = bpe ? bpe_vocab(bpe) : 256;
     int ntr = 0, nva = 0, ftr = -1, fva = -1;
     for (int i = 0; i < np; i++) {
