@@ -10,27 +10,27 @@ CUDA_GENCODE ?= -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_80,c
 NVCCFLAGS = -O3 -std=c++17 $(CUDA_GENCODE) -Xcompiler -Wall,-Wextra,-Werror -DLLM4D_CUDA
 CFLAGS ?= -O3 -march=native
 CFLAGS += -std=gnu11 -Wall -Wextra -Werror -fopenmp -fno-math-errno -MMD -MP
-LDLIBS = -lm -fopenmp -lpthread -lz -ljansson
+LDLIBS = -lm -fopenmp -lpthread -lz -ljansson -lpcre2-8
 SAN = -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
 # The build packages, checked before anything is built: a clone without them stops at one line naming
 # what is missing and what installs it, not at the compiler's "fatal error: jansson.h". Each entry is
 # HEADER:DEBIAN-PACKAGE. deps, clean, demo and test skip the check: they install first (scripts/deps.sh)
 # and then run a make that checks.
-BUILD_HEADERS = jansson.h:libjansson-dev zlib.h:zlib1g-dev
+BUILD_HEADERS = jansson.h:libjansson-dev zlib.h:zlib1g-dev pcre2.h:libpcre2-dev
 NO_CHECK_GOALS = deps clean demo test
 ifneq ($(filter-out $(NO_CHECK_GOALS),$(or $(MAKECMDGOALS),all)),)
 ifeq ($(shell command -v $(firstword $(CC)) 2>/dev/null),)
 $(error the C compiler '$(firstword $(CC))' is not installed: scripts/deps.sh (or `make deps`, as root) installs gcc)
 endif
-have_header = $(shell $(CC) -E -include $(1) -x c /dev/null -o /dev/null 2>/dev/null && echo yes)
+have_header = $(shell $(CC) -E -DPCRE2_CODE_UNIT_WIDTH=8 -include $(1) -x c /dev/null -o /dev/null 2>/dev/null && echo yes)
 MISSING_BUILD = $(strip $(foreach h,$(BUILD_HEADERS),$(if $(call have_header,$(word 1,$(subst :, ,$(h)))),,$(h))))
 ifneq ($(MISSING_BUILD),)
 $(error missing build headers: $(foreach h,$(MISSING_BUILD),$(word 1,$(subst :, ,$(h)))) (Debian: $(foreach h,$(MISSING_BUILD),$(word 2,$(subst :, ,$(h))))); scripts/deps.sh (or `make deps`, as root) installs them)
 endif
 endif
 
-HOST_SRC = train.c options.c report.c layout.c model.c context.c mem.c zero.c pipeline.c data.c ckpt.c safetensors.c hf.c common.c hostmem.c kernels_cpu.c launch.c \
+HOST_SRC = train.c options.c report.c layout.c model.c context.c mem.c zero.c pipeline.c data.c tokenizer.c prepare.c ckpt.c safetensors.c hf.c common.c hostmem.c kernels_cpu.c launch.c \
            bootstrap.c collectives.c algorithms.c net_shm.c net_tcp.c devmem_cpu.c bench_comm.c plan.c
 # the communication chain's files below the collectives: sockets, host reductions, the transports' shared part
 HOST_SRC += sock.c reduce.c net.c
@@ -74,7 +74,7 @@ EMU_CU_OBJ = build/emu/kernels_cu.o build/emu/gemm_cu.o build/emu/attention_cu.o
 # the host objects that differ with the CUDA backend present
 EMU_HOST_OBJ = build/emu/kernels_cpu.o build/emu/devmem_cpu.o
 EMU_LIB_OBJ = $(filter-out build/kernels_cpu.o build/devmem_cpu.o,$(LIB_OBJ)) $(EMU_HOST_OBJ) $(EMU_CU_OBJ) $(EMU_CORE)
-EMU_LDLIBS = -lm -fopenmp -lpthread -lz -ljansson -lstdc++
+EMU_LDLIBS = -lm -fopenmp -lpthread -lz -ljansson -lpcre2-8 -lstdc++
 EMU_BIN = $(if $(HAVE_CXX),build/train-emu build/test_cuda-emu build/gemm_check-emu build/test_checker-emu)
 
 .PHONY: all deps demo test test-bins test-gpu bench clean
@@ -114,10 +114,10 @@ build/asan/%.o: %.c | build
 	$(CC) $(filter-out -O3 -DLLM4D_CUDA,$(CFLAGS)) $(SAN) -c $< -o $@
 
 build/train-asan: $(HOST_SRC:%.c=build/asan/%.o)
-	$(CC) $(SAN) $^ -o $@ -lm -fopenmp -lpthread -lz -ljansson
+	$(CC) $(SAN) $^ -o $@ -lm -fopenmp -lpthread -lz -ljansson -lpcre2-8
 
 build/test_unit: build/asan/test_unit.o $(LIB_OBJ:build/%=build/asan/%)
-	$(CC) $(SAN) $^ -o $@ -lm -fopenmp -lpthread -lz -ljansson
+	$(CC) $(SAN) $^ -o $@ -lm -fopenmp -lpthread -lz -ljansson -lpcre2-8
 
 build/asan/test_unit.o: test/test_unit.c | build
 	@mkdir -p build/asan
@@ -142,7 +142,7 @@ build/test_emu_sm90: test/test_emu_sm90.cc emu/sm90.cc emu/sm90.h gemm.h test/ch
 	    -fno-sanitize-recover=undefined -pthread test/test_emu_sm90.cc emu/sm90.cc -o $@
 
 build/test_comm: build/asan/test_comm.o $(LIB_OBJ:build/%=build/asan/%)
-	$(CC) $(SAN) $^ -o $@ -lm -fopenmp -lpthread -lz -ljansson
+	$(CC) $(SAN) $^ -o $@ -lm -fopenmp -lpthread -lz -ljansson -lpcre2-8
 
 build/asan/test_comm.o: test/test_comm.c | build
 	@mkdir -p build/asan
@@ -157,11 +157,11 @@ build/portable/%.o: %.c | build
 
 # ./train for the guest: CPU backend only, baseline x86-64
 build/train-portable: $(HOST_SRC:%.c=build/portable/%.o)
-	$(CC) $^ -o $@ -lm -fopenmp -lpthread -lz -ljansson
+	$(CC) $^ -o $@ -lm -fopenmp -lpthread -lz -ljansson -lpcre2-8
 
 # the collective tests for the guest (test_comm without sanitizers: emulation is slow enough)
 build/test_comm-portable: build/portable/test_comm.o $(LIB_OBJ:build/%=build/portable/%)
-	$(CC) $^ -o $@ -lm -fopenmp -lpthread -lz -ljansson
+	$(CC) $^ -o $@ -lm -fopenmp -lpthread -lz -ljansson -lpcre2-8
 
 build/portable/test_comm.o: test/test_comm.c | build
 	@mkdir -p build/portable
@@ -199,7 +199,7 @@ build/attention_check: test/attention_check.c $(LIB_OBJ) $(CUDA_OBJ)
 
 # the Llama family's CPU ops on random inputs, for test/llama_ref.py (PyTorch); ASan+UBSan, CPU only
 build/llama_check: build/asan/llama_check.o $(LIB_OBJ:build/%=build/asan/%)
-	$(CC) $(SAN) $^ -o $@ -lm -fopenmp -lpthread -lz -ljansson
+	$(CC) $(SAN) $^ -o $@ -lm -fopenmp -lpthread -lz -ljansson -lpcre2-8
 
 build/asan/llama_check.o: test/llama_check.c | build
 	@mkdir -p build/asan

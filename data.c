@@ -1,4 +1,4 @@
-// data.c: token shards, the global-batch order, tokenizer files and text preparation.
+// data.c: token shards, the global-batch order and tokenizer files.
 #define _GNU_SOURCE
 #include "data.h"
 
@@ -253,24 +253,51 @@ void shard_write_u32(const char *path, const uint32_t *tokens, size_t n) {
     shard_write_as(path, SHARD_MAGIC_U32, SHARD_VERSION_U32, tokens, n, 4);
 }
 
+int shard_begin(SafeFile *sf, const char *path, size_t n) {
+    if (n > INT32_MAX) {
+        memset(sf, 0, sizeof *sf);
+        snprintf(sf->err, sizeof sf->err, "%s: %zu tokens do not fit one shard (at most %d)", path, n, INT32_MAX);
+        return -1;
+    }
+    int32_t h[256] = { 0 };
+    h[0] = SHARD_MAGIC;
+    h[1] = SHARD_VERSION;
+    h[2] = (int32_t)n;
+    if (safe_open(sf, path) != 0) return -1;
+    return safe_write(sf, h, sizeof h);
+}
+
 // ---------------------------------------------------------------------------------------------
 // tokenizer files: 256 int32 header (magic, version 2, vocab, end-of-text id), then per token a
 // uint8 length and its bytes.
 
-void tokenizer_write_bytes(const char *path) {
+int tokenizer_write(const char *path, int vocab, int eot, const uint8_t *const *pieces, const int *lengths, char *err,
+                    size_t cap) {
     int32_t h[256] = { 0 };
     h[0] = TOKENIZER_MAGIC;
     h[1] = 2;
-    h[2] = 256;
-    h[3] = 0; // byte-level text never contains NUL, so byte 0 serves as the end-of-text id
+    h[2] = vocab;
+    h[3] = eot;
     SafeFile sf;
-    safe_open_or_die(&sf, path);
-    safe_write_or_die(&sf, h, sizeof h);
-    for (int i = 0; i < 256; i++) {
-        unsigned char rec[2] = { 1, (unsigned char)i };
-        safe_write_or_die(&sf, rec, 2);
+    int ok = safe_open(&sf, path) == 0 && safe_write(&sf, h, sizeof h) == 0;
+    for (int i = 0; i < vocab && ok; i++) {
+        if (lengths[i] < 0 || lengths[i] > 255) die("internal: token %d of %s has %d bytes (at most 255)", i, path, lengths[i]);
+        unsigned char len = (unsigned char)lengths[i];
+        ok = safe_write(&sf, &len, 1) == 0 && safe_write(&sf, pieces[i], len) == 0;
     }
-    safe_commit_or_die(&sf);
+    if (ok && safe_commit(&sf) == 0) return 0;
+    snprintf(err, cap, "%s", sf.err);
+    return -1;
+}
+
+void tokenizer_write_bytes(const char *path) {
+    uint8_t bytes[256];
+    const uint8_t *pieces[256];
+    int lengths[256];
+    for (int i = 0; i < 256; i++) bytes[i] = (uint8_t)i, pieces[i] = &bytes[i], lengths[i] = 1;
+    char err[2 * SAFE_PATH_MAX + 256];
+    // byte-level text never contains NUL, so byte 0 serves as the end-of-text id
+    if (tokenizer_write(path, 256, 0, pieces, lengths, err, sizeof err) != 0) die("%s", err);
 }
 
 void tokenizer_load(Tokenizer *tk, const char *path) {
@@ -311,40 +338,4 @@ size_t tokenizer_decode(const Tokenizer *tk, int token, char *buf, size_t cap) {
     }
     buf[w < cap ? w : cap - 1] = 0;
     return w;
-}
-
-// ---------------------------------------------------------------------------------------------
-
-void data_prepare(const char *input, const char *dir) {
-    struct stat st;
-    if (stat(input, &st) != 0) die("prepare: cannot open %s: %s", input, strerror(errno));
-    if (!S_ISREG(st.st_mode))
-        die("prepare: %s is %s, not a regular file of text", input, S_ISDIR(st.st_mode) ? "a directory" : "a special file");
-    FILE *f = xfopen(input, "rb");
-    if (fseek(f, 0, SEEK_END) != 0) die("cannot seek %s: %s", input, strerror(errno));
-    long size = ftell(f);
-    if (size < 0) die("cannot size %s: %s", input, strerror(errno));
-    if (fseek(f, 0, SEEK_SET) != 0) die("cannot seek %s: %s", input, strerror(errno));
-    if (size < 20) die("%s: %ld bytes is too little text to prepare (need at least 20)", input, size);
-    unsigned char *bytes = xmalloc((size_t)size);
-    xfread(bytes, 1, (size_t)size, f, input);
-    fclose(f);
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST) die("cannot create %s: %s", dir, strerror(errno));
-    uint16_t *tokens = xmalloc(sizeof(uint16_t) * (size_t)size);
-    for (long i = 0; i < size; i++) tokens[i] = bytes[i];
-    size_t nval = (size_t)size / 10, ntrain = (size_t)size - nval;
-    size_t plen = strlen(dir) + 32;
-    char *path = xmalloc(plen);
-    snprintf(path, plen, "%s/train.bin", dir);
-    shard_write(path, tokens, ntrain);
-    snprintf(path, plen, "%s/val.bin", dir);
-    shard_write(path, tokens + ntrain, nval);
-    snprintf(path, plen, "%s/tokenizer.bin", dir);
-    tokenizer_write_bytes(path);
-    printf("prepared %s: %zu training tokens in %s/train.bin, %zu validation tokens in %s/val.bin, byte-level "
-           "tokenizer (V = 256) in %s/tokenizer.bin\n",
-           input, ntrain, dir, nval, dir, dir);
-    free(path);
-    free(tokens);
-    free(bytes);
 }

@@ -1,4 +1,4 @@
-// data.h: llm.c token shards and tokenizer files, text preparation, and the global-batch order.
+// data.h: llm.c token shards and tokenizer files, and the global-batch order (text to shards: prepare.c).
 //
 // The batch order is a contract every layout keeps: with T tokens per sequence, the training shards
 // (concatenated in sorted file-name order) hold W = (tokens - 1) / T windows; window w is the tokens
@@ -10,6 +10,8 @@
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include "common.h"
 
 // Token shards: 256 int32 header (magic, version, token count), then the tokens. llm.c's two variants
 // (dev/data/data_common.py): GPT-2's uint16 tokens, and Llama 3's uint32 tokens for vocabularies above
@@ -71,6 +73,9 @@ int tokenset_fingerprint_check(const TokenSet *ts, const char *fp, char *why, si
 // Writes a token shard atomically: GPT-2's uint16 variant, or Llama 3's uint32 one.
 void shard_write(const char *path, const uint16_t *tokens, size_t n);
 void shard_write_u32(const char *path, const uint32_t *tokens, size_t n);
+// A shard written in pieces: opens PATH through the safe-write path and writes the header for n tokens;
+// the caller safe_writes the n tokens and commits (or aborts). 0, or -1 with the reason in sf->err.
+int shard_begin(SafeFile *sf, const char *path, size_t n);
 
 // Byte-level tokenizer (V = 256): token i is the byte i.
 typedef struct {
@@ -79,14 +84,14 @@ typedef struct {
     int *lengths;
 } Tokenizer;
 void tokenizer_write_bytes(const char *path);
+// An llm.c tokenizer file (version 2: header magic, 2, vocab, end-of-text id; per token a uint8 length and
+// its bytes) through the safe-write path; 0, or -1 with the one-line reason in err.
+int tokenizer_write(const char *path, int vocab, int eot, const uint8_t *const *pieces, const int *lengths, char *err,
+                    size_t cap);
 void tokenizer_load(Tokenizer *tk, const char *path);
 void tokenizer_free(Tokenizer *tk);
 // Appends the text of a token, with bytes outside printable ASCII (other than newline) escaped,
 // into buf; returns the number of characters written.
 size_t tokenizer_decode(const Tokenizer *tk, int token, char *buf, size_t cap);
-
-// `train prepare INPUT.txt DIR`: DIR/train.bin, DIR/val.bin (the last 10% of the bytes) and
-// DIR/tokenizer.bin.
-void data_prepare(const char *input, const char *dir);
 
 #endif

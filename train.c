@@ -28,6 +28,7 @@
 #include "pipeline.h"
 #include "report.h"
 #include "timing.h"
+#include "prepare.h"
 #include "zero.h"
 
 // The model's shape: from --init-from, or a preset overridden by the shape flags.
@@ -878,11 +879,7 @@ int main(int argc, char **argv) {
     }
     if (argc >= 2 && !strcmp(argv[1], "plan")) return plan_main(argc - 1, argv + 1);
     if (argc >= 2 && !strcmp(argv[1], "hf-inspect")) return hf_inspect_main(argc - 1, argv + 1);
-    if (argc >= 2 && !strcmp(argv[1], "prepare")) {
-        if (argc != 4) die("usage: ./train prepare INPUT.txt DIR");
-        data_prepare(argv[2], argv[3]);
-        return 0;
-    }
+    if (argc >= 2 && !strcmp(argv[1], "prepare")) return prepare_main(argc - 2, argv + 2);
     if (nproc) {
         Options o;
         parse_options(&o, argc, argv); // every flag checked before any rank starts

@@ -67,6 +67,9 @@ bash scripts/bench_cp.sh
 echo
 echo "== checkpoints (scripts/bench_ckpt.sh) =="
 bash scripts/bench_ckpt.sh
+echo
+echo "== tokenizers: GPT-2 encoding and BPE training (scripts/bench_tokenizer.sh) =="
+bash scripts/bench_tokenizer.sh
 
 # collectives against OpenMPI on this node (skipped, saying so, when mpicc is not installed)
 bash scripts/bench/compare_mpi.sh

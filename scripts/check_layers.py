@@ -42,7 +42,7 @@ LAYERS = [
     ("model", "model.c model.h context.c context.h"),
     ("zero", "zero.c zero.h"),
     ("pipeline", "pipeline.c pipeline.h"),
-    ("data", "data.c data.h"),
+    ("data", "data.c data.h tokenizer.c tokenizer.h prepare.c prepare.h"),
     ("ckpt", "ckpt.c ckpt.h safetensors.c safetensors.h hf.c hf.h"),
     ("plan", "plan.c"),
     # bench_comm.c is `./train bench-comm`, one of train's commands

@@ -8,9 +8,10 @@ set -euo pipefail
 # the planner's memory bars); libibverbs-dev: the verbs headers (net_verbs.c; the library is opened
 # at run time); ibverbs-providers: the soft-RoCE provider (librxe) for the guest; qemu-system-x86 and
 # busybox-static: the guest that runs the RDMA tests (test/verbs_vm.sh); zlib1g-dev (crc32) and
-# libjansson-dev (JSON parsing): checkpoints
-PACKAGES=(gcc make libgomp1 zlib1g-dev libjansson-dev python3 python3-numpy python3-torch python3-matplotlib iproute2 slurm-wlm munge
-          libibverbs-dev ibverbs-providers qemu-system-x86 busybox-static)
+# libjansson-dev (JSON parsing): checkpoints, GPT-2's encoder.json, JSON Lines; libpcre2-dev: GPT-2's
+# pre-tokenizer (Unicode letters and numbers); python3-pip: the tokenizer references below
+PACKAGES=(gcc make libgomp1 zlib1g-dev libjansson-dev libpcre2-dev python3 python3-numpy python3-torch python3-matplotlib python3-pip
+          iproute2 slurm-wlm munge libibverbs-dev ibverbs-providers qemu-system-x86 busybox-static)
 # The guest's kernel: Debian's linux-image-6.1 package, downloaded (not installed) into this cache;
 # test/verbs_vm.sh takes vmlinuz and the modules it needs out of the .deb.
 CACHE=${LLM4D_CACHE:-/var/cache/llm4d}
@@ -47,6 +48,23 @@ elif /usr/bin/python3 -m pip install -q --break-system-packages safetensors; the
     echo "deps: installed python safetensors from PyPI"
 else
     echo "deps: WARNING: pip install safetensors FAILED: the Hugging Face tests will check against numpy only" >&2
+fi
+# The tokenizer tests' references, from PyPI for Debian's /usr/bin/python3 (no Debian package has them):
+# tiktoken and Hugging Face tokenizers. Debian's Python is externally managed (PEP 668), hence
+# --break-system-packages; pip leaves Debian's own packages alone and puts these in /usr/local.
+PY_REFS=(tiktoken tokenizers)
+py_missing=()
+for m in "${PY_REFS[@]}"; do /usr/bin/python3 -c "import $m" >/dev/null 2>&1 || py_missing+=("$m"); done
+if [ ${#py_missing[@]} -eq 0 ]; then
+    echo "deps: python modules present (${PY_REFS[*]})"
+elif [ $root -eq 0 ]; then
+    echo "deps: WARNING: not root, cannot pip install ${py_missing[*]}: the tokenizer tests compare against what is there, or are SKIPPED" >&2
+elif ! /usr/bin/python3 -m pip --version >/dev/null 2>&1; then
+    echo "deps: WARNING: pip for /usr/bin/python3 is missing (python3-pip): cannot install ${py_missing[*]}" >&2
+elif /usr/bin/python3 -m pip install -q --break-system-packages "${py_missing[@]}"; then
+    echo "deps: installed ${py_missing[*]} from PyPI for /usr/bin/python3"
+else
+    echo "deps: WARNING: pip could not install ${py_missing[*]} (no network to PyPI?): the tokenizer tests compare against what is there, or are SKIPPED" >&2
 fi
 
 if compgen -G "$CACHE/kernel/linux-image-6.1.*.deb" >/dev/null; then

@@ -16,6 +16,7 @@
 #   kernels  compute ops: unit tests, GEMM and attention index arithmetic, attention against PyTorch
 #   emu      the real CUDA sources on the emulated GPU (emu/): kernels, checker, training, CUDA IPC
 #   model    one rank's training against PyTorch and itself: shapes, bf16, accumulation, determinism
+#   data     the tokenizers of ./train prepare (GPT-2's BPE, bpe:N) against tiktoken and HF tokenizers
 #   cli      the command line and its outputs: prepare, bad input, --profile, plot.py, stragglers, safe files
 #   comm     the collectives: every op on 1-8 ranks, device memory, two simulated nodes, failure modes
 #   dp tp pp cp   each parallel axis (and its layouts with the others) against one rank
@@ -45,7 +46,7 @@ passed=0 failed=0 skipped=0 listed=0
 
 # The groups run_test registers tests under (the table above); a FILTER that matches one of them whole
 # selects by group, so `run.sh comm` does not also pick the planner's test for mentioning communication.
-TEST_GROUPS="kernels emu model cli comm dp tp pp cp memory plan ckpt slurm verbs build layers"
+TEST_GROUPS="kernels emu model cli data comm dp tp pp cp memory plan ckpt slurm verbs build layers"
 BY_GROUP=0
 if [ -n "$FILTER" ]; then
     grep -qE -- "$FILTER" <<<"" 2>/dev/null
@@ -123,6 +124,194 @@ body = tok[1024:]
 assert all(body[2 * i] == 1 and body[2 * i + 1] == i for i in range(256)), "tokenizer is not byte-level"
 print("prepare round trip ok")
 EOF
+}
+
+# ---- tokenizers (prepare.c, tokenizer.c): ids against tiktoken and HF tokenizers (test/tokenizer_ref.py)
+# ../shared/data next to the repository (../../shared/data from a worktree in a folder of worktrees):
+# GPT-2's encoder.json and vocab.bpe and tinyshakespeare, reference data for the tests only
+SHARED=../shared/data
+[ -d "$SHARED" ] || [ ! -d ../../shared/data ] || SHARED=../../shared/data
+GPT2=$SHARED/gpt2
+SHAKES=$SHARED/tinyshakespeare.txt
+TOKREF=test/tokenizer_ref.py
+have_gpt2() {
+    [ -f "$GPT2/encoder.json" ] && [ -f "$GPT2/vocab.bpe" ] && [ -f "$SHAKES" ] ||
+        { echo "$SHARED (GPT-2's files, tinyshakespeare) is not there"; return 77; }
+    $PY -c 'import numpy, regex' 2>/dev/null || { echo "python3-numpy or regex is not installed (scripts/deps.sh)"; return 77; }
+    $PY -c 'import tiktoken' 2>/dev/null || $PY -c 'import tokenizers' 2>/dev/null ||
+        { echo "neither tiktoken nor tokenizers is installed for $PY (scripts/deps.sh installs them from PyPI)"; return 77; }
+}
+G2=(--tokenizer gpt2 --bpe-encoder "$GPT2/encoder.json" --bpe-merges "$GPT2/vocab.bpe")
+
+# GPT-2's ids on tinyshakespeare, every license text and the stress text (CJK, emoji, combining marks,
+# RTL, digits of many scripts, runs of spaces, tabs and newlines, capital contractions, NUL bytes,
+# invalid UTF-8), one document each, against both references
+t_token_gpt2_ids() {
+    have_gpt2 || return $?
+    local d=$WORK/tok
+    mkdir -p "$d"
+    $PY $TOKREF stress "$d/stress.txt" || return 1
+    local inputs=("$SHAKES" /usr/share/common-licenses/* "$d/stress.txt.valid" "$d/stress.txt")
+    $TRAIN prepare "${G2[@]}" --shard-tokens 100000 --threads 2 "${inputs[@]}" "$d/out" || return 1
+    $PY $TOKREF gpt2 "$GPT2/encoder.json" "$GPT2/vocab.bpe" "$d/out" "${inputs[@]}" || return 1
+    $PY $TOKREF roundtrip "$d/out" "${inputs[@]}"
+}
+
+# --threads 1 and 2 give the same bytes, on one document of many chunks (tinyshakespeare x 5, 5.6 MB) and
+# on a single 2 MB line (cut at spaces only), and both equal tiktoken (the cuts between chunks are the pattern's)
+t_token_threads() {
+    have_gpt2 || return $?
+    local d=$WORK/tokth th
+    mkdir -p "$d"
+    for _ in 1 2 3 4 5; do cat "$SHAKES"; done >"$d/big.txt"
+    for _ in 1 2; do tr '\n' ' ' <"$SHAKES"; done >"$d/line.txt"
+    for th in 1 2; do
+        $TRAIN prepare "${G2[@]}" --threads $th --shard-tokens 1000000 "$d/big.txt" "$d/line.txt" "$d/o$th" >/dev/null || return 1
+    done
+    local f n=0
+    for f in "$d/o1"/*; do cmp "$f" "$d/o2/${f##*/}" || { echo "--threads 1 and 2 differ in ${f##*/}"; return 1; }; n=$((n + 1)); done
+    [ "$n" -ge 4 ] || { echo "expected several shards, got $n files"; return 1; }
+    $PY $TOKREF gpt2 "$GPT2/encoder.json" "$GPT2/vocab.bpe" "$d/o2" "$d/big.txt" "$d/line.txt"
+}
+
+# the inputs users have: JSON Lines (--text-field, escapes, \u0000), standard input, a directory, a glob;
+# --val-tokens (the first N) and llm.c's shard names; --skip-bad-lines
+t_token_inputs() {
+    have_gpt2 || return $?
+    local d=$WORK/tokin
+    mkdir -p "$d/dir/sub"
+    $PY - "$d" <<'PY' || return 1
+import json, sys
+d = sys.argv[1]
+docs = ["First document.\nIt's short.", "Zweites Dokument: äöü ß \u4e2d\u6587 😀", "with\u0000nul and \"quotes\" \\ and \t tab", "", " lead space"]
+with open(d + "/a.jsonl", "w") as f:
+    for i, t in enumerate(docs):
+        f.write(json.dumps({"id": i, "text": t, "other": "x"}) + "\n")
+        if i == 1:
+            f.write("\n")  # a blank line is no document
+for i, t in enumerate(docs):
+    open(f"{d}/j{i}.txt", "wb").write(t.encode())
+for i, t in enumerate(docs):
+    open(f"{d}/doc{i}.txt", "wb").write((t or "x").encode())
+with open(d + "/bad.jsonl", "w") as f:
+    f.write(json.dumps({"text": "good one " * 10}) + "\n[1, 2]\n{\"txt\": \"no field\"}\n{\"text\": 5}\n{broken\n" + json.dumps({"text": "good two " * 10}) + "\n")
+open(d + "/good.jsonl", "w").write(json.dumps({"text": "good one " * 10}) + "\n" + json.dumps({"text": "good two " * 10}) + "\n")
+PY
+    # JSON Lines: the decoded strings are the documents
+    $TRAIN prepare "${G2[@]}" --text-field text --val-tokens 3 --shard-tokens 7 --name tiny "$d/a.jsonl" "$d/j" >/dev/null || return 1
+    $PY - "$d" <<'PY' || return 1
+import sys, os
+d = sys.argv[1]
+names = sorted(os.listdir(d + "/j"))
+assert names[0] == "tiny_train_000001.bin" and "tiny_val_000000.bin" in names and "tokenizer.bin" in names, names
+import numpy as np
+v = np.frombuffer(open(d + "/j/tiny_val_000000.bin", "rb").read()[:1024], dtype=np.int32)[:3]
+assert v[2] == 3, v
+PY
+    $PY $TOKREF gpt2 "$GPT2/encoder.json" "$GPT2/vocab.bpe" "$d/j" "$d"/j{0,1,2,3,4}.txt || return 1
+    # standard input, a directory (recursive, name order), a glob
+    cp "$d/doc1.txt" "$d/dir/b.txt"; cp "$d/doc2.txt" "$d/dir/a.txt"; cp "$d/doc4.txt" "$d/dir/sub/c.txt"; cp "$d/doc0.txt" "$d/dir/.hidden"
+    $TRAIN prepare "${G2[@]}" --shard-tokens 1000 - "$d/dir" "$d/doc[34].txt" "$d/s" <"$d/doc0.txt" >/dev/null || return 1
+    $PY $TOKREF gpt2 "$GPT2/encoder.json" "$GPT2/vocab.bpe" "$d/s" "$d"/doc0.txt "$d"/dir/a.txt "$d"/dir/b.txt "$d"/dir/sub/c.txt "$d"/doc3.txt "$d"/doc4.txt || return 1
+    # --skip-bad-lines: the good lines, a warning for each bad one
+    local err
+    err=$($TRAIN prepare "${G2[@]}" --text-field text --skip-bad-lines --val-tokens 2 --shard-tokens 1000 "$d/bad.jsonl" "$d/k" 2>&1 >/dev/null) || return 1
+    [ "$(grep -c 'skipped$' <<<"$err")" -eq 4 ] || { echo "want 4 skipped-line warnings, got: $err"; return 1; }
+    grep -q 'bad.jsonl:2: not a JSON object: skipped' <<<"$err" || { echo "no warning naming bad.jsonl:2: $err"; return 1; }
+    $TRAIN prepare "${G2[@]}" --text-field text --val-tokens 2 --shard-tokens 1000 "$d/good.jsonl" "$d/kk" >/dev/null || return 1
+    for f in "$d/kk"/*; do cmp "$f" "$d/k/${f##*/}" || { echo "--skip-bad-lines output differs from the good lines' in ${f##*/}"; return 1; }; done
+}
+
+# bpe:N: the learned merges equal HF BpeTrainer's and a plain reference trainer's (test/tokenizer_ref.py,
+# the tie rule of tokenizer.h); decode(encode(x)) == x on everything; HF reads the two files it writes
+# and gives the same ids; --threads 1 and 2 learn and write the same bytes
+t_bpe_train() {
+    have_gpt2 || return $?
+    local d=$WORK/bpe
+    mkdir -p "$d"
+    $TRAIN prepare --tokenizer bpe:400 --threads 2 /usr/share/common-licenses/GPL-3 "$d/gpl" >/dev/null || return 1
+    $PY $TOKREF merges "$d/gpl" /usr/share/common-licenses/GPL-3 400 || return 1
+    $PY $TOKREF stress "$d/stress.txt" || return 1
+    local inputs=("$SHAKES" /usr/share/common-licenses/* "$d/stress.txt")
+    for th in 1 2; do
+        $TRAIN prepare --tokenizer bpe:2000 --threads $th --shard-tokens 300000 "${inputs[@]}" "$d/o$th" >/dev/null || return 1
+    done
+    for f in "$d/o1"/*; do cmp "$f" "$d/o2/${f##*/}" || { echo "bpe:2000 --threads 1 and 2 differ in ${f##*/}"; return 1; }; done
+    $PY $TOKREF roundtrip "$d/o2" "${inputs[@]}" || return 1
+    $TRAIN prepare --tokenizer bpe:1000 "$SHAKES" "$d/sh" >/dev/null || return 1
+    $PY $TOKREF merges "$d/sh" "$SHAKES" 1000 || return 1
+    $PY $TOKREF hfload "$d/sh" "$SHAKES"
+}
+
+# Bad input: one line naming the file (and line), a non-zero exit, and nothing left behind
+t_token_bad_input() {
+    have_gpt2 || return $?
+    local d=$WORK/tokbad ok=0
+    mkdir -p "$d/emptydir" "$d/out_existing"
+    : >"$d/empty.txt"
+    echo "some text to prepare, long enough for a split" >"$d/t.txt"
+    head -c 100000 "$GPT2/encoder.json" >"$d/trunc.json"
+    { cat "$GPT2/vocab.bpe"; printf 'Ġthe Ġcat\n'; } >"$d/disagree.bpe"
+    printf 'Ġthe\n' >"$d/onefield.bpe"
+    $PY -c 'import json,sys; print(json.dumps({"text": "fine"})); print("[1]")' >"$d/notobj.jsonl"
+    $PY -c 'import json,sys; print(json.dumps({"text": "fine"})); print(json.dumps({"body": "x"}))' >"$d/nofield.jsonl"
+    $PY - "$d/late.jsonl" <<'PY'
+import json, sys
+with open(sys.argv[1], "w") as f:
+    for i in range(60000):  # ~ 6 MB of good lines, batches written, then a bad one
+        f.write(json.dumps({"text": f"line {i} of a long file with words in it, enough for many chunks. " * 2}) + "\n")
+    f.write("not json\n")
+PY
+    echo "a file" >"$d/afile"
+    local o=$d/o
+    expect_error "prepare: --bpe-merges $d/disagree.bpe: line 50002 merges \"Ġthe\" and \"Ġcat\" into \"ĠtheĠcat\", which --bpe-encoder .* does not have (the two files disagree)" \
+        prepare --tokenizer gpt2 --bpe-encoder "$GPT2/encoder.json" --bpe-merges "$d/disagree.bpe" "$d/t.txt" "$o" || ok=1
+    expect_error "prepare: --bpe-merges $d/onefield.bpe: line 1 is not two tokens" \
+        prepare --tokenizer gpt2 --bpe-encoder "$GPT2/encoder.json" --bpe-merges "$d/onefield.bpe" "$d/t.txt" "$o" || ok=1
+    expect_error "prepare: --bpe-encoder $d/trunc.json: line 1, column [0-9]*: " \
+        prepare --tokenizer gpt2 --bpe-encoder "$d/trunc.json" --bpe-merges "$GPT2/vocab.bpe" "$d/t.txt" "$o" || ok=1
+    expect_error "prepare: $d/notobj.jsonl:2: not a JSON object (--skip-bad-lines goes on without it)" \
+        prepare "${G2[@]}" --text-field text "$d/notobj.jsonl" "$o" || ok=1
+    expect_error "prepare: $d/nofield.jsonl:2: no field \"text\"" prepare "${G2[@]}" --text-field text "$d/nofield.jsonl" "$o" || ok=1
+    expect_error "prepare: $d/late.jsonl:60001: not JSON (column" prepare "${G2[@]}" --text-field text --threads 2 "$d/late.jsonl" "$o" || ok=1
+    expect_error "prepare: the output directory $d/afile is a file" prepare "${G2[@]}" "$d/t.txt" "$d/afile" || ok=1
+    expect_error "prepare: $d/empty.txt is empty" prepare "${G2[@]}" "$d/empty.txt" "$o" || ok=1
+    expect_error "prepare: $d/emptydir is a directory, not a regular file, and has no files in it" prepare "$d/emptydir" "$o" || ok=1
+    expect_error "prepare: no file matches $d/nothing\*.txt" prepare "$d/nothing*.txt" "$o" || ok=1
+    expect_error "prepare: cannot open $d/missing.txt: No such file or directory" prepare "$d/missing.txt" "$o" || ok=1
+    expect_error "prepare: --tokenizer bpe:65536: at most 65535 tokens" prepare --tokenizer bpe:65536 "$d/t.txt" "$o" || ok=1
+    expect_error "prepare: --tokenizer bpe:256: at least 257 tokens" prepare --tokenizer bpe:256 "$d/t.txt" "$o" || ok=1
+    expect_error "prepare: --tokenizer gpt2 needs --bpe-encoder encoder.json and --bpe-merges vocab.bpe" prepare --tokenizer gpt2 "$d/t.txt" "$o" || ok=1
+    expect_error "prepare: --tokenizer bpe:N reads the input twice" prepare --tokenizer bpe:300 - "$o" || ok=1
+    expect_error "prepare: unknown option --vocab" prepare --vocab 5 "$d/t.txt" "$o" || ok=1
+    expect_error "prepare: --val-frac 1.5: expected a fraction between 0 and 1" prepare --val-frac 1.5 "$d/t.txt" "$o" || ok=1
+    expect_error "prepare: the input gives 12 tokens, too few" prepare "${G2[@]}" "$d/t.txt" "$o" || ok=1
+    [ ! -e "$o" ] || { echo "FAIL a failed prepare left $o: $(ls -a "$o")"; ok=1; }
+    # into an existing directory: nothing new in it either
+    expect_error "prepare: $d/late.jsonl:60001: not JSON" prepare "${G2[@]}" --text-field text "$d/late.jsonl" "$d/out_existing" || ok=1
+    [ -z "$(ls -A "$d/out_existing")" ] || { echo "FAIL a failed prepare left files: $(ls -A "$d/out_existing")"; ok=1; }
+    $TRAIN prepare --help | grep -q -- '--tokenizer byte|gpt2|bpe:N' || { echo "FAIL prepare --help"; ok=1; }
+    return $ok
+}
+
+# A model with GPT-2's vocabulary (V = 50257) on GPT-2 tokens of tinyshakespeare: the loss falls and the
+# samples decode to text through DIR/tokenizer.bin (2 layers here; README has the d12 run)
+t_token_gpt2_train() {
+    have_gpt2 || return $?
+    local d=$WORK/tokgpt2
+    $TRAIN prepare "${G2[@]}" "$SHAKES" "$d" >/dev/null || return 1
+    $TRAIN --layers 2 --channels 64 --heads 4 --vocab 50257 --seq-len 32 --micro-batch 4 --train "$d/train.bin" --val "$d/val.bin" \
+        --lr 1e-2 --steps 20 --warmup 2 --val-every 20 --sample-every 20 --sample-tokens 24 --top-k 10 --log "$d/log.jsonl" >"$d/out" || return 1
+    local first last
+    first=$(grep '"step":1,' "$d/log.jsonl" | grep -o '"loss":[0-9.e+-]*' | cut -d: -f2)
+    last=$(grep '"val_loss"' "$d/log.jsonl" | tail -n 1 | grep -o '"val_loss":[0-9.e+-]*' | cut -d: -f2)
+    echo "first loss $first, final val loss $last"
+    awk -v a="$first" -v b="$last" 'BEGIN { exit !(a > 10 && b < a - 2.5) }' || { echo "the loss did not fall from ln 50257"; return 1; }
+    # the sample: English words, no escaped bytes (tinyshakespeare is ASCII)
+    local s
+    s=$(sed -n '/^sample at step 20:/,/^---$/p' "$d/out" | sed '1d;$d')
+    echo "sample: $s"
+    [ "$(grep -oE '[A-Za-z]{2,}' <<<"$s" | wc -l)" -ge 3 ] && ! grep -q '\\x' <<<"$s" || { echo "the sample does not decode to text"; return 1; }
 }
 
 torch_ref() { have_torch || return $?; $PY test/torch_ref.py --train "$DATA/train.bin" --workdir "$WORK/$1" "${@:2}"; }
@@ -997,6 +1186,12 @@ run_test kernels t_unit                    "unit tests (ASan+UBSan): kernels, fo
 run_test kernels t_gemm_host               "tensor-core GEMM index arithmetic: tile order, split-K, swizzle, wgmma descriptors, TMA boxes (ASan+UBSan)"
 run_test kernels t_attention_host          "flash-attention kernels emulated on a model of ldmatrix and mma against double-precision attention (ASan+UBSan)"
 run_test cli     t_prepare_roundtrip       "prepare writes the bytes as shards and a byte tokenizer"
+run_test data    t_token_gpt2_ids          "tokenizer gpt2: ids equal tiktoken and HF tokenizers on tinyshakespeare, license texts, stress text (invalid UTF-8, NUL)"
+run_test data    t_token_threads           "tokenizer gpt2: --threads 1 and 2 bitwise, many chunks and one long line, equal tiktoken"
+run_test data    t_token_inputs            "tokenizer inputs: JSON Lines, stdin, directories, globs, --val-tokens, shard names, --skip-bad-lines"
+run_test data    t_bpe_train               "bpe:N training: merges equal HF BpeTrainer and a reference trainer; decode(encode(x)) == x; HF reads its files"
+run_test data    t_token_bad_input         "tokenizer bad input: one-line errors, non-zero exit, no partial output (ASan)"
+run_test data    t_token_gpt2_train        "tokenizer gpt2: a V = 50257 model on GPT-2 tokens of tinyshakespeare learns and samples text"
 run_test model   t_torch_c36               "PyTorch reference: C=36 (not a multiple of 8), 2 micro-batches"
 run_test model   t_torch_short_t           "PyTorch reference: T=24 below maxT=64"
 run_test model   t_torch_v200              "PyTorch reference: V=200 (padded to 256)"
