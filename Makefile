@@ -13,7 +13,7 @@ LDLIBS = -lm -fopenmp -lpthread -lz -ljansson
 SAN = -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
 HOST_SRC = train.c model.c context.c mem.c zero.c pipeline.c data.c ckpt.c common.c hostmem.c kernels_cpu.c launch.c \
-           bootstrap.c collectives.c algorithms.c net_shm.c net_tcp.c devmem_cpu.c bench_comm.c plan.c
+           bootstrap.c collectives.c algorithms.c net_shm.c net_tcp.c devmem_cpu.c bench_comm.c plan.c schedule.c
 HOST_OBJ = $(HOST_SRC:%.c=build/%.o)
 LIB_OBJ = $(filter-out build/train.o build/bench_comm.o build/plan.o,$(HOST_OBJ))
 
@@ -83,6 +83,10 @@ build/test_unit: build/asan/test_unit.o $(LIB_OBJ:build/%=build/asan/%)
 build/asan/test_unit.o: test/test_unit.c | build
 	@mkdir -p build/asan
 	$(CC) $(filter-out -O3 -DLLM4D_CUDA,$(CFLAGS)) -I. $(SAN) -c $< -o $@
+
+# the pipeline schedules' action lists against their definitions (schedule.h), no model needed
+build/test_schedule: test/test_schedule.c schedule.c common.c schedule.h common.h | build
+	$(CC) $(filter-out -O3 -DLLM4D_CUDA -fopenmp -MMD -MP,$(CFLAGS)) -I. $(SAN) $(filter %.c,$^) -o $@ -lz -lm
 
 # the GEMM's host-side index arithmetic (gemm.h), no GPU needed
 build/test_gemm: test/test_gemm.c test/check.h gemm.h | build
@@ -158,7 +162,7 @@ test: deps
 	@$(MAKE) --no-print-directory test-bins
 	bash test/run.sh $(if $(T),'$(T)')
 
-test-bins: train build/train-asan build/test_unit build/test_comm build/test_gemm build/test_attention build/attention_check $(VERBS_BIN)
+test-bins: train build/train-asan build/test_unit build/test_comm build/test_gemm build/test_schedule build/test_attention build/attention_check $(VERBS_BIN)
 
 test-gpu:
 	bash scripts/gpu_check.sh

@@ -3,6 +3,7 @@
 //
 //   ./train prepare INPUT.txt DIR      byte-level token shards from any text
 //   ./train plan [flags]               the layout planner (plan.c; ./train plan --help)
+//   ./train schedule [flags]           a pipeline schedule's actions and timeline (schedule.c)
 //   ./train [flags]                    train (see --help)
 #define _GNU_SOURCE
 #include <errno.h>
@@ -22,6 +23,7 @@
 #include "kernels.h"
 #include "model.h"
 #include "pipeline.h"
+#include "schedule.h"
 #include "zero.h"
 
 static const char USAGE[] =
@@ -31,6 +33,9 @@ static const char USAGE[] =
     "       ./train plan --gpus G --batch-tokens N [flags]\n"
     "                                            every (TP, CP, PP, DP) layout of G GPUs: memory per GPU,\n"
     "                                            bubble, communication and compute (./train plan --help)\n"
+    "       ./train schedule --pp P --micro-batches M [--pp-virtual V] [--pp-schedule NAME]\n"
+    "                                            a pipeline schedule's actions and timeline (1f1b,\n"
+    "                                            interleaved, zb-h1, zb-v)\n"
     "       ./train bench-comm --nproc N [flags] collective bandwidth table, as nccl-tests prints\n"
     "\n"
     "model (a preset, then any shape flag overrides it; default d12):\n"
@@ -1507,6 +1512,7 @@ int main(int argc, char **argv) {
         return launch_local(nproc, argc, argv, NULL);
     }
     if (argc >= 2 && !strcmp(argv[1], "plan")) return plan_main(argc - 1, argv + 1);
+    if (argc >= 2 && !strcmp(argv[1], "schedule")) return schedule_main(argc - 1, argv + 1); // schedule.h
     if (argc >= 2 && !strcmp(argv[1], "prepare")) {
         if (argc != 4) die("usage: ./train prepare INPUT.txt DIR");
         data_prepare(argv[2], argv[3]);

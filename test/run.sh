@@ -676,6 +676,55 @@ t_pipeline() {
     return $ok
 }
 
+# The pipeline schedules' action lists (build/test_schedule: every schedule, p <= 8, m <= 64, against
+# their definitions, and broken ones caught), and ./train schedule: 1f1b's and interleaved's F/B order is
+# pp_schedule.py's (what pipeline.c runs), the timelines' lengths are the formulas', bad flags one line.
+t_pp_schedules() {
+    ./build/test_schedule || return 1
+    local ok=0 p m out
+    for p in 1 2 3 4; do
+        for m in 1 $p $((2 * p + 1)) 8; do
+            for v in 1 2; do
+                [ $v = 2 ] && [ $((m % p)) != 0 ] && continue
+                local name=1f1b
+                [ $v = 2 ] && name=interleaved
+                $TRAIN schedule --pp $p --micro-batches $m --pp-virtual $v --pp-schedule $name >"$WORK/schedule.txt" || return 1
+                $PY - $p $m $v "$WORK/schedule.txt" <<'PYEOF' || ok=1
+import ast, re, sys
+src = open("test/pp_schedule.py").read()
+defs = [n for n in ast.parse(src).body if isinstance(n, ast.FunctionDef)]
+exec(compile(ast.Module(body=defs, type_ignores=[]), "pp_schedule.py", "exec"))
+P, M, V = map(int, sys.argv[1:4])
+ranks = [l for l in open(sys.argv[4]).read().splitlines() if re.match(r"rank \d+ \(", l)]
+assert len(ranks) == P, ranks
+for s, line in enumerate(ranks):
+    ops = [t for t in line.split(": ", 1)[1].split() if t[0] in "FB"]
+    if V > 1:
+        ops = [t[:-1] + "c" + str(ord(t[-1]) - ord("a")) for t in ops]
+    want = one_f_one_b(P, M, s) if V == 1 else interleaved(P, M, V, s)
+    if ops != want:
+        sys.exit(f"rank {s}: {ops} != {want}")
+PYEOF
+            done
+        done
+    done
+    # timeline lengths (F = B = W = 1): 1f1b 3(m+p-1), interleaved 3(vm+p-1), zb-h1 3m+p-1, zb-v 6m+p-1
+    for spec in "1f1b 4 8 1 33" "interleaved 4 8 2 57" "zb-h1 4 8 1 27" "zb-v 4 8 2 51" "zb-h1 8 64 1 199"; do
+        set -- $spec
+        out=$($TRAIN schedule --pp-schedule $1 --pp $2 --micro-batches $3 --pp-virtual $4) || return 1
+        grep -q "), $5 units:" <<<"$out" || { echo "$1 p $2 m $3: not $5 units: $(grep units <<<"$out")"; ok=1; }
+    done
+    local err
+    for bad in "--pp 4 --micro-batches 6 --pp-virtual 2 --pp-schedule interleaved|--micro-batches 6 must be a multiple of --pp 4" \
+        "--pp 4 --micro-batches 8 --pp-schedule zb-h2|--pp-schedule 'zb-h2': expected 1f1b, interleaved, zb-h1 or zb-v" \
+        "--pp 4 --micro-batches 8 --pp-schedule zb-v --pp-virtual 1|zb-v runs two chunks per rank" \
+        "--pp 0 --micro-batches 8|--pp '0': expected an integer from 1 to 64" "--pp 2|needs --pp P and --micro-batches M"; do
+        err=$($ASAN schedule ${bad%%|*} 2>&1 >/dev/null) && { echo "accepted: ${bad%%|*}"; ok=1; }
+        [ "$(wc -l <<<"$err")" = 1 ] && grep -qF -- "${bad#*|}" <<<"$err" || { echo "bad error for ${bad%%|*}: $err"; ok=1; }
+    done
+    return $ok
+}
+
 # bf16 data parallelism against the single-rank bf16 run, and clipping that bites.
 t_data_parallel_bf16_clip() {
     have_torch || return $?
@@ -920,6 +969,7 @@ run_test "data parallel bf16 and active clipping equal one rank" t_data_parallel
 run_test "ZeRO memory per rank at DP 4 follows the formula" t_zero_memory
 run_test "tensor parallel TP 2,3,4 with and without --sp, alone and with DP 2 x ZeRO 0,1,3, equals one rank" t_tensor_parallel
 run_test "pipeline PP 2,3,4 x M, plain and interleaved (V 2), and 3D layouts equal one rank; schedules" t_pipeline
+run_test "pipeline schedules (1f1b, interleaved, zb-h1, zb-v) as action lists: checker for p <= 8, m <= 64; ./train schedule" t_pp_schedules
 run_test "tensor parallel memory falls to 1/TP (activations too with --sp); logits B x T x Vp/TP" t_tensor_parallel_memory
 run_test "context parallel CP 2, 4, with TP 2 (--sp), PP 2, DP 2 x ZeRO 1, 3, bf16 equal one rank; reruns bitwise; attention FLOPs balanced" t_context_parallel
 run_test "context parallel activation memory per rank falls to 1/CP" t_context_parallel_memory
