@@ -88,6 +88,11 @@ build/asan/test_unit.o: test/test_unit.c | build
 build/test_schedule: test/test_schedule.c schedule.c common.c schedule.h common.h | build
 	$(CC) $(filter-out -O3 -DLLM4D_CUDA -fopenmp -MMD -MP,$(CFLAGS)) -I. $(SAN) $(filter %.c,$^) -o $@ -lz -lm
 
+# the backward's input and weight halves against the fused backward, bitwise (model.h)
+# (optimised, not sanitised: it runs many small training steps)
+build/test_split: test/test_split.c $(LIB_OBJ)
+	$(CC) $(filter-out -DLLM4D_CUDA,$(CFLAGS)) -I. $(filter %.c %.o,$^) -o $@ $(filter-out -L% -Wl% -lcudart -lstdc++,$(LDLIBS))
+
 # the GEMM's host-side index arithmetic (gemm.h), no GPU needed
 build/test_gemm: test/test_gemm.c test/check.h gemm.h | build
 	$(CC) $(filter-out -O3 -DLLM4D_CUDA -fopenmp,$(CFLAGS)) -I. $(SAN) $< -o $@
@@ -162,7 +167,7 @@ test: deps
 	@$(MAKE) --no-print-directory test-bins
 	bash test/run.sh $(if $(T),'$(T)')
 
-test-bins: train build/train-asan build/test_unit build/test_comm build/test_gemm build/test_schedule build/test_attention build/attention_check $(VERBS_BIN)
+test-bins: train build/train-asan build/test_unit build/test_comm build/test_gemm build/test_schedule build/test_split build/test_attention build/attention_check $(VERBS_BIN)
 
 test-gpu:
 	bash scripts/gpu_check.sh

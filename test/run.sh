@@ -725,6 +725,14 @@ PYEOF
     return $ok
 }
 
+# The backward's input and weight halves (model.h) against the fused backward, bitwise: recompute none,
+# selective, full; whole model, first and last stage, one or two chunks; fp32 and bf16; TP 2 (with and
+# without SP) and CP 2 on two ranks.
+t_split_backward() {
+    OMP_NUM_THREADS=1 ./build/test_split || return 1
+    OMP_NUM_THREADS=1 timeout 600 ./build/test_split --nproc 2
+}
+
 # bf16 data parallelism against the single-rank bf16 run, and clipping that bites.
 t_data_parallel_bf16_clip() {
     have_torch || return $?
@@ -970,6 +978,7 @@ run_test "ZeRO memory per rank at DP 4 follows the formula" t_zero_memory
 run_test "tensor parallel TP 2,3,4 with and without --sp, alone and with DP 2 x ZeRO 0,1,3, equals one rank" t_tensor_parallel
 run_test "pipeline PP 2,3,4 x M, plain and interleaved (V 2), and 3D layouts equal one rank; schedules" t_pipeline
 run_test "pipeline schedules (1f1b, interleaved, zb-h1, zb-v) as action lists: checker for p <= 8, m <= 64; ./train schedule" t_pp_schedules
+run_test "backward split into input (B) and weight (W) halves equals the fused backward bitwise (recompute, PP stages, TP, SP, CP)" t_split_backward
 run_test "tensor parallel memory falls to 1/TP (activations too with --sp); logits B x T x Vp/TP" t_tensor_parallel_memory
 run_test "context parallel CP 2, 4, with TP 2 (--sp), PP 2, DP 2 x ZeRO 1, 3, bf16 equal one rank; reruns bitwise; attention FLOPs balanced" t_context_parallel
 run_test "context parallel activation memory per rank falls to 1/CP" t_context_parallel_memory
