@@ -1,5 +1,6 @@
 // model.h: GPT-2 on one device: parameter layout, initialisation, llm.c model files, forward and
-// backward over one micro-batch, and per-category memory accounting.
+// backward over one micro-batch (whole, or in its input- and weight-gradient halves), and per-category
+// memory accounting.
 #ifndef LLM4D_MODEL_H
 #define LLM4D_MODEL_H
 
