@@ -31,7 +31,7 @@ endif
 endif
 
 HOST_SRC = train.c options.c report.c layout.c model.c context.c mem.c zero.c pipeline.c data.c tokenizer.c prepare.c ckpt.c safetensors.c hf.c common.c hostmem.c kernels_cpu.c launch.c \
-           bootstrap.c collectives.c algorithms.c net_shm.c net_tcp.c devmem_cpu.c bench_comm.c plan.c
+           bootstrap.c collectives.c algorithms.c net_shm.c net_tcp.c devmem_cpu.c bench_comm.c plan.c schedule.c
 # the communication chain's files below the collectives: sockets, host reductions, the transports' shared part
 HOST_SRC += sock.c reduce.c net.c
 HOST_OBJ = $(HOST_SRC:%.c=build/%.o)
@@ -122,6 +122,15 @@ build/test_unit: build/asan/test_unit.o $(LIB_OBJ:build/%=build/asan/%)
 build/asan/test_unit.o: test/test_unit.c | build
 	@mkdir -p build/asan
 	$(CC) $(filter-out -O3 -DLLM4D_CUDA,$(CFLAGS)) -I. $(SAN) -c $< -o $@
+
+# the pipeline schedules' action lists against their definitions (schedule.h), no model needed
+build/test_schedule: test/test_schedule.c schedule.c common.c schedule.h common.h | build
+	$(CC) $(filter-out -O3 -DLLM4D_CUDA -fopenmp -MMD -MP,$(CFLAGS)) -I. $(SAN) $(filter %.c,$^) -o $@ -lz -lm
+
+# the backward's input and weight halves against the fused backward, bitwise (model.h)
+# (optimised, not sanitised: it runs many small training steps)
+build/test_split: test/test_split.c $(LIB_OBJ)
+	$(CC) $(filter-out -DLLM4D_CUDA,$(CFLAGS)) -I. $(filter %.c %.o,$^) -o $@ $(filter-out -L% -Wl% -lcudart -lstdc++,$(LDLIBS))
 
 # the GEMM's host-side index arithmetic (gemm.h), no GPU needed
 build/test_gemm: test/test_gemm.c test/check.h gemm.h | build
@@ -250,7 +259,7 @@ test: deps
 	bash test/run.sh $(if $(value T),'$(value T)')
 
 test-bins: train $(EMU_BIN) build/train-asan build/test_unit build/test_comm build/test_gemm build/test_attention build/attention_check \
-           build/llama_check $(VERBS_BIN) $(EMU_SM90_TEST)
+           build/llama_check build/test_schedule build/test_split $(VERBS_BIN) $(EMU_SM90_TEST)
 
 test-gpu:
 	bash scripts/gpu_check.sh

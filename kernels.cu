@@ -630,7 +630,7 @@ static void matmul_bwd_t(void *dinp, float *dweight, float *dbias, const void *d
         p.dgelu_in = (const uint16_t *)gelu_pre;
         if (tc_gemm(&p) != GEMM_KERNEL_NONE) dinp = NULL; // done
     }
-    if (bf && OC > 0 && C > 0) { // dweight += doutᵀ·inp, on tensor cores
+    if (dweight && bf && OC > 0 && C > 0) { // dweight += doutᵀ·inp, on tensor cores
         GemmProblem p = gemm_problem(OC, C, N, dout, OC, 0, inp, C, 0, dweight, C, GEMM_ACCUM_F32);
         if (tc_gemm(&p) != GEMM_KERNEL_NONE) dweight = NULL; // done
     }
@@ -874,9 +874,12 @@ __global__ void layernorm_bwd_wb_partial_kernel(float *pw, float *pb, const T *d
 template <typename T>
 static void layernorm_bwd_t(void *dinp, float *dweight, float *dbias, const void *dout, const void *inp,
                             const void *weight, const float *mean, const float *rstd, int N, int C) {
-    CUDA_LAUNCH(cdiv(N, 8), 256, 0, cur_stream(), layernorm_bwd_dinp_kernel<T>)((T *)dinp, (const T *)dout, (const T *)inp, (const T *)weight,
-                                                      mean, rstd, N, C);
-    launched("layernorm_bwd_dinp_kernel");
+    if (dinp) {
+        CUDA_LAUNCH(cdiv(N, 8), 256, 0, cur_stream(), layernorm_bwd_dinp_kernel<T>)((T *)dinp, (const T *)dout, (const T *)inp,
+                                                                                   (const T *)weight, mean, rstd, N, C);
+        launched("layernorm_bwd_dinp_kernel");
+    }
+    if (!dweight) return; // the input-gradient half alone (dbias goes with dweight)
     int nch = (int)cdiv(N, COL_CHUNK);
     float *pw = (float *)scratch(SCR_COLSUM, sizeof(float) * 2 * (size_t)nch * C);
     float *pb = pw + (size_t)nch * C;

@@ -130,7 +130,9 @@ typedef struct Backend {
     void (*residual_layernorm_fwd)(DType dt, void *res, void *out, float *mean, float *rstd, const void *a,
                                    const void *b, const void *weight, const void *bias, int N, int C);
     // The backward of both: accumulates dinp += ∂L/∂inp, which is the residual stream's gradient (the
-    // residual add passes it on unchanged), and dweight/dbias +=, in one pass over the rows.
+    // residual add passes it on unchanged), and dweight/dbias +=, in one pass over the rows. Either half
+    // alone: dinp NULL skips the input gradient (weight is then not read), dweight and dbias NULL skip
+    // the parameter gradients; each half's bits do not depend on whether the other ran.
     void (*layernorm_bwd)(DType dt, void *dinp, float *dweight, float *dbias, const void *dout,
                           const void *inp, const void *weight, const float *mean, const float *rstd,
                           int N, int C);
@@ -141,7 +143,8 @@ typedef struct Backend {
                        int N, int C, int OC);
     // dinp = dout · weight (overwritten; skipped when dinp is NULL), multiplied by gelu'(gelu_pre) when
     // gelu_pre is not NULL (inp was gelu(gelu_pre): dinp is then the gradient of gelu_pre);
-    // dweight += doutᵀ · inp; dbias += column sums of dout (skipped when dbias is NULL).
+    // dweight += doutᵀ · inp (skipped when dweight is NULL); dbias += column sums of dout (skipped when
+    // dbias is NULL). The backward's input and weight halves (model.h) call it once each.
     void (*matmul_bwd)(DType dt, void *dinp, float *dweight, float *dbias, const void *dout,
                        const void *inp, const void *weight, const void *gelu_pre, int N, int C, int OC);
     // out[i] = gelu(inp[i]) (tanh approximation), bitwise what matmul_fwd's GELU epilogue stores for the same

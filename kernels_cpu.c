@@ -722,10 +722,12 @@ static void cpu_matmul_bwd(DType dt, void *dinp, float *dweight, float *dbias, c
         Out o = { .dt = dt, .p = dinp, .ld = (size_t)C, .gelu_pre = gelu_pre };
         gemm(N, C, OC, A, B, o);
     }
-    View A = { dt, dout, 1, (size_t)OC };
-    View B = { dt, inp, (size_t)C, 1 };
-    Out o = { .dt = DT_F32, .p = dweight, .ld = (size_t)C, .accumulate = 1 };
-    gemm(OC, C, N, A, B, o);
+    if (dweight) {
+        View A = { dt, dout, 1, (size_t)OC };
+        View B = { dt, inp, (size_t)C, 1 };
+        Out o = { .dt = DT_F32, .p = dweight, .ld = (size_t)C, .accumulate = 1 };
+        gemm(OC, C, N, A, B, o);
+    }
     if (dbias) colsum_add(dt, dbias, dout, N, OC);
 }
 
@@ -828,8 +830,8 @@ static void cpu_layernorm_bwd(DType dt, void *dinp, float *dweight, float *dbias
                               const void *weight, const float *mean, const float *rstd, int N, int C) {
     int nchunks = (N + LN_ROWS - 1) / LN_ROWS;
     float *partial = scratch(SCR_WORK, sizeof(float) * 2 * (size_t)C * (nchunks > 0 ? nchunks : 1));
-    float *w = xmalloc(sizeof(float) * (size_t)C);
-    row_load(dt, weight, 0, C, w);
+    float *w = xcalloc((size_t)C, sizeof(float));
+    if (dinp) row_load(dt, weight, 0, C, w); // (the weight-gradient half alone needs no weight)
 #pragma omp parallel
     {
         float *x = xmalloc(sizeof(float) * 4 * (size_t)C), *dy = x + C, *dn = dy + C, *di = dn + C;
@@ -841,7 +843,6 @@ static void cpu_layernorm_bwd(DType dt, void *dinp, float *dweight, float *dbias
                 size_t o = (size_t)n * C;
                 row_load(dt, inp, o, C, x);
                 row_load(dt, dout, o, C, dy);
-                row_load(dt, dinp, o, C, di);
                 float m = mean[n], s = rstd[n];
                 for (int c = 0; c < C; c++) {
                     x[c] = (x[c] - m) * s; // x̂
@@ -849,6 +850,8 @@ static void cpu_layernorm_bwd(DType dt, void *dinp, float *dweight, float *dbias
                     pw[c] += dy[c] * x[c];
                     pb[c] += dy[c];
                 }
+                if (!dinp) continue;
+                row_load(dt, dinp, o, C, di);
                 float dmean = vsum(dn, C) / C, ddot = vdot(dn, x, C) / C;
                 for (int c = 0; c < C; c++) di[c] += (dn[c] - dmean - x[c] * ddot) * s;
                 row_store(dt, dinp, o, C, di);
@@ -862,8 +865,8 @@ static void cpu_layernorm_bwd(DType dt, void *dinp, float *dweight, float *dbias
                 sw += partial[(size_t)ch * 2 * C + c];
                 sb += partial[(size_t)ch * 2 * C + C + c];
             }
-            dweight[c] += sw;
-            dbias[c] += sb;
+            if (dweight) dweight[c] += sw;
+            if (dbias) dbias[c] += sb;
         }
     }
     free(w);

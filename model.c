@@ -506,8 +506,10 @@ void gpt2_build(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, con
     m->logits_bytes = m->last ? (size_t)m->B * m->T * m->Vp_tp * ds : 0;
 }
 
+static void wstash_free(GPT2 *m); // the split backward's stash (below)
 void gpt2_free(GPT2 *m) {
     MemAccount *a = &m->mem;
+    wstash_free(m);
     comm_count_memory(layout_group(&m->lay->tp), NULL);
     for (int s = 0; s < m->lay->nslots; s++) {
         Activations *x = &m->slots[s];
@@ -901,7 +903,102 @@ static void rebuild_ln1(GPT2 *m, int l, const BlockActs *a, const void *res, int
 
 void gpt2_backward(GPT2 *m, float dloss_scale) { gpt2_backward_chunk(m, 0, dloss_scale); }
 
-void gpt2_backward_chunk(GPT2 *m, int chunk, float dloss_scale) {
+// ---------------------------------------------------------------------------------------------
+// The backward in two halves. B (backward_input) computes the input gradient; each weight-gradient
+// product it meets is a WOp: run at once (stash NULL: the fused kernels, bitwise as ever), or recorded
+// with copies of what it reads that B or a later block overwrites (scratch, gathered rows, gradients
+// updated in place), for W (gpt2_backward_weight_chunk) to run later. What stays in the activation set
+// untouched until the set's next forward is pointed to, not copied. The same kernel on the same inputs
+// gives the same bits, whenever it runs.
+
+enum { WOP_MATMUL, WOP_LAYERNORM, WOP_EMBED };
+typedef struct {
+    int kind, kw, kb, l;             // the weight (and bias, matmul: -1 none) tensors, local layer
+    int unit, ready_after;           // the unit whose gradients it adds to; ready() after it (-1: no)
+    const void *dout, *inp;          // matmul: dweight += doutᵀ·inp; layernorm: the rows and their gradient
+    const float *mean, *rstd;
+    int N, C, OC;
+} WOp;
+
+// What B keeps for W, per activation set and chunk: an arena sized for the worst case (every input
+// copied) and the recorded ops.
+struct WStash {
+    char *arena;
+    size_t cap, used;
+    WOp *ops;
+    int nops, cap_ops, pending;
+};
+
+// Per chunk, the activation sets whose B has run and W not, in B's order: W must take the oldest, so
+// each parameter's gradient adds the micro-batches in the order their B ran (1F1B's order).
+struct WQueue {
+    int *q, head, n;
+};
+
+static void *keep(GPT2 *m, struct WStash *st, const void *src, size_t bytes, int kept) {
+    if (kept) return (void *)src;
+    size_t at = (st->used + 255) & ~(size_t)255;
+    if (at + bytes > st->cap) die("internal: the weight-gradient stash is too small");
+    m->be->copy(st->arena + at, src, bytes);
+    st->used = at + bytes;
+    return st->arena + at;
+}
+
+static WOp *wop_new(struct WStash *st) {
+    if (st->nops == st->cap_ops) die("internal: too many weight-gradient ops for one chunk");
+    WOp *w = &st->ops[st->nops++];
+    memset(w, 0, sizeof *w);
+    w->ready_after = -1;
+    return w;
+}
+
+// A matmul's backward: dinp (NULL: none), and dweight/dbias of tensors kw/kb (kb -1: no bias) of layer l.
+static void bwd_matmul(GPT2 *m, struct WStash *st, void *dinp, int kw, int kb, int l, const void *dout, int dout_kept,
+                       const void *inp, int inp_kept, const void *weight, const void *gelu_pre, int N, int C, int OC) {
+    const Backend *be = m->be;
+    if (!st) {
+        TIMED(m, PROF_MATMUL, be->matmul_bwd(m->dt, dinp, gpt2_grad(m, kw, l), kb >= 0 ? gpt2_grad(m, kb, l) : NULL, dout, inp,
+                                             weight, gelu_pre, N, C, OC));
+        return;
+    }
+    size_t ds = dtype_size(m->dt);
+    WOp *w = wop_new(st);
+    *w = (WOp){ .kind = WOP_MATMUL, .kw = kw, .kb = kb, .l = l, .unit = gpt2_unit_of(m, kw, l), .ready_after = -1,
+                .dout = keep(m, st, dout, (size_t)N * OC * ds, dout_kept), .inp = keep(m, st, inp, (size_t)N * C * ds, inp_kept),
+                .N = N, .C = C, .OC = OC };
+    if (dinp) TIMED(m, PROF_MATMUL, be->matmul_bwd(m->dt, dinp, NULL, NULL, dout, inp, weight, gelu_pre, N, C, OC));
+}
+
+// A LayerNorm's backward over `rows` rows: dinp += (B), and the gradients of tensor kw of layer l and of
+// the bias after it (W). inp_kept: the rows and their statistics stay in the activation set.
+static void bwd_layernorm(GPT2 *m, struct WStash *st, void *dinp, int kw, int l, const void *dout, const void *inp,
+                          const void *weight, const float *mean, const float *rstd, int rows, int inp_kept) {
+    if (!st) {
+        layernorm_bwd_tp(m, dinp, gpt2_grad(m, kw, l), dout, inp, weight, mean, rstd, rows);
+        return;
+    }
+    size_t ds = dtype_size(m->dt), RC = (size_t)rows * m->cfg.C;
+    WOp *w = wop_new(st);
+    *w = (WOp){ .kind = WOP_LAYERNORM, .kw = kw, .kb = -1, .l = l, .unit = gpt2_unit_of(m, kw, l), .ready_after = -1,
+                .dout = keep(m, st, dout, RC * ds, 0), .inp = keep(m, st, inp, RC * ds, inp_kept),
+                .mean = keep(m, st, mean, (size_t)rows * 4, inp_kept), .rstd = keep(m, st, rstd, (size_t)rows * 4, inp_kept),
+                .N = rows, .C = m->cfg.C };
+    m->be->layernorm_bwd(m->dt, dinp, NULL, NULL, dout, inp, weight, mean, rstd, rows, m->cfg.C);
+}
+
+static void wop_run(GPT2 *m, const WOp *w, int B, int T) {
+    const Backend *be = m->be;
+    if (w->kind == WOP_MATMUL)
+        TIMED(m, PROF_MATMUL, be->matmul_bwd(m->dt, NULL, gpt2_grad(m, w->kw, w->l), w->kb >= 0 ? gpt2_grad(m, w->kb, w->l) : NULL,
+                                             w->dout, w->inp, NULL, NULL, w->N, w->C, w->OC));
+    else if (w->kind == WOP_LAYERNORM)
+        layernorm_bwd_tp(m, NULL, gpt2_grad(m, w->kw, w->l), w->dout, w->inp, NULL, w->mean, w->rstd, w->N);
+    else
+        embed_bwd(m, w->dout, B, T);
+}
+
+// B of one chunk (and, with st NULL, W with it): today's backward, op for op.
+static void backward_input(GPT2 *m, int chunk, float dloss_scale, struct WStash *st) {
     const Backend *be = m->be;
     const GPT2Config *cfg = &m->cfg;
     DType dt = m->dt;
@@ -912,6 +1009,9 @@ void gpt2_backward_chunk(GPT2 *m, int chunk, float dloss_scale) {
     // the input gradient of a column-parallel matmul is partial: all-reduced, or reduce-scattered to rows
     void *dln; // a LayerNorm's output gradient, this rank's rows
     const void *in, *dy;
+    // what stays in the activation set from the forward to the next forward (W may point to it): the
+    // layer inputs that recompute does not rebuild into scratch, and rows not gathered into scratch
+    int none = m->lay->recompute == RECOMPUTE_NONE, kept_block = m->lay->recompute != RECOMPUTE_FULL, gathered = m->lay->sp;
 
     int head = m->last && chunk == m->lay->chunks - 1;
     if (head) {
@@ -926,14 +1026,14 @@ void gpt2_backward_chunk(GPT2 *m, int chunk, float dloss_scale) {
         x->dlogits_scale = 0.0f;
         fetch(m, UNIT_EMBED);
         in = tp_full_rows(m, x->lnf, BTC);
-        TIMED(m, PROF_MATMUL, be->matmul_bwd(dt, x->partial, gpt2_grad(m, P_WTE, 0), NULL, x->logits, in,
-                                             gpt2_param(m, P_WTE, 0), NULL, N, C, m->Vp_tp));
+        bwd_matmul(m, st, x->partial, P_WTE, -1, 0, x->logits, 1, in, !gathered, gpt2_param(m, P_WTE, 0), NULL, N, C, m->Vp_tp);
         dln = tp_finish_partial(m, x->dshard, BTC);
         be->zero(x->dresidual, RC * dtype_size(dt));
         fetch(m, m->nl + 1);
-        layernorm_bwd_tp(m, x->dresidual, gpt2_grad(m, P_LNFW, 0), dln, block_acts(m, m->nl - 1).r3,
-                         gpt2_param(m, P_LNFW, 0), x->lnf_mean, x->lnf_rstd, R);
-        ready(m, m->nl + 1);
+        bwd_layernorm(m, st, x->dresidual, P_LNFW, 0, dln, block_acts(m, m->nl - 1).r3, gpt2_param(m, P_LNFW, 0), x->lnf_mean,
+                      x->lnf_rstd, R, 1);
+        if (st) st->ops[st->nops - 1].ready_after = m->nl + 1;
+        else ready(m, m->nl + 1);
     }
     int l0 = m->chunk_l0[chunk];
     for (int l = l0 + m->lay->chunk_len[chunk] - 1; l >= l0; l--) {
@@ -944,34 +1044,114 @@ void gpt2_backward_chunk(GPT2 *m, int chunk, float dloss_scale) {
         // MLP: dresidual is the gradient of residual3 = residual2 + fcproj (every row: gathered under SP);
         // GELU's backward runs in the epilogue of the matmul that produces its output's gradient
         dy = tp_full_rows(m, x->dresidual, BTC);
-        TIMED(m, PROF_MATMUL, be->matmul_bwd(dt, x->dbuf_4c, gpt2_grad(m, P_FCPROJW, l), gpt2_grad(m, P_FCPROJB, l), dy,
-                                             a.fchg, gpt2_param(m, P_FCPROJW, l), a.fch, N, 4 * Ct, C));
+        bwd_matmul(m, st, x->dbuf_4c, P_FCPROJW, P_FCPROJB, l, dy, 0, a.fchg, none, gpt2_param(m, P_FCPROJW, l), a.fch, N,
+                   4 * Ct, C);
         in = tp_full_rows(m, a.ln2, BTC);
-        TIMED(m, PROF_MATMUL, be->matmul_bwd(dt, x->partial, gpt2_grad(m, P_FCW, l), gpt2_grad(m, P_FCB, l), x->dbuf_4c,
-                                             in, gpt2_param(m, P_FCW, l), NULL, N, C, 4 * Ct));
+        bwd_matmul(m, st, x->partial, P_FCW, P_FCB, l, x->dbuf_4c, 0, in, none && !gathered, gpt2_param(m, P_FCW, l), NULL, N,
+                   C, 4 * Ct);
         dln = tp_finish_partial(m, x->dshard, BTC);
-        layernorm_bwd_tp(m, x->dresidual, gpt2_grad(m, P_LN2W, l), dln, a.r2, gpt2_param(m, P_LN2W, l), a.ln2_mean,
-                         a.ln2_rstd, R);
+        bwd_layernorm(m, st, x->dresidual, P_LN2W, l, dln, a.r2, gpt2_param(m, P_LN2W, l), a.ln2_mean, a.ln2_rstd, R,
+                      kept_block);
         // attention: dresidual is now the gradient of residual2 = residual + attproj
         dy = tp_full_rows(m, x->dresidual, BTC);
-        TIMED(m, PROF_MATMUL, be->matmul_bwd(dt, x->dbuf_c, gpt2_grad(m, P_ATTPROJW, l), gpt2_grad(m, P_ATTPROJB, l), dy,
-                                             a.atty, gpt2_param(m, P_ATTPROJW, l), NULL, N, Ct, C));
+        bwd_matmul(m, st, x->dbuf_c, P_ATTPROJW, P_ATTPROJB, l, dy, 0, a.atty, kept_block, gpt2_param(m, P_ATTPROJW, l), NULL,
+                   N, Ct, C);
         TIMED(m, PROF_ATTENTION, attention_backward(m, x->dqkv, x->dbuf_c, a.qkv, a.atty, a.lse, B, T));
         rebuild_ln1(m, l, &a, res, R);
         in = tp_full_rows(m, a.ln1, BTC);
-        TIMED(m, PROF_MATMUL, be->matmul_bwd(dt, x->partial, gpt2_grad(m, P_QKVW, l), gpt2_grad(m, P_QKVB, l), x->dqkv,
-                                             in, gpt2_param(m, P_QKVW, l), NULL, N, C, 3 * Ct));
+        bwd_matmul(m, st, x->partial, P_QKVW, P_QKVB, l, x->dqkv, 0, in, none && !gathered, gpt2_param(m, P_QKVW, l), NULL, N, C,
+                   3 * Ct);
         dln = tp_finish_partial(m, x->dshard, BTC);
-        layernorm_bwd_tp(m, x->dresidual, gpt2_grad(m, P_LN1W, l), dln, res, gpt2_param(m, P_LN1W, l), a.ln1_mean,
-                         a.ln1_rstd, R);
-        ready(m, 1 + l);
+        bwd_layernorm(m, st, x->dresidual, P_LN1W, l, dln, res, gpt2_param(m, P_LN1W, l), a.ln1_mean, a.ln1_rstd, R,
+                      kept_block);
+        if (st) st->ops[st->nops - 1].ready_after = 1 + l;
+        else ready(m, 1 + l);
     }
     if (m->first && chunk == 0) {
         fetch(m, UNIT_EMBED); // its weights are not read, but ZeRO-2/3 streaming places its gradients here
-        embed_bwd(m, tp_full_rows(m, x->dresidual, BTC), B, T);
+        dy = tp_full_rows(m, x->dresidual, BTC);
+        if (st) {
+            WOp *w = wop_new(st);
+            *w = (WOp){ .kind = WOP_EMBED, .kw = P_WTE, .kb = -1, .unit = UNIT_EMBED, .ready_after = -1,
+                        .dout = keep(m, st, dy, BTC * dtype_size(dt), 0) };
+        } else {
+            embed_bwd(m, dy, B, T);
+        }
     }
     // x->dresidual now holds the gradient of the chunk's input, for the previous stage
+    if (!st && ((m->first && chunk == 0) || (head && !m->first))) ready(m, UNIT_EMBED);
+}
+
+void gpt2_backward_chunk(GPT2 *m, int chunk, float dloss_scale) { backward_input(m, chunk, dloss_scale, NULL); }
+
+// The stash of (slot, chunk), allocated on the split API's first use: the worst case of what B copies
+// (bwd_matmul's and bwd_layernorm's inputs, the embedding's gradient), 256-byte aligned pieces.
+static struct WStash *wstash_of(GPT2 *m, int slot, int chunk) {
+    if (!m->wstash) {
+        size_t ds = dtype_size(m->dt), N = (size_t)m->B * m->T, C = m->cfg.C, Ct = m->C_tp, R = m->lay->sp ? N / m->lay->tp.size : N;
+        size_t pad = 256, mm = 2 * pad, block = 4 * (N * C * ds + mm) + 2 * (N * 4 * Ct * ds) + N * Ct * ds + N * 3 * Ct * ds +
+                                                2 * (2 * R * C * ds + 2 * R * 4 + 4 * pad);
+        m->wstash = xcalloc((size_t)m->lay->nslots * m->lay->chunks, sizeof(struct WStash));
+        m->wqueue = xcalloc((size_t)m->lay->chunks, sizeof(struct WQueue));
+        for (int c = 0; c < m->lay->chunks; c++) m->wqueue[c].q = xcalloc((size_t)m->lay->nslots, sizeof(int));
+        for (int s = 0; s < m->lay->nslots; s++)
+            for (int c = 0; c < m->lay->chunks; c++) {
+                struct WStash *st = &m->wstash[s * m->lay->chunks + c];
+                int head = m->last && c == m->lay->chunks - 1, embed = m->first && c == 0;
+                st->cap = (size_t)m->lay->chunk_len[c] * block + (head ? 2 * (N * C * ds + mm) + 2 * R * C * ds + 2 * R * 4 + 4 * pad : 0) +
+                          (embed ? N * C * ds + pad : 0);
+                st->arena = mem_alloc(&m->mem, MEM_ACTIVATIONS, st->cap, "weight-gradient stash");
+                st->cap_ops = 6 * m->lay->chunk_len[c] + 3;
+                st->ops = xcalloc((size_t)st->cap_ops, sizeof(WOp));
+            }
+    }
+    if (slot < 0 || slot >= m->lay->nslots || chunk < 0 || chunk >= m->lay->chunks)
+        die("internal: activation set %d, chunk %d out of range", slot, chunk);
+    return &m->wstash[slot * m->lay->chunks + chunk];
+}
+
+void gpt2_backward_input_chunk(GPT2 *m, int chunk, int slot, float dloss_scale) {
+    struct WStash *st = wstash_of(m, slot, chunk);
+    if (st->pending) die("internal: B of activation set %d, chunk %d again before its W", slot, chunk);
+    gpt2_use_slot(m, slot);
+    st->used = 0;
+    st->nops = 0;
+    backward_input(m, chunk, dloss_scale, st);
+    st->pending = 1;
+    struct WQueue *q = &m->wqueue[chunk];
+    q->q[(q->head + q->n++) % m->lay->nslots] = slot;
+}
+
+void gpt2_backward_weight_chunk(GPT2 *m, int chunk, int slot) {
+    struct WStash *st = wstash_of(m, slot, chunk);
+    struct WQueue *q = &m->wqueue[chunk];
+    if (!st->pending || q->n == 0 || q->q[q->head] != slot)
+        die("internal: W of activation set %d, chunk %d out of B's order (next: set %d)", slot, chunk, q->n ? q->q[q->head] : -1);
+    gpt2_use_slot(m, slot);
+    int unit = -1;
+    for (int i = 0; i < st->nops; i++) {
+        const WOp *w = &st->ops[i];
+        if (w->unit != unit) fetch(m, unit = w->unit); // where streamed ZeRO-2/3 gradients go
+        wop_run(m, w, m->act->B, m->act->T);
+        if (w->ready_after >= 0) ready(m, w->ready_after);
+    }
+    int head = m->last && chunk == m->lay->chunks - 1;
     if ((m->first && chunk == 0) || (head && !m->first)) ready(m, UNIT_EMBED);
+    st->pending = 0;
+    q->head = (q->head + 1) % m->lay->nslots;
+    q->n--;
+}
+
+static void wstash_free(GPT2 *m) {
+    for (int i = 0; m->wstash && i < m->lay->nslots * m->lay->chunks; i++) {
+        mem_free(&m->mem, m->wstash[i].arena);
+        free(m->wstash[i].ops);
+    }
+    for (int c = 0; m->wqueue && c < m->lay->chunks; c++) free(m->wqueue[c].q);
+    free(m->wstash);
+    free(m->wqueue);
+    m->wstash = NULL;
+    m->wqueue = NULL;
 }
 
 void gpt2_zero_grad(GPT2 *m) {

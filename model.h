@@ -1,5 +1,6 @@
 // model.h: GPT-2 on one device: parameter layout, initialisation, llm.c model files, forward and
-// backward over one micro-batch, and per-category memory accounting.
+// backward over one micro-batch (whole, or in its input- and weight-gradient halves), and per-category
+// memory accounting.
 #ifndef LLM4D_MODEL_H
 #define LLM4D_MODEL_H
 
@@ -116,6 +117,10 @@ typedef struct {
     void *hook_ctx;
     void (*fetch_unit)(void *ctx, int unit); // before a unit's weights are read
     void (*grads_ready)(void *ctx, int unit); // once a unit's gradients are final for this micro-batch
+    // the split backward (gpt2_backward_input_chunk): per activation set and chunk, what B kept for W;
+    // per chunk, the sets waiting for W in B's order (model.c; NULL until first used)
+    struct WStash *wstash;
+    struct WQueue *wqueue;
 } GPT2;
 
 // Fills sizes and offsets from the shape; returns the total parameter count.
@@ -203,6 +208,22 @@ float gpt2_forward(GPT2 *m, const int32_t *inputs, const int32_t *targets, int B
 // vocabulary); dloss 0 (validation, sampling) leaves the logits.
 float gpt2_forward_chunk(GPT2 *m, int chunk, const int32_t *inputs, const int32_t *targets, int B, int T, float dloss);
 void gpt2_backward_chunk(GPT2 *m, int chunk, float dloss_scale);
+// The same backward in two halves, for zero-bubble schedules (schedule.h). gpt2_backward_input_chunk (B)
+// computes the input gradient of the chunk for the micro-batch whose forward used activation set
+// `slot` (matmul input gradients, attention and its context-parallel ring with dK/dV, LayerNorms'
+// input gradients, the residual path, recompute), leaves it in gpt2_stage_grad for the previous stage,
+// and keeps what the weight gradients need: pointers into the activation set, copies of what B
+// overwrites (model.c's stash, allocated on first use). gpt2_backward_weight_chunk (W) then adds that
+// micro-batch's weight and bias gradients of the chunk (matmul dW and bias sums, LayerNorm dgamma and
+// dbeta, the LM head, the embeddings) and tells the data-parallel hooks the units are ready. B then W
+// gives bitwise gpt2_backward_chunk's gradients (the same kernels on the same inputs). Order: W of a
+// chunk must take the activation sets in the order their B ran (it dies otherwise), so as long as B
+// runs a chunk's micro-batches in order, as every schedule does, each parameter's gradient adds the
+// micro-batches in 1F1B's order, whatever the schedule puts between B and W. An activation set is busy
+// from its forward to its W: its next forward must wait for W (and B of a set may not run twice
+// before its W). The fetch hook runs in both halves (B reads weights, W places streamed gradients).
+void gpt2_backward_input_chunk(GPT2 *m, int chunk, int slot, float dloss_scale);
+void gpt2_backward_weight_chunk(GPT2 *m, int chunk, int slot);
 // Backward of the last forward; adds the parameter gradients of loss·dloss_scale into m->grads
 // (dloss_scale = 1/(tokens in the global batch), so accumulated micro-batches sum to the batch mean).
 void gpt2_backward(GPT2 *m, float dloss_scale);

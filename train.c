@@ -5,6 +5,7 @@
 //
 //   ./train prepare INPUT.txt DIR      byte-level token shards from any text
 //   ./train plan [flags]               the layout planner (plan.c; ./train plan --help)
+//   ./train schedule [flags]           a pipeline schedule's actions and timeline (schedule.c)
 //   ./train [flags]                    train (see --help)
 #define _GNU_SOURCE
 #include <errno.h>
@@ -27,6 +28,7 @@
 #include "options.h"
 #include "pipeline.h"
 #include "report.h"
+#include "schedule.h"
 #include "timing.h"
 #include "prepare.h"
 #include "zero.h"
@@ -879,6 +881,7 @@ int main(int argc, char **argv) {
     }
     if (argc >= 2 && !strcmp(argv[1], "plan")) return plan_main(argc - 1, argv + 1);
     if (argc >= 2 && !strcmp(argv[1], "hf-inspect")) return hf_inspect_main(argc - 1, argv + 1);
+    if (argc >= 2 && !strcmp(argv[1], "schedule")) return schedule_main(argc - 1, argv + 1); // schedule.h
     if (argc >= 2 && !strcmp(argv[1], "prepare")) return prepare_main(argc - 2, argv + 2);
     if (nproc) {
         Options o;

@@ -927,6 +927,63 @@ t_pipeline() {
     return $ok
 }
 
+# The pipeline schedules' action lists (build/test_schedule: every schedule, p <= 8, m <= 64, against
+# their definitions, and broken ones caught), and ./train schedule: 1f1b's and interleaved's F/B order is
+# pp_schedule.py's (what pipeline.c runs), the timelines' lengths are the formulas', bad flags one line.
+t_pp_schedules() {
+    ./build/test_schedule || return 1
+    local ok=0 p m out
+    for p in 1 2 3 4; do
+        for m in 1 $p $((2 * p + 1)) 8; do
+            for v in 1 2; do
+                [ $v = 2 ] && [ $((m % p)) != 0 ] && continue
+                local name=1f1b
+                [ $v = 2 ] && name=interleaved
+                $TRAIN schedule --pp $p --micro-batches $m --pp-virtual $v --pp-schedule $name >"$WORK/schedule.txt" || return 1
+                $PY - $p $m $v "$WORK/schedule.txt" <<'PYEOF' || ok=1
+import ast, re, sys
+src = open("test/pp_schedule.py").read()
+defs = [n for n in ast.parse(src).body if isinstance(n, ast.FunctionDef)]
+exec(compile(ast.Module(body=defs, type_ignores=[]), "pp_schedule.py", "exec"))
+P, M, V = map(int, sys.argv[1:4])
+ranks = [l for l in open(sys.argv[4]).read().splitlines() if re.match(r"rank \d+ \(", l)]
+assert len(ranks) == P, ranks
+for s, line in enumerate(ranks):
+    ops = [t for t in line.split(": ", 1)[1].split() if t[0] in "FB"]
+    if V > 1:
+        ops = [t[:-1] + "c" + str(ord(t[-1]) - ord("a")) for t in ops]
+    want = one_f_one_b(P, M, s) if V == 1 else interleaved(P, M, V, s)
+    if ops != want:
+        sys.exit(f"rank {s}: {ops} != {want}")
+PYEOF
+            done
+        done
+    done
+    # timeline lengths (F = B = W = 1): 1f1b 3(m+p-1), interleaved 3(vm+p-1), zb-h1 3m+p-1, zb-v 6m+p-1
+    for spec in "1f1b 4 8 1 33" "interleaved 4 8 2 57" "zb-h1 4 8 1 27" "zb-v 4 8 2 51" "zb-h1 8 64 1 199"; do
+        set -- $spec
+        out=$($TRAIN schedule --pp-schedule $1 --pp $2 --micro-batches $3 --pp-virtual $4) || return 1
+        grep -q "), $5 units:" <<<"$out" || { echo "$1 p $2 m $3: not $5 units: $(grep units <<<"$out")"; ok=1; }
+    done
+    local err
+    for bad in "--pp 4 --micro-batches 6 --pp-virtual 2 --pp-schedule interleaved|--micro-batches 6 must be a multiple of --pp 4" \
+        "--pp 4 --micro-batches 8 --pp-schedule zb-h2|--pp-schedule 'zb-h2': expected 1f1b, interleaved, zb-h1 or zb-v" \
+        "--pp 4 --micro-batches 8 --pp-schedule zb-v --pp-virtual 1|zb-v runs two chunks per rank" \
+        "--pp 0 --micro-batches 8|--pp '0': expected an integer from 1 to 64" "--pp 2|needs --pp P and --micro-batches M"; do
+        err=$($ASAN schedule ${bad%%|*} 2>&1 >/dev/null) && { echo "accepted: ${bad%%|*}"; ok=1; }
+        [ "$(wc -l <<<"$err")" = 1 ] && grep -qF -- "${bad#*|}" <<<"$err" || { echo "bad error for ${bad%%|*}: $err"; ok=1; }
+    done
+    return $ok
+}
+
+# The backward's input and weight halves (model.h) against the fused backward, bitwise: recompute none,
+# selective, full; whole model, first and last stage, one or two chunks; fp32 and bf16; TP 2 (with and
+# without SP) and CP 2 on two ranks.
+t_split_backward() {
+    OMP_NUM_THREADS=1 ./build/test_split || return 1
+    OMP_NUM_THREADS=1 timeout 600 ./build/test_split --nproc 2
+}
+
 # bf16 data parallelism against the single-rank bf16 run, and clipping that bites.
 t_data_parallel_bf16_clip() {
     have_torch || return $?
@@ -1261,6 +1318,8 @@ run_test emu     t_emu_old_driver          "emulated GPU: a driver older than th
 run_test emu     t_emu_sync_names_kernel   "emulated GPU: LLM4D_CUDA_SYNC=1 names a failing kernel"
 run_test emu     t_emu_train               "emulated GPU: ./train --device cuda fp32 and bf16 steps against the CPU; recompute bitwise"
 run_test emu     t_emu_multirank           "emulated GPU: DP 2 x ZeRO 0/3, TP 2, PP 2, CP 2, TP 2 x PP 2 through CUDA IPC on one emulated GPU, DP 2 on two GPUs and over TCP, equal one rank"
+run_test pp      t_pp_schedules            "pipeline schedules (1f1b, interleaved, zb-h1, zb-v) as action lists: checker for p <= 8, m <= 64; ./train schedule"
+run_test model   t_split_backward          "backward split into input (B) and weight (W) halves equals the fused backward bitwise (recompute, PP stages, TP, SP, CP)"
 
 if [ $LIST -eq 1 ] && [ $listed -gt 0 ]; then exit 0; fi
 if [ -n "$FILTER" ] && [ $((passed + failed + skipped + listed)) -eq 0 ]; then

@@ -1,0 +1,355 @@
+// schedule.c: the pipeline schedules as per-rank action lists (schedule.h), their unit-time timeline,
+// and the printout of both for a reader.
+#include "schedule.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+
+const char *const SCHEDULE_NAMES[SCHED_COUNT] = { "1f1b", "interleaved", "zb-h1", "zb-v" };
+const char *const ACTION_NAMES[ACT_NKINDS] = { "F", "B", "W", "send-act", "recv-act", "send-grad", "recv-grad" };
+
+int schedule_parse(const char *name) {
+    for (int k = 0; k < SCHED_COUNT; k++)
+        if (!strcmp(name, SCHEDULE_NAMES[k])) return k;
+    return -1;
+}
+
+int schedule_vstage(const Schedule *s, int r, int c) {
+    if (s->kind == SCHED_ZBV) return c == 0 ? r : 2 * s->p - 1 - r;
+    return c * s->p + r;
+}
+
+// the (rank, chunk) holding virtual stage vs, or -1 past the model's ends
+static void owner_of(const Schedule *s, int vs, int *r, int *c) {
+    *r = *c = -1;
+    for (int rr = 0; rr < s->p; rr++)
+        for (int cc = 0; cc < s->v; cc++)
+            if (schedule_vstage(s, rr, cc) == vs) *r = rr, *c = cc;
+}
+void schedule_prev(const Schedule *s, int r, int c, int *pr, int *pc) { owner_of(s, schedule_vstage(s, r, c) - 1, pr, pc); }
+void schedule_next(const Schedule *s, int r, int c, int *nr, int *nc) { owner_of(s, schedule_vstage(s, r, c) + 1, nr, nc); }
+
+// One rank's compute actions in order, before the hand-offs are added.
+typedef struct {
+    Action *a;
+    int n, cap;
+} List;
+
+static void push(List *l, int kind, int mb, int chunk, int peer) {
+    if (l->n == l->cap) {
+        l->cap = l->cap ? 2 * l->cap : 64;
+        Action *a = realloc(l->a, sizeof(Action) * (size_t)l->cap);
+        if (!a) die("out of memory");
+        l->a = a;
+    }
+    l->a[l->n++] = (Action){ kind, mb, chunk, peer };
+}
+
+// 1f1b and interleaved: the k-th forward (or backward) of a rank is op_at(k), as pipeline.c runs them;
+// each W right after its B.
+static void op_at(int p, int v, int k, int backward, int *mb, int *chunk) {
+    if (v == 1) {
+        *mb = k, *chunk = 0;
+        return;
+    }
+    *mb = (k / (p * v)) * p + k % p;
+    *chunk = (k / p) % v;
+    if (backward) *chunk = v - 1 - *chunk;
+}
+static void order_1f1b(List *l, int p, int m, int v, int r) {
+    int total = m * v, warm = v == 1 ? p - r - 1 : (p - r - 1) * 2 + (v - 1) * p, mb, c;
+    if (warm > total) warm = total;
+    for (int k = 0; k < warm; k++) {
+        op_at(p, v, k, 0, &mb, &c);
+        push(l, ACT_F, mb, c, -1);
+    }
+    for (int i = 0; i < total; i++) {
+        if (warm + i < total) {
+            op_at(p, v, warm + i, 0, &mb, &c);
+            push(l, ACT_F, mb, c, -1);
+        }
+        op_at(p, v, i, 1, &mb, &c);
+        push(l, ACT_B, mb, c, -1);
+        push(l, ACT_W, mb, c, -1);
+    }
+}
+
+// zb-h1: 1f1b's F and B order; rank r keeps r Ws pending through the steady state (one W after each B
+// once more than r are pending), so each rank holds min(p, m) micro-batches, and runs the rest at the end.
+static void order_zbh1(List *l, int p, int m, int r) {
+    int warm = p - r - 1 < m ? p - r - 1 : m, nextw = 0;
+    for (int k = 0; k < warm; k++) push(l, ACT_F, k, 0, -1);
+    for (int i = 0; i < m; i++) {
+        if (warm + i < m) push(l, ACT_F, warm + i, 0, -1);
+        push(l, ACT_B, i, 0, -1);
+        if (i + 1 - nextw > r) push(l, ACT_W, nextw++, 0, -1);
+    }
+    while (nextw < m) push(l, ACT_W, nextw++, 0, -1);
+}
+
+// zb-v by list scheduling in unit time steps (schedule.h): at step t a rank sees what finished by t.
+static void order_zbv(const Schedule *s, List *lists) {
+    int p = s->p, m = s->m, V = 2 * p, cap = 2 * p;
+    // done[(mb·V + vs)·2 + 0/1]: step at which F / B of micro-batch mb at virtual stage vs finished
+    int *done = xmalloc(sizeof(int) * (size_t)m * V * 2);
+    for (size_t i = 0; i < (size_t)m * V * 2; i++) done[i] = -1;
+    int *nf = xcalloc((size_t)p * 2, sizeof(int)), *nb = xcalloc((size_t)p * 2, sizeof(int));
+    int *nw = xcalloc((size_t)p * 2, sizeof(int)), *live = xcalloc((size_t)p, sizeof(int));
+    int left = 6 * p * m;
+#define DONE(mb, vs, b) done[((size_t)(mb) * V + (vs)) * 2 + (b)]
+    for (int t = 0; left > 0; t++) {
+        for (int r = 0; r < p; r++) {
+            int kind = -1, c = -1;
+            for (int cc = 0; cc < 2 && kind < 0; cc++) { // B first, chunk 0 first: it ends a micro-batch
+                int mb = nb[r * 2 + cc], vs = schedule_vstage(s, r, cc);
+                if (mb >= m || nf[r * 2 + cc] <= mb) continue;
+                int d = vs == V - 1 ? DONE(mb, vs, 0) : DONE(mb, vs + 1, 1);
+                if (d >= 0 && d <= t) kind = ACT_B, c = cc;
+            }
+            for (int cc = 1; cc >= 0 && kind < 0 && live[r] < cap; cc--) { // F, chunk 1 first
+                int mb = nf[r * 2 + cc], vs = schedule_vstage(s, r, cc);
+                if (mb >= m) continue;
+                int d = vs == 0 ? 0 : DONE(mb, vs - 1, 0);
+                if (d >= 0 && d <= t) kind = ACT_F, c = cc;
+            }
+            if (kind < 0) { // the oldest pending W (lower chunk on a tie)
+                int best = -1;
+                for (int cc = 0; cc < 2; cc++)
+                    if (nw[r * 2 + cc] < nb[r * 2 + cc] && (best < 0 || nw[r * 2 + cc] < nw[r * 2 + best])) best = cc;
+                if (best >= 0) kind = ACT_W, c = best;
+            }
+            if (kind < 0) continue;
+            int vs = schedule_vstage(s, r, c);
+            if (kind == ACT_F) {
+                DONE(nf[r * 2 + c], vs, 0) = t + 1;
+                push(&lists[r], ACT_F, nf[r * 2 + c]++, c, -1);
+                live[r]++;
+            } else if (kind == ACT_B) {
+                DONE(nb[r * 2 + c], vs, 1) = t + 1;
+                push(&lists[r], ACT_B, nb[r * 2 + c]++, c, -1);
+            } else {
+                push(&lists[r], ACT_W, nw[r * 2 + c]++, c, -1);
+                live[r]--;
+            }
+            left--;
+        }
+    }
+#undef DONE
+    free(done);
+    free(nf);
+    free(nb);
+    free(nw);
+    free(live);
+}
+
+int schedule_build(Schedule *s, int kind, int p, int m, int v, char *why, size_t cap) {
+    memset(s, 0, sizeof *s);
+    if (kind < 0 || kind >= SCHED_COUNT) return snprintf(why, cap, "unknown pipeline schedule"), -1;
+    const char *name = SCHEDULE_NAMES[kind];
+    if (p < 1 || m < 1 || v < 1) return snprintf(why, cap, "--pp-schedule %s: needs --pp, --micro-batches and --pp-virtual >= 1", name), -1;
+    if ((kind == SCHED_1F1B || kind == SCHED_ZBH1) && v != 1)
+        return snprintf(why, cap, "--pp-schedule %s runs one chunk per rank (--pp-virtual 1, not %d)", name, v), -1;
+    if (kind == SCHED_ZBV && v != 2) return snprintf(why, cap, "--pp-schedule zb-v runs two chunks per rank (--pp-virtual 2, not %d)", v), -1;
+    if (kind == SCHED_INTERLEAVED && v > 1 && m % p)
+        return snprintf(why, cap, "--pp-schedule interleaved: --micro-batches %d must be a multiple of --pp %d", m, p), -1;
+    s->kind = kind, s->p = p, s->m = m, s->v = v;
+    s->split = kind == SCHED_ZBH1 || kind == SCHED_ZBV;
+    List *lists = xcalloc((size_t)p, sizeof(List));
+    if (kind == SCHED_ZBV) order_zbv(s, lists);
+    for (int r = 0; r < p; r++) {
+        if (kind == SCHED_1F1B || kind == SCHED_INTERLEAVED) order_1f1b(&lists[r], p, m, v, r);
+        if (kind == SCHED_ZBH1) order_zbh1(&lists[r], p, m, r);
+    }
+    s->n = xcalloc((size_t)p, sizeof(int));
+    s->a = xcalloc((size_t)p, sizeof(Action *));
+    s->bound = xcalloc((size_t)p, sizeof(int));
+    s->slots = xcalloc((size_t)p, sizeof(int));
+    int *inflight = xcalloc((size_t)m, sizeof(int)); // chunks of each micro-batch between F and W
+    for (int r = 0; r < p; r++) {
+        List out = { 0 };
+        for (int i = 0; i < lists[r].n; i++) { // the hand-offs around each compute action
+            Action a = lists[r].a[i];
+            int pr, pc, nr, nc;
+            schedule_prev(s, r, a.chunk, &pr, &pc);
+            schedule_next(s, r, a.chunk, &nr, &nc);
+            if (a.kind == ACT_F && pr >= 0 && pr != r) push(&out, ACT_RECV_ACT, a.mb, a.chunk, pr);
+            if (a.kind == ACT_B && nr >= 0 && nr != r) push(&out, ACT_RECV_GRAD, a.mb, a.chunk, nr);
+            push(&out, a.kind, a.mb, a.chunk, -1);
+            if (a.kind == ACT_F && nr >= 0 && nr != r) push(&out, ACT_SEND_ACT, a.mb, a.chunk, nr);
+            // the input gradient leaves after B, or after the W that directly follows it (one merged
+            // backward, as pipeline.c ran it before the split)
+            if (a.kind == (s->split ? ACT_B : ACT_W) && pr >= 0 && pr != r) push(&out, ACT_SEND_GRAD, a.mb, a.chunk, pr);
+        }
+        free(lists[r].a);
+        s->n[r] = out.n;
+        s->a[r] = out.a;
+        // the stated bounds (schedule.h)
+        int total = m * v, b;
+        if (kind == SCHED_1F1B) b = p - r;
+        else if (kind == SCHED_INTERLEAVED) b = (v == 1 ? p - r - 1 : (p - r - 1) * 2 + (v - 1) * p) + 1;
+        else if (kind == SCHED_ZBH1) b = p;
+        else b = 2 * p;
+        s->bound[r] = b < total ? b : total;
+        // activation sets for micro-batch mb in set mb % slots: the widest span of micro-batches in flight
+        memset(inflight, 0, sizeof(int) * (size_t)m);
+        int lo = 0, hi = -1;
+        for (int i = 0; i < out.n; i++) {
+            Action a = out.a[i];
+            if (a.kind == ACT_F) inflight[a.mb]++, hi = a.mb > hi ? a.mb : hi;
+            if (a.kind == ACT_W) inflight[a.mb]--;
+            while (lo < m && lo <= hi && inflight[lo] == 0) lo++;
+            if (hi - lo + 1 > s->slots[r]) s->slots[r] = hi - lo + 1;
+        }
+    }
+    free(inflight);
+    free(lists);
+    return 0;
+}
+
+void schedule_free(Schedule *s) {
+    for (int r = 0; s->a && r < s->p; r++) free(s->a[r]);
+    free(s->a);
+    free(s->n);
+    free(s->bound);
+    free(s->slots);
+    memset(s, 0, sizeof *s);
+}
+
+double schedule_times(const Schedule *s, double tf, double tb, double tw, double **start) {
+    int p = s->p, nv = p * s->v;
+    size_t nmsg = (size_t)s->m * nv * 2;
+    double *posted = xmalloc(sizeof(double) * nmsg), *clock = xcalloc((size_t)p, sizeof(double)), end = 0;
+    for (size_t i = 0; i < nmsg; i++) posted[i] = -1;
+    int *at = xcalloc((size_t)p, sizeof(int)), left = 0;
+    for (int r = 0; r < p; r++) left += s->n[r];
+    for (int progress = 1; left > 0 && progress;) {
+        progress = 0;
+        for (int r = 0; r < p; r++)
+            for (; at[r] < s->n[r]; at[r]++, left--, progress = 1) {
+                const Action *a = &s->a[r][at[r]];
+                int vs = schedule_vstage(s, r, a->chunk);
+                double *st = start ? &start[r][at[r]] : NULL;
+                if (st) *st = -1;
+                if (a->kind == ACT_SEND_ACT || a->kind == ACT_SEND_GRAD) {
+                    posted[((size_t)a->mb * nv + vs) * 2 + (a->kind == ACT_SEND_GRAD)] = clock[r];
+                } else if (a->kind == ACT_RECV_ACT || a->kind == ACT_RECV_GRAD) {
+                    int grad = a->kind == ACT_RECV_GRAD, from = grad ? vs + 1 : vs - 1;
+                    double t = posted[((size_t)a->mb * nv + from) * 2 + grad];
+                    if (t < 0) break; // blocked until the peer sends
+                    if (t > clock[r]) clock[r] = t;
+                } else {
+                    if (st) *st = clock[r];
+                    clock[r] += a->kind == ACT_F ? tf : a->kind == ACT_B ? tb : tw;
+                }
+            }
+    }
+    for (int r = 0; r < p; r++)
+        if (clock[r] > end) end = clock[r];
+    free(posted);
+    free(clock);
+    free(at);
+    return left ? -1 : end;
+}
+
+static int label(char *buf, size_t cap, const Schedule *s, const Action *a) {
+    char ch[4] = "";
+    if (s->v > 1) snprintf(ch, sizeof ch, "%c", 'a' + a->chunk);
+    switch (a->kind) {
+    case ACT_SEND_ACT: return snprintf(buf, cap, "sa%d%s>%d", a->mb, ch, a->peer);
+    case ACT_RECV_ACT: return snprintf(buf, cap, "ra%d%s<%d", a->mb, ch, a->peer);
+    case ACT_SEND_GRAD: return snprintf(buf, cap, "sg%d%s>%d", a->mb, ch, a->peer);
+    case ACT_RECV_GRAD: return snprintf(buf, cap, "rg%d%s<%d", a->mb, ch, a->peer);
+    default: return snprintf(buf, cap, "%s%d%s", ACTION_NAMES[a->kind], a->mb, ch);
+    }
+}
+
+void schedule_dump(FILE *f, const Schedule *s) {
+    int p = s->p;
+    fprintf(f, "schedule %s: %d ranks, %d micro-batches, %d chunk%s per rank%s\n", SCHEDULE_NAMES[s->kind], p, s->m, s->v,
+            s->v > 1 ? "s" : "", s->split ? "; B and W apart" : "; each W right after its B");
+    fprintf(f, "actions: F/B/W<mb>%s; sa/ra = send/receive activation, sg/rg = send/receive gradient, >peer <peer\n",
+            s->v > 1 ? "<chunk a, b, ...>" : "");
+    char buf[64];
+    for (int r = 0; r < p; r++) {
+        fprintf(f, "rank %d (bound %d chunk activations, %d activation sets):", r, s->bound[r], s->slots[r]);
+        for (int i = 0; i < s->n[r]; i++) {
+            label(buf, sizeof buf, s, &s->a[r][i]);
+            fprintf(f, " %s", buf);
+        }
+        fprintf(f, "\n");
+    }
+    double **start = xmalloc(sizeof(double *) * (size_t)p);
+    for (int r = 0; r < p; r++) start[r] = xmalloc(sizeof(double) * (size_t)(s->n[r] ? s->n[r] : 1));
+    double T = schedule_times(s, 1, 1, 1, start);
+    if (T < 0) {
+        fprintf(f, "timeline: the action lists deadlock\n");
+    } else {
+        int width = 2, cells = (int)T;
+        for (int r = 0; r < p; r++)
+            for (int i = 0; i < s->n[r]; i++) {
+                int w = label(buf, sizeof buf, s, &s->a[r][i]);
+                if (start[r][i] >= 0 && w > width) width = w;
+            }
+        fprintf(f, "timeline (F = B = W = 1 unit, hand-offs free; . idle), %d units:\n", cells);
+        char *row = xmalloc((size_t)cells * (width + 1) + 1);
+        long busy = 0;
+        for (int r = 0; r < p; r++) {
+            for (int c = 0; c < cells; c++) {
+                memset(row + (size_t)c * (width + 1), ' ', (size_t)width + 1);
+                row[(size_t)c * (width + 1)] = '.';
+            }
+            row[(size_t)cells * (width + 1)] = 0;
+            for (int i = 0; i < s->n[r]; i++) {
+                if (start[r][i] < 0) continue;
+                int w = label(buf, sizeof buf, s, &s->a[r][i]);
+                memcpy(row + (size_t)start[r][i] * (width + 1), buf, (size_t)w);
+                busy++;
+            }
+            for (char *e = row + strlen(row); e > row && e[-1] == ' ';) *--e = 0;
+            fprintf(f, "rank %d | %s\n", r, row);
+        }
+        free(row);
+        fprintf(f, "bubble: %.1f%% of %d ranks x %d units idle\n", 100.0 * (1.0 - (double)busy / ((double)p * cells)), p, cells);
+    }
+    for (int r = 0; r < p; r++) free(start[r]);
+    free(start);
+}
+
+// ./train schedule: one schedule's action lists and timeline, for a reader.
+static int flag_int(const char *flag, const char *v, int lo, int hi) {
+    char *end;
+    long x = v ? strtol(v, &end, 10) : 0;
+    if (!v || !*v || *end || x < lo || x > hi) die("%s '%s': expected an integer from %d to %d", flag, v ? v : "", lo, hi);
+    return (int)x;
+}
+
+int schedule_main(int argc, char **argv) {
+    int p = 0, m = 0, v = 0, kind = SCHED_1F1B;
+    for (int i = 1; i < argc; i++) {
+        const char *f = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
+            printf("usage: ./train schedule --pp P --micro-batches M [--pp-virtual V] [--pp-schedule 1f1b|interleaved|zb-h1|zb-v]\n"
+                   "prints each rank's actions (F, B, W, hand-offs) and a unit-time timeline of the schedule\n");
+            return 0;
+        }
+        if (!val) die("%s needs a value (./train schedule --help)", f);
+        if (!strcmp(f, "--pp")) p = flag_int(f, val, 1, 64);
+        else if (!strcmp(f, "--micro-batches")) m = flag_int(f, val, 1, 4096);
+        else if (!strcmp(f, "--pp-virtual")) v = flag_int(f, val, 1, 16);
+        else if (!strcmp(f, "--pp-schedule")) {
+            kind = schedule_parse(val);
+            if (kind < 0) die("--pp-schedule '%s': expected 1f1b, interleaved, zb-h1 or zb-v", val);
+        } else die("unknown flag '%s' for ./train schedule (./train schedule --help)", f);
+        i++;
+    }
+    if (!p || !m) die("./train schedule needs --pp P and --micro-batches M");
+    if (!v) v = kind == SCHED_ZBV ? 2 : 1;
+    Schedule s;
+    char why[256];
+    if (schedule_build(&s, kind, p, m, v, why, sizeof why)) die("%s", why);
+    schedule_dump(stdout, &s);
+    schedule_free(&s);
+    return 0;
+}

@@ -1,0 +1,77 @@
+// schedule.h: pipeline schedules as action lists. One function computes, from p stages (ranks), m
+// micro-batches and v chunks per rank, what each rank does in a step and in which order: forwards
+// (F), input-gradient backwards (B), weight-gradient backwards (W), and the hand-offs between ranks
+// (send and receive of an activation or of a gradient), each naming its micro-batch, its chunk and,
+// for hand-offs, the peer rank. Nothing here runs a model; pipeline.c executes the lists.
+//
+// The schedules (the paper: Qi et al., "Zero Bubble Pipeline Parallelism", arXiv 2401.10241):
+//   1f1b         stage r runs min(p-r-1, m) warm-up forwards, then one forward / one backward, then the
+//                remaining backwards; each W directly follows its B (one merged backward, as before
+//                the split). At most p-r micro-batches in flight on rank r.
+//   interleaved  Megatron-LM's interleaved 1F1B over v chunks per rank (chunk c of rank r is virtual
+//                stage c·p + r): groups of p micro-batches visit the chunks in turn, forwards in chunk
+//                order and backwards in reverse, warm-up (p-r-1)·2 + (v-1)·p; W follows its B. Needs
+//                m a multiple of p. At most min(m·v, warm-up + 1) chunk activations on rank r.
+//   zb-h1        1f1b's order of F and B with B and W apart: rank r delays its W passes by r
+//                iterations, so every rank holds min(p, m) micro-batches (1f1b's first-rank peak) and
+//                the Ws fill the drain; bubble (p-1)(F+B-W) instead of 1f1b's (p-1)(F+B+W).
+//   zb-v         two chunks per rank in a V: chunk 0 of rank r is virtual stage r, chunk 1 is virtual
+//                stage 2p-1-r (the last rank turns the micro-batch round locally; rank 0 holds both
+//                ends of the model, embedding and head). Built by list scheduling with unit F, B and
+//                W times: an idle rank runs a ready B (chunk 0 first), else a ready F (chunk 1 first)
+//                while it holds fewer than 2p chunk activations (1f1b's memory: p micro-batches of a
+//                whole stage), else its oldest pending W. Bubble: the first activation's walk down
+//                the ranks, (p-1) chunk-forwards, once per step.
+// A micro-batch's activations on a rank are in flight from its F to its W. W passes of a chunk run in
+// micro-batch order in every schedule (so the gradient sums are added in 1f1b's order).
+#ifndef LLM4D_SCHEDULE_H
+#define LLM4D_SCHEDULE_H
+
+#include <stdio.h>
+
+enum { SCHED_1F1B, SCHED_INTERLEAVED, SCHED_ZBH1, SCHED_ZBV, SCHED_COUNT };
+extern const char *const SCHEDULE_NAMES[SCHED_COUNT];
+
+enum { ACT_F, ACT_B, ACT_W, ACT_SEND_ACT, ACT_RECV_ACT, ACT_SEND_GRAD, ACT_RECV_GRAD, ACT_NKINDS };
+extern const char *const ACTION_NAMES[ACT_NKINDS];
+
+// One action. Hand-offs: chunk is this rank's chunk that produced (send) or will consume (receive) the
+// tensor, peer the other rank; a message is named by (micro-batch, the virtual stage that produced it,
+// direction). peer is -1 for F, B and W.
+typedef struct {
+    int kind, mb, chunk, peer;
+} Action;
+
+typedef struct {
+    int kind, p, m, v;
+    int split;       // B and W are apart (zb-h1, zb-v); 0: each W directly follows its B
+    int *n;          // [p] actions per rank
+    Action **a;      // [p][n[r]]
+    int *bound;      // [p] the schedule's stated bound on chunk activations in flight (F done, W not)
+    int *slots;      // [p] activation sets a rank needs when micro-batch mb uses set mb % slots:
+                     // the widest span of micro-batches in flight at once, from the order itself
+} Schedule;
+
+// The schedule named on a command line (--pp-schedule), or -1.
+int schedule_parse(const char *name);
+// Builds the action lists of schedule `kind` for p ranks, m micro-batches and v chunks per rank
+// (interleaved: v >= 1, m a multiple of p when v > 1; zb-v: v must be 2; 1f1b, zb-h1: v must be 1).
+// Returns 0 and fills s, or -1 with one line in why naming what does not fit.
+int schedule_build(Schedule *s, int kind, int p, int m, int v, char *why, size_t why_cap);
+void schedule_free(Schedule *s);
+// Where chunk c of rank r sits in the model (its virtual stage, 0 .. p·v-1), and its neighbours: the rank
+// and chunk that feed it (prev) and that it feeds (next); -1 at the model's ends.
+int schedule_vstage(const Schedule *s, int r, int c);
+void schedule_prev(const Schedule *s, int r, int c, int *pr, int *pc);
+void schedule_next(const Schedule *s, int r, int c, int *nr, int *nc);
+// Start times of every compute action with F, B and W taking tf, tb and tw and hand-offs free (a
+// receive waits for its send; sends never wait): start[r][i] for action i of rank r (-1 for hand-offs).
+// Returns the makespan, or -1 if the lists deadlock. start may be NULL.
+double schedule_times(const Schedule *s, double tf, double tb, double tw, double **start);
+// For a reader (./train schedule): the per-rank action lists and an ASCII timeline in unit times, one
+// row per rank, each cell an F, B or W with its micro-batch (and chunk letter a, b, ... when v > 1).
+void schedule_dump(FILE *f, const Schedule *s);
+// ./train schedule --pp P --micro-batches M [--pp-virtual V] [--pp-schedule NAME]: builds and dumps one.
+int schedule_main(int argc, char **argv);
+
+#endif

@@ -1,0 +1,262 @@
+// test_schedule.c: the pipeline schedules' action lists (schedule.h) against their definitions, for
+// every schedule, p <= 8 ranks and m <= 64 micro-batches (v = 2 for interleaved and zb-v). A simulator
+// written here (not schedule_times) runs each rank's list in order, with receives that block until the
+// matching send (named by micro-batch, producing virtual stage and direction) and sends that do not
+// wait, and checks: every (micro-batch, chunk) has exactly one F, B and W on the rank holding the chunk;
+// F before B before W; every hand-off received once, sent after the tensor was computed and received
+// before it is used; every cross-stage dependency honoured in time; no deadlock; chunk activations in
+// flight (F done, W not) never above the stated bound, and activation sets mb % slots never shared; W
+// of a chunk in micro-batch order; the unit-time bubble against the paper's formulas. Then it breaks
+// schedules on purpose (swapped or dropped actions) and checks the checker notices.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "schedule.h"
+
+enum { E_COUNT = 1, E_ORDER = 2, E_HANDOFF = 4, E_DEP = 8, E_DEADLOCK = 16, E_BOUND = 32, E_WORDER = 64, E_BUBBLE = 128 };
+
+static int verbose;
+#define FAIL(bit, ...)                                                                                     \
+    do {                                                                                                   \
+        if (verbose) fprintf(stderr, __VA_ARGS__);                                                         \
+        err |= (bit);                                                                                      \
+    } while (0)
+
+// the stated bounds of schedule.h, written out again here from the schedule definitions
+static int bound_of(int kind, int p, int m, int v, int r) {
+    int b = kind == SCHED_1F1B ? p - r
+            : kind == SCHED_INTERLEAVED ? (v == 1 ? p - r : (p - r - 1) * 2 + (v - 1) * p + 1)
+            : kind == SCHED_ZBH1 ? p
+                                 : 2 * p;
+    return b < m * v ? b : m * v;
+}
+
+// Runs s with F, B, W taking tf, tb, tw (dur, when not NULL, gives each compute action its own time) and
+// returns the failures found; *makespan gets the end of the last action.
+static int check(const Schedule *s, double tf, double tb, double tw, const double *const *dur, double *makespan) {
+    int p = s->p, m = s->m, v = s->v, nv = p * v, err = 0;
+    size_t n3 = (size_t)m * nv;
+    // per (mb, virtual stage): end times of F, B, W (-1: not yet), and counts
+    double *endF = malloc(sizeof(double) * n3), *endB = malloc(sizeof(double) * n3), *endW = malloc(sizeof(double) * n3);
+    int *cnt = calloc(n3 * 3, sizeof(int));
+    double *sent = malloc(sizeof(double) * n3 * 2); // message (mb, producing stage, dir): post time
+    int *nsent = calloc(n3 * 2, sizeof(int)), *nrecv = calloc(n3 * 2, sizeof(int));
+    for (size_t i = 0; i < n3; i++) endF[i] = endB[i] = endW[i] = -1;
+    for (size_t i = 0; i < n3 * 2; i++) sent[i] = -1;
+    // per rank: position, clock, chunk activations in flight, which set each micro-batch holds
+    int *at = calloc((size_t)p, sizeof(int)), *live = calloc((size_t)p, sizeof(int));
+    double *clock = calloc((size_t)p, sizeof(double));
+    int *setholder = malloc(sizeof(int) * (size_t)p * m), *mbchunks = calloc((size_t)p * m, sizeof(int));
+    int *lastw = malloc(sizeof(int) * (size_t)nv), *recvd = calloc(n3 * 2, sizeof(int));
+    for (int i = 0; i < p * m; i++) setholder[i] = -1;
+    for (int i = 0; i < nv; i++) lastw[i] = -1;
+    int left = 0;
+    for (int r = 0; r < p; r++) left += s->n[r];
+    for (int progress = 1; left && progress;) {
+        progress = 0;
+        for (int r = 0; r < p; r++) {
+            for (; at[r] < s->n[r]; at[r]++, left--, progress = 1) {
+                const Action *a = &s->a[r][at[r]];
+                if (a->mb < 0 || a->mb >= m || a->chunk < 0 || a->chunk >= v) {
+                    FAIL(E_COUNT, "rank %d: action %d names micro-batch %d chunk %d\n", r, at[r], a->mb, a->chunk);
+                    continue;
+                }
+                int vs = schedule_vstage(s, r, a->chunk);
+                size_t i = (size_t)a->mb * nv + vs;
+                if (a->kind == ACT_SEND_ACT || a->kind == ACT_SEND_GRAD) {
+                    int g = a->kind == ACT_SEND_GRAD, to = g ? vs - 1 : vs + 1;
+                    if ((g ? endB[i] : endF[i]) < 0) FAIL(E_HANDOFF, "rank %d: sends mb %d stage %d before computing it\n", r, a->mb, vs);
+                    if (to < 0 || to >= nv) FAIL(E_HANDOFF, "rank %d: sends past the model's end\n", r);
+                    if (nsent[i * 2 + g]++) FAIL(E_HANDOFF, "rank %d: sends mb %d stage %d twice\n", r, a->mb, vs);
+                    sent[i * 2 + g] = clock[r];
+                    continue;
+                }
+                if (a->kind == ACT_RECV_ACT || a->kind == ACT_RECV_GRAD) {
+                    int g = a->kind == ACT_RECV_GRAD, from = g ? vs + 1 : vs - 1;
+                    if (from < 0 || from >= nv) {
+                        FAIL(E_HANDOFF, "rank %d: receives from past the model's end\n", r);
+                        continue;
+                    }
+                    size_t j = ((size_t)a->mb * nv + from) * 2 + g;
+                    if (sent[j] < 0) break; // blocks
+                    if (sent[j] > clock[r]) clock[r] = sent[j];
+                    if (nrecv[j]++) FAIL(E_HANDOFF, "rank %d: receives mb %d twice\n", r, a->mb);
+                    recvd[j] = r + 1;
+                    continue;
+                }
+                double d = dur ? dur[r][at[r]] : a->kind == ACT_F ? tf : a->kind == ACT_B ? tb : tw;
+                double t0 = clock[r], t1 = t0 + d;
+                clock[r] = t1;
+                cnt[i * 3 + a->kind]++;
+                if (a->kind == ACT_F) {
+                    if (vs > 0) { // the input: computed before, and here (received, or this rank's own chunk)
+                        size_t j = (size_t)a->mb * nv + vs - 1;
+                        if (endF[j] < 0 || endF[j] > t0) FAIL(E_DEP, "rank %d: F mb %d stage %d before its input\n", r, a->mb, vs);
+                        int pr, pc;
+                        schedule_prev(s, r, a->chunk, &pr, &pc);
+                        if (pr != r && recvd[j * 2] != r + 1) FAIL(E_HANDOFF, "rank %d: F mb %d stage %d without receiving its input\n", r, a->mb, vs);
+                    }
+                    endF[i] = t1;
+                    if (++live[r] > bound_of(s->kind, p, m, v, r) || live[r] > s->bound[r])
+                        FAIL(E_BOUND, "rank %d: %d chunk activations in flight, bound %d\n", r, live[r], s->bound[r]);
+                    int set = a->mb % s->slots[r], *h = &setholder[r * m + set];
+                    if (*h >= 0 && *h != a->mb) FAIL(E_BOUND, "rank %d: mb %d and %d share set %d\n", r, a->mb, *h, set);
+                    *h = a->mb;
+                    mbchunks[r * m + a->mb]++;
+                } else if (a->kind == ACT_B) {
+                    if (endF[i] < 0) FAIL(E_ORDER, "rank %d: B mb %d stage %d before its F\n", r, a->mb, vs);
+                    double need = vs == nv - 1 ? endF[i] : endB[(size_t)a->mb * nv + vs + 1];
+                    if (need < 0 || need > t0) FAIL(E_DEP, "rank %d: B mb %d stage %d before its output gradient\n", r, a->mb, vs);
+                    if (vs < nv - 1) {
+                        int nr, nc;
+                        schedule_next(s, r, a->chunk, &nr, &nc);
+                        if (nr != r && recvd[((size_t)a->mb * nv + vs + 1) * 2 + 1] != r + 1)
+                            FAIL(E_HANDOFF, "rank %d: B mb %d without receiving its gradient\n", r, a->mb);
+                    }
+                    endB[i] = t1;
+                } else {
+                    if (endB[i] < 0) FAIL(E_ORDER, "rank %d: W mb %d stage %d before its B\n", r, a->mb, vs);
+                    if (a->mb != lastw[vs] + 1) FAIL(E_WORDER, "rank %d: W mb %d of stage %d after W mb %d\n", r, a->mb, vs, lastw[vs]);
+                    lastw[vs] = a->mb;
+                    endW[i] = t1;
+                    live[r]--;
+                    if (--mbchunks[r * m + a->mb] == 0) setholder[r * m + a->mb % s->slots[r]] = -1;
+                }
+            }
+        }
+    }
+    if (left) FAIL(E_DEADLOCK, "deadlock: %d actions never ran\n", left);
+    for (int r = 0; r < p; r++)
+        for (int c = 0; c < v; c++)
+            for (int mb = 0; mb < m; mb++) {
+                size_t i = (size_t)mb * nv + schedule_vstage(s, r, c);
+                for (int k = 0; k < 3; k++)
+                    if (cnt[i * 3 + k] != 1) FAIL(E_COUNT, "rank %d: mb %d chunk %d has %d %s\n", r, mb, c, cnt[i * 3 + k], ACTION_NAMES[k]);
+            }
+    for (size_t j = 0; j < n3 * 2; j++)
+        if (nsent[j] != nrecv[j]) FAIL(E_HANDOFF, "message %zu sent %d times, received %d\n", j, nsent[j], nrecv[j]);
+    *makespan = 0;
+    for (int r = 0; r < p; r++)
+        if (clock[r] > *makespan) *makespan = clock[r];
+    free(endF), free(endB), free(endW), free(cnt), free(sent), free(nsent), free(nrecv), free(at), free(live);
+    free(clock), free(setholder), free(mbchunks), free(lastw), free(recvd);
+    return err;
+}
+
+// The unit-time bubble against the formulas (F = B = W = 1 per chunk): the makespan T against the work
+// 3·m·v per rank. 1f1b: T = 3(m + p - 1), bubble (p-1)/(m+p-1). interleaved: T = 3(v·m + p - 1), bubble
+// (p-1)/(v·m+p-1). zb-h1: bubble (p-1)(F+B-W) = p-1 units, a third of 1f1b's 3(p-1), when m >= p. zb-v:
+// never below the first activation's walk down the ranks, 6m + p - 1, and when m >= 2p at most two units
+// above it (the list scheduler's loss), which is below zb-h1's 2(p-1) chunk units for p >= 4.
+static int bubble_ok(const Schedule *s, double T) {
+    int p = s->p, m = s->m, v = s->v;
+    switch (s->kind) {
+    case SCHED_1F1B: return T == 3.0 * (m + p - 1);
+    case SCHED_INTERLEAVED: return T == 3.0 * (v * m + p - 1);
+    case SCHED_ZBH1: return m >= p ? T == 3.0 * m + p - 1 : T <= 3.0 * (m + p - 1);
+    default: return T >= 6.0 * m + p - 1 && (m >= 2 * p ? T <= 6.0 * m + p + 1 : T <= 6.0 * (m + p - 1));
+    }
+}
+
+static unsigned long long rng = 88172645463325252ull;
+static double urand(void) {
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    return (double)(rng >> 11) / 9007199254740992.0;
+}
+
+static int run_all(void) {
+    int bad = 0, checked = 0;
+    char why[256];
+    for (int kind = 0; kind < SCHED_COUNT; kind++)
+        for (int p = 1; p <= 8; p++)
+            for (int m = 1; m <= 64; m++) {
+                int v = kind == SCHED_ZBV || (kind == SCHED_INTERLEAVED && m % p == 0) ? 2 : 1;
+                Schedule s;
+                if (schedule_build(&s, kind, p, m, v, why, sizeof why)) {
+                    fprintf(stderr, "FAIL %s p %d m %d v %d: %s\n", SCHEDULE_NAMES[kind], p, m, v, why);
+                    bad++;
+                    continue;
+                }
+                double T, T2, T3;
+                int err = check(&s, 1, 1, 1, NULL, &T);
+                if (!bubble_ok(&s, T)) err |= E_BUBBLE;
+                // other times, and every action its own: the order alone must stay deadlock free and correct
+                err |= check(&s, 1, 2, 1, NULL, &T2);
+                double **dur = malloc(sizeof(double *) * (size_t)p);
+                for (int r = 0; r < p; r++) {
+                    dur[r] = malloc(sizeof(double) * (size_t)(s.n[r] + 1));
+                    for (int i = 0; i < s.n[r]; i++) dur[r][i] = 0.25 + urand();
+                }
+                err |= check(&s, 0, 0, 0, (const double *const *)dur, &T3);
+                for (int r = 0; r < p; r++) free(dur[r]);
+                free(dur);
+                double T4 = schedule_times(&s, 1, 1, 1, NULL); // the dump's timeline agrees with this simulator
+                if (T4 != T) err |= E_BUBBLE;
+                if (err) {
+                    fprintf(stderr, "FAIL %s p %d m %d v %d: errors 0x%x, unit-time makespan %g (schedule_times %g)\n",
+                            SCHEDULE_NAMES[kind], p, m, v, err, T, T4);
+                    verbose = 1;
+                    check(&s, 1, 1, 1, NULL, &T);
+                    verbose = 0;
+                    bad++;
+                }
+                checked++;
+                schedule_free(&s);
+            }
+    printf("%d schedules checked (4 kinds, p 1..8, m 1..64), %d failed\n", checked, bad);
+    return bad;
+}
+
+// A broken copy of a schedule: the actions at (rank, i) and (rank, j) swapped, or (j < 0) action i dropped.
+static int find(const Schedule *s, int r, int kind, int mb, int chunk) {
+    for (int i = 0; i < s->n[r]; i++)
+        if (s->a[r][i].kind == kind && s->a[r][i].mb == mb && s->a[r][i].chunk == chunk) return i;
+    fprintf(stderr, "test: no %s mb %d chunk %d on rank %d\n", ACTION_NAMES[kind], mb, chunk, r);
+    exit(1);
+}
+static int broken(int kind, int p, int m, int v, int r, int ka, int mba, int ca, int kb, int mbb, int cb, int want) {
+    Schedule s;
+    char why[256];
+    if (schedule_build(&s, kind, p, m, v, why, sizeof why)) return fprintf(stderr, "%s\n", why), 1;
+    int i = find(&s, r, ka, mba, ca);
+    if (kb < 0) {
+        memmove(&s.a[r][i], &s.a[r][i + 1], sizeof(Action) * (size_t)(s.n[r] - i - 1));
+        s.n[r]--;
+    } else {
+        int j = find(&s, r, kb, mbb, cb);
+        Action t = s.a[r][i];
+        s.a[r][i] = s.a[r][j];
+        s.a[r][j] = t;
+    }
+    double T;
+    int err = check(&s, 1, 1, 1, NULL, &T);
+    if (!bubble_ok(&s, T)) err |= E_BUBBLE;
+    schedule_free(&s);
+    int ok = (err & want) != 0;
+    printf("%s broken %s p %d m %d rank %d: errors 0x%x (want 0x%x)\n", ok ? "ok" : "FAIL", SCHEDULE_NAMES[kind], p, m, r, err, want);
+    return !ok;
+}
+
+int main(void) {
+    int bad = run_all();
+    // the checker fails broken schedules: B before its F; a W dropped; Ws of a chunk out of order; a receive
+    // moved ahead of the send it needs (deadlock); a forward pulled ahead of a backward (over the bound);
+    // a receive moved after its use; the zb-h1 bubble of a schedule that runs W before the next F
+    bad += broken(SCHED_1F1B, 4, 8, 1, 3, ACT_F, 0, 0, ACT_B, 0, 0, E_ORDER);
+    bad += broken(SCHED_ZBH1, 4, 8, 1, 1, ACT_W, 5, 0, -1, 0, 0, E_COUNT);
+    bad += broken(SCHED_ZBV, 4, 8, 2, 2, ACT_W, 1, 0, ACT_W, 2, 0, E_WORDER);
+    bad += broken(SCHED_1F1B, 2, 2, 1, 0, ACT_F, 0, 0, ACT_RECV_GRAD, 0, 0, E_DEADLOCK);
+    bad += broken(SCHED_1F1B, 4, 8, 1, 0, ACT_F, 4, 0, ACT_B, 0, 0, E_BOUND);
+    bad += broken(SCHED_INTERLEAVED, 4, 8, 2, 1, ACT_RECV_ACT, 2, 0, ACT_F, 2, 0, E_HANDOFF | E_DEP);
+    bad += broken(SCHED_ZBH1, 4, 8, 1, 0, ACT_W, 0, 0, ACT_F, 4, 0, E_BUBBLE | E_BOUND);
+    // what does not fit is refused, with a reason
+    Schedule s;
+    char why[256];
+    int refused = schedule_build(&s, SCHED_ZBV, 4, 8, 1, why, sizeof why) && schedule_build(&s, SCHED_INTERLEAVED, 4, 6, 2, why, sizeof why) &&
+                  schedule_build(&s, SCHED_ZBH1, 4, 8, 2, why, sizeof why) && schedule_parse("zb-h2") < 0 && schedule_parse("zb-v") == SCHED_ZBV;
+    printf("%s bad combinations refused (last: %s)\n", refused ? "ok" : "FAIL", why);
+    bad += !refused;
+    printf(bad ? "FAIL test_schedule\n" : "ok test_schedule\n");
+    return bad ? 1 : 0;
+}
