@@ -164,7 +164,11 @@ void init_locked() {
     // make them: every rank may see its own GPU as device 0; the UUID tells them apart.
     for (int d = 0; d < 16; d++) e.gpu_id[d] = d;
     const char *ids = getenv("LLM4D_EMU_GPU_IDS");
-    if (ids && *ids) {
+    if (ids && !strcmp(ids, "local-rank")) { // one GPU a rank, each seen as device 0 (Slurm's --gpus-per-task)
+        const char *lr = getenv("LOCAL_RANK");
+        e.ndev = 1;
+        e.gpu_id[0] = lr ? atoi(lr) : 0;
+    } else if (ids && *ids) {
         const char *c = ids;
         for (int d = 0; d < e.ndev; d++) {
             char *end;

@@ -149,7 +149,7 @@ t_emu_multirank() {
     local shape=(--device cuda --dtype fp32 --layers 2 --channels 64 --heads 2 --vocab 256 --seq-len 32 --micro-batch 2 --steps 1
         --lr 1e-3 --train "$DATA/train.bin" --comm-timeout 120)
     $EMU_TRAIN "${shape[@]}" --batch-tokens 128 --log "$d/one.jsonl" --save-model "$d/one.bin" >"$d/one.out" 2>&1 || { tail -n 5 "$d/one.out"; return 1; }
-    for l in "dp2z0|--zero 0" "dp2z3|--zero 3" "tp2|--tp 2" "pp2|--pp 2" "cp2|--cp 2"; do
+    for l in "dp2z0|--zero 0" "dp2z1|--zero 1" "dp2z2|--zero 2" "dp2z3|--zero 3" "tp2|--tp 2" "pp2|--pp 2" "cp2|--cp 2"; do
         n=${l%%|*}
         $EMU_TRAIN --nproc 2 ${l#*|} "${shape[@]}" --batch-tokens 128 --log "$d/$n.jsonl" --save-model "$d/$n.bin" >"$d/$n.out" 2>&1 ||
             { echo "$n failed:"; tail -n 5 "$d/$n.out"; ok=1; continue; }
@@ -159,11 +159,20 @@ t_emu_multirank() {
         >"$d/dp2gpus.out" 2>&1 || { echo "dp2 on 2 GPUs failed:"; tail -n 5 "$d/dp2gpus.out"; ok=1; }
     $EMU_TRAIN --nproc 2 --transport tcp "${shape[@]}" --batch-tokens 128 --log "$d/dp2tcp.jsonl" --save-model "$d/dp2tcp.bin" \
         >"$d/dp2tcp.out" 2>&1 || { echo "dp2 over tcp failed:"; tail -n 5 "$d/dp2tcp.out"; ok=1; }
+    # each rank sees only its own GPU, as device 0 (CUDA_VISIBLE_DEVICES or Slurm's --gpus-per-task per
+    # rank): the peers' memory is on another GPU although the ordinals agree (told apart by UUID)
+    LLM4D_EMU_GPU_IDS=local-rank $EMU_TRAIN --nproc 2 --zero 1 "${shape[@]}" --batch-tokens 128 --log "$d/dp2own.jsonl" \
+        --save-model "$d/dp2own.bin" >"$d/dp2own.out" 2>&1 || { echo "dp2, a GPU each seen as device 0, failed:"; tail -n 5 "$d/dp2own.out"; ok=1; }
+    # four ranks on four emulated GPUs: TP 2 x DP 2 (ZeRO-1)
+    LLM4D_EMU_DEVICES=4 $EMU_TRAIN --nproc 4 --tp 2 --zero 1 "${shape[@]}" --batch-tokens 128 --log "$d/tp2dp2.jsonl" \
+        --save-model "$d/tp2dp2.bin" >"$d/tp2dp2.out" 2>&1 || { echo "tp2 x dp2 on 4 GPUs failed:"; tail -n 5 "$d/tp2dp2.out"; ok=1; }
     # four ranks on one emulated GPU: TP 2 x PP 2
     $EMU_TRAIN --nproc 4 --tp 2 --pp 2 "${shape[@]}" --batch-tokens 128 --log "$d/tp2pp2.jsonl" --save-model "$d/tp2pp2.bin" \
         >"$d/tp2pp2.out" 2>&1 || { echo "tp2 x pp2 failed:"; tail -n 5 "$d/tp2pp2.out"; ok=1; }
-    $PY test/compare_runs.py 1e-4 "$d/one" "$d/dp2z0" "$d/dp2z3" "$d/tp2" "$d/pp2" "$d/cp2" "$d/dp2gpus" "$d/dp2tcp" "$d/tp2pp2" || ok=1
-    cmp "$d/dp2z0.bin" "$d/dp2z3.bin" && echo "ZeRO-3 bitwise ZeRO-0" || ok=1
+    $PY test/compare_runs.py 1e-4 "$d/one" "$d/dp2z0" "$d/dp2z1" "$d/dp2z2" "$d/dp2z3" "$d/tp2" "$d/pp2" "$d/cp2" "$d/dp2gpus" \
+        "$d/dp2tcp" "$d/dp2own" "$d/tp2dp2" "$d/tp2pp2" || ok=1
+    for z in 1 2 3; do cmp "$d/dp2z0.bin" "$d/dp2z$z.bin" && echo "ZeRO-$z bitwise ZeRO-0" || ok=1; done
+    cmp "$d/dp2z1.bin" "$d/dp2own.bin" && echo "a GPU each (seen as device 0) bitwise one GPU" || ok=1
     return $ok
 }
 
