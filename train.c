@@ -742,6 +742,7 @@ static void dump_step0(Trainer *t) {
 static int trainer_status(const Trainer *t) {
     const CkptEvent *e = &t->last_ckpt;
     if (!t->o.ckpt_dir || !t->lay.lead || e->step < 0 || e->ok) return 0;
+    fflush(stdout); // the line comes last
     error_line("the last checkpoint (step %lld, %s) could not be written (%s): the run ends with an error%s",
                (long long)e->step, e->path, e->msg, t->o.save_model ? "; its model is in --save-model" : "");
     return 1;

@@ -164,8 +164,8 @@ t_ckpt_bad() {
 }
 
 # A full disk during a save (a small tmpfs): the checkpoint is given up with a warning, the previous
-# one stays intact, no temporary is left, the run goes on and ends well; resuming from the survivor
-# gives the uninterrupted run's model.
+# one stays intact, no temporary is left, the run goes on to its end, where it exits 1 saying that its
+# last checkpoint failed; resuming from the survivor gives the uninterrupted run's model.
 t_ckpt_full_disk() {
     [ "$(id -u)" -eq 0 ] || { echo "not root: cannot mount a small tmpfs"; return 77; }
     local d=$WORK/ckfull
@@ -176,13 +176,24 @@ t_ckpt_full_disk() {
     bytes=$(cat "$d"/probe/ckpt_00000006/* | wc -c) # room for one checkpoint, not for another rank's shard besides
     mount -t tmpfs -o size=$((bytes * 5 / 4)) llm4d-test "$d/mnt" 2>/dev/null || { echo "cannot mount a tmpfs here"; return 77; }
     local rc=0
-    timeout 300 $TRAIN "${S[@]}" --ckpt-dir "$d/mnt/c" --ckpt-every 2 >"$d/out" 2>"$d/err" || { echo "FAIL: the run stopped"; rc=1; }
+    # every checkpoint after the first fails, the last one included: the run trains to its end and exits 1,
+    # its last line saying that the last checkpoint was not written
+    timeout 300 $TRAIN "${S[@]}" --ckpt-dir "$d/mnt/c" --ckpt-every 2 >"$d/out" 2>"$d/err"
+    local st=$?
     cat "$d/err"
+    [ $st -eq 1 ] || { echo "FAIL: exit status $st with the last checkpoint unwritten (expected 1)"; rc=1; }
+    grep -q '^step    6/6 ' "$d/out" || { echo "FAIL: the run did not train to its end"; rc=1; }
+    tail -n 1 "$d/err" | grep -q "^error: the last checkpoint (step 6, $d/mnt/c/ckpt_00000006) could not be written (rank [01]: .*No space left on device): the run ends with an error" ||
+        { echo "FAIL: the last line does not say that the last checkpoint failed"; rc=1; }
     grep -q "^warning: the checkpoint of step 4 was not written (rank [01]: cannot write $d/mnt/c/ckpt_00000004/rank_0000[01].safetensors: No space left on device); training goes on" "$d/err" ||
         { echo "FAIL: no warning for the checkpoint of step 4"; rc=1; }
     [ "$(ls -I llm4d.lock "$d/mnt/c")" = ckpt_00000002 ] || { echo "FAIL: left in the tmpfs: $(ls -I llm4d.lock "$d/mnt/c")"; rc=1; }
     [ -z "$(find "$d/mnt" -name '*.tmp.*')" ] || { echo "FAIL: temporaries left"; rc=1; }
-    timeout 300 $TRAIN "${S[@]}" --ckpt-dir "$d/mnt/c" --resume --save-model "$d/resumed.bin" >"$d/out2" 2>&1 || rc=1
+    # (its own last checkpoint has no room either: it exits 1 too, with the model saved)
+    timeout 300 $TRAIN "${S[@]}" --ckpt-dir "$d/mnt/c" --resume --save-model "$d/resumed.bin" >"$d/out2" 2>&1
+    st=$?
+    [ $st -eq 1 ] && tail -n 1 "$d/out2" | grep -q "^error: the last checkpoint (step 6, .*its model is in --save-model$" ||
+        { echo "FAIL: the resumed run: exit status $st, last line $(tail -n 1 "$d/out2")"; rc=1; }
     grep -q "^resumed from $d/mnt/c/ckpt_00000002: step 2" "$d/out2" || { echo "FAIL: did not resume from step 2"; rc=1; }
     cmp "$d/ref.bin" "$d/resumed.bin" || rc=1
     umount "$d/mnt"
@@ -210,6 +221,34 @@ t_ckpt_sigterm() {
     [ -f "$d/c/$(printf 'ckpt_%08d' "$s")/manifest.json" ] || { echo "FAIL: no complete checkpoint of step $s"; return 1; }
     $TRAIN --nproc 2 "${S[@]}" --steps $((s + 3)) --save-model "$d/ref.bin" >/dev/null 2>&1 || return 1
     $TRAIN --nproc 2 "${S[@]}" --steps $((s + 3)) --resume "$d/c/$(printf 'ckpt_%08d' "$s")" --save-model "$d/resumed.bin" \
+        >/dev/null 2>&1 || return 1
+    cmp "$d/ref.bin" "$d/resumed.bin"
+}
+
+# Ctrl-C on a single rank (no launcher): SIGINT after its first step stops it at the next step boundary
+# with a checkpoint and exit status 130, as under --nproc; continuing from that checkpoint gives the
+# uninterrupted run's model, byte for byte.
+t_ckpt_sigint() {
+    local d=$WORK/ckint
+    mkdir -p "$d"
+    local S=("${CK[@]}" --layers 2 --train "$DATA/train.bin" --batch-tokens 64 --schedule constant)
+    $TRAIN "${S[@]}" --steps 100000 --ckpt-dir "$d/c" --log "$d/log.jsonl" >"$d/out" 2>&1 &
+    local pid=$! i
+    for i in $(seq 1 600); do # until its first step is logged (bounded: 60 s)
+        grep -q '"step":1,' "$d/log.jsonl" 2>/dev/null && break
+        sleep 0.1
+    done
+    kill -INT $pid
+    wait $pid
+    local st=$?
+    [ $st -eq 130 ] || { echo "FAIL: exit status $st (expected 130)"; tail -5 "$d/out"; return 1; }
+    local s
+    s=$(sed -n 's/^received SIGINT: stopping cleanly after \([0-9]*\) of 100000 steps, with a checkpoint$/\1/p' "$d/out")
+    [ -n "$s" ] || { echo "FAIL: no stop message"; tail -5 "$d/out"; return 1; }
+    echo "stopped after $s steps"
+    [ -f "$d/c/$(printf 'ckpt_%08d' "$s")/manifest.json" ] || { echo "FAIL: no complete checkpoint of step $s"; return 1; }
+    $TRAIN "${S[@]}" --steps $((s + 2)) --save-model "$d/ref.bin" >/dev/null 2>&1 || return 1
+    $TRAIN "${S[@]}" --steps $((s + 2)) --resume "$d/c/$(printf 'ckpt_%08d' "$s")" --save-model "$d/resumed.bin" \
         >/dev/null 2>&1 || return 1
     cmp "$d/ref.bin" "$d/resumed.bin"
 }

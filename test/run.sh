@@ -282,6 +282,50 @@ assert same_bf16 == 1.0, "updates were not below bf16 resolution, so this test p
 EOF
 }
 
+# Layout errors before the launcher forks: each bad layout or combination is refused with one error
+# line and nothing else, so no rank ever started (a rank 0 would print the "collectives:" line, and a
+# layout error found by the ranks comes after it); --nproc 256 and 255 included. The timeout only bounds
+# a failure.
+t_prefork_checks() {
+    local d=$WORK/prefork ok=0
+    mkdir -p "$d"
+    $TRAIN "${TINY[@]}" --steps 0 --save-model "$d/m.bin" >/dev/null || return 1
+    refused() { # pattern args...
+        local pattern=$1 out rc
+        shift
+        out=$(timeout 60 $TRAIN "$@" 2>&1)
+        rc=$?
+        if [ $rc -eq 0 ] || [ $rc -eq 124 ]; then echo "FAIL: exit status $rc: $*"; ok=1; return; fi
+        if [ "$(printf '%s\n' "$out" | wc -l)" -ne 1 ] || [ "${out#error: }" = "$out" ]; then
+            echo "FAIL: not one error line (a rank started?): $*"; printf '%s\n' "$out" | head -5; ok=1; return
+        fi
+        grep -qF -- "$pattern" <<<"$out" || { echo "FAIL: missing '$pattern' in: $out"; ok=1; return; }
+        echo "ok: $out"
+    }
+    local S=("${TINY[@]}" --train "$DATA/train.bin" --steps 2)
+    refused "--tp 3 does not divide the model's 4 heads" --nproc 3 --tp 3 "${S[@]}"
+    refused "--tp 3 does not divide the model's 4 heads" --nproc 255 --tp 3 "${S[@]}"
+    refused "--tp 3 x --pp 1 = 3 does not divide the 256 ranks" --nproc 256 --tp 3 "${S[@]}"
+    refused "--tp 3 does not divide the model's 4 heads" --nproc 3 --tp 3 --init-from "$d/m.bin" --seq-len 32 \
+        --train "$DATA/train.bin" --steps 2 # the heads from the file's header
+    refused "--sp needs tensor parallelism (--tp 2 or more)" --nproc 2 --sp "${S[@]}"
+    refused "--pp 4: more pipeline stages than the model's 2 blocks" --nproc 4 --pp 4 "${S[@]}"
+    refused "--pp-layers '1,2' adds up to 3 blocks, but the model has 2" --nproc 2 --pp 2 --pp-layers 1,2 "${S[@]}"
+    refused "--pp-virtual 2: the 3 micro-batch(es) per step must be a multiple of --pp 2" --nproc 2 --pp 2 --pp-virtual 2 \
+        "${TINY[@]}" --layers 4 --micro-batch 1 --batch-tokens 96 --train "$DATA/train.bin" --steps 2
+    refused "--cp 2 cuts each sequence into 4 chunks: --seq-len 30 must be divisible by 4" --nproc 2 --cp 2 "${S[@]}" --seq-len 30
+    refused "--batch-tokens 100 is not a multiple of data-parallel ranks x --micro-batch x --seq-len = 2 x 4 x 32 = 256" \
+        --nproc 2 "${S[@]}" --batch-tokens 100
+    refused "--pp-virtual 16 interleaves pipeline stages: it needs --pp 2 or more" --nproc 2 --pp-virtual 16 "${S[@]}"
+    refused "--pp-virtual 16 interleaves pipeline stages: it needs --pp 2 or more" --pp-virtual 16 "${S[@]}"
+    LLM4D_FAULT="rank=9,step=1" refused "LLM4D_FAULT: rank=9 is not a rank of this 2-rank job" --nproc 2 "${S[@]}"
+    LLM4D_FAULT="rank=1,step=1" refused "LLM4D_FAULT: rank=1 is not a rank of this 1-rank job" "${S[@]}"
+    refused "--init-from and --resume both give the starting weights" --nproc 2 --init-from "$d/m.bin" --seq-len 32 \
+        --train "$DATA/train.bin" --steps 2 --ckpt-dir "$d/c" --resume
+    [ ! -e "$d/c" ] || { echo "FAIL: --ckpt-dir was created"; ok=1; }
+    return $ok
+}
+
 # Bad input: one line on stderr naming the problem, non-zero exit, no crash, also under ASan/UBSan.
 expect_error() { # pattern args...
     local pattern=$1
@@ -982,6 +1026,7 @@ run_test cli     t_profile                 "--profile splits each step into matm
 run_test memory  t_activation_memory       "activation memory is linear in T (no T x T attention buffers)"
 run_test model   t_model_roundtrip         "model files round trip (fp32 bitwise, bf16 exact)"
 run_test model   t_bf16_master             "bf16: master weights move below bf16 resolution"
+run_test cli     t_prefork_checks          "layout errors and bad combinations refused in one line before the launcher forks (--nproc 256 too)"
 run_test cli     t_bad_input               "bad input: one-line errors, non-zero exit, no crash (ASan)"
 run_test model   t_learns                  "the model learns and samples"
 run_test comm    t_collectives             "collectives: every op, type, count, placement; 1-8 ranks; sub-communicators"
@@ -1013,7 +1058,8 @@ run_test ckpt    t_ckpt_reshard            "checkpoints: re-sharded to another l
 run_test ckpt    t_ckpt_reader             "checkpoints: the format read with numpy equals --save-model"
 run_test ckpt    t_ckpt_restarts           "restarts: 10 injected rank deaths under --max-restarts end bitwise as the uninterrupted runs"
 run_test ckpt    t_ckpt_bad                "checkpoints: flipped byte, truncated or missing shard, missing manifest, incompatible, --keep"
-run_test ckpt    t_ckpt_full_disk          "checkpoints: a full disk leaves the previous checkpoint and the run going"
+run_test ckpt    t_ckpt_full_disk          "checkpoints: a full disk leaves the previous checkpoint and the run going; a failed last checkpoint exits 1"
+run_test ckpt    t_ckpt_sigint             "SIGINT (Ctrl-C) on a single rank: checkpoint, exit 130; resuming is bitwise"
 run_test ckpt    t_ckpt_sigterm            "SIGTERM: every rank checkpoints and exits 0; resuming is bitwise"
 run_test ckpt    t_ckpt_lock               "checkpoints: a second run into a held --ckpt-dir is refused naming the holder; its checkpoints stay"
 run_test ckpt    t_ckpt_fingerprint        "checkpoints: resuming on other data of the same token count is refused, --allow-data-change accepts it"
