@@ -106,11 +106,27 @@ void report_close(Report *r) {
 // ---------------------------------------------------------------------------------------------
 // the header and the memory lines
 
-// One rank's memory table, one line: bytes per category (current or peak), in MiB; kernel_scratch, the
-// backend's own workspaces (outside the categories), when known.
+// The full local gradient buffer ZeRO-2/3 keep besides the reduced shard when a step accumulates more
+// than one micro-batch (zero.h: one micro-batch streams its gradients through bucket buffers instead),
+// in bytes; 0 when there is none.
+static size_t grad_accum_bytes(const GPT2 *m) {
+    const Layout *l = m->lay;
+    return l->zero >= 2 && l->replicas.size > 1 && m->grads ? m->num_params * sizeof(float) : 0;
+}
+
+// One rank's memory table, one line: bytes per category (current or peak), in MiB; the gradients split
+// into ZeRO-2/3's accumulation buffer and shard when there are both; kernel_scratch, the backend's own
+// workspaces (outside the categories), when known.
 static void print_memory(const GPT2 *m, int rank, const char *when, const size_t bytes[MEM_NCAT], size_t kernel_scratch) {
+    size_t accum = grad_accum_bytes(m);
     printf("memory of rank %d%s:", rank, when);
-    for (int c = 0; c < MEM_NCAT; c++) printf(" %s %.2f MiB |", MEM_NAMES[c], bytes[c] / 1048576.0);
+    for (int c = 0; c < MEM_NCAT; c++) {
+        printf(" %s %.2f MiB", MEM_NAMES[c], bytes[c] / 1048576.0);
+        if (c == MEM_GRADS && accum)
+            printf(" (%.2f full accumulation buffer for %d micro-batches + %.2f reduced shard)", accum / 1048576.0,
+                   m->lay->accum, (bytes[c] - accum) / 1048576.0);
+        printf(" |");
+    }
     printf(" total %.2f MiB | largest logits buffer %zu bytes", mem_sum(bytes) / 1048576.0, m->logits_bytes);
     if (kernel_scratch) printf(" | besides: kernel workspaces %.2f MiB", kernel_scratch / 1048576.0);
     printf("\n");
@@ -132,6 +148,9 @@ static void print_run(const Report *r, const GPT2 *m, const Zero *z, const Token
     printf("layout: %d rank(s) | data parallel %d x pipeline %d x context parallel %d x tensor parallel %d%s | ZeRO-%d | "
            "%d gradient bucket(s) | recompute %s\n", l->nranks, l->dp.size, l->pp.size, CP, l->tp.size,
            o->sp ? " (sequence parallel)" : "", z->stage, z->nbuckets, RECOMPUTE_NAMES[o->recompute]);
+    if (l->zero > 0 && z->stage == 0) // ZeRO shards over the ranks holding the same weights (layout.h: replicas)
+        printf("note: --zero %d has nothing to shard: ZeRO shards over the ranks holding the same weights, data parallel %d x "
+               "context parallel %d = 1 here, so the run is ZeRO-0\n", l->zero, l->dp.size, CP);
     if (CP > 1)
         printf("context parallel: each sequence of %d in %d chunks of %d; rank c of a group holds chunks c and %d-c "
                "(%d positions); K/V round a ring of %d\n", T, 2 * CP, T / (2 * CP), 2 * CP - 1, T / CP, CP);

@@ -518,6 +518,71 @@ sys.exit(1 if bad else 0)
 EOF
 }
 
+# ZeRO's gradients against the micro-batches a step accumulates (M), at DP 4 and at DP 2 x CP 2 (N = 4
+# ranks holding the same weights either way), per parameter: ZeRO-0/1 4 whatever M; ZeRO-2/3 4/N with
+# M = 1 (streamed through bucket buffers), 4 + 4/N with M = 3 (the full accumulation buffer besides the
+# shard), the memory line naming the two parts. With DP x CP = 1 (--tp 2 --pp 2 on 4 ranks) --zero 1 has
+# nothing to shard: a note says so and the layout line says ZeRO-0; DP 1 x CP 2 x TP 2 does shard.
+t_zero_memory_accum() {
+    local d=$WORK/memacc lay z m
+    mkdir -p "$d"
+    local S=(--layers 4 --channels 128 --heads 4 --vocab 256 --seq-len 32 --micro-batch 1 --steps 0 --bucket-mb 0.1)
+    for lay in "dp4|4|--nproc 4" "dp2cp2|2|--nproc 4 --cp 2"; do
+        local name=${lay%%|*} rest=${lay#*|}
+        local dp=${rest%%|*} args
+        read -ra args <<<"${rest#*|}"
+        for z in 0 1 2 3; do
+            for m in 1 3; do
+                timeout 120 $TRAIN "${args[@]}" "${S[@]}" --zero $z --batch-tokens $((m * 32 * dp)) >"$d/$name-$z-$m.out" || return 1
+            done
+        done
+    done
+    timeout 120 $TRAIN --nproc 4 --tp 2 --pp 2 "${S[@]}" --zero 1 >"$d/none.out" || return 1
+    timeout 120 $TRAIN --nproc 4 --tp 2 --cp 2 "${S[@]}" --zero 1 >"$d/cp.out" || return 1
+    $PY - "$d" <<'EOF'
+import re, sys
+d = sys.argv[1]
+bad = 0
+def fail(msg):
+    global bad
+    print("FAIL", msg)
+    bad += 1
+MiB = 1048576
+for lay in ("dp4", "dp2cp2"):
+    for z in range(4):
+        for m in (1, 3):
+            out = open(f"{d}/{lay}-{z}-{m}.out").read()
+            n = int(re.search(r"\| (\d+) parameters", out).group(1))
+            if not re.search(rf"^batch: \d+ tokens per step = {m} micro-batch\(es\)", out, re.M):
+                fail(f"{lay} ZeRO-{z} M={m}: not {m} micro-batches")
+            N = 4
+            want = 4 if z < 2 else (4 / N if m == 1 else 4 + 4 / N)
+            lines = re.findall(r"memory of rank \d+ .*", out)
+            if len(lines) < 4:  # every rank at the start
+                fail(f"{lay} ZeRO-{z} M={m}: {len(lines)} memory lines")
+            for line in lines:
+                g = re.search(r"\| gradients ([0-9.]+) MiB( \(([0-9.]+) full accumulation buffer for (\d+) micro-batches \+ ([0-9.]+) reduced shard\))? \|", line)
+                got = float(g.group(1)) * MiB
+                if abs(got - want * n) > 0.01 * want * n + 0.006 * MiB:
+                    fail(f"{lay} ZeRO-{z} M={m}: gradients {got:.0f} bytes, formula {want} x {n} = {want * n:.0f}: {line}")
+                split = z >= 2 and m > 1
+                if bool(g.group(2)) != split:
+                    fail(f"{lay} ZeRO-{z} M={m}: the accumulation buffer {'not ' if split else ''}named: {line}")
+                if split and (abs(float(g.group(3)) * MiB - 4 * n) > 0.006 * MiB or int(g.group(4)) != m
+                              or abs(float(g.group(5)) * MiB - 4 / N * n) > 0.01 * n + 0.006 * MiB):
+                    fail(f"{lay} ZeRO-{z} M={m}: the parts are not 4 x n and 4/N x n: {line}")
+            print(f"{lay} ZeRO-{z} M={m}: {lines[0][:140]}")
+none, cp = open(f"{d}/none.out").read(), open(f"{d}/cp.out").read()
+note = ("note: --zero 1 has nothing to shard: ZeRO shards over the ranks holding the same weights, data parallel 1 x "
+        "context parallel 1 = 1 here, so the run is ZeRO-0")
+if note not in none.splitlines() or not re.search(r"^layout: .* \| ZeRO-0 \|", none, re.M):
+    fail("DP x CP = 1: no note, or the layout line does not say ZeRO-0:\n" + none[:600])
+if "nothing to shard" in cp or not re.search(r"^layout: .* \| ZeRO-1 \|", cp, re.M):
+    fail("DP 1 x CP 2: ZeRO-1 is not kept:\n" + cp[:600])
+sys.exit(1 if bad else 0)
+EOF
+}
+
 # Tensor parallelism alone and with data parallelism (every ZeRO stage) equals one rank; reruns bitwise.
 t_tensor_parallel() {
     have_torch || return $?
@@ -1037,6 +1102,7 @@ run_test slurm   t_slurm                   "Slurm: 2 nodes x 2 ranks under srun 
 run_test slurm   t_usr1                    "SIGUSR1 (Slurm time-limit warning) stops every rank cleanly"
 run_test dp      t_data_parallel           "data parallel DP 2,3,4 x ZeRO 0-3 x M 1,3 equals one rank; stages and bucket sizes 0, 0.02, 25 bitwise"
 run_test dp      t_data_parallel_bf16_clip "data parallel bf16 and active clipping equal one rank"
+run_test memory  t_zero_memory_accum       "ZeRO-2/3 gradients 4/N with one micro-batch, 4 + 4/N with more (the accumulation buffer named); DP x CP = 1 says ZeRO has nothing to shard"
 run_test memory  t_zero_memory             "ZeRO memory per rank at DP 4 follows the formula"
 run_test tp      t_tensor_parallel         "tensor parallel TP 2,3,4 with and without --sp, alone and with DP 2 x ZeRO 0,1,3, equals one rank"
 run_test pp      t_pipeline                "pipeline PP 2,3,4 x M, plain and interleaved (V 2), and 3D layouts equal one rank; schedules"
