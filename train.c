@@ -621,13 +621,14 @@ static void train_step(Trainer *t, int step, StepResult *r) {
     gpt2_zero_grad(&t->model);
     next_batch(t, step);
 
-    double c0 = now_seconds();
+    double c0 = now_seconds(), stopped0 = report_stopped_seconds(&t->rep);
     if (t->faults.slow_from >= 0 && step + 1 >= t->faults.slow_from) usleep((useconds_t)t->faults.slow_ms * 1000);
     double loss_sum = pipeline_step(&t->pipe, t->inputs, t->targets, t->lay.accum, t->lay.B, t->Tl, 1.0f / (float)t->batch_tokens);
     double tp_busy = l->tp.size > 1 ? comm_busy_seconds(l->tp.comm) - tp_busy0 : 0;
     // compute: the schedule's time less its waits for other ranks (pipeline hand-offs, ZeRO gathers and
     // buckets, tensor-parallel collectives, the context-parallel ring)
     r->compute_ms = (now_seconds() - c0 - t->times.pipe_wait_s - tp_busy - t->times.ring_wait_s - t->times.zero_wait_s) * 1e3;
+    r->compute_stopped_ms = (report_stopped_seconds(&t->rep) - stopped0) * 1e3;
     if (step + 1 == t->faults.nan_step) loss_sum = NAN;
     if (step + 1 == t->faults.spike_step) loss_sum *= 1000;
 
@@ -788,6 +789,7 @@ static int train_main(int argc, char **argv) {
     Trainer t;
     trainer_init(&t, argc, argv); // layout, device, shapes, data, outputs, model and state, checkpoints
     if (t.o.dump) dump_step0(&t);
+    report_start(&t.rep); // from here every second is in some step's wall time (its boundary, checkpoint, record)
     for (int step = t.start_step;; step++) {
         int last = step_boundary(&t, step);
         evaluate(&t, step, last);

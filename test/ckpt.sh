@@ -287,6 +287,75 @@ t_stragglers() {
     [ "$(grep -c '"compute_ms_max":[0-9.]*,"compute_ms_median":[0-9.]*,"slowest_rank":2' "$d/log.jsonl")" -ge 4 ]
 }
 
+# A rank stopped for a while (SIGSTOP after the log shows step 5, SIGCONT about 2 s later, both timed by
+# this test's own clock) in a 2-rank run: every second of the run is in some step's record (the steps'
+# wall times add up to the run's time at the last record, which is below the run's time seen from here),
+# one step's wall time holds the whole stop, and that step's record (or, for a stop that fell on a step
+# boundary, its neighbour's) names rank 1 as the rank that did not run, as the slowest rank and as the
+# straggler (--straggler-steps 1); no record names rank 0.
+t_stragglers_stop() {
+    local d=$WORK/stragstop
+    mkdir -p "$d"
+    local t0 t1 t2 t3
+    t0=$(date +%s.%N)
+    timeout 300 $TRAIN --nproc 2 "${CK[@]}" --layers 2 --train "$DATA/train.bin" --batch-tokens 64 --steps 60 \
+        --straggler 0.5 --straggler-steps 1 --log "$d/log.jsonl" >"$d/out" 2>"$d/err" &
+    local launcher=$! i p rank1=
+    for i in $(seq 1 600); do # until step 5 is logged (bounded: 60 s)
+        grep -q '"step":5,' "$d/log.jsonl" 2>/dev/null && break
+        sleep 0.1
+    done
+    local train_pid
+    train_pid=$(pgrep -P "$launcher") || { echo "no launcher"; return 1; }
+    for p in $(pgrep -P "$train_pid"); do
+        tr '\0' '\n' <"/proc/$p/environ" | grep -qx RANK=1 && rank1=$p
+    done
+    [ -n "$rank1" ] || { echo "FAIL: rank 1 not found"; kill "$launcher"; return 1; }
+    t1=$(date +%s.%N)
+    kill -STOP "$rank1"
+    sleep 2 # the stall itself
+    kill -CONT "$rank1"
+    t2=$(date +%s.%N)
+    wait "$launcher" || { echo "FAIL: exit status $?"; cat "$d/err"; return 1; }
+    t3=$(date +%s.%N)
+    cat "$d/err"
+    $PY - "$d" "$t0" "$t1" "$t2" "$t3" <<'EOF'
+import json, re, sys
+d = sys.argv[1]
+t0, t1, t2, t3 = map(float, sys.argv[2:])
+stop_ms = (t2 - t1) * 1e3
+steps = [r for r in map(json.loads, open(f"{d}/log.jsonl")) if "loss" in r]
+bad = []
+if [r["step"] for r in steps] != list(range(1, 61)):
+    bad.append("not one record per step")
+total = sum(r["wall_ms"] for r in steps)
+if abs(total - steps[-1]["t_s"] * 1e3) > 1 + 0.001 * len(steps):
+    bad.append(f"the steps' wall times add up to {total:.3f} ms, the run's time at the last record is {steps[-1]['t_s'] * 1e3:.3f} ms")
+if not (stop_ms < steps[-1]["t_s"] * 1e3 < (t3 - t0) * 1e3):
+    bad.append(f"the run's time {steps[-1]['t_s']:.3f} s is not between the stop ({stop_ms / 1e3:.3f} s) and the time seen from outside ({t3 - t0:.3f} s)")
+k = max(range(len(steps)), key=lambda i: steps[i]["wall_ms"])
+w = steps[k]
+print(f"stop {stop_ms:.0f} ms; step {w['step']} wall {w['wall_ms']:.0f} ms (its own {w['ms']:.0f} ms); the run {total:.0f} ms")
+if w["wall_ms"] < stop_ms - 200:
+    bad.append(f"no step's wall time holds the stop: at most {w['wall_ms']:.0f} ms")
+named = [r for r in steps[max(k - 1, 0):k + 2] if r["stopped_rank"] == 1 and r["stopped_ms_max"] > stop_ms - 200]
+if len(named) != 1:
+    bad.append(f"{len(named)} records near step {w['step']} name rank 1 as not running for the stop")
+for r in named:
+    print(f"step {r['step']}: rank {r['stopped_rank']} did not run for {r['stopped_ms_max']:.0f} ms, slowest rank {r['slowest_rank']}")
+    if r["slowest_rank"] != 1:
+        bad.append(f"step {r['step']}: the slowest rank is {r['slowest_rank']}, not the stopped rank 1")
+    err = open(f"{d}/err").read()
+    if not re.search(rf"^warning: straggler: rank 1 on .* at step {r['step']}, of which it did not run for [0-9.]+ ms\)$", err, re.M):
+        bad.append(f"no straggler warning for rank 1 at step {r['step']}")
+if any(r["stopped_rank"] == 0 and r["stopped_ms_max"] > 1000 for r in steps):
+    bad.append("rank 0 is named as not running")
+for b in bad:
+    print("FAIL", b)
+sys.exit(1 if bad else 0)
+EOF
+}
+
 # Safe files: each output location is checked before step 1; device nodes, /dev/null and directories
 # are refused and left as they were; a symlink is written through, with a note; stale temporaries of
 # dead writers are removed (a live writer's are kept); a write error removes its temporary and leaves

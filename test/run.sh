@@ -1133,6 +1133,7 @@ run_test ckpt    t_ckpt_fields             "checkpoints: manifest fields out of 
 run_test ckpt    t_ckpt_move_aside         "checkpoints: an unusable checkpoint found by --resume is moved aside to .bad; the run writes its own"
 run_test ckpt    t_skip_spikes             "--skip-spikes: NaN and spiking losses are skipped on every rank"
 run_test cli     t_stragglers              "stragglers are reported by rank and host"
+run_test cli     t_stragglers_stop         "a SIGSTOP'd rank: every second of the run in some step's wall time, the stopped rank named for its step"
 run_test build   t_make_missing_deps       "make without the build packages (jansson.h, zlib.h, the compiler) stops at one line naming them and scripts/deps.sh"
 run_test layers  t_layers_fails            "scripts/check_layers.py fails on includes up the chain, circles, a file in no layer, an include of emu/; passes a clean tree"
 run_test layers  t_layers                  "includes follow DESIGN.md's layers: no circle, no include up the chain (scripts/check_layers.py)"
