@@ -1,5 +1,6 @@
 // options.h: the trainer's command line: the Options struct, its parsing (every value checked whole,
-// every error naming the flag) and the checks between flags that need no rank; --help's text.
+// every error naming the flag), the checks between flags and of the layout that need no rank (so that
+// the --nproc launcher can refuse before it forks); --help's text.
 #ifndef LLM4D_OPTIONS_H
 #define LLM4D_OPTIONS_H
 

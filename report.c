@@ -1,4 +1,5 @@
-// report.c: the header, the step lines and the --log records, stragglers, memory lines (report.h).
+// report.c: the header, the step lines and the --log records, stragglers and the stall clock, memory
+// lines (report.h).
 #define _GNU_SOURCE
 #include "report.h"
 

@@ -1,6 +1,8 @@
 // report.h: what the trainer prints and logs: the header, one line (and one JSON record with --log) per
 // step, validation losses, checkpoints, stragglers, and every rank's memory at the start and its peak at
-// the end. Rank 0 prints and writes the log; the gathers over the ranks are collective.
+// the end; each step's wall time (every second of the run in some step's record) and a stall clock that
+// notices when this process did not run. Rank 0 prints and writes the log; the gathers over the ranks
+// are collective.
 #ifndef LLM4D_REPORT_H
 #define LLM4D_REPORT_H
 
