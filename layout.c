@@ -93,42 +93,44 @@ int layout_comms(const Layout *l, Comm **out, int cap) {
     return n;
 }
 
-void layout_split_layers(int L, int P, int V, const char *counts, int *first, int *count) {
-    if (P > L) die("--pp %d: more pipeline stages than the model's %d blocks", P, L);
-    if (P * V > L) die("--pp %d x --pp-virtual %d = %d chunks: more than the model's %d blocks", P, V, P * V, L);
-    if (V > 1 && counts) die("--pp-layers cannot be combined with --pp-virtual");
+int layout_split_layers(int L, int P, int V, const char *counts, int *first, int *count, char *err, size_t cap) {
+    if (P > L) return snprintf(err, cap, "--pp %d: more pipeline stages than the model's %d blocks", P, L), -1;
+    if (P * V > L) return snprintf(err, cap, "--pp %d x --pp-virtual %d = %d chunks: more than the model's %d blocks", P, V, P * V, L), -1;
+    if (V > 1 && counts) return snprintf(err, cap, "--pp-layers cannot be combined with --pp-virtual"), -1;
     if (!counts) {
         int n = P * V;
         for (int s = 0; s < n; s++) count[s] = L / n + (s < L % n);
         first[0] = 0;
         for (int s = 1; s < n; s++) first[s] = first[s - 1] + count[s - 1];
-        return;
+        return 0;
     }
     const char *c = counts;
     int sum = 0;
     for (int s = 0; s < P; s++) {
         char *end;
         long v = strtol(c, &end, 10);
-        if (end == c || v < 1 || v > L) die("--pp-layers '%s': expected %d positive block counts separated by commas", counts, P);
+        if (end == c || v < 1 || v > L) return snprintf(err, cap, "--pp-layers '%s': expected %d positive block counts separated by commas", counts, P), -1;
         count[s] = (int)v;
         sum += (int)v;
         c = end;
         if (s < P - 1) {
-            if (*c != ',') die("--pp-layers '%s': expected %d counts, one per stage", counts, P);
+            if (*c != ',') return snprintf(err, cap, "--pp-layers '%s': expected %d counts, one per stage", counts, P), -1;
             c++;
         }
     }
-    if (*c) die("--pp-layers '%s': expected %d counts, one per stage", counts, P);
-    if (sum != L) die("--pp-layers '%s' adds up to %d blocks, but the model has %d", counts, sum, L);
+    if (*c) return snprintf(err, cap, "--pp-layers '%s': expected %d counts, one per stage", counts, P), -1;
+    if (sum != L) return snprintf(err, cap, "--pp-layers '%s' adds up to %d blocks, but the model has %d", counts, sum, L), -1;
     first[0] = 0;
     for (int s = 1; s < P; s++) first[s] = first[s - 1] + count[s - 1];
+    return 0;
 }
 
 void layout_place_stages(Layout *l, int L, int V, const char *pp_layers) {
     int P = l->pp.size, stage = l->pp.rank, M = l->accum;
     if (V < 1 || V > MAX_CHUNKS) die("internal: %d chunks per stage", V);
     int *first = xmalloc(sizeof(int) * P * V), *count = xmalloc(sizeof(int) * P * V);
-    layout_split_layers(L, P, V, pp_layers, first, count);
+    char err[256];
+    if (layout_split_layers(L, P, V, pp_layers, first, count, err, sizeof err)) die("%s", err);
     l->chunks = V;
     for (int c = 0; c < V; c++) { // stage s holds chunks s, s + P, ...
         l->chunk_first[c] = first[c * P + stage];

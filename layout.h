@@ -62,10 +62,10 @@ static inline Comm *layout_group(const Axis *a) { return a->size > 1 ? a->comm :
 // without pipelining), --pp-layers counts (or NULL), and the activation sets for accum micro-batches.
 void layout_place_stages(Layout *l, int L, int V, const char *pp_layers);
 // Splits L blocks into P stages: equal (the first L mod P stages one block longer) unless counts
-// (comma-separated, from --pp-layers) says otherwise; dies with a message naming the flag when it
-// cannot. Fills first[P] and count[P].
+// (comma-separated, from --pp-layers) says otherwise. Fills first[P] and count[P] and returns 0, or -1
+// with a message naming the flag when it cannot (the launcher asks before it forks).
 // With V > 1 chunks the L blocks form P·V chunks and stage s gets chunks s, s+P, ...; first and count
 // then hold P·V entries.
-void layout_split_layers(int L, int P, int V, const char *counts, int *first, int *count);
+int layout_split_layers(int L, int P, int V, const char *counts, int *first, int *count, char *err, size_t cap);
 
 #endif

@@ -121,7 +121,9 @@ float *gpt2_init_params(const GPT2Config *cfg, uint64_t seed) {
 // ---------------------------------------------------------------------------------------------
 // llm.c model files
 
-float *gpt2_load_file(const char *path, GPT2Config *cfg) {
+// The header of an llm.c model file, checked against the file's size; returns the open file and its
+// version (3 fp32, 5 bf16).
+static FILE *open_model_file(const char *path, GPT2Config *cfg, int *version) {
     FILE *f = xfopen(path, "rb");
     int32_t h[256];
     xfread(h, sizeof(int32_t), 256, f, path);
@@ -145,6 +147,21 @@ float *gpt2_load_file(const char *path, GPT2Config *cfg) {
     size_t expect = 256 * sizeof(int32_t) + n * esize;
     if ((size_t)fsize != expect)
         die("%s: inconsistent model header: the shape needs %zu bytes but the file has %ld", path, expect, fsize);
+    *version = h[1];
+    return f;
+}
+
+void gpt2_file_shape(const char *path, GPT2Config *cfg) {
+    int version;
+    fclose(open_model_file(path, cfg, &version));
+}
+
+float *gpt2_load_file(const char *path, GPT2Config *cfg) {
+    int version;
+    FILE *f = open_model_file(path, cfg, &version);
+    size_t sizes[NUM_PARAM_TENSORS], offsets[NUM_PARAM_TENSORS];
+    size_t n = gpt2_param_layout(cfg, sizes, offsets);
+    size_t esize = version == MODEL_VERSION_F32 ? 4 : 2;
     if (fseek(f, 256 * sizeof(int32_t), SEEK_SET) != 0) die("cannot seek %s: %s", path, strerror(errno));
     float *p = xmalloc(sizeof(float) * n);
     if (esize == 4) {

@@ -141,6 +141,8 @@ int gpt2_param_decays(int tensor);
 float *gpt2_init_params(const GPT2Config *cfg, uint64_t seed);
 // llm.c model files. Load returns host fp32 parameters and fills cfg; errors name the file.
 float *gpt2_load_file(const char *path, GPT2Config *cfg);
+// The shape alone (the header, checked against the file's size), without reading the weights.
+void gpt2_file_shape(const char *path, GPT2Config *cfg);
 void gpt2_save_file(const char *path, const GPT2Config *cfg, const float *host_params);
 
 // Builds this rank's part of the model where lay (kept, read-only, for the model's life) places it: its

@@ -9,6 +9,7 @@
 
 #include "collectives.h"
 #include "common.h"
+#include "layout.h"
 #include "model.h"
 
 static const char USAGE[] =
@@ -71,7 +72,7 @@ static const char USAGE[] =
     "  --sample-tokens N          tokens per sample (default 64, at most T - 1)\n"
     "  --temperature F            sampling temperature (default 1.0)\n"
     "  --top-k N                  sample among the N most likely tokens; 0 = all (default 0)\n"
-    "  --log FILE                 JSON Lines: {\"step\",\"tokens\",\"loss\",\"lr\",\"grad_norm\",\"ms\",\"tokens_per_s\",...}\n"
+    "  --log FILE                 JSON Lines: {\"step\",\"tokens\",\"loss\",\"lr\",\"grad_norm\",\"ms\",\"wall_ms\",...}\n"
     "                             per step (tokens: trained so far), {\"step\",\"val_loss\"} per validation,\n"
     "                             {\"step\",\"ckpt\",...} per checkpoint, {\"memory_peak\":{...},\"rank\"} per rank at\n"
     "                             the end (see README); scripts/plot.py draws\n"
@@ -140,11 +141,13 @@ static const char USAGE[] =
     "                             checkpoint, up to R times (default 0)\n"
     "  --skip-spikes F            skip (and count) the update of a step whose loss or gradient norm is not\n"
     "                             finite or above F times its mean over the last 20 applied steps (0: off)\n"
-    "  --straggler F              report a rank whose compute time is above the median by more than the\n"
-    "                             share F (default 0.5) ...\n"
+    "  --straggler F              report a rank whose busy time (compute, and time it did not run, e.g.\n"
+    "                             stopped) is above the median by more than the share F (default 0.5) ...\n"
     "  --straggler-steps N        ... for N steps in a row (default 5)\n"
     "  SIGTERM or SIGUSR1 (Slurm's warning before the time limit) makes every rank stop at the next step\n"
-    "  boundary, write a checkpoint (with --ckpt-dir), save the model (with --save-model) and exit 0.\n"
+    "  boundary, write a checkpoint (with --ckpt-dir), save the model (with --save-model) and exit 0;\n"
+    "  SIGINT (Ctrl-C) does the same and exits 130. A run whose last checkpoint could not be written\n"
+    "  exits 1, saying so in its last line.\n"
     "\n"
     "execution:\n"
     "  --device cpu|cuda          default cuda when a GPU is present, else cpu\n"
@@ -197,6 +200,64 @@ int context_split_error(const Options *o, int T, char *err, size_t cap) {
     if (o->sp && T % o->tp)
         return snprintf(err, cap, "--sp splits sequences over the --tp %d ranks: --seq-len %d must be divisible by it", o->tp,
                         T), -1;
+    return 0;
+}
+
+GPT2Config options_shape(const Options *o) {
+    int shape_flags = o->layers || o->channels || o->heads || o->vocab || o->max_seq_len;
+    if (!o->init_from) return gpt2_shape(o->preset, o->layers, o->channels, o->heads, o->vocab, o->max_seq_len, o->seq_len);
+    if (shape_flags || o->preset) die("--init-from takes the shape from %s; drop --model and the shape flags", o->init_from);
+    GPT2Config cfg;
+    gpt2_file_shape(o->init_from, &cfg);
+    return cfg;
+}
+
+// The batch arithmetic, bounded so that no count overflows: accum micro-batches of B x T tokens on
+// each of the data-parallel ranks, G sequences per step, global sequence indices below 2^62.
+#define MAX_MICRO_TOKENS (1LL << 24)
+#define MAX_ACCUM (1LL << 16)
+#define MAX_STEP_TOKENS (1LL << 28) // one rank's tokens of a step (two int32 copies)
+
+int check_layout(const Options *o, const GPT2Config *cfg, int nranks, BatchShape *b, char *err, size_t cap) {
+    if (layout_error(o->tp, o->cp, o->pp, nranks, err, cap)) return -1;
+    if (cfg->NH % o->tp) return snprintf(err, cap, "--tp %d does not divide the model's %d heads", o->tp, cfg->NH), -1;
+    if (o->sp && o->tp == 1) return snprintf(err, cap, "--sp needs tensor parallelism (--tp 2 or more)"), -1;
+    *b = (BatchShape){ .T = o->seq_len ? o->seq_len : cfg->maxT, .B = o->micro_batch, .dp = nranks / (o->tp * o->cp * o->pp) };
+    if (b->T > cfg->maxT)
+        return snprintf(err, cap, "--seq-len %d is above the model's maximum sequence length %d", b->T, cfg->maxT), -1;
+    if (context_split_error(o, b->T, err, cap)) return -1; // the model's default T too
+    long long micro = (long long)b->B * b->T;
+    if (micro > MAX_MICRO_TOKENS)
+        return snprintf(err, cap, "--micro-batch %d x --seq-len %d = %lld tokens per micro-batch, more than the %lld allowed",
+                        b->B, b->T, micro, MAX_MICRO_TOKENS), -1;
+    long long micro_tokens = micro * b->dp; // one micro-batch on every data-parallel rank
+    b->batch_tokens = o->batch_tokens ? o->batch_tokens : micro_tokens;
+    if (b->batch_tokens % micro_tokens != 0) {
+        if (b->dp > 1)
+            return snprintf(err, cap, "--batch-tokens %lld is not a multiple of data-parallel ranks x --micro-batch x --seq-len "
+                            "= %d x %d x %d = %lld", b->batch_tokens, b->dp, b->B, b->T, micro_tokens), -1;
+        return snprintf(err, cap, "--batch-tokens %lld is not a multiple of --micro-batch x --seq-len = %d x %d = %lld",
+                        b->batch_tokens, b->B, b->T, micro_tokens), -1;
+    }
+    long long accum = b->batch_tokens / micro_tokens;
+    if (accum > MAX_ACCUM || accum * micro > MAX_STEP_TOKENS)
+        return snprintf(err, cap, "--batch-tokens %lld means %lld micro-batches of %d x %d per data-parallel rank and step, "
+                        "more than the %lld micro-batches (and %lld tokens) a step may accumulate", b->batch_tokens, accum,
+                        b->B, b->T, MAX_ACCUM, MAX_STEP_TOKENS), -1;
+    b->accum = (int)accum;
+    b->G = b->batch_tokens / b->T;
+    if (b->G > (1LL << 62) / ((long long)o->steps + 1))
+        return snprintf(err, cap, "--batch-tokens %lld x --steps %d: %lld sequences per step overflow the global sequence "
+                        "count", b->batch_tokens, o->steps, b->G), -1;
+    int P = o->pp, V = P > 1 ? o->pp_virtual : 1;
+    int *first = xmalloc(sizeof(int) * P * V), *count = xmalloc(sizeof(int) * P * V);
+    int bad = layout_split_layers(cfg->L, P, V, o->pp_layers, first, count, err, cap);
+    free(first);
+    free(count);
+    if (bad) return -1;
+    if (V > 1 && b->accum % P)
+        return snprintf(err, cap, "--pp-virtual %d: the %d micro-batch(es) per step must be a multiple of --pp %d for the "
+                        "interleaved schedule", V, b->accum, P), -1;
     return 0;
 }
 
@@ -294,6 +355,11 @@ static void check_options(const Options *o) {
             o->ib_dev ? "--ib-dev" : "--ib-gid-index", o->transport == TRANSPORT_SHM ? "shm" : "tcp");
     if (!o->ckpt_dir && (o->ckpt_every || o->keep || o->max_restarts))
         die("%s needs --ckpt-dir DIR", o->ckpt_every ? "--ckpt-every" : o->keep ? "--keep" : "--max-restarts");
+    if (o->pp_virtual > 1 && o->pp == 1)
+        die("--pp-virtual %d interleaves pipeline stages: it needs --pp 2 or more", o->pp_virtual);
+    if (o->init_from && o->resume)
+        die("--init-from and --resume both give the starting weights: drop one (--resume continues a checkpoint, "
+            "--init-from starts from a model file)");
     char err[256];
     if (o->seq_len && context_split_error(o, o->seq_len, err, sizeof err)) die("%s", err); // before any rank starts
 }

@@ -1,10 +1,13 @@
 // options.h: the trainer's command line: the Options struct, its parsing (every value checked whole,
-// every error naming the flag) and the checks between flags that need no rank; --help's text.
+// every error naming the flag), the checks between flags and of the layout that need no rank (so that
+// the --nproc launcher can refuse before it forks); --help's text.
 #ifndef LLM4D_OPTIONS_H
 #define LLM4D_OPTIONS_H
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include "model.h"
 
 typedef struct {
     const char *preset, *init_from, *save_model, *train, *val, *tokenizer, *log, *dump, *device, *schedule;
@@ -34,5 +37,20 @@ float parse_float(const char *flag, const char *s, double lo, double hi);
 // Context parallelism cuts each sequence into 2·cp chunks, and sequence parallelism splits a rank's
 // positions over the tensor-parallel group: T must divide for both. Returns 0, or -1 with the reason.
 int context_split_error(const Options *o, int T, char *err, size_t cap);
+
+// The batch of a layout: T tokens a sequence, accum micro-batches of B x T on each of the dp ranks,
+// batch_tokens a step, G sequences a step.
+typedef struct {
+    int T, B, dp, accum;
+    long long batch_tokens, G;
+} BatchShape;
+// Every check of the layout that needs the model's shape and the world's size but no rank: world =
+// DP x TP x PP x CP, heads over --tp, --sp, T against maxT and the context split, the batch over the
+// data-parallel ranks and its bounds, the blocks over the pipeline stages (--pp-layers, --pp-virtual).
+// The --nproc launcher asks before it forks and every rank asks again. Fills *b and returns 0, or -1
+// with one line naming the flag.
+int check_layout(const Options *o, const GPT2Config *cfg, int nranks, BatchShape *b, char *err, size_t cap);
+// The shape the command line asks for without loading any weights (--init-from: the file's header).
+GPT2Config options_shape(const Options *o);
 
 #endif

@@ -1,12 +1,15 @@
-// report.c: the header, the step lines and the --log records, stragglers, memory lines (report.h).
+// report.c: the header, the step lines and the --log records, stragglers and the stall clock, memory
+// lines (report.h).
 #define _GNU_SOURCE
 #include "report.h"
 
 #include <errno.h>
 #include <jansson.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include "common.h"
 #include "kernels.h"
@@ -14,6 +17,65 @@
 
 void report_init(Report *r, const Layout *l, const Options *o, long long batch_tokens, double flops_per_token) {
     *r = (Report){ .lay = l, .o = o, .batch_tokens = batch_tokens, .flops_per_token = flops_per_token };
+}
+
+// ---------------------------------------------------------------------------------------------
+// the stall clock: a thread that ticks every STALL_TICK_S; a longer gap between two ticks beyond
+// STALL_MIN_S is time the process did not run (stopped by SIGSTOP, a frozen VM, a starved machine).
+// A waiting rank still ticks, so the rank that stalled the others is the one that did not.
+
+#define STALL_TICK_S 0.005
+#define STALL_MIN_S 0.2
+struct StallClock {
+    pthread_t thread;
+    pthread_mutex_t mu;
+    double last, stopped; // the last tick, the seconds not run so far
+    int stop;
+};
+
+static double stall_gap(double gap) { return gap > STALL_MIN_S ? gap - STALL_TICK_S : 0; }
+
+static void *stall_tick(void *arg) {
+    StallClock *c = arg;
+    struct timespec ts = { 0, (long)(STALL_TICK_S * 1e9) };
+    for (;;) {
+        nanosleep(&ts, NULL);
+        pthread_mutex_lock(&c->mu);
+        double now = now_seconds();
+        c->stopped += stall_gap(now - c->last);
+        c->last = now;
+        int stop = c->stop;
+        pthread_mutex_unlock(&c->mu);
+        if (stop) return NULL;
+    }
+}
+
+static StallClock *stall_start(void) {
+    StallClock *c = xcalloc(1, sizeof *c);
+    c->last = now_seconds();
+    pthread_mutex_init(&c->mu, NULL);
+    int e = pthread_create(&c->thread, NULL, stall_tick, c);
+    if (e) die("pthread_create: %s", strerror(e));
+    return c;
+}
+
+double report_stopped_seconds(Report *r) {
+    StallClock *c = r->stall;
+    if (!c) return 0;
+    pthread_mutex_lock(&c->mu);
+    double v = c->stopped + stall_gap(now_seconds() - c->last); // a gap the thread has not closed yet counts
+    pthread_mutex_unlock(&c->mu);
+    return v;
+}
+
+static void stall_stop(StallClock *c) {
+    if (!c) return;
+    pthread_mutex_lock(&c->mu);
+    c->stop = 1;
+    pthread_mutex_unlock(&c->mu);
+    pthread_join(c->thread, NULL);
+    pthread_mutex_destroy(&c->mu);
+    free(c);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -86,6 +148,8 @@ void report_open(Report *r, int resumed, int start_step, const char *node_id) {
     }
     r->slow_for = xcalloc((size_t)l->nranks, sizeof(int));
     r->compute = xcalloc((size_t)l->nranks, sizeof(double));
+    r->stopped = xcalloc((size_t)l->nranks, sizeof(double));
+    r->stall = stall_start();
     r->host = xcalloc((size_t)l->nranks, 64);
     snprintf(r->host[l->rank], 64, "%.63s", node_id[0] ? node_id : "localhost");
     if (l->world) { // every rank's host, for straggler reports
@@ -98,19 +162,38 @@ void report_open(Report *r, int resumed, int start_step, const char *node_id) {
 void report_close(Report *r) {
     if (r->logf) xfclose(r->logf, r->o->log);
     r->logf = NULL;
+    stall_stop(r->stall);
+    r->stall = NULL;
     free(r->slow_for);
     free(r->compute);
+    free(r->stopped);
     free(r->host);
 }
 
 // ---------------------------------------------------------------------------------------------
 // the header and the memory lines
 
-// One rank's memory table, one line: bytes per category (current or peak), in MiB; kernel_scratch, the
-// backend's own workspaces (outside the categories), when known.
+// The full local gradient buffer ZeRO-2/3 keep besides the reduced shard when a step accumulates more
+// than one micro-batch (zero.h: one micro-batch streams its gradients through bucket buffers instead),
+// in bytes; 0 when there is none.
+static size_t grad_accum_bytes(const GPT2 *m) {
+    const Layout *l = m->lay;
+    return l->zero >= 2 && l->replicas.size > 1 && m->grads ? m->num_params * sizeof(float) : 0;
+}
+
+// One rank's memory table, one line: bytes per category (current or peak), in MiB; the gradients split
+// into ZeRO-2/3's accumulation buffer and shard when there are both; kernel_scratch, the backend's own
+// workspaces (outside the categories), when known.
 static void print_memory(const GPT2 *m, int rank, const char *when, const size_t bytes[MEM_NCAT], size_t kernel_scratch) {
+    size_t accum = grad_accum_bytes(m);
     printf("memory of rank %d%s:", rank, when);
-    for (int c = 0; c < MEM_NCAT; c++) printf(" %s %.2f MiB |", MEM_NAMES[c], bytes[c] / 1048576.0);
+    for (int c = 0; c < MEM_NCAT; c++) {
+        printf(" %s %.2f MiB", MEM_NAMES[c], bytes[c] / 1048576.0);
+        if (c == MEM_GRADS && accum)
+            printf(" (%.2f full accumulation buffer for %d micro-batches + %.2f reduced shard)", accum / 1048576.0,
+                   m->lay->accum, (bytes[c] - accum) / 1048576.0);
+        printf(" |");
+    }
     printf(" total %.2f MiB | largest logits buffer %zu bytes", mem_sum(bytes) / 1048576.0, m->logits_bytes);
     if (kernel_scratch) printf(" | besides: kernel workspaces %.2f MiB", kernel_scratch / 1048576.0);
     printf("\n");
@@ -132,6 +215,9 @@ static void print_run(const Report *r, const GPT2 *m, const Zero *z, const Token
     printf("layout: %d rank(s) | data parallel %d x pipeline %d x context parallel %d x tensor parallel %d%s | ZeRO-%d | "
            "%d gradient bucket(s) | recompute %s\n", l->nranks, l->dp.size, l->pp.size, CP, l->tp.size,
            o->sp ? " (sequence parallel)" : "", z->stage, z->nbuckets, RECOMPUTE_NAMES[o->recompute]);
+    if (l->zero > 0 && z->stage == 0) // ZeRO shards over the ranks holding the same weights (layout.h: replicas)
+        printf("note: --zero %d has nothing to shard: ZeRO shards over the ranks holding the same weights, data parallel %d x "
+               "context parallel %d = 1 here, so the run is ZeRO-0\n", l->zero, l->dp.size, CP);
     if (CP > 1)
         printf("context parallel: each sequence of %d in %d chunks of %d; rank c of a group holds chunks c and %d-c "
                "(%d positions); K/V round a ring of %d\n", T, 2 * CP, T / (2 * CP), 2 * CP - 1, T / CP, CP);
@@ -188,15 +274,19 @@ void report_memory_peak(Report *r, const GPT2 *m) {
 // ---------------------------------------------------------------------------------------------
 // steps
 
-// Stragglers: every rank's compute time; a rank above the median by more than --straggler (and by more
-// than STRAGGLER_MIN_MS: a busy machine's jitter on short steps is no straggler) for --straggler-steps
-// steps in a row is reported once per streak. Collective.
+// Stragglers: every rank's busy time (its compute, and the time it did not run outside compute: a
+// stopped rank stalls the others while they wait, and their waits are no one's busy time); a rank above
+// the median by more than --straggler (and by more than STRAGGLER_MIN_MS: a busy machine's jitter on
+// short steps is no straggler) for --straggler-steps steps in a row is reported once per streak; the
+// slowest rank is the busiest (the lowest rank of equals). Collective.
 #define STRAGGLER_MIN_MS 20.0
-static void stragglers(Report *r, int step, double compute_ms, double *max_ms, double *median_ms, int *slowest) {
+static void stragglers(Report *r, int step, double busy_ms, double stopped_ms, double *max_ms, double *median_ms,
+                       int *slowest) {
     const Layout *l = r->lay;
     const Options *o = r->o;
     int n = l->nranks;
-    gather_spread(l->world, n, compute_ms, r->compute);
+    gather_spread(l->world, n, busy_ms, r->compute);
+    gather_spread(l->world, n, stopped_ms, r->stopped);
     double *sorted = xmalloc(sizeof(double) * n);
     memcpy(sorted, r->compute, sizeof(double) * n);
     for (int i = 1; i < n; i++)
@@ -213,13 +303,16 @@ static void stragglers(Report *r, int step, double compute_ms, double *max_ms, d
         int slow = n > 1 && r->compute[q] > *median_ms * (1.0 + o->straggler) && r->compute[q] - *median_ms > STRAGGLER_MIN_MS;
         r->slow_for[q] = slow ? r->slow_for[q] + 1 : 0;
         if (r->slow_for[q] != o->straggler_steps || !l->lead) continue;
+        char stopped[96] = "";
+        if (r->stopped[q] > 0) snprintf(stopped, sizeof stopped, ", of which it did not run for %.1f ms", r->stopped[q]);
         fprintf(stderr, "warning: straggler: rank %d on %s has computed more than %.0f%% longer than the median for %d steps "
-               "(%.1f ms against %.1f ms at step %d)\n", q, r->host[q], 100 * o->straggler, o->straggler_steps,
-               r->compute[q], *median_ms, step + 1);
+               "(%.1f ms against %.1f ms at step %d%s)\n", q, r->host[q], 100 * o->straggler, o->straggler_steps,
+               r->compute[q], *median_ms, step + 1, stopped);
         if (r->logf) {
             fprintf(r->logf, "{\"step\":%d,\"straggler\":%d,\"host\":", step + 1, q);
             log_string(r->logf, r->host[q]);
-            fprintf(r->logf, ",\"compute_ms\":%.3f,\"median_ms\":%.3f}\n", r->compute[q], *median_ms);
+            fprintf(r->logf, ",\"compute_ms\":%.3f,\"median_ms\":%.3f,\"stopped_ms\":%.3f}\n", r->compute[q], *median_ms,
+                    r->stopped[q]);
         }
     }
     *max_ms = r->compute[*slowest];
@@ -240,8 +333,11 @@ static void write_trace(const char *dir, int stage, int step, const Pipeline *p)
 typedef struct { // what the ranks' gathers say about a step
     double bubble_max, bubble_mean, bubble_formula; // the share of the step each stage waited, and 1F1B's
     Spread attn;                                    // attention FLOPs of every rank
-    double compute_max, compute_median;
+    double compute_max, compute_median; // busy times (stragglers)
     int slowest;
+    double stopped_max; // the longest time a rank did not run in this step, and that rank (-1: none)
+    int stopped_rank;
+    double wall_ms, t_s; // the step's wall time (from the previous record's end), and the run's time here
 } StepSpread;
 
 static void print_step(const Report *r, int step, const StepResult *s, const StepTimes *tm, const StepSpread *g) {
@@ -256,6 +352,8 @@ static void print_step(const Report *r, int step, const StepResult *s, const Ste
         printf(" | bubble %.1f%% max, %.1f%% mean (formula %.1f%%)", 100 * g->bubble_max, 100 * g->bubble_mean,
                100 * g->bubble_formula);
     if (s->stall_ms > 0) printf(" | checkpoint stall %.1f ms", s->stall_ms);
+    if (g->wall_ms > 1.05 * s->ms + 1) printf(" | wall %.1f ms", g->wall_ms); // step boundaries, checkpoints, stalls
+    if (g->stopped_rank >= 0) printf(" | rank %d did not run for %.1f ms", g->stopped_rank, g->stopped_max);
     if (s->skipped) printf(" | SKIPPED (%lld so far)", s->skipped_total);
     if (r->o->profile) {
         double mm = tm->op_s[PROF_MATMUL] * 1e3, at = tm->op_s[PROF_ATTENTION] * 1e3;
@@ -269,14 +367,17 @@ static void print_step(const Report *r, int step, const StepResult *s, const Ste
 static void log_step(const Report *r, int step, const StepResult *s, const StepTimes *tm, const StepSpread *g) {
     double tps = r->batch_tokens / (s->ms / 1e3);
     fprintf(r->logf,
-            "{\"step\":%d,\"tokens\":%lld,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"ms\":%.3f,\"tokens_per_s\":%.1f,"
+            "{\"step\":%d,\"tokens\":%lld,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"ms\":%.3f,\"wall_ms\":%.3f,"
+            "\"t_s\":%.6f,\"tokens_per_s\":%.1f,"
             "\"comm_ms\":%.3f,\"exposed_comm_ms\":%.3f,\"tp_comm_ms\":%.3f,\"cp_comm_ms\":%.3f,\"cp_exposed_ms\":%.3f,"
             "\"bubble_max\":%.4f,\"bubble_mean\":%.4f,\"bubble_formula\":%.4f,\"attn_flops_min\":%.0f,"
             "\"attn_flops_max\":%.0f,\"attn_flops_total\":%.0f,\"compute_ms_max\":%.3f,\"compute_ms_median\":%.3f,"
-            "\"slowest_rank\":%d,\"ckpt_stall_ms\":%.3f,\"skipped\":%d,\"skipped_total\":%lld",
-            step + 1, (step + 1) * r->batch_tokens, s->loss, s->lr, s->norm, s->ms, tps, s->comm_ms, s->exposed_ms, s->tp_ms,
+            "\"slowest_rank\":%d,\"stopped_ms_max\":%.3f,\"stopped_rank\":%d,\"ckpt_stall_ms\":%.3f,\"skipped\":%d,"
+            "\"skipped_total\":%lld",
+            step + 1, (step + 1) * r->batch_tokens, s->loss, s->lr, s->norm, s->ms, g->wall_ms, g->t_s, tps, s->comm_ms, s->exposed_ms, s->tp_ms,
             s->cp_ms, tm->ring_wait_s * 1e3, g->bubble_max, g->bubble_mean, g->bubble_formula, g->attn.min, g->attn.max,
-            g->attn.sum, g->compute_max, g->compute_median, g->slowest, s->stall_ms, s->skipped, s->skipped_total);
+            g->attn.sum, g->compute_max, g->compute_median, g->slowest, g->stopped_max, g->stopped_rank, s->stall_ms, s->skipped,
+            s->skipped_total);
     if (s->zero3_gathers >= 0) fprintf(r->logf, ",\"zero3_gathers\":%d", s->zero3_gathers);
     if (r->o->profile)
         fprintf(r->logf, ",\"matmul_ms\":%.3f,\"attention_ms\":%.3f", tm->op_s[PROF_MATMUL] * 1e3, tm->op_s[PROF_ATTENTION] * 1e3);
@@ -295,12 +396,29 @@ void report_step(Report *r, int step, const StepResult *s, const StepTimes *tm, 
         if (r->o->pp_trace && l->dp.rank == 0 && l->cp.rank == 0 && l->tp.rank == 0)
             write_trace(r->o->pp_trace, l->pp.rank, step + 1, p);
     }
-    stragglers(r, step, s->compute_ms, &g.compute_max, &g.compute_median, &g.slowest);
+    // the time this rank did not run since the previous record, and how much of it its compute holds
+    double stopped = report_stopped_seconds(r), stopped_ms = (stopped - r->stopped_seen) * 1e3;
+    r->stopped_seen = stopped;
+    // (compute_ms holds at most its share of the time not run inside the schedule: the rest fell in waits)
+    double in_compute = s->compute_stopped_ms < s->compute_ms ? s->compute_stopped_ms : s->compute_ms;
+    stragglers(r, step, s->compute_ms + stopped_ms - in_compute, stopped_ms, &g.compute_max, &g.compute_median, &g.slowest);
+    g.stopped_rank = -1;
+    for (int q = 0; q < l->nranks; q++)
+        if (r->stopped[q] > g.stopped_max) {
+            g.stopped_max = r->stopped[q];
+            g.stopped_rank = q;
+        }
     // attention FLOPs of every rank: context parallelism should give each rank of a group the same share
     g.attn = gather_spread(l->world, l->world ? l->nranks : 1, tm->attention_flops, NULL);
+    double now = now_seconds(); // the record's end: the gathers above (a stalled rank's wait) are in it
+    g.wall_ms = (now - r->mark) * 1e3;
+    g.t_s = now - r->t0;
+    r->mark = now;
     if (l->lead) print_step(r, step, s, tm, &g);
     if (r->logf) log_step(r, step, s, tm, &g);
 }
+
+void report_start(Report *r) { r->t0 = r->mark = now_seconds(); }
 
 void report_val(Report *r, int step, float val_loss) {
     if (!r->lay->lead) return;

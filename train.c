@@ -33,18 +33,11 @@
 #include "prepare.h"
 #include "zero.h"
 
-// The model's shape: from --init-from, or a preset overridden by the shape flags.
+// The model's shape (options_shape) and, with --init-from, its weights.
 static GPT2Config resolve_shape(const Options *o, float **host_params) {
-    GPT2Config cfg;
-    int shape_flags = o->layers || o->channels || o->heads || o->vocab || o->max_seq_len;
-    if (o->init_from) {
-        if (shape_flags || o->preset)
-            die("--init-from takes the shape from %s; drop --model and the shape flags", o->init_from);
-        *host_params = gpt2_load_file(o->init_from, &cfg);
-        return cfg;
-    }
-    *host_params = NULL;
-    return gpt2_shape(o->preset, o->layers, o->channels, o->heads, o->vocab, o->max_seq_len, o->seq_len);
+    GPT2Config cfg = options_shape(o);
+    *host_params = o->init_from ? gpt2_load_file(o->init_from, &cfg) : NULL;
+    return cfg;
 }
 
 static float lr_at(const Options *o, int step) {
@@ -172,9 +165,10 @@ static float validate(Pipeline *p, TokenSet *val, Comm *cp_comm, int B, int T, i
 // ---------------------------------------------------------------------------------------------
 // signals and injected faults
 
-// SIGTERM (preemption, a launcher stopping its job) and SIGUSR1 (Slurm's warning before the time
-// limit) ask for a clean stop; the step loop reads this at every step boundary. A second one ends the
-// process at once (a step can be long).
+// SIGTERM (preemption, a launcher stopping its job), SIGUSR1 (Slurm's warning before the time limit)
+// and SIGINT (Ctrl-C on a single rank; the --nproc launcher turns it into SIGTERM for its ranks) ask for
+// a clean stop; the step loop reads this at every step boundary. A second one ends the process at once
+// (a step can be long). A rank that got SIGINT exits 130 after its checkpoint, as the launcher does.
 static volatile sig_atomic_t stop_signal;
 static void on_stop_signal(int sig) {
     if (stop_signal) {
@@ -189,7 +183,8 @@ static void on_stop_signal(int sig) {
 static void install_stop_signals(void) {
     struct sigaction sa = { .sa_handler = on_stop_signal };
     sigemptyset(&sa.sa_mask);
-    if (sigaction(SIGTERM, &sa, NULL) != 0 || sigaction(SIGUSR1, &sa, NULL) != 0) die("sigaction: %s", strerror(errno));
+    if (sigaction(SIGTERM, &sa, NULL) != 0 || sigaction(SIGUSR1, &sa, NULL) != 0 || sigaction(SIGINT, &sa, NULL) != 0)
+        die("sigaction: %s", strerror(errno));
     sigset_t m;
     sigemptyset(&m);
     sigaddset(&m, SIGUSR1);
@@ -206,7 +201,7 @@ typedef struct {
     int kill_step, ckpt_kill_step, nan_step, spike_step, slow_from, slow_ms;
 } Faults;
 
-static void parse_faults(Faults *f, int rank) {
+static void parse_faults(Faults *f, int rank, int nranks) {
     *f = (Faults){ -1, -1, -1, -1, -1, 0 };
     const char *spec = getenv("LLM4D_FAULT"), *l = getenv("LLM4D_LAUNCH");
     if (!spec || !*spec) return;
@@ -230,6 +225,7 @@ static void parse_faults(Faults *f, int rank) {
             else die("LLM4D_FAULT: unknown key '%s' (rank, step, at, ms, launch)", kv);
         }
         if (r < 0 || s < 0) die("LLM4D_FAULT: every item needs rank= and step=");
+        if (r >= nranks) die("LLM4D_FAULT: rank=%d is not a rank of this %d-rank job", r, nranks);
         int *slot = !strcmp(at, "kill") ? &f->kill_step : !strcmp(at, "ckpt-write") ? &f->ckpt_kill_step
                   : !strcmp(at, "nan") ? &f->nan_step : !strcmp(at, "spike") ? &f->spike_step
                   : !strcmp(at, "slow") ? &f->slow_from : NULL;
@@ -309,6 +305,7 @@ typedef struct {
     int64_t stall_step[4];
     double stall_hist[4]; // recent checkpoints' stalls, for their completion records
     int nstalls;
+    CkptEvent last_ckpt; // rank 0: the newest finished checkpoint (step -1: none yet), for the exit status
 } Trainer;
 
 static void setup_device(Trainer *t) {
@@ -351,43 +348,18 @@ static void setup_device(Trainer *t) {
     }
 }
 
-// The batch arithmetic, bounded so that no count overflows: accum micro-batches of B x T tokens on
-// each of the data-parallel ranks, G sequences per step, global sequence indices below 2^62.
-#define MAX_MICRO_TOKENS (1LL << 24)
-#define MAX_ACCUM (1LL << 16)
-#define MAX_STEP_TOKENS (1LL << 28) // one rank's tokens of a step (two int32 copies)
+// The batch of every rank and the layout's checks (options.c's check_layout, which the --nproc launcher
+// asked before it forked: here for the other launchers); the lowest rank reports a problem.
 static void setup_batch(Trainer *t) {
-    const Options *o = &t->o;
-    int dp = t->lay.dp.size;
-    t->lay.T = o->seq_len ? o->seq_len : t->cfg.maxT;
-    if (t->lay.T > t->cfg.maxT) die("--seq-len %d is above the model's maximum sequence length %d", t->lay.T, t->cfg.maxT);
-    t->lay.B = o->micro_batch;
-    char err[256];
-    agree_or_exit(&t->lay, context_split_error(o, t->lay.T, err, sizeof err) ? err : NULL); // the model's default T
-    t->Tl = t->lay.T / t->lay.cp.size;
-    long long micro = (long long)t->lay.B * t->lay.T;
-    if (micro > MAX_MICRO_TOKENS)
-        die("--micro-batch %d x --seq-len %d = %lld tokens per micro-batch, more than the %lld allowed", t->lay.B, t->lay.T, micro,
-            MAX_MICRO_TOKENS);
-    long long micro_tokens = micro * dp; // one micro-batch on every data-parallel rank
-    t->batch_tokens = o->batch_tokens ? o->batch_tokens : micro_tokens;
-    if (t->batch_tokens % micro_tokens != 0) {
-        if (dp > 1)
-            die("--batch-tokens %lld is not a multiple of data-parallel ranks x --micro-batch x --seq-len = %d x %d x %d = %lld",
-                t->batch_tokens, dp, t->lay.B, t->lay.T, micro_tokens);
-        die("--batch-tokens %lld is not a multiple of --micro-batch x --seq-len = %d x %d = %lld", t->batch_tokens, t->lay.B, t->lay.T,
-            micro_tokens);
-    }
-    long long accum = t->batch_tokens / micro_tokens;
-    if (accum > MAX_ACCUM || accum * micro > MAX_STEP_TOKENS)
-        die("--batch-tokens %lld means %lld micro-batches of %d x %d per data-parallel rank and step, more than the %lld "
-            "micro-batches (and %lld tokens) a step may accumulate", t->batch_tokens, accum, t->lay.B, t->lay.T, MAX_ACCUM,
-            MAX_STEP_TOKENS);
-    t->lay.accum = (int)accum;
-    t->G = t->batch_tokens / t->lay.T;
-    if (t->G > (1LL << 62) / ((long long)o->steps + 1))
-        die("--batch-tokens %lld x --steps %d: %lld sequences per step overflow the global sequence count", t->batch_tokens,
-            o->steps, t->G);
+    char err[512];
+    BatchShape b;
+    agree_or_exit(&t->lay, check_layout(&t->o, &t->cfg, t->lay.nranks, &b, err, sizeof err) ? err : NULL);
+    t->lay.T = b.T;
+    t->lay.B = b.B;
+    t->lay.accum = b.accum;
+    t->Tl = b.T / t->lay.cp.size;
+    t->batch_tokens = b.batch_tokens;
+    t->G = b.G;
 }
 
 static void open_data(Trainer *t) {
@@ -494,10 +466,7 @@ static void fill_meta(const Trainer *t, int step, CkptMeta *m) {
 static void build_model(Trainer *t, float *host_params) {
     const Options *o = &t->o;
     Layout *l = &t->lay;
-    int P = l->pp.size, V = P > 1 ? o->pp_virtual : 1;
-    if (V > 1 && t->lay.accum % P)
-        die("--pp-virtual %d: the %d micro-batch(es) per step must be a multiple of --pp %d for the interleaved schedule",
-            V, t->lay.accum, P);
+    int V = l->pp.size > 1 ? o->pp_virtual : 1; // (check_layout has checked the split)
     layout_place_stages(l, t->cfg.L, V, o->pp_layers);
     t->times.profile = o->profile;
     layout_build_model(l, &t->cfg, t->dt, t->be, &t->times, &t->model);
@@ -573,13 +542,12 @@ static void trainer_init(Trainer *t, int argc, char **argv) {
     check_outputs(t);
     char err[2 * SAFE_PATH_MAX] = ""; // the checkpoint directory locked before anything in it is read or changed
     t->ckpt_lock = -1;
+    t->last_ckpt.step = -1;
     agree_or_exit(l, l->lead && ckpt_lock(o->ckpt_dir, o->resume_path, &t->ckpt_lock, err, sizeof err) < 0 ? err : NULL);
-    parse_faults(&t->faults, l->rank);
+    parse_faults(&t->faults, l->rank, l->nranks);
     setup_device(t);
     float *host_params;
     t->cfg = resolve_shape(o, &host_params);
-    if (t->cfg.NH % l->tp.size) die("--tp %d does not divide the model's %d heads", l->tp.size, t->cfg.NH);
-    if (o->sp && l->tp.size == 1) die("--sp needs tensor parallelism (--tp 2 or more)");
     setup_batch(t);
     open_data(t); // before any large allocation, so that a bad file is reported first
     build_model(t, host_params);
@@ -656,13 +624,14 @@ static void train_step(Trainer *t, int step, StepResult *r) {
     gpt2_zero_grad(&t->model);
     next_batch(t, step);
 
-    double c0 = now_seconds();
+    double c0 = now_seconds(), stopped0 = report_stopped_seconds(&t->rep);
     if (t->faults.slow_from >= 0 && step + 1 >= t->faults.slow_from) usleep((useconds_t)t->faults.slow_ms * 1000);
     double loss_sum = pipeline_step(&t->pipe, t->inputs, t->targets, t->lay.accum, t->lay.B, t->Tl, 1.0f / (float)t->batch_tokens);
     double tp_busy = l->tp.size > 1 ? comm_busy_seconds(l->tp.comm) - tp_busy0 : 0;
     // compute: the schedule's time less its waits for other ranks (pipeline hand-offs, ZeRO gathers and
     // buckets, tensor-parallel collectives, the context-parallel ring)
     r->compute_ms = (now_seconds() - c0 - t->times.pipe_wait_s - tp_busy - t->times.ring_wait_s - t->times.zero_wait_s) * 1e3;
+    r->compute_stopped_ms = (report_stopped_seconds(&t->rep) - stopped0) * 1e3;
     if (step + 1 == t->faults.nan_step) loss_sum = NAN;
     if (step + 1 == t->faults.spike_step) loss_sum *= 1000;
 
@@ -696,6 +665,7 @@ static void log_checkpoints(Trainer *t) {
         for (int i = 0; i < 4; i++)
             if (t->stall_step[i] == ev.step) stall = t->stall_hist[i];
         report_checkpoint(&t->rep, &ev, stall);
+        if (ev.step >= t->last_ckpt.step) t->last_ckpt = ev;
     }
 }
 
@@ -710,7 +680,7 @@ static int step_boundary(Trainer *t, int step) {
         if (t->lay.lead)
             printf("received %s: stopping cleanly after %d of %d steps%s%s\n",
                    stop_signal == SIGUSR1 ? "SIGUSR1 (the job's time limit is near)" : stop_signal == SIGTERM ? "SIGTERM"
-                                                                                    : "a stop signal (on another rank)",
+                   : stop_signal == SIGINT ? "SIGINT" : "a stop signal (on another rank)",
                    step, t->o.steps, t->ckpt && step > t->start_step ? ", with a checkpoint" : "",
                    t->o.save_model ? " and the model saved" : "");
         t->end_step = step;
@@ -770,6 +740,18 @@ static void dump_step0(Trainer *t) {
     free(tok);
 }
 
+// The exit status: 1 when the run's last checkpoint could not be written (its end state is then saved
+// nowhere but in --save-model), said in one line at the very end; rank 0 decides (it alone sees the
+// checkpoints' outcomes) and the other ranks exit 0.
+static int trainer_status(const Trainer *t) {
+    const CkptEvent *e = &t->last_ckpt;
+    if (!t->o.ckpt_dir || !t->lay.lead || e->step < 0 || e->ok) return 0;
+    fflush(stdout); // the line comes last
+    error_line("the last checkpoint (step %lld, %s) could not be written (%s): the run ends with an error%s",
+               (long long)e->step, e->path, e->msg, t->o.save_model ? "; its model is in --save-model" : "");
+    return 1;
+}
+
 static void trainer_finish(Trainer *t) {
     const Options *o = &t->o;
     if (t->ckpt) {
@@ -810,6 +792,7 @@ static int train_main(int argc, char **argv) {
     Trainer t;
     trainer_init(&t, argc, argv); // layout, device, shapes, data, outputs, model and state, checkpoints
     if (t.o.dump) dump_step0(&t);
+    report_start(&t.rep); // from here every second is in some step's wall time (its boundary, checkpoint, record)
     for (int step = t.start_step;; step++) {
         int last = step_boundary(&t, step);
         evaluate(&t, step, last);
@@ -821,7 +804,8 @@ static int train_main(int argc, char **argv) {
         t.stall_ms = 0;
     }
     trainer_finish(&t);
-    return 0;
+    int status = trainer_status(&t);
+    return status ? status : stop_signal == SIGINT ? 128 + SIGINT : 0;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -829,7 +813,8 @@ static int train_main(int argc, char **argv) {
 // --nproc N [--max-restarts R]: launches the ranks; when the job fails (not when a signal stopped the
 // launcher), relaunches it, with --resume once --ckpt-dir holds a complete checkpoint, up to R times.
 static int launch_with_restarts(const Options *o, int nproc, int argc, char **argv) {
-    char **args = xcalloc((size_t)argc + 2, sizeof(char *));
+    char **args = xcalloc((size_t)argc + 12, sizeof(char *));
+    char shape[5][16]; // --init-from's shape, for a relaunch that resumes (which refuses --init-from)
     int n = 0;
     for (int i = 0; i < argc; i++) args[n++] = argv[i];
     for (int attempt = 0;; attempt++) {
@@ -857,7 +842,22 @@ static int launch_with_restarts(const Options *o, int nproc, int argc, char **ar
                 if (i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0) i++;
                 continue;
             }
+            if (!strcmp(argv[i], "--init-from")) { // its weights are the checkpoint's now; its shape stays
+                i++;
+                continue;
+            }
             args[n++] = argv[i];
+        }
+        if (o->init_from) {
+            GPT2Config c;
+            gpt2_file_shape(o->init_from, &c);
+            const char *flag[5] = { "--layers", "--channels", "--heads", "--vocab", "--max-seq-len" };
+            int v[5] = { c.L, c.C, c.NH, c.V, c.maxT };
+            for (int k = 0; k < 5; k++) {
+                snprintf(shape[k], sizeof shape[k], "%d", v[k]);
+                args[n++] = (char *)flag[k];
+                args[n++] = shape[k];
+            }
         }
         args[n++] = "--resume";
     }
@@ -886,8 +886,12 @@ int main(int argc, char **argv) {
     if (nproc) {
         Options o;
         parse_options(&o, argc, argv); // every flag checked before any rank starts
-        char err[160];
-        if (layout_error(o.tp, o.cp, o.pp, nproc, err, sizeof err)) die("%s", err);
+        GPT2Config cfg = options_shape(&o);
+        BatchShape b;
+        char err[512];
+        if (check_layout(&o, &cfg, nproc, &b, err, sizeof err)) die("%s", err); // no rank started for it
+        Faults faults;
+        parse_faults(&faults, 0, nproc); // a malformed LLM4D_FAULT too
         return launch_with_restarts(&o, nproc, argc, argv);
     }
     return train_main(argc, argv);

@@ -164,8 +164,8 @@ t_ckpt_bad() {
 }
 
 # A full disk during a save (a small tmpfs): the checkpoint is given up with a warning, the previous
-# one stays intact, no temporary is left, the run goes on and ends well; resuming from the survivor
-# gives the uninterrupted run's model.
+# one stays intact, no temporary is left, the run goes on to its end, where it exits 1 saying that its
+# last checkpoint failed; resuming from the survivor gives the uninterrupted run's model.
 t_ckpt_full_disk() {
     [ "$(id -u)" -eq 0 ] || { echo "not root: cannot mount a small tmpfs"; return 77; }
     local d=$WORK/ckfull
@@ -176,13 +176,24 @@ t_ckpt_full_disk() {
     bytes=$(cat "$d"/probe/ckpt_00000006/* | wc -c) # room for one checkpoint, not for another rank's shard besides
     mount -t tmpfs -o size=$((bytes * 5 / 4)) llm4d-test "$d/mnt" 2>/dev/null || { echo "cannot mount a tmpfs here"; return 77; }
     local rc=0
-    timeout 300 $TRAIN "${S[@]}" --ckpt-dir "$d/mnt/c" --ckpt-every 2 >"$d/out" 2>"$d/err" || { echo "FAIL: the run stopped"; rc=1; }
+    # every checkpoint after the first fails, the last one included: the run trains to its end and exits 1,
+    # its last line saying that the last checkpoint was not written
+    timeout 300 $TRAIN "${S[@]}" --ckpt-dir "$d/mnt/c" --ckpt-every 2 >"$d/out" 2>"$d/err"
+    local st=$?
     cat "$d/err"
+    [ $st -eq 1 ] || { echo "FAIL: exit status $st with the last checkpoint unwritten (expected 1)"; rc=1; }
+    grep -q '^step    6/6 ' "$d/out" || { echo "FAIL: the run did not train to its end"; rc=1; }
+    tail -n 1 "$d/err" | grep -q "^error: the last checkpoint (step 6, $d/mnt/c/ckpt_00000006) could not be written (rank [01]: .*No space left on device): the run ends with an error" ||
+        { echo "FAIL: the last line does not say that the last checkpoint failed"; rc=1; }
     grep -q "^warning: the checkpoint of step 4 was not written (rank [01]: cannot write $d/mnt/c/ckpt_00000004/rank_0000[01].safetensors: No space left on device); training goes on" "$d/err" ||
         { echo "FAIL: no warning for the checkpoint of step 4"; rc=1; }
     [ "$(ls -I llm4d.lock "$d/mnt/c")" = ckpt_00000002 ] || { echo "FAIL: left in the tmpfs: $(ls -I llm4d.lock "$d/mnt/c")"; rc=1; }
     [ -z "$(find "$d/mnt" -name '*.tmp.*')" ] || { echo "FAIL: temporaries left"; rc=1; }
-    timeout 300 $TRAIN "${S[@]}" --ckpt-dir "$d/mnt/c" --resume --save-model "$d/resumed.bin" >"$d/out2" 2>&1 || rc=1
+    # (its own last checkpoint has no room either: it exits 1 too, with the model saved)
+    timeout 300 $TRAIN "${S[@]}" --ckpt-dir "$d/mnt/c" --resume --save-model "$d/resumed.bin" >"$d/out2" 2>&1
+    st=$?
+    [ $st -eq 1 ] && tail -n 1 "$d/out2" | grep -q "^error: the last checkpoint (step 6, .*its model is in --save-model$" ||
+        { echo "FAIL: the resumed run: exit status $st, last line $(tail -n 1 "$d/out2")"; rc=1; }
     grep -q "^resumed from $d/mnt/c/ckpt_00000002: step 2" "$d/out2" || { echo "FAIL: did not resume from step 2"; rc=1; }
     cmp "$d/ref.bin" "$d/resumed.bin" || rc=1
     umount "$d/mnt"
@@ -210,6 +221,34 @@ t_ckpt_sigterm() {
     [ -f "$d/c/$(printf 'ckpt_%08d' "$s")/manifest.json" ] || { echo "FAIL: no complete checkpoint of step $s"; return 1; }
     $TRAIN --nproc 2 "${S[@]}" --steps $((s + 3)) --save-model "$d/ref.bin" >/dev/null 2>&1 || return 1
     $TRAIN --nproc 2 "${S[@]}" --steps $((s + 3)) --resume "$d/c/$(printf 'ckpt_%08d' "$s")" --save-model "$d/resumed.bin" \
+        >/dev/null 2>&1 || return 1
+    cmp "$d/ref.bin" "$d/resumed.bin"
+}
+
+# Ctrl-C on a single rank (no launcher): SIGINT after its first step stops it at the next step boundary
+# with a checkpoint and exit status 130, as under --nproc; continuing from that checkpoint gives the
+# uninterrupted run's model, byte for byte.
+t_ckpt_sigint() {
+    local d=$WORK/ckint
+    mkdir -p "$d"
+    local S=("${CK[@]}" --layers 2 --train "$DATA/train.bin" --batch-tokens 64 --schedule constant)
+    $TRAIN "${S[@]}" --steps 100000 --ckpt-dir "$d/c" --log "$d/log.jsonl" >"$d/out" 2>&1 &
+    local pid=$! i
+    for i in $(seq 1 600); do # until its first step is logged (bounded: 60 s)
+        grep -q '"step":1,' "$d/log.jsonl" 2>/dev/null && break
+        sleep 0.1
+    done
+    kill -INT $pid
+    wait $pid
+    local st=$?
+    [ $st -eq 130 ] || { echo "FAIL: exit status $st (expected 130)"; tail -5 "$d/out"; return 1; }
+    local s
+    s=$(sed -n 's/^received SIGINT: stopping cleanly after \([0-9]*\) of 100000 steps, with a checkpoint$/\1/p' "$d/out")
+    [ -n "$s" ] || { echo "FAIL: no stop message"; tail -5 "$d/out"; return 1; }
+    echo "stopped after $s steps"
+    [ -f "$d/c/$(printf 'ckpt_%08d' "$s")/manifest.json" ] || { echo "FAIL: no complete checkpoint of step $s"; return 1; }
+    $TRAIN "${S[@]}" --steps $((s + 2)) --save-model "$d/ref.bin" >/dev/null 2>&1 || return 1
+    $TRAIN "${S[@]}" --steps $((s + 2)) --resume "$d/c/$(printf 'ckpt_%08d' "$s")" --save-model "$d/resumed.bin" \
         >/dev/null 2>&1 || return 1
     cmp "$d/ref.bin" "$d/resumed.bin"
 }
@@ -246,6 +285,75 @@ t_stragglers() {
     grep -q "^warning: straggler: rank 2 on $(hostname) has computed more than 50% longer than the median for 3 steps" "$d/err" || return 1
     grep -q "\"straggler\":2,\"host\":\"$(hostname)\"" "$d/log.jsonl" || return 1
     [ "$(grep -c '"compute_ms_max":[0-9.]*,"compute_ms_median":[0-9.]*,"slowest_rank":2' "$d/log.jsonl")" -ge 4 ]
+}
+
+# A rank stopped for a while (SIGSTOP after the log shows step 5, SIGCONT about 2 s later, both timed by
+# this test's own clock) in a 2-rank run: every second of the run is in some step's record (the steps'
+# wall times add up to the run's time at the last record, which is below the run's time seen from here),
+# one step's wall time holds the whole stop, and that step's record (or, for a stop that fell on a step
+# boundary, its neighbour's) names rank 1 as the rank that did not run, as the slowest rank and as the
+# straggler (--straggler-steps 1); no record names rank 0.
+t_stragglers_stop() {
+    local d=$WORK/stragstop
+    mkdir -p "$d"
+    local t0 t1 t2 t3
+    t0=$(date +%s.%N)
+    timeout 300 $TRAIN --nproc 2 "${CK[@]}" --layers 2 --train "$DATA/train.bin" --batch-tokens 64 --steps 60 \
+        --straggler 0.5 --straggler-steps 1 --log "$d/log.jsonl" >"$d/out" 2>"$d/err" &
+    local launcher=$! i p rank1=
+    for i in $(seq 1 600); do # until step 5 is logged (bounded: 60 s)
+        grep -q '"step":5,' "$d/log.jsonl" 2>/dev/null && break
+        sleep 0.1
+    done
+    local train_pid
+    train_pid=$(pgrep -P "$launcher") || { echo "no launcher"; return 1; }
+    for p in $(pgrep -P "$train_pid"); do
+        tr '\0' '\n' <"/proc/$p/environ" | grep -qx RANK=1 && rank1=$p
+    done
+    [ -n "$rank1" ] || { echo "FAIL: rank 1 not found"; kill "$launcher"; return 1; }
+    t1=$(date +%s.%N)
+    kill -STOP "$rank1"
+    sleep 2 # the stall itself
+    kill -CONT "$rank1"
+    t2=$(date +%s.%N)
+    wait "$launcher" || { echo "FAIL: exit status $?"; cat "$d/err"; return 1; }
+    t3=$(date +%s.%N)
+    cat "$d/err"
+    $PY - "$d" "$t0" "$t1" "$t2" "$t3" <<'EOF'
+import json, re, sys
+d = sys.argv[1]
+t0, t1, t2, t3 = map(float, sys.argv[2:])
+stop_ms = (t2 - t1) * 1e3
+steps = [r for r in map(json.loads, open(f"{d}/log.jsonl")) if "loss" in r]
+bad = []
+if [r["step"] for r in steps] != list(range(1, 61)):
+    bad.append("not one record per step")
+total = sum(r["wall_ms"] for r in steps)
+if abs(total - steps[-1]["t_s"] * 1e3) > 1 + 0.001 * len(steps):
+    bad.append(f"the steps' wall times add up to {total:.3f} ms, the run's time at the last record is {steps[-1]['t_s'] * 1e3:.3f} ms")
+if not (stop_ms < steps[-1]["t_s"] * 1e3 < (t3 - t0) * 1e3):
+    bad.append(f"the run's time {steps[-1]['t_s']:.3f} s is not between the stop ({stop_ms / 1e3:.3f} s) and the time seen from outside ({t3 - t0:.3f} s)")
+k = max(range(len(steps)), key=lambda i: steps[i]["wall_ms"])
+w = steps[k]
+print(f"stop {stop_ms:.0f} ms; step {w['step']} wall {w['wall_ms']:.0f} ms (its own {w['ms']:.0f} ms); the run {total:.0f} ms")
+if w["wall_ms"] < stop_ms - 200:
+    bad.append(f"no step's wall time holds the stop: at most {w['wall_ms']:.0f} ms")
+named = [r for r in steps[max(k - 1, 0):k + 2] if r["stopped_rank"] == 1 and r["stopped_ms_max"] > stop_ms - 200]
+if len(named) != 1:
+    bad.append(f"{len(named)} records near step {w['step']} name rank 1 as not running for the stop")
+for r in named:
+    print(f"step {r['step']}: rank {r['stopped_rank']} did not run for {r['stopped_ms_max']:.0f} ms, slowest rank {r['slowest_rank']}")
+    if r["slowest_rank"] != 1:
+        bad.append(f"step {r['step']}: the slowest rank is {r['slowest_rank']}, not the stopped rank 1")
+    err = open(f"{d}/err").read()
+    if not re.search(rf"^warning: straggler: rank 1 on .* at step {r['step']}, of which it did not run for [0-9.]+ ms\)$", err, re.M):
+        bad.append(f"no straggler warning for rank 1 at step {r['step']}")
+if any(r["stopped_rank"] == 0 and r["stopped_ms_max"] > 1000 for r in steps):
+    bad.append("rank 0 is named as not running")
+for b in bad:
+    print("FAIL", b)
+sys.exit(1 if bad else 0)
+EOF
 }
 
 # Safe files: each output location is checked before step 1; device nodes, /dev/null and directories

@@ -472,6 +472,50 @@ assert same_bf16 == 1.0, "updates were not below bf16 resolution, so this test p
 EOF
 }
 
+# Layout errors before the launcher forks: each bad layout or combination is refused with one error
+# line and nothing else, so no rank ever started (a rank 0 would print the "collectives:" line, and a
+# layout error found by the ranks comes after it); --nproc 256 and 255 included. The timeout only bounds
+# a failure.
+t_prefork_checks() {
+    local d=$WORK/prefork ok=0
+    mkdir -p "$d"
+    $TRAIN "${TINY[@]}" --steps 0 --save-model "$d/m.bin" >/dev/null || return 1
+    refused() { # pattern args...
+        local pattern=$1 out rc
+        shift
+        out=$(timeout 60 $TRAIN "$@" 2>&1)
+        rc=$?
+        if [ $rc -eq 0 ] || [ $rc -eq 124 ]; then echo "FAIL: exit status $rc: $*"; ok=1; return; fi
+        if [ "$(printf '%s\n' "$out" | wc -l)" -ne 1 ] || [ "${out#error: }" = "$out" ]; then
+            echo "FAIL: not one error line (a rank started?): $*"; printf '%s\n' "$out" | head -5; ok=1; return
+        fi
+        grep -qF -- "$pattern" <<<"$out" || { echo "FAIL: missing '$pattern' in: $out"; ok=1; return; }
+        echo "ok: $out"
+    }
+    local S=("${TINY[@]}" --train "$DATA/train.bin" --steps 2)
+    refused "--tp 3 does not divide the model's 4 heads" --nproc 3 --tp 3 "${S[@]}"
+    refused "--tp 3 does not divide the model's 4 heads" --nproc 255 --tp 3 "${S[@]}"
+    refused "--tp 3 x --pp 1 = 3 does not divide the 256 ranks" --nproc 256 --tp 3 "${S[@]}"
+    refused "--tp 3 does not divide the model's 4 heads" --nproc 3 --tp 3 --init-from "$d/m.bin" --seq-len 32 \
+        --train "$DATA/train.bin" --steps 2 # the heads from the file's header
+    refused "--sp needs tensor parallelism (--tp 2 or more)" --nproc 2 --sp "${S[@]}"
+    refused "--pp 4: more pipeline stages than the model's 2 blocks" --nproc 4 --pp 4 "${S[@]}"
+    refused "--pp-layers '1,2' adds up to 3 blocks, but the model has 2" --nproc 2 --pp 2 --pp-layers 1,2 "${S[@]}"
+    refused "--pp-virtual 2: the 3 micro-batch(es) per step must be a multiple of --pp 2" --nproc 2 --pp 2 --pp-virtual 2 \
+        "${TINY[@]}" --layers 4 --micro-batch 1 --batch-tokens 96 --train "$DATA/train.bin" --steps 2
+    refused "--cp 2 cuts each sequence into 4 chunks: --seq-len 30 must be divisible by 4" --nproc 2 --cp 2 "${S[@]}" --seq-len 30
+    refused "--batch-tokens 100 is not a multiple of data-parallel ranks x --micro-batch x --seq-len = 2 x 4 x 32 = 256" \
+        --nproc 2 "${S[@]}" --batch-tokens 100
+    refused "--pp-virtual 16 interleaves pipeline stages: it needs --pp 2 or more" --nproc 2 --pp-virtual 16 "${S[@]}"
+    refused "--pp-virtual 16 interleaves pipeline stages: it needs --pp 2 or more" --pp-virtual 16 "${S[@]}"
+    LLM4D_FAULT="rank=9,step=1" refused "LLM4D_FAULT: rank=9 is not a rank of this 2-rank job" --nproc 2 "${S[@]}"
+    LLM4D_FAULT="rank=1,step=1" refused "LLM4D_FAULT: rank=1 is not a rank of this 1-rank job" "${S[@]}"
+    refused "--init-from and --resume both give the starting weights" --nproc 2 --init-from "$d/m.bin" --seq-len 32 \
+        --train "$DATA/train.bin" --steps 2 --ckpt-dir "$d/c" --resume
+    [ ! -e "$d/c" ] || { echo "FAIL: --ckpt-dir was created"; ok=1; }
+    return $ok
+}
+
 # Bad input: one line on stderr naming the problem, non-zero exit, no crash, also under ASan/UBSan.
 expect_error() { # pattern args...
     local pattern=$1
@@ -660,6 +704,71 @@ for dt, w in (("fp32", 4), ("bf16", 2)):
                     print(f"FAIL {dt} ZeRO-{z} {name}: {g:.0f} bytes, formula {e * n:.0f} ({err:.1%})")
                     bad += 1
         print(f"{dt} ZeRO-{z}: {line}")
+sys.exit(1 if bad else 0)
+EOF
+}
+
+# ZeRO's gradients against the micro-batches a step accumulates (M), at DP 4 and at DP 2 x CP 2 (N = 4
+# ranks holding the same weights either way), per parameter: ZeRO-0/1 4 whatever M; ZeRO-2/3 4/N with
+# M = 1 (streamed through bucket buffers), 4 + 4/N with M = 3 (the full accumulation buffer besides the
+# shard), the memory line naming the two parts. With DP x CP = 1 (--tp 2 --pp 2 on 4 ranks) --zero 1 has
+# nothing to shard: a note says so and the layout line says ZeRO-0; DP 1 x CP 2 x TP 2 does shard.
+t_zero_memory_accum() {
+    local d=$WORK/memacc lay z m
+    mkdir -p "$d"
+    local S=(--layers 4 --channels 128 --heads 4 --vocab 256 --seq-len 32 --micro-batch 1 --steps 0 --bucket-mb 0.1)
+    for lay in "dp4|4|--nproc 4" "dp2cp2|2|--nproc 4 --cp 2"; do
+        local name=${lay%%|*} rest=${lay#*|}
+        local dp=${rest%%|*} args
+        read -ra args <<<"${rest#*|}"
+        for z in 0 1 2 3; do
+            for m in 1 3; do
+                timeout 120 $TRAIN "${args[@]}" "${S[@]}" --zero $z --batch-tokens $((m * 32 * dp)) >"$d/$name-$z-$m.out" || return 1
+            done
+        done
+    done
+    timeout 120 $TRAIN --nproc 4 --tp 2 --pp 2 "${S[@]}" --zero 1 >"$d/none.out" || return 1
+    timeout 120 $TRAIN --nproc 4 --tp 2 --cp 2 "${S[@]}" --zero 1 >"$d/cp.out" || return 1
+    $PY - "$d" <<'EOF'
+import re, sys
+d = sys.argv[1]
+bad = 0
+def fail(msg):
+    global bad
+    print("FAIL", msg)
+    bad += 1
+MiB = 1048576
+for lay in ("dp4", "dp2cp2"):
+    for z in range(4):
+        for m in (1, 3):
+            out = open(f"{d}/{lay}-{z}-{m}.out").read()
+            n = int(re.search(r"\| (\d+) parameters", out).group(1))
+            if not re.search(rf"^batch: \d+ tokens per step = {m} micro-batch\(es\)", out, re.M):
+                fail(f"{lay} ZeRO-{z} M={m}: not {m} micro-batches")
+            N = 4
+            want = 4 if z < 2 else (4 / N if m == 1 else 4 + 4 / N)
+            lines = re.findall(r"memory of rank \d+ .*", out)
+            if len(lines) < 4:  # every rank at the start
+                fail(f"{lay} ZeRO-{z} M={m}: {len(lines)} memory lines")
+            for line in lines:
+                g = re.search(r"\| gradients ([0-9.]+) MiB( \(([0-9.]+) full accumulation buffer for (\d+) micro-batches \+ ([0-9.]+) reduced shard\))? \|", line)
+                got = float(g.group(1)) * MiB
+                if abs(got - want * n) > 0.01 * want * n + 0.006 * MiB:
+                    fail(f"{lay} ZeRO-{z} M={m}: gradients {got:.0f} bytes, formula {want} x {n} = {want * n:.0f}: {line}")
+                split = z >= 2 and m > 1
+                if bool(g.group(2)) != split:
+                    fail(f"{lay} ZeRO-{z} M={m}: the accumulation buffer {'not ' if split else ''}named: {line}")
+                if split and (abs(float(g.group(3)) * MiB - 4 * n) > 0.006 * MiB or int(g.group(4)) != m
+                              or abs(float(g.group(5)) * MiB - 4 / N * n) > 0.01 * n + 0.006 * MiB):
+                    fail(f"{lay} ZeRO-{z} M={m}: the parts are not 4 x n and 4/N x n: {line}")
+            print(f"{lay} ZeRO-{z} M={m}: {lines[0][:140]}")
+none, cp = open(f"{d}/none.out").read(), open(f"{d}/cp.out").read()
+note = ("note: --zero 1 has nothing to shard: ZeRO shards over the ranks holding the same weights, data parallel 1 x "
+        "context parallel 1 = 1 here, so the run is ZeRO-0")
+if note not in none.splitlines() or not re.search(r"^layout: .* \| ZeRO-0 \|", none, re.M):
+    fail("DP x CP = 1: no note, or the layout line does not say ZeRO-0:\n" + none[:600])
+if "nothing to shard" in cp or not re.search(r"^layout: .* \| ZeRO-1 \|", cp, re.M):
+    fail("DP 1 x CP 2: ZeRO-1 is not kept:\n" + cp[:600])
 sys.exit(1 if bad else 0)
 EOF
 }
@@ -1263,6 +1372,7 @@ run_test cli     t_profile                 "--profile splits each step into matm
 run_test memory  t_activation_memory       "activation memory is linear in T (no T x T attention buffers)"
 run_test model   t_model_roundtrip         "model files round trip (fp32 bitwise, bf16 exact)"
 run_test model   t_bf16_master             "bf16: master weights move below bf16 resolution"
+run_test cli     t_prefork_checks          "layout errors and bad combinations refused in one line before the launcher forks (--nproc 256 too)"
 run_test cli     t_bad_input               "bad input: one-line errors, non-zero exit, no crash (ASan)"
 run_test model   t_learns                  "the model learns and samples"
 run_test comm    t_collectives             "collectives: every op, type, count, placement; 1-8 ranks; sub-communicators"
@@ -1273,6 +1383,7 @@ run_test slurm   t_slurm                   "Slurm: 2 nodes x 2 ranks under srun 
 run_test slurm   t_usr1                    "SIGUSR1 (Slurm time-limit warning) stops every rank cleanly"
 run_test dp      t_data_parallel           "data parallel DP 2,3,4 x ZeRO 0-3 x M 1,3 equals one rank; stages and bucket sizes 0, 0.02, 25 bitwise"
 run_test dp      t_data_parallel_bf16_clip "data parallel bf16 and active clipping equal one rank"
+run_test memory  t_zero_memory_accum       "ZeRO-2/3 gradients 4/N with one micro-batch, 4 + 4/N with more (the accumulation buffer named); DP x CP = 1 says ZeRO has nothing to shard"
 run_test memory  t_zero_memory             "ZeRO memory per rank at DP 4 follows the formula"
 run_test tp      t_tensor_parallel         "tensor parallel TP 2,3,4 with and without --sp, alone and with DP 2 x ZeRO 0,1,3, equals one rank"
 run_test pp      t_pipeline                "pipeline PP 2,3,4 x M, plain and interleaved (V 2), and 3D layouts equal one rank; schedules"
@@ -1295,7 +1406,8 @@ run_test ckpt    t_ckpt_reshard            "checkpoints: re-sharded to another l
 run_test ckpt    t_ckpt_reader             "checkpoints: the format read with numpy equals --save-model"
 run_test ckpt    t_ckpt_restarts           "restarts: 10 injected rank deaths under --max-restarts end bitwise as the uninterrupted runs"
 run_test ckpt    t_ckpt_bad                "checkpoints: flipped byte, truncated or missing shard, missing manifest, incompatible, --keep"
-run_test ckpt    t_ckpt_full_disk          "checkpoints: a full disk leaves the previous checkpoint and the run going"
+run_test ckpt    t_ckpt_full_disk          "checkpoints: a full disk leaves the previous checkpoint and the run going; a failed last checkpoint exits 1"
+run_test ckpt    t_ckpt_sigint             "SIGINT (Ctrl-C) on a single rank: checkpoint, exit 130; resuming is bitwise"
 run_test ckpt    t_ckpt_sigterm            "SIGTERM: every rank checkpoints and exits 0; resuming is bitwise"
 run_test ckpt    t_ckpt_lock               "checkpoints: a second run into a held --ckpt-dir is refused naming the holder; its checkpoints stay"
 run_test ckpt    t_ckpt_fingerprint        "checkpoints: resuming on other data of the same token count is refused, --allow-data-change accepts it"
@@ -1303,6 +1415,7 @@ run_test ckpt    t_ckpt_fields             "checkpoints: manifest fields out of 
 run_test ckpt    t_ckpt_move_aside         "checkpoints: an unusable checkpoint found by --resume is moved aside to .bad; the run writes its own"
 run_test ckpt    t_skip_spikes             "--skip-spikes: NaN and spiking losses are skipped on every rank"
 run_test cli     t_stragglers              "stragglers are reported by rank and host"
+run_test cli     t_stragglers_stop         "a SIGSTOP'd rank: every second of the run in some step's wall time, the stopped rank named for its step"
 run_test build   t_make_missing_deps       "make without the build packages (jansson.h, zlib.h, the compiler) stops at one line naming them and scripts/deps.sh"
 run_test layers  t_layers_fails            "scripts/check_layers.py fails on includes up the chain, circles, a file in no layer, an include of emu/; passes a clean tree"
 run_test layers  t_layers                  "includes follow DESIGN.md's layers: no circle, no include up the chain (scripts/check_layers.py)"
