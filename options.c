@@ -164,25 +164,7 @@ static const char USAGE[] =
     "  -h, --help                 this text\n";
 
 // ---------------------------------------------------------------------------------------------
-// flag parsing: every value is checked whole, and every error names the flag
-
-long long parse_int(const char *flag, const char *s, long long lo, long long hi) {
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno || end == s || *end) die("%s expects an integer, got '%s'", flag, s);
-    if (v < lo || v > hi) die("%s must be between %lld and %lld, got %lld", flag, lo, hi, v);
-    return v;
-}
-
-float parse_float(const char *flag, const char *s, double lo, double hi) {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || *end || !isfinite(v)) die("%s expects a number, got '%s'", flag, s);
-    if (v < lo || v > hi) die("%s must be between %g and %g, got %g", flag, lo, hi, v);
-    return (float)v;
-}
+// flag parsing: every value is checked whole (common.c's one number parser), and every error names the flag
 
 int context_split_error(const Options *o, int T, char *err, size_t cap) {
     if (o->cp > 1 && T % (2 * o->cp))

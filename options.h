@@ -28,9 +28,6 @@ typedef struct {
 // Parses argv (argv[0] the program) into o, with the defaults for everything not given; prints --help
 // and exits 0 on -h/--help; dies with one line naming the flag on a bad value or combination.
 void parse_options(Options *o, int argc, char **argv);
-// A whole integer (or finite number) in [lo, hi], or one line naming flag and a non-zero exit.
-long long parse_int(const char *flag, const char *s, long long lo, long long hi);
-float parse_float(const char *flag, const char *s, double lo, double hi);
 // Context parallelism cuts each sequence into 2·cp chunks, and sequence parallelism splits a rank's
 // positions over the tensor-parallel group: T must divide for both. Returns 0, or -1 with the reason.
 int context_split_error(const Options *o, int T, char *err, size_t cap);
