@@ -7,12 +7,51 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <sys/stat.h>
+
+#include "ckpt.h"
 #include "collectives.h"
 #include "common.h"
 #include "model.h"
 
+static const char SAMPLE_USAGE[] =
+    "usage: ./train sample --model FILE|DIR [--prompt TEXT] [--tokens N] [--temperature F] [--top-k K] [--seed S]\n"
+    "                      [--tokenizer FILE] [--device cpu|cuda] [--nproc N --tp N --pp N --cp N ...]\n"
+    "  continue TEXT (default: the tokenizer's end-of-text token, else token 0) from a model file, a\n"
+    "  checkpoint directory (DIR/ckpt_XXXXXXXX) or the newest checkpoint of a --ckpt-dir DIR, and print it\n"
+    "  --model FILE|DIR           an llm.c model file (--save-model's), or a checkpoint (directory)\n"
+    "  --prompt TEXT              the text to continue, encoded by the tokenizer (longest piece first)\n"
+    "  --tokens N                 tokens to generate (default 64; prompt and tokens at most --seq-len)\n"
+    "  --temperature F            sampling temperature (default 1.0)\n"
+    "  --top-k K                  sample among the K most likely tokens; 0 = all, 1 = greedy (default 0)\n"
+    "  --seed S                   the sampling seed (default 1337): the same seed gives the same text on\n"
+    "                             every layout\n"
+    "  --tokenizer FILE           llm.c tokenizer file (default: tokenizer.bin beside the model file, or\n"
+    "                             beside the checkpoint directory); without one, token ids are printed\n"
+    "  --seq-len T                the context window (default the model's maxT)\n"
+    "  and the layout and execution flags of training (./train --help): --device, --dtype, --threads,\n"
+    "  --nproc, --tp, --sp, --pp, --cp, --zero, --transport ...\n";
+
+static const char EVAL_USAGE[] =
+    "usage: ./train eval --model FILE|DIR --val PATTERN [--batches N] [--micro-batch B] [--seq-len T]\n"
+    "                    [--device cpu|cuda] [--nproc N --tp N --pp N --cp N ...]\n"
+    "  the mean loss and perplexity (exp of the loss) of a model file or checkpoint over token shards:\n"
+    "  the same batches and the same computation as training's --val-every (batch i: the windows\n"
+    "  i*B .. i*B+B-1 of the shards), so that it prints the validation loss a training run printed\n"
+    "  --model FILE|DIR           an llm.c model file (--save-model's), or a checkpoint (directory)\n"
+    "  --val PATTERN              token shards (a glob)\n"
+    "  --batches N                micro-batches of B x T tokens (default 10, as --val-steps)\n"
+    "  --micro-batch B            sequences per batch (default 4)\n"
+    "  --seq-len T                tokens per sequence (default the model's maxT)\n"
+    "  and the layout and execution flags of training (./train --help)\n";
+
 static const char USAGE[] =
     "usage: ./train [flags]                      train a GPT-2 model\n"
+    "       ./train sample --model FILE|DIR [--prompt TEXT] [--tokens N --temperature F --top-k K --seed S]\n"
+    "                                            text from a saved model or checkpoint (./train sample --help)\n"
+    "       ./train eval --model FILE|DIR --val PATTERN [--batches N]\n"
+    "                                            loss and perplexity of a saved model over token shards\n"
+    "                                            (./train eval --help)\n"
     "       ./train prepare INPUT.txt DIR        write DIR/train.bin, DIR/val.bin (last 10% of the bytes)\n"
     "                                            and DIR/tokenizer.bin with a byte-level tokenizer (V = 256)\n"
     "       ./train plan --gpus G --batch-tokens N [flags]\n"
@@ -179,13 +218,31 @@ int context_split_error(const Options *o, int T, char *err, size_t cap) {
     return 0;
 }
 
+// The flags of training that mean nothing to sample and eval (a run of no steps from --model).
+static int is_training_only(const char *f) {
+    static const char *const only[] = { "--steps", "--init-from", "--save-model", "--train", "--ckpt-dir", "--ckpt-every",
+                                        "--keep", "--max-restarts", "--log", "--dump", "--layers", "--channels", "--heads",
+                                        "--vocab", "--max-seq-len", "--val-every", "--sample-every", "--val-steps",
+                                        "--sample-tokens", "--batch-tokens", NULL };
+    for (int i = 0; only[i]; i++)
+        if (!strcmp(f, only[i])) return 1;
+    return 0;
+}
+
 // One flag that takes a value, argv[*i] (its value argv[*i + 1]; *i moves past it): a flat table.
 static void parse_valued_flag(Options *o, int argc, char **argv, int *ip) {
     int i = *ip;
     const char *f = argv[i];
     const char *v = i + 1 < argc ? argv[i + 1] : NULL;
 #define IS(name) (!strcmp(f, name) && (v ? (i++, 1) : (die("%s needs a value", name), 0)))
-    if (IS("--model")) o->preset = v;
+    if (o->mode != MODE_TRAIN && IS("--model")) o->model_path = v;
+    else if (o->mode == MODE_SAMPLE && IS("--prompt")) o->prompt = v;
+    else if (o->mode == MODE_SAMPLE && IS("--tokens")) o->sample_tokens = (int)parse_int(f, v, 1, 1 << 20);
+    else if (o->mode == MODE_EVAL && IS("--batches")) o->val_steps = (int)parse_int(f, v, 1, INT32_MAX);
+    else if (o->mode != MODE_TRAIN && is_training_only(f))
+        die("./train %s: %s is a training flag (see ./train %s --help)", o->mode == MODE_SAMPLE ? "sample" : "eval", f,
+            o->mode == MODE_SAMPLE ? "sample" : "eval");
+    else if (IS("--model")) o->preset = v;
     else if (IS("--layers")) o->layers = (int)parse_int(f, v, 1, 4096);
     else if (IS("--channels")) o->channels = (int)parse_int(f, v, 1, 65536);
     else if (IS("--heads")) o->heads = (int)parse_int(f, v, 1, 65536);
@@ -277,16 +334,53 @@ static void check_options(const Options *o) {
     if (o->seq_len && context_split_error(o, o->seq_len, err, sizeof err)) die("%s", err); // before any rank starts
 }
 
+// sample and eval: a run of no steps from --model: a model file (init_from), a checkpoint (a directory
+// with a manifest.json) or a directory of checkpoints (its newest complete one), as --resume reads them.
+static void model_source(Options *o) {
+    const char *mode = o->mode == MODE_SAMPLE ? "sample" : "eval";
+    if (!o->model_path) die("./train %s needs --model FILE (a --save-model file) or a checkpoint directory", mode);
+    if (o->mode == MODE_EVAL && !o->val) die("./train eval needs --val PATTERN (the token shards to evaluate on)");
+    if (o->mode == MODE_SAMPLE && o->val) die("./train sample: --val is eval's (./train eval --model FILE --val PATTERN)");
+    o->steps = 0;
+    if (o->mode == MODE_SAMPLE) o->sample_every = 1;
+    else o->val_every = 1;
+    struct stat st;
+    if (stat(o->model_path, &st) != 0) die("--model %s: %s", o->model_path, strerror(errno));
+    if (!S_ISDIR(st.st_mode)) {
+        o->init_from = o->model_path;
+        return;
+    }
+    o->resume = 1;
+    size_t n = strlen(o->model_path) + 32;
+    char *manifest = xmalloc(n);
+    snprintf(manifest, n, "%s/manifest.json", o->model_path);
+    if (stat(manifest, &st) == 0) {
+        o->resume_path = o->model_path;
+    } else { // a --ckpt-dir: its newest complete checkpoint
+        int64_t step;
+        if (!ckpt_newest_complete(o->model_path, &step))
+            die("--model %s: a directory that is neither a checkpoint (no manifest.json) nor holds a complete one",
+                o->model_path);
+        char *path = xmalloc(SAFE_PATH_MAX);
+        ckpt_path(o->model_path, step, path, SAFE_PATH_MAX);
+        o->resume_path = path; // lives for the run
+    }
+    free(manifest);
+}
+
 void parse_options(Options *o, int argc, char **argv) {
     *o = (Options){ .micro_batch = 4, .steps = 20, .val_steps = 10, .sample_tokens = 64, .lr = 3e-4f,
                     .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .clip = 1.0f, .temperature = 1.0f,
                     .seed = 1337, .dtype = -1, .schedule = "cosine", .bucket_mb = 25,
                     .comm_timeout = 300, .tp = 1, .pp = 1, .pp_virtual = 1, .cp = 1, .straggler = 0.5f,
                     .straggler_steps = 5, .ib_gid_index = -1 };
-    for (int i = 1; i < argc; i++) {
+    int first = 1;
+    if (argc >= 2 && !strcmp(argv[1], "sample")) o->mode = MODE_SAMPLE, first = 2;
+    else if (argc >= 2 && !strcmp(argv[1], "eval")) o->mode = MODE_EVAL, first = 2;
+    for (int i = first; i < argc; i++) {
         const char *f = argv[i];
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
-            fputs(USAGE, stdout);
+            fputs(o->mode == MODE_SAMPLE ? SAMPLE_USAGE : o->mode == MODE_EVAL ? EVAL_USAGE : USAGE, stdout);
             exit(0);
         }
         if (!strcmp(f, "--shuffle")) {
@@ -301,6 +395,7 @@ void parse_options(Options *o, int argc, char **argv) {
             o->allow_data_change = 1;
             continue;
         }
+        if (!strcmp(f, "--resume") && o->mode != MODE_TRAIN) die("./train %s: --resume is a training flag", argv[1]);
         if (!strcmp(f, "--resume")) { // an optional value: a checkpoint directory
             o->resume = 1;
             if (i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0) o->resume_path = argv[++i];
@@ -309,5 +404,6 @@ void parse_options(Options *o, int argc, char **argv) {
         if (strncmp(f, "--", 2) != 0) die("unexpected argument '%s' (see --help)", f);
         parse_valued_flag(o, argc, argv, &i);
     }
+    if (o->mode != MODE_TRAIN) model_source(o);
     check_options(o);
 }
