@@ -334,6 +334,86 @@ static void check_options(const Options *o) {
     if (o->seq_len && context_split_error(o, o->seq_len, err, sizeof err)) die("%s", err); // before any rank starts
 }
 
+// llm.c's short flags (train_gpt2.cu's usage text), for its users' habits: each one that means the same
+// as an llm4d flag becomes it; each one that has none is refused with one line naming what to use.
+typedef struct {
+    const char *flag, *as; // as: the llm4d flag; NULL: no equivalent, why says what to use instead
+    const char *why;
+} LlmcFlag;
+static const LlmcFlag LLMC_FLAGS[] = {
+    { "-i", "--train", NULL },        { "-j", "--val", NULL },         { "-b", "--micro-batch", NULL },
+    { "-t", "--seq-len", NULL },      { "-d", "--batch-tokens", NULL }, { "-x", "--steps", NULL },
+    { "-k", "--schedule", NULL },     { "-l", "--lr", NULL },          { "-u", "--warmup", NULL },
+    { "-q", "--lr-min-frac", NULL },  { "-c", "--weight-decay", NULL }, { "-v", "--val-every", NULL },
+    { "-m", "--val-steps", NULL },    { "-s", "--sample-every", NULL }, { "-g", "--sample-tokens", NULL },
+    { "-z", "--zero", NULL },         { "-n", "--ckpt-every", NULL },  { "-nk", "--keep", NULL },
+    { "-e", "--init-from", NULL }, // or --model dN (below)
+    { "-y", "--resume", NULL },    // 1: --resume; 0: the default
+    { "-r", "--recompute", NULL }, // 0: none, 2 (GELU and LayerNorm): selective
+    { "-o", NULL, "llm.c's output log directory: use --log FILE (the step log) and --ckpt-dir DIR (checkpoints)" },
+    { "-lg", NULL, "GPU info logging: llm4d has none (the step lines and --log report memory per rank)" },
+    { "-nm", NULL, "major checkpoints: llm4d has none (--keep K keeps the newest K)" },
+    { "-yd", NULL, "a fresh data loader on resume: llm4d's data position always carries over (or --allow-data-change)" },
+    { "-sl", NULL, "a loss z-score threshold: use --skip-spikes F (a factor over the mean of the last 20 steps)" },
+    { "-sg", NULL, "a gradient-norm z-score threshold: use --skip-spikes F (a factor over the mean of the last 20 steps)" },
+    { "-h", NULL, "HellaSwag evaluation: llm4d has none (./train eval --model FILE --val SHARDS gives the loss); -h alone is --help" },
+    { "-a", NULL, "overfitting a single batch: llm4d has no such switch (use a one-sequence --train shard)" },
+    { "-f", NULL, "the TF32 override: llm4d has no TF32 (--dtype fp32|bf16)" },
+    { "-w", NULL, "the fp32 master-weight switch: llm4d always keeps fp32 master weights" },
+    { "-ge", NULL, "GELU fusion: llm4d's CUDA GEMMs choose their epilogues themselves" },
+    { "-pn", NULL, "the process count: use --nproc N, torchrun-style RANK/WORLD_SIZE variables or srun" },
+    { "-pr", NULL, "the process rank: use --nproc N, torchrun-style RANK/WORLD_SIZE variables or srun" },
+    { "-pg", NULL, "GPUs per node: llm4d takes them from the launcher (--nproc, torchrun-style variables, srun)" },
+    { "-pi", NULL, "NCCL's init method: llm4d has its own bootstrap (MASTER_ADDR/MASTER_PORT, or srun)" },
+    { "-pm", NULL, "NCCL's init method: llm4d has its own bootstrap (MASTER_ADDR/MASTER_PORT, or srun)" },
+    { "-pf", NULL, "NCCL's file-system init: llm4d has its own bootstrap (MASTER_ADDR/MASTER_PORT, or srun)" },
+    { "-ps", NULL, "NCCL's server address: use MASTER_ADDR (torchrun-style) or srun" },
+    { "-pp", NULL, "NCCL's file-system path: llm4d has its own bootstrap (MASTER_ADDR/MASTER_PORT, or srun)" },
+    { NULL, NULL, NULL },
+};
+
+// argv with llm.c's short flags as llm4d's (a new array: the strings are argv's or constants).
+static char **translate_llmc(int argc, char **argv, int *out_argc) {
+    char **out = xcalloc((size_t)argc + 1, sizeof(char *));
+    int n = 0;
+    for (int i = 0; i < argc; i++) {
+        const char *f = argv[i];
+        const LlmcFlag *l = LLMC_FLAGS;
+        if (i == 0 || f[0] != '-' || f[1] == '-' || !strcmp(f, "-h")) { // -h alone is --help
+            out[n++] = argv[i];
+            continue;
+        }
+        while (l->flag && strcmp(l->flag, f)) l++;
+        if (!l->flag) {
+            out[n++] = argv[i];
+            continue;
+        }
+        if (!l->as) die("llm.c's %s has no llm4d equivalent: %s", f, l->why);
+        if (i + 1 >= argc) die("%s (llm.c's, as %s) needs a value", f, l->as);
+        const char *v = argv[++i];
+        if (!strcmp(f, "-e") && v[0] == 'd' && v[1] >= '0' && v[1] <= '9') { // llm.c's dN: a random model of depth N
+            out[n++] = "--model";
+        } else if (!strcmp(f, "-y")) {
+            if (!strcmp(v, "1")) out[n++] = "--resume";
+            else if (strcmp(v, "0")) die("-y (llm.c's resume switch) must be 0 or 1, got '%s'", v);
+            continue;
+        } else if (!strcmp(f, "-r")) {
+            out[n++] = "--recompute";
+            if (!strcmp(v, "0")) v = "none";
+            else if (!strcmp(v, "2")) v = "selective"; // GELU's and the LayerNorms' outputs rebuilt
+            else die("-r %s (llm.c's recompute): llm4d has -r 0 (--recompute none) and -r 2 (--recompute selective: GELU "
+                     "and LayerNorm), not GELU alone; or --recompute full", v);
+        } else if ((!strcmp(f, "-x") || !strcmp(f, "-m")) && !strcmp(v, "-1")) {
+            die("%s -1 (llm.c's %s): llm4d needs a count: %s N", f, !strcmp(f, "-x") ? "one epoch" : "the whole split", l->as);
+        } else {
+            out[n++] = (char *)l->as;
+        }
+        out[n++] = (char *)v;
+    }
+    *out_argc = n;
+    return out;
+}
+
 // sample and eval: a run of no steps from --model: a model file (init_from), a checkpoint (a directory
 // with a manifest.json) or a directory of checkpoints (its newest complete one), as --resume reads them.
 static void model_source(Options *o) {
@@ -368,7 +448,9 @@ static void model_source(Options *o) {
     free(manifest);
 }
 
-void parse_options(Options *o, int argc, char **argv) {
+void parse_options(Options *o, int argc_in, char **argv_in) {
+    int argc;
+    char **argv = translate_llmc(argc_in, argv_in, &argc); // lives for the run: options point into it
     *o = (Options){ .micro_batch = 4, .steps = 20, .val_steps = 10, .sample_tokens = 64, .lr = 3e-4f,
                     .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .clip = 1.0f, .temperature = 1.0f,
                     .seed = 1337, .dtype = -1, .schedule = "cosine", .bucket_mb = 25,

@@ -8,6 +8,7 @@
 //   ./train [flags]                    train (see --help)
 #define _GNU_SOURCE
 #include <errno.h>
+#include <glob.h>
 #include <math.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -30,6 +31,26 @@
 #include "timing.h"
 #include "zero.h"
 
+// The vocabulary of the tokenizer file beside the first training shard (tokenizer.bin, as ./train
+// prepare writes it), when --vocab is not given: 0 when there is none.
+static int vocab_of_data(const Options *o) {
+    if (!o->train || o->steps == 0) return 0;
+    glob_t g;
+    if (glob(o->train, 0, NULL, &g) != 0) return 0; // no match: tokenset_open reports it
+    char dir[SAFE_PATH_MAX], path[SAFE_PATH_MAX + 16];
+    const char *first = g.gl_pathv[0], *slash = strrchr(first, '/');
+    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - first) : 1, slash ? first : ".");
+    globfree(&g);
+    snprintf(path, sizeof path, "%s/tokenizer.bin", dir);
+    struct stat st;
+    if (stat(path, &st) != 0) return 0;
+    Tokenizer tk;
+    tokenizer_load(&tk, path);
+    int v = tk.vocab;
+    tokenizer_free(&tk);
+    return v;
+}
+
 // The model's shape: from --init-from, from the checkpoint sample and eval read (src), or a preset
 // overridden by the shape flags.
 static GPT2Config resolve_shape(const Options *o, const CkptMeta *src, float **host_params) {
@@ -46,7 +67,8 @@ static GPT2Config resolve_shape(const Options *o, const CkptMeta *src, float **h
         return cfg;
     }
     *host_params = NULL;
-    return gpt2_shape(o->preset, o->layers, o->channels, o->heads, o->vocab, o->max_seq_len, o->seq_len);
+    return gpt2_shape(o->preset, o->layers, o->channels, o->heads, o->vocab ? o->vocab : vocab_of_data(o), o->max_seq_len,
+                      o->seq_len);
 }
 
 static float lr_at(const Options *o, int step) {
@@ -619,6 +641,27 @@ static void setup_checkpoints(Trainer *t) {
     if (t->faults.ckpt_kill_step >= 0) ckpt_kill_during_write(t->ckpt, t->faults.ckpt_kill_step);
 }
 
+// What the defaults chose that a user should hear about, before the first step: the vocabulary taken
+// from the data's tokenizer, and a default model far too large for this machine. The step-time rule:
+// flops_per_token x batch tokens / (the node's cores x 30 GFLOP/s), the fp32 matmul rate of one
+// current x86 core (a stated rate, not a measured one); "far too large" is above 10 s a step.
+#define CPU_CORE_FLOPS 30e9
+static void warn_defaults(const Trainer *t) {
+    const Options *o = &t->o;
+    if (o->mode != MODE_TRAIN) return;
+    int default_shape = !o->init_from && !o->preset && !o->layers && !o->channels && !o->heads;
+    if (!o->vocab && !o->init_from && !t->resumed && o->train && o->steps > 0 && t->have_tk && t->cfg.V == t->tk.vocab)
+        printf("note: vocabulary %d from the tokenizer beside the training data (--vocab V overrides it)\n", t->cfg.V);
+    if (!default_shape || o->steps == 0 || t->be != backend_cpu()) return;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    double s = t->flops_per_token * (double)t->batch_tokens / ((double)(cores > 0 ? cores : 1) * CPU_CORE_FLOPS);
+    if (s > 10)
+        fprintf(stderr, "warning: the default model (d12, %zu parameters) needs about %.0f s a step here (%.3g FLOPs a step "
+                "on %ld core(s) at a stated %.0f GFLOP/s each): give a smaller shape, e.g. --layers 4 --channels 128 --heads "
+                "4 (the demo's)\n", gpt2_param_layout(&t->cfg, (size_t[NUM_PARAM_TENSORS]){ 0 }, (size_t[NUM_PARAM_TENSORS]){ 0 }), s, t->flops_per_token * (double)t->batch_tokens, cores,
+                CPU_CORE_FLOPS / 1e9);
+}
+
 static void trainer_init(Trainer *t, int argc, char **argv) {
     memset(t, 0, sizeof *t);
     Options *o = &t->o;
@@ -651,6 +694,7 @@ static void trainer_init(Trainer *t, int argc, char **argv) {
     report_init(&t->rep, l, o, t->batch_tokens, t->flops_per_token);
     report_header(&t->rep, &t->model, &t->zero, t->have_train ? &t->train : NULL, t->ckpt);
     report_open(&t->rep, t->resumed, t->start_step, t->env.node_id);
+    if (l->lead) warn_defaults(t);
     size_t step_tokens = (size_t)t->lay.accum * t->lay.B * t->Tl;
     t->inputs = xmalloc(sizeof(int32_t) * step_tokens);
     t->targets = xmalloc(sizeof(int32_t) * step_tokens);
@@ -950,7 +994,15 @@ int main(int argc, char **argv) {
     if (argc >= 2 && !strcmp(argv[1], "plan")) return plan_main(argc - 1, argv + 1);
     if (argc >= 2 && !strcmp(argv[1], "hf-inspect")) return hf_inspect_main(argc - 1, argv + 1);
     if (argc >= 2 && !strcmp(argv[1], "prepare")) {
-        if (argc != 4) die("usage: ./train prepare INPUT.txt DIR");
+        if (argc == 3 && (!strcmp(argv[2], "--help") || !strcmp(argv[2], "-h"))) {
+            fputs("usage: ./train prepare INPUT.txt DIR\n"
+                  "  byte-level token shards of any text: DIR/train.bin (the first 90% of the bytes), DIR/val.bin (the\n"
+                  "  last 10%) and DIR/tokenizer.bin (V = 256: token i is byte i; byte 0 the end-of-text id); DIR is\n"
+                  "  made when missing. Train on them with --train DIR/train.bin --val DIR/val.bin (--vocab 256 is\n"
+                  "  then taken from DIR/tokenizer.bin)\n", stdout);
+            return 0;
+        }
+        if (argc != 4) die("usage: ./train prepare INPUT.txt DIR (./train prepare --help)");
         data_prepare(argv[2], argv[3]);
         return 0;
     }
