@@ -379,7 +379,8 @@ static char **translate_llmc(int argc, char **argv, int *out_argc) {
     for (int i = 0; i < argc; i++) {
         const char *f = argv[i];
         const LlmcFlag *l = LLMC_FLAGS;
-        if (i == 0 || f[0] != '-' || f[1] == '-' || !strcmp(f, "-h")) { // -h alone is --help
+        int hellaswag = !strcmp(f, "-h") && i + 1 < argc && (!strcmp(argv[i + 1], "0") || !strcmp(argv[i + 1], "1"));
+        if (i == 0 || f[0] != '-' || f[1] == '-' || (!strcmp(f, "-h") && !hellaswag)) { // -h alone is --help
             out[n++] = argv[i];
             continue;
         }

@@ -457,7 +457,7 @@ static void open_tokenizer(Trainer *t) {
             }
         }
     }
-    if (t->have_tk && t->tk.vocab != t->cfg.V && t->lay.lead && (o->sample_every || o->mode == MODE_SAMPLE))
+    if (t->have_tk && t->tk.vocab != t->cfg.V && t->lay.lead)
         fprintf(stderr, "warning: the model's vocabulary is %d but the tokenizer's is %d: samples print the ids the "
                 "tokenizer lacks as <id>%s\n", t->cfg.V, t->tk.vocab, o->vocab ? " (drop --vocab to take the tokenizer's)" : "");
 }

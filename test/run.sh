@@ -154,6 +154,7 @@ t_torch_bf16_generic() {
 t_attention_torch() { have_torch || return $?; $PY test/attention_ref.py ./build/attention_check; }
 # the Llama family's CPU ops (RMSNorm, RoPE, SwiGLU, grouped-query attention with RoPE fused) against PyTorch
 # token shards of both llm.c headers (uint16 GPT-2, uint32 Llama 3) written with numpy, read by ./train (--dump)
+t_cli_ux() { bash test/cli_ux.sh $TRAIN "$WORK/ux"; }
 t_sample_eval() { have_torch || return $?; $PY test/sample_eval.py $TRAIN "$WORK/se"; }
 t_shards_u32() { $PY -c 'import numpy' 2>/dev/null || { echo "python3-numpy is not installed"; return 77; }; $PY test/shards_u32.py $TRAIN "$WORK/u32"; }
 t_llama_kernels() { have_torch || return $?; $PY test/llama_ref.py ./build/llama_check; }
@@ -979,6 +980,7 @@ run_test model   t_torch_bf16_generic      "PyTorch reference: bf16 on the gener
 run_test kernels t_attention_torch         "attention against PyTorch: whole sequence and zigzag context-parallel blocks"
 run_test model   t_grad_accum              "gradient accumulation equals the large batch"
 run_test model   t_determinism             "bitwise determinism across reruns and thread counts (fp32 and bf16)"
+run_test cli     t_cli_ux                  "every subcommand's --help; llm.c's short flags; one number parser (trainer and planner); defaults from the data"
 run_test cli     t_sample_eval             "sample and eval: the training run's validation loss on every layout, PyTorch's loss and greedy decoding, seeded samples"
 run_test cli     t_profile                 "--profile splits each step into matmuls, attention and the rest"
 run_test memory  t_activation_memory       "activation memory is linear in T (no T x T attention buffers)"
