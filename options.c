@@ -65,7 +65,9 @@ static const char USAGE[] =
     "model (a preset, then any shape flag overrides it; default d12):\n"
     "  --model d12|d24|d36|d48    GPT-2 124M / 350M / 774M / 1558M shapes (maxT 1024, V 50257)\n"
     "  --layers L --channels C --heads H --vocab V\n"
-    "                             a custom shape; the vocab is padded to a multiple of 128 (Vp)\n"
+    "                             a custom shape; the vocab is padded to a multiple of 128 (Vp); without\n"
+    "                             --vocab, V is the vocabulary of tokenizer.bin beside the first training\n"
+    "                             shard when there is one (./train prepare writes one: V = 256)\n"
     "  --max-seq-len N            the position table's length maxT (custom shapes: default --seq-len)\n"
     "  --seq-len T                tokens per sequence (default: the model's maxT; at most maxT)\n"
     "  --init-from FILE           start from an llm.c model file (version 3 fp32 or 5 bf16); the shape\n"
@@ -78,7 +80,8 @@ static const char USAGE[] =
     "  --train PATTERN            training shards (a glob; matches are concatenated in sorted order)\n"
     "  --val PATTERN              validation shards\n"
     "  --tokenizer FILE           llm.c tokenizer for printing samples (default: tokenizer.bin next to\n"
-    "                             the first training shard, if present)\n"
+    "                             the first training shard, if present; a warning when its vocabulary is\n"
+    "                             not the model's)\n"
     "  --shuffle                  permute the sequences of each epoch with a seeded permutation\n"
     "  Global sequence i of step s (0 <= i < G, G = batch-tokens / T) is the window of T+1 tokens at\n"
     "  ((s*G + i) mod W) * T of the concatenated shards, W = (tokens - 1) / T; every layout trains on\n"
@@ -200,6 +203,10 @@ static const char USAGE[] =
     "                             CPU has AVX512-BF16, else generic, which widens bf16 to fp32)\n"
     "  LLM4D_CUDA_SYNC=1          environment: wait for every CUDA kernel as it is launched, so that an\n"
     "                             error names the kernel that failed (slow; for debugging)\n"
+    "  numbers                    decimal (no hex, octal, inf or nan); counts take K, M, G = 2^10, 2^20, 2^30\n"
+    "                             (--batch-tokens 4K is 4096 tokens)\n"
+    "  llm.c's short flags        -i -j -e -b -t -d -x -k -l -u -q -c -v -m -s -g -z -n -nk -y -r mean their llm4d\n"
+    "                             flags (the README's table); the others stop with one line saying what to use\n"
     "  -h, --help                 this text\n";
 
 // ---------------------------------------------------------------------------------------------
