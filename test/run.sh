@@ -610,7 +610,7 @@ t_context_parallel_errors() {
     expect_error "--cp 2 cuts each sequence into 4 chunks: --seq-len 30 must be divisible by 4" --nproc 2 --cp 2 "${s[@]}" --max-seq-len 30 || ok=1
     expect_error "--tp 1 x --cp 3 x --pp 1 = 3 does not divide the 4 ranks" --nproc 4 --cp 3 "${s[@]}" --seq-len 36 || ok=1
     expect_error "--sp splits each rank's 6 positions (--seq-len 12 / --cp 2) over the --tp 4 ranks" --nproc 8 --cp 2 --tp 4 --sp "${s[@]}" --seq-len 12 || ok=1
-    expect_error "--cp must be between 1 and 4096, got 0" "${s[@]}" --cp 0 || ok=1
+    expect_error "--cp must be between 1 and 4096, got '0'" "${s[@]}" --cp 0 || ok=1
     return $ok
 }
 
