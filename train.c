@@ -430,8 +430,7 @@ static void dir_of(const char *path, char *out, size_t cap) {
 }
 
 // The tokenizer that prints samples and encodes --prompt: --tokenizer, else tokenizer.bin beside the
-// first training shard, the model file, the checkpoint's directory or the first --val shard; and a
-// warning when its vocabulary is not the model's (the model's ids above it print as <id>).
+// first training shard, the model file, the checkpoint's directory or the first --val shard.
 static void open_tokenizer(Trainer *t) {
     const Options *o = &t->o;
     if (o->tokenizer) {
@@ -457,9 +456,6 @@ static void open_tokenizer(Trainer *t) {
             }
         }
     }
-    if (t->have_tk && t->tk.vocab != t->cfg.V && t->lay.lead)
-        fprintf(stderr, "warning: the model's vocabulary is %d but the tokenizer's is %d: samples print the ids the "
-                "tokenizer lacks as <id>%s\n", t->cfg.V, t->tk.vocab, o->vocab ? " (drop --vocab to take the tokenizer's)" : "");
 }
 
 static void open_data(Trainer *t) {
@@ -641,13 +637,18 @@ static void setup_checkpoints(Trainer *t) {
     if (t->faults.ckpt_kill_step >= 0) ckpt_kill_during_write(t->ckpt, t->faults.ckpt_kill_step);
 }
 
-// What the defaults chose that a user should hear about, before the first step: the vocabulary taken
-// from the data's tokenizer, and a default model far too large for this machine. The step-time rule:
+// What the defaults chose that a user should hear about, before the first step (after every check that
+// can refuse the run): a tokenizer whose vocabulary is not the model's (the model's ids above it print
+// as <id>), the vocabulary taken from the data's tokenizer, and a default model far too large for this
+// machine. The step-time rule:
 // flops_per_token x batch tokens / (the node's cores x 30 GFLOP/s), the fp32 matmul rate of one
 // current x86 core (a stated rate, not a measured one); "far too large" is above 10 s a step.
 #define CPU_CORE_FLOPS 30e9
 static void warn_defaults(const Trainer *t) {
     const Options *o = &t->o;
+    if (t->have_tk && t->tk.vocab != t->cfg.V)
+        fprintf(stderr, "warning: the model's vocabulary is %d but the tokenizer's is %d: samples print the ids the "
+                "tokenizer lacks as <id>%s\n", t->cfg.V, t->tk.vocab, o->vocab ? " (drop --vocab to take the tokenizer's)" : "");
     if (o->mode != MODE_TRAIN) return;
     int default_shape = !o->init_from && !o->preset && !o->layers && !o->channels && !o->heads;
     if (!o->vocab && !o->init_from && !t->resumed && o->train && o->steps > 0 && t->have_tk && t->cfg.V == t->tk.vocab)
