@@ -1,4 +1,5 @@
-// options.c: the trainer's command line (options.h): --help's text, the flags and their checks.
+// options.c: the trainer's command line (options.h): --help's text (and sample's and eval's), llm.c's
+// short flags translated, the flags and their checks.
 #include "options.h"
 
 #include <errno.h>

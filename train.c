@@ -5,6 +5,8 @@
 //
 //   ./train prepare INPUT.txt DIR      byte-level token shards from any text
 //   ./train plan [flags]               the layout planner (plan.c; ./train plan --help)
+//   ./train sample|eval --model F ...  a run of no steps from a model file or checkpoint that samples
+//                                      (sample) or validates (eval) once, through the same code
 //   ./train [flags]                    train (see --help)
 #define _GNU_SOURCE
 #include <errno.h>
