@@ -98,12 +98,31 @@ typedef struct {
     int ib_gid_index;
 } BenchOptions;
 
+static const char BENCH_USAGE[] =
+    "usage: ./train bench-comm --nproc N [flags]   (or under torchrun-style variables or srun)\n"
+    "  a collective's bandwidth and latency per message size, as nccl-tests prints, with a check column\n"
+    "  --op allreduce|reduce_scatter|all_gather|broadcast   the collective (default allreduce)\n"
+    "  --min-bytes N --max-bytes N   the sizes, doubling (default 8 to 64M; K, M, G = 2^10, 2^20, 2^30)\n"
+    "  --iters N                  timed operations per size (default: enough for a stable mean)\n"
+    "  --warmup N                 untimed operations first (default 5)\n"
+    "  --dtype fp32|bf16          the element type (default fp32)\n"
+    "  --buffers registered|malloc|device|standin\n"
+    "                             registered host memory (default), plain malloc, device memory (CUDA\n"
+    "                             builds), or the CPU stand-in of device memory\n"
+    "  --transport auto|shm|tcp|verbs --ib-dev NAME[:PORT] --ib-gid-index N   as for training\n"
+    "  --comm-timeout S           seconds an operation may wait (default 60)\n"
+    "  -h, --help                 this text\n";
+
 // The flags (argv[0] is "bench-comm"); the --nproc launcher checks them before it forks, so that a
 // bad one is reported once.
 static void parse_bench(BenchOptions *o, int argc, char **argv) {
     *o = (BenchOptions){ BC_ALLREDUCE, 0, 5, 1, TRANSPORT_AUTO, 8, 64LL << 20, CT_F32, 60, NULL, -1 };
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
+        if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
+            fputs(BENCH_USAGE, stdout);
+            exit(0);
+        }
         static const char *const known[] = { "--op", "--min-bytes", "--max-bytes", "--iters", "--warmup", "--comm-timeout",
                                              "--dtype", "--buffers", "--transport", "--nproc", "--ib-dev", "--ib-gid-index" };
         enum { NKNOWN = sizeof known / sizeof known[0] };

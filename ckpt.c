@@ -1214,10 +1214,12 @@ static int load_shards(const char *d, const char *path, json_t *shards, const Ck
 }
 
 // Loads checkpoint directory d; returns a LOAD_ code with why.
-static int load_one(const char *d, const GPT2 *model, const Runs need[NUM_PARAM_TENSORS], const CkptMeta *now, CkptMeta *mt,
-                    float *dst[3], char *why, size_t cap) {
+// Reads, verifies (checksum, types, ranges) and parses checkpoint d's manifest: the JSON root in *root
+// (the caller's to free) and its fields in mt; LOAD_OK, or LOAD_INCOMPLETE / LOAD_UNUSABLE with why.
+static int read_manifest(const char *d, CkptMeta *mt, json_t **root, char *why, size_t cap) {
     char path[SAFE_PATH_MAX + 64];
     snprintf(path, sizeof path, "%s/" MANIFEST, d);
+    *root = NULL;
     struct stat st;
     if (stat(path, &st) != 0)
         return snprintf(why, cap, "%s/" MANIFEST ": missing (an incomplete checkpoint)", d), LOAD_INCOMPLETE;
@@ -1236,22 +1238,36 @@ static int load_one(const char *d, const GPT2 *model, const Runs need[NUM_PARAM_
     free(buf);
     if (!r) return snprintf(why, cap, "%s: not valid JSON (line %d: %s)", path, jerr.line, jerr.text), LOAD_UNUSABLE;
     long long want = -1;
-    int code = LOAD_UNUSABLE;
     const char *bad;
-    Tiles tiles[NUM_PARAM_TENSORS] = { 0 };
-    if (!get_int(r, "manifest_crc32", &want) || want < 0 || want > UINT32_MAX || (uint32_t)want != crc) {
-        snprintf(why, cap, "%s: checksum mismatch (crc32 %08x, manifest_crc32 says %08x)", path, crc, (uint32_t)want);
-        goto out;
-    }
-    if ((bad = parse_meta(r, mt))) {
-        snprintf(why, cap, "%s: missing or malformed '%s' (not of its type, or beyond its type's range)", path, bad);
-        goto out;
-    }
     char range[256];
-    if (validate_meta(mt, range, sizeof range) != 0) {
+    if (!get_int(r, "manifest_crc32", &want) || want < 0 || want > UINT32_MAX || (uint32_t)want != crc)
+        snprintf(why, cap, "%s: checksum mismatch (crc32 %08x, manifest_crc32 says %08x)", path, crc, (uint32_t)want);
+    else if ((bad = parse_meta(r, mt)))
+        snprintf(why, cap, "%s: missing or malformed '%s' (not of its type, or beyond its type's range)", path, bad);
+    else if (validate_meta(mt, range, sizeof range) != 0)
         snprintf(why, cap, "%s: %s", path, range);
-        goto out;
-    }
+    else
+        return *root = r, LOAD_OK;
+    json_decref(r);
+    return LOAD_UNUSABLE;
+}
+
+int ckpt_read_meta(const char *d, CkptMeta *mt, char *why, size_t cap) {
+    json_t *r;
+    int code = read_manifest(d, mt, &r, why, cap);
+    json_decref(r);
+    return code == LOAD_OK ? 0 : -1;
+}
+
+static int load_one(const char *d, const GPT2 *model, const Runs need[NUM_PARAM_TENSORS], const CkptMeta *now, CkptMeta *mt,
+                    float *dst[3], char *why, size_t cap) {
+    char path[SAFE_PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/" MANIFEST, d);
+    json_t *r;
+    int code = read_manifest(d, mt, &r, why, cap);
+    if (code != LOAD_OK) return code;
+    code = LOAD_UNUSABLE;
+    Tiles tiles[NUM_PARAM_TENSORS] = { 0 };
     if (!compatible(d, mt, now, why, cap)) {
         code = LOAD_INCOMPATIBLE;
         goto out;

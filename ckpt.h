@@ -59,6 +59,10 @@ typedef struct {
     float hist_loss[SPIKE_WINDOW], hist_norm[SPIKE_WINDOW];
 } CkptMeta;
 
+// Reads and verifies checkpoint d's manifest (checksum, every field's type and range) into meta:
+// 0, or -1 with one line naming the file or field in why. What sample and eval take a model's shape from.
+int ckpt_read_meta(const char *d, CkptMeta *meta, char *why, size_t cap);
+
 // Before anything in dir is read or changed, on rank 0: takes the advisory lock on dir/llm4d.lock and
 // writes this process's PID and host into it; *fd stays open for the run (an open-file-description lock:
 // the kernel releases it when the process ends in any way, SIGKILL included). resume (a --resume PATH, or

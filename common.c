@@ -4,6 +4,8 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <limits.h>
+#include <math.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -308,4 +310,100 @@ double now_seconds(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+// ---------------------------------------------------------------------------------------------
+// number parsing (common.h)
+
+const Unit NO_UNITS[] = { { NULL, 0 } };
+const Unit TOKEN_UNITS[] = { { "K", 1024.0 }, { "M", 1048576.0 }, { "G", 1073741824.0 }, { NULL, 0 } };
+const Unit COUNT_UNITS[] = { { "K", 1e3 }, { "M", 1e6 }, { "B", 1e9 }, { "T", 1e12 }, { NULL, 0 } };
+const Unit FLOP_UNITS[] = { { "G", 1e9 }, { "T", 1e12 }, { "P", 1e15 }, { NULL, 0 } };
+const Unit BYTE_UNITS[] = { { "B", 1 },           { "KB", 1e3 },          { "MB", 1e6 },
+                            { "GB", 1e9 },        { "TB", 1e12 },         { "KiB", 1024.0 },
+                            { "MiB", 1048576.0 }, { "GiB", 1073741824.0 }, { "TiB", 1099511627776.0 },
+                            { NULL, 0 } };
+
+// The length of the decimal number at the start of s (0: none), and whether it has a fraction or an
+// exponent. strtod alone would also take hex ("0x10"), "inf" and "nan".
+static size_t decimal_prefix(const char *s, int *real) {
+    size_t i = 0, digits = 0;
+    *real = 0;
+    if (s[i] == '+' || s[i] == '-') i++;
+    while (s[i] >= '0' && s[i] <= '9') i++, digits++;
+    if (s[i] == '.') {
+        *real = 1;
+        i++;
+        while (s[i] >= '0' && s[i] <= '9') i++, digits++;
+    }
+    if (!digits) return 0;
+    if (s[i] == 'e' || s[i] == 'E') {
+        size_t j = i + 1;
+        if (s[j] == '+' || s[j] == '-') j++;
+        if (s[j] >= '0' && s[j] <= '9') {
+            while (s[j] >= '0' && s[j] <= '9') j++;
+            *real = 1;
+            i = j;
+        }
+    }
+    return i;
+}
+
+static const Unit *find_unit(const char *flag, const char *s, const char *suffix, const Unit *units, int whole) {
+    if (!*suffix) return NULL;
+    const Unit *u = units;
+    while (u->suffix && strcmp(suffix, u->suffix)) u++;
+    if (u->suffix) return u;
+    if (units == NO_UNITS) die("%s expects %s, got '%s'", flag, whole ? "an integer" : "a number", s);
+    char list[128] = "";
+    for (u = units; u->suffix; u++) snprintf(list + strlen(list), sizeof list - strlen(list), " %s", u->suffix);
+    die("%s: unknown unit '%s' in '%s' (units:%s)", flag, suffix, s, list);
+}
+
+static void die_range(const char *flag, const char *s, double lo, double hi, int whole) {
+    if (whole && fabs(lo) < 9e18 && fabs(hi) < 9e18)
+        die("%s must be between %lld and %lld, got '%s'", flag, (long long)lo, (long long)hi, s);
+    die("%s must be between %g and %g, got '%s'", flag, lo, hi, s);
+}
+
+double parse_number(const char *flag, const char *s, const Unit *units, double lo, double hi, int whole) {
+    int real;
+    size_t n = decimal_prefix(s, &real);
+    if (!n) die("%s expects %s, got '%s'", flag, whole ? "an integer" : "a number", s);
+    char num[64];
+    if (n >= sizeof num) die("%s: '%s' is too long a number", flag, s);
+    memcpy(num, s, n);
+    num[n] = 0;
+    const Unit *u = find_unit(flag, s, s + n, units, whole);
+    errno = 0;
+    double v = strtod(num, NULL);
+    if (errno || !isfinite(v)) die("%s: '%s' is out of range", flag, s);
+    if (u) v *= u->mult;
+    if (whole && v != floor(v)) die("%s expects a whole number, got '%s'", flag, s);
+    if (v < lo || v > hi) die_range(flag, s, lo, hi, whole);
+    return v;
+}
+
+long long parse_int(const char *flag, const char *s, long long lo, long long hi) {
+    int real;
+    size_t n = decimal_prefix(s, &real);
+    if (!n || real) { // a fraction or exponent: through the double path, which checks that it is whole
+        double v = parse_number(flag, s, TOKEN_UNITS, (double)lo, (double)hi, 1);
+        return (long long)v;
+    }
+    const Unit *u = find_unit(flag, s, s + n, TOKEN_UNITS, 1);
+    char num[64];
+    if (n >= sizeof num) die("%s: '%s' is too long a number", flag, s);
+    memcpy(num, s, n);
+    num[n] = 0;
+    errno = 0;
+    long long v = strtoll(num, NULL, 10); // exact: seeds use all 63 bits
+    long long mult = u ? (long long)u->mult : 1;
+    if (errno || (v > 0 && v > LLONG_MAX / mult) || (v < 0 && v < LLONG_MIN / mult) || v * mult < lo || v * mult > hi)
+        die("%s must be between %lld and %lld, got '%s'", flag, lo, hi, s);
+    return v * mult;
+}
+
+float parse_float(const char *flag, const char *s, double lo, double hi) {
+    return (float)parse_number(flag, s, NO_UNITS, lo, hi, 0);
 }

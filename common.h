@@ -69,6 +69,22 @@ int ensure_dir(const char *what, const char *dir, char *err, size_t err_cap);
 int fsync_dir(const char *dir);
 double now_seconds(void); // monotonic clock
 
+// Number parsing, the one parser of every flag (the trainer's, the planner's): a decimal number
+// ([+-]digits[.digits][e[+-]digits]; no hex, octal, inf or nan), optionally followed by one of the
+// units, checked whole and against [lo, hi]; every error is one line naming the flag (exit 1).
+// Token and other counts: K, M, G = 2^10, 2^20, 2^30 (TOKEN_UNITS, what parse_int takes).
+typedef struct {
+    const char *suffix;
+    double mult;
+} Unit;
+extern const Unit NO_UNITS[], TOKEN_UNITS[], COUNT_UNITS[], FLOP_UNITS[], BYTE_UNITS[];
+// whole: the value (after its unit) must be an integer; the limits are then printed as integers.
+double parse_number(const char *flag, const char *s, const Unit *units, double lo, double hi, int whole);
+// An integer (exact up to 2^63 - 1) with an optional K/M/G (2^10, 2^20, 2^30) in [lo, hi].
+long long parse_int(const char *flag, const char *s, long long lo, long long hi);
+// A finite number without units in [lo, hi].
+float parse_float(const char *flag, const char *s, double lo, double hi);
+
 // The splitmix64 finaliser: a counter-based hash behind initialisation, shuffling and communicator ids.
 static inline uint64_t mix64(uint64_t x) {
     x += 0x9e3779b97f4a7c15ULL;

@@ -308,6 +308,7 @@ void tokenizer_load(Tokenizer *tk, const char *path) {
     if (h[1] != 1 && h[1] != 2) die("%s: unsupported tokenizer version %d", path, h[1]);
     if (h[2] <= 0 || h[2] > 1 << 20) die("%s: bad vocabulary size %d", path, h[2]);
     tk->vocab = h[2];
+    tk->eot = h[1] == 2 ? h[3] : -1;
     tk->pieces = xcalloc((size_t)tk->vocab, sizeof(char *));
     tk->lengths = xcalloc((size_t)tk->vocab, sizeof(int));
     for (int i = 0; i < tk->vocab; i++) {
@@ -326,6 +327,22 @@ void tokenizer_free(Tokenizer *tk) {
     free(tk->pieces);
     free(tk->lengths);
     memset(tk, 0, sizeof *tk);
+}
+
+int tokenizer_encode(const Tokenizer *tk, const char *text, int *out, int cap) {
+    size_t len = strlen(text), pos = 0;
+    int n = 0;
+    while (pos < len && n < cap) {
+        int best = -1, best_len = 0;
+        for (int i = 0; i < tk->vocab; i++) // a linear scan: prompts are short
+            if (tk->lengths[i] > best_len && (size_t)tk->lengths[i] <= len - pos &&
+                !memcmp(tk->pieces[i], text + pos, (size_t)tk->lengths[i]))
+                best = i, best_len = tk->lengths[i];
+        if (best < 0) return -(int)pos - 1;
+        out[n++] = best;
+        pos += (size_t)best_len;
+    }
+    return n;
 }
 
 size_t tokenizer_decode(const Tokenizer *tk, int token, char *buf, size_t cap) {

@@ -80,6 +80,7 @@ int shard_begin(SafeFile *sf, const char *path, size_t n);
 // Byte-level tokenizer (V = 256): token i is the byte i.
 typedef struct {
     int vocab;
+    int eot; // the end-of-text id (version 2 files), -1: none recorded
     char **pieces;
     int *lengths;
 } Tokenizer;
@@ -90,6 +91,10 @@ int tokenizer_write(const char *path, int vocab, int eot, const uint8_t *const *
                     size_t cap);
 void tokenizer_load(Tokenizer *tk, const char *path);
 void tokenizer_free(Tokenizer *tk);
+// Encodes text greedily, the longest piece that matches at each position first (exact for byte-level
+// tokenizers; for a BPE vocabulary a valid, not always the canonical, encoding): up to cap ids into out.
+// Returns the count, or -(i + 1) when no piece starts with byte i of the text.
+int tokenizer_encode(const Tokenizer *tk, const char *text, int *out, int cap);
 // Appends the text of a token, with bytes outside printable ASCII (other than newline) escaped,
 // into buf; returns the number of characters written.
 size_t tokenizer_decode(const Tokenizer *tk, int token, char *buf, size_t cap);

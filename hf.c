@@ -496,6 +496,17 @@ int hf_inspect_main(int argc, char **argv) {
     uint64_t max_shard = (uint64_t)5 << 30; // transformers' default max_shard_size, 5 GB
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            fputs("usage: ./train hf-inspect DIR [--dump OUT] [--save-hf OUT2 [--dtype fp32|bf16] [--max-shard-bytes N]]\n"
+                  "  reads a Hugging Face Llama checkpoint (config.json, one safetensors file or shards with the index),\n"
+                  "  checks every tensor's shape against the config and prints the config and the tensors\n"
+                  "  --dump OUT                 write the tensors, converted to fp32, raw into OUT\n"
+                  "  --save-hf OUT2             write the checkpoint again into OUT2 (a Hugging Face directory)\n"
+                  "  --dtype fp32|bf16          OUT2's element type (default fp32)\n"
+                  "  --max-shard-bytes N        the largest shard of OUT2 in bytes (default 5 GB, transformers')\n"
+                  "  -h, --help                 this text\n", stdout);
+            exit(0);
+        }
         if (!strcmp(a, "--dump") && i + 1 < argc) dump = argv[++i];
         else if (!strcmp(a, "--save-hf") && i + 1 < argc) save = argv[++i];
         else if (!strcmp(a, "--dtype") && i + 1 < argc) {

@@ -1,4 +1,5 @@
-// options.c: the trainer's command line (options.h): --help's text, the flags and their checks.
+// options.c: the trainer's command line (options.h): --help's text (and sample's and eval's), llm.c's
+// short flags translated, the flags and their checks.
 #include "options.h"
 
 #include <errno.h>
@@ -7,13 +8,52 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <sys/stat.h>
+
+#include "ckpt.h"
 #include "collectives.h"
 #include "common.h"
 #include "layout.h"
 #include "model.h"
 
+static const char SAMPLE_USAGE[] =
+    "usage: ./train sample --model FILE|DIR [--prompt TEXT] [--tokens N] [--temperature F] [--top-k K] [--seed S]\n"
+    "                      [--tokenizer FILE] [--device cpu|cuda] [--nproc N --tp N --pp N --cp N ...]\n"
+    "  continue TEXT (default: the tokenizer's end-of-text token, else token 0) from a model file, a\n"
+    "  checkpoint directory (DIR/ckpt_XXXXXXXX) or the newest checkpoint of a --ckpt-dir DIR, and print it\n"
+    "  --model FILE|DIR           an llm.c model file (--save-model's), or a checkpoint (directory)\n"
+    "  --prompt TEXT              the text to continue, encoded by the tokenizer (longest piece first)\n"
+    "  --tokens N                 tokens to generate (default 64; prompt and tokens at most --seq-len)\n"
+    "  --temperature F            sampling temperature (default 1.0)\n"
+    "  --top-k K                  sample among the K most likely tokens; 0 = all, 1 = greedy (default 0)\n"
+    "  --seed S                   the sampling seed (default 1337): the same seed gives the same text on\n"
+    "                             every layout\n"
+    "  --tokenizer FILE           llm.c tokenizer file (default: tokenizer.bin beside the model file, or\n"
+    "                             beside the checkpoint directory); without one, token ids are printed\n"
+    "  --seq-len T                the context window (default the model's maxT)\n"
+    "  and the layout and execution flags of training (./train --help): --device, --dtype, --threads,\n"
+    "  --nproc, --tp, --sp, --pp, --cp, --zero, --transport ...\n";
+
+static const char EVAL_USAGE[] =
+    "usage: ./train eval --model FILE|DIR --val PATTERN [--batches N] [--micro-batch B] [--seq-len T]\n"
+    "                    [--device cpu|cuda] [--nproc N --tp N --pp N --cp N ...]\n"
+    "  the mean loss and perplexity (exp of the loss) of a model file or checkpoint over token shards:\n"
+    "  the same batches and the same computation as training's --val-every (batch i: the windows\n"
+    "  i*B .. i*B+B-1 of the shards), so that it prints the validation loss a training run printed\n"
+    "  --model FILE|DIR           an llm.c model file (--save-model's), or a checkpoint (directory)\n"
+    "  --val PATTERN              token shards (a glob)\n"
+    "  --batches N                micro-batches of B x T tokens (default 10, as --val-steps)\n"
+    "  --micro-batch B            sequences per batch (default 4)\n"
+    "  --seq-len T                tokens per sequence (default the model's maxT)\n"
+    "  and the layout and execution flags of training (./train --help)\n";
+
 static const char USAGE[] =
     "usage: ./train [flags]                      train a GPT-2 model\n"
+    "       ./train sample --model FILE|DIR [--prompt TEXT] [--tokens N --temperature F --top-k K --seed S]\n"
+    "                                            text from a saved model or checkpoint (./train sample --help)\n"
+    "       ./train eval --model FILE|DIR --val PATTERN [--batches N]\n"
+    "                                            loss and perplexity of a saved model over token shards\n"
+    "                                            (./train eval --help)\n"
     "       ./train prepare INPUT.txt DIR        write DIR/train.bin, DIR/val.bin (last 10% of the bytes)\n"
     "                                            and DIR/tokenizer.bin with a byte-level tokenizer (V = 256)\n"
     "       ./train plan --gpus G --batch-tokens N [flags]\n"
@@ -30,7 +70,9 @@ static const char USAGE[] =
     "model (a preset, then any shape flag overrides it; default d12):\n"
     "  --model d12|d24|d36|d48    GPT-2 124M / 350M / 774M / 1558M shapes (maxT 1024, V 50257)\n"
     "  --layers L --channels C --heads H --vocab V\n"
-    "                             a custom shape; the vocab is padded to a multiple of 128 (Vp)\n"
+    "                             a custom shape; the vocab is padded to a multiple of 128 (Vp); without\n"
+    "                             --vocab, V is the vocabulary of tokenizer.bin beside the first training\n"
+    "                             shard when there is one (./train prepare writes one: V = 256)\n"
     "  --max-seq-len N            the position table's length maxT (custom shapes: default --seq-len)\n"
     "  --seq-len T                tokens per sequence (default: the model's maxT; at most maxT)\n"
     "  --init-from FILE           start from an llm.c model file (version 3 fp32 or 5 bf16); the shape\n"
@@ -43,7 +85,8 @@ static const char USAGE[] =
     "  --train PATTERN            training shards (a glob; matches are concatenated in sorted order)\n"
     "  --val PATTERN              validation shards\n"
     "  --tokenizer FILE           llm.c tokenizer for printing samples (default: tokenizer.bin next to\n"
-    "                             the first training shard, if present)\n"
+    "                             the first training shard, if present; a warning when its vocabulary is\n"
+    "                             not the model's)\n"
     "  --shuffle                  permute the sequences of each epoch with a seeded permutation\n"
     "  Global sequence i of step s (0 <= i < G, G = batch-tokens / T) is the window of T+1 tokens at\n"
     "  ((s*G + i) mod W) * T of the concatenated shards, W = (tokens - 1) / T; every layout trains on\n"
@@ -167,28 +210,14 @@ static const char USAGE[] =
     "                             CPU has AVX512-BF16, else generic, which widens bf16 to fp32)\n"
     "  LLM4D_CUDA_SYNC=1          environment: wait for every CUDA kernel as it is launched, so that an\n"
     "                             error names the kernel that failed (slow; for debugging)\n"
+    "  numbers                    decimal (no hex, octal, inf or nan); counts take K, M, G = 2^10, 2^20, 2^30\n"
+    "                             (--batch-tokens 4K is 4096 tokens)\n"
+    "  llm.c's short flags        -i -j -e -b -t -d -x -k -l -u -q -c -v -m -s -g -z -n -nk -y -r mean their llm4d\n"
+    "                             flags (the README's table); the others stop with one line saying what to use\n"
     "  -h, --help                 this text\n";
 
 // ---------------------------------------------------------------------------------------------
-// flag parsing: every value is checked whole, and every error names the flag
-
-long long parse_int(const char *flag, const char *s, long long lo, long long hi) {
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno || end == s || *end) die("%s expects an integer, got '%s'", flag, s);
-    if (v < lo || v > hi) die("%s must be between %lld and %lld, got %lld", flag, lo, hi, v);
-    return v;
-}
-
-float parse_float(const char *flag, const char *s, double lo, double hi) {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || *end || !isfinite(v)) die("%s expects a number, got '%s'", flag, s);
-    if (v < lo || v > hi) die("%s must be between %g and %g, got %g", flag, lo, hi, v);
-    return (float)v;
-}
+// flag parsing: every value is checked whole (common.c's one number parser), and every error names the flag
 
 int context_split_error(const Options *o, int T, char *err, size_t cap) {
     if (o->cp > 1 && T % (2 * o->cp))
@@ -261,13 +290,31 @@ int check_layout(const Options *o, const GPT2Config *cfg, int nranks, BatchShape
     return 0;
 }
 
+// The flags of training that mean nothing to sample and eval (a run of no steps from --model).
+static int is_training_only(const char *f) {
+    static const char *const only[] = { "--steps", "--init-from", "--save-model", "--train", "--ckpt-dir", "--ckpt-every",
+                                        "--keep", "--max-restarts", "--log", "--dump", "--layers", "--channels", "--heads",
+                                        "--vocab", "--max-seq-len", "--val-every", "--sample-every", "--val-steps",
+                                        "--sample-tokens", "--batch-tokens", NULL };
+    for (int i = 0; only[i]; i++)
+        if (!strcmp(f, only[i])) return 1;
+    return 0;
+}
+
 // One flag that takes a value, argv[*i] (its value argv[*i + 1]; *i moves past it): a flat table.
 static void parse_valued_flag(Options *o, int argc, char **argv, int *ip) {
     int i = *ip;
     const char *f = argv[i];
     const char *v = i + 1 < argc ? argv[i + 1] : NULL;
 #define IS(name) (!strcmp(f, name) && (v ? (i++, 1) : (die("%s needs a value", name), 0)))
-    if (IS("--model")) o->preset = v;
+    if (o->mode != MODE_TRAIN && IS("--model")) o->model_path = v;
+    else if (o->mode == MODE_SAMPLE && IS("--prompt")) o->prompt = v;
+    else if (o->mode == MODE_SAMPLE && IS("--tokens")) o->sample_tokens = (int)parse_int(f, v, 1, 1 << 20);
+    else if (o->mode == MODE_EVAL && IS("--batches")) o->val_steps = (int)parse_int(f, v, 1, INT32_MAX);
+    else if (o->mode != MODE_TRAIN && is_training_only(f))
+        die("./train %s: %s is a training flag (see ./train %s --help)", o->mode == MODE_SAMPLE ? "sample" : "eval", f,
+            o->mode == MODE_SAMPLE ? "sample" : "eval");
+    else if (IS("--model")) o->preset = v;
     else if (IS("--layers")) o->layers = (int)parse_int(f, v, 1, 4096);
     else if (IS("--channels")) o->channels = (int)parse_int(f, v, 1, 65536);
     else if (IS("--heads")) o->heads = (int)parse_int(f, v, 1, 65536);
@@ -364,16 +411,136 @@ static void check_options(const Options *o) {
     if (o->seq_len && context_split_error(o, o->seq_len, err, sizeof err)) die("%s", err); // before any rank starts
 }
 
-void parse_options(Options *o, int argc, char **argv) {
+// llm.c's short flags (train_gpt2.cu's usage text), for its users' habits: each one that means the same
+// as an llm4d flag becomes it; each one that has none is refused with one line naming what to use.
+typedef struct {
+    const char *flag, *as; // as: the llm4d flag; NULL: no equivalent, why says what to use instead
+    const char *why;
+} LlmcFlag;
+static const LlmcFlag LLMC_FLAGS[] = {
+    { "-i", "--train", NULL },        { "-j", "--val", NULL },         { "-b", "--micro-batch", NULL },
+    { "-t", "--seq-len", NULL },      { "-d", "--batch-tokens", NULL }, { "-x", "--steps", NULL },
+    { "-k", "--schedule", NULL },     { "-l", "--lr", NULL },          { "-u", "--warmup", NULL },
+    { "-q", "--lr-min-frac", NULL },  { "-c", "--weight-decay", NULL }, { "-v", "--val-every", NULL },
+    { "-m", "--val-steps", NULL },    { "-s", "--sample-every", NULL }, { "-g", "--sample-tokens", NULL },
+    { "-z", "--zero", NULL },         { "-n", "--ckpt-every", NULL },  { "-nk", "--keep", NULL },
+    { "-e", "--init-from", NULL }, // or --model dN (below)
+    { "-y", "--resume", NULL },    // 1: --resume; 0: the default
+    { "-r", "--recompute", NULL }, // 0: none, 2 (GELU and LayerNorm): selective
+    { "-o", NULL, "llm.c's output log directory: use --log FILE (the step log) and --ckpt-dir DIR (checkpoints)" },
+    { "-lg", NULL, "GPU info logging: llm4d has none (the step lines and --log report memory per rank)" },
+    { "-nm", NULL, "major checkpoints: llm4d has none (--keep K keeps the newest K)" },
+    { "-yd", NULL, "a fresh data loader on resume: llm4d's data position always carries over (or --allow-data-change)" },
+    { "-sl", NULL, "a loss z-score threshold: use --skip-spikes F (a factor over the mean of the last 20 steps)" },
+    { "-sg", NULL, "a gradient-norm z-score threshold: use --skip-spikes F (a factor over the mean of the last 20 steps)" },
+    { "-h", NULL, "HellaSwag evaluation: llm4d has none (./train eval --model FILE --val SHARDS gives the loss); -h alone is --help" },
+    { "-a", NULL, "overfitting a single batch: llm4d has no such switch (use a one-sequence --train shard)" },
+    { "-f", NULL, "the TF32 override: llm4d has no TF32 (--dtype fp32|bf16)" },
+    { "-w", NULL, "the fp32 master-weight switch: llm4d always keeps fp32 master weights" },
+    { "-ge", NULL, "GELU fusion: llm4d's CUDA GEMMs choose their epilogues themselves" },
+    { "-pn", NULL, "the process count: use --nproc N, torchrun-style RANK/WORLD_SIZE variables or srun" },
+    { "-pr", NULL, "the process rank: use --nproc N, torchrun-style RANK/WORLD_SIZE variables or srun" },
+    { "-pg", NULL, "GPUs per node: llm4d takes them from the launcher (--nproc, torchrun-style variables, srun)" },
+    { "-pi", NULL, "NCCL's init method: llm4d has its own bootstrap (MASTER_ADDR/MASTER_PORT, or srun)" },
+    { "-pm", NULL, "NCCL's init method: llm4d has its own bootstrap (MASTER_ADDR/MASTER_PORT, or srun)" },
+    { "-pf", NULL, "NCCL's file-system init: llm4d has its own bootstrap (MASTER_ADDR/MASTER_PORT, or srun)" },
+    { "-ps", NULL, "NCCL's server address: use MASTER_ADDR (torchrun-style) or srun" },
+    { "-pp", NULL, "NCCL's file-system path: llm4d has its own bootstrap (MASTER_ADDR/MASTER_PORT, or srun)" },
+    { NULL, NULL, NULL },
+};
+
+// argv with llm.c's short flags as llm4d's (a new array: the strings are argv's or constants).
+static char **translate_llmc(int argc, char **argv, int *out_argc) {
+    char **out = xcalloc((size_t)argc + 1, sizeof(char *));
+    int n = 0;
+    for (int i = 0; i < argc; i++) {
+        const char *f = argv[i];
+        const LlmcFlag *l = LLMC_FLAGS;
+        int hellaswag = !strcmp(f, "-h") && i + 1 < argc && (!strcmp(argv[i + 1], "0") || !strcmp(argv[i + 1], "1"));
+        if (i == 0 || f[0] != '-' || f[1] == '-' || (!strcmp(f, "-h") && !hellaswag)) { // -h alone is --help
+            out[n++] = argv[i];
+            continue;
+        }
+        while (l->flag && strcmp(l->flag, f)) l++;
+        if (!l->flag) {
+            out[n++] = argv[i];
+            continue;
+        }
+        if (!l->as) die("llm.c's %s has no llm4d equivalent: %s", f, l->why);
+        if (i + 1 >= argc) die("%s (llm.c's, as %s) needs a value", f, l->as);
+        const char *v = argv[++i];
+        if (!strcmp(f, "-e") && v[0] == 'd' && v[1] >= '0' && v[1] <= '9') { // llm.c's dN: a random model of depth N
+            out[n++] = "--model";
+        } else if (!strcmp(f, "-y")) {
+            if (!strcmp(v, "1")) out[n++] = "--resume";
+            else if (strcmp(v, "0")) die("-y (llm.c's resume switch) must be 0 or 1, got '%s'", v);
+            continue;
+        } else if (!strcmp(f, "-r")) {
+            out[n++] = "--recompute";
+            if (!strcmp(v, "0")) v = "none";
+            else if (!strcmp(v, "2")) v = "selective"; // GELU's and the LayerNorms' outputs rebuilt
+            else die("-r %s (llm.c's recompute): llm4d has -r 0 (--recompute none) and -r 2 (--recompute selective: GELU "
+                     "and LayerNorm), not GELU alone; or --recompute full", v);
+        } else if ((!strcmp(f, "-x") || !strcmp(f, "-m")) && !strcmp(v, "-1")) {
+            die("%s -1 (llm.c's %s): llm4d needs a count: %s N", f, !strcmp(f, "-x") ? "one epoch" : "the whole split", l->as);
+        } else {
+            out[n++] = (char *)l->as;
+        }
+        out[n++] = (char *)v;
+    }
+    *out_argc = n;
+    return out;
+}
+
+// sample and eval: a run of no steps from --model: a model file (init_from), a checkpoint (a directory
+// with a manifest.json) or a directory of checkpoints (its newest complete one), as --resume reads them.
+static void model_source(Options *o) {
+    const char *mode = o->mode == MODE_SAMPLE ? "sample" : "eval";
+    if (!o->model_path) die("./train %s needs --model FILE (a --save-model file) or a checkpoint directory", mode);
+    if (o->mode == MODE_EVAL && !o->val) die("./train eval needs --val PATTERN (the token shards to evaluate on)");
+    if (o->mode == MODE_SAMPLE && o->val) die("./train sample: --val is eval's (./train eval --model FILE --val PATTERN)");
+    o->steps = 0;
+    if (o->mode == MODE_SAMPLE) o->sample_every = 1;
+    else o->val_every = 1;
+    struct stat st;
+    if (stat(o->model_path, &st) != 0) die("--model %s: %s", o->model_path, strerror(errno));
+    if (!S_ISDIR(st.st_mode)) {
+        o->init_from = o->model_path;
+        return;
+    }
+    o->resume = 1;
+    size_t n = strlen(o->model_path) + 32;
+    char *manifest = xmalloc(n);
+    snprintf(manifest, n, "%s/manifest.json", o->model_path);
+    if (stat(manifest, &st) == 0) {
+        o->resume_path = o->model_path;
+    } else { // a --ckpt-dir: its newest complete checkpoint
+        int64_t step;
+        if (!ckpt_newest_complete(o->model_path, &step))
+            die("--model %s: a directory that is neither a checkpoint (no manifest.json) nor holds a complete one",
+                o->model_path);
+        char *path = xmalloc(SAFE_PATH_MAX);
+        ckpt_path(o->model_path, step, path, SAFE_PATH_MAX);
+        o->resume_path = path; // lives for the run
+    }
+    free(manifest);
+}
+
+void parse_options(Options *o, int argc_in, char **argv_in) {
+    int argc;
+    char **argv = translate_llmc(argc_in, argv_in, &argc); // lives for the run: options point into it
     *o = (Options){ .micro_batch = 4, .steps = 20, .val_steps = 10, .sample_tokens = 64, .lr = 3e-4f,
                     .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .clip = 1.0f, .temperature = 1.0f,
                     .seed = 1337, .dtype = -1, .schedule = "cosine", .bucket_mb = 25,
                     .comm_timeout = 300, .tp = 1, .pp = 1, .pp_virtual = 1, .cp = 1, .straggler = 0.5f,
                     .straggler_steps = 5, .ib_gid_index = -1 };
-    for (int i = 1; i < argc; i++) {
+    int first = 1;
+    if (argc >= 2 && !strcmp(argv[1], "sample")) o->mode = MODE_SAMPLE, first = 2;
+    else if (argc >= 2 && !strcmp(argv[1], "eval")) o->mode = MODE_EVAL, first = 2;
+    for (int i = first; i < argc; i++) {
         const char *f = argv[i];
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
-            fputs(USAGE, stdout);
+            fputs(o->mode == MODE_SAMPLE ? SAMPLE_USAGE : o->mode == MODE_EVAL ? EVAL_USAGE : USAGE, stdout);
             exit(0);
         }
         if (!strcmp(f, "--shuffle")) {
@@ -388,6 +555,7 @@ void parse_options(Options *o, int argc, char **argv) {
             o->allow_data_change = 1;
             continue;
         }
+        if (!strcmp(f, "--resume") && o->mode != MODE_TRAIN) die("./train %s: --resume is a training flag", argv[1]);
         if (!strcmp(f, "--resume")) { // an optional value: a checkpoint directory
             o->resume = 1;
             if (i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0) o->resume_path = argv[++i];
@@ -396,5 +564,6 @@ void parse_options(Options *o, int argc, char **argv) {
         if (strncmp(f, "--", 2) != 0) die("unexpected argument '%s' (see --help)", f);
         parse_valued_flag(o, argc, argv, &i);
     }
+    if (o->mode != MODE_TRAIN) model_source(o);
     check_options(o);
 }

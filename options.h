@@ -8,8 +8,11 @@
 #include <stdint.h>
 
 #include "model.h"
+enum { MODE_TRAIN, MODE_SAMPLE, MODE_EVAL }; // ./train, ./train sample, ./train eval
 
 typedef struct {
+    int mode;
+    const char *model_path, *prompt; // sample and eval: --model FILE|DIR; sample: --prompt TEXT
     const char *preset, *init_from, *save_model, *train, *val, *tokenizer, *log, *dump, *device, *schedule;
     int layers, channels, heads, vocab, max_seq_len, seq_len; // 0 = not given
     int micro_batch, steps, warmup, val_every, val_steps, sample_every, sample_tokens, top_k, threads, shuffle, profile;
@@ -28,12 +31,12 @@ typedef struct {
     int ib_gid_index; // -1: automatic
 } Options;
 
-// Parses argv (argv[0] the program) into o, with the defaults for everything not given; prints --help
-// and exits 0 on -h/--help; dies with one line naming the flag on a bad value or combination.
+// Parses argv (argv[0] the program; argv[1] "sample" or "eval" for those modes) into o, with the
+// defaults for everything not given; prints --help and exits 0 on -h/--help; dies with one line naming
+// the flag on a bad value or combination. sample and eval become a run of no steps from --model (a
+// model file: init_from; a checkpoint, or a directory of them: resume_path) that samples once or
+// validates once.
 void parse_options(Options *o, int argc, char **argv);
-// A whole integer (or finite number) in [lo, hi], or one line naming flag and a non-zero exit.
-long long parse_int(const char *flag, const char *s, long long lo, long long hi);
-float parse_float(const char *flag, const char *s, double lo, double hi);
 // Context parallelism cuts each sequence into 2·cp chunks, and sequence parallelism splits a rank's
 // positions over the tensor-parallel group: T must divide for both. Returns 0, or -1 with the reason.
 int context_split_error(const Options *o, int T, char *err, size_t cap);

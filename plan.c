@@ -211,41 +211,7 @@ typedef struct {
 // ---------------------------------------------------------------------------------------------
 // the command line: numbers with units, every error naming its flag
 
-typedef struct {
-    const char *suffix;
-    double mult;
-} Unit;
-static const Unit NO_UNITS[] = { { NULL, 0 } };
-static const Unit TOKEN_UNITS[] = { { "K", 1024.0 }, { "M", 1048576.0 }, { "G", 1073741824.0 }, { NULL, 0 } };
-static const Unit COUNT_UNITS[] = { { "K", 1e3 }, { "M", 1e6 }, { "B", 1e9 }, { "T", 1e12 }, { NULL, 0 } };
-static const Unit FLOP_UNITS[] = { { "G", 1e9 }, { "T", 1e12 }, { "P", 1e15 }, { NULL, 0 } };
-static const Unit BYTE_UNITS[] = { { "B", 1 },          { "KB", 1e3 },         { "MB", 1e6 },
-                                   { "GB", 1e9 },       { "TB", 1e12 },        { "KiB", 1024.0 },
-                                   { "MiB", 1048576.0 }, { "GiB", 1073741824.0 }, { "TiB", 1099511627776.0 },
-                                   { NULL, 0 } };
-
-// A number (decimal or with an exponent), optionally followed by one of the units, in [lo, hi]; whole:
-// it must be an integer.
-static double parse_amount(const char *flag, const char *s, const Unit *units, double lo, double hi, int whole) {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || !isfinite(v)) die("%s expects a number, got '%s'", flag, s);
-    if (*end) {
-        const Unit *u = units;
-        while (u->suffix && strcmp(end, u->suffix)) u++;
-        if (!u->suffix) {
-            if (units == NO_UNITS) die("%s expects a number, got '%s'", flag, s);
-            char list[128] = "";
-            for (u = units; u->suffix; u++) snprintf(list + strlen(list), sizeof list - strlen(list), " %s", u->suffix);
-            die("%s: unknown unit '%s' in '%s' (units:%s)", flag, end, s, list);
-        }
-        v *= u->mult;
-    }
-    if (whole && v != floor(v)) die("%s expects a whole number, got '%s'", flag, s);
-    if (v < lo || v > hi) die("%s must be between %g and %g, got '%s'", flag, lo, hi, s);
-    return v;
-}
+// The numbers and their units: common.c's parse_number and parse_int (K, M, G = 2^10.. for counts).
 
 typedef struct { // the flags that only parse_plan's checks and the shape read
     const char *preset;
@@ -314,7 +280,7 @@ static void parse_plan(PlanInput *in, int argc, char **argv) {
         if (strncmp(f, "--", 2) != 0) die("plan: unexpected argument '%s' (see ./train plan --help)", f);
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
 #define IS(name) (!strcmp(f, name) && (v ? (i++, 1) : (die("%s needs a value", name), 0)))
-#define INT(lo, hi) (int)parse_amount(f, v, NO_UNITS, lo, hi, 1)
+#define INT(lo, hi) (int)parse_int(f, v, lo, hi)
         if (IS("--model")) g.preset = v;
         else if (IS("--layers")) g.L = INT(1, 4096);
         else if (IS("--channels")) g.C = INT(1, 65536);
@@ -322,17 +288,17 @@ static void parse_plan(PlanInput *in, int argc, char **argv) {
         else if (IS("--vocab")) g.V = INT(1, 65536);
         else if (IS("--max-seq-len")) g.maxT = INT(1, 1048576);
         else if (IS("--seq-len")) g.T = INT(1, 1048576);
-        else if (IS("--params")) in->params = parse_amount(f, v, COUNT_UNITS, 1, 1e16, 0);
+        else if (IS("--params")) in->params = parse_number(f, v, COUNT_UNITS, 1, 1e16, 0);
         else if (IS("--gpus")) in->gpus = INT(1, 1 << 24);
         else if (IS("--gpus-per-node")) in->gpus_per_node = INT(1, 1 << 16);
         else if (IS("--max-tp")) in->max_tp = INT(1, 1 << 16);
-        else if (IS("--gpu-mem")) in->gpu_mem = parse_amount(f, v, BYTE_UNITS, 1, 1e18, 0);
-        else if (IS("--intra-bw")) in->intra_bw = 1e9 * parse_amount(f, v, NO_UNITS, 1e-6, 1e9, 0);
-        else if (IS("--inter-bw")) in->inter_bw = 1e9 * parse_amount(f, v, NO_UNITS, 1e-6, 1e9, 0);
-        else if (IS("--intra-lat")) in->intra_lat = 1e-6 * parse_amount(f, v, NO_UNITS, 0, 1e6, 0), g.lat_given = "--intra-lat";
-        else if (IS("--inter-lat")) in->inter_lat = 1e-6 * parse_amount(f, v, NO_UNITS, 0, 1e6, 0), g.lat_given = "--inter-lat";
-        else if (IS("--flops")) in->flops = parse_amount(f, v, FLOP_UNITS, 1, 1e21, 0);
-        else if (IS("--batch-tokens")) in->batch_tokens = parse_amount(f, v, TOKEN_UNITS, 1, 1e15, 1);
+        else if (IS("--gpu-mem")) in->gpu_mem = parse_number(f, v, BYTE_UNITS, 1, 1e18, 0);
+        else if (IS("--intra-bw")) in->intra_bw = 1e9 * parse_number(f, v, NO_UNITS, 1e-6, 1e9, 0);
+        else if (IS("--inter-bw")) in->inter_bw = 1e9 * parse_number(f, v, NO_UNITS, 1e-6, 1e9, 0);
+        else if (IS("--intra-lat")) in->intra_lat = 1e-6 * parse_number(f, v, NO_UNITS, 0, 1e6, 0), g.lat_given = "--intra-lat";
+        else if (IS("--inter-lat")) in->inter_lat = 1e-6 * parse_number(f, v, NO_UNITS, 0, 1e6, 0), g.lat_given = "--inter-lat";
+        else if (IS("--flops")) in->flops = parse_number(f, v, FLOP_UNITS, 1, 1e21, 0);
+        else if (IS("--batch-tokens")) in->batch_tokens = parse_number(f, v, TOKEN_UNITS, 1, 1e15, 1);
         else if (IS("--micro-batches")) in->micro_batches = INT(1, 1 << 24);
         else if (IS("--pp-virtual")) in->pp_virtual = INT(1, MAX_CHUNKS);
         else if (IS("--zero")) in->zero = INT(0, 3);
@@ -342,7 +308,7 @@ static void parse_plan(PlanInput *in, int argc, char **argv) {
         else if (IS("--cp")) in->only_cp = INT(1, 1 << 24);
         else if (IS("--dp")) in->only_dp = INT(1, 1 << 24);
         else if (IS("--plot")) in->plot = v;
-        else if (IS("--bucket-mb")) in->bucket_mb = parse_amount(f, v, NO_UNITS, 0, 1e6, 0), g.bucket_given = 1;
+        else if (IS("--bucket-mb")) in->bucket_mb = parse_number(f, v, NO_UNITS, 0, 1e6, 0), g.bucket_given = 1;
         else if (IS("--device")) {
             if (strcmp(v, "gpu") && strcmp(v, "cpu")) die("--device must be gpu or cpu, got '%s'", v);
             in->device_cpu = !strcmp(v, "cpu");

@@ -6,9 +6,12 @@
 //   ./train prepare INPUT.txt DIR      byte-level token shards from any text
 //   ./train plan [flags]               the layout planner (plan.c; ./train plan --help)
 //   ./train schedule [flags]           a pipeline schedule's actions and timeline (schedule.c)
+//   ./train sample|eval --model F ...  a run of no steps from a model file or checkpoint that samples
+//                                      (sample) or validates (eval) once, through the same code
 //   ./train [flags]                    train (see --help)
 #define _GNU_SOURCE
 #include <errno.h>
+#include <glob.h>
 #include <math.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -33,11 +36,44 @@
 #include "prepare.h"
 #include "zero.h"
 
-// The model's shape (options_shape) and, with --init-from, its weights.
-static GPT2Config resolve_shape(const Options *o, float **host_params) {
-    GPT2Config cfg = options_shape(o);
-    *host_params = o->init_from ? gpt2_load_file(o->init_from, &cfg) : NULL;
-    return cfg;
+// The vocabulary of the tokenizer file beside the first training shard (tokenizer.bin, as ./train
+// prepare writes it), when --vocab is not given: 0 when there is none.
+static int vocab_of_data(const Options *o) {
+    if (!o->train || o->steps == 0) return 0;
+    glob_t g;
+    if (glob(o->train, 0, NULL, &g) != 0) return 0; // no match: tokenset_open reports it
+    char dir[SAFE_PATH_MAX], path[SAFE_PATH_MAX + 16];
+    const char *first = g.gl_pathv[0], *slash = strrchr(first, '/');
+    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - first) : 1, slash ? first : ".");
+    globfree(&g);
+    snprintf(path, sizeof path, "%s/tokenizer.bin", dir);
+    struct stat st;
+    if (stat(path, &st) != 0) return 0;
+    Tokenizer tk;
+    tokenizer_load(&tk, path);
+    int v = tk.vocab;
+    tokenizer_free(&tk);
+    return v;
+}
+
+// The model's shape: from --init-from, from the checkpoint sample and eval read (src), or a preset
+// overridden by the shape flags.
+static GPT2Config resolve_shape(const Options *o, const CkptMeta *src, float **host_params) {
+    GPT2Config cfg;
+    int shape_flags = o->layers || o->channels || o->heads || o->vocab || o->max_seq_len;
+    if (o->mode != MODE_TRAIN && o->resume_path) {
+        *host_params = NULL;
+        return src->model;
+    }
+    if (o->init_from) {
+        if (shape_flags || o->preset)
+            die("--init-from takes the shape from %s; drop --model and the shape flags", o->init_from);
+        *host_params = gpt2_load_file(o->init_from, &cfg);
+        return cfg;
+    }
+    *host_params = NULL;
+    return gpt2_shape(o->preset, o->layers, o->channels, o->heads, o->vocab ? o->vocab : vocab_of_data(o), o->max_seq_len,
+                      o->seq_len);
 }
 
 static float lr_at(const Options *o, int step) {
@@ -62,22 +98,28 @@ static void write_raw(const char *dir, const char *name, const void *data, size_
 
 static int sample_token(const Options *o, float *probs, int *order, int V, uint64_t *rng);
 
-// Sampling: the model continues the first token of the training data, one token per forward.
-static void sample(Pipeline *p, const Options *o, const Tokenizer *tk, int first_token, int T, int step, int print) {
+// Sampling: the model continues the prompt (np tokens: ./train sample's --prompt, else the first token
+// of the training data), one token per forward. Training prints a header; ./train sample the text only.
+static void sample(Pipeline *p, const Options *o, const Tokenizer *tk, const int *prompt, int np, int T, int step, int print) {
     GPT2 *m = p->model;
-    int n = o->sample_tokens < T - 1 ? o->sample_tokens : T - 1, Tl = T / m->lay->cp.size;
+    int n = o->sample_tokens < T - np ? o->sample_tokens : T - np, Tl = T / m->lay->cp.size;
     int32_t *ctx = xcalloc((size_t)T, sizeof(int32_t)), *local = xcalloc((size_t)Tl, sizeof(int32_t));
     float *probs = xmalloc(sizeof(float) * m->cfg.V);
     int *order = xmalloc(sizeof(int) * m->cfg.V);
     uint64_t rng = o->seed * 0x9e3779b97f4a7c15ULL + (uint64_t)step + 1;
-    ctx[0] = first_token;
-    if (print) printf("sample at step %d:\n", step);
+    if (print && o->mode == MODE_TRAIN) printf("sample at step %d:\n", step);
     char buf[64];
-    if (tk) {
-        tokenizer_decode(tk, first_token, buf, sizeof buf);
-        if (print) fputs(buf, stdout);
+    for (int i = 0; i < np; i++) {
+        ctx[i] = prompt[i];
+        if (!print) continue;
+        if (tk) {
+            tokenizer_decode(tk, prompt[i], buf, sizeof buf);
+            fputs(buf, stdout);
+        } else {
+            printf("%d ", prompt[i]);
+        }
     }
-    for (int t = 1; t <= n; t++) {
+    for (int t = np; t < np + n; t++) {
         // the whole window each time: causal attention leaves positions < t untouched by the zeros after
         // them, and the shape stays divisible for sequence parallelism
         if (m->lay->cp.size > 1) cp_slice(ctx, local, 1, Tl, m->lay->cp.size, m->lay->cp.rank);
@@ -101,7 +143,7 @@ static void sample(Pipeline *p, const Options *o, const Tokenizer *tk, int first
             printf("%d ", next);
         }
     }
-    if (print) printf("\n---\n");
+    if (print) printf(o->mode == MODE_TRAIN ? "\n---\n" : "\n");
     fflush(stdout);
     free(ctx);
     free(local);
@@ -287,8 +329,10 @@ typedef struct {
     int Tl;                  // positions of a sequence on this rank: T / CP
     long long batch_tokens, G; // G: sequences per step
     TokenSet train, val;
-    int have_train, have_tk, first_token;
+    int have_train, have_tk;
+    int *prompt, nprompt; // what samples continue
     Tokenizer tk;
+    CkptMeta src; // sample and eval from a checkpoint: its manifest
     GPT2 model;
     Zero zero;
     Pipeline pipe;
@@ -362,33 +406,71 @@ static void setup_batch(Trainer *t) {
     t->G = b.G;
 }
 
-static void open_data(Trainer *t) {
+// The directory part of path ("." when it has none), in out.
+static void dir_of(const char *path, char *out, size_t cap) {
+    const char *slash = strrchr(path, '/');
+    if (!slash) snprintf(out, cap, ".");
+    else snprintf(out, cap, "%.*s", (int)(slash - path), path);
+}
+
+// The tokenizer that prints samples and encodes --prompt: --tokenizer, else tokenizer.bin beside the
+// first training shard, the model file, the checkpoint's directory or the first --val shard.
+static void open_tokenizer(Trainer *t) {
     const Options *o = &t->o;
-    t->have_train = o->steps > 0 || o->dump;
-    if (t->have_train) {
-        if (!o->train) die("no training data: pass --train PATTERN (make shards with ./train prepare INPUT.txt DIR)");
-        tokenset_open(&t->train, o->train, "--train", t->cfg.V, t->lay.T, o->shuffle, o->seed);
-        uint32_t t0;
-        tokenset_read(&t->train, 0, 1, &t0);
-        t->first_token = t0;
-    }
-    if (o->val) tokenset_open(&t->val, o->val, "--val", t->cfg.V, t->lay.T, 0, o->seed);
     if (o->tokenizer) {
         tokenizer_load(&t->tk, o->tokenizer);
         t->have_tk = 1;
-    } else if (t->have_train) { // tokenizer.bin next to the first training shard
-        const char *first = t->train.shards[0].path;
-        const char *slash = strrchr(first, '/');
-        size_t dirlen = slash ? (size_t)(slash - first) : 1;
-        char *path = xmalloc(dirlen + 16);
-        snprintf(path, dirlen + 16, "%.*s/tokenizer.bin", (int)dirlen, slash ? first : ".");
-        struct stat st;
-        if (stat(path, &st) == 0) {
-            tokenizer_load(&t->tk, path);
-            t->have_tk = 1;
+    } else {
+        char dir[SAFE_PATH_MAX], path[SAFE_PATH_MAX + 16];
+        const char *near[4] = { t->have_train ? t->train.shards[0].path : NULL, o->init_from, NULL,
+                                o->val ? t->val.shards[0].path : NULL };
+        if (o->resume_path && o->mode != MODE_TRAIN) { // DIR/ckpt_X: beside DIR (where the shards or the model were)
+            dir_of(o->resume_path, dir, sizeof dir);
+            near[2] = dir;
         }
-        free(path);
+        for (int i = 0; i < 4 && !t->have_tk; i++) {
+            if (!near[i]) continue;
+            char d[SAFE_PATH_MAX];
+            dir_of(near[i], d, sizeof d);
+            snprintf(path, sizeof path, "%s/tokenizer.bin", d);
+            struct stat st;
+            if (stat(path, &st) == 0) {
+                tokenizer_load(&t->tk, path);
+                t->have_tk = 1;
+            }
+        }
     }
+}
+
+static void open_data(Trainer *t) {
+    const Options *o = &t->o;
+    t->have_train = o->steps > 0 || o->dump;
+    uint32_t t0 = 0;
+    if (t->have_train) {
+        if (!o->train) die("no training data: pass --train PATTERN (make shards with ./train prepare INPUT.txt DIR)");
+        tokenset_open(&t->train, o->train, "--train", t->cfg.V, t->lay.T, o->shuffle, o->seed);
+        tokenset_read(&t->train, 0, 1, &t0);
+    }
+    if (o->val) tokenset_open(&t->val, o->val, "--val", t->cfg.V, t->lay.T, 0, o->seed);
+    open_tokenizer(t);
+    // what samples continue: --prompt, else the first training token, else the end-of-text token
+    if (o->prompt) {
+        if (!t->have_tk) die("--prompt needs a tokenizer to encode it: --tokenizer FILE (none beside the model)");
+        t->prompt = xmalloc(sizeof(int) * ((size_t)t->lay.T + 1));
+        t->nprompt = tokenizer_encode(&t->tk, o->prompt, t->prompt, t->lay.T);
+        if (t->nprompt < 0) die("--prompt: the tokenizer has no piece for byte %d of the text", -t->nprompt - 1);
+        if (t->nprompt == 0) die("--prompt: empty text");
+        if (t->nprompt >= t->lay.T)
+            die("--prompt is %d tokens or more: at most --seq-len %d - 1 leave room for one more", t->nprompt, t->lay.T);
+    } else {
+        t->prompt = xmalloc(sizeof(int));
+        t->nprompt = 1;
+        t->prompt[0] = t->have_train ? (int)t0 : t->have_tk && t->tk.eot >= 0 && t->tk.eot < t->cfg.V ? t->tk.eot : 0;
+    }
+    for (int i = 0; i < t->nprompt; i++)
+        if (t->prompt[i] >= t->cfg.V)
+            die("--prompt: token %d is outside the model's vocabulary of %d (the tokenizer's is %d)", t->prompt[i], t->cfg.V,
+                t->tk.vocab);
 }
 
 // The log is written in place (it may be /dev/stdout); a regular file or symlink goes through the
@@ -478,6 +560,13 @@ static void build_model(Trainer *t, float *host_params) {
         v = xmalloc(sizeof(float) * n);
         CkptMeta now;
         fill_meta(t, 0, &now);
+        if (o->mode != MODE_TRAIN) { // sample and eval read the weights only: the data position does not matter
+            now.seq_len = t->src.seq_len;
+            now.batch_tokens = t->src.batch_tokens;
+            now.shuffle = t->src.shuffle;
+            now.seed = t->src.seed;
+            now.train_tokens = 0;
+        }
         if (o->allow_data_change) now.train_tokens = 0; // another token count too
         char from[SAFE_PATH_MAX];
         t->resumed = ckpt_resume(o->ckpt_dir, o->resume_path, &t->model, l->world, &now, &saved, master, m, v, from, sizeof from);
@@ -529,6 +618,32 @@ static void setup_checkpoints(Trainer *t) {
     if (t->faults.ckpt_kill_step >= 0) ckpt_kill_during_write(t->ckpt, t->faults.ckpt_kill_step);
 }
 
+// What the defaults chose that a user should hear about, before the first step (after every check that
+// can refuse the run): a tokenizer whose vocabulary is not the model's (the model's ids above it print
+// as <id>), the vocabulary taken from the data's tokenizer, and a default model far too large for this
+// machine. The step-time rule:
+// flops_per_token x batch tokens / (the node's cores x 30 GFLOP/s), the fp32 matmul rate of one
+// current x86 core (a stated rate, not a measured one); "far too large" is above 10 s a step.
+#define CPU_CORE_FLOPS 30e9
+static void warn_defaults(const Trainer *t) {
+    const Options *o = &t->o;
+    if (t->have_tk && t->tk.vocab != t->cfg.V)
+        fprintf(stderr, "warning: the model's vocabulary is %d but the tokenizer's is %d: samples print the ids the "
+                "tokenizer lacks as <id>%s\n", t->cfg.V, t->tk.vocab, o->vocab ? " (drop --vocab to take the tokenizer's)" : "");
+    if (o->mode != MODE_TRAIN) return;
+    int default_shape = !o->init_from && !o->preset && !o->layers && !o->channels && !o->heads;
+    if (!o->vocab && !o->init_from && !t->resumed && o->train && o->steps > 0 && t->have_tk && t->cfg.V == t->tk.vocab)
+        printf("note: vocabulary %d from the tokenizer beside the training data (--vocab V overrides it)\n", t->cfg.V);
+    if (!default_shape || o->steps == 0 || t->be != backend_cpu()) return;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    double s = t->flops_per_token * (double)t->batch_tokens / ((double)(cores > 0 ? cores : 1) * CPU_CORE_FLOPS);
+    if (s > 10)
+        fprintf(stderr, "warning: the default model (d12, %zu parameters) needs about %.0f s a step here (%.3g FLOPs a step "
+                "on %ld core(s) at a stated %.0f GFLOP/s each): give a smaller shape, e.g. --layers 4 --channels 128 --heads "
+                "4 (the demo's)\n", gpt2_param_layout(&t->cfg, (size_t[NUM_PARAM_TENSORS]){ 0 }, (size_t[NUM_PARAM_TENSORS]){ 0 }), s, t->flops_per_token * (double)t->batch_tokens, cores,
+                CPU_CORE_FLOPS / 1e9);
+}
+
 static void trainer_init(Trainer *t, int argc, char **argv) {
     memset(t, 0, sizeof *t);
     Options *o = &t->o;
@@ -547,7 +662,13 @@ static void trainer_init(Trainer *t, int argc, char **argv) {
     parse_faults(&t->faults, l->rank, l->nranks);
     setup_device(t);
     float *host_params;
-    t->cfg = resolve_shape(o, &host_params);
+    if (o->mode != MODE_TRAIN && o->resume_path) { // sample, eval: the shape from the checkpoint's manifest
+        char why[2 * SAFE_PATH_MAX];
+        if (ckpt_read_meta(o->resume_path, &t->src, why, sizeof why) != 0) die("--model: %s", why);
+    }
+    t->cfg = resolve_shape(o, &t->src, &host_params);
+    if (t->cfg.NH % l->tp.size) die("--tp %d does not divide the model's %d heads", l->tp.size, t->cfg.NH);
+    if (o->sp && l->tp.size == 1) die("--sp needs tensor parallelism (--tp 2 or more)");
     setup_batch(t);
     open_data(t); // before any large allocation, so that a bad file is reported first
     build_model(t, host_params);
@@ -556,6 +677,7 @@ static void trainer_init(Trainer *t, int argc, char **argv) {
     report_init(&t->rep, l, o, t->batch_tokens, t->flops_per_token);
     report_header(&t->rep, &t->model, &t->zero, t->have_train ? &t->train : NULL, t->ckpt);
     report_open(&t->rep, t->resumed, t->start_step, t->env.node_id);
+    if (l->lead) warn_defaults(t);
     size_t step_tokens = (size_t)t->lay.accum * t->lay.B * t->Tl;
     t->inputs = xmalloc(sizeof(int32_t) * step_tokens);
     t->targets = xmalloc(sizeof(int32_t) * step_tokens);
@@ -701,13 +823,17 @@ static void checkpoint(Trainer *t, int step) {
 // A resumed run skips its first boundary: that was evaluated before the checkpoint was written.
 static void evaluate(Trainer *t, int step, int last) {
     const Options *o = &t->o;
-    if (t->resumed && step == t->start_step) return;
-    if (o->val && o->val_every > 0 && (step % o->val_every == 0 || last) && (step > 0 || !last)) {
+    if (t->resumed && step == t->start_step && o->mode == MODE_TRAIN) return;
+    if (o->val && o->val_every > 0 && (step % o->val_every == 0 || last)) {
         float vl = validate(&t->pipe, &t->val, t->lay.cp.comm, t->lay.B, t->lay.T, o->val_steps);
-        report_val(&t->rep, step, vl);
+        if (o->mode == MODE_EVAL && t->lay.lead)
+            printf("eval %s: loss %.6f | perplexity %.4f | %d batch(es) of %d x %d tokens from %s\n", o->model_path, vl,
+                   exp(vl), o->val_steps, t->lay.B, t->lay.T, o->val);
+        else
+            report_val(&t->rep, step, vl);
     }
-    if (o->sample_every > 0 && t->have_train && ((step > 0 && step % o->sample_every == 0) || (last && step > 0)))
-        sample(&t->pipe, o, t->have_tk ? &t->tk : NULL, t->first_token, t->lay.T, step, t->lay.lead);
+    if (o->sample_every > 0 && ((step > 0 && step % o->sample_every == 0) || last))
+        sample(&t->pipe, o, t->have_tk ? &t->tk : NULL, t->prompt, t->nprompt, t->lay.T, step, t->lay.lead);
 }
 
 // --dump, a testing aid (single rank): step 0's global batch tokens, the first micro-batch's logits
@@ -758,7 +884,7 @@ static void trainer_finish(Trainer *t) {
         ckpt_finish(t->ckpt); // the last checkpoint complete, manifest included
         log_checkpoints(t);
     }
-    report_memory_peak(&t->rep, &t->model);
+    if (o->mode == MODE_TRAIN) report_memory_peak(&t->rep, &t->model); // every rank alike
     report_close(&t->rep);
     if (o->save_model) {
         size_t full_n = gpt2_param_layout(&t->cfg, (size_t[NUM_PARAM_TENSORS]){ 0 }, (size_t[NUM_PARAM_TENSORS]){ 0 });
@@ -784,6 +910,7 @@ static void trainer_finish(Trainer *t) {
     if (t->have_train) tokenset_close(&t->train);
     if (o->val) tokenset_close(&t->val);
     if (t->have_tk) tokenizer_free(&t->tk);
+    free(t->prompt);
     layout_disconnect(&t->lay);
 }
 

@@ -344,6 +344,8 @@ t_torch_bf16_generic() {
 t_attention_torch() { have_torch || return $?; $PY test/attention_ref.py ./build/attention_check; }
 # the Llama family's CPU ops (RMSNorm, RoPE, SwiGLU, grouped-query attention with RoPE fused) against PyTorch
 # token shards of both llm.c headers (uint16 GPT-2, uint32 Llama 3) written with numpy, read by ./train (--dump)
+t_cli_ux() { bash test/cli_ux.sh $TRAIN "$WORK/ux"; }
+t_sample_eval() { have_torch || return $?; $PY test/sample_eval.py $TRAIN "$WORK/se"; }
 t_shards_u32() { $PY -c 'import numpy' 2>/dev/null || { echo "python3-numpy is not installed"; return 77; }; $PY test/shards_u32.py $TRAIN "$WORK/u32"; }
 t_llama_kernels() { have_torch || return $?; $PY test/llama_ref.py ./build/llama_check; }
 # Hugging Face checkpoints (hf.c through ./train hf-inspect, the ASan build): files of the safetensors package
@@ -907,7 +909,7 @@ t_context_parallel_errors() {
     expect_error "--cp 2 cuts each sequence into 4 chunks: --seq-len 30 must be divisible by 4" --nproc 2 --cp 2 "${s[@]}" --max-seq-len 30 || ok=1
     expect_error "--tp 1 x --cp 3 x --pp 1 = 3 does not divide the 4 ranks" --nproc 4 --cp 3 "${s[@]}" --seq-len 36 || ok=1
     expect_error "--sp splits each rank's 6 positions (--seq-len 12 / --cp 2) over the --tp 4 ranks" --nproc 8 --cp 2 --tp 4 --sp "${s[@]}" --seq-len 12 || ok=1
-    expect_error "--cp must be between 1 and 4096, got 0" "${s[@]}" --cp 0 || ok=1
+    expect_error "--cp must be between 1 and 4096, got '0'" "${s[@]}" --cp 0 || ok=1
     return $ok
 }
 
@@ -1368,6 +1370,8 @@ run_test model   t_torch_bf16_generic      "PyTorch reference: bf16 on the gener
 run_test kernels t_attention_torch         "attention against PyTorch: whole sequence and zigzag context-parallel blocks"
 run_test model   t_grad_accum              "gradient accumulation equals the large batch"
 run_test model   t_determinism             "bitwise determinism across reruns and thread counts (fp32 and bf16)"
+run_test cli     t_cli_ux                  "every subcommand's --help; llm.c's short flags; one number parser (trainer and planner); defaults from the data"
+run_test cli     t_sample_eval             "sample and eval: the training run's validation loss on every layout, PyTorch's loss and greedy decoding, seeded samples"
 run_test cli     t_profile                 "--profile splits each step into matmuls, attention and the rest"
 run_test memory  t_activation_memory       "activation memory is linear in T (no T x T attention buffers)"
 run_test model   t_model_roundtrip         "model files round trip (fp32 bitwise, bf16 exact)"
