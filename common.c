@@ -315,11 +315,11 @@ double now_seconds(void) {
 // ---------------------------------------------------------------------------------------------
 // number parsing (common.h)
 
-const Unit NO_UNITS[] = { { NULL, 0 } };
-const Unit TOKEN_UNITS[] = { { "K", 1024.0 }, { "M", 1048576.0 }, { "G", 1073741824.0 }, { NULL, 0 } };
-const Unit COUNT_UNITS[] = { { "K", 1e3 }, { "M", 1e6 }, { "B", 1e9 }, { "T", 1e12 }, { NULL, 0 } };
-const Unit FLOP_UNITS[] = { { "G", 1e9 }, { "T", 1e12 }, { "P", 1e15 }, { NULL, 0 } };
-const Unit BYTE_UNITS[] = { { "B", 1 },           { "KB", 1e3 },          { "MB", 1e6 },
+const NumUnit NO_UNITS[] = { { NULL, 0 } };
+const NumUnit TOKEN_UNITS[] = { { "K", 1024.0 }, { "M", 1048576.0 }, { "G", 1073741824.0 }, { NULL, 0 } };
+const NumUnit COUNT_UNITS[] = { { "K", 1e3 }, { "M", 1e6 }, { "B", 1e9 }, { "T", 1e12 }, { NULL, 0 } };
+const NumUnit FLOP_UNITS[] = { { "G", 1e9 }, { "T", 1e12 }, { "P", 1e15 }, { NULL, 0 } };
+const NumUnit BYTE_UNITS[] = { { "B", 1 },           { "KB", 1e3 },          { "MB", 1e6 },
                             { "GB", 1e9 },        { "TB", 1e12 },         { "KiB", 1024.0 },
                             { "MiB", 1048576.0 }, { "GiB", 1073741824.0 }, { "TiB", 1099511627776.0 },
                             { NULL, 0 } };
@@ -349,9 +349,9 @@ static size_t decimal_prefix(const char *s, int *real) {
     return i;
 }
 
-static const Unit *find_unit(const char *flag, const char *s, const char *suffix, const Unit *units, int whole) {
+static const NumUnit *find_unit(const char *flag, const char *s, const char *suffix, const NumUnit *units, int whole) {
     if (!*suffix) return NULL;
-    const Unit *u = units;
+    const NumUnit *u = units;
     while (u->suffix && strcmp(suffix, u->suffix)) u++;
     if (u->suffix) return u;
     if (units == NO_UNITS) die("%s expects %s, got '%s'", flag, whole ? "an integer" : "a number", s);
@@ -366,7 +366,7 @@ static void die_range(const char *flag, const char *s, double lo, double hi, int
     die("%s must be between %g and %g, got '%s'", flag, lo, hi, s);
 }
 
-double parse_number(const char *flag, const char *s, const Unit *units, double lo, double hi, int whole) {
+double parse_number(const char *flag, const char *s, const NumUnit *units, double lo, double hi, int whole) {
     int real;
     size_t n = decimal_prefix(s, &real);
     if (!n) die("%s expects %s, got '%s'", flag, whole ? "an integer" : "a number", s);
@@ -374,7 +374,7 @@ double parse_number(const char *flag, const char *s, const Unit *units, double l
     if (n >= sizeof num) die("%s: '%s' is too long a number", flag, s);
     memcpy(num, s, n);
     num[n] = 0;
-    const Unit *u = find_unit(flag, s, s + n, units, whole);
+    const NumUnit *u = find_unit(flag, s, s + n, units, whole);
     errno = 0;
     double v = strtod(num, NULL);
     if (errno || !isfinite(v)) die("%s: '%s' is out of range", flag, s);
@@ -391,7 +391,7 @@ long long parse_int(const char *flag, const char *s, long long lo, long long hi)
         double v = parse_number(flag, s, TOKEN_UNITS, (double)lo, (double)hi, 1);
         return (long long)v;
     }
-    const Unit *u = find_unit(flag, s, s + n, TOKEN_UNITS, 1);
+    const NumUnit *u = find_unit(flag, s, s + n, TOKEN_UNITS, 1);
     char num[64];
     if (n >= sizeof num) die("%s: '%s' is too long a number", flag, s);
     memcpy(num, s, n);

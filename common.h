@@ -76,10 +76,10 @@ double now_seconds(void); // monotonic clock
 typedef struct {
     const char *suffix;
     double mult;
-} Unit;
-extern const Unit NO_UNITS[], TOKEN_UNITS[], COUNT_UNITS[], FLOP_UNITS[], BYTE_UNITS[];
+} NumUnit;
+extern const NumUnit NO_UNITS[], TOKEN_UNITS[], COUNT_UNITS[], FLOP_UNITS[], BYTE_UNITS[];
 // whole: the value (after its unit) must be an integer; the limits are then printed as integers.
-double parse_number(const char *flag, const char *s, const Unit *units, double lo, double hi, int whole);
+double parse_number(const char *flag, const char *s, const NumUnit *units, double lo, double hi, int whole);
 // An integer (exact up to 2^63 - 1) with an optional K/M/G (2^10, 2^20, 2^30) in [lo, hi].
 long long parse_int(const char *flag, const char *s, long long lo, long long hi);
 // A finite number without units in [lo, hi].
