@@ -172,6 +172,14 @@ t_emu_multirank() {
     $PY test/compare_runs.py 1e-4 "$d/one" "$d/dp2z0" "$d/dp2z1" "$d/dp2z2" "$d/dp2z3" "$d/tp2" "$d/pp2" "$d/cp2" "$d/dp2gpus" \
         "$d/dp2tcp" "$d/dp2own" "$d/tp2dp2" "$d/tp2pp2" || ok=1
     for z in 1 2 3; do cmp "$d/dp2z0.bin" "$d/dp2z$z.bin" && echo "ZeRO-$z bitwise ZeRO-0" || ok=1; done
+    # four blocks: interleaved PP 2 x V 2, and a 3-D layout, TP 2 x PP 2 x DP 2 (ZeRO-1), eight ranks on one GPU
+    local deep=("${shape[@]}" --layers 4 --micro-batch 1 --batch-tokens 128)
+    $EMU_TRAIN "${deep[@]}" --log "$d/one4.jsonl" --save-model "$d/one4.bin" >"$d/one4.out" 2>&1 || { tail -n 5 "$d/one4.out"; return 1; }
+    $EMU_TRAIN --nproc 2 --pp 2 --pp-virtual 2 "${deep[@]}" --log "$d/pp2v2.jsonl" --save-model "$d/pp2v2.bin" >"$d/pp2v2.out" 2>&1 ||
+        { echo "interleaved pp2 x v2 failed:"; tail -n 5 "$d/pp2v2.out"; ok=1; }
+    $EMU_TRAIN --nproc 8 --tp 2 --pp 2 --zero 1 "${deep[@]}" --log "$d/3d.jsonl" --save-model "$d/3d.bin" >"$d/3d.out" 2>&1 ||
+        { echo "tp2 x pp2 x dp2 failed:"; tail -n 5 "$d/3d.out"; ok=1; }
+    $PY test/compare_runs.py 1e-4 "$d/one4" "$d/pp2v2" "$d/3d" || ok=1
     cmp "$d/dp2z1.bin" "$d/dp2own.bin" && echo "a GPU each (seen as device 0) bitwise one GPU" || ok=1
     return $ok
 }
