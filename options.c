@@ -521,9 +521,15 @@ static void model_source(Options *o) {
                 o->model_path);
         char *path = xmalloc(SAFE_PATH_MAX);
         ckpt_path(o->model_path, step, path, SAFE_PATH_MAX);
-        o->resume_path = path; // lives for the run
+        o->resume_path = o->owned_path = path; // lives for the run (options_free)
     }
     free(manifest);
+}
+
+void options_free(Options *o) {
+    free(o->argv_store);
+    free(o->owned_path);
+    o->argv_store = NULL, o->owned_path = NULL;
 }
 
 void parse_options(Options *o, int argc_in, char **argv_in) {
@@ -534,6 +540,7 @@ void parse_options(Options *o, int argc_in, char **argv_in) {
                     .seed = 1337, .dtype = -1, .schedule = "cosine", .bucket_mb = 25,
                     .comm_timeout = 300, .tp = 1, .pp = 1, .pp_virtual = 1, .cp = 1, .straggler = 0.5f,
                     .straggler_steps = 5, .ib_gid_index = -1 };
+    o->argv_store = argv;
     int first = 1;
     if (argc >= 2 && !strcmp(argv[1], "sample")) o->mode = MODE_SAMPLE, first = 2;
     else if (argc >= 2 && !strcmp(argv[1], "eval")) o->mode = MODE_EVAL, first = 2;

@@ -27,6 +27,8 @@ typedef struct {
     int ckpt_every, keep, resume, max_restarts, straggler_steps, allow_data_change;
     float skip_spikes, straggler;
     int transport;
+    char **argv_store; // parse_options' argv (llm.c's flags translated), which the strings above point into
+    char *owned_path;  // a --model checkpoint path parse_options built
     const char *ib_dev;
     int ib_gid_index; // -1: automatic
 } Options;
@@ -37,6 +39,7 @@ typedef struct {
 // model file: init_from; a checkpoint, or a directory of them: resume_path) that samples once or
 // validates once.
 void parse_options(Options *o, int argc, char **argv);
+void options_free(Options *o); // what parse_options allocated (the translated argv the options point into)
 // Context parallelism cuts each sequence into 2·cp chunks, and sequence parallelism splits a rank's
 // positions over the tensor-parallel group: T must divide for both. Returns 0, or -1 with the reason.
 int context_split_error(const Options *o, int T, char *err, size_t cap);

@@ -932,6 +932,7 @@ static int train_main(int argc, char **argv) {
     }
     trainer_finish(&t);
     int status = trainer_status(&t);
+    options_free(&t.o);
     return status ? status : stop_signal == SIGINT ? 128 + SIGINT : 0;
 }
 
@@ -1019,7 +1020,9 @@ int main(int argc, char **argv) {
         if (check_layout(&o, &cfg, nproc, &b, err, sizeof err)) die("%s", err); // no rank started for it
         Faults faults;
         parse_faults(&faults, 0, nproc); // a malformed LLM4D_FAULT too
-        return launch_with_restarts(&o, nproc, argc, argv);
+        int rc = launch_with_restarts(&o, nproc, argc, argv);
+        options_free(&o);
+        return rc;
     }
     return train_main(argc, argv);
 }
