@@ -37,7 +37,18 @@ typedef struct {
     int log;            // rank 0 prints one line: the ranks, nodes and the transport of each pair
     const char *ib_dev; // RDMA device "name" or "name:port" (--ib-dev); NULL: the first active port
     int ib_gid_index;   // RoCE GID index (--ib-gid-index); -1: RoCE v2 over IPv4 found automatically
+    // CommAlgo, for every communicator of the world (--algo). auto: the fan-in on one node, the
+    // hierarchy across nodes (the ring where nodes hold different numbers of a communicator's members)
+    int algo;
 } CommOptions;
+typedef enum { COMM_ALGO_AUTO = 0, COMM_ALGO_FANIN, COMM_ALGO_RING, COMM_ALGO_HIER } CommAlgo;
+// "auto", "fanin", "ring" or "hier"; -1 otherwise.
+int comm_parse_algo(const char *s);
+// The algorithm communicator c runs ("fanin", "ring" or "hier"), and its open connections.
+const char *comm_algo(const Comm *c);
+int comm_connections(const Comm *c);
+// Member r's node, numbered by first appearance in rank order (the hierarchy's layout).
+int comm_node(const Comm *c, int r);
 
 // Bootstraps the world communicator.
 Comm *comm_init(const LaunchEnv *env, const CommOptions *opt);

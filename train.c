@@ -130,6 +130,12 @@ static const char USAGE[] =
     "                             (InfiniBand, RoCE) where both ranks have an active RDMA port, TCP\n"
     "                             otherwise; shm, tcp and verbs force one for every pair (rank 0 prints\n"
     "                             the choice at start)\n"
+    "  --algo auto|fanin|ring|hier\n"
+    "                             how collectives move data: fanin (each rank owns a segment and every\n"
+    "                             rank connects to every other), ring (two neighbours per rank; the same\n"
+    "                             bits as fanin), hier (fan-in inside each node, a ring across the nodes\n"
+    "                             per local rank; sums each node first); auto (default): fanin inside one\n"
+    "                             node, hier across nodes (ring where nodes hold unequal numbers of ranks)\n"
     "  --ib-dev NAME[:PORT]       RDMA device and port for verbs (default: the first active port)\n"
     "  --ib-gid-index N           RoCE GID index (default: the port's RoCE v2 GID of an IPv4 address)\n"
     "\n"
@@ -193,6 +199,7 @@ typedef struct {
     int ckpt_every, keep, resume, max_restarts, straggler_steps, allow_data_change;
     float skip_spikes, straggler;
     int transport;
+    int algo; // CommAlgo
     const char *ib_dev;
     int ib_gid_index; // -1: automatic
 } Options;
@@ -328,7 +335,9 @@ static void parse_options(Options *o, int argc, char **argv) {
         else if (IS("--skip-spikes")) o->skip_spikes = parse_float(f, v, 0, 1e30);
         else if (IS("--straggler")) o->straggler = parse_float(f, v, 0, 1e6);
         else if (IS("--straggler-steps")) o->straggler_steps = (int)parse_int(f, v, 1, INT32_MAX);
-        else if (IS("--transport")) {
+        else if (IS("--algo")) {
+            if ((o->algo = comm_parse_algo(v)) < 0) die("--algo must be auto, fanin, ring or hier, got '%s'", v);
+        } else if (IS("--transport")) {
             o->transport = comm_parse_transport(v);
             if (o->transport < 0) die("--transport must be auto, shm, tcp or verbs, got '%s'", v);
         }
@@ -611,7 +620,7 @@ static int layout_error(const Options *o, int nranks, char *err, size_t cap) {
 static void topology_init(Topology *t, const Options *o) {
     memset(t, 0, sizeof *t);
     if (launch_env_read(&t->env)) {
-        CommOptions copt = { .timeout = o->comm_timeout, .transport = o->transport, .log = 1, .ib_dev = o->ib_dev,
+        CommOptions copt = { .timeout = o->comm_timeout, .transport = o->transport, .algo = o->algo, .log = 1, .ib_dev = o->ib_dev,
                              .ib_gid_index = o->ib_gid_index };
         t->world = comm_init(&t->env, &copt);
     }
