@@ -11,7 +11,10 @@
 // of the vector, as in a ring, and each output element depends on that element alone, never on
 // where a segment, chunk or caller's bucket starts. All-reduce is that reduce-scatter followed by an
 // all-gather of the owners' segments; a small all-reduce skips the second step: every rank sends its
-// whole vector to every other and each adds all n in the same order.
+// whole vector to every other and each adds all n in the same order. That is the fan-in (ALGO_FANIN);
+// the ring (ALGO_RING: the same order along a chain of neighbours) and the hierarchy (ALGO_HIER:
+// fan-in inside each node, a ring across the nodes) follow the owner's reduction, each with its own
+// section below; the planner of each operation dispatches on the communicator's algorithm.
 #define _GNU_SOURCE
 #include "algorithms.h"
 

@@ -9,9 +9,11 @@
 // nodes). Every communicator has its own connections and its own progress thread, so collectives on
 // different communicators run concurrently, while the operations issued on one communicator run in
 // issue order (as on a CUDA stream); a blocking call runs its operation on the caller's thread when
-// the communicator is idle. Reductions add the ranks' contributions in rank order, 0, 1, ..., n-1,
-// whatever the message size, so each output element is a function of that element's inputs alone:
-// bitwise the same on every rank, every run, every bucket or chunk boundary.
+// the communicator is idle. Reductions add the ranks' contributions in rank order, 0, 1, ..., n-1
+// (--algo fanin and ring; hier adds each node's members in rank order, then the nodes in order),
+// whatever the message size, so each output element is a function of that element's inputs and the
+// layout alone: bitwise the same on every rank, every run, every bucket or chunk boundary. A
+// communicator connects only the pairs its algorithm uses (CommOptions.algo).
 #ifndef LLM4D_COLLECTIVES_H
 #define LLM4D_COLLECTIVES_H
 
