@@ -6,11 +6,13 @@
 #   two simulated nodes (network namespaces joined by a veth pair, as test/two_nodes.sh; root only):
 #             4 and 8 ranks, half on each, TCP across: hier against fanin.
 # A figure, never pass/fail; the load average is printed (the machine may be shared). Environment:
-# RUNS, MIN_BYTES, MAX_BYTES, NPROCS ("2 4"), NODE_NPROCS ("4 8"), OP (allreduce).
+# RUNS, MIN_BYTES, MAX_BYTES, NPROCS ("2 4"), NODE_NPROCS ("4 8"), OP (allreduce), ITERS (bench-comm's
+# --iters per size; unset: its own choice) and WARMUP (5).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x ./train ] || make train >/dev/null
 RUNS=${RUNS:-3} MIN=${MIN_BYTES:-1M} MAX=${MAX_BYTES:-64M} OP=${OP:-allreduce}
+BENCH=(--op "$OP" --min-bytes "$MIN" --max-bytes "$MAX" --warmup "${WARMUP:-5}" ${ITERS:+--iters "$ITERS"})
 W=$(mktemp -d /tmp/llm4d-algo.XXXXXX)
 NS=()
 cleanup() {
@@ -42,12 +44,12 @@ table() {
         }' "$@"
 }
 
-echo "algorithms: $OP busbw, $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg) at start; median of $RUNS runs"
+echo "algorithms: $OP busbw (bench-comm ${BENCH[*]}), $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg) at start; median of $RUNS runs"
 for n in ${NPROCS:-2 4}; do
     rm -f "$W"/*.[0-9]*
     for run in $(seq "$RUNS"); do
         for a in fanin ring hier; do
-            ./train bench-comm --nproc "$n" --op "$OP" --min-bytes "$MIN" --max-bytes "$MAX" --algo "$a" >"$W/$a.$run"
+            ./train bench-comm --nproc "$n" "${BENCH[@]}" --algo "$a" >"$W/$a.$run"
         done
     done
     echo
@@ -75,8 +77,8 @@ run_nodes() {
         nsenter --net="/run/netns/llm4d-algo-$$-$node" unshare --uts \
             env -u LLM4D_NODE_ID RANK=$rank WORLD_SIZE=$n LOCAL_RANK=$((rank % half)) LOCAL_WORLD_SIZE=$half NODE_RANK=$node \
             MASTER_ADDR=10.201.0.1 MASTER_PORT=$port LLM4D_JOB_TOKEN=algo$$ \
-            sh -c 'hostname "$0" && exec "$@"' "llm4d-algo-node$node" ./train bench-comm --op "$OP" --min-bytes "$MIN" \
-            --max-bytes "$MAX" --algo "$a" --comm-timeout 120 >"$out.rank$rank" 2>&1 &
+            sh -c 'hostname "$0" && exec "$@"' "llm4d-algo-node$node" ./train bench-comm "${BENCH[@]}" \
+            --algo "$a" --comm-timeout 120 >"$out.rank$rank" 2>&1 &
         pids+=($!)
     done
     for p in "${pids[@]}"; do wait "$p" || { cat "$out".rank*; return 1; }; done
