@@ -37,7 +37,7 @@ table() {
             for (r = 1; r <= rows; r++) {
                 printf "%12d", bytes[r]
                 for (i = 1; i <= na; i++) { for (k = 1; k <= runs; k++) v[k] = bw[order[i], r, k]; m[i] = median(v, runs); printf " %11.3f", m[i] }
-                for (i = 2; i <= na; i++) printf " %12.2f", m[1] > 0 ? m[i] / m[1] : 0
+                for (i = 2; i <= na; i++) printf " %12.2f", (m[1] > 0 ? m[i] / m[1] : 0)
                 printf "\n"
             }
             if (bad) print "warning: a run reported a wrong result"
