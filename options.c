@@ -162,6 +162,13 @@ static const char USAGE[] =
     "                             (InfiniBand, RoCE) where both ranks have an active RDMA port, TCP\n"
     "                             otherwise; shm, tcp and verbs force one for every pair (rank 0 prints\n"
     "                             the choice at start)\n"
+    "  --algo auto|fanin|ring|hier\n"
+    "                             how collectives move data: fanin (each rank owns a segment and every\n"
+    "                             rank connects to every other), ring (two neighbours per rank; the same\n"
+    "                             bits as fanin), hier (fan-in inside each node, a ring across the nodes\n"
+    "                             per local rank; sums each node first); auto (default): fanin inside one\n"
+    "                             node, hier across nodes (ring where nodes hold unequal numbers of ranks);\n"
+    "                             on --device cuda auto is fanin (ring and hier move host memory only)\n"
     "  --ib-dev NAME[:PORT]       RDMA device and port for verbs (default: the first active port)\n"
     "  --ib-gid-index N           RoCE GID index (default: the port's RoCE v2 GID of an IPv4 address)\n"
     "\n"
@@ -377,7 +384,9 @@ static void parse_valued_flag(Options *o, int argc, char **argv, int *ip) {
     else if (IS("--skip-spikes")) o->skip_spikes = parse_float(f, v, 0, 1e30);
     else if (IS("--straggler")) o->straggler = parse_float(f, v, 0, 1e6);
     else if (IS("--straggler-steps")) o->straggler_steps = (int)parse_int(f, v, 1, INT32_MAX);
-    else if (IS("--transport")) {
+    else if (IS("--algo")) {
+        if ((o->algo = comm_parse_algo(v)) < 0) die("--algo must be auto, fanin, ring or hier, got '%s'", v);
+    } else if (IS("--transport")) {
         o->transport = comm_parse_transport(v);
         if (o->transport < 0) die("--transport must be auto, shm, tcp or verbs, got '%s'", v);
     }

@@ -27,6 +27,7 @@ typedef struct {
     int ckpt_every, keep, resume, max_restarts, straggler_steps, allow_data_change;
     float skip_spikes, straggler;
     int transport;
+    int algo; // CommAlgo
     const char *ib_dev;
     int ib_gid_index; // -1: automatic
 } Options;

@@ -287,7 +287,10 @@ static void layout_init(Layout *l, LaunchEnv *env, const Options *o) {
     Comm *world = NULL;
     memset(env, 0, sizeof *env);
     if (launch_env_read(env)) {
-        CommOptions copt = { .timeout = o->comm_timeout, .transport = o->transport, .log = 1, .ib_dev = o->ib_dev,
+        // the ring and the hierarchy move host memory only so far: a GPU run's auto stays with the fan-in
+        int gpu = o->device ? !strcmp(o->device, "cuda") : cuda_device_count() > 0;
+        int algo = o->algo == COMM_ALGO_AUTO && gpu ? COMM_ALGO_FANIN : o->algo;
+        CommOptions copt = { .timeout = o->comm_timeout, .transport = o->transport, .algo = algo, .log = 1, .ib_dev = o->ib_dev,
                              .ib_gid_index = o->ib_gid_index };
         world = comm_init(env, &copt);
     }

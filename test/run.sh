@@ -603,6 +603,50 @@ t_collectives_device() {
         { echo "device collectives over TCP failed on 3 ranks"; return 1; }
 }
 
+# A port for test/fake_nodes.sh below the ephemeral range (other jobs on the machine use their own).
+fake_port() { echo $((20000 + RANDOM % 12000)); }
+# NODES... -- COMMAND: test/fake_nodes.sh on a port of its own.
+fake_nodes() { FAKE_NODES_PORT=$(fake_port) timeout 600 sh test/fake_nodes.sh "$@"; }
+# "n0 n0 ... n1 ..." : NODES names of PER ranks each.
+node_names() { local m l; for ((m = 0; m < $1; m++)); do for ((l = 0; l < $2; l++)); do printf 'n%d ' $m; done; done; }
+
+# The collective suite under each --algo (test/test_comm.c's reference adds in the order the algorithm
+# promises: rank order for the fan-in and the ring, node by node for the hierarchy; bitwise), on one
+# node (shared memory) and on simulated nodes (shared memory inside, TCP across; test/fake_nodes.sh),
+# with each rank's connections counted (two for a ring).
+t_collectives_algos() {
+    local out
+    for a in ring hier; do # (the fan-in: t_collectives)
+        timeout 600 ./build/test_comm --nproc 4 --comm-timeout 60 --algo $a || { echo "--algo $a failed on 4 ranks"; return 1; }
+    done
+    timeout 600 ./build/test_comm --nproc 3 --comm-timeout 60 --algo ring --small || { echo "--algo ring failed on 3 ranks"; return 1; }
+    for spec in "hier:2 2" "ring:2 2" "auto:3 2" "hier:3 1"; do
+        local a=${spec%%:*} shape=${spec#*:}
+        out=$(fake_nodes $(node_names $shape) -- ./build/test_comm --comm-timeout 60 --algo $a --small 2>&1) ||
+            { echo "$out" | grep -E "FAIL|rror" | head; echo "--algo $a failed on nodes x ranks $shape"; return 1; }
+        echo "$out" | grep -E '^\[0\] (world:|collectives on)'
+    done
+    # auto across nodes with unequal numbers of ranks: the ring
+    out=$(fake_nodes n0 n0 n0 n1 -- ./build/test_comm --comm-timeout 60 --small 2>&1) || { echo "auto on 3+1 ranks failed"; return 1; }
+    grep -q '^\[0\] world: 4 rank(s) on 2 node(s), algorithm ring' <<<"$out" || { echo "auto on 3+1 ranks did not take the ring"; return 1; }
+    out=$(fake_nodes n0 n0 n0 n1 -- ./build/test_comm --comm-timeout 60 --algo hier 2>&1) && { echo "--algo hier on 3+1 ranks ran"; return 1; }
+    grep -q 'communicator world: --algo hier needs as many members of the communicator on each node' <<<"$out" ||
+        { echo "--algo hier on 3+1 ranks: no clear error"; echo "$out" | tail -3; return 1; }
+}
+
+# Scale: 32 and 64 ranks, the small suite of every collective (bitwise against the serial reference)
+# and each rank's connections counted: the ring on one node (shared memory) and across 4 simulated
+# nodes, the hierarchy on 8 nodes of 4 and of 8.
+t_comm_scale() {
+    local out
+    for spec in "ring:1 32" "hier:8 4" "ring:4 16" "hier:8 8"; do
+        local a=${spec%%:*} shape=${spec#*:}
+        out=$(fake_nodes $(node_names $shape) -- ./build/test_comm --comm-timeout 120 --algo $a --quick 2>&1) ||
+            { echo "$out" | grep -E "FAIL|rror" | head; echo "--algo $a failed on nodes x ranks $shape"; return 1; }
+        echo "$out" | grep -E '^\[0\] (world:|collectives on)'
+    done
+}
+
 # Two nodes simulated with network namespaces (shared memory inside a node, TCP across), and the
 # collectives' failure modes: a rank that never joins, a rank killed mid-collective, a wrong token,
 # random bytes at the bootstrap port, SIGTERM to the launcher.
@@ -670,6 +714,39 @@ t_data_parallel() {
     timeout 300 $TRAIN --nproc 3 "${DPFLAGS[@]}" --train "$DATA/train.bin" --batch-tokens 576 --zero 3 \
         --log "$d/rerun.jsonl" --save-model "$d/rerun.bin" >/dev/null || return 1
     cmp "$d/rerun.bin" "$d/dp3_m3_z3.bin" || { echo "rerun differs"; ok=1; }
+    return $ok
+}
+
+# Data parallelism under --algo ring (one node) and --algo hier (simulated nodes: DP 2 on 2 x 1, 3 on
+# 3 x 1, 4 on 2 x 2): ZeRO 0-3 and bucket sizes 0.02 and 0 bitwise equal per algorithm, equal to one
+# rank within 1e-5; the ring also bitwise equal to the fan-in (the same order of addition).
+t_data_parallel_algos() {
+    have_torch || return $?
+    local d=$WORK/dp_algos ok=0
+    mkdir -p "$d"
+    local -A shape=([2]="2 1" [3]="3 1" [4]="2 2")
+    for dp in 2 3 4; do
+        local tokens=$((dp * 64))
+        $TRAIN "${DPFLAGS[@]}" --train "$DATA/train.bin" --batch-tokens $tokens --log "$d/ref_$dp.jsonl" --save-model "$d/ref_$dp.bin" >/dev/null || return 1
+        timeout 300 $TRAIN --nproc $dp "${DPFLAGS[@]}" --train "$DATA/train.bin" --batch-tokens $tokens --algo fanin \
+            --comm-timeout 60 --save-model "$d/fanin_$dp.bin" >/dev/null || { echo "DP $dp fanin failed"; return 1; }
+        for a in ring hier; do
+            local runs=()
+            for z in 0 1 2 3; do
+                for b in 0.02 0; do
+                    local name="$d/${a}_${dp}_z${z}_b$b"
+                    local flags=("${DPFLAGS[@]}" --train "$DATA/train.bin" --batch-tokens $tokens --zero $z --bucket-mb $b --algo $a
+                        --comm-timeout 60 --log "$name.jsonl" --save-model "$name.bin")
+                    if [ $a = ring ]; then timeout 300 $TRAIN --nproc $dp "${flags[@]}" >/dev/null
+                    else fake_nodes $(node_names ${shape[$dp]}) -- $TRAIN "${flags[@]}" >/dev/null; fi || { echo "DP $dp --algo $a ZeRO-$z bucket $b failed"; return 1; }
+                    [ $b = 0.02 ] && runs+=("$name")
+                    cmp "$d/${a}_${dp}_z0_b0.02.bin" "$name.bin" || { echo "DP $dp --algo $a: ZeRO-$z bucket $b differs from ZeRO-0 bucket 0.02"; ok=1; }
+                done
+            done
+            $PY test/compare_runs.py 1e-5 "$d/ref_$dp" "${runs[@]}" || ok=1
+        done
+        cmp "$d/fanin_$dp.bin" "$d/ring_${dp}_z0_b0.02.bin" || { echo "DP $dp: the ring differs from the fan-in"; ok=1; }
+    done
     return $ok
 }
 
@@ -1381,11 +1458,14 @@ run_test cli     t_bad_input               "bad input: one-line errors, non-zero
 run_test model   t_learns                  "the model learns and samples"
 run_test comm    t_collectives             "collectives: every op, type, count, placement; 1-8 ranks; sub-communicators"
 run_test comm    t_collectives_device      "device memory in the collectives (CPU stand-in): CUDA IPC protocol, marks, TCP staging; 2-3 ranks"
+run_test comm    t_collectives_algos       "collectives under --algo ring and hier: bitwise against the order each promises; simulated nodes; connections counted"
+run_test comm    t_comm_scale              "collectives at 32 and 64 ranks (ring, hierarchy on simulated nodes): bitwise, two connections per ring rank"
 run_test comm    t_two_nodes               "collectives across two simulated nodes (network namespaces)"
 run_test comm    t_comm_failures           "collectives: dead, missing and impostor ranks, SIGTERM"
 run_test slurm   t_slurm                   "Slurm: 2 nodes x 2 ranks under srun and sbatch equal one rank"
 run_test slurm   t_usr1                    "SIGUSR1 (Slurm time-limit warning) stops every rank cleanly"
 run_test dp      t_data_parallel           "data parallel DP 2,3,4 x ZeRO 0-3 x M 1,3 equals one rank; stages and bucket sizes 0, 0.02, 25 bitwise"
+run_test dp      t_data_parallel_algos     "data parallel under --algo ring and hier (simulated nodes): ZeRO 0-3 x buckets bitwise per algorithm, one rank within 1e-5"
 run_test dp      t_data_parallel_bf16_clip "data parallel bf16 and active clipping equal one rank"
 run_test memory  t_zero_memory_accum       "ZeRO-2/3 gradients 4/N with one micro-batch, 4 + 4/N with more (the accumulation buffer named); DP x CP = 1 says ZeRO has nothing to shard"
 run_test memory  t_zero_memory             "ZeRO memory per rank at DP 4 follows the formula"
