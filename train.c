@@ -495,6 +495,12 @@ static void build_model(Trainer *t, float *host_params) {
     const Options *o = &t->o;
     Layout *l = &t->lay;
     int P = l->pp.size, V = P > 1 ? o->pp_virtual : 1;
+    int kind = o->pp_schedule >= 0 ? o->pp_schedule : V > 1 ? SCHED_INTERLEAVED : SCHED_1F1B;
+    if (kind == SCHED_ZBV)
+        die("--pp-schedule zb-v: the V placement (the head on the first stage) is not built yet; ./train schedule prints it");
+    if (V > 1 && kind != SCHED_INTERLEAVED)
+        die("--pp-schedule %s runs one chunk per stage: --pp-virtual %d is for the interleaved schedule", SCHEDULE_NAMES[kind], V);
+    l->schedule = P > 1 ? kind : SCHED_1F1B; // one stage: nothing to schedule
     if (V > 1 && t->lay.accum % P)
         die("--pp-virtual %d: the %d micro-batch(es) per step must be a multiple of --pp %d for the interleaved schedule",
             V, t->lay.accum, P);
