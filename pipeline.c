@@ -126,8 +126,10 @@ static void backward_op(Pipeline *p, int mb, int chunk, int M, int B, int T, flo
 // W: the weight gradients B left for micro-batch mb's chunk. ZeRO hears "ready" from here (the
 // micro-batch's last contribution), so it is told which micro-batch this is.
 static void weight_op(Pipeline *p, int mb, int chunk, int M) {
+    double t0 = now_seconds();
     zero_begin_backward(p->zero, mb == M - 1);
     gpt2_backward_weight_chunk(p->model, chunk, mb % p->model->lay->nslots);
+    p->times->pipe_w_s += now_seconds() - t0;
     trace_op(p, 'W', mb, chunk);
     p->live--;
 }

@@ -1,6 +1,7 @@
 // report.c: the header, the step lines and the --log records, stragglers, memory lines (report.h).
 #define _GNU_SOURCE
 #include "report.h"
+#include "schedule.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -238,7 +239,8 @@ static void write_trace(const char *dir, int stage, int step, const Pipeline *p)
 }
 
 typedef struct { // what the ranks' gathers say about a step
-    double bubble_max, bubble_mean, bubble_formula; // the share of the step each stage waited, and 1F1B's
+    double bubble_max, bubble_mean, bubble_formula; // the share of the step each stage waited, and the schedule's
+    double *idle, *wfill;                           // [P] per pipeline rank: seconds waited, seconds in W apart
     Spread attn;                                    // attention FLOPs of every rank
     double compute_max, compute_median;
     int slowest;
@@ -278,6 +280,15 @@ static void log_step(const Report *r, int step, const StepResult *s, const StepT
             s->cp_ms, tm->ring_wait_s * 1e3, g->bubble_max, g->bubble_mean, g->bubble_formula, g->attn.min, g->attn.max,
             g->attn.sum, g->compute_max, g->compute_median, g->slowest, s->stall_ms, s->skipped, s->skipped_total);
     if (s->zero3_gathers >= 0) fprintf(r->logf, ",\"zero3_gathers\":%d", s->zero3_gathers);
+    if (g->idle) { // per pipeline rank: busy (the step less its waits), idle (waits), W-fill (W apart from B)
+        const char *key[3] = { "pp_busy_ms", "pp_idle_ms", "pp_wfill_ms" };
+        for (int k = 0; k < 3; k++) {
+            fprintf(r->logf, ",\"%s\":[", key[k]);
+            for (int i = 0; i < r->lay->pp.size; i++)
+                fprintf(r->logf, "%s%.3f", i ? "," : "", k == 0 ? s->ms - g->idle[i] * 1e3 : (k == 1 ? g->idle[i] : g->wfill[i]) * 1e3);
+            fputc(']', r->logf);
+        }
+    }
     if (r->o->profile)
         fprintf(r->logf, ",\"matmul_ms\":%.3f,\"attention_ms\":%.3f", tm->op_s[PROF_MATMUL] * 1e3, tm->op_s[PROF_ATTENTION] * 1e3);
     fputs("}\n", r->logf);
@@ -287,9 +298,16 @@ static void log_step(const Report *r, int step, const StepResult *s, const StepT
 void report_step(Report *r, int step, const StepResult *s, const StepTimes *tm, const Pipeline *p) {
     const Layout *l = r->lay;
     int P = l->pp.size;
-    StepSpread g = { .bubble_formula = (P - 1.0) / ((double)l->chunks * l->accum + P - 1.0) };
+    // the schedule's bubble with equal stages (zb-h1: the paper's (P-1)(F+B-W) over m(F+B+W) plus it, with
+    // F = B = W)
+    StepSpread g = { .bubble_formula = l->schedule == SCHED_ZBH1 ? (P - 1.0) / (3.0 * l->accum + P - 1.0)
+                                                                 : (P - 1.0) / ((double)l->chunks * l->accum + P - 1.0) };
     if (P > 1) { // the bubble: the share of the step each stage waited for activations or gradients
+        g.idle = xmalloc(sizeof(double) * P);
+        g.wfill = xmalloc(sizeof(double) * P);
         Spread b = gather_spread(l->pp.comm, P, tm->pipe_wait_s / (s->ms / 1e3), NULL);
+        gather_spread(l->pp.comm, P, tm->pipe_wait_s, g.idle);
+        gather_spread(l->pp.comm, P, tm->pipe_w_s, g.wfill);
         g.bubble_max = b.max > 0 ? b.max : 0;
         g.bubble_mean = b.mean;
         if (r->o->pp_trace && l->dp.rank == 0 && l->cp.rank == 0 && l->tp.rank == 0)
@@ -300,6 +318,8 @@ void report_step(Report *r, int step, const StepResult *s, const StepTimes *tm, 
     g.attn = gather_spread(l->world, l->world ? l->nranks : 1, tm->attention_flops, NULL);
     if (l->lead) print_step(r, step, s, tm, &g);
     if (r->logf) log_step(r, step, s, tm, &g);
+    free(g.idle);
+    free(g.wfill);
 }
 
 void report_val(Report *r, int step, float val_loss) {
