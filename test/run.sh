@@ -1032,6 +1032,16 @@ PYEOF
         { echo "resume: zb-h1 run failed"; tail -3 "$d/r.out"; return 1; }
     grep -q "^resumed from $d/c1/ckpt_00000002: step 2" "$d/r.out" || { echo "FAIL: did not resume"; ok=1; }
     cmp "$d/r-a.bin" "$d/r-b.bin" || { echo "FAIL: zb-h1 resumed from 1f1b's checkpoint differs"; ok=1; }
+    # the planner's bubble column follows --pp-schedule: the closed forms, computed here
+    for sch in 1f1b interleaved zb-h1 zb-v; do # bubbles 3/11, 3/19, 3/27, 3/51
+        set -- $sch
+        local got want
+        got=$($TRAIN plan --model d12 --gpus 8 --pp 4 --tp 2 --micro-batches 8 --batch-tokens 64K --pp-schedule $1 --json 2>/dev/null |
+            $PY -c 'import json, sys; print(round(100 * [y for y in json.load(sys.stdin)["layouts"] if y["pp"] == 4 and y["tp"] == 2][0]["bubble"], 3))') ||
+            { echo "FAIL: plan --pp-schedule $1"; ok=1; continue; }
+        want=$($PY -c "print(round(100 * 3 / (3 + 8 * {'1f1b': 1, 'interleaved': 2, 'zb-h1': 3, 'zb-v': 6}['$1']), 3))")
+        [ "$got" = "$want" ] || { echo "FAIL: plan --pp-schedule $1 bubble $got% != $want%"; ok=1; }
+    done
     local bad err
     for bad in "--pp-schedule zb-v|--pp-schedule zb-v: the V placement" "--pp-schedule zb-h2|--pp-schedule must be 1f1b, interleaved, zb-h1 or zb-v, got 'zb-h2'" \
         "--pp-schedule 1f1b --pp-virtual 2|--pp-schedule 1f1b runs one chunk per stage: --pp-virtual 2" \
