@@ -44,3 +44,4 @@ for pp in 2 4; do
         done
     done
 done
+echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
