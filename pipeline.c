@@ -127,7 +127,7 @@ static void backward_op(Pipeline *p, int mb, int chunk, int M, int B, int T, flo
 // micro-batch's last contribution), so it is told which micro-batch this is.
 static void weight_op(Pipeline *p, int mb, int chunk, int M) {
     double t0 = now_seconds();
-    zero_begin_backward(p->zero, mb == M - 1);
+    zero_begin_weights(p->zero, mb == M - 1);
     gpt2_backward_weight_chunk(p->model, chunk, mb % p->model->lay->nslots);
     p->times->pipe_w_s += now_seconds() - t0;
     trace_op(p, 'W', mb, chunk);

@@ -978,7 +978,8 @@ PYEOF
 
 # Every schedule pipeline.c executes against 1F1B on the same layout: the final model bitwise (cmp of
 # --save-model) for PP 2 and 4, TP 2, DP 2 x ZeRO 1 and 3 (and ZeRO-2/3 streaming at one micro-batch),
-# CP 2, recompute selective and full, and a resume from a 1f1b checkpoint; zb-h1's trace against 1F1B
+# CP 2, recompute selective and full, and a resume from a 1f1b checkpoint, with as many ZeRO-3 gathers
+# (none in W, which reads no weights); zb-h1's trace against 1F1B
 # computed by pp_schedule.py with each W after its B, in micro-batch order; the refusals, one line each.
 t_pp_zero_bubble() {
     local d=$WORK/zb ok=0
@@ -994,10 +995,13 @@ t_pp_zero_bubble() {
         for sch in 1f1b zb-h1; do
             rm -rf "$d/trace$i-$sch"
             timeout 300 $TRAIN "${args[@]}" "${shape[@]}" --batch-tokens $tokens --pp-schedule $sch --pp-trace "$d/trace$i-$sch" \
-                --save-model "$d/m$i-$sch.bin" >"$d/m$i-$sch.out" 2>&1 || { echo "'$spec' $sch failed"; tail -3 "$d/m$i-$sch.out"; return 1; }
+                --log "$d/m$i-$sch.jsonl" --save-model "$d/m$i-$sch.bin" >"$d/m$i-$sch.out" 2>&1 || { echo "'$spec' $sch failed"; tail -3 "$d/m$i-$sch.out"; return 1; }
         done
         if cmp -s "$d/m$i-1f1b.bin" "$d/m$i-zb-h1.bin"; then echo "ok '$spec' batch $tokens tokens: zb-h1 bitwise 1f1b"
         else echo "FAIL '$spec': zb-h1's model differs from 1f1b's"; ok=1; fi
+        # W reads no weights: ZeRO-3 gathers no more than under 1f1b
+        [ "$(grep -o '"zero3_gathers":[0-9]*' "$d/m$i-1f1b.jsonl")" = "$(grep -o '"zero3_gathers":[0-9]*' "$d/m$i-zb-h1.jsonl")" ] ||
+            { echo "FAIL '$spec': zb-h1's ZeRO-3 gathers differ from 1f1b's"; ok=1; }
         $PY - "$d/trace$i-zb-h1" <<'PYEOF' || { echo "FAIL '$spec': zb-h1 trace"; ok=1; }
 import ast, glob, re, sys
 src = open("test/pp_schedule.py").read()
