@@ -15,6 +15,7 @@
 #include "common.h"
 #include "layout.h"
 #include "model.h"
+#include "schedule.h"
 
 static const char SAMPLE_USAGE[] =
     "usage: ./train sample --model FILE|DIR [--prompt TEXT] [--tokens N] [--temperature F] [--top-k K] [--seed S]\n"
@@ -141,6 +142,10 @@ static const char USAGE[] =
     "  --pp-layers a,b,...        blocks per stage (default: equal, earlier stages one longer)\n"
     "  --pp-virtual V             interleaved 1F1B: each stage holds V chunks of blocks (stage s: chunks s,\n"
     "                             s+N, ...); bubble (N-1)/(V*M+N-1); M must be a multiple of N\n"
+    "  --pp-schedule S            1f1b (default), interleaved (default with --pp-virtual V > 1), zb-h1 (1F1B\n"
+    "                             with each backward split into input (B) and weight (W) halves, the Ws\n"
+    "                             filling the drain: bubble (N-1)(F+B-W) against (N-1)(F+B+W)); the same\n"
+    "                             final model whatever the schedule. zb-v: ./train schedule only (for now)\n"
     "  --pp-trace DIR             testing aid: each stage appends its per-step schedule to DIR/stageS.txt\n"
     "  --cp N                     context parallelism: each sequence cut into 2N chunks, rank c of a group\n"
     "                             of N holding chunks c and 2N-1-c; position-wise work on those, attention\n"
@@ -366,6 +371,10 @@ static void parse_valued_flag(Options *o, int argc, char **argv, int *ip) {
     else if (IS("--pp")) o->pp = (int)parse_int(f, v, 1, 4096);
     else if (IS("--pp-layers")) o->pp_layers = v;
     else if (IS("--pp-virtual")) o->pp_virtual = (int)parse_int(f, v, 1, MAX_CHUNKS);
+    else if (IS("--pp-schedule")) {
+        o->pp_schedule = schedule_parse(v);
+        if (o->pp_schedule < 0) die("--pp-schedule must be 1f1b, interleaved, zb-h1 or zb-v, got '%s'", v);
+    }
     else if (IS("--pp-trace")) o->pp_trace = v;
     else if (IS("--cp")) o->cp = (int)parse_int(f, v, 1, 4096);
     else if (IS("--bucket-mb")) o->bucket_mb = parse_float(f, v, 0, 1e6);
@@ -541,7 +550,7 @@ void parse_options(Options *o, int argc_in, char **argv_in) {
     *o = (Options){ .micro_batch = 4, .steps = 20, .val_steps = 10, .sample_tokens = 64, .lr = 3e-4f,
                     .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .clip = 1.0f, .temperature = 1.0f,
                     .seed = 1337, .dtype = -1, .schedule = "cosine", .bucket_mb = 25,
-                    .comm_timeout = 300, .tp = 1, .pp = 1, .pp_virtual = 1, .cp = 1, .straggler = 0.5f,
+                    .comm_timeout = 300, .tp = 1, .pp = 1, .pp_virtual = 1, .pp_schedule = -1, .cp = 1, .straggler = 0.5f,
                     .straggler_steps = 5, .ib_gid_index = -1 };
     int first = 1;
     if (argc >= 2 && !strcmp(argv[1], "sample")) o->mode = MODE_SAMPLE, first = 2;

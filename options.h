@@ -21,6 +21,7 @@ typedef struct {
     uint64_t seed;
     int dtype; // -1 = default for the device
     int zero, tp, sp, pp, pp_virtual, recompute, cp;
+    int pp_schedule; // SCHED_* (schedule.h); -1: 1f1b, or interleaved with --pp-virtual > 1
     const char *pp_layers, *pp_trace;
     double bucket_mb, comm_timeout;
     const char *ckpt_dir, *resume_path;

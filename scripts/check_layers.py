@@ -38,10 +38,10 @@ LAYERS = [
     ("algorithms", "algorithms.c algorithms.h"),
     ("collectives", "collectives.c collectives.h"),
     ("launch", "launch.c launch.h"),
-    ("layout", "layout.c layout.h timing.h"),  # timing.h: one step's times, filled by every axis above
+    ("layout", "layout.c layout.h timing.h schedule.c schedule.h"),  # timing.h: one step's times, filled by every axis above
     ("model", "model.c model.h context.c context.h"),
     ("zero", "zero.c zero.h"),
-    ("pipeline", "pipeline.c pipeline.h schedule.c schedule.h"),
+    ("pipeline", "pipeline.c pipeline.h"),
     ("data", "data.c data.h tokenizer.c tokenizer.h prepare.c prepare.h"),
     ("ckpt", "ckpt.c ckpt.h safetensors.c safetensors.h hf.c hf.h"),
     ("plan", "plan.c"),

@@ -1164,6 +1164,86 @@ PYEOF
     return $ok
 }
 
+# Every schedule pipeline.c executes against 1F1B on the same layout: the final model bitwise (cmp of
+# --save-model) for PP 2 and 4, TP 2, DP 2 x ZeRO 1 and 3 (and ZeRO-2/3 streaming at one micro-batch),
+# CP 2, recompute selective and full, and a resume from a 1f1b checkpoint, with as many ZeRO-3 gathers
+# (none in W, which reads no weights); zb-h1's trace against 1F1B
+# computed by pp_schedule.py with each W after its B, in micro-batch order; the refusals, one line each.
+t_pp_zero_bubble() {
+    local d=$WORK/zb ok=0
+    mkdir -p "$d"
+    local shape=(--layers 4 --channels 32 --heads 4 --vocab 256 --seq-len 32 --micro-batch 1 --steps 3 --lr 1e-3
+        --warmup 2 --weight-decay 0.1 --clip 1.0 --bucket-mb 0.02 --train "$DATA/train.bin" --comm-timeout 60)
+    local cfg i=0
+    for cfg in "2 --pp 2|256" "4 --pp 4|256" "4 --pp 2 --tp 2|256" "4 --pp 2 --zero 1|256" "4 --pp 2 --zero 3|256" \
+        "4 --pp 2 --zero 3|64" "4 --pp 2 --cp 2|256" "2 --pp 2 --recompute selective|256" "2 --pp 2 --recompute full|256"; do
+        i=$((i + 1))
+        local spec=${cfg%|*} tokens=${cfg#*|} args sch
+        read -ra args <<<"--nproc $spec"
+        for sch in 1f1b zb-h1; do
+            rm -rf "$d/trace$i-$sch"
+            timeout 300 $TRAIN "${args[@]}" "${shape[@]}" --batch-tokens $tokens --pp-schedule $sch --pp-trace "$d/trace$i-$sch" \
+                --log "$d/m$i-$sch.jsonl" --save-model "$d/m$i-$sch.bin" >"$d/m$i-$sch.out" 2>&1 || { echo "'$spec' $sch failed"; tail -3 "$d/m$i-$sch.out"; return 1; }
+        done
+        if cmp -s "$d/m$i-1f1b.bin" "$d/m$i-zb-h1.bin"; then echo "ok '$spec' batch $tokens tokens: zb-h1 bitwise 1f1b"
+        else echo "FAIL '$spec': zb-h1's model differs from 1f1b's"; ok=1; fi
+        # W reads no weights: ZeRO-3 gathers no more than under 1f1b
+        [ "$(grep -o '"zero3_gathers":[0-9]*' "$d/m$i-1f1b.jsonl")" = "$(grep -o '"zero3_gathers":[0-9]*' "$d/m$i-zb-h1.jsonl")" ] ||
+            { echo "FAIL '$spec': zb-h1's ZeRO-3 gathers differ from 1f1b's"; ok=1; }
+        $PY - "$d/trace$i-zb-h1" <<'PYEOF' || { echo "FAIL '$spec': zb-h1 trace"; ok=1; }
+import ast, glob, re, sys
+src = open("test/pp_schedule.py").read()
+defs = [n for n in ast.parse(src).body if isinstance(n, ast.FunctionDef)]
+exec(compile(ast.Module(body=defs, type_ignores=[]), "pp_schedule.py", "exec"))
+files = sorted(glob.glob(sys.argv[1] + "/stage*.txt"), key=lambda f: int(re.findall(r"\d+", f.split("/")[-1])[0]))
+P = len(files)
+for s, f in enumerate(files):
+    for line in open(f).read().splitlines():
+        m = re.match(r"step \d+ peak (\d+): (.*)", line)
+        ops = m.group(2).split()
+        M = sum(o[0] == "F" for o in ops)
+        fb = [o for o in ops if o[0] in "FB"]
+        assert fb == one_f_one_b(P, M, s), (s, fb)
+        ws = [int(o[1:]) for o in ops if o[0] == "W"]
+        assert ws == list(range(M)), (s, ws)  # each W once, in micro-batch order
+        for k in range(M):
+            assert ops.index(f"B{k}") < ops.index(f"W{k}"), (s, k)
+        assert int(m.group(1)) <= min(P, M), (s, m.group(1))  # zb-h1's bound: 1f1b's first-rank peak
+PYEOF
+    done
+    # interleaved through the executor by name is the default with --pp-virtual 2
+    local ishape=("${shape[@]}" --layers 8 --batch-tokens 256)
+    for sch in "" "--pp-schedule interleaved"; do
+        timeout 300 $TRAIN --nproc 2 --pp 2 --pp-virtual 2 $sch "${ishape[@]}" --save-model "$d/iv${sch:+n}.bin" >/dev/null || return 1
+    done
+    cmp "$d/iv.bin" "$d/ivn.bin" || { echo "FAIL: --pp-schedule interleaved differs from --pp-virtual 2"; ok=1; }
+    # a checkpoint written under 1f1b resumed under zb-h1 ends where 1f1b ends
+    local rs=(--nproc 4 --pp 2 --zero 1 "${shape[@]}" --batch-tokens 256 --steps 4)
+    timeout 300 $TRAIN "${rs[@]}" --ckpt-dir "$d/c1" --ckpt-every 2 --save-model "$d/r-a.bin" >"$d/r.out" 2>&1 || { echo "resume: first run failed"; return 1; }
+    timeout 300 $TRAIN "${rs[@]}" --pp-schedule zb-h1 --resume "$d/c1/ckpt_00000002" --ckpt-dir "$d/c2" --save-model "$d/r-b.bin" >>"$d/r.out" 2>&1 ||
+        { echo "resume: zb-h1 run failed"; tail -3 "$d/r.out"; return 1; }
+    grep -q "^resumed from $d/c1/ckpt_00000002: step 2" "$d/r.out" || { echo "FAIL: did not resume"; ok=1; }
+    cmp "$d/r-a.bin" "$d/r-b.bin" || { echo "FAIL: zb-h1 resumed from 1f1b's checkpoint differs"; ok=1; }
+    # the planner's bubble column follows --pp-schedule: the closed forms, computed here
+    for sch in 1f1b interleaved zb-h1 zb-v; do # bubbles 3/11, 3/19, 3/27, 3/51
+        set -- $sch
+        local got want
+        got=$($TRAIN plan --model d12 --gpus 8 --pp 4 --tp 2 --micro-batches 8 --batch-tokens 64K --pp-schedule $1 --json 2>/dev/null |
+            $PY -c 'import json, sys; print(round(100 * [y for y in json.load(sys.stdin)["layouts"] if y["pp"] == 4 and y["tp"] == 2][0]["bubble"], 3))') ||
+            { echo "FAIL: plan --pp-schedule $1"; ok=1; continue; }
+        want=$($PY -c "print(round(100 * 3 / (3 + 8 * {'1f1b': 1, 'interleaved': 2, 'zb-h1': 3, 'zb-v': 6}['$1']), 3))")
+        [ "$got" = "$want" ] || { echo "FAIL: plan --pp-schedule $1 bubble $got% != $want%"; ok=1; }
+    done
+    local bad err
+    for bad in "--pp-schedule zb-v|--pp-schedule zb-v: the V placement" "--pp-schedule zb-h2|--pp-schedule must be 1f1b, interleaved, zb-h1 or zb-v, got 'zb-h2'" \
+        "--pp-schedule 1f1b --pp-virtual 2|--pp-schedule 1f1b runs one chunk per stage: --pp-virtual 2" \
+        "--pp-schedule zb-h1 --pp-virtual 2|--pp-schedule zb-h1 runs one chunk per stage"; do
+        err=$($TRAIN --nproc 2 --pp 2 ${bad%%|*} "${shape[@]}" --batch-tokens 256 --steps 1 2>&1 >/dev/null) && { echo "accepted: ${bad%%|*}"; ok=1; }
+        [ "$(wc -l <<<"$err")" = 1 ] && grep -qF -- "${bad#*|}" <<<"$err" || { echo "bad error for ${bad%%|*}: $err"; ok=1; }
+    done
+    return $ok
+}
+
 # The backward's input and weight halves (model.h) against the fused backward, bitwise: recompute none,
 # selective, full; whole model, first and last stage, one or two chunks; fp32 and bf16; TP 2 (with and
 # without SP) and CP 2 on two ranks.
@@ -1516,6 +1596,7 @@ run_test emu     t_emu_sync_names_kernel   "emulated GPU: LLM4D_CUDA_SYNC=1 name
 run_test emu     t_emu_train               "emulated GPU: ./train --device cuda fp32 and bf16 steps against the CPU; recompute bitwise"
 run_test emu     t_emu_multirank           "emulated GPU: DP 2 x ZeRO 0/3, TP 2, PP 2, CP 2, TP 2 x PP 2 through CUDA IPC on one emulated GPU, DP 2 on two GPUs and over TCP, equal one rank"
 run_test pp      t_pp_schedules            "pipeline schedules (1f1b, interleaved, zb-h1, zb-v) as action lists: checker for p <= 8, m <= 64; ./train schedule"
+run_test pp      t_pp_zero_bubble          "every schedule pipeline.c runs (zb-h1, interleaved by name) ends bitwise at 1f1b's model: PP 2/4, TP, DP x ZeRO 1/3, CP, recompute, resume"
 run_test model   t_split_backward          "backward split into input (B) and weight (W) halves equals the fused backward bitwise (recompute, PP stages, TP, SP, CP)"
 
 if [ $LIST -eq 1 ] && [ $listed -gt 0 ]; then exit 0; fi
