@@ -11,7 +11,10 @@
 // of the vector, as in a ring, and each output element depends on that element alone, never on
 // where a segment, chunk or caller's bucket starts. All-reduce is that reduce-scatter followed by an
 // all-gather of the owners' segments; a small all-reduce skips the second step: every rank sends its
-// whole vector to every other and each adds all n in the same order.
+// whole vector to every other and each adds all n in the same order. That is the fan-in (ALGO_FANIN);
+// the ring (ALGO_RING: the same order along a chain of neighbours) and the hierarchy (ALGO_HIER:
+// fan-in inside each node, a ring across the nodes) follow the owner's reduction, each with its own
+// section below; the planner of each operation dispatches on the communicator's algorithm.
 #define _GNU_SOURCE
 #include "algorithms.h"
 
@@ -35,7 +38,8 @@ static void dev_reduce_fn(const NetReduce *r, void *acc, const void *in, size_t 
 }
 
 static void finish_acc(const AlgoOp *q, void *out, const void *acc, size_t n, int ranks, int streaming) {
-    if (q->dev) q->dev->finish(out, acc, n, q->t, q->op, ranks);
+    if (q->acc_out) memcpy(out, acc, n * comm_acc_size(q->t)); // inside the hierarchy: kept unrounded
+    else if (q->dev) q->dev->finish(out, acc, n, q->t, q->op, ranks);
     else comm_finish_host(out, acc, n, q->t, q->op, ranks, streaming);
 }
 // The accumulator of a chunk: the host's, or the device's for an operation on device memory.
@@ -55,12 +59,53 @@ static void move_bytes(const AlgoOp *q, void *dst, const void *src, size_t n, in
 // ---------------------------------------------------------------------------------------------
 // the communicator's buffers: the chunk accumulator, and the work area (see comm_count_memory)
 
+const char *const ALGO_NAMES[] = { "auto", "fanin", "ring", "hier" };
+
+static void ring_alloc(AlgoComm *c) {
+    hostmem_free(c->rbuf);
+    c->rbuf = NULL;
+    if (c->algo != ALGO_RING || c->size < 2) return;
+    if (!(c->rbuf = hostmem_alloc(2 * RING_DEPTH * c->chunk_bytes))) die("out of memory: the ring's staging");
+}
+
+static void hier_views(AlgoComm *c);
+static void view_free(AlgoComm *v);
+
+const char *algo_choose(AlgoComm *c, int requested) {
+    int n = c->size, nodes = 0, local = 0, uniform = 1;
+    for (int r = 0; r < n; r++) nodes = c->node_of[r] + 1 > nodes ? c->node_of[r] + 1 : nodes;
+    for (int m = 0; m < nodes; m++) {
+        int k = 0;
+        for (int r = 0; r < n; r++) k += c->node_of[r] == m;
+        if (m == 0) local = k;
+        uniform &= k == local;
+    }
+    c->nodes = nodes, c->local = local;
+    if (requested == ALGO_AUTO) requested = n == 1 || nodes == 1 ? ALGO_FANIN : uniform ? ALGO_HIER : ALGO_RING;
+    if (requested == ALGO_HIER && !uniform) return "--algo hier needs as many members of the communicator on each node";
+    c->algo = requested;
+    return NULL;
+}
+
+int algo_uses_pair(const AlgoComm *c, int r) {
+    int me = c->rank, n = c->size;
+    if (c->algo == ALGO_RING) return r == (me + 1) % n || r == (me + n - 1) % n;
+    if (c->algo == ALGO_HIER) { // the node, the cross-node ring, and rank order's neighbours (point-to-point)
+        int m = c->node_of[me], N = c->nodes;
+        return c->node_of[r] == m || r == (me + 1) % n || r == (me + n - 1) % n ||
+               (c->local_of[r] == c->local_of[me] && (c->node_of[r] == (m + 1) % N || c->node_of[r] == (m + N - 1) % N));
+    }
+    return 1;
+}
+
 void algo_init(AlgoComm *c) {
-    c->slots = c->size > 1;
+    c->slots = c->size > 1 && c->algo == ALGO_FANIN;
     for (int r = 0; r < c->size; r++)
-        if (c->conn[r] && !c->conn[r]->ops->slot) c->slots = 0;
+        if (r != c->rank && (!c->conn[r] || !c->conn[r]->ops->slot)) c->slots = 0;
     c->chunk_bytes = CHUNK_BYTES;
     c->acc = xmalloc(c->chunk_bytes);
+    ring_alloc(c);
+    if (c->algo == ALGO_HIER && c->size > 1) hier_views(c);
 }
 
 void algo_use_device(AlgoComm *c, const DevMem *dev) {
@@ -68,6 +113,8 @@ void algo_use_device(AlgoComm *c, const DevMem *dev) {
     c->chunk_bytes = dev ? DEV_CHUNK_BYTES : CHUNK_BYTES; // every member attaches alike, so chunks match
     free(c->acc);
     c->acc = xmalloc(c->chunk_bytes);
+    if (c->rbuf) ring_alloc(c);
+    if (c->vnode) algo_use_device(c->vnode, dev), algo_use_device(c->vcross, dev);
 }
 
 static void set_work(AlgoComm *c, size_t bytes, MemAccount *acct, const char *what) {
@@ -98,6 +145,13 @@ void algo_count_memory(AlgoComm *c, MemAccount *acct) {
 void algo_free(AlgoComm *c) {
     free(c->acc);
     c->acc = NULL;
+    hostmem_free(c->rbuf), hostmem_free(c->hbuf), hostmem_free(c->hout);
+    c->rbuf = c->hbuf = c->hout = NULL;
+    c->hbuf_bytes = c->hout_bytes = 0;
+    view_free(c->vnode), view_free(c->vcross);
+    c->vnode = c->vcross = NULL;
+    free(c->node_of), free(c->local_of);
+    c->node_of = c->local_of = NULL;
     set_work(c, 0, NULL, NULL);
     if (c->dev) {
         c->dev->free(c->dacc);
@@ -124,6 +178,9 @@ static Range segment(size_t count, int n, int k) {
 static size_t nchunks(size_t len, size_t chunk) { return (len + chunk - 1) / chunk; }
 static size_t chunk_len(size_t len, size_t chunk, size_t j) { return len - j * chunk < chunk ? len - j * chunk : chunk; }
 static int slot_of_peer(int me, int k) { return k < me ? k : k - 1; } // index among the n-1 others
+// Bytes of an output and an input element (accumulators inside the hierarchy).
+static size_t out_size(const AlgoOp *q) { return q->acc_out ? comm_acc_size(q->t) : comm_type_size(q->t); }
+static size_t in_size(const AlgoOp *q) { return q->in_acc ? comm_acc_size(q->t) : comm_type_size(q->t); }
 
 static NetReq *alloc_reqs(AlgoOp *q, size_t n) {
     q->nnr = n;
@@ -340,28 +397,428 @@ static void plan_reduction(AlgoComm *c, AlgoOp *q) {
     q->ag_posted = !gather;
 }
 
-void op_start(AlgoComm *c, AlgoOp *q) {
+// ---------------------------------------------------------------------------------------------
+// the ring (ALGO_RING): each rank talks to its two neighbours only. A reduction runs as one chain
+// 0 -> 1 -> ... -> n-1 (forward), chunk by chunk: each rank adds its contribution to the partial
+// sum that arrives from its left (accumulators: fp32 for bf16) and passes it right, so that every
+// element is added in rank order exactly as the fan-in adds it (the same bits). Rank n-1 rounds
+// the sums; the finished chunks travel back n-1 -> n-2 -> ... (backward): all of them in an
+// all-reduce, to the owners of their segments in a reduce-scatter. Both directions of every link
+// stream at once, RING_DEPTH chunks in flight each. An all-gather passes each owner's segment on
+// round the ring (forward); a broadcast passes the root's buffer on from the root.
+
+typedef struct RingOp {
+    size_t nch;              // chunks, in vector order, each inside one segment
+    size_t *off, *len;       // [nch] elements
+    int *seg;                // [nch] the segment's owner
+    NetReq *fr, *fs, *br, *bs; // [nch] each: forward receive and send, backward receive and send
+    size_t f_post, f_done;   // forward: receives posted below f_post; steps done below f_done
+    size_t nb, b_post, b_done; // backward steps (the first nb chunks), likewise
+    size_t nsend_own;        // all-gather: chunks of this rank's own segment (sent first)
+    size_t nfwd;             // all-gather and broadcast: received chunks passed on
+    int left, right;
+} RingOp;
+
+static int left_of(const AlgoComm *c) { return (c->rank + c->size - 1) % c->size; }
+static int right_of(const AlgoComm *c) { return (c->rank + 1) % c->size; }
+// The element type of accumulators (bf16 adds in fp32).
+static int acc_type(CommType t) { return t == CT_BF16 ? CT_F32 : (int)t; }
+
+// Chunks of every segment of `n` over count elements, in vector order (segments in view order: the
+// ranks `order` lists, NULL: 0..n-1), ch elements at most.
+static void ring_chunks(RingOp *g, size_t count, int n, const int *order, int nseg, size_t ch, size_t extra) {
+    size_t total = 0;
+    for (int k = 0; k < n; k++) total += nchunks(segment(count, nseg, order ? order[k] : k).len, ch);
+    g->nch = total;
+    g->off = xmalloc(sizeof(size_t) * (total + 1));
+    g->len = xmalloc(sizeof(size_t) * (total + 1));
+    g->seg = xmalloc(sizeof(int) * (total + 1));
+    size_t i = 0;
+    for (int k = 0; k < n; k++) {
+        Range s = segment(count, nseg, order ? order[k] : k);
+        for (size_t j = 0; j < nchunks(s.len, ch); j++, i++)
+            g->off[i] = s.off + j * ch, g->len[i] = chunk_len(s.len, ch, j), g->seg[i] = k;
+    }
+    g->fr = xcalloc(4 * total + extra + 1, sizeof(NetReq));
+    g->fs = g->fr + total, g->br = g->fs + total, g->bs = g->br + total;
+}
+
+static void ring_free(RingOp *g) {
+    if (!g) return;
+    free(g->off), free(g->len), free(g->seg), free(g->fr), free(g);
+}
+
+static unsigned char *fslot(AlgoComm *c, size_t i) { return c->rbuf + (i % RING_DEPTH) * c->chunk_bytes; }
+static unsigned char *bslot(AlgoComm *c, size_t i) { return c->rbuf + (RING_DEPTH + i % RING_DEPTH) * c->chunk_bytes; }
+
+static void ring_plan_reduction(AlgoComm *c, AlgoOp *q) {
+    int n = c->size, me = c->rank;
+    RingOp *g = q->ring = xcalloc(1, sizeof *g);
+    q->send = q->in_acc ? q->send : private_input(c, q);
+    q->chunk = c->chunk_bytes / comm_acc_size(q->t);
+    ring_chunks(g, q->count, n, NULL, n, q->chunk, 0);
+    Range own = segment(q->count, n, me);
+    q->own_off = own.off, q->own_len = own.len;
+    g->left = left_of(c), g->right = right_of(c);
+    // backward: every chunk in an all-reduce; in a reduce-scatter those of the segments this rank
+    // passes on or owns (segments 0..me; rank n-1 sends those of 0..n-2), which come first
+    if (q->kind == REQ_ALLREDUCE) g->nb = g->nch;
+    else
+        for (g->nb = 0; g->nb < g->nch && g->seg[g->nb] <= me && g->seg[g->nb] < n - 1; g->nb++) {}
+}
+
+// Where the finished elements of chunk i go at this rank: the output, or backward staging.
+static unsigned char *ring_final(AlgoComm *c, AlgoOp *q, size_t i) {
+    RingOp *g = q->ring;
+    if (q->kind == REQ_ALLREDUCE) return (unsigned char *)q->recv + g->off[i] * out_size(q);
+    if (g->seg[i] == c->rank) return (unsigned char *)q->recv + (g->off[i] - q->own_off) * out_size(q);
+    return bslot(c, i);
+}
+
+static int ring_advance_reduction(AlgoComm *c, AlgoOp *q) {
+    RingOp *g = q->ring;
+    int n = c->size, me = c->rank, moved = 0;
+    size_t as = comm_acc_size(q->t), es = out_size(q), is = in_size(q);
+    int first_rank = me == 0, last_rank = me == n - 1;
+    // forward: post receives of partial sums while their staging is free
+    while (!first_rank && g->f_post < g->nch && g->f_post < g->f_done + RING_DEPTH &&
+           (g->f_post < RING_DEPTH || last_rank || g->fs[g->f_post - RING_DEPTH].complete)) {
+        size_t i = g->f_post++;
+        net_post_recv(c->conn[g->left], req(q, &g->fr[i], g->left, fslot(c, i), g->len[i] * as, NULL));
+        moved = 1;
+    }
+    while (g->f_done < g->nch) {
+        size_t i = g->f_done;
+        if (first_rank ? i >= RING_DEPTH && !g->fs[i - RING_DEPTH].complete : (i >= g->f_post || !g->fr[i].complete)) break;
+        // rank n-1 finishes into backward staging: the chunk sent from there RING_DEPTH ago has left
+        if (last_rank && q->kind == REQ_REDUCE_SCATTER && i < g->nb && i >= RING_DEPTH && !g->bs[i - RING_DEPTH].complete) break;
+        unsigned char *acc = fslot(c, i);
+        const unsigned char *in = (const unsigned char *)q->send + g->off[i] * is;
+        if (q->in_acc) {
+            if (first_rank) memcpy(acc, in, g->len[i] * as);
+            else comm_reduce_host(acc, in, g->len[i], acc_type(q->t), q->op, 0);
+        } else {
+            comm_reduce_host(acc, in, g->len[i], q->t, q->op, first_rank);
+        }
+        if (last_rank) {
+            unsigned char *out = ring_final(c, q, i);
+            if (q->acc_out) memcpy(out, acc, g->len[i] * as);
+            else comm_finish_host(out, acc, g->len[i], q->t, q->op, q->ranks ? q->ranks : n, 0);
+            if (i < g->nb) net_post_send(c->conn[g->left], req(q, &g->bs[i], g->left, out, g->len[i] * es, NULL));
+            g->b_post = g->b_done = i < g->nb ? i + 1 : g->b_done;
+        } else {
+            net_post_send(c->conn[g->right], req(q, &g->fs[i], g->right, acc, g->len[i] * as, NULL));
+        }
+        g->f_done++;
+        moved = 1;
+    }
+    if (last_rank) return moved;
+    // backward: finished chunks come from the right; this rank keeps its own and passes the others on
+    int rs = q->kind == REQ_REDUCE_SCATTER;
+    while (g->b_post < g->nb && g->b_post < g->b_done + RING_DEPTH &&
+           (!rs || g->b_post < RING_DEPTH || g->seg[g->b_post - RING_DEPTH] == me || g->bs[g->b_post - RING_DEPTH].complete)) {
+        size_t i = g->b_post++;
+        NetReq *r = req(q, &g->br[i], g->right, ring_final(c, q, i), g->len[i] * es, NULL);
+        r->streaming = !rs && streaming(q);
+        net_post_recv(c->conn[g->right], r);
+        moved = 1;
+    }
+    while (g->b_done < g->b_post && g->br[g->b_done].complete) {
+        size_t i = g->b_done++;
+        if (!first_rank && (rs ? g->seg[i] < me : 1))
+            net_post_send(c->conn[g->left], req(q, &g->bs[i], g->left, g->br[i].buf, g->len[i] * es, NULL));
+        moved = 1;
+    }
+    return moved;
+}
+
+// All-gather round the ring: this rank's segment goes right, then each segment that arrives from
+// the left goes on, except the one its right neighbour owns. order maps view ranks to the owners of
+// the segments (NULL: itself) among nseg segments of the vector.
+static void ring_plan_gather(AlgoComm *c, AlgoOp *q, const int *order, int nseg) {
+    int n = c->size, me = c->rank;
+    size_t es = comm_type_size(q->t);
+    RingOp *g = q->ring = xcalloc(1, sizeof *g);
+    g->left = left_of(c), g->right = right_of(c);
+    Range mine = segment(q->count, nseg, order ? order[me] : me);
+    char *mine_out = (char *)q->recv + mine.off * es;
+    if (mine.len && (const char *)q->send != mine_out)
+        move_bytes(q, mine_out, q->send, mine.len * es, streaming(q) && !overlaps(mine_out, mine.len * es, q->send, mine.len * es));
+    // the receive order: segments me-1, me-2, ..., me+1 (of the view)
+    int *rorder = xmalloc(sizeof(int) * (size_t)n);
+    for (int t = 0; t < n; t++) rorder[t] = order ? order[(me - 1 - t + 2 * n) % n] : (me - 1 - t + 2 * n) % n;
+    q->chunk = c->chunk_bytes / es;
+    g->nsend_own = nchunks(mine.len, q->chunk);
+    ring_chunks(g, q->count, n - 1, rorder, nseg, q->chunk, g->nsend_own);
+    free(rorder);
+    size_t last = g->nch; // the chunks of the right neighbour's segment are not passed on
+    while (last > 0 && g->seg[last - 1] == n - 2) last--;
+    g->nfwd = last;
+    for (size_t j = 0; j < g->nsend_own; j++)
+        net_post_send(c->conn[g->right], req(q, &g->fs[j], g->right, mine_out + j * q->chunk * es, chunk_len(mine.len, q->chunk, j) * es, NULL));
+    for (size_t i = 0; i < g->nch; i++) {
+        NetReq *r = req(q, &g->fr[i], g->left, (char *)q->recv + g->off[i] * es, g->len[i] * es, NULL);
+        r->streaming = streaming(q);
+        net_post_recv(c->conn[g->left], r);
+    }
+    g->f_post = g->nch;
+}
+
+// A broadcast from the root, chunk by chunk along the ring; the root's left neighbour ends it.
+static void ring_plan_broadcast(AlgoComm *c, AlgoOp *q) {
+    RingOp *g = q->ring = xcalloc(1, sizeof *g);
+    g->left = left_of(c), g->right = right_of(c);
+    q->chunk = c->chunk_bytes;
+    size_t bytes = q->count * comm_type_size(q->t);
+    g->nch = nchunks(bytes, q->chunk);
+    g->fr = xcalloc(4 * g->nch + 1, sizeof(NetReq));
+    g->fs = g->fr + g->nch;
+    if (c->rank == q->root) {
+        for (size_t j = 0; j < g->nch; j++)
+            net_post_send(c->conn[g->right], req(q, &g->fs[j], g->right, (char *)q->recv + j * q->chunk, chunk_len(bytes, q->chunk, j), NULL));
+        g->nsend_own = g->nch; // the sends ring_complete waits for
+        return;
+    }
+    for (size_t j = 0; j < g->nch; j++)
+        net_post_recv(c->conn[g->left], req(q, &g->fr[j], g->left, (char *)q->recv + j * q->chunk, chunk_len(bytes, q->chunk, j), NULL));
+    g->f_post = g->nch;
+    g->nfwd = g->right == q->root ? 0 : g->nch;
+}
+
+// All-gather and broadcast: pass on what has arrived, in order.
+static int ring_advance_pass(AlgoComm *c, AlgoOp *q) {
+    RingOp *g = q->ring;
+    int moved = 0;
+    size_t es = q->kind == REQ_BROADCAST ? 1 : comm_type_size(q->t);
+    while (g->f_done < g->nfwd && g->fr[g->f_done].complete) {
+        size_t i = g->f_done++, k = g->nsend_own + i;
+        net_post_send(c->conn[g->right], req(q, &g->fs[k], g->right, g->fr[i].buf, q->kind == REQ_BROADCAST ? g->fr[i].bytes : g->len[i] * es, NULL));
+        moved = 1;
+    }
+    return moved;
+}
+
+static int ring_complete(const AlgoOp *q) {
+    const RingOp *g = q->ring;
+    if (q->kind == REQ_ALLGATHER || q->kind == REQ_BROADCAST) {
+        if (g->f_done < g->nfwd) return 0;
+        for (size_t i = 0; i < g->nch; i++)
+            if ((g->fr[i].bytes && !g->fr[i].complete)) return 0;
+        for (size_t i = 0; i < g->nsend_own + g->nfwd; i++)
+            if (g->fs[i].bytes && !g->fs[i].complete) return 0;
+        return 1;
+    }
+    if (g->f_done < g->nch || g->b_done < g->nb) return 0;
+    for (size_t i = 0; i < g->nch; i++)
+        if ((g->fs[i].bytes && !g->fs[i].complete) || (g->bs[i].bytes && !g->bs[i].complete)) return 0;
+    return 1;
+}
+
+static int ring_waits_for(const AlgoOp *q) {
+    const RingOp *g = q->ring;
+    if (q->kind != REQ_ALLGATHER && q->kind != REQ_BROADCAST && g->b_done < g->b_post) return g->right;
+    return g->left;
+}
+
+// ---------------------------------------------------------------------------------------------
+// the hierarchy (ALGO_HIER): nodes x local ranks. An all-reduce is a fan-in reduce-scatter inside
+// the node into accumulators (this rank's node segment, local ranks added in order), a ring
+// all-reduce of those accumulators across the nodes among the members of this local rank (nodes
+// added in order, rounded once), and a fan-in all-gather inside the node. Each element is so
+// added in an order set by the layout alone: nodes 0..N-1, each node's sum in local rank order.
+// A reduce-scatter is that all-reduce (into hout) and a copy of this rank's segment: the same bits
+// as the all-reduce. An all-gather passes each segment round its local rank's ring across the
+// nodes, then every rank sends the segments it holds to its node's members. A broadcast goes round
+// the root's local rank's ring, then from each node's member of it to its node.
+#define HIER_DONE 100
+
+static AlgoComm *view_new(AlgoComm *c, int algo, int size, int rank, const int *members) {
+    AlgoComm *v = xcalloc(1, sizeof *v);
+    v->rank = rank, v->size = size, v->algo = algo;
+    v->conn = xcalloc((size_t)size, sizeof(NetConn *));
+    v->to_parent = xmalloc(sizeof(int) * (size_t)size);
+    for (int j = 0; j < size; j++) {
+        v->to_parent[j] = members[j];
+        v->conn[j] = j == rank ? NULL : c->conn[members[j]];
+    }
+    algo_init(v);
+    v->slots = 0; // the views' operations keep accumulators or read them: no slot shortcut
+    return v;
+}
+
+static void view_free(AlgoComm *v) {
+    if (!v) return;
+    algo_free(v);
+    free(v->conn);
+    free(v->to_parent);
+    free(v);
+}
+
+// Member (m, l) of the layout, as a communicator rank.
+static int member_at(const AlgoComm *c, int m, int l) {
+    for (int r = 0; r < c->size; r++)
+        if (c->node_of[r] == m && c->local_of[r] == l) return r;
+    die("internal: no member %d of node %d", l, m);
+}
+
+static void hier_views(AlgoComm *c) {
+    int m = c->node_of[c->rank], l = c->local_of[c->rank];
+    int *mem = xmalloc(sizeof(int) * (size_t)(c->local > c->nodes ? c->local : c->nodes));
+    for (int j = 0; j < c->local; j++) mem[j] = member_at(c, m, j);
+    c->vnode = view_new(c, ALGO_FANIN, c->local, l, mem);
+    for (int j = 0; j < c->nodes; j++) mem[j] = member_at(c, j, l);
+    c->vcross = view_new(c, ALGO_RING, c->nodes, m, mem);
+    c->vcross->parent_size = c->size; // its all-gathers carry segments of the whole communicator
+    free(mem);
+}
+
+static unsigned char *grow_buf(unsigned char **buf, size_t *have, size_t bytes, const char *what) {
+    if (*have < bytes) {
+        hostmem_free(*buf);
+        if (!(*buf = hostmem_alloc(bytes))) die("out of memory: %zu bytes for the hierarchy's %s", bytes, what);
+        *have = bytes;
+    }
+    return *buf;
+}
+
+static void op_start_on(AlgoComm *c, AlgoOp *q);
+
+// Starts a phase on view v; in_acc, acc_out and ranks as in AlgoOp.
+static void hier_child(AlgoOp *q, AlgoComm *v, int kind, const void *send, void *recv, size_t count, int root, int in_acc,
+                       int acc_out, int ranks) {
+    q->child_on = v;
+    q->child = xmalloc(sizeof *q->child);
+    op_init(q->child, kind, send, recv, count, q->t, q->op, root, 0);
+    q->child->in_acc = in_acc, q->child->acc_out = acc_out, q->child->ranks = ranks;
+    op_start_on(v, q->child);
+}
+
+// The node segment of this rank (its local rank's share of the vector).
+static Range node_seg(const AlgoComm *c, const AlgoOp *q) { return segment(q->count, c->local, c->vnode->rank); }
+
+// Posts the all-gather's exchange inside the node: the segments of this local rank's ring to every
+// node member, theirs from each.
+static void hier_gather_exchange(AlgoComm *c, AlgoOp *q) {
+    AlgoComm *v = c->vnode;
+    size_t es = comm_type_size(q->t), k = 0;
+    NetReq *r = alloc_reqs(q, 2 * (size_t)(v->size - 1) * (size_t)c->nodes);
+    for (int p = 0; p < v->size; p++) {
+        if (p == v->rank) continue;
+        for (int m = 0; m < c->nodes; m++) {
+            Range mine = segment(q->count, c->size, member_at(c, m, v->rank)), theirs = segment(q->count, c->size, member_at(c, m, p));
+            if (mine.len) net_post_send(v->conn[p], req(q, &r[k++], v->to_parent[p], (char *)q->recv + mine.off * es, mine.len * es, NULL));
+            if (theirs.len) net_post_recv(v->conn[p], req(q, &r[k++], v->to_parent[p], (char *)q->recv + theirs.off * es, theirs.len * es, NULL));
+        }
+    }
+    q->nnr = k;
+}
+
+// Starts phase q->phase, or the next that has work; HIER_DONE after the last.
+static void hier_next(AlgoComm *c, AlgoOp *q) {
+    size_t es = comm_type_size(q->t), as = comm_acc_size(q->t);
+    int reduction = q->kind == REQ_ALLREDUCE || q->kind == REQ_REDUCE_SCATTER;
+    for (; q->phase < HIER_DONE && !q->child; q->phase++) {
+        if (reduction) {
+            Range s = node_seg(c, q);
+            unsigned char *out = q->kind == REQ_ALLREDUCE ? q->recv : grow_buf(&c->hout, &c->hout_bytes, q->count * es + 1, "output");
+            if (q->phase == 0) {
+                unsigned char *partial = grow_buf(&c->hbuf, &c->hbuf_bytes, s.len * as + 1, "partial sums");
+                hier_child(q, c->vnode, REQ_REDUCE_SCATTER, q->send, partial, q->count, 0, 0, 1, 0);
+            } else if (q->phase == 1) {
+                if (c->nodes > 1) hier_child(q, c->vcross, REQ_ALLREDUCE, c->hbuf, out + s.off * es, s.len, 0, 1, 0, c->size);
+                else comm_finish_host(out + s.off * es, c->hbuf, s.len, q->t, q->op, c->size, 0);
+            } else if (q->phase == 2) {
+                hier_child(q, c->vnode, REQ_ALLGATHER, out + s.off * es, out, q->count, 0, 0, 0, 0);
+            } else {
+                if (q->kind == REQ_REDUCE_SCATTER) {
+                    Range own = segment(q->count, c->size, c->rank);
+                    memmove(q->recv, out + own.off * es, own.len * es);
+                }
+                q->phase = HIER_DONE - 1;
+            }
+        } else if (q->kind == REQ_ALLGATHER) {
+            if (q->phase == 0) {
+                Range own = segment(q->count, c->size, c->rank);
+                if (c->nodes > 1) hier_child(q, c->vcross, REQ_ALLGATHER, q->send, q->recv, q->count, 0, 0, 0, 0);
+                else if ((char *)q->recv + own.off * es != (const char *)q->send) memmove((char *)q->recv + own.off * es, q->send, own.len * es);
+            } else {
+                hier_gather_exchange(c, q);
+                q->phase = HIER_DONE - 1;
+            }
+        } else { // REQ_BROADCAST
+            int m0 = c->node_of[q->root], l0 = c->local_of[q->root];
+            if (q->phase == 0 && c->vnode->rank == l0) hier_child(q, c->vcross, REQ_BROADCAST, q->recv, q->recv, q->count, m0, 0, 0, 0);
+            else if (q->phase == 1) hier_child(q, c->vnode, REQ_BROADCAST, q->recv, q->recv, q->count, l0, 0, 0, 0);
+            else if (q->phase >= 2) q->phase = HIER_DONE - 1;
+        }
+    }
+    if (q->child) q->phase--; // the loop's step passed the phase that runs
+}
+
+static void hier_plan(AlgoComm *c, AlgoOp *q) {
+    q->hier = 1;
+    q->phase = 0;
+    alloc_reqs(q, 0);
+    hier_next(c, q);
+}
+
+static int hier_advance(AlgoComm *c, AlgoOp *q) {
+    int moved = 0;
+    while (q->child) {
+        moved |= op_advance(q->child_on, q->child);
+        if (!op_complete(q->child)) break;
+        op_release(q->child);
+        free(q->child);
+        q->child = NULL;
+        q->phase++;
+        hier_next(c, q);
+        moved = 1;
+    }
+    return moved;
+}
+
+// ---------------------------------------------------------------------------------------------
+// starting an operation: the communicator's algorithm plans it
+
+static void op_start_on(AlgoComm *c, AlgoOp *q) {
     c->op = REQ_NAMES[q->kind];
+    if (q->dev && c->algo != ALGO_FANIN && c->size > 1)
+        die("%s on device memory: --algo %s runs on host memory only so far (use --algo fanin)", REQ_NAMES[q->kind], ALGO_NAMES[c->algo]);
+    if (op_is_p2p(q)) {
+        if (!c->conn[q->peer])
+            die("internal: %s to rank %d: --algo %s connects this rank only to %s", REQ_NAMES[q->kind], q->peer, ALGO_NAMES[c->algo],
+                c->algo == ALGO_RING ? "its ring neighbours" : "its node, its cross-node ring and its neighbours in rank order");
+        return plan_p2p(c, q);
+    }
     if (slot_eligible(c, q, q->kind, q->count, q->t)) {
         q->slot = 1;
         slot_post(c, q);
         return;
     }
+    if (c->algo == ALGO_HIER && c->size > 1) return hier_plan(c, q);
+    if (c->algo == ALGO_RING && c->size > 1) {
+        switch (q->kind) {
+        case REQ_BROADCAST: ring_plan_broadcast(c, q); break;
+        case REQ_ALLGATHER: ring_plan_gather(c, q, c->to_parent && c->parent_size ? c->to_parent : NULL, c->parent_size ? c->parent_size : c->size); break;
+        default: ring_plan_reduction(c, q); break;
+        }
+        return;
+    }
     switch (q->kind) {
-    case REQ_SEND:
-    case REQ_RECV: plan_p2p(c, q); break;
     case REQ_BROADCAST: plan_broadcast(c, q); break;
     case REQ_ALLGATHER: plan_all_gather(c, q); break;
     default: plan_reduction(c, q); break; // REQ_ALLREDUCE, REQ_REDUCE_SCATTER
     }
 }
 
+void op_start(AlgoComm *c, AlgoOp *q) { op_start_on(c, q); }
+
 // ---------------------------------------------------------------------------------------------
 // advancing: the owner's reduction
 
 // Where the owner's finished chunk j goes.
 static char *owned_out(const AlgoOp *q, size_t j) {
-    size_t es = comm_type_size(q->t);
+    size_t es = out_size(q);
     if (q->kind == REQ_REDUCE_SCATTER) return (char *)q->recv + j * q->chunk * es;
     return (char *)q->recv + (q->own_off + j * q->chunk) * es;
 }
@@ -431,6 +888,8 @@ static int advance_reduction(AlgoComm *c, AlgoOp *q) {
 
 int op_advance(AlgoComm *c, AlgoOp *q) {
     int moved = 0;
+    if (q->hier) return hier_advance(c, q);
+    if (q->ring) return q->kind == REQ_ALLREDUCE || q->kind == REQ_REDUCE_SCATTER ? ring_advance_reduction(c, q) : ring_advance_pass(c, q);
     if (q->slot && !q->slot_done) moved |= slot_try_finish(c, q);
     if (q->rrecv) moved |= advance_reduction(c, q);
     return moved;
@@ -438,6 +897,8 @@ int op_advance(AlgoComm *c, AlgoOp *q) {
 
 int op_complete(AlgoOp *q) {
     if (q->slot) return q->slot_done;
+    if (q->hier && q->phase != HIER_DONE) return 0;
+    if (q->ring) return ring_complete(q);
     if (q->rrecv && (q->rj < q->rnch || !q->ag_posted)) return 0;
     while (q->scan < q->nnr && q->nr[q->scan].complete) q->scan++;
     // transfers planned but not yet posted count as incomplete: they are zeroed, complete == 0
@@ -451,6 +912,11 @@ int op_complete(AlgoOp *q) {
 
 int op_waits_for(const AlgoOp *q) {
     if (q->slot) return q->slot_peer;
+    if (q->child) {
+        int w = op_waits_for(q->child);
+        return w >= 0 ? q->child_on->to_parent[w] : -1;
+    }
+    if (q->ring) return ring_waits_for(q);
     if (q->rrecv && q->rj < q->rnch && q->posted) return q->rk;
     for (size_t i = q->scan; i < q->nnr; i++)
         if (!q->nr[i].complete && (q->nr[i].buf || q->nr[i].bytes)) return q->nr[i].peer;
@@ -466,5 +932,12 @@ void op_release(AlgoOp *q) {
     }
     if (q->nr != q->inline_nr) free(q->nr);
     q->nr = NULL;
+    ring_free(q->ring);
+    q->ring = NULL;
+    if (q->child) {
+        op_release(q->child);
+        free(q->child);
+        q->child = NULL;
+    }
 }
 

@@ -22,15 +22,36 @@
 #define SMALL_BYTES 4096u         // all-reduces up to this size: one exchange, no all-gather
 #define INLINE_REQS 16            // transfers an operation carries without allocating
 #define STREAM_BYTES (16u << 20)  // operations from this size copy past the cache (half this L3)
+#define RING_DEPTH 4              // a ring's chunks in flight per direction (its staging: 2 x this x a chunk)
+
+// The algorithms (--algo): the owner fan-in (every pair connected), the ring (two neighbours), the
+// hierarchy (fan-in inside each node, a ring across the nodes per local rank). AUTO is resolved by
+// algo_choose before a communicator connects.
+enum { ALGO_AUTO = 0, ALGO_FANIN, ALGO_RING, ALGO_HIER };
+extern const char *const ALGO_NAMES[];
 
 enum { REQ_ALLREDUCE, REQ_REDUCE_SCATTER, REQ_ALLGATHER, REQ_BROADCAST, REQ_SEND, REQ_RECV };
 extern const char *const REQ_NAMES[];
 
 // What the algorithms know of a communicator: its members and their connections (the communicator's),
 // and the buffers its operations share (algorithms.c's: algo_init to algo_free).
-typedef struct {
+typedef struct AlgoComm {
     int rank, size;
-    NetConn **conn;           // [size]; NULL at this rank
+    NetConn **conn;           // [size]; NULL at this rank and for pairs the algorithm does not use
+    int algo;                 // ALGO_FANIN, ALGO_RING or ALGO_HIER
+    // the layout (set before algo_choose; algo_free frees it): each member's node (numbered by first
+    // appearance in rank order) and local rank among its node's members
+    int *node_of, *local_of;
+    int nodes, local;         // nodes, and members per node (ALGO_HIER: every node alike)
+    struct AlgoComm *vnode, *vcross; // ALGO_HIER: views of this rank's node (fan-in) and of its
+                              // cross-node ring (the members of its local rank, one per node)
+    int *to_parent;           // a view: its ranks as ranks of the communicator it views,
+    int parent_size;          // and that communicator's size where its all-gathers place segments of it
+    unsigned char *rbuf;      // ALGO_RING: 2 x RING_DEPTH chunks of staging (forward, backward)
+    unsigned char *hbuf;      // ALGO_HIER: the node's partial sums of this rank's node segment,
+    size_t hbuf_bytes;        // and an all-reduce's output for a reduce-scatter (hout)
+    unsigned char *hout;
+    size_t hout_bytes;
     int slots;                // every peer shares memory: small collectives go through slots (net.h)
     uint64_t slot_seq;        // slot operations so far
     const char *op;           // the operation running (for error lines)
@@ -44,7 +65,14 @@ typedef struct {
     size_t dwork_bytes;
 } AlgoComm;
 
-// With rank, size and conn set: whether the slots serve small collectives, and the host accumulator.
+// With rank, size, node_of and local_of set: the algorithm for `requested` (ALGO_*; AUTO: fan-in on
+// one node, the hierarchy across nodes with as many members on each, the ring otherwise); NULL, or why
+// it cannot serve this layout (one line).
+const char *algo_choose(AlgoComm *a, int requested);
+// 1 when the chosen algorithm connects this rank to member r (both ends of a pair agree).
+int algo_uses_pair(const AlgoComm *a, int r);
+// With conn set: whether the slots serve small collectives, the host accumulator, a ring's staging,
+// the hierarchy's views.
 void algo_init(AlgoComm *a);
 // Device memory from now on (NULL: none); while no operation runs. Every member attaches alike.
 void algo_use_device(AlgoComm *a, const DevMem *dev);
@@ -74,6 +102,13 @@ typedef struct AlgoOp {
     int small, ag_posted, hold_finish;
     int slot, slot_done, slot_peer; // a small collective through the slots: done, and whom it waits for
     uint64_t seq;
+    // inside the hierarchy: the input holds accumulators (in_acc), the output keeps them (acc_out),
+    // and avg divides by `ranks` (0: the communicator's size)
+    int in_acc, acc_out, ranks;
+    struct RingOp *ring;        // ALGO_RING: the chains' state
+    struct AlgoOp *child;       // ALGO_HIER: the phase running, on the view child_on
+    struct AlgoComm *child_on;
+    int hier, phase;            // ALGO_HIER: the phase (HIER_DONE at the end)
     // device buffers (the communicator's DevMem owns them): the compute stream's mark at submission,
     // which the start waits for; a finished chunk's mark, which its all-gather sends wait for; the
     // last queued work's

@@ -96,6 +96,7 @@ typedef struct {
     double timeout;
     const char *ib_dev;
     int ib_gid_index;
+    int algo;
 } BenchOptions;
 
 static const char BENCH_USAGE[] =
@@ -116,7 +117,7 @@ static const char BENCH_USAGE[] =
 // The flags (argv[0] is "bench-comm"); the --nproc launcher checks them before it forks, so that a
 // bad one is reported once.
 static void parse_bench(BenchOptions *o, int argc, char **argv) {
-    *o = (BenchOptions){ BC_ALLREDUCE, 0, 5, 1, TRANSPORT_AUTO, 8, 64LL << 20, CT_F32, 60, NULL, -1 };
+    *o = (BenchOptions){ BC_ALLREDUCE, 0, 5, 1, TRANSPORT_AUTO, 8, 64LL << 20, CT_F32, 60, NULL, -1, 0 };
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
@@ -124,7 +125,7 @@ static void parse_bench(BenchOptions *o, int argc, char **argv) {
             exit(0);
         }
         static const char *const known[] = { "--op", "--min-bytes", "--max-bytes", "--iters", "--warmup", "--comm-timeout",
-                                             "--dtype", "--buffers", "--transport", "--nproc", "--ib-dev", "--ib-gid-index" };
+                                             "--dtype", "--buffers", "--transport", "--nproc", "--ib-dev", "--ib-gid-index", "--algo" };
         enum { NKNOWN = sizeof known / sizeof known[0] };
         int k = 0;
         while (k < NKNOWN && strcmp(f, known[k])) k++;
@@ -152,6 +153,8 @@ static void parse_bench(BenchOptions *o, int argc, char **argv) {
             else if (!strcmp(v, "standin")) o->registered = 3;
             else die("--buffers: '%s' is not registered, malloc, device or standin", v);
             if (o->registered == 2 && !backend_cuda()) die("--buffers device: this binary was built without CUDA");
+        } else if (!strcmp(f, "--algo")) {
+            if ((o->algo = comm_parse_algo(v)) < 0) die("--algo: '%s' is not auto, fanin, ring or hier", v);
         } else if (!strcmp(f, "--transport")) {
             if ((o->transport = comm_parse_transport(v)) < 0) die("--transport: '%s' is not auto, shm, tcp or verbs", v);
         } else if (!strcmp(f, "--ib-dev")) o->ib_dev = v;
@@ -245,7 +248,7 @@ int bench_comm_main(int argc, char **argv) {
         cuda_use_device(env.local_rank % ndev);
         dev = devmem_cuda();
     }
-    CommOptions copt = { .timeout = bo.timeout, .transport = bo.transport, .ib_dev = bo.ib_dev, .ib_gid_index = bo.ib_gid_index };
+    CommOptions copt = { .timeout = bo.timeout, .transport = bo.transport, .algo = bo.algo, .ib_dev = bo.ib_dev, .ib_gid_index = bo.ib_gid_index };
     Comm *world = comm_init(&env, &copt);
     comm_use_device(world, dev);
     int n = comm_size(world), rank = comm_rank(world);
@@ -261,8 +264,8 @@ int bench_comm_main(int argc, char **argv) {
     if (dev && rank == 0) print_device_copy(dev, recv, send, max_count * es);
     if (rank == 0) {
         char names[64];
-        printf("# bench-comm: %s, %d rank(s), transport %s, %s buffers, %s, warmup %d, iters %s\n", OP_FLAGS[op], n,
-               n == 1 ? "none (one rank)" : comm_transports(world, names, sizeof names),
+        printf("# bench-comm: %s, %d rank(s), transport %s, algorithm %s (%d connection(s) per rank), %s buffers, %s, warmup %d, iters %s\n", OP_FLAGS[op], n,
+               n == 1 ? "none (one rank)" : comm_transports(world, names, sizeof names), comm_algo(world), comm_connections(world),
                registered == 3 ? "device stand-in" : registered == 2 ? "device" : registered ? "registered" : "malloc",
                comm_type_name(t), warmup, iters ? "fixed" : "auto");
         printf("# %14s %14s %12s %6s %10s %12s %12s %6s\n", "op", "bytes", "count", "type", "time(us)", "algbw(GB/s)",

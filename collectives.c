@@ -70,6 +70,18 @@ int comm_parse_transport(const char *s) {
     return -1;
 }
 static const char *const TRANSPORT_NAMES[] = { "auto", "shm", "tcp", "verbs" };
+int comm_parse_algo(const char *s) {
+    for (int a = 0; a <= ALGO_HIER; a++)
+        if (!strcmp(s, ALGO_NAMES[a])) return a; // CommAlgo numbers the algorithms as algorithms.h
+    return -1;
+}
+const char *comm_algo(const Comm *c) { return ALGO_NAMES[c->a.algo]; }
+int comm_node(const Comm *c, int r) { return c->a.node_of[r]; }
+int comm_connections(const Comm *c) {
+    int k = 0;
+    for (int r = 0; r < c->a.size; r++) k += c->a.conn[r] != NULL;
+    return k;
+}
 
 static void *progress_main(void *arg);
 static int has_work_locked(const Comm *c) { return c->head || c->cur || c->p2p; }
@@ -83,6 +95,7 @@ typedef struct Transports {
     _Atomic int refs;
     World *w;
     int choice;          // TransportChoice
+    int algo;            // CommAlgo requested
     int verbs_considered;
     VerbsNet *vn;        // this rank's device (NULL: none)
     char why[320];       // why not, when vn is NULL
@@ -107,6 +120,7 @@ static Transports *transports_open(World *w, const CommOptions *opt) {
     tr->w = w;
     tr->reach = (NetReach){ w, reach_rdma, tr };
     tr->choice = opt->transport;
+    tr->algo = opt->algo;
     if (pthread_mutex_init(&tr->mu, NULL) != 0) die("pthread_mutex_init failed");
     const LaunchEnv *env = world_env(w);
     int nodes = 1;
@@ -219,7 +233,7 @@ static void connect_peers(Comm *c) {
     int *peers[NET_MAX_TRANSPORTS], np[NET_MAX_TRANSPORTS] = { 0 };
     for (int t = 0; t < NET_MAX_TRANSPORTS; t++) peers[t] = xmalloc(sizeof(int) * c->a.size);
     for (int r = 0; r < c->a.size; r++) {
-        if (r == c->a.rank) continue;
+        if (r == c->a.rank || !algo_uses_pair(&c->a, r)) continue;
         int t = pair_transport(c->tr, me_w, c->world_ranks[r]);
         peers[t][np[t]++] = r;
     }
@@ -243,9 +257,31 @@ static void connect_peers(Comm *c) {
     for (int t = 0; t < NET_MAX_TRANSPORTS; t++) free(peers[t]);
 }
 
+// The members' nodes (numbered by first appearance) and local ranks, and the algorithm for them.
+static void choose_algo(Comm *c) {
+    int n = c->a.size;
+    c->a.node_of = xmalloc(sizeof(int) * n);
+    c->a.local_of = xmalloc(sizeof(int) * n);
+    for (int r = 0; r < n; r++) {
+        c->a.node_of[r] = -1, c->a.local_of[r] = 0;
+        int nodes = 0;
+        for (int q = 0; q < r; q++) {
+            if (c->a.local_of[q] == 0) nodes++; // q was the first of its node
+            if (same_node(c->w, c->world_ranks[q], c->world_ranks[r])) {
+                if (c->a.node_of[r] < 0) c->a.node_of[r] = c->a.node_of[q];
+                c->a.local_of[r]++;
+            }
+        }
+        if (c->a.node_of[r] < 0) c->a.node_of[r] = nodes;
+    }
+    const char *why = algo_choose(&c->a, c->tr->algo);
+    if (why) die("communicator %s: %s", c->name, why);
+}
+
 static void comm_connect(Comm *c) {
     World *w = c->w;
     int me_w = c->world_ranks[c->a.rank];
+    choose_algo(c);
     connect_peers(c);
     int local = 0;
     for (int r = 0; r < world_env(w)->world; r++) local += same_node(w, r, me_w);
@@ -266,7 +302,7 @@ static Comm *comm_new(World *w, uint64_t id, const char *name) {
 
 // Rank 0's one line about the world: ranks, nodes and which transport each pair uses; where auto
 // left pairs of different nodes on TCP, the first rank without RDMA and why.
-static void log_transports(Transports *tr, World *w) {
+static void log_transports(Transports *tr, World *w, const Comm *c) {
     int n = world_env(w)->world, nodes = 0, per[NET_MAX_TRANSPORTS] = { 0 }, no_rdma = -1;
     for (int a = 0; a < n; a++) {
         int first = 1;
@@ -288,9 +324,11 @@ static void log_transports(Transports *tr, World *w) {
         snprintf(tcp_why, sizeof tcp_why, " (rank %d on %s has no RDMA: %s)", no_rdma, world_rank_info(w, no_rdma)->node_id, why);
     }
     printf("collectives: %d rank(s) on %d node(s) | transports (--transport %s): shared memory, single-copy, for %d "
-           "pair(s); RDMA verbs for %d pair(s)%s%s%s; TCP for %d pair(s)%s\n",
+           "pair(s); RDMA verbs for %d pair(s)%s%s%s; TCP for %d pair(s)%s | algorithm (--algo %s): %s on the world, "
+           "%d connection(s) at rank 0%s\n",
            n, nodes, TRANSPORT_NAMES[tr->choice], shm, verbs, *dev ? " (" : "", dev, *dev ? ")" : "",
-           tcp, tcp_why);
+           tcp, tcp_why, ALGO_NAMES[tr->algo], comm_algo(c), comm_connections(c),
+           tr->algo == ALGO_AUTO ? " (each communicator: fan-in inside one node, hierarchical across nodes)" : "");
     fflush(stdout);
 }
 
@@ -305,7 +343,7 @@ Comm *comm_init(const LaunchEnv *env, const CommOptions *opt) {
     c->tr = transports_open(w, opt);
     transports_check(c->tr, w);
     comm_connect(c);
-    if (opt->log && env->rank == 0) log_transports(c->tr, w);
+    if (opt->log && env->rank == 0) log_transports(c->tr, w, c);
     return c;
 }
 

@@ -9,9 +9,11 @@
 // nodes). Every communicator has its own connections and its own progress thread, so collectives on
 // different communicators run concurrently, while the operations issued on one communicator run in
 // issue order (as on a CUDA stream); a blocking call runs its operation on the caller's thread when
-// the communicator is idle. Reductions add the ranks' contributions in rank order, 0, 1, ..., n-1,
-// whatever the message size, so each output element is a function of that element's inputs alone:
-// bitwise the same on every rank, every run, every bucket or chunk boundary.
+// the communicator is idle. Reductions add the ranks' contributions in rank order, 0, 1, ..., n-1
+// (--algo fanin and ring; hier adds each node's members in rank order, then the nodes in order),
+// whatever the message size, so each output element is a function of that element's inputs and the
+// layout alone: bitwise the same on every rank, every run, every bucket or chunk boundary. A
+// communicator connects only the pairs its algorithm uses (CommOptions.algo).
 #ifndef LLM4D_COLLECTIVES_H
 #define LLM4D_COLLECTIVES_H
 
@@ -37,7 +39,18 @@ typedef struct {
     int log;            // rank 0 prints one line: the ranks, nodes and the transport of each pair
     const char *ib_dev; // RDMA device "name" or "name:port" (--ib-dev); NULL: the first active port
     int ib_gid_index;   // RoCE GID index (--ib-gid-index); -1: RoCE v2 over IPv4 found automatically
+    // CommAlgo, for every communicator of the world (--algo). auto: the fan-in on one node, the
+    // hierarchy across nodes (the ring where nodes hold different numbers of a communicator's members)
+    int algo;
 } CommOptions;
+typedef enum { COMM_ALGO_AUTO = 0, COMM_ALGO_FANIN, COMM_ALGO_RING, COMM_ALGO_HIER } CommAlgo;
+// "auto", "fanin", "ring" or "hier"; -1 otherwise.
+int comm_parse_algo(const char *s);
+// The algorithm communicator c runs ("fanin", "ring" or "hier"), and its open connections.
+const char *comm_algo(const Comm *c);
+int comm_connections(const Comm *c);
+// Member r's node, numbered by first appearance in rank order (the hierarchy's layout).
+int comm_node(const Comm *c, int r);
 
 // Bootstraps the world communicator.
 Comm *comm_init(const LaunchEnv *env, const CommOptions *opt);

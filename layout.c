@@ -1,6 +1,7 @@
 // layout.c: the layout (layout.h): rank <-> coordinates, the communicators of every axis, the split of
 // the blocks into pipeline stages and chunks.
 #include "layout.h"
+#include "schedule.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -139,6 +140,13 @@ void layout_place_stages(Layout *l, int L, int V, const char *pp_layers) {
     // micro-batches whose activations a stage holds at once: at most P - stage with 1F1B; every one
     // interleaved
     l->nslots = V > 1 ? M : (P - stage < M ? P - stage : M);
+    if (P > 1 && l->schedule != SCHED_1F1B && l->schedule != SCHED_INTERLEAVED) { // what the action lists hold
+        Schedule s;
+        char why[256];
+        if (schedule_build(&s, l->schedule, P, M, V, why, sizeof why)) die("--pp-schedule %s: %s", SCHEDULE_NAMES[l->schedule], why);
+        l->nslots = s.slots[stage];
+        schedule_free(&s);
+    }
     if (l->nslots < 1) l->nslots = 1;
     free(first);
     free(count);

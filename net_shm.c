@@ -83,9 +83,13 @@ typedef struct {
     Doorbell bell;
     NetSlot slot[2]; // this rank's small-collective slots (net.h)
     Ring ring[];     // [nlocal]: ring i carries the messages of local member i to the inbox's owner
+    // then int32_t member[nlocal]: the communicator rank of each ring's sender (inbox_members), so
+    // that ranks connected to different sets of peers (a ring's neighbours) find their ring
 } Inbox;
+static int32_t *inbox_members(Inbox *b) { return (int32_t *)&b->ring[b->nlocal]; }
 
-size_t shm_inbox_bytes(int nlocal) { return sizeof(Inbox) + sizeof(Ring) * (size_t)nlocal; }
+// An inbox: its header, one ring per local member, then the members' ranks (which rank sends on each ring)
+size_t shm_inbox_bytes(int nlocal) { return sizeof(Inbox) + (sizeof(Ring) + sizeof(int32_t)) * (size_t)nlocal; }
 
 typedef struct { // what a rank publishes about its inbox
     int32_t pid, fd;
@@ -418,8 +422,6 @@ static void *shm_setup(const NetSetup *s, int npeers, const int *peers, NetConn 
     memcpy(members, peers, sizeof(int) * npeers);
     members[npeers] = s->rank;
     qsort(members, (size_t)nl, sizeof(int), cmp_int);
-    int me_li = 0;
-    while (members[me_li] != s->rank) me_li++;
     ShmEndpoint *ep = xcalloc(1, sizeof *ep);
     ep->bytes = shm_inbox_bytes(nl);
     ep->fd = memfd_create("llm4d-inbox", MFD_CLOEXEC);
@@ -428,6 +430,7 @@ static void *shm_setup(const NetSetup *s, int npeers, const int *peers, NetConn 
     ep->mine = mmap(NULL, ep->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, ep->fd, 0);
     if (ep->mine == MAP_FAILED) die("communicator %s: mmap of %zu bytes: %s", s->comm_name, ep->bytes, strerror(errno));
     ep->mine->nlocal = nl;
+    for (int i = 0; i < nl; i++) inbox_members(ep->mine)[i] = members[i];
     ep->mine->magic = INBOX_MAGIC;
     *s->bell = &ep->mine->bell;
     char key[160];
@@ -463,12 +466,15 @@ static void *shm_setup(const NetSetup *s, int npeers, const int *peers, NetConn 
         sc->peer_inbox = mmap(NULL, info->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
         close(fd);
         if (sc->peer_inbox == MAP_FAILED) die("communicator %s: cannot map rank %d's inbox: %s", s->comm_name, pw, strerror(errno));
-        if (sc->peer_inbox->magic != INBOX_MAGIC || sc->peer_inbox->nlocal != nl)
-            die("communicator %s: rank %d's inbox is not what it announced", s->comm_name, pw);
+        int tx_li = -1; // this rank's ring in the peer's inbox
+        if (sc->peer_inbox->magic == INBOX_MAGIC && (size_t)sc->peer_inbox->nlocal * (sizeof(Ring) + sizeof(int32_t)) + sizeof(Inbox) == info->bytes)
+            for (int k = 0; k < sc->peer_inbox->nlocal; k++)
+                if (inbox_members(sc->peer_inbox)[k] == s->rank) tx_li = k;
+        if (tx_li < 0) die("communicator %s: rank %d's inbox is not what it announced", s->comm_name, pw);
         net_conn_init(&sc->base, &SHM_OPS);
         sc->base.peer_pid = info->pid;
         sc->mine = ep->mine;
-        sc->tx = &sc->peer_inbox->ring[me_li];
+        sc->tx = &sc->peer_inbox->ring[tx_li];
         sc->rx = &ep->mine->ring[li];
         sc->peer_bell = &sc->peer_inbox->bell;
         // can this rank read the peer's ordinary memory? (Yama or a container may forbid it)

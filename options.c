@@ -15,6 +15,7 @@
 #include "common.h"
 #include "layout.h"
 #include "model.h"
+#include "schedule.h"
 
 static const char SAMPLE_USAGE[] =
     "usage: ./train sample --model FILE|DIR [--prompt TEXT] [--tokens N] [--temperature F] [--top-k K] [--seed S]\n"
@@ -141,6 +142,10 @@ static const char USAGE[] =
     "  --pp-layers a,b,...        blocks per stage (default: equal, earlier stages one longer)\n"
     "  --pp-virtual V             interleaved 1F1B: each stage holds V chunks of blocks (stage s: chunks s,\n"
     "                             s+N, ...); bubble (N-1)/(V*M+N-1); M must be a multiple of N\n"
+    "  --pp-schedule S            1f1b (default), interleaved (default with --pp-virtual V > 1), zb-h1 (1F1B\n"
+    "                             with each backward split into input (B) and weight (W) halves, the Ws\n"
+    "                             filling the drain: bubble (N-1)(F+B-W) against (N-1)(F+B+W)); the same\n"
+    "                             final model whatever the schedule. zb-v: ./train schedule only (for now)\n"
     "  --pp-trace DIR             testing aid: each stage appends its per-step schedule to DIR/stageS.txt\n"
     "  --cp N                     context parallelism: each sequence cut into 2N chunks, rank c of a group\n"
     "                             of N holding chunks c and 2N-1-c; position-wise work on those, attention\n"
@@ -162,6 +167,13 @@ static const char USAGE[] =
     "                             (InfiniBand, RoCE) where both ranks have an active RDMA port, TCP\n"
     "                             otherwise; shm, tcp and verbs force one for every pair (rank 0 prints\n"
     "                             the choice at start)\n"
+    "  --algo auto|fanin|ring|hier\n"
+    "                             how collectives move data: fanin (each rank owns a segment and every\n"
+    "                             rank connects to every other), ring (two neighbours per rank; the same\n"
+    "                             bits as fanin), hier (fan-in inside each node, a ring across the nodes\n"
+    "                             per local rank; sums each node first); auto (default): fanin inside one\n"
+    "                             node, hier across nodes (ring where nodes hold unequal numbers of ranks);\n"
+    "                             on --device cuda auto is fanin (ring and hier move host memory only)\n"
     "  --ib-dev NAME[:PORT]       RDMA device and port for verbs (default: the first active port)\n"
     "  --ib-gid-index N           RoCE GID index (default: the port's RoCE v2 GID of an IPv4 address)\n"
     "\n"
@@ -359,6 +371,10 @@ static void parse_valued_flag(Options *o, int argc, char **argv, int *ip) {
     else if (IS("--pp")) o->pp = (int)parse_int(f, v, 1, 4096);
     else if (IS("--pp-layers")) o->pp_layers = v;
     else if (IS("--pp-virtual")) o->pp_virtual = (int)parse_int(f, v, 1, MAX_CHUNKS);
+    else if (IS("--pp-schedule")) {
+        o->pp_schedule = schedule_parse(v);
+        if (o->pp_schedule < 0) die("--pp-schedule must be 1f1b, interleaved, zb-h1 or zb-v, got '%s'", v);
+    }
     else if (IS("--pp-trace")) o->pp_trace = v;
     else if (IS("--cp")) o->cp = (int)parse_int(f, v, 1, 4096);
     else if (IS("--bucket-mb")) o->bucket_mb = parse_float(f, v, 0, 1e6);
@@ -377,7 +393,9 @@ static void parse_valued_flag(Options *o, int argc, char **argv, int *ip) {
     else if (IS("--skip-spikes")) o->skip_spikes = parse_float(f, v, 0, 1e30);
     else if (IS("--straggler")) o->straggler = parse_float(f, v, 0, 1e6);
     else if (IS("--straggler-steps")) o->straggler_steps = (int)parse_int(f, v, 1, INT32_MAX);
-    else if (IS("--transport")) {
+    else if (IS("--algo")) {
+        if ((o->algo = comm_parse_algo(v)) < 0) die("--algo must be auto, fanin, ring or hier, got '%s'", v);
+    } else if (IS("--transport")) {
         o->transport = comm_parse_transport(v);
         if (o->transport < 0) die("--transport must be auto, shm, tcp or verbs, got '%s'", v);
     }
@@ -538,7 +556,7 @@ void parse_options(Options *o, int argc_in, char **argv_in) {
     *o = (Options){ .micro_batch = 4, .steps = 20, .val_steps = 10, .sample_tokens = 64, .lr = 3e-4f,
                     .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .clip = 1.0f, .temperature = 1.0f,
                     .seed = 1337, .dtype = -1, .schedule = "cosine", .bucket_mb = 25,
-                    .comm_timeout = 300, .tp = 1, .pp = 1, .pp_virtual = 1, .cp = 1, .straggler = 0.5f,
+                    .comm_timeout = 300, .tp = 1, .pp = 1, .pp_virtual = 1, .pp_schedule = -1, .cp = 1, .straggler = 0.5f,
                     .straggler_steps = 5, .ib_gid_index = -1 };
     o->argv_store = argv;
     int first = 1;

@@ -21,12 +21,14 @@ typedef struct {
     uint64_t seed;
     int dtype; // -1 = default for the device
     int zero, tp, sp, pp, pp_virtual, recompute, cp;
+    int pp_schedule; // SCHED_* (schedule.h); -1: 1f1b, or interleaved with --pp-virtual > 1
     const char *pp_layers, *pp_trace;
     double bucket_mb, comm_timeout;
     const char *ckpt_dir, *resume_path;
     int ckpt_every, keep, resume, max_restarts, straggler_steps, allow_data_change;
     float skip_spikes, straggler;
     int transport;
+    int algo; // CommAlgo
     char **argv_store; // parse_options' argv (llm.c's flags translated), which the strings above point into
     char *owned_path;  // a --model checkpoint path parse_options built
     const char *ib_dev;

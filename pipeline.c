@@ -1,5 +1,5 @@
-// pipeline.c: building the rank a layout places (model, ZeRO state, pipeline), the 1F1B schedule and the
-// hand-off of activations and gradients between stages.
+// pipeline.c: building the rank a layout places (model, ZeRO state, pipeline), the execution of a
+// schedule's action lists (schedule.h) and the hand-off of activations and gradients between stages.
 #include "pipeline.h"
 
 #include <stdlib.h>
@@ -45,6 +45,7 @@ void pipeline_free(Pipeline *p) {
     free(p->send_out);
     free(p->send_grad);
     free(p->trace);
+    if (p->sched.n) schedule_free(&p->sched);
     memset(p, 0, sizeof *p);
 }
 
@@ -103,7 +104,10 @@ static double forward_op(Pipeline *p, const int32_t *inputs, const int32_t *targ
     return to < 0 ? loss : 0.0;
 }
 
-static void backward_op(Pipeline *p, int mb, int chunk, int M, int B, int T, float dloss) {
+// B: the input gradient of one micro-batch's chunk, sent back to the previous stage at once; with
+// split, its weight gradients wait in the model's stash for weight_op, else they are added here too
+// (one fused backward, as 1f1b and interleaved run).
+static void backward_op(Pipeline *p, int mb, int chunk, int M, int B, int T, float dloss, int split) {
     GPT2 *m = p->model;
     int slot = mb % m->lay->nslots;
     for (int c = 0; c < p->chunks; c++) drain(&p->send_grad[slot * p->chunks + c]); // dresidual is reused
@@ -112,52 +116,48 @@ static void backward_op(Pipeline *p, int mb, int chunk, int M, int B, int T, flo
     int from = next_stage(p, chunk), to = prev_stage(p, chunk);
     if (from >= 0) recv_into(p, p->bwd, gpt2_stage_grad(m), bytes, from);
     zero_begin_backward(p->zero, mb == M - 1);
-    gpt2_backward_chunk(m, chunk, dloss);
+    if (split) gpt2_backward_input_chunk(m, chunk, slot, dloss);
+    else gpt2_backward_chunk(m, chunk, dloss);
     if (to >= 0) p->send_grad[slot * p->chunks + chunk] = send_from(p->bwd, gpt2_stage_grad(m), bytes, to);
     trace_op(p, 'B', mb, chunk);
-    p->live--;
+    if (!split) p->live--;
 }
 
-// The k-th forward (or backward) of a stage: groups of P micro-batches visit the chunks in turn,
-// forwards in chunk order and backwards in reverse.
-static void op_at(const Pipeline *p, int k, int backward, int *mb, int *chunk) {
-    int P = p->stages, V = p->chunks;
-    if (V == 1) {
-        *mb = k;
-        *chunk = 0;
-        return;
-    }
-    *mb = (k / (P * V)) * P + k % P;
-    *chunk = (k / P) % V;
-    if (backward) *chunk = V - 1 - *chunk;
+// W: the weight gradients B left for micro-batch mb's chunk. ZeRO hears "ready" from here (the
+// micro-batch's last contribution), so it is told which micro-batch this is.
+static void weight_op(Pipeline *p, int mb, int chunk, int M) {
+    double t0 = now_seconds();
+    zero_begin_weights(p->zero, mb == M - 1);
+    gpt2_backward_weight_chunk(p->model, chunk, mb % p->model->lay->nslots);
+    p->times->pipe_w_s += now_seconds() - t0;
+    trace_op(p, 'W', mb, chunk);
+    p->live--;
 }
 
 double pipeline_step(Pipeline *p, const int32_t *inputs, const int32_t *targets, int M, int B, int T, float dloss) {
     p->live = p->peak_live = 0;
     p->trace_len = 0;
     if (p->trace) p->trace[0] = 0;
-    int P = p->stages, V = p->chunks, total = M * V;
-    int warm = V == 1 ? P - p->stage - 1 : (P - p->stage - 1) * 2 + (V - 1) * P;
-    if (warm > total) warm = total;
+    if (!p->sched.n || p->sched.m != M) {
+        if (p->sched.n) schedule_free(&p->sched);
+        char why[256];
+        int kind = p->model->lay->schedule;
+        if (schedule_build(&p->sched, kind, p->stages, M, p->chunks, why, sizeof why))
+            die("--pp-schedule %s: %s", SCHEDULE_NAMES[kind], why);
+    }
+    // hand-offs travel with the compute: an F receives its input just before and sends its output just
+    // after, a B likewise its gradient, so the lists' send and receive actions need no separate step
+    const Schedule *s = &p->sched;
     double loss = 0;
-    int mb, chunk;
-    for (int k = 0; k < warm; k++) {
-        op_at(p, k, 0, &mb, &chunk);
-        loss += forward_op(p, inputs, targets, mb, chunk, B, T, dloss);
+    for (int i = 0; i < s->n[p->stage]; i++) {
+        const Action *a = &s->a[p->stage][i];
+        if (a->kind == ACT_F) loss += forward_op(p, inputs, targets, a->mb, a->chunk, B, T, dloss);
+        else if (a->kind == ACT_B) backward_op(p, a->mb, a->chunk, M, B, T, dloss, s->split);
+        else if (a->kind == ACT_W && s->split) weight_op(p, a->mb, a->chunk, M);
     }
-    for (int i = 0; i < total - warm; i++) {
-        op_at(p, warm + i, 0, &mb, &chunk);
-        loss += forward_op(p, inputs, targets, mb, chunk, B, T, dloss);
-        op_at(p, i, 1, &mb, &chunk);
-        backward_op(p, mb, chunk, M, B, T, dloss);
-    }
-    for (int i = total - warm; i < total; i++) {
-        op_at(p, i, 1, &mb, &chunk);
-        backward_op(p, mb, chunk, M, B, T, dloss);
-    }
-    for (int s = 0; s < p->model->lay->nslots * V; s++) { // every hand-off of this step has left
-        drain(&p->send_out[s]);
-        drain(&p->send_grad[s]);
+    for (int k = 0; k < p->model->lay->nslots * p->chunks; k++) { // every hand-off of this step has left
+        drain(&p->send_out[k]);
+        drain(&p->send_grad[k]);
     }
     return loss;
 }

@@ -5,7 +5,10 @@
 // The bubble — the share of a step a stage spends waiting — is (P - 1)/(M + P - 1) for M micro-batches.
 // The interleaved schedule (V chunks per stage, Megatron-LM's) visits the P·V virtual stages round
 // robin, groups of P micro-batches at a time, and shrinks the bubble to (P - 1)/(V·M + P - 1); it
-// needs M to be a multiple of P.
+// needs M to be a multiple of P. pipeline_step executes the action lists of the layout's schedule
+// (schedule.h: 1f1b, interleaved, zb-h1); with zb-h1 each backward runs as B (the input gradient, sent
+// back at once) and W (the weight gradients, later, in micro-batch order), so the final model is
+// bitwise 1f1b's.
 #ifndef LLM4D_PIPELINE_H
 #define LLM4D_PIPELINE_H
 
@@ -13,6 +16,7 @@
 
 #include "collectives.h"
 #include "model.h"
+#include "schedule.h"
 #include "zero.h"
 
 typedef struct {
@@ -23,7 +27,8 @@ typedef struct {
     int stages, stage, chunks;
     CommRequest **send_out, **send_grad; // sends still in flight, per activation set and chunk
     StepTimes *times; // the model's: the pipeline adds its waits for activations and gradients
-    int live, peak_live; // micro-batches whose activations this stage holds
+    int live, peak_live; // micro-batches whose activations this stage holds (F done, W not)
+    Schedule sched;  // the action lists for sched.m micro-batches (built on the first step)
     char *trace;     // this step's operations, "F0 F1 B0 ...", for tests
     size_t trace_len, trace_cap;
 } Pipeline;

@@ -34,7 +34,8 @@
 //     1F1B                           (k · m · Ls · e·C + m · a) / (TP·CP)
 //   total                            weights + gradients + optimizer + activations (1F1B); fits when
 //                                    total <= --gpu-mem (nothing reserved for buffers or fragmentation)
-//   bubble                           (PP − 1) / (M + PP − 1); interleaved (PP − 1) / (V·M + PP − 1)
+//   bubble                           (PP − 1) / (M + PP − 1); interleaved (PP − 1) / (V·M + PP − 1);
+//                                    --pp-schedule zb-h1 (PP − 1) / (3M + PP − 1), zb-v (PP − 1) / (6M + PP − 1)
 //                                    (V = --pp-virtual; only where PP·V <= L and M is a multiple of PP)
 //   DP gradient all-reduce           f·(D − 1)/D · g·P / bw over the D = DP·CP ranks holding the same
 //                                    weights, g = gradient bytes per parameter; f = 2 (a ring all-reduce,
@@ -108,6 +109,7 @@
 #include "net.h"       // shm_inbox_bytes: plan comm's shared-memory staging
 #include "net_verbs.h" // verbs_staging_slot_bytes: plan comm's registered staging
 #include "pipeline.h"
+#include "schedule.h"
 #include "zero.h"
 
 static const char PLAN_USAGE[] =
@@ -140,6 +142,10 @@ static const char PLAN_USAGE[] =
     "                             (4M = 4194304 = 1024 sequences of 4096)\n"
     "  --micro-batches M          micro-batches per data-parallel replica and step (default 8)\n"
     "  --pp-virtual V             chunks per stage for the interleaved bubble (default 2)\n"
+    "  --pp-schedule S            the bubble column's schedule: 1f1b (default) (PP-1)/(M+PP-1), interleaved\n"
+    "                             (the interleaved column's, where it applies), zb-h1 (PP-1)/(3M+PP-1), zb-v (PP-1)/(6M+PP-1) where\n"
+    "                             2PP <= L (F = B = W, the zero-bubble paper's); with --exact zb-h1 keeps\n"
+    "                             min(PP, M) activation sets on every stage\n"
     "  --zero 0|1|2|3             ZeRO stage (default 0)\n"
     "  --recompute none|selective|full\n"
     "                             activation checkpointing (default none): selective recomputes the\n"
@@ -178,6 +184,7 @@ typedef struct {
     int T;
     double params;       // N
     int gpus, gpus_per_node, max_tp, micro_batches, pp_virtual, zero, top;
+    int pp_schedule; // SCHED_* (schedule.h): whose formula the bubble column shows
     int only_tp, only_cp, only_pp, only_dp; // 0, or the one value of that axis to list
     int recompute; // RECOMPUTE_* (model.h)
     int flash, fp32, json;
@@ -301,6 +308,10 @@ static void parse_plan(PlanInput *in, int argc, char **argv) {
         else if (IS("--batch-tokens")) in->batch_tokens = parse_number(f, v, TOKEN_UNITS, 1, 1e15, 1);
         else if (IS("--micro-batches")) in->micro_batches = INT(1, 1 << 24);
         else if (IS("--pp-virtual")) in->pp_virtual = INT(1, MAX_CHUNKS);
+        else if (IS("--pp-schedule")) {
+            in->pp_schedule = schedule_parse(v);
+            if (in->pp_schedule < 0) die("--pp-schedule must be 1f1b, interleaved, zb-h1 or zb-v, got '%s'", v);
+        }
         else if (IS("--zero")) in->zero = INT(0, 3);
         else if (IS("--top")) in->top = INT(1, 1 << 30);
         else if (IS("--tp")) in->only_tp = INT(1, 1 << 24);
@@ -419,6 +430,11 @@ static void estimate_seed(const PlanInput *in, Candidate *y) {
     y->bubble = (pp - 1.0) / (M + pp - 1.0);
     int interleaves = pp > 1 && pp * in->pp_virtual <= c->L && in->micro_batches % pp == 0;
     y->bubble_interleaved = interleaves ? (pp - 1.0) / (in->pp_virtual * M + pp - 1.0) : NAN;
+    // the zero-bubble schedules with equal F, B and W (schedule.h): zb-h1 (PP-1)(F+B-W), zb-v the first
+    // chunk activation's walk down the ranks, (PP-1) chunk forwards against 6M chunk passes
+    if (in->pp_schedule == SCHED_INTERLEAVED && interleaves) y->bubble = y->bubble_interleaved;
+    if (in->pp_schedule == SCHED_ZBH1) y->bubble = (pp - 1.0) / (3.0 * M + pp - 1.0);
+    if (in->pp_schedule == SCHED_ZBV && 2 * pp <= c->L) y->bubble = (pp - 1.0) / (6.0 * M + pp - 1.0);
 
     // the gradients are reduced over the DP x CP ranks holding the same weights
     y->dp_intra = weight_group_in_node(tp, cp, pp, in->gpus, in->gpus_per_node);
@@ -459,6 +475,7 @@ static void estimate_exact(const PlanInput *in, Candidate *y) {
         l.B = (int)B;
         l.T = in->T;
         l.accum = in->micro_batches;
+        l.schedule = in->pp_schedule == SCHED_ZBH1 && y->pp > 1 ? SCHED_ZBH1 : SCHED_1F1B; // zb-h1: min(PP, M) sets
         layout_place_stages(&l, in->cfg.L, y->pp > 1 && interleave ? in->pp_virtual : 1, NULL);
         GPT2 m;
         Zero z;

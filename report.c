@@ -2,6 +2,7 @@
 // lines (report.h).
 #define _GNU_SOURCE
 #include "report.h"
+#include "schedule.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -331,7 +332,8 @@ static void write_trace(const char *dir, int stage, int step, const Pipeline *p)
 }
 
 typedef struct { // what the ranks' gathers say about a step
-    double bubble_max, bubble_mean, bubble_formula; // the share of the step each stage waited, and 1F1B's
+    double bubble_max, bubble_mean, bubble_formula; // the share of the step each stage waited, and the schedule's
+    double *idle, *wfill;                           // [P] per pipeline rank: seconds waited, seconds in W apart
     Spread attn;                                    // attention FLOPs of every rank
     double compute_max, compute_median; // busy times (stragglers)
     int slowest;
@@ -379,6 +381,15 @@ static void log_step(const Report *r, int step, const StepResult *s, const StepT
             g->attn.sum, g->compute_max, g->compute_median, g->slowest, g->stopped_max, g->stopped_rank, s->stall_ms, s->skipped,
             s->skipped_total);
     if (s->zero3_gathers >= 0) fprintf(r->logf, ",\"zero3_gathers\":%d", s->zero3_gathers);
+    if (g->idle) { // per pipeline rank: busy (the step less its waits), idle (waits), W-fill (W apart from B)
+        const char *key[3] = { "pp_busy_ms", "pp_idle_ms", "pp_wfill_ms" };
+        for (int k = 0; k < 3; k++) {
+            fprintf(r->logf, ",\"%s\":[", key[k]);
+            for (int i = 0; i < r->lay->pp.size; i++)
+                fprintf(r->logf, "%s%.3f", i ? "," : "", k == 0 ? s->ms - g->idle[i] * 1e3 : (k == 1 ? g->idle[i] : g->wfill[i]) * 1e3);
+            fputc(']', r->logf);
+        }
+    }
     if (r->o->profile)
         fprintf(r->logf, ",\"matmul_ms\":%.3f,\"attention_ms\":%.3f", tm->op_s[PROF_MATMUL] * 1e3, tm->op_s[PROF_ATTENTION] * 1e3);
     fputs("}\n", r->logf);
@@ -388,9 +399,16 @@ static void log_step(const Report *r, int step, const StepResult *s, const StepT
 void report_step(Report *r, int step, const StepResult *s, const StepTimes *tm, const Pipeline *p) {
     const Layout *l = r->lay;
     int P = l->pp.size;
-    StepSpread g = { .bubble_formula = (P - 1.0) / ((double)l->chunks * l->accum + P - 1.0) };
+    // the schedule's bubble with equal stages (zb-h1: the paper's (P-1)(F+B-W) over m(F+B+W) plus it, with
+    // F = B = W)
+    StepSpread g = { .bubble_formula = l->schedule == SCHED_ZBH1 ? (P - 1.0) / (3.0 * l->accum + P - 1.0)
+                                                                 : (P - 1.0) / ((double)l->chunks * l->accum + P - 1.0) };
     if (P > 1) { // the bubble: the share of the step each stage waited for activations or gradients
+        g.idle = xmalloc(sizeof(double) * P);
+        g.wfill = xmalloc(sizeof(double) * P);
         Spread b = gather_spread(l->pp.comm, P, tm->pipe_wait_s / (s->ms / 1e3), NULL);
+        gather_spread(l->pp.comm, P, tm->pipe_wait_s, g.idle);
+        gather_spread(l->pp.comm, P, tm->pipe_w_s, g.wfill);
         g.bubble_max = b.max > 0 ? b.max : 0;
         g.bubble_mean = b.mean;
         if (r->o->pp_trace && l->dp.rank == 0 && l->cp.rank == 0 && l->tp.rank == 0)
@@ -416,6 +434,8 @@ void report_step(Report *r, int step, const StepResult *s, const StepTimes *tm, 
     r->mark = now;
     if (l->lead) print_step(r, step, s, tm, &g);
     if (r->logf) log_step(r, step, s, tm, &g);
+    free(g.idle);
+    free(g.wfill);
 }
 
 void report_start(Report *r) { r->t0 = r->mark = now_seconds(); }

@@ -18,6 +18,7 @@ typedef struct {
     // 4·hs per pair forward (scores and the weighted sum), 10·hs backward (the scores again, dV, dP, dQ, dK)
     double attention_flops;
     double pipe_wait_s;      // pipeline.c: waiting for activations or gradients from the neighbour stages
+    double pipe_w_s;         // pipeline.c: W passes run apart from their B (zb-h1), what fills the bubble
     double ring_wait_s;      // context.c: waiting for the context-parallel ring's transfers
     double zero_wait_s;      // zero.c: waiting for data-parallel collectives after issuing them (exposed)
 } StepTimes;

@@ -287,7 +287,10 @@ static void layout_init(Layout *l, LaunchEnv *env, const Options *o) {
     Comm *world = NULL;
     memset(env, 0, sizeof *env);
     if (launch_env_read(env)) {
-        CommOptions copt = { .timeout = o->comm_timeout, .transport = o->transport, .log = 1, .ib_dev = o->ib_dev,
+        // the ring and the hierarchy move host memory only so far: a GPU run's auto stays with the fan-in
+        int gpu = o->device ? !strcmp(o->device, "cuda") : cuda_device_count() > 0;
+        int algo = o->algo == COMM_ALGO_AUTO && gpu ? COMM_ALGO_FANIN : o->algo;
+        CommOptions copt = { .timeout = o->comm_timeout, .transport = o->transport, .algo = algo, .log = 1, .ib_dev = o->ib_dev,
                              .ib_gid_index = o->ib_gid_index };
         world = comm_init(env, &copt);
     }
@@ -548,7 +551,13 @@ static void fill_meta(const Trainer *t, int step, CkptMeta *m) {
 static void build_model(Trainer *t, float *host_params) {
     const Options *o = &t->o;
     Layout *l = &t->lay;
-    int V = l->pp.size > 1 ? o->pp_virtual : 1; // (check_layout has checked the split)
+    int P = l->pp.size, V = P > 1 ? o->pp_virtual : 1; // (check_layout has checked the split)
+    int kind = o->pp_schedule >= 0 ? o->pp_schedule : V > 1 ? SCHED_INTERLEAVED : SCHED_1F1B;
+    if (kind == SCHED_ZBV)
+        die("--pp-schedule zb-v: the V placement (the head on the first stage) is not built yet; ./train schedule prints it");
+    if (V > 1 && kind != SCHED_INTERLEAVED)
+        die("--pp-schedule %s runs one chunk per stage: --pp-virtual %d is for the interleaved schedule", SCHEDULE_NAMES[kind], V);
+    l->schedule = P > 1 ? kind : SCHED_1F1B; // one stage: nothing to schedule
     layout_place_stages(l, t->cfg.L, V, o->pp_layers);
     t->times.profile = o->profile;
     layout_build_model(l, &t->cfg, t->dt, t->be, &t->times, &t->model);

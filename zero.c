@@ -137,7 +137,7 @@ static void fetch_unit(void *ctx, int unit) {
     Zero *z = ctx;
     if (z->stream && z->backward) grads_acquire(z, unit);
     wait_weights_of(z, z->unit_bucket[unit]); // ZeRO-1/2: the last update's gather of this bucket
-    if (z->stage != 3) return;
+    if (z->stage != 3 || z->weights_only) return;
     GPT2 *m = z->model;
     int b = z->unit_bucket[unit];
     ZeroSlot *s = gather_bucket(z, b, -1);
@@ -293,14 +293,20 @@ void zero_free(Zero *z) {
 void zero_begin_step(Zero *z) {
     z->gathers = 0;
     z->comm_busy_at_start = z->dp ? comm_busy_seconds(z->dp) : 0;
-    z->backward = 0;
+    z->backward = z->weights_only = 0;
 }
 
-void zero_begin_forward(Zero *z) { z->backward = 0; }
+void zero_begin_forward(Zero *z) { z->backward = z->weights_only = 0; }
 
 void zero_begin_backward(Zero *z, int last_micro) {
     z->backward = 1;
+    z->weights_only = 0;
     z->last_micro = last_micro;
+}
+
+void zero_begin_weights(Zero *z, int last_micro) {
+    zero_begin_backward(z, last_micro);
+    z->weights_only = 1;
 }
 
 double zero_sum_double(Zero *z, double x) { return comm_sum_double(z->dp, x); }
@@ -316,7 +322,7 @@ static double sumsq_range(const Zero *z, size_t off, size_t len, const float *gr
 }
 
 float zero_finish_grads(Zero *z) {
-    z->backward = 0;
+    z->backward = z->weights_only = 0;
     if (z->embed_req) {
         wait_timed(&z->embed_req, &z->times->zero_wait_s);
         if (z->embed_bucket >= 0) launch_bucket(z, z->embed_bucket);

@@ -61,6 +61,7 @@ typedef struct {
     int nslots;
     ZeroSlot *slots;
     int backward; // the train loop says which pass is running (prefetch direction)
+    int weights_only; // a W pass apart from its B (pipeline.c): it reads no weights, so ZeRO-3 gathers none
     int gathers;  // ZeRO-3: units gathered this step (recompute adds none: see model.c)
     int last_micro; // reductions start only during the last micro-batch's backward
     uint64_t use_clock;
@@ -85,6 +86,8 @@ void zero_free(Zero *z);
 void zero_begin_step(Zero *z);
 void zero_begin_forward(Zero *z);
 void zero_begin_backward(Zero *z, int last_micro);
+// A W pass (gpt2_backward_weight_chunk) apart from its B: gradients only, no weights to gather.
+void zero_begin_weights(Zero *z, int last_micro);
 // After the last backward: waits for the reductions; returns ‖g‖₂ of the reduced gradient.
 float zero_finish_grads(Zero *z);
 // AdamW at learning rate lr with clipping against grad_norm; refreshes the working weights (under

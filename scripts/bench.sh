@@ -73,3 +73,8 @@ bash scripts/bench_tokenizer.sh
 
 # collectives against OpenMPI on this node (skipped, saying so, when mpicc is not installed)
 bash scripts/bench/compare_mpi.sh
+
+# the collectives' algorithms: fan-in, ring and hierarchy on one node and across two simulated nodes
+echo
+echo "== collective algorithms (scripts/bench_algo.sh) =="
+bash scripts/bench_algo.sh

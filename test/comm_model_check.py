@@ -54,7 +54,7 @@ def slot_bytes(n):
 
 
 def inbox_bytes(members):
-    return INBOX_HEADER + members * (RING_HEADER + RING_BYTES)
+    return INBOX_HEADER + members * (RING_HEADER + RING_BYTES + 4)  # + the members' ranks, an int32 each (net_shm.c)
 
 
 def gpt2_params(L, C, V, maxT):

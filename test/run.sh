@@ -603,6 +603,50 @@ t_collectives_device() {
         { echo "device collectives over TCP failed on 3 ranks"; return 1; }
 }
 
+# A port for test/fake_nodes.sh below the ephemeral range (other jobs on the machine use their own).
+fake_port() { echo $((20000 + RANDOM % 12000)); }
+# NODES... -- COMMAND: test/fake_nodes.sh on a port of its own.
+fake_nodes() { FAKE_NODES_PORT=$(fake_port) timeout 600 sh test/fake_nodes.sh "$@"; }
+# "n0 n0 ... n1 ..." : NODES names of PER ranks each.
+node_names() { local m l; for ((m = 0; m < $1; m++)); do for ((l = 0; l < $2; l++)); do printf 'n%d ' $m; done; done; }
+
+# The collective suite under each --algo (test/test_comm.c's reference adds in the order the algorithm
+# promises: rank order for the fan-in and the ring, node by node for the hierarchy; bitwise), on one
+# node (shared memory) and on simulated nodes (shared memory inside, TCP across; test/fake_nodes.sh),
+# with each rank's connections counted (two for a ring).
+t_collectives_algos() {
+    local out
+    for a in ring hier; do # (the fan-in: t_collectives)
+        timeout 600 ./build/test_comm --nproc 4 --comm-timeout 60 --algo $a || { echo "--algo $a failed on 4 ranks"; return 1; }
+    done
+    timeout 600 ./build/test_comm --nproc 3 --comm-timeout 60 --algo ring --small || { echo "--algo ring failed on 3 ranks"; return 1; }
+    for spec in "hier:2 2" "ring:2 2" "auto:3 2" "hier:3 1"; do
+        local a=${spec%%:*} shape=${spec#*:}
+        out=$(fake_nodes $(node_names $shape) -- ./build/test_comm --comm-timeout 60 --algo $a --small 2>&1) ||
+            { echo "$out" | grep -E "FAIL|rror" | head; echo "--algo $a failed on nodes x ranks $shape"; return 1; }
+        echo "$out" | grep -E '^\[0\] (world:|collectives on)'
+    done
+    # auto across nodes with unequal numbers of ranks: the ring
+    out=$(fake_nodes n0 n0 n0 n1 -- ./build/test_comm --comm-timeout 60 --small 2>&1) || { echo "auto on 3+1 ranks failed"; return 1; }
+    grep -q '^\[0\] world: 4 rank(s) on 2 node(s), algorithm ring' <<<"$out" || { echo "auto on 3+1 ranks did not take the ring"; return 1; }
+    out=$(fake_nodes n0 n0 n0 n1 -- ./build/test_comm --comm-timeout 60 --algo hier 2>&1) && { echo "--algo hier on 3+1 ranks ran"; return 1; }
+    grep -q 'communicator world: --algo hier needs as many members of the communicator on each node' <<<"$out" ||
+        { echo "--algo hier on 3+1 ranks: no clear error"; echo "$out" | tail -3; return 1; }
+}
+
+# Scale: 32 and 64 ranks, the small suite of every collective (bitwise against the serial reference)
+# and each rank's connections counted: the ring on one node (shared memory) and across 4 simulated
+# nodes, the hierarchy on 8 nodes of 4 and of 8.
+t_comm_scale() {
+    local out
+    for spec in "ring:1 32" "hier:8 4" "ring:4 16" "hier:8 8"; do
+        local a=${spec%%:*} shape=${spec#*:}
+        out=$(fake_nodes $(node_names $shape) -- ./build/test_comm --comm-timeout 120 --algo $a --quick 2>&1) ||
+            { echo "$out" | grep -E "FAIL|rror" | head; echo "--algo $a failed on nodes x ranks $shape"; return 1; }
+        echo "$out" | grep -E '^\[0\] (world:|collectives on)'
+    done
+}
+
 # Two nodes simulated with network namespaces (shared memory inside a node, TCP across), and the
 # collectives' failure modes: a rank that never joins, a rank killed mid-collective, a wrong token,
 # random bytes at the bootstrap port, SIGTERM to the launcher.
@@ -670,6 +714,39 @@ t_data_parallel() {
     timeout 300 $TRAIN --nproc 3 "${DPFLAGS[@]}" --train "$DATA/train.bin" --batch-tokens 576 --zero 3 \
         --log "$d/rerun.jsonl" --save-model "$d/rerun.bin" >/dev/null || return 1
     cmp "$d/rerun.bin" "$d/dp3_m3_z3.bin" || { echo "rerun differs"; ok=1; }
+    return $ok
+}
+
+# Data parallelism under --algo ring (one node) and --algo hier (simulated nodes: DP 2 on 2 x 1, 3 on
+# 3 x 1, 4 on 2 x 2): ZeRO 0-3 and bucket sizes 0.02 and 0 bitwise equal per algorithm, equal to one
+# rank within 1e-5; the ring also bitwise equal to the fan-in (the same order of addition).
+t_data_parallel_algos() {
+    have_torch || return $?
+    local d=$WORK/dp_algos ok=0
+    mkdir -p "$d"
+    local -A shape=([2]="2 1" [3]="3 1" [4]="2 2")
+    for dp in 2 3 4; do
+        local tokens=$((dp * 64))
+        $TRAIN "${DPFLAGS[@]}" --train "$DATA/train.bin" --batch-tokens $tokens --log "$d/ref_$dp.jsonl" --save-model "$d/ref_$dp.bin" >/dev/null || return 1
+        timeout 300 $TRAIN --nproc $dp "${DPFLAGS[@]}" --train "$DATA/train.bin" --batch-tokens $tokens --algo fanin \
+            --comm-timeout 60 --save-model "$d/fanin_$dp.bin" >/dev/null || { echo "DP $dp fanin failed"; return 1; }
+        for a in ring hier; do
+            local runs=()
+            for z in 0 1 2 3; do
+                for b in 0.02 0; do
+                    local name="$d/${a}_${dp}_z${z}_b$b"
+                    local flags=("${DPFLAGS[@]}" --train "$DATA/train.bin" --batch-tokens $tokens --zero $z --bucket-mb $b --algo $a
+                        --comm-timeout 60 --log "$name.jsonl" --save-model "$name.bin")
+                    if [ $a = ring ]; then timeout 300 $TRAIN --nproc $dp "${flags[@]}" >/dev/null
+                    else fake_nodes $(node_names ${shape[$dp]}) -- $TRAIN "${flags[@]}" >/dev/null; fi || { echo "DP $dp --algo $a ZeRO-$z bucket $b failed"; return 1; }
+                    [ $b = 0.02 ] && runs+=("$name")
+                    cmp "$d/${a}_${dp}_z0_b0.02.bin" "$name.bin" || { echo "DP $dp --algo $a: ZeRO-$z bucket $b differs from ZeRO-0 bucket 0.02"; ok=1; }
+                done
+            done
+            $PY test/compare_runs.py 1e-5 "$d/ref_$dp" "${runs[@]}" || ok=1
+        done
+        cmp "$d/fanin_$dp.bin" "$d/ring_${dp}_z0_b0.02.bin" || { echo "DP $dp: the ring differs from the fan-in"; ok=1; }
+    done
     return $ok
 }
 
@@ -1087,6 +1164,86 @@ PYEOF
     return $ok
 }
 
+# Every schedule pipeline.c executes against 1F1B on the same layout: the final model bitwise (cmp of
+# --save-model) for PP 2 and 4, TP 2, DP 2 x ZeRO 1 and 3 (and ZeRO-2/3 streaming at one micro-batch),
+# CP 2, recompute selective and full, and a resume from a 1f1b checkpoint, with as many ZeRO-3 gathers
+# (none in W, which reads no weights); zb-h1's trace against 1F1B
+# computed by pp_schedule.py with each W after its B, in micro-batch order; the refusals, one line each.
+t_pp_zero_bubble() {
+    local d=$WORK/zb ok=0
+    mkdir -p "$d"
+    local shape=(--layers 4 --channels 32 --heads 4 --vocab 256 --seq-len 32 --micro-batch 1 --steps 3 --lr 1e-3
+        --warmup 2 --weight-decay 0.1 --clip 1.0 --bucket-mb 0.02 --train "$DATA/train.bin" --comm-timeout 60)
+    local cfg i=0
+    for cfg in "2 --pp 2|256" "4 --pp 4|256" "4 --pp 2 --tp 2|256" "4 --pp 2 --zero 1|256" "4 --pp 2 --zero 3|256" \
+        "4 --pp 2 --zero 3|64" "4 --pp 2 --cp 2|256" "2 --pp 2 --recompute selective|256" "2 --pp 2 --recompute full|256"; do
+        i=$((i + 1))
+        local spec=${cfg%|*} tokens=${cfg#*|} args sch
+        read -ra args <<<"--nproc $spec"
+        for sch in 1f1b zb-h1; do
+            rm -rf "$d/trace$i-$sch"
+            timeout 300 $TRAIN "${args[@]}" "${shape[@]}" --batch-tokens $tokens --pp-schedule $sch --pp-trace "$d/trace$i-$sch" \
+                --log "$d/m$i-$sch.jsonl" --save-model "$d/m$i-$sch.bin" >"$d/m$i-$sch.out" 2>&1 || { echo "'$spec' $sch failed"; tail -3 "$d/m$i-$sch.out"; return 1; }
+        done
+        if cmp -s "$d/m$i-1f1b.bin" "$d/m$i-zb-h1.bin"; then echo "ok '$spec' batch $tokens tokens: zb-h1 bitwise 1f1b"
+        else echo "FAIL '$spec': zb-h1's model differs from 1f1b's"; ok=1; fi
+        # W reads no weights: ZeRO-3 gathers no more than under 1f1b
+        [ "$(grep -o '"zero3_gathers":[0-9]*' "$d/m$i-1f1b.jsonl")" = "$(grep -o '"zero3_gathers":[0-9]*' "$d/m$i-zb-h1.jsonl")" ] ||
+            { echo "FAIL '$spec': zb-h1's ZeRO-3 gathers differ from 1f1b's"; ok=1; }
+        $PY - "$d/trace$i-zb-h1" <<'PYEOF' || { echo "FAIL '$spec': zb-h1 trace"; ok=1; }
+import ast, glob, re, sys
+src = open("test/pp_schedule.py").read()
+defs = [n for n in ast.parse(src).body if isinstance(n, ast.FunctionDef)]
+exec(compile(ast.Module(body=defs, type_ignores=[]), "pp_schedule.py", "exec"))
+files = sorted(glob.glob(sys.argv[1] + "/stage*.txt"), key=lambda f: int(re.findall(r"\d+", f.split("/")[-1])[0]))
+P = len(files)
+for s, f in enumerate(files):
+    for line in open(f).read().splitlines():
+        m = re.match(r"step \d+ peak (\d+): (.*)", line)
+        ops = m.group(2).split()
+        M = sum(o[0] == "F" for o in ops)
+        fb = [o for o in ops if o[0] in "FB"]
+        assert fb == one_f_one_b(P, M, s), (s, fb)
+        ws = [int(o[1:]) for o in ops if o[0] == "W"]
+        assert ws == list(range(M)), (s, ws)  # each W once, in micro-batch order
+        for k in range(M):
+            assert ops.index(f"B{k}") < ops.index(f"W{k}"), (s, k)
+        assert int(m.group(1)) <= min(P, M), (s, m.group(1))  # zb-h1's bound: 1f1b's first-rank peak
+PYEOF
+    done
+    # interleaved through the executor by name is the default with --pp-virtual 2
+    local ishape=("${shape[@]}" --layers 8 --batch-tokens 256)
+    for sch in "" "--pp-schedule interleaved"; do
+        timeout 300 $TRAIN --nproc 2 --pp 2 --pp-virtual 2 $sch "${ishape[@]}" --save-model "$d/iv${sch:+n}.bin" >/dev/null || return 1
+    done
+    cmp "$d/iv.bin" "$d/ivn.bin" || { echo "FAIL: --pp-schedule interleaved differs from --pp-virtual 2"; ok=1; }
+    # a checkpoint written under 1f1b resumed under zb-h1 ends where 1f1b ends
+    local rs=(--nproc 4 --pp 2 --zero 1 "${shape[@]}" --batch-tokens 256 --steps 4)
+    timeout 300 $TRAIN "${rs[@]}" --ckpt-dir "$d/c1" --ckpt-every 2 --save-model "$d/r-a.bin" >"$d/r.out" 2>&1 || { echo "resume: first run failed"; return 1; }
+    timeout 300 $TRAIN "${rs[@]}" --pp-schedule zb-h1 --resume "$d/c1/ckpt_00000002" --ckpt-dir "$d/c2" --save-model "$d/r-b.bin" >>"$d/r.out" 2>&1 ||
+        { echo "resume: zb-h1 run failed"; tail -3 "$d/r.out"; return 1; }
+    grep -q "^resumed from $d/c1/ckpt_00000002: step 2" "$d/r.out" || { echo "FAIL: did not resume"; ok=1; }
+    cmp "$d/r-a.bin" "$d/r-b.bin" || { echo "FAIL: zb-h1 resumed from 1f1b's checkpoint differs"; ok=1; }
+    # the planner's bubble column follows --pp-schedule: the closed forms, computed here
+    for sch in 1f1b interleaved zb-h1 zb-v; do # bubbles 3/11, 3/19, 3/27, 3/51
+        set -- $sch
+        local got want
+        got=$($TRAIN plan --model d12 --gpus 8 --pp 4 --tp 2 --micro-batches 8 --batch-tokens 64K --pp-schedule $1 --json 2>/dev/null |
+            $PY -c 'import json, sys; print(round(100 * [y for y in json.load(sys.stdin)["layouts"] if y["pp"] == 4 and y["tp"] == 2][0]["bubble"], 3))') ||
+            { echo "FAIL: plan --pp-schedule $1"; ok=1; continue; }
+        want=$($PY -c "print(round(100 * 3 / (3 + 8 * {'1f1b': 1, 'interleaved': 2, 'zb-h1': 3, 'zb-v': 6}['$1']), 3))")
+        [ "$got" = "$want" ] || { echo "FAIL: plan --pp-schedule $1 bubble $got% != $want%"; ok=1; }
+    done
+    local bad err
+    for bad in "--pp-schedule zb-v|--pp-schedule zb-v: the V placement" "--pp-schedule zb-h2|--pp-schedule must be 1f1b, interleaved, zb-h1 or zb-v, got 'zb-h2'" \
+        "--pp-schedule 1f1b --pp-virtual 2|--pp-schedule 1f1b runs one chunk per stage: --pp-virtual 2" \
+        "--pp-schedule zb-h1 --pp-virtual 2|--pp-schedule zb-h1 runs one chunk per stage"; do
+        err=$($TRAIN --nproc 2 --pp 2 ${bad%%|*} "${shape[@]}" --batch-tokens 256 --steps 1 2>&1 >/dev/null) && { echo "accepted: ${bad%%|*}"; ok=1; }
+        [ "$(wc -l <<<"$err")" = 1 ] && grep -qF -- "${bad#*|}" <<<"$err" || { echo "bad error for ${bad%%|*}: $err"; ok=1; }
+    done
+    return $ok
+}
+
 # The backward's input and weight halves (model.h) against the fused backward, bitwise: recompute none,
 # selective, full; whole model, first and last stage, one or two chunks; fp32 and bf16; TP 2 (with and
 # without SP) and CP 2 on two ranks.
@@ -1381,11 +1538,14 @@ run_test cli     t_bad_input               "bad input: one-line errors, non-zero
 run_test model   t_learns                  "the model learns and samples"
 run_test comm    t_collectives             "collectives: every op, type, count, placement; 1-8 ranks; sub-communicators"
 run_test comm    t_collectives_device      "device memory in the collectives (CPU stand-in): CUDA IPC protocol, marks, TCP staging; 2-3 ranks"
+run_test comm    t_collectives_algos       "collectives under --algo ring and hier: bitwise against the order each promises; simulated nodes; connections counted"
+run_test comm    t_comm_scale              "collectives at 32 and 64 ranks (ring, hierarchy on simulated nodes): bitwise, two connections per ring rank"
 run_test comm    t_two_nodes               "collectives across two simulated nodes (network namespaces)"
 run_test comm    t_comm_failures           "collectives: dead, missing and impostor ranks, SIGTERM"
 run_test slurm   t_slurm                   "Slurm: 2 nodes x 2 ranks under srun and sbatch equal one rank"
 run_test slurm   t_usr1                    "SIGUSR1 (Slurm time-limit warning) stops every rank cleanly"
 run_test dp      t_data_parallel           "data parallel DP 2,3,4 x ZeRO 0-3 x M 1,3 equals one rank; stages and bucket sizes 0, 0.02, 25 bitwise"
+run_test dp      t_data_parallel_algos     "data parallel under --algo ring and hier (simulated nodes): ZeRO 0-3 x buckets bitwise per algorithm, one rank within 1e-5"
 run_test dp      t_data_parallel_bf16_clip "data parallel bf16 and active clipping equal one rank"
 run_test memory  t_zero_memory_accum       "ZeRO-2/3 gradients 4/N with one micro-batch, 4 + 4/N with more (the accumulation buffer named); DP x CP = 1 says ZeRO has nothing to shard"
 run_test memory  t_zero_memory             "ZeRO memory per rank at DP 4 follows the formula"
@@ -1436,6 +1596,7 @@ run_test emu     t_emu_sync_names_kernel   "emulated GPU: LLM4D_CUDA_SYNC=1 name
 run_test emu     t_emu_train               "emulated GPU: ./train --device cuda fp32 and bf16 steps against the CPU; recompute bitwise"
 run_test emu     t_emu_multirank           "emulated GPU: DP 2 x ZeRO 0-3 (bitwise), TP 2, PP 2 plain and interleaved, CP 2, TP 2 x PP 2, TP 2 x PP 2 x DP 2 through CUDA IPC on one emulated GPU; DP 2 on two GPUs, a GPU each seen as device 0, TP 2 x DP 2 on four GPUs, DP 2 over TCP; equal one rank"
 run_test pp      t_pp_schedules            "pipeline schedules (1f1b, interleaved, zb-h1, zb-v) as action lists: checker for p <= 8, m <= 64; ./train schedule"
+run_test pp      t_pp_zero_bubble          "every schedule pipeline.c runs (zb-h1, interleaved by name) ends bitwise at 1f1b's model: PP 2/4, TP, DP x ZeRO 1/3, CP, recompute, resume"
 run_test model   t_split_backward          "backward split into input (B) and weight (W) halves equals the fused backward bitwise (recompute, PP stages, TP, SP, CP)"
 
 if [ $LIST -eq 1 ] && [ $listed -gt 0 ]; then exit 0; fi

@@ -56,12 +56,22 @@ static void *reference_reduce(Comm *c, size_t count, CommType t, CommOp op, uint
         in[r] = xmalloc(count * es + 1);
         gen(in[r], count, t, comm_world_rank(c, r), tc);
     }
+    // the hierarchy adds each node's members in rank order, then the nodes in order; the fan-in and
+    // the ring add every rank in order (one "node")
+    int hier = !strcmp(comm_algo(c), "hier");
     for (size_t i = 0; i < count; i++) {
         if (t == CT_F32 || t == CT_BF16) {
             float acc = 0;
-            for (int r = 0; r < n; r++) {
-                float x = t == CT_F32 ? ((float *)in[r])[i] : bf16_to_f32(((uint16_t *)in[r])[i]);
-                acc = r == 0 ? x : op == OP_MAX ? (x > acc ? x : acc) : acc + x;
+            for (int m = 0, seen = 0; seen < n; m++) { // node by node (one node unless hier)
+                float part = 0;
+                int any = 0;
+                for (int r = 0; r < n; r++) {
+                    if (hier && comm_node(c, r) != m) continue;
+                    float x = t == CT_F32 ? ((float *)in[r])[i] : bf16_to_f32(((uint16_t *)in[r])[i]);
+                    part = !any ? x : op == OP_MAX ? (x > part ? x : part) : part + x;
+                    any = 1, seen++;
+                }
+                if (any) acc = m == 0 ? part : op == OP_MAX ? (part > acc ? part : acc) : acc + part;
             }
             if (op == OP_AVG) acc /= (float)n;
             if (t == CT_F32) ((float *)out)[i] = acc;
@@ -242,7 +252,35 @@ static void test_p2p(Comm *c) {
     tfree(out); tfree(in); free(want);
 }
 
+// The connections the algorithm may hold, counted here from its definition: the fan-in every pair;
+// the ring the two neighbours; the hierarchy the node's other members, the same local rank on the
+// neighbouring nodes and the neighbours in rank order (point-to-point).
+static void check_connections(Comm *c) {
+    int n = comm_size(c), me = comm_rank(c), want = 0;
+    const char *algo = comm_algo(c);
+    int local[1024] = { 0 }, lr = 0, nodes = 0; // local rank of every member (n <= 1024 in these tests)
+    for (int r = 0; r < n && n <= 1024; r++) {
+        for (int q = 0; q < r; q++) local[r] += comm_node(c, q) == comm_node(c, r);
+        nodes = comm_node(c, r) + 1 > nodes ? comm_node(c, r) + 1 : nodes;
+    }
+    lr = local[me];
+    for (int p = 0; p < n; p++) {
+        if (p == me) continue;
+        int nb = p == (me + 1) % n || p == (me + n - 1) % n, m = comm_node(c, me), pm = comm_node(c, p);
+        if (!strcmp(algo, "fanin")) want++;
+        else if (!strcmp(algo, "ring")) want += nb;
+        else want += pm == m || nb || (local[p] == lr && (pm == (m + 1) % nodes || pm == (m + nodes - 1) % nodes));
+    }
+    if (comm_connections(c) != want) {
+        printf("FAIL rank %d: --algo %s on %s holds %d connection(s), expected %d\n", comm_world_rank(c, me), algo, comm_name(c),
+               comm_connections(c), want);
+        failures++;
+    }
+    if (me == 0) printf("%s: %d rank(s) on %d node(s), algorithm %s, %d connection(s) at rank 0\n", comm_name(c), n, nodes, algo, want);
+}
+
 static void suite(Comm *c, int full, int quick) {
+    check_connections(c);
     static const size_t counts[] = { 0, 1, 7, 1000, 1048579 };
     for (int ci = 0; ci < (quick ? 4 : 5); ci++) {
         size_t count = counts[ci];
@@ -279,6 +317,8 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[i], "--comm-timeout")) opt.timeout = atof(argv[i + 1]);
         if (!strcmp(argv[i], "--transport") && (opt.transport = comm_parse_transport(argv[i + 1])) < 0)
             die("--transport must be auto, shm, tcp or verbs");
+        if (!strcmp(argv[i], "--algo") && (opt.algo = comm_parse_algo(argv[i + 1])) < 0)
+            die("--algo must be auto, fanin, ring or hier");
         if (!strcmp(argv[i], "--device")) {
             if (!strcmp(argv[i + 1], "cpu")) DEV = devmem_cpu();
             else if (!strcmp(argv[i + 1], "cuda") && backend_cuda()) cuda = 1; // the table once the device is chosen
