@@ -248,7 +248,9 @@ int bench_comm_main(int argc, char **argv) {
         cuda_use_device(env.local_rank % ndev);
         dev = devmem_cuda();
     }
-    CommOptions copt = { .timeout = bo.timeout, .transport = bo.transport, .algo = bo.algo, .ib_dev = bo.ib_dev, .ib_gid_index = bo.ib_gid_index };
+    // the ring and the hierarchy move host memory only so far: with device buffers auto is the fan-in
+    int algo = dev && bo.algo == COMM_ALGO_AUTO ? COMM_ALGO_FANIN : bo.algo;
+    CommOptions copt = { .timeout = bo.timeout, .transport = bo.transport, .algo = algo, .ib_dev = bo.ib_dev, .ib_gid_index = bo.ib_gid_index };
     Comm *world = comm_init(&env, &copt);
     comm_use_device(world, dev);
     int n = comm_size(world), rank = comm_rank(world);

@@ -333,6 +333,8 @@ int main(int argc, char **argv) {
         cuda_use_device(env.local_rank % ndev);
         DEV = devmem_cuda();
     }
+    // the ring and the hierarchy move host memory only so far: with device memory auto is the fan-in
+    if (DEV && opt.algo == COMM_ALGO_AUTO) opt.algo = COMM_ALGO_FANIN;
     Comm *world = comm_init(&env, &opt);
     comm_use_device(world, DEV);
     int r = comm_rank(world), n = comm_size(world);
