@@ -48,16 +48,23 @@ static double cfg_num(json_t *r, const char *path, const char *key, double lo, d
     return x;
 }
 
-void hf_config_read(const char *dir, HFConfig *c) {
-    char path[SAFE_PATH_MAX + 32], why[SAFE_PATH_MAX + 256];
-    snprintf(path, sizeof path, "%s/config.json", dir);
+// A JSON file of at most limit bytes (config.json, the shard index), or one line naming the problem.
+static json_t *load_json(const char *path, size_t limit) {
+    char why[SAFE_PATH_MAX + 256];
     unsigned char *buf;
     size_t len;
-    if (st_read_file(path, &buf, &len, (size_t)16 << 20, why, sizeof why) != 0) die("%s", why);
+    if (st_read_file(path, &buf, &len, limit, why, sizeof why) != 0) die("%s", why);
     json_error_t jerr;
     json_t *r = json_loadb((const char *)buf, len, 0, &jerr);
     free(buf);
     if (!r) die("%s: malformed JSON at line %d: %s", path, jerr.line, jerr.text);
+    return r;
+}
+
+void hf_config_read(const char *dir, HFConfig *c) {
+    char path[SAFE_PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    json_t *r = load_json(path, (size_t)16 << 20);
     if (!json_is_object(r)) die("%s: not a JSON object", path);
     memset(c, 0, sizeof *c);
     const char *s = json_string_value(json_object_get(r, "model_type"));
@@ -249,7 +256,7 @@ static void map_file(const char *dir, const char *name, HFFile *f) {
 HFCheckpoint *hf_open(const char *dir) {
     HFCheckpoint *h = xcalloc(1, sizeof *h);
     snprintf(h->dir, sizeof h->dir, "%s", dir);
-    char path[SAFE_PATH_MAX + 64], why[SAFE_PATH_MAX + 256];
+    char path[SAFE_PATH_MAX + 64];
     snprintf(path, sizeof path, "%s/%s", dir, SINGLE_NAME);
     if (access(path, F_OK) == 0) {
         h->nfiles = 1;
@@ -259,13 +266,7 @@ HFCheckpoint *hf_open(const char *dir) {
     }
     snprintf(path, sizeof path, "%s/%s", dir, INDEX_NAME);
     if (access(path, F_OK) != 0) die("%s: neither %s nor %s", dir, SINGLE_NAME, INDEX_NAME);
-    unsigned char *buf;
-    size_t len;
-    if (st_read_file(path, &buf, &len, (size_t)256 << 20, why, sizeof why) != 0) die("%s", why);
-    json_error_t jerr;
-    json_t *r = json_loadb((const char *)buf, len, 0, &jerr);
-    free(buf);
-    if (!r) die("%s: malformed JSON at line %d: %s", path, jerr.line, jerr.text);
+    json_t *r = load_json(path, (size_t)256 << 20);
     json_t *wm = json_object_get(r, "weight_map");
     if (!json_is_object(wm) || json_object_size(wm) == 0) die("%s: weight_map: missing or empty", path);
     h->weight_map = json_incref(wm);
