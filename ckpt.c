@@ -82,22 +82,6 @@ static int by_full(const void *a, const void *b) {
     return x->full < y->full ? -1 : x->full > y->full;
 }
 
-// The full shape of tensor k (llm.c's file layout, per-layer tensors stacked over L).
-static int full_shape(const GPT2Config *c, int k, int64_t d[3]) {
-    int64_t C = c->C, L = c->L;
-    switch (k) {
-    case P_WTE: d[0] = c->Vp, d[1] = C; return 2;
-    case P_WPE: d[0] = c->maxT, d[1] = C; return 2;
-    case P_QKVW: d[0] = L, d[1] = 3 * C, d[2] = C; return 3;
-    case P_QKVB: d[0] = L, d[1] = 3 * C; return 2;
-    case P_ATTPROJW: d[0] = L, d[1] = C, d[2] = C; return 3;
-    case P_FCW: d[0] = L, d[1] = 4 * C, d[2] = C; return 3;
-    case P_FCB: d[0] = L, d[1] = 4 * C; return 2;
-    case P_FCPROJW: d[0] = L, d[1] = C, d[2] = 4 * C; return 3;
-    case P_LNFW: case P_LNFB: d[0] = C; return 1;
-    default: d[0] = L, d[1] = C; return 2; // ln1w ln1b attprojb ln2w ln2b fcprojb
-    }
-}
 
 void ckpt_path(const char *dir, int64_t step, char *out, size_t cap) {
     int n = snprintf(out, cap, "%s/ckpt_%08lld", dir, (long long)step);
@@ -361,7 +345,8 @@ static char *shard_header(const Ckpt *c, int64_t step, size_t *len) {
     json_object_set_new(meta, "ranks", json_string(buf));
     for (int k = 0; k < NUM_PARAM_TENSORS; k++) {
         int64_t d[3];
-        int nd = full_shape(&c->model->cfg, k, d);
+        int nd = gpt2_tensor_shape(&c->model->cfg, k, d);
+        if (!nd) continue; // a tensor the architecture lacks
         int w = snprintf(buf, sizeof buf, "[%lld", (long long)d[0]);
         for (int i = 1; i < nd; i++) w += snprintf(buf + w, sizeof buf - w, ", %lld", (long long)d[i]);
         snprintf(buf + w, sizeof buf - w, "]");
@@ -1097,8 +1082,8 @@ static int read_tensor(const char *file, json_t *h, const unsigned char *data, u
         return -1;
     }
     int64_t d[3];
-    int nd = full_shape(cfg, k, d);
-    uint64_t full = 1, total = 0;
+    int nd = gpt2_tensor_shape(cfg, k, d);
+    uint64_t full = nd ? 1 : 0, total = 0;
     for (int i = 0; i < nd; i++) full *= (uint64_t)d[i];
     int64_t *pairs = xmalloc(n[0] * 16 + 16);
     memcpy(pairs, p[0], n[0] * 16);
@@ -1199,8 +1184,8 @@ static int load_shards(const char *d, const char *path, json_t *shards, const Ck
     }
     for (int k = 0; k < NUM_PARAM_TENSORS; k++) {
         int64_t dim[3];
-        int nd = full_shape(&model->cfg, k, dim);
-        uint64_t full = 1;
+        int nd = gpt2_tensor_shape(&model->cfg, k, dim);
+        uint64_t full = nd ? 1 : 0;
         for (int i = 0; i < nd; i++) full *= (uint64_t)dim[i];
         if (check_tiling(d, k, &tiles[k], full, why, cap) != 0) return -1;
     }

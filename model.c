@@ -12,32 +12,41 @@
 
 const char *const PARAM_NAMES[NUM_PARAM_TENSORS] = {
     "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
-    "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb",
+    "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb", "lmhead",
 };
+const char *const ARCH_NAMES[2] = { "gpt2", "llama" };
 const char *const RECOMPUTE_NAMES[3] = { "none", "selective", "full" };
 
+int gpt2_tensor_shape(const GPT2Config *c, int k, int64_t d[3]) {
+    int64_t C = c->C, L = c->L, hs = c->C / c->NH, F = c->F, llama = c->arch == ARCH_LLAMA;
+    int64_t qkv = llama ? (c->NH + 2 * (int64_t)c->NKV) * hs : 3 * C, inner = llama ? c->NH * hs : C;
+    int bias = k == P_QKVB || k == P_ATTPROJB || k == P_LN1B || k == P_LN2B || k == P_FCB || k == P_FCPROJB || k == P_LNFB;
+    if (llama && (bias || k == P_WPE)) return 0;
+    if (k == P_LMHEAD && (!llama || c->tie)) return 0;
+    switch (k) {
+    case P_WTE: case P_LMHEAD: d[0] = c->Vp, d[1] = C; return 2;
+    case P_WPE: d[0] = c->maxT, d[1] = C; return 2;
+    case P_QKVW: d[0] = L, d[1] = qkv, d[2] = C; return 3;
+    case P_QKVB: d[0] = L, d[1] = qkv; return 2;
+    case P_ATTPROJW: d[0] = L, d[1] = C, d[2] = inner; return 3;
+    case P_FCW: d[0] = L, d[1] = llama ? 2 * F : 4 * C, d[2] = C; return 3;
+    case P_FCB: d[0] = L, d[1] = 4 * C; return 2;
+    case P_FCPROJW: d[0] = L, d[1] = C, d[2] = llama ? F : 4 * C; return 3;
+    case P_LNFW: case P_LNFB: d[0] = C; return 1;
+    default: d[0] = L, d[1] = C; return 2; // ln1w ln1b attprojb ln2w ln2b fcprojb
+    }
+}
+
 size_t gpt2_param_layout(const GPT2Config *cfg, size_t sizes[NUM_PARAM_TENSORS], size_t offsets[NUM_PARAM_TENSORS]) {
-    size_t C = (size_t)cfg->C, L = (size_t)cfg->L;
-    sizes[P_WTE] = (size_t)cfg->Vp * C;
-    sizes[P_WPE] = (size_t)cfg->maxT * C;
-    sizes[P_LN1W] = L * C;
-    sizes[P_LN1B] = L * C;
-    sizes[P_QKVW] = L * 3 * C * C;
-    sizes[P_QKVB] = L * 3 * C;
-    sizes[P_ATTPROJW] = L * C * C;
-    sizes[P_ATTPROJB] = L * C;
-    sizes[P_LN2W] = L * C;
-    sizes[P_LN2B] = L * C;
-    sizes[P_FCW] = L * 4 * C * C;
-    sizes[P_FCB] = L * 4 * C;
-    sizes[P_FCPROJW] = L * C * 4 * C;
-    sizes[P_FCPROJB] = L * C;
-    sizes[P_LNFW] = C;
-    sizes[P_LNFB] = C;
     size_t total = 0;
     for (int k = 0; k < NUM_PARAM_TENSORS; k++) {
+        int64_t d[3];
+        int nd = gpt2_tensor_shape(cfg, k, d);
+        size_t n = nd ? 1 : 0;
+        for (int i = 0; i < nd; i++) n *= (size_t)d[i];
+        sizes[k] = n;
         offsets[k] = total;
-        total += sizes[k];
+        total += n;
     }
     return total;
 }
@@ -49,6 +58,17 @@ int gpt2_config_valid(const GPT2Config *cfg, char *why, size_t cap) {
         return snprintf(why, cap, "channels (%d) must be divisible by heads (%d)", cfg->C, cfg->NH), 0;
     if (cfg->Vp < cfg->V)
         return snprintf(why, cap, "padded vocab (%d) is smaller than vocab (%d)", cfg->Vp, cfg->V), 0;
+    if (cfg->arch == ARCH_LLAMA) {
+        if (cfg->NKV <= 0 || cfg->NH % cfg->NKV)
+            return snprintf(why, cap, "heads (%d) must be a positive multiple of kv heads (%d)", cfg->NH, cfg->NKV), 0;
+        if ((cfg->C / cfg->NH) % 2)
+            return snprintf(why, cap, "rotary embeddings need an even head size (channels %d / heads %d)", cfg->C, cfg->NH), 0;
+        if (cfg->F <= 0) return snprintf(why, cap, "the SwiGLU size (--ffn) must be positive, got %d", cfg->F), 0;
+        if (!(cfg->norm_eps > 0) || !(cfg->rope.theta > 1))
+            return snprintf(why, cap, "--norm-eps must be positive and --rope-theta above 1"), 0;
+    } else if (cfg->arch != ARCH_GPT2) {
+        return snprintf(why, cap, "unknown architecture %d", cfg->arch), 0;
+    }
     if (cfg->L > 4096 || cfg->C > 65536 || cfg->maxT > 1048576 || cfg->Vp > 1048576)
         return snprintf(why, cap, "shape out of range (L=%d C=%d maxT=%d Vp=%d)", cfg->L, cfg->C, cfg->maxT, cfg->Vp), 0;
     return 1;
@@ -56,6 +76,7 @@ int gpt2_config_valid(const GPT2Config *cfg, char *why, size_t cap) {
 
 GPT2Config gpt2_shape(const char *preset, int L, int C, int NH, int V, int max_seq_len, int seq_len) {
     GPT2Config cfg;
+    memset(&cfg, 0, sizeof cfg);
     const char *name = preset ? preset : "d12";
     int depth;
     if (!strcmp(name, "d12")) depth = 12;
@@ -77,8 +98,41 @@ GPT2Config gpt2_shape(const char *preset, int L, int C, int NH, int V, int max_s
     return cfg;
 }
 
+// The Llama family's presets, from Meta's published configurations (HF config.json): layers, channels,
+// heads, kv heads, SwiGLU size, vocabulary, context, RoPE (Llama 3.1's scaling: factor 8 for 405B, 32 for
+// the 3.2 models; low 1, high 4, original context 8192), RMSNorm epsilon 1e-5, and whether the head is
+// tied. llama3-tiny is for tests: byte vocabulary, GQA with 2 kv heads for 4 query heads.
+int llama_preset(const char *name, GPT2Config *cfg) {
+    static const struct {
+        const char *name;
+        int L, C, NH, NKV, F, V, maxT, tie;
+        double theta, factor;
+    } P[] = {
+        { "llama3-tiny", 2, 64, 4, 2, 160, 256, 256, 0, 500000, 0 },
+        { "llama3.2-1b", 16, 2048, 32, 8, 8192, 128256, 131072, 1, 500000, 32 },
+        { "llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192, 0, 500000, 0 },
+        { "llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192, 0, 500000, 0 },
+        { "llama3-405b", 126, 16384, 128, 8, 53248, 128256, 131072, 0, 500000, 8 },
+    };
+    for (size_t i = 0; i < sizeof P / sizeof P[0]; i++) {
+        if (strcmp(P[i].name, name)) continue;
+        memset(cfg, 0, sizeof *cfg);
+        cfg->arch = ARCH_LLAMA;
+        cfg->L = P[i].L, cfg->C = P[i].C, cfg->NH = P[i].NH, cfg->NKV = P[i].NKV, cfg->F = P[i].F;
+        cfg->V = P[i].V, cfg->Vp = (P[i].V + 127) / 128 * 128, cfg->maxT = P[i].maxT, cfg->tie = P[i].tie;
+        cfg->norm_eps = 1e-5f;
+        cfg->rope.theta = P[i].theta;
+        if (P[i].factor > 0) {
+            cfg->rope.factor = P[i].factor;
+            cfg->rope.low_freq_factor = 1, cfg->rope.high_freq_factor = 4, cfg->rope.original_max_pos = 8192;
+        }
+        return 1;
+    }
+    return 0;
+}
+
 int gpt2_param_decays(int k) {
-    return k == P_WTE || k == P_WPE || k == P_QKVW || k == P_ATTPROJW || k == P_FCW || k == P_FCPROJW;
+    return k == P_WTE || k == P_WPE || k == P_QKVW || k == P_ATTPROJW || k == P_FCW || k == P_FCPROJW || k == P_LMHEAD;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -111,7 +165,7 @@ float *gpt2_init_params(const GPT2Config *cfg, uint64_t seed) {
         double std = (k == P_ATTPROJW || k == P_FCPROJW) ? resid_std : 0.02;
         uint64_t key = mix64(mix64(seed) + (uint64_t)k);
         // padded vocabulary rows stay zero so that their logits are exactly 0 and never trained
-        size_t live = (k == P_WTE) ? (size_t)cfg->V * cfg->C : sz;
+        size_t live = (k == P_WTE || k == P_LMHEAD) ? (size_t)cfg->V * cfg->C : sz;
 #pragma omp parallel for schedule(static)
         for (size_t i = 0; i < sz; i++) t[i] = i < live ? (float)(std * normal_at(key, i)) : 0.0f;
     }
@@ -200,7 +254,8 @@ void gpt2_save_file(const char *path, const GPT2Config *cfg, const float *host_p
 
 static void *at(const void *base, size_t elems, DType dt) { return (char *)base + elems * dtype_size(dt); }
 
-static int is_layer_tensor(int k) { return k != P_WTE && k != P_WPE && k != P_LNFW && k != P_LNFB; }
+static int is_final_tensor(int k) { return k == P_LNFW || k == P_LNFB || k == P_LMHEAD; } // the last unit
+static int is_layer_tensor(int k) { return k != P_WTE && k != P_WPE && !is_final_tensor(k); }
 
 int gpt2_tensor_replicated(const GPT2 *m, int k) {
     if (m->lay->tp.size == 1) return 0;
@@ -242,7 +297,7 @@ void gpt2_set_hooks(GPT2 *m, void *ctx, void (*fetch)(void *ctx, int unit), void
 
 int gpt2_unit_of(const GPT2 *m, int k, int l) {
     if (k == P_WTE || k == P_WPE) return UNIT_EMBED;
-    if (k == P_LNFW || k == P_LNFB) return m->nl + 1;
+    if (is_final_tensor(k)) return m->nl + 1;
     return 1 + l;
 }
 
@@ -260,11 +315,12 @@ static void local_sizes(GPT2 *m) {
     // per-layer tensors: this pipeline stage's blocks; the embeddings live on the first stage and (for
     // the tied head) on the last; the final LayerNorm on the last
     for (int k = 0; k < NUM_PARAM_TENSORS; k++)
-        if (k != P_WTE && k != P_WPE && k != P_LNFW && k != P_LNFB) s[k] = s[k] / m->cfg.L * L;
+        if (is_layer_tensor(k)) s[k] = s[k] / m->cfg.L * L;
     int embed = m->first || m->last;
     s[P_WTE] = embed ? (size_t)m->Vp_tp * C : 0;
     s[P_WPE] = embed ? s[P_WPE] : 0;
     s[P_LNFW] = s[P_LNFB] = m->last ? C : 0;
+    s[P_LMHEAD] = 0; // the Llama family's untied head: not built yet
     s[P_QKVW] = L * 3 * Ct * C;
     s[P_QKVB] = L * 3 * Ct;
     s[P_ATTPROJW] = L * C * Ct;
@@ -280,7 +336,7 @@ static void build_units(GPT2 *m) {
     m->unit_offset = xmalloc(sizeof(size_t) * (m->nunits + 1));
     size_t embed = 0, layer = 0, fin = 0;
     for (int k = 0; k < NUM_PARAM_TENSORS; k++) {
-        size_t *acc = (k == P_WTE || k == P_WPE) ? &embed : (k == P_LNFW || k == P_LNFB) ? &fin : &layer;
+        size_t *acc = (k == P_WTE || k == P_WPE) ? &embed : is_final_tensor(k) ? &fin : &layer;
         m->in_unit[k] = *acc;
         *acc += is_layer_tensor(k) ? m->param_sizes[k] / L : m->param_sizes[k];
     }

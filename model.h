@@ -18,20 +18,38 @@
 #define MODEL_VERSION_F32 3
 #define MODEL_VERSION_BF16 5
 
+// The architecture (--arch): GPT-2 (LayerNorm, learned positions, GELU MLP, biases, head tied to wte) or
+// the Llama family (RMSNorm, rotary positions, SwiGLU MLP, grouped-query attention, no biases, head tied
+// or its own tensor). The struct keeps GPT-2's name; the Llama fields are zero for GPT-2.
+enum { ARCH_GPT2, ARCH_LLAMA };
+extern const char *const ARCH_NAMES[2];
+
 typedef struct {
-    int maxT; // longest sequence the position embedding covers
+    int maxT; // longest sequence the position embedding covers (Llama: the longest trained or allowed)
     int V;    // vocabulary size
     int Vp;   // vocabulary padded for efficient matmuls (≥ V); rows V..Vp-1 of wte are zero
     int L;    // blocks
-    int NH;   // heads
+    int NH;   // heads (query heads); head size C / NH
     int C;    // channels
+    int arch; // ARCH_GPT2 or ARCH_LLAMA
+    int NKV;  // Llama: key/value heads (NH a multiple of NKV; NKV < NH is grouped-query attention)
+    int F;    // Llama: SwiGLU's hidden size (the gate and up projections' rows)
+    int tie;  // Llama: 1 when the LM head is wte, 0 when it is its own tensor P_LMHEAD
+    float norm_eps;  // Llama: RMSNorm's epsilon
+    RopeConfig rope; // Llama: rotary embedding (theta, Llama 3.1's frequency scaling)
 } GPT2Config;
 
-// The 16 parameter tensors, in llm.c's file order. Per-layer tensors are stacked over L.
+// The parameter tensors, GPT-2's 16 in llm.c's file order, then the Llama family's untied head. Per-layer
+// tensors are stacked over L. One table serves both architectures; a tensor an architecture lacks has
+// size 0 (GPT-2: lmhead, and lmhead of a tied Llama; Llama: wpe and every bias). For Llama the slots mean:
+//   wte [Vp, C]   ln1w [L, C] attention RMSNorm   qkvw [L, (NH + 2·NKV)·hs, C] q rows, then k, then v
+//   attprojw [L, C, NH·hs]   ln2w [L, C] MLP RMSNorm   fcw [L, 2F, C] gate rows, then up rows
+//   fcprojw [L, C, F] (down)   lnfw [C] final RMSNorm   lmhead [Vp, C] (untied only)
 enum {
     P_WTE, P_WPE, P_LN1W, P_LN1B, P_QKVW, P_QKVB, P_ATTPROJW, P_ATTPROJB, P_LN2W, P_LN2B,
-    P_FCW, P_FCB, P_FCPROJW, P_FCPROJB, P_LNFW, P_LNFB, NUM_PARAM_TENSORS
+    P_FCW, P_FCB, P_FCPROJW, P_FCPROJB, P_LNFW, P_LNFB, P_LMHEAD, NUM_PARAM_TENSORS
 };
+#define NUM_GPT2_TENSORS 16 // llm.c's model files hold these
 extern const char *const PARAM_NAMES[NUM_PARAM_TENSORS];
 
 // Activation recompute (--recompute): what a micro-batch keeps from its forward to its backward.
@@ -123,6 +141,9 @@ typedef struct {
     struct WQueue *wqueue;
 } GPT2;
 
+// The full shape of tensor k (llm.c's layout, per-layer tensors stacked over L): its rank (1-3), 0 when
+// the architecture lacks it.
+int gpt2_tensor_shape(const GPT2Config *cfg, int k, int64_t d[3]);
 // Fills sizes and offsets from the shape; returns the total parameter count.
 size_t gpt2_param_layout(const GPT2Config *cfg, size_t sizes[NUM_PARAM_TENSORS], size_t offsets[NUM_PARAM_TENSORS]);
 // Checks a shape for consistency; on failure writes a reason and returns 0.
@@ -131,6 +152,9 @@ int gpt2_config_valid(const GPT2Config *cfg, char *why, size_t why_cap);
 // V 50257), each nonzero value overriding it; a custom shape (no preset) is seq_len long unless
 // max_seq_len says otherwise. Vp pads V to a multiple of 128. Dies with one line on a bad preset or shape.
 GPT2Config gpt2_shape(const char *preset, int L, int C, int NH, int V, int max_seq_len, int seq_len);
+// A Llama preset (llama3-tiny, llama3.2-1b, llama3-8b, llama3-70b, llama3-405b) into cfg; 0 for an
+// unknown name.
+int llama_preset(const char *name, GPT2Config *cfg);
 // Decoupled weight decay applies to matrices only (embeddings and linear weights), never to biases
 // or LayerNorm parameters.
 int gpt2_param_decays(int tensor);
