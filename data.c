@@ -345,14 +345,74 @@ int tokenizer_encode(const Tokenizer *tk, const char *text, int *out, int cap) {
     return n;
 }
 
-size_t tokenizer_decode(const Tokenizer *tk, int token, char *buf, size_t cap) {
-    size_t w = 0;
-    if (token < 0 || token >= tk->vocab) return (size_t)snprintf(buf, cap, "<%d>", token);
-    for (int i = 0; i < tk->lengths[token] && w + 5 < cap; i++) {
-        unsigned char c = (unsigned char)tk->pieces[token][i];
-        if (c == '\n' || (c >= 32 && c < 127)) buf[w++] = (char)c;
-        else w += (size_t)snprintf(buf + w, cap - w, "\\x%02x", c);
+// Length of the well-formed UTF-8 sequence starting s[0] (Unicode's table 3-7: no overlongs, surrogates
+// or code points above U+10FFFF), 0 when the bytes present already rule one out, -1 when they are a
+// valid start that needs more than n bytes.
+static int utf8_seq(const unsigned char *s, size_t n) {
+    unsigned c = s[0];
+    int len;
+    unsigned lo = 0x80, hi = 0xbf; // the second byte's range
+    if (c < 0x80) return 1;
+    if (c >= 0xc2 && c <= 0xdf) len = 2;
+    else if (c >= 0xe0 && c <= 0xef) len = 3, lo = c == 0xe0 ? 0xa0 : 0x80, hi = c == 0xed ? 0x9f : 0xbf;
+    else if (c >= 0xf0 && c <= 0xf4) len = 4, lo = c == 0xf0 ? 0x90 : 0x80, hi = c == 0xf4 ? 0x8f : 0xbf;
+    else return 0;
+    for (int i = 1; i < len; i++) {
+        if ((size_t)i >= n) return -1;
+        if (s[i] < (i == 1 ? lo : 0x80) || s[i] > (i == 1 ? hi : 0xbf)) return 0;
     }
-    buf[w < cap ? w : cap - 1] = 0;
-    return w;
+    return len;
+}
+
+static void escape_byte(unsigned char c, FILE *f) { fprintf(f, "\\x%02x", c); }
+
+void text_out(TextOut *t, const void *bytes, size_t n, FILE *f) {
+    unsigned char buf[4 + 256];
+    const unsigned char *in = bytes;
+    while (n > 0 || t->npend > 0) {
+        // the pending start of a character, then as much of the input as fits
+        size_t m = (size_t)t->npend, take = n < sizeof buf - m ? n : sizeof buf - m;
+        memcpy(buf, t->pend, m);
+        memcpy(buf + m, in, take);
+        in += take, n -= take, m += take;
+        t->npend = 0;
+        size_t i = 0;
+        while (i < m) {
+            int len = utf8_seq(buf + i, m - i);
+            if (len < 0) {
+                if (n == 0) { // wait for the next token's bytes
+                    t->npend = (int)(m - i);
+                    memcpy(t->pend, buf + i, m - i);
+                    return;
+                }
+                break; // more input first: refill behind these bytes
+            }
+            if (len == 0 || (len == 1 && ((buf[i] < 32 && buf[i] != '\n') || buf[i] == 127))) {
+                escape_byte(buf[i], f);
+                i++;
+            } else {
+                fwrite(buf + i, 1, (size_t)len, f);
+                i += (size_t)len;
+            }
+        }
+        if (i < m) { // an incomplete character at the end of the buffer: carry it into the next round
+            t->npend = (int)(m - i);
+            memcpy(t->pend, buf + i, m - i);
+        }
+        if (n == 0 && t->npend == 0) return;
+    }
+}
+
+void text_out_token(TextOut *t, const Tokenizer *tk, int token, FILE *f) {
+    if (token < 0 || token >= tk->vocab) {
+        text_out_flush(t, f);
+        fprintf(f, "<%d>", token);
+        return;
+    }
+    text_out(t, tk->pieces[token], (size_t)tk->lengths[token], f);
+}
+
+void text_out_flush(TextOut *t, FILE *f) {
+    for (int i = 0; i < t->npend; i++) escape_byte(t->pend[i], f);
+    t->npend = 0;
 }

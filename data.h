@@ -9,6 +9,7 @@
 #define LLM4D_DATA_H
 
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 
 #include "common.h"
@@ -78,7 +79,7 @@ void shard_write_u32(const char *path, const uint32_t *tokens, size_t n);
 int shard_begin(SafeFile *sf, const char *path, size_t n);
 
 // Byte-level tokenizer (V = 256): token i is the byte i.
-typedef struct {
+typedef struct Tokenizer {
     int vocab;
     int eot; // the end-of-text id (version 2 files), -1: none recorded
     char **pieces;
@@ -95,8 +96,16 @@ void tokenizer_free(Tokenizer *tk);
 // tokenizers; for a BPE vocabulary a valid, not always the canonical, encoding): up to cap ids into out.
 // Returns the count, or -(i + 1) when no piece starts with byte i of the text.
 int tokenizer_encode(const Tokenizer *tk, const char *text, int *out, int cap);
-// Appends the text of a token, with bytes outside printable ASCII (other than newline) escaped,
-// into buf; returns the number of characters written.
-size_t tokenizer_decode(const Tokenizer *tk, int token, char *buf, size_t cap);
+// Samples printed as text: the bytes of successive tokens as one stream, well-formed UTF-8 as it is (a
+// character split across tokens waits for its last byte), and each byte of an ill-formed sequence, a
+// control character other than newline, or DEL as \xNN; the same text as Python's
+// bytes.decode("utf-8", "backslashreplace") with those controls escaped.
+typedef struct {
+    unsigned char pend[4]; // the start of a character whose remaining bytes have not come yet
+    int npend;
+} TextOut;
+void text_out(TextOut *t, const void *bytes, size_t n, FILE *f);
+void text_out_token(TextOut *t, const Tokenizer *tk, int token, FILE *f); // an id outside the vocabulary as <id>
+void text_out_flush(TextOut *t, FILE *f); // an unfinished character's bytes as \xNN
 
 #endif

@@ -36,7 +36,10 @@ static const char USAGE[] =
     "  --tokenizer byte|gpt2|bpe:N  byte: V = 256, token i is byte i (the default);\n"
     "                             gpt2: GPT-2's BPE from --bpe-encoder and --bpe-merges (V = 50257);\n"
     "                             bpe:N: learn a byte-level BPE of N tokens (257-65535) on the input, written\n"
-    "                             as DIR/encoder.json and DIR/vocab.bpe (GPT-2's form) too\n"
+    "                             as DIR/encoder.json and DIR/vocab.bpe (GPT-2's form) too;\n"
+    "                             FILE: the byte-level BPE of an llm.c tokenizer file (GPT-2's, or one bpe:N\n"
+    "                             wrote; its merges are recovered from the ids), to tokenize more text as the\n"
+    "                             model's own was\n"
     "  --bpe-encoder FILE         GPT-2's encoder.json (token -> id)\n"
     "  --bpe-merges FILE          GPT-2's vocab.bpe (the ranked merges)\n"
     "  --text-field NAME          the inputs are JSON Lines: each line an object whose string field NAME is\n"
@@ -52,12 +55,13 @@ static const char USAGE[] =
     "  --threads N                encoding threads (default: the CPUs online); the output is the same for any N\n"
     "A progress line (MB read, MB/s, tokens, ETA) is shown when standard error is a terminal.\n";
 
-typedef enum { TK_BYTE, TK_GPT2, TK_BPE } TkKind;
+typedef enum { TK_BYTE, TK_GPT2, TK_BPE, TK_FILE } TkKind;
 
 typedef struct {
     TkKind kind;
     int bpe_vocab;
     const char *encoder, *merges, *text_field, *name, *dir;
+    const char *tokenizer_file; // --tokenizer FILE
     int skip_bad, threads, have_val_tokens;
     uint64_t val_tokens, shard_tokens;
     double val_frac;
@@ -223,7 +227,10 @@ static void parse(Prep *p, int argc, char **argv) {
                 if (n < 257) die("prepare: --tokenizer %s: at least 257 tokens (the 256 bytes and <|endoftext|>)", v);
                 p->kind = TK_BPE;
                 p->bpe_vocab = (int)n;
-            } else die("prepare: --tokenizer %s: expected byte, gpt2 or bpe:N", v);
+            } else if (access(v, F_OK) == 0) {
+                p->kind = TK_FILE;
+                p->tokenizer_file = v;
+            } else die("prepare: --tokenizer %s: expected byte, gpt2, bpe:N or an llm.c tokenizer file (no such file)", v);
         } else if (!strcmp(a, "--bpe-encoder")) p->encoder = v;
         else if (!strcmp(a, "--bpe-merges")) p->merges = v;
         else if (!strcmp(a, "--text-field")) {
@@ -664,6 +671,13 @@ int prepare_main(int argc, char **argv) {
         bpe = bpe_load_gpt2(p.encoder, p.merges, err, sizeof err);
         if (!bpe) die("prepare: %s", err);
         if (bpe_eot(bpe) < 0) die("prepare: --bpe-encoder %s has no <|endoftext|> token to start documents with", p.encoder);
+    } else if (p.kind == TK_FILE) {
+        Tokenizer tk;
+        tokenizer_load(&tk, p.tokenizer_file);
+        bpe = bpe_from_tokenizer(&tk, err, sizeof err);
+        tokenizer_free(&tk);
+        if (!bpe) die("prepare: --tokenizer %s: %s", p.tokenizer_file, err);
+        if (bpe_eot(bpe) < 0) die("prepare: --tokenizer %s records no end-of-text id to start documents with", p.tokenizer_file);
     }
     Outputs out; // lives until exit: die() leaves this frame in place for remove_pending
     memset(&out, 0, sizeof out);

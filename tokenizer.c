@@ -86,21 +86,29 @@ static int unmap(const char *s, const int16_t *byte_of_cp, uint8_t *out, int cap
 static inline uint64_t pair_key(uint32_t a, uint32_t b) { return (uint64_t)a << 32 | b; }
 static inline size_t hash64(uint64_t k) { return (size_t)mix64(k); }
 
-static void pairs_build(Bpe *b) {
+static void pairs_alloc(Bpe *b, int merges) {
     size_t cap = 64;
-    while (cap < (size_t)b->nmerges * 2 + 2) cap <<= 1;
+    while (cap < (size_t)merges * 2 + 2) cap <<= 1;
     b->pmask = cap - 1;
     b->pkey = xmalloc(cap * sizeof(uint64_t));
     b->prank = xmalloc(cap * sizeof(uint32_t));
     memset(b->pkey, 0xff, cap * sizeof(uint64_t));
-    for (int r = 0; r < b->nmerges; r++) {
-        uint64_t k = pair_key((uint32_t)b->merge[r][0], (uint32_t)b->merge[r][1]);
-        size_t i = hash64(k) & b->pmask;
-        while (b->pkey[i] != UINT64_MAX && b->pkey[i] != k) i = (i + 1) & b->pmask;
-        if (b->pkey[i] == k) continue; // a repeated merge keeps its first (lowest) rank
-        b->pkey[i] = k;
-        b->prank[i] = (uint32_t)r;
-    }
+}
+
+// Enters merge r into the pair table; 0 when its pair already has a (lower) rank, which it keeps.
+static int pair_insert(Bpe *b, int r) {
+    uint64_t k = pair_key((uint32_t)b->merge[r][0], (uint32_t)b->merge[r][1]);
+    size_t i = hash64(k) & b->pmask;
+    while (b->pkey[i] != UINT64_MAX && b->pkey[i] != k) i = (i + 1) & b->pmask;
+    if (b->pkey[i] == k) return 0;
+    b->pkey[i] = k;
+    b->prank[i] = (uint32_t)r;
+    return 1;
+}
+
+static void pairs_build(Bpe *b) {
+    pairs_alloc(b, b->nmerges);
+    for (int r = 0; r < b->nmerges; r++) pair_insert(b, r); // a repeated merge keeps its first (lowest) rank
 }
 
 static inline int pair_rank(const Bpe *b, int l, int r) {
@@ -295,6 +303,47 @@ Bpe *bpe_load_gpt2(const char *encoder_json, const char *merges, char *err, size
     return b;
 }
 
+static size_t merge_long(const Bpe *b, int32_t *sym, size_t n);
+
+Bpe *bpe_from_tokenizer(const Tokenizer *tk, char *err, size_t cap) {
+    if (tk->vocab < 256 || tk->vocab > BPE_MAX_VOCAB) {
+        snprintf(err, cap, "the tokenizer has %d tokens; a byte-level BPE has 256 to %d", tk->vocab, BPE_MAX_VOCAB);
+        return NULL;
+    }
+    Bpe *b = bpe_alloc(tk->vocab);
+    b->eot = tk->eot;
+    for (int i = 0; i < 256; i++) b->byte_id[i] = -1;
+    for (int id = 0; id < tk->vocab; id++) {
+        int n = tk->lengths[id];
+        b->tok[id] = xmalloc(n ? (size_t)n : 1);
+        memcpy(b->tok[id], tk->pieces[id], (size_t)n);
+        b->toklen[id] = n;
+        if (n == 1 && b->byte_id[(uint8_t)tk->pieces[id][0]] < 0) b->byte_id[(uint8_t)tk->pieces[id][0]] = id;
+    }
+    for (int i = 0; i < 256; i++)
+        if (b->byte_id[i] < 0) {
+            snprintf(err, cap, "the tokenizer has no token for the byte 0x%02x, so it is not a byte-level BPE", i);
+            bpe_free(b);
+            return NULL;
+        }
+    // Merge ranks follow the ids (GPT-2's merge r made token 256 + r; bpe_train numbers its tokens in
+    // merge order): token t's merge is the last step of encoding its own bytes with the merges below it.
+    b->merge = xmalloc(sizeof *b->merge * (size_t)tk->vocab);
+    pairs_alloc(b, tk->vocab);
+    int32_t *sym = xmalloc(sizeof(int32_t) * BPE_MAX_TOKEN_BYTES);
+    for (int t = 0; t < tk->vocab; t++) {
+        int n = b->toklen[t];
+        if (t == b->eot || n < 2) continue;
+        for (int i = 0; i < n; i++) sym[i] = b->byte_id[b->tok[t][i]];
+        if (merge_long(b, sym, (size_t)n) != 2) continue; // not reachable by one merge: never produced
+        b->merge[b->nmerges][0] = sym[0], b->merge[b->nmerges][1] = sym[1], b->merge[b->nmerges][2] = t;
+        if (pair_insert(b, b->nmerges)) b->nmerges++;
+    }
+    free(sym);
+    compile_pattern(b);
+    return b;
+}
+
 // ---------------------------------------------------------------------------------------------
 // pre-tokenizer
 
@@ -481,7 +530,7 @@ static HeapItem heap_pop(HeapItem *h, size_t *n) {
 // left symbol's first byte), stale entries skipped: the same lowest-rank-leftmost order in O(n log n).
 static size_t merge_long(const Bpe *b, int32_t *sym, size_t n) {
     size_t *next = xmalloc(sizeof(size_t) * n), *prev = xmalloc(sizeof(size_t) * n);
-    HeapItem *h = xmalloc(sizeof(HeapItem) * n);
+    HeapItem *h = xmalloc(sizeof(HeapItem) * 2 * n); // n - 1 pairs, then each merge adds at most one more
     size_t hn = 0;
     for (size_t i = 0; i < n; i++) next[i] = i + 1, prev[i] = i - 1; // prev[0] wraps to SIZE_MAX: none
     for (size_t i = 0; i + 1 < n; i++) {

@@ -25,6 +25,11 @@ typedef struct BpeCounter BpeCounter;
 
 // GPT-2's two files; returns NULL with one line naming the file (and line) in err.
 Bpe *bpe_load_gpt2(const char *encoder_json, const char *merges, char *err, size_t cap);
+// The BPE of an llm.c tokenizer file (GPT-2's or one `prepare --tokenizer bpe:N` wrote), whose ids are in
+// merge order: the merges are recovered from the pieces, so encoding gives GPT-2's ids without its two
+// files (what --prompt uses). NULL with one line in err when the file is not a byte-level BPE.
+struct Tokenizer;
+Bpe *bpe_from_tokenizer(const struct Tokenizer *tk, char *err, size_t cap);
 // The byte-level start of training: 256 byte tokens, no merges, no end-of-text.
 Bpe *bpe_bytes(void);
 void bpe_free(Bpe *b);

@@ -33,6 +33,7 @@
 #include "report.h"
 #include "schedule.h"
 #include "timing.h"
+#include "tokenizer.h"
 #include "prepare.h"
 #include "zero.h"
 
@@ -108,13 +109,12 @@ static void sample(Pipeline *p, const Options *o, const Tokenizer *tk, const int
     int *order = xmalloc(sizeof(int) * m->cfg.V);
     uint64_t rng = o->seed * 0x9e3779b97f4a7c15ULL + (uint64_t)step + 1;
     if (print && o->mode == MODE_TRAIN) printf("sample at step %d:\n", step);
-    char buf[64];
+    TextOut text = { { 0 }, 0 };
     for (int i = 0; i < np; i++) {
         ctx[i] = prompt[i];
         if (!print) continue;
         if (tk) {
-            tokenizer_decode(tk, prompt[i], buf, sizeof buf);
-            fputs(buf, stdout);
+            text_out_token(&text, tk, prompt[i], stdout);
         } else {
             printf("%d ", prompt[i]);
         }
@@ -137,12 +137,12 @@ static void sample(Pipeline *p, const Options *o, const Tokenizer *tk, const int
         ctx[t] = next;
         if (!print) continue;
         if (tk) {
-            tokenizer_decode(tk, next, buf, sizeof buf);
-            fputs(buf, stdout);
+            text_out_token(&text, tk, next, stdout);
         } else {
             printf("%d ", next);
         }
     }
+    if (print) text_out_flush(&text, stdout);
     if (print) printf(o->mode == MODE_TRAIN ? "\n---\n" : "\n");
     fflush(stdout);
     free(ctx);
@@ -445,6 +445,25 @@ static void open_tokenizer(Trainer *t) {
     }
 }
 
+// --prompt as ids: with a byte-level BPE tokenizer (GPT-2's, or one prepare trained), GPT-2's pre-tokenizer
+// and the merges recovered from the file, so a prompt gets the ids its training text got; any other
+// vocabulary the longest piece first (tokenizer_encode). Returns as tokenizer_encode does.
+static int encode_prompt(const Tokenizer *tk, const char *text, int *out, int cap) {
+    char why[256];
+    Bpe *b = bpe_from_tokenizer(tk, why, sizeof why);
+    if (!b) return tokenizer_encode(tk, text, out, cap);
+    BpeEncoder *e = bpe_encoder_new(b);
+    uint16_t *ids = NULL;
+    size_t n = 0, ncap = 0;
+    bpe_encode(e, (const uint8_t *)text, strlen(text), &ids, &n, &ncap);
+    int k = n < (size_t)cap ? (int)n : cap;
+    for (int i = 0; i < k; i++) out[i] = ids[i];
+    free(ids);
+    bpe_encoder_free(e);
+    bpe_free(b);
+    return k;
+}
+
 static void open_data(Trainer *t) {
     const Options *o = &t->o;
     t->have_train = o->steps > 0 || o->dump;
@@ -460,7 +479,7 @@ static void open_data(Trainer *t) {
     if (o->prompt) {
         if (!t->have_tk) die("--prompt needs a tokenizer to encode it: --tokenizer FILE (none beside the model)");
         t->prompt = xmalloc(sizeof(int) * ((size_t)t->lay.T + 1));
-        t->nprompt = tokenizer_encode(&t->tk, o->prompt, t->prompt, t->lay.T);
+        t->nprompt = encode_prompt(&t->tk, o->prompt, t->prompt, t->lay.T);
         if (t->nprompt < 0) die("--prompt: the tokenizer has no piece for byte %d of the text", -t->nprompt - 1);
         if (t->nprompt == 0) die("--prompt: empty text");
         if (t->nprompt >= t->lay.T)

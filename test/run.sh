@@ -154,7 +154,14 @@ t_token_gpt2_ids() {
     local inputs=("$SHAKES" /usr/share/common-licenses/* "$d/stress.txt.valid" "$d/stress.txt")
     $TRAIN prepare "${G2[@]}" --shard-tokens 100000 --threads 2 "${inputs[@]}" "$d/out" || return 1
     $PY $TOKREF gpt2 "$GPT2/encoder.json" "$GPT2/vocab.bpe" "$d/out" "${inputs[@]}" || return 1
-    $PY $TOKREF roundtrip "$d/out" "${inputs[@]}"
+    $PY $TOKREF roundtrip "$d/out" "${inputs[@]}" || return 1
+    # --tokenizer FILE: the merges recovered from the tokenizer file alone (what --prompt encodes with) give
+    # the same shards and the same tokenizer file, under ASan; a 6000-byte piece takes the long-piece merge path
+    head -c 6000 /dev/zero | tr '\0' 'a' >"$d/long.txt"
+    $TRAIN prepare "${G2[@]}" --shard-tokens 100000 "${inputs[@]}" "$d/long.txt" "$d/out2" >/dev/null || return 1
+    $ASAN prepare --tokenizer "$d/out/tokenizer.bin" --shard-tokens 100000 "${inputs[@]}" "$d/long.txt" "$d/file" >/dev/null || return 1
+    local f
+    for f in "$d/out2"/*; do cmp "$f" "$d/file/${f##*/}" || { echo "--tokenizer FILE and gpt2's two files differ in ${f##*/}"; return 1; }; done
 }
 
 # --threads 1 and 2 give the same bytes, on one document of many chunks (tinyshakespeare x 5, 5.6 MB) and
@@ -240,6 +247,10 @@ t_bpe_train() {
     $PY $TOKREF roundtrip "$d/o2" "${inputs[@]}" || return 1
     $TRAIN prepare --tokenizer bpe:1000 "$SHAKES" "$d/sh" >/dev/null || return 1
     $PY $TOKREF merges "$d/sh" "$SHAKES" 1000 || return 1
+    $TRAIN prepare --tokenizer "$d/sh/tokenizer.bin" "$SHAKES" "$d/again" >/dev/null || return 1
+    for f in train.bin val.bin tokenizer.bin; do
+        cmp "$d/sh/$f" "$d/again/$f" || { echo "bpe:1000's tokenizer file as --tokenizer FILE gives another $f"; return 1; }
+    done
     $PY $TOKREF hfload "$d/sh" "$SHAKES"
 }
 
@@ -1511,7 +1522,7 @@ run_test kernels t_unit                    "unit tests (ASan+UBSan): kernels, fo
 run_test kernels t_gemm_host               "tensor-core GEMM index arithmetic: tile order, split-K, swizzle, wgmma descriptors, TMA boxes (ASan+UBSan)"
 run_test kernels t_attention_host          "flash-attention kernels emulated on a model of ldmatrix and mma against double-precision attention (ASan+UBSan)"
 run_test cli     t_prepare_roundtrip       "prepare writes the bytes as shards and a byte tokenizer"
-run_test data    t_token_gpt2_ids          "tokenizer gpt2: ids equal tiktoken and HF tokenizers on tinyshakespeare, license texts, stress text (invalid UTF-8, NUL)"
+run_test data    t_token_gpt2_ids          "tokenizer gpt2: ids equal tiktoken and HF tokenizers on tinyshakespeare, license texts, stress text (invalid UTF-8, NUL); --tokenizer FILE the same"
 run_test data    t_token_threads           "tokenizer gpt2: --threads 1 and 2 bitwise, many chunks and one long line, equal tiktoken"
 run_test data    t_token_inputs            "tokenizer inputs: JSON Lines, stdin, directories, globs, --val-tokens, shard names, --skip-bad-lines"
 run_test data    t_bpe_train               "bpe:N training: merges equal HF BpeTrainer and a reference trainer; decode(encode(x)) == x; HF reads its files"

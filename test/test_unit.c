@@ -3,6 +3,7 @@
 // unfused ones); formats by round trips. Shapes are chosen off every tile size (odd T, C not a multiple
 // of 16, K spanning several GEMM slices, one head, many heads).
 #define _GNU_SOURCE
+#include <errno.h>
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -734,13 +735,44 @@ static void test_formats(void) {
     tokenizer_write_bytes(path);
     Tokenizer tk;
     tokenizer_load(&tk, path);
-    char buf[16];
     ok = tk.vocab == 256;
-    tokenizer_decode(&tk, 'A', buf, sizeof buf);
-    ok &= !strcmp(buf, "A");
-    tokenizer_decode(&tk, 0xe9, buf, sizeof buf);
-    ok &= !strcmp(buf, "\\xe9");
-    check(ok, "tokenizer decodes bytes", 0);
+    // sample text: the expected strings are Python's bytes.decode("utf-8", "backslashreplace") of the
+    // whole stream, with controls other than newline escaped
+    static const struct {
+        const char *tokens; // the byte tokens, one call per '|'-separated group
+        const char *want;
+    } texts[] = {
+        { "A|\n", "A\n" },
+        { "\xe9", "\\xe9" },                        // Latin-1, not UTF-8
+        { "\xc3|\xa9", "\xc3\xa9" },                 // é split across two tokens
+        { "\xe2\x82|\xac|!", "\xe2\x82\xac!" },    // € in two
+        { "\xf0\x9f\x98|\x80", "\xf0\x9f\x98\x80" }, // an emoji
+        { "\x01|\x7f|\t", "\\x01\\x7f\\x09" },
+        { "\xc0\x80", "\\xc0\\x80" },             // overlong
+        { "\xed\xa0\x80", "\\xed\\xa0\\x80" },   // a surrogate
+        { "\xf4\x90\x80\x80", "\\xf4\\x90\\x80\\x80" }, // above U+10FFFF
+        { "\xe2\x82|A", "\\xe2\\x82A" },          // cut short by the next token
+        { "x\xe2\x82", "x\\xe2\\x82" },           // cut short by the end
+    };
+    for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++) {
+        char *got = NULL;
+        size_t glen = 0;
+        FILE *mf = open_memstream(&got, &glen);
+        if (!mf) die("open_memstream: %s", strerror(errno));
+        TextOut to = { { 0 }, 0 };
+        for (const char *s = texts[i].tokens; *s; s++)
+            if (*s != '|') text_out_token(&to, &tk, (unsigned char)*s, mf);
+        text_out_token(&to, &tk, 300, mf);
+        text_out_flush(&to, mf);
+        fclose(mf);
+        char want[64];
+        snprintf(want, sizeof want, "%s", texts[i].want);
+        // an id outside the vocabulary ends each stream: the unfinished character is escaped first
+        snprintf(want + strlen(want), sizeof want - strlen(want), "<300>");
+        if (strcmp(got, want)) ok = 0, fprintf(stderr, "    text_out case %zu: got '%s', want '%s'\n", i, got, want);
+        free(got);
+    }
+    check(ok, "sample text: UTF-8 across tokens as it is, ill-formed bytes and controls as \\xNN", 0);
     tokenizer_free(&tk);
 
     // model file: init, save, load, save again: bitwise identical; init values follow GPT-2
