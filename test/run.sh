@@ -1282,6 +1282,11 @@ t_plan() {
     grep -q '^   8    1    4    512 ' "$WORK/plan.txt" || { echo "the 405B table lacks TP 8 x CP 1 x PP 4 x DP 512"; return 1; }
     grep -q '^   8    2    4    256 ' "$WORK/plan.txt" || { echo "the 405B table lacks TP 8 x CP 2 x PP 4 x DP 256"; return 1; }
     $ASAN plan --model d12 --gpus 6 --batch-tokens 24K --json | $PY -c 'import json, sys; json.load(sys.stdin)'
+    $ASAN plan --model llama3-405b --gpus 16384 --batch-tokens 16000000 --top 3 >"$WORK/plan_llama.txt" || return 1
+    grep -q '^model: Llama, L 126, C 16384, H 128, KV heads 8, FFN 53248, V 128256' "$WORK/plan_llama.txt" ||
+        { echo "the Llama 3.1 405B plan lacks its model line"; return 1; }
+    $ASAN plan comm --model llama3-405b --seq-len 8192 --gpus 16384 --tp 8 --cp 2 --pp 16 --dp 64 --batch-tokens 16M \
+        --json | $PY -c 'import json, sys; json.load(sys.stdin)'
     # --exact builds every stage of every layout dry (fake addresses, nothing allocated): clean under ASan/UBSan
     $ASAN plan --layers 126 --channels 16384 --heads 128 --seq-len 4096 --gpus 16384 --batch-tokens 16M \
         --micro-batches 8 --zero 3 --recompute selective --exact --sp --interleaved --ckpt --json >"$WORK/plan_exact.json" || return 1
@@ -1338,6 +1343,17 @@ t_plan_bad_input() {
     expect_error "plan: no layout of 8 GPUs has the --tp/--cp/--pp/--dp asked for" "${p[@]}" --tp 3 || ok=1
     expect_error "plan: no layout of 8 GPUs has the --tp/--cp/--pp/--dp asked for" "${p[@]}" --cp 16 || ok=1
     expect_error "--cp must be between 1 and" "${p[@]}" --cp 0 || ok=1
+    # the Llama family
+    expect_error "--arch must be gpt2 or llama, got 'mamba'" "${p[@]}" --arch mamba || ok=1
+    expect_error "--kv-heads shapes a Llama: add --arch llama or a Llama --model" "${p[@]}" --kv-heads 4 || ok=1
+    expect_error "--ffn shapes a Llama" "${p[@]}" --model d12 --ffn 2048 || ok=1
+    expect_error "--model llama3-8b is a Llama: drop --arch gpt2" "${p[@]}" --model llama3-8b --arch gpt2 || ok=1
+    expect_error "--model must be d12, d24, d36, d48, llama3-tiny, llama3.2-1b, llama3-8b, llama3-70b or llama3-405b, got 'llama4'" \
+        "${p[@]}" --model llama4 || ok=1
+    expect_error "heads (32) must be a positive multiple of kv heads (5)" "${p[@]}" --arch llama --kv-heads 5 || ok=1
+    expect_error "--tie-embeddings must be between 0 and 1, got '2'" "${p[@]}" --arch llama --tie-embeddings 2 || ok=1
+    expect_error "--params is for GPT-2 shapes" "${p[@]}" --arch llama --params 7B --layers 32 --channels 4096 || ok=1
+    expect_error "--seq-len 16384 is above the model's maximum sequence length 8192" "${p[@]}" --model llama3-8b --seq-len 16384 || ok=1
     # plan comm: one layout, its latencies in microseconds
     local c=(plan comm --gpus 8 --batch-tokens 64K --tp 2 --pp 2 --dp 2)
     expect_error "--intra-lat is for ./train plan comm" "${p[@]}" --intra-lat 2 || ok=1
