@@ -322,6 +322,43 @@ def check_ranking():
     print("ok: ranked by the estimated step time; a batch below one sequence refused")
 
 
+def check_readme_llama(gpt, llama):
+    """The README's Beacon table: the seed's GPT-style 405B and Llama 3.1 405B (the same flags) against
+    the closed forms: the best layout (TP 8, PP 4, DP 512), the Beacon (TP 8, PP 16, DP 128), its CP 2
+    variant's ring."""
+    text = open(README).read()
+    start = text.index("| Beacon on 16,384 GPUs")
+    rows = {}
+    for line in text[start:].splitlines()[2:]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        rows[cells[0]] = cells[1:]
+
+    def num(s):
+        return float(re.sub(r"[^0-9.]", "", s.split()[0]))
+
+    def refs(key, scale, layout):
+        return [scale * reference(case, *layout)[key] for case in (gpt, llama)]
+
+    lm = llama["model"]
+    want = {
+        "parameters": ([gpt["model"]["N"] / 1e9, lm["N"] / 1e9], 2),
+        "FLOPs per token": ([6 * gpt["model"]["N"] / 1e9, (6 * lm["matmul"] + 6 * lm["L"] * lm["C"] * lm["T"]) / 1e9], 0),
+        "best layout, TP 8 × PP 4 × DP 512: total per GPU": (refs("total", 1e-9, (8, 1, 4, 512)), 2),
+        "best layout: step": (refs("step_s", 1e3, (8, 1, 4, 512)), 1),
+        "the Beacon, TP 8 × PP 16 × DP 128: total per GPU": (refs("total", 1e-9, (8, 1, 16, 128)), 2),
+        "the Beacon: step": (refs("step_s", 1e3, (8, 1, 16, 128)), 1),
+        "TP 8 × CP 2 × PP 16 × DP 64: the CP ring": (refs("cp_comm_s", 1e3, (8, 2, 16, 64)), 1),
+    }
+    for label, (values, digits) in want.items():
+        assert label in rows, "README's Beacon table has no row '%s'" % label
+        for value, cell in zip(values, rows[label]):
+            if round(value, digits) != round(num(cell), digits):
+                raise AssertionError("README Beacon table, %s: '%s', the formula gives %.*f" % (label, cell, digits, value))
+    print("ok: README's Beacon table (GPT-style and Llama 3.1 405B) matches the formulas")
+
+
 def check_published():
     """The presets' parameter counts against Meta's published totals, within 0.5%; the closed form above
     is the exact reference (check_case), this one says the shapes are the right ones."""
@@ -338,6 +375,10 @@ def main():
     for args, case in CASES:
         check_case(args, case)
     check_readme(CASES[0][1], CASES[1][1])
+    by_args = dict(CASES)
+    check_readme_llama(by_args[SHAPE405 + " --gpus 16384 --batch-tokens 16M --micro-batches 8 --zero 1 --recompute full"],
+                       by_args["--model llama3-405b --seq-len 4096 --gpus 16384 --batch-tokens 16M --micro-batches 8 --zero 1 "
+                               "--recompute full"])
     check_published()
     check_ranking()
 

@@ -1273,8 +1273,9 @@ t_data_parallel_bf16_clip() {
 }
 
 # ./train plan against the seed's formulas recomputed in test/plan_check.py (every field of every
-# layout, the set of layouts, the reasons, the order, and the README's 70B table); the planner also
-# runs clean under ASan/UBSan, table and JSON.
+# layout, the set of layouts, the reasons, the order, for GPT-2 and Llama shapes; the Llama presets'
+# parameter counts against Meta's totals; the README's 70B and Beacon tables); the planner also runs
+# clean under ASan/UBSan, table and JSON.
 t_plan() {
     $PY test/plan_check.py "$TRAIN" README.md || return 1
     $ASAN plan --layers 126 --channels 16384 --heads 128 --seq-len 4096 --gpus 16384 --batch-tokens 16M \
@@ -1571,7 +1572,7 @@ run_test memory  t_tensor_parallel_memory  "tensor parallel memory falls to 1/TP
 run_test cp      t_context_parallel        "context parallel CP 2, 4, with TP 2 (--sp), PP 2, DP 2 x ZeRO 1, 3, bf16 equal one rank; reruns bitwise; attention FLOPs balanced"
 run_test memory  t_context_parallel_memory "context parallel activation memory per rank falls to 1/CP"
 run_test cp      t_context_parallel_errors "context parallel: one-line errors (sequence split, layout, --sp)"
-run_test plan    t_plan                    "plan: every layout's bytes, bubble, communication and compute against the formulas; README's 70B table"
+run_test plan    t_plan                    "plan: every layout's bytes, bubble, communication and compute against the formulas, GPT-2 and Llama; README's 70B and Beacon tables"
 run_test plan    t_comm_model              "plan comm: each traffic class's time, connections, staging and incast per algorithm against closed forms; the seed's Beacon figures"
 run_test plan    t_plan_bad_input          "plan: bad input, one-line errors naming the flag (ASan)"
 run_test memory  t_recompute               "recompute selective and full are bitwise --recompute none: 1 rank fp32/bf16, DP x ZeRO 1-3, TP+SP, PP plain/interleaved, 3D bf16, CP alone and with TP+SP x ZeRO-3, resume; no extra ZeRO-3 gathers"
