@@ -86,7 +86,8 @@
 //                                    2·C·((H + 2·NKV)·hs + H·hs + 3·F) and causal attention 2·T·C, and
 //                                    the head 2·C·Vp: f = 6·(the matmuls' weights) + 6·L·C·T
 //   CP exposed                       the attention share is 2·T·C / (2·T·C + the block's matmuls)
-//   cannot run                       also when neither of TP and NKV divides the other
+//   cannot run                       also when neither of TP and NKV divides the other, or TP does
+//                                    not divide F
 //
 // Not counted: the embedding and logits activations, the pipeline's point-to-point hand-offs,
 // communication buffers, and any overlap of communication with compute (the CP ring overlaps its
@@ -151,6 +152,8 @@ static const char PLAN_USAGE[] =
     "                             Llama: key/value heads (default: the preset's, or --heads), SwiGLU's\n"
     "                             hidden size (default: the preset's, or 8C/3 rounded up to 256), head tied\n"
     "                             to wte (1) or its own (0)\n"
+    "  --rope-theta X --norm-eps E\n"
+    "                             Llama: as for training (checked; they change no estimate)\n"
     "  --seq-len T                tokens per sequence (default: maxT)\n"
     "  --params N                 GPT-2: the parameter count instead of the shape's (with --layers and --channels;\n"
     "                             --heads defaults to C/64), e.g. 70B or 7e10\n"
@@ -253,30 +256,9 @@ typedef struct { // the flags that only parse_plan's checks and the shape read
     const char *preset;
     int L, C, NH, V, maxT, T, device_given, bucket_given;
     int arch, NKV, F, tie; // --arch, --kv-heads, --ffn, --tie-embeddings (arch and tie -1 where not given)
-    const char *llama_flag; // the first Llama shape flag given, for the message when the model is GPT-2
+    double rope_theta, norm_eps; // taken as training takes them, checked; they change no estimate
     const char *lat_given; // --intra-lat or --inter-lat, which only `plan comm` takes
 } PlanFlags;
-
-// A Llama shape: the preset (--arch llama alone: llama3.2-1b), each given flag overriding it; --heads
-// without --kv-heads means multi-head attention (NKV = NH), --channels without --ffn Meta's SwiGLU size
-// 8C/3 rounded up to a multiple of 256.
-static GPT2Config llama_shape(const PlanFlags *g) {
-    GPT2Config cfg;
-    const char *name = g->preset ? g->preset : "llama3.2-1b";
-    if (!llama_preset(name, &cfg))
-        die("--model must be d12, d24, d36, d48, llama3-tiny, llama3.2-1b, llama3-8b, llama3-70b or llama3-405b, got '%s'", name);
-    if (g->L) cfg.L = g->L;
-    if (g->C) cfg.C = g->C, cfg.F = (8 * g->C / 3 + 255) / 256 * 256;
-    if (g->NH) cfg.NH = g->NH, cfg.NKV = g->NH;
-    if (g->NKV) cfg.NKV = g->NKV;
-    if (g->F) cfg.F = g->F;
-    if (g->V) cfg.V = g->V, cfg.Vp = (g->V + 127) / 128 * 128;
-    if (g->maxT) cfg.maxT = g->maxT;
-    if (g->tie >= 0) cfg.tie = g->tie;
-    char why[256];
-    if (!gpt2_config_valid(&cfg, why, sizeof why)) die("bad model shape: %s", why);
-    return cfg;
-}
 
 // The checks between the flags, and the model's shape (from a preset and the shape flags, or --params).
 static void resolve_plan(PlanInput *in, const PlanFlags *g) {
@@ -295,19 +277,11 @@ static void resolve_plan(PlanInput *in, const PlanFlags *g) {
         die("--exact counts llm4d's buffers, which need the whole shape (--model, or --layers --channels --heads --vocab), "
             "not --params");
     if (!in->batch_tokens) die("plan: --batch-tokens is required (tokens per optimizer step, e.g. 4M)");
-    int llama = g->arch == ARCH_LLAMA || (g->arch < 0 && preset && !strncmp(preset, "llama", 5));
-    if (g->arch == ARCH_GPT2 && preset && !strncmp(preset, "llama", 5))
-        die("--model %s is a Llama: drop --arch gpt2", preset);
-    if (!llama && g->llama_flag) die("%s shapes a Llama: add --arch llama or a Llama --model", g->llama_flag);
-    if (llama && in->params > 0)
+    GPT2Config probe;
+    if (in->params > 0 && (g->arch == ARCH_LLAMA || (preset && llama_preset(preset, &probe)) || g->NKV || g->F || g->tie >= 0 ||
+                           g->rope_theta || g->norm_eps))
         die("--params is for GPT-2 shapes: a Llama's count comes from its shape (--kv-heads, --ffn, --tie-embeddings)");
-    if (llama) {
-        in->cfg = llama_shape(g);
-        size_t sizes[NUM_PARAM_TENSORS], offsets[NUM_PARAM_TENSORS];
-        in->params = (double)gpt2_param_layout(&in->cfg, sizes, offsets);
-        in->T = T ? T : in->cfg.maxT;
-        if (in->T > in->cfg.maxT) die("--seq-len %d is above the model's maximum sequence length %d", in->T, in->cfg.maxT);
-    } else if (in->params > 0) {
+    if (in->params > 0) {
         if (preset || V || maxT) die("--params replaces the shape's parameter count: drop --model, --vocab and --max-seq-len");
         if (!L || !C) die("--params needs --layers and --channels (the activations depend on them)");
         if (!NH && C % 64) die("--params: --heads is needed when --channels %d is not a multiple of 64", C);
@@ -315,14 +289,14 @@ static void resolve_plan(PlanInput *in, const PlanFlags *g) {
         if (C % in->cfg.NH) die("bad model shape: channels (%d) must be divisible by heads (%d)", C, in->cfg.NH);
         in->T = in->cfg.maxT;
     } else {
-        in->cfg = gpt2_shape(preset, L, C, NH, V, maxT, T);
+        ShapeFlags f = { .arch = g->arch, .L = L, .C = C, .NH = NH, .NKV = g->NKV, .F = g->F, .V = V, .maxT = maxT, .tie = g->tie,
+                        .rope_theta = g->rope_theta, .norm_eps = g->norm_eps };
+        in->cfg = model_shape(preset, &f, T); // the trainer's: a GPT-2 or a Llama shape
         size_t sizes[NUM_PARAM_TENSORS], offsets[NUM_PARAM_TENSORS];
         in->params = (double)gpt2_param_layout(&in->cfg, sizes, offsets);
         in->T = T ? T : in->cfg.maxT;
         if (in->T > in->cfg.maxT) die("--seq-len %d is above the model's maximum sequence length %d", in->T, in->cfg.maxT);
     }
-    if (in->exact && in->cfg.arch == ARCH_LLAMA)
-        die("--exact: model.c does not build the Llama family's buffers yet (the seed's model covers it: drop --exact)");
     if (in->max_tp > in->gpus_per_node) in->max_tp = in->gpus_per_node;
     if (in->batch_tokens < in->T)
         die("--batch-tokens %.0f is less than one sequence of %d tokens: no layout can run (a replica takes whole "
@@ -363,9 +337,11 @@ static void parse_plan(PlanInput *in, int argc, char **argv) {
             if (strcmp(v, "gpt2") && strcmp(v, "llama")) die("--arch must be gpt2 or llama, got '%s'", v);
             g.arch = !strcmp(v, "llama") ? ARCH_LLAMA : ARCH_GPT2;
         }
-        else if (IS("--kv-heads")) g.NKV = INT(1, 65536), g.llama_flag = g.llama_flag ? g.llama_flag : "--kv-heads";
-        else if (IS("--ffn")) g.F = INT(1, 1 << 20), g.llama_flag = g.llama_flag ? g.llama_flag : "--ffn";
-        else if (IS("--tie-embeddings")) g.tie = INT(0, 1), g.llama_flag = g.llama_flag ? g.llama_flag : "--tie-embeddings";
+        else if (IS("--kv-heads")) g.NKV = INT(1, 65536);
+        else if (IS("--ffn")) g.F = INT(1, 1 << 20);
+        else if (IS("--tie-embeddings")) g.tie = INT(0, 1);
+        else if (IS("--rope-theta")) g.rope_theta = parse_float(f, v, 1.0000001, 1e12);
+        else if (IS("--norm-eps")) g.norm_eps = parse_float(f, v, 1e-12, 1);
         else if (IS("--max-seq-len")) g.maxT = INT(1, 1048576);
         else if (IS("--seq-len")) g.T = INT(1, 1048576);
         else if (IS("--params")) in->params = parse_number(f, v, COUNT_UNITS, 1, 1e16, 0);
@@ -497,6 +473,7 @@ static void estimate_seed(const PlanInput *in, Candidate *y) {
     y->why = NULL;
     if (c->NH % tp) y->why = "TP does not divide the heads";
     else if (c->arch == ARCH_LLAMA && c->NKV % tp && tp % c->NKV) y->why = "TP and the kv heads do not divide one another";
+    else if (c->arch == ARCH_LLAMA && c->F % tp) y->why = "TP does not divide the SwiGLU size";
     else if (pp > c->L) y->why = "more stages than layers";
     else if (in->T % (2 * cp)) y->why = "the sequence does not cut into 2·CP equal chunks";
     else if (fmod(in->batch_tokens, (double)dp * M * T) != 0)

@@ -105,10 +105,14 @@ CASES = [
     # a custom Llama: 12 heads in 3 kv groups on nodes of 6: TP 6 replicates each kv head on 2 ranks, TP 2
     # and 4 cannot split them, TP 5 not the heads; --arch llama with --heads and no --kv-heads: NKV = H,
     # --channels and no --ffn: 8C/3 rounded up to 256
-    ("--arch llama --layers 6 --channels 768 --heads 12 --kv-heads 3 --ffn 2000 --vocab 1000 --max-seq-len 512 "
+    ("--arch llama --layers 6 --channels 768 --heads 12 --kv-heads 3 --ffn 2016 --vocab 1000 --max-seq-len 512 "
      "--tie-embeddings 1 --gpus 60 --gpus-per-node 6 --batch-tokens 60K --micro-batches 2 --recompute selective --top 1000",
-     dict(BASE, model=llama_model(6, 768, 12, 3, 2000, 1000, 512, True), G=60, gpn=6, max_tp=6, batch=60 * 1024, M=2,
+     dict(BASE, model=llama_model(6, 768, 12, 3, 2016, 1000, 512, True), G=60, gpn=6, max_tp=6, batch=60 * 1024, M=2,
           recompute="selective")),
+    # SwiGLU's 682 rows split over TP 2, not 4
+    ("--arch llama --layers 2 --channels 256 --heads 4 --kv-heads 4 --ffn 682 --vocab 512 --seq-len 128 --rope-theta 10000 "
+     "--norm-eps 1e-6 --gpus 4 --batch-tokens 1K --micro-batches 2",
+     dict(BASE, model=llama_model(2, 256, 4, 4, 682, 512, 128, True), G=4, batch=1024, M=2)),
     ("--arch llama --layers 4 --channels 1024 --heads 16 --seq-len 1024 --gpus 8 --batch-tokens 64K --micro-batches 4 "
      "--zero 1 --recompute full --cp 2",
      dict(BASE, model=llama_model(4, 1024, 16, 16, math.ceil(8 * 1024 / 3 / 256) * 256, 128256, 1024, True), G=8,
@@ -184,6 +188,8 @@ def reference(case, tp, cp, pp, dp):
         why = "TP does not divide the heads"
     elif llama and KV % tp and tp % KV:
         why = "TP and the kv heads do not divide one another"
+    elif llama and m["F"] % tp:
+        why = "TP does not divide the SwiGLU size"
     elif pp > L:
         why = "more stages than layers"
     elif T % (2 * cp):
