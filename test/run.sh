@@ -1306,16 +1306,20 @@ t_plan() {
     $ASAN plan comm --model llama3-405b --seq-len 8192 --gpus 16384 --tp 8 --cp 2 --pp 16 --dp 64 --batch-tokens 16M \
         --json | $PY -c 'import json, sys; json.load(sys.stdin)'
     # --exact builds every stage of every layout dry (fake addresses, nothing allocated): clean under ASan/UBSan
-    $ASAN plan --layers 126 --channels 16384 --heads 128 --seq-len 4096 --gpus 16384 --batch-tokens 16M \
-        --micro-batches 8 --zero 3 --recompute selective --exact --sp --interleaved --ckpt --json >"$WORK/plan_exact.json" || return 1
-    $PY - "$WORK/plan_exact.json" <<'EOF'
+    # (the GPT-style 405B and Llama 3.1 405B, whose TP slices hold one kv head per rank)
+    local shape
+    for shape in "--layers 126 --channels 16384 --heads 128" "--model llama3-405b"; do
+        $ASAN plan $shape --seq-len 4096 --gpus 16384 --batch-tokens 16M --micro-batches 8 --zero 3 --recompute selective \
+            --exact --sp --interleaved --ckpt --json >"$WORK/plan_exact.json" || return 1
+        $PY - "$WORK/plan_exact.json" <<'EOF' || return 1
 import json, sys
 d = json.load(open(sys.argv[1]))
 runs = [y for y in d["layouts"] if y["runs"]]
 assert runs and all(len(y["exact"]["stages"]) == y["pp"] for y in runs)
 assert all(y["exact"]["total"] == sum(y["exact"]["stages"][y["exact"]["stage"]].values()) for y in runs)
-print(len(runs), "layouts with llm4d's buffers on every stage")
+print(d["model"]["arch"], len(runs), "layouts with llm4d's buffers on every stage")
 EOF
+    done
 }
 
 # ./train plan comm (one layout's communication per traffic class and algorithm, alpha-beta model)
