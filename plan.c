@@ -67,6 +67,28 @@
 //                                    (the last backward's buckets, ZeRO-1/2's gather in the next forward),
 //                                    DP exposed = max(0, DP − compute / M); the bubble is the interleaved
 //                                    one with --exact --interleaved where it applies
+//
+// The Llama family (--arch llama, a Llama --model; NKV kv heads, hs = C/H, F SwiGLU's size, r = NKV/H):
+//   N                                exact from the shape (gpt2_param_layout: no biases, no position
+//                                    table, an untied head its own Vp·C); with TP > NKV each kv head's
+//                                    K and V weights are replicated on TP/NKV ranks, which P counts
+//   activations per token per layer  Korthikanti's inventory for the Llama block (no dropout):
+//                                    a = e·(6·C + 2·r·C + 3·F): the two RMSNorm inputs and outputs (4·C),
+//                                    Q and GQA's narrower K and V (C + 2·r·C), the attention output (C),
+//                                    SwiGLU's gate, up and SiLU product (3·F); --attention full adds
+//                                    the probabilities e·H·T; --recompute selective rebuilds the two
+//                                    RMSNorm outputs and the SiLU product: a = e·(4·C + 2·r·C + 2·F)
+//   TP, PP, DP                       as above (the blocks' inputs and outputs are C wide as in GPT-2)
+//   CP                               the ring passes each rank's kv heads only: C/TP above becomes
+//                                    max(NKV/TP, 1)·hs, the K/V traffic cut by H/NKV
+//   compute                          c/6 · f · batch / G / --flops, f the FLOPs per token of a forward
+//                                    and backward, 3 × the forward's: per block the matmuls
+//                                    2·C·((H + 2·NKV)·hs + H·hs + 3·F) and causal attention 2·T·C, and
+//                                    the head 2·C·Vp: f = 6·(the matmuls' weights) + 6·L·C·T
+//   CP exposed                       the attention share is 2·T·C / (2·T·C + the block's matmuls)
+//   cannot run                       also when neither of TP and NKV divides the other, or TP does
+//                                    not divide F
+//
 // Not counted: the embedding and logits activations, the pipeline's point-to-point hand-offs,
 // communication buffers, and any overlap of communication with compute (the CP ring overlaps its
 // transfers with attention).
@@ -120,10 +142,20 @@ static const char PLAN_USAGE[] =
     "\n"
     "model (as for training; default d12):\n"
     "  --model d12|d24|d36|d48    GPT-2 124M / 350M / 774M / 1558M (maxT 1024, V 50257)\n"
+    "  --model llama3-tiny|llama3.2-1b|llama3-8b|llama3-70b|llama3-405b\n"
+    "                             Meta's Llama 3 shapes (the --arch llama estimate: RMSNorm, SwiGLU, GQA)\n"
     "  --layers L --channels C --heads H --vocab V --max-seq-len N\n"
     "                             a custom shape (parameters from the shape, vocab padded to 128)\n"
+    "  --arch gpt2|llama          the architecture (default gpt2; a Llama --model implies llama; --arch\n"
+    "                             llama alone starts from llama3.2-1b, the shape flags overriding it)\n"
+    "  --kv-heads N --ffn F --tie-embeddings 0|1\n"
+    "                             Llama: key/value heads (default: the preset's, or --heads), SwiGLU's\n"
+    "                             hidden size (default: the preset's, or 8C/3 rounded up to 256), head tied\n"
+    "                             to wte (1) or its own (0)\n"
+    "  --rope-theta X --norm-eps E\n"
+    "                             Llama: as for training (checked; they change no estimate)\n"
     "  --seq-len T                tokens per sequence (default: maxT)\n"
-    "  --params N                 the parameter count instead of the shape's (with --layers and --channels;\n"
+    "  --params N                 GPT-2: the parameter count instead of the shape's (with --layers and --channels;\n"
     "                             --heads defaults to C/64), e.g. 70B or 7e10\n"
     "\n"
     "cluster:\n"
@@ -223,6 +255,8 @@ typedef struct {
 typedef struct { // the flags that only parse_plan's checks and the shape read
     const char *preset;
     int L, C, NH, V, maxT, T, device_given, bucket_given;
+    int arch, NKV, F, tie; // --arch, --kv-heads, --ffn, --tie-embeddings (arch and tie -1 where not given)
+    double rope_theta, norm_eps; // taken as training takes them, checked; they change no estimate
     const char *lat_given; // --intra-lat or --inter-lat, which only `plan comm` takes
 } PlanFlags;
 
@@ -243,6 +277,10 @@ static void resolve_plan(PlanInput *in, const PlanFlags *g) {
         die("--exact counts llm4d's buffers, which need the whole shape (--model, or --layers --channels --heads --vocab), "
             "not --params");
     if (!in->batch_tokens) die("plan: --batch-tokens is required (tokens per optimizer step, e.g. 4M)");
+    GPT2Config probe;
+    if (in->params > 0 && (g->arch == ARCH_LLAMA || (preset && llama_preset(preset, &probe)) || g->NKV || g->F || g->tie >= 0 ||
+                           g->rope_theta || g->norm_eps))
+        die("--params is for GPT-2 shapes: a Llama's count comes from its shape (--kv-heads, --ffn, --tie-embeddings)");
     if (in->params > 0) {
         if (preset || V || maxT) die("--params replaces the shape's parameter count: drop --model, --vocab and --max-seq-len");
         if (!L || !C) die("--params needs --layers and --channels (the activations depend on them)");
@@ -251,7 +289,9 @@ static void resolve_plan(PlanInput *in, const PlanFlags *g) {
         if (C % in->cfg.NH) die("bad model shape: channels (%d) must be divisible by heads (%d)", C, in->cfg.NH);
         in->T = in->cfg.maxT;
     } else {
-        in->cfg = gpt2_shape(preset, L, C, NH, V, maxT, T);
+        ShapeFlags f = { .arch = g->arch, .L = L, .C = C, .NH = NH, .NKV = g->NKV, .F = g->F, .V = V, .maxT = maxT, .tie = g->tie,
+                        .rope_theta = g->rope_theta, .norm_eps = g->norm_eps };
+        in->cfg = model_shape(preset, &f, T); // the trainer's: a GPT-2 or a Llama shape
         size_t sizes[NUM_PARAM_TENSORS], offsets[NUM_PARAM_TENSORS];
         in->params = (double)gpt2_param_layout(&in->cfg, sizes, offsets);
         in->T = T ? T : in->cfg.maxT;
@@ -264,7 +304,7 @@ static void resolve_plan(PlanInput *in, const PlanFlags *g) {
 }
 
 static void parse_plan(PlanInput *in, int argc, char **argv) {
-    PlanFlags g = { 0 };
+    PlanFlags g = { .arch = -1, .tie = -1 };
     *in = (PlanInput){ .gpus_per_node = 8, .max_tp = 8, .micro_batches = 8, .pp_virtual = 2, .flash = 1,
                        .gpu_mem = 80e9, .intra_bw = 300e9, .inter_bw = 50e9, .flops = 400e12, .bucket_mb = 25,
                        .intra_lat = 3e-6, .inter_lat = 5e-6 };
@@ -292,7 +332,16 @@ static void parse_plan(PlanInput *in, int argc, char **argv) {
         else if (IS("--layers")) g.L = INT(1, 4096);
         else if (IS("--channels")) g.C = INT(1, 65536);
         else if (IS("--heads")) g.NH = INT(1, 65536);
-        else if (IS("--vocab")) g.V = INT(1, 65536);
+        else if (IS("--vocab")) g.V = INT(1, 1048448); // Vp (a multiple of 128) <= 2^20
+        else if (IS("--arch")) {
+            if (strcmp(v, "gpt2") && strcmp(v, "llama")) die("--arch must be gpt2 or llama, got '%s'", v);
+            g.arch = !strcmp(v, "llama") ? ARCH_LLAMA : ARCH_GPT2;
+        }
+        else if (IS("--kv-heads")) g.NKV = INT(1, 65536);
+        else if (IS("--ffn")) g.F = INT(1, 1 << 20);
+        else if (IS("--tie-embeddings")) g.tie = INT(0, 1);
+        else if (IS("--rope-theta")) g.rope_theta = parse_float(f, v, 1.0000001, 1e12);
+        else if (IS("--norm-eps")) g.norm_eps = parse_float(f, v, 1e-12, 1);
         else if (IS("--max-seq-len")) g.maxT = INT(1, 1048576);
         else if (IS("--seq-len")) g.T = INT(1, 1048576);
         else if (IS("--params")) in->params = parse_number(f, v, COUNT_UNITS, 1, 1e16, 0);
@@ -374,11 +423,39 @@ static int weight_group_in_node(int tp, int cp, int pp, int world, int gpus_per_
     return ok;
 }
 
+// The shape's per-token terms (the formulas at the top of this file). K and V channels of one TP rank:
+// C/TP for GPT-2; a Llama's NKV/TP kv heads, or the one kv head a rank shares when TP > NKV.
+static double kv_channels(const GPT2Config *c, int tp) {
+    if (c->arch != ARCH_LLAMA) return (double)c->C / tp;
+    double hs = (double)c->C / c->NH;
+    return (c->NKV >= tp ? (double)c->NKV / tp : 1) * hs;
+}
+
+// Forward FLOPs per token of one block's matmuls: GPT-2 2·12·C² (biases left out), a Llama
+// 2·C·((NH + 2·NKV)·hs + NH·hs + 3·F) (QKV with GQA's narrower K and V, the output projection, SwiGLU's
+// gate, up and down).
+static double block_matmul_flops(const GPT2Config *c) {
+    double C = c->C, hs = C / c->NH;
+    if (c->arch != ARCH_LLAMA) return 24 * C * C;
+    return 2 * C * ((c->NH + 2.0 * c->NKV) * hs + c->NH * hs + 3.0 * c->F);
+}
+
+// Forward FLOPs per token of one block's causal attention: scores and weighted sum over T/2 keys on
+// average, NH·hs = C channels each: 2·T·C, whatever NKV (every query head sees every key).
+static double block_attention_flops(const GPT2Config *c, int T) { return 2.0 * T * c->C; }
+
+// One forward and backward per token, no recompute: GPT-2 the seed's 6·N; a Llama 3·(L·(matmuls +
+// attention) + the head's 2·C·Vp), which is 6·(the matmuls' weights) + 6·L·C·T.
+static double flops_per_token(const GPT2Config *c, double N, int T) {
+    if (c->arch != ARCH_LLAMA) return 6 * N;
+    return 3 * (c->L * (block_matmul_flops(c) + block_attention_flops(c, T)) + 2.0 * c->C * c->Vp);
+}
+
 // The step time with the overlap the trainer achieves (the formula at the top of this file).
 static void estimate_step(const PlanInput *in, Candidate *y) {
-    double T = in->T, C = in->cfg.C, M = in->micro_batches;
+    double M = in->micro_batches, attn = block_attention_flops(&in->cfg, in->T);
     double bubble = in->interleaved && !isnan(y->bubble_interleaved) ? y->bubble_interleaved : y->bubble;
-    double attention = y->compute_s * T / (12 * C + T);
+    double attention = y->compute_s * attn / (attn + block_matmul_flops(&in->cfg));
     y->cp_exposed_s = fmax(0, y->cp_comm_s - attention);
     y->dp_exposed_s = fmax(0, y->dp_allreduce_s - y->compute_s / M);
     y->step_s = (y->compute_s + y->tp_comm_s + y->cp_exposed_s) / (1 - bubble) + y->dp_exposed_s;
@@ -395,12 +472,17 @@ static void estimate_seed(const PlanInput *in, Candidate *y) {
 
     y->why = NULL;
     if (c->NH % tp) y->why = "TP does not divide the heads";
+    else if (c->arch == ARCH_LLAMA && c->NKV % tp && tp % c->NKV) y->why = "TP and the kv heads do not divide one another";
+    else if (c->arch == ARCH_LLAMA && c->F % tp) y->why = "TP does not divide the SwiGLU size";
     else if (pp > c->L) y->why = "more stages than layers";
     else if (in->T % (2 * cp)) y->why = "the sequence does not cut into 2·CP equal chunks";
     else if (fmod(in->batch_tokens, (double)dp * M * T) != 0)
         y->why = "the batch does not split into whole sequences per micro-batch";
 
-    y->params_per_gpu = in->params / ((double)tp * pp);
+    // a Llama with more TP ranks than kv heads replicates each kv head's K and V weights on TP/NKV ranks
+    double kv_extra = 0;
+    if (c->arch == ARCH_LLAMA && tp > c->NKV) kv_extra = c->L * 2.0 * c->NKV * ((double)c->C / c->NH) * c->C * ((double)tp / c->NKV - 1);
+    y->params_per_gpu = (in->params + kv_extra) / ((double)tp * pp);
     double P = y->params_per_gpu;
     y->weights = wb * P / (in->zero >= 3 ? same : 1);
     y->grads = gb * P / (in->zero >= 2 ? same : 1);
@@ -411,9 +493,16 @@ static void estimate_seed(const PlanInput *in, Candidate *y) {
     y->tokens_per_replica = R;
     y->micro_tokens = m;
     y->sequences_per_micro = m / T;
-    double attn = in->flash ? 0 : 2.5 * e * c->NH * T;     // the T x T probabilities, per token
-    double a_full = 17 * e * C + attn;                        // 34·C in bf16
-    double a = in->recompute == RECOMPUTE_SELECTIVE ? 11 * e * C : a_full;
+    double a_full, a_sel; // bytes per token per layer, everything kept and under selective recompute
+    if (c->arch == ARCH_LLAMA) { // Korthikanti's inventory for the Llama block, no dropout
+        double r = (double)c->NKV / c->NH, F = c->F;
+        a_full = e * (6 * C + 2 * r * C + 3 * F) + (in->flash ? 0 : e * c->NH * T);
+        a_sel = e * (4 * C + 2 * r * C + 2 * F);
+    } else {
+        a_full = 17 * e * C + (in->flash ? 0 : 2.5 * e * c->NH * T); // 34·C in bf16, the probabilities
+        a_sel = 11 * e * C;
+    }
+    double a = in->recompute == RECOMPUTE_SELECTIVE ? a_sel : a_full;
     double split = (double)tp * cp; // a micro-batch's activations are spread over the TP x CP ranks
     if (in->recompute == RECOMPUTE_FULL) {
         y->act_upper = R * (Ls * e * C + a_full) / split;
@@ -445,10 +534,11 @@ static void estimate_seed(const PlanInput *in, Candidate *y) {
     // the CP ring: K/V blocks CP - 1 steps per pass (forward, backward, full recompute's second forward),
     // fp32 dK/dV accumulators CP steps in the backward; a CP group is CP ranks TP apart
     y->cp_intra = group_in_node(tp, cp, in->gpus, in->gpus_per_node);
-    double kv = 2.0 * mc * (C / tp) * e, dkv = 2.0 * mc * (C / tp) * 4, passes = in->recompute == RECOMPUTE_FULL ? 3 : 2;
+    double kvc = kv_channels(c, tp), kv = 2.0 * mc * kvc * e, dkv = 2.0 * mc * kvc * 4;
+    double passes = in->recompute == RECOMPUTE_FULL ? 3 : 2;
     y->cp_comm_s = cp == 1 ? 0 : Ls * M * (passes * (cp - 1) * kv + cp * dkv) / (y->cp_intra ? in->intra_bw : in->inter_bw);
     double c_flops = in->recompute == RECOMPUTE_FULL ? 8 : 6;
-    y->compute_s = c_flops * in->params * in->batch_tokens / in->gpus / in->flops;
+    y->compute_s = c_flops / 6 * flops_per_token(c, in->params, in->T) * in->batch_tokens / in->gpus / in->flops;
     estimate_step(in, y);
 }
 
@@ -546,7 +636,11 @@ static void print_table(const PlanInput *in, const Candidate *ys, int n) {
         printf("llm4d plan: llm4d's own buffers (--exact) on the fullest pipeline stage; bytes per GPU in GB (1e9), "
                "times per optimizer step in ms\n");
     else printf("llm4d plan: the seed's model; bytes per GPU in GB (1e9), times per optimizer step in ms\n");
-    if (c->V) printf("model: L %d, C %d, H %d, V %d (padded %d), maxT %d, T %d | %s parameters\n", c->L, c->C, c->NH, c->V,
+    if (c->arch == ARCH_LLAMA)
+        printf("model: Llama, L %d, C %d, H %d, KV heads %d, FFN %d, V %d (padded %d), %s head, maxT %d, T %d | %s parameters, "
+               "%.4g GFLOP per token\n", c->L, c->C, c->NH, c->NKV, c->F, c->V, c->Vp, c->tie ? "tied" : "untied", c->maxT, in->T,
+               count, flops_per_token(c, in->params, in->T) / 1e9);
+    else if (c->V) printf("model: L %d, C %d, H %d, V %d (padded %d), maxT %d, T %d | %s parameters\n", c->L, c->C, c->NH, c->V,
                      c->Vp, c->maxT, in->T, count);
     else printf("model: L %d, C %d, H %d, T %d | %s parameters (--params)\n", c->L, c->C, c->NH, in->T, count);
     printf("cluster: %d GPUs, %d per node, %.4g GB each, TP <= %d | %.4g GB/s inside a node, %.4g GB/s across | "
@@ -608,8 +702,12 @@ static void json_bytes(FILE *f, const size_t b[MEM_NCAT]) {
 
 static void write_json(FILE *f, const PlanInput *in, const Candidate *ys, int n) {
     const GPT2Config *c = &in->cfg;
-    fprintf(f, "{\"model\":{\"layers\":%d,\"channels\":%d,\"heads\":%d,\"vocab\":%d,\"padded_vocab\":%d,\"max_seq_len\":%d,"
-               "\"seq_len\":%d,", c->L, c->C, c->NH, c->V, c->Vp, c->maxT, in->T);
+    int llama = c->arch == ARCH_LLAMA;
+    fprintf(f, "{\"model\":{\"arch\":\"%s\",\"layers\":%d,\"channels\":%d,\"heads\":%d,\"kv_heads\":%d,\"ffn\":%d,"
+               "\"tied\":%s,\"vocab\":%d,\"padded_vocab\":%d,\"max_seq_len\":%d,\"seq_len\":%d,", ARCH_NAMES[llama],
+            c->L, c->C, c->NH, llama ? c->NKV : c->NH, llama ? c->F : 4 * c->C, !llama || c->tie ? "true" : "false", c->V,
+            c->Vp, c->maxT, in->T);
+    json_num(f, "flops_per_token", flops_per_token(c, in->params, in->T), ",");
     json_num(f, "params", in->params, "},");
     fprintf(f, "\"inputs\":{\"gpus\":%d,\"gpus_per_node\":%d,\"max_tp\":%d,\"micro_batches\":%d,\"pp_virtual\":%d,"
                "\"zero\":%d,\"recompute\":\"%s\",\"attention\":\"%s\",\"dtype\":\"%s\",\"top\":%d,", in->gpus, in->gpus_per_node,
@@ -871,7 +969,8 @@ static void comm_model(const PlanInput *in, const Candidate *y, CommCost cost[NC
         c->bytes = pp > 1 ? mc * C * e / tp : 0;
         // CP: K/V blocks f·(CP − 1) steps, fp32 dK/dV accumulators CP steps, per layer and micro-batch
         c = &cost[CLS_CP][a];
-        double kv = 2 * mc * (C / tp) * e, dkv = 2 * mc * (C / tp) * 4, msgs = passes * (cp - 1) + cp;
+        double kvc = kv_channels(&in->cfg, tp), kv = 2 * mc * kvc * e, dkv = 2 * mc * kvc * 4;
+        double msgs = passes * (cp - 1) + cp;
         p2p_cost(in, a, gs[CLS_CP], Ls * M * msgs, (passes * (cp - 1) * kv + cp * dkv) / msgs, c);
         c->bytes = cp > 1 ? (passes * (cp - 1) * kv + cp * dkv) / msgs : 0; // the mean message
         for (int k = 0; k < NCLS; k++) comm_finish(&cost[k][a]);

@@ -5,7 +5,10 @@
                                         activation inventory, written out here from the shapes (the
                                         README's table), and how they fall with recompute, TP, SP, PP, CP,
                                         the micro-batch size and the sequence length
-  memory_check.py exact DIR TRAIN       every category of every rank against ./train plan --exact
+  memory_check.py exact DIR TRAIN [SHAPE FLAGS...]
+                                        every category of every rank against ./train plan --exact (the
+                                        runs' model: the shape flags given, default test/recompute.sh's
+                                        RC_SHAPE)
 
 DIR holds the runs of test/recompute.sh: runs.txt lines "NAME MODE RANKS FLAGS...", NAME-MODE.jsonl.
 Tolerance 5% (the figures are expected to agree exactly).
@@ -150,10 +153,10 @@ def formulas(d):
     sys.exit(1 if bad else 0)
 
 
-def exact(d, train):
+def exact(d, train, shape):
     bad = 0
     for lay, peaks in load_runs(d):
-        cmd = [train, "plan", *SHAPE_FLAGS, "--seq-len", str(lay["T"]), "--gpus", str(lay["n"]), "--tp", str(lay["tp"]),
+        cmd = [train, "plan", *shape, "--seq-len", str(lay["T"]), "--gpus", str(lay["n"]), "--tp", str(lay["tp"]),
                "--pp", str(lay["pp"]), "--cp", str(lay["cp"]), "--dp", str(lay["dp"]), "--batch-tokens", str(lay["batch"]),
                "--micro-batches", str(lay["M"]), "--zero", str(lay["zero"]), "--recompute", lay["mode"],
                "--dtype", "bf16" if lay["e"] == 2 else "fp32", "--exact", "--device", "cpu", "--json"]
@@ -186,4 +189,4 @@ if __name__ == "__main__":
     if sys.argv[1] == "formulas":
         formulas(sys.argv[2])
     else:
-        exact(sys.argv[2], sys.argv[3])
+        exact(sys.argv[2], sys.argv[3], sys.argv[4:] or SHAPE_FLAGS)

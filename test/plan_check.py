@@ -2,8 +2,11 @@
 """Checks `./train plan --json` against the seed's formulas, recomputed here from the inputs alone
 (the shapes below are written out, not read back from the planner), for several models, clusters,
 ZeRO stages, recompute modes and dtypes: every field of every layout, the set of layouts (exactly the
-(TP, CP, PP, DP) the rules allow), the reasons a layout cannot run, and the order. Then checks the
-README's 70B table against the same closed forms.
+(TP, CP, PP, DP) the rules allow), the reasons a layout cannot run, and the order. The Llama family
+the same way: its parameter count from the architecture (and within 0.5% of Meta's published totals),
+its activations from the block's tensors listed one by one, its FLOPs per token against
+6·(matmul weights) + 6·L·C·T, its CP ring on the kv heads only. Then checks the README's 70B table
+and its Llama Beacon table against the same closed forms.
 
 usage: plan_check.py TRAIN_BINARY README.md
 """
@@ -23,6 +26,26 @@ def gpt2_params(L, C, V, maxT):
     per_layer = 12 * C * C + 13 * C  # ln1 2C, qkv 3C^2+3C, proj C^2+C, ln2 2C, fc 4C^2+4C, fcproj 4C^2+C
     return Vp * C + maxT * C + L * per_layer + 2 * C
 
+
+def llama_model(L, C, H, KV, F, V, T, tie):
+    """A Llama's shape and its parameter count from the architecture: per block q (H·hs rows), k and v
+    (KV·hs rows each) and o projections, SwiGLU's gate, up (F x C) and down (C x F), two RMSNorm
+    weights; the embedding, the final RMSNorm, and an untied head of its own."""
+    hs, Vp = C // H, (V + 127) // 128 * 128
+    attn = C * H * hs + 2 * C * KV * hs + H * hs * C
+    mlp = 3 * C * F
+    N = Vp * C + L * (attn + mlp + 2 * C) + C + (0 if tie else Vp * C)
+    matmul = L * (attn + mlp) + Vp * C  # weights a token multiplies by: every block's, and the head (wte if tied)
+    return dict(arch="llama", L=L, C=C, H=H, KV=KV, F=F, T=T, Vp=Vp, tie=tie, N=N, matmul=matmul)
+
+
+# Meta's published totals (model cards): Llama 3.2 1B 1.24 B (tied), Llama 3 8B 8.03 B, Llama 3 70B
+# 70.6 B, Llama 3.1 405B 405.9 B (the presets' shapes: HF config.json)
+PUBLISHED = {"llama3.2-1b": (llama_model(16, 2048, 32, 8, 8192, 128256, 2048, True), 1.24e9),
+             "llama3-8b": (llama_model(32, 4096, 32, 8, 14336, 128256, 8192, False), 8.03e9),
+             "llama3-70b": (llama_model(80, 8192, 64, 8, 28672, 128256, 8192, False), 70.6e9),
+             "llama3-405b": (llama_model(126, 16384, 128, 8, 53248, 128256, 4096, False), 405.9e9)}
+L1B, L8B, L70B, L405B = (PUBLISHED[k][0] for k in ("llama3.2-1b", "llama3-8b", "llama3-70b", "llama3-405b"))
 
 # Each case: the command line, and the same facts written out for the reference.
 D12 = dict(L=12, C=768, H=12, T=1024, N=gpt2_params(12, 768, 50257, 1024))
@@ -69,6 +92,31 @@ CASES = [
     # long sequences, where CP pays: the CP 8 slice, ZeRO-3 over DP x CP
     (SHAPE70 + " --gpus 64 --batch-tokens 256K --micro-batches 4 --zero 3 --cp 8",
      dict(BASE, model=B70, G=64, batch=256 * 1024, M=4, zero=3, only=(None, 8, None, None))),
+    # the Llama family: the Beacon as Llama 3.1 405B (the README's table), 70B with CP, 8B in fp32 with
+    # the probabilities kept, the tied 1B
+    ("--model llama3-405b --seq-len 4096 --gpus 16384 --batch-tokens 16M --micro-batches 8 --zero 1 --recompute full",
+     dict(BASE, model=L405B, G=16384, batch=16 * 2**20, M=8, zero=1, recompute="full")),
+    ("--model llama3-70b --gpus 512 --batch-tokens 4M --micro-batches 8 --zero 3 --recompute selective",
+     dict(BASE, model=L70B, G=512, batch=4 * 2**20, M=8, zero=3, recompute="selective")),
+    ("--model llama3-8b --gpus 64 --batch-tokens 1M --micro-batches 4 --dtype fp32 --attention full --zero 2",
+     dict(BASE, model=L8B, G=64, batch=2**20, M=4, fp32=True, flash=False, zero=2)),
+    ("--model llama3.2-1b --seq-len 2048 --gpus 16 --batch-tokens 256K --micro-batches 2 --cp 4",
+     dict(BASE, model=L1B, G=16, batch=256 * 1024, M=2, only=(None, 4, None, None))),
+    # a custom Llama: 12 heads in 3 kv groups on nodes of 6: TP 6 replicates each kv head on 2 ranks, TP 2
+    # and 4 cannot split them, TP 5 not the heads; --arch llama with --heads and no --kv-heads: NKV = H,
+    # --channels and no --ffn: 8C/3 rounded up to 256
+    ("--arch llama --layers 6 --channels 768 --heads 12 --kv-heads 3 --ffn 2016 --vocab 1000 --max-seq-len 512 "
+     "--tie-embeddings 1 --gpus 60 --gpus-per-node 6 --batch-tokens 60K --micro-batches 2 --recompute selective --top 1000",
+     dict(BASE, model=llama_model(6, 768, 12, 3, 2016, 1000, 512, True), G=60, gpn=6, max_tp=6, batch=60 * 1024, M=2,
+          recompute="selective")),
+    # SwiGLU's 682 rows split over TP 2, not 4
+    ("--arch llama --layers 2 --channels 256 --heads 4 --kv-heads 4 --ffn 682 --vocab 512 --seq-len 128 --rope-theta 10000 "
+     "--norm-eps 1e-6 --gpus 4 --batch-tokens 1K --micro-batches 2",
+     dict(BASE, model=llama_model(2, 256, 4, 4, 682, 512, 128, True), G=4, batch=1024, M=2)),
+    ("--arch llama --layers 4 --channels 1024 --heads 16 --seq-len 1024 --gpus 8 --batch-tokens 64K --micro-batches 4 "
+     "--zero 1 --recompute full --cp 2",
+     dict(BASE, model=llama_model(4, 1024, 16, 16, math.ceil(8 * 1024 / 3 / 256) * 256, 128256, 1024, True), G=8,
+          batch=64 * 1024, M=4, zero=1, recompute="full", only=(None, 2, None, None))),
 ]
 
 
@@ -91,10 +139,16 @@ def in_one_node(key, G, gpn):
 def reference(case, tp, cp, pp, dp):
     m = case["model"]
     L, C, H, T, N = m["L"], m["C"], m["H"], m["T"], m["N"]
+    llama = m.get("arch") == "llama"
+    KV, hs = m.get("KV", H), C // H
     M, zero, rc = case["M"], case["zero"], case["recompute"]
     e = 4 if case["fp32"] else 2
     w, g, o = (4, 4, 8) if case["fp32"] else (2, 2, 12)
     P = N / (tp * pp)
+    kv_heads_per_rank = KV / tp if KV >= tp else 1  # a kv head shared by TP/KV ranks is held whole by each
+    if llama:  # every weight splits over TP x PP but the K and V projections, held per kv head
+        kv_weights = L * 2 * KV * hs * C
+        P = (N - kv_weights) / (tp * pp) + L * 2 * kv_heads_per_rank * hs * C / pp
     same = dp * cp  # the ranks holding the same weights
     r = {}
     r["params_per_gpu"] = P
@@ -108,12 +162,19 @@ def reference(case, tp, cp, pp, dp):
     r["sequences_per_micro_batch"] = mt / T
     per_layer = 34 * C * e / 2  # Korthikanti's 34·C bytes in bf16
     probs = 0 if case["flash"] else 5 * H * T * e / 2  # the 5·a·s term, per token
+    if llama:  # the Llama block's tensors kept for the backward, elements per token; no dropout
+        F = m["F"]
+        kept = dict(attn_norm_in=C, attn_norm_out=C, q=H * hs, k=KV * hs, v=KV * hs, attn_out=H * hs, mlp_norm_in=C,
+                    mlp_norm_out=C, gate=F, up=F, silu_product=F)
+        per_layer = e * sum(kept.values())
+        probs = 0 if case["flash"] else e * H * T  # the probabilities only
+        selective = e * sum(v for k, v in kept.items() if k not in ("attn_norm_out", "mlp_norm_out", "silu_product"))
     g_act = tp * cp  # GPUs sharing a micro-batch's activations
     if rc == "none":
         a = per_layer + probs
         up, f1 = R * Ls * a / g_act, k * mt * Ls * a / g_act
     elif rc == "selective":  # LayerNorm outputs (2 x 2C) and GELU's input (8C) recomputed, probabilities too
-        a = (34 - 4 - 8) * C * e / 2
+        a = selective if llama else (34 - 4 - 8) * C * e / 2
         up, f1 = R * Ls * a / g_act, k * mt * Ls * a / g_act
     else:  # block inputs kept (2C in bf16), one block's activations rebuilt at a time
         a = per_layer + probs
@@ -125,6 +186,10 @@ def reference(case, tp, cp, pp, dp):
     why = None
     if H % tp:
         why = "TP does not divide the heads"
+    elif llama and KV % tp and tp % KV:
+        why = "TP and the kv heads do not divide one another"
+    elif llama and m["F"] % tp:
+        why = "TP does not divide the SwiGLU size"
     elif pp > L:
         why = "more stages than layers"
     elif T % (2 * cp):
@@ -148,13 +213,18 @@ def reference(case, tp, cp, pp, dp):
     r["tp_comm_s"] = n_ar * Ls * M * one_allreduce
     cp_intra = in_one_node((d_ * pp + p_) * tp + t_, G, gpn)
     r["cp_intra_node"] = cp_intra
-    block = (mt / cp) * (C / tp)  # K (or V) elements of one GPU's tokens and heads
+    block = (mt / cp) * (kv_heads_per_rank * hs if llama else C / tp)  # K (or V) elements of one GPU's tokens and heads
     ring = (3 if rc == "full" else 2) * (cp - 1) * 2 * block * e + cp * 2 * block * 4
     r["cp_comm_s"] = 0 if cp == 1 else Ls * M * ring / (case["intra"] if cp_intra else case["inter"])
-    r["compute_s"] = (8 if rc == "full" else 6) * N * case["batch"] / case["G"] / case["flops"]
+    # FLOPs per token: the seed's 6·N for GPT-2; a Llama 6 per matmul weight and causal attention's
+    # 6·L·C·T (forward 2·T·C per block: scores and weighted sum over T/2 keys on average)
+    flops = 6 * m["matmul"] + 6 * L * C * T if llama else 6 * N
+    r["compute_s"] = (8 if rc == "full" else 6) / 6 * flops * case["batch"] / case["G"] / case["flops"]
     # the step: TP blocks; the CP ring hides behind attention's share of the FLOPs (causal 2·T·C per
-    # token and layer against the matmuls' 2·12·C²); the DP reduction behind one micro-batch's compute
-    attention = r["compute_s"] * (2 * T * C) / (2 * T * C + 24 * C * C)
+    # token and layer against the matmuls' 2·12·C², a Llama's its own); the DP reduction behind one
+    # micro-batch's compute
+    block_matmuls = 2 * (m["matmul"] - m["Vp"] * C) / L if llama else 24 * C * C
+    attention = r["compute_s"] * (2 * T * C) / (2 * T * C + block_matmuls)
     r["cp_exposed_s"] = max(0.0, r["cp_comm_s"] - attention)
     r["dp_exposed_s"] = max(0.0, r["dp_allreduce_s"] - r["compute_s"] / M)
     r["step_s"] = (r["compute_s"] + r["tp_comm_s"] + r["cp_exposed_s"]) / (1 - r["bubble"]) + r["dp_exposed_s"]
@@ -170,8 +240,15 @@ def close(a, b):
 def check_case(args, case):
     out = subprocess.run([TRAIN, "plan", "--json"] + args.split(), stdout=subprocess.PIPE, check=True).stdout
     plan = json.loads(out)
-    if not close(plan["model"]["params"], case["model"]["N"]):
-        raise AssertionError("%s: parameters %s, expected %s" % (args, plan["model"]["params"], case["model"]["N"]))
+    m = case["model"]
+    if not close(plan["model"]["params"], m["N"]):
+        raise AssertionError("%s: parameters %s, expected %s" % (args, plan["model"]["params"], m["N"]))
+    if m.get("arch") == "llama":
+        want = dict(arch="llama", layers=m["L"], channels=m["C"], heads=m["H"], kv_heads=m["KV"], ffn=m["F"],
+                    tied=m["tie"], padded_vocab=m["Vp"], seq_len=m["T"],
+                    flops_per_token=6 * m["matmul"] + 6 * m["L"] * m["C"] * m["T"])
+        for k, v in want.items():
+            assert close(plan["model"][k], v), "%s: model %s = %r, expected %r" % (args, k, plan["model"][k], v)
     G = case["G"]
     divisors = [x for x in range(1, G + 1) if G % x == 0]
     expect = {(t, c, p, G // (t * c * p)) for t in divisors if t <= case["max_tp"] for c in divisors for p in divisors
@@ -251,10 +328,64 @@ def check_ranking():
     print("ok: ranked by the estimated step time; a batch below one sequence refused")
 
 
+def check_readme_llama(gpt, llama):
+    """The README's Beacon table: the seed's GPT-style 405B and Llama 3.1 405B (the same flags) against
+    the closed forms: the best layout (TP 8, PP 4, DP 512), the Beacon (TP 8, PP 16, DP 128), its CP 2
+    variant's ring."""
+    text = open(README).read()
+    start = text.index("| Beacon on 16,384 GPUs")
+    rows = {}
+    for line in text[start:].splitlines()[2:]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        rows[cells[0]] = cells[1:]
+
+    def num(s):
+        return float(re.sub(r"[^0-9.]", "", s.split()[0]))
+
+    def refs(key, scale, layout):
+        return [scale * reference(case, *layout)[key] for case in (gpt, llama)]
+
+    lm = llama["model"]
+    want = {
+        "parameters": ([gpt["model"]["N"] / 1e9, lm["N"] / 1e9], 2),
+        "FLOPs per token": ([6 * gpt["model"]["N"] / 1e9, (6 * lm["matmul"] + 6 * lm["L"] * lm["C"] * lm["T"]) / 1e9], 0),
+        "best layout, TP 8 × PP 4 × DP 512: total per GPU": (refs("total", 1e-9, (8, 1, 4, 512)), 2),
+        "best layout: step": (refs("step_s", 1e3, (8, 1, 4, 512)), 1),
+        "the Beacon, TP 8 × PP 16 × DP 128: total per GPU": (refs("total", 1e-9, (8, 1, 16, 128)), 2),
+        "the Beacon: step": (refs("step_s", 1e3, (8, 1, 16, 128)), 1),
+        "TP 8 × CP 2 × PP 16 × DP 64: the CP ring": (refs("cp_comm_s", 1e3, (8, 2, 16, 64)), 1),
+    }
+    for label, (values, digits) in want.items():
+        assert label in rows, "README's Beacon table has no row '%s'" % label
+        for value, cell in zip(values, rows[label]):
+            if round(value, digits) != round(num(cell), digits):
+                raise AssertionError("README Beacon table, %s: '%s', the formula gives %.*f" % (label, cell, digits, value))
+    print("ok: README's Beacon table (GPT-style and Llama 3.1 405B) matches the formulas")
+
+
+def check_published():
+    """The presets' parameter counts against Meta's published totals, within 0.5%; the closed form above
+    is the exact reference (check_case), this one says the shapes are the right ones."""
+    for name, (m, published) in PUBLISHED.items():
+        plan = json.loads(subprocess.run([TRAIN, "plan", "--json", "--model", name, "--seq-len", str(m["T"]), "--gpus",
+                                          "1", "--batch-tokens", str(m["T"])], stdout=subprocess.PIPE, check=True).stdout)
+        got = plan["model"]["params"]
+        assert close(got, m["N"]), "%s: %r parameters, the architecture gives %r" % (name, got, m["N"])
+        assert abs(got / published - 1) < 0.005, "%s: %.4g parameters, published %.4g" % (name, got, published)
+        print("ok: %s: %d parameters (published %.4g B)" % (name, got, published / 1e9))
+
+
 def main():
     for args, case in CASES:
         check_case(args, case)
     check_readme(CASES[0][1], CASES[1][1])
+    by_args = dict(CASES)
+    check_readme_llama(by_args[SHAPE405 + " --gpus 16384 --batch-tokens 16M --micro-batches 8 --zero 1 --recompute full"],
+                       by_args["--model llama3-405b --seq-len 4096 --gpus 16384 --batch-tokens 16M --micro-batches 8 --zero 1 "
+                               "--recompute full"])
+    check_published()
     check_ranking()
 
 

@@ -359,6 +359,23 @@ t_cli_ux() { bash test/cli_ux.sh $TRAIN "$WORK/ux"; }
 t_sample_eval() { have_torch || return $?; $PY test/sample_eval.py $TRAIN "$WORK/se"; }
 t_shards_u32() { $PY -c 'import numpy' 2>/dev/null || { echo "python3-numpy is not installed"; return 77; }; $PY test/shards_u32.py $TRAIN "$WORK/u32"; }
 t_llama_kernels() { have_torch || return $?; $PY test/llama_ref.py ./build/llama_check; }
+# the Llama family end to end against a PyTorch Llama written from the published architecture (test/llama_model_ref.py)
+llama_ref() { have_torch || return $?; $PY test/llama_model_ref.py --train "$DATA/train.bin" --workdir "$WORK/$1" "${@:2}"; }
+t_llama_torch() { llama_ref tiny --seq-len 32 --micro-batch 2 --accum 2; } # GQA 4 heads / 2 kv heads, untied head
+# llama3.2-1b shrunk: its tied head and Llama 3.1's RoPE frequency scaling (factor 32), at T = 64
+t_llama_torch_scaled() {
+    llama_ref scaled --shape "--model llama3.2-1b --layers 2 --channels 64 --heads 4 --kv-heads 2 --ffn 96 --vocab 256 --max-seq-len 64" \
+        --seq-len 64 --micro-batch 1
+}
+t_llama_torch_tied_mqa() { # one kv head, the tied head, odd T past a 32-row attention tile, F not a multiple of 8
+    llama_ref mqa --shape "--arch llama --layers 2 --channels 48 --heads 6 --kv-heads 1 --ffn 100 --vocab 200 --tie-embeddings 1 --rope-theta 10000 --norm-eps 1e-6" \
+        --seq-len 37 --micro-batch 2
+}
+t_llama_torch_recompute() {
+    llama_ref rcs --seq-len 32 --micro-batch 2 --accum 2 --extra "--recompute selective" || return 1
+    llama_ref rcf --seq-len 32 --micro-batch 2 --accum 2 --extra "--recompute full"
+}
+t_llama_torch_bf16() { llama_ref bf16 --seq-len 32 --micro-batch 2 --dtype bf16 --tol 3e-2; }
 # Hugging Face checkpoints (hf.c through ./train hf-inspect, the ASan build): files of the safetensors package
 # (scripts/deps.sh installs it from PyPI) and of a numpy writer read back equal; hf.c's files read by the package
 # equal; sharded index; every bad input one line and a non-zero exit
@@ -1284,8 +1301,9 @@ t_data_parallel_bf16_clip() {
 }
 
 # ./train plan against the seed's formulas recomputed in test/plan_check.py (every field of every
-# layout, the set of layouts, the reasons, the order, and the README's 70B table); the planner also
-# runs clean under ASan/UBSan, table and JSON.
+# layout, the set of layouts, the reasons, the order, for GPT-2 and Llama shapes; the Llama presets'
+# parameter counts against Meta's totals; the README's 70B and Beacon tables); the planner also runs
+# clean under ASan/UBSan, table and JSON.
 t_plan() {
     $PY test/plan_check.py "$TRAIN" README.md || return 1
     $ASAN plan --layers 126 --channels 16384 --heads 128 --seq-len 4096 --gpus 16384 --batch-tokens 16M \
@@ -1293,17 +1311,26 @@ t_plan() {
     grep -q '^   8    1    4    512 ' "$WORK/plan.txt" || { echo "the 405B table lacks TP 8 x CP 1 x PP 4 x DP 512"; return 1; }
     grep -q '^   8    2    4    256 ' "$WORK/plan.txt" || { echo "the 405B table lacks TP 8 x CP 2 x PP 4 x DP 256"; return 1; }
     $ASAN plan --model d12 --gpus 6 --batch-tokens 24K --json | $PY -c 'import json, sys; json.load(sys.stdin)'
+    $ASAN plan --model llama3-405b --gpus 16384 --batch-tokens 16000000 --top 3 >"$WORK/plan_llama.txt" || return 1
+    grep -q '^model: Llama, L 126, C 16384, H 128, KV heads 8, FFN 53248, V 128256' "$WORK/plan_llama.txt" ||
+        { echo "the Llama 3.1 405B plan lacks its model line"; return 1; }
+    $ASAN plan comm --model llama3-405b --seq-len 8192 --gpus 16384 --tp 8 --cp 2 --pp 16 --dp 64 --batch-tokens 16M \
+        --json | $PY -c 'import json, sys; json.load(sys.stdin)'
     # --exact builds every stage of every layout dry (fake addresses, nothing allocated): clean under ASan/UBSan
-    $ASAN plan --layers 126 --channels 16384 --heads 128 --seq-len 4096 --gpus 16384 --batch-tokens 16M \
-        --micro-batches 8 --zero 3 --recompute selective --exact --sp --interleaved --ckpt --json >"$WORK/plan_exact.json" || return 1
-    $PY - "$WORK/plan_exact.json" <<'EOF'
+    # (the GPT-style 405B and Llama 3.1 405B, whose TP slices hold one kv head per rank)
+    local shape
+    for shape in "--layers 126 --channels 16384 --heads 128" "--model llama3-405b"; do
+        $ASAN plan $shape --seq-len 4096 --gpus 16384 --batch-tokens 16M --micro-batches 8 --zero 3 --recompute selective \
+            --exact --sp --interleaved --ckpt --json >"$WORK/plan_exact.json" || return 1
+        $PY - "$WORK/plan_exact.json" <<'EOF' || return 1
 import json, sys
 d = json.load(open(sys.argv[1]))
 runs = [y for y in d["layouts"] if y["runs"]]
 assert runs and all(len(y["exact"]["stages"]) == y["pp"] for y in runs)
 assert all(y["exact"]["total"] == sum(y["exact"]["stages"][y["exact"]["stage"]].values()) for y in runs)
-print(len(runs), "layouts with llm4d's buffers on every stage")
+print(d["model"]["arch"], len(runs), "layouts with llm4d's buffers on every stage")
 EOF
+    done
 }
 
 # ./train plan comm (one layout's communication per traffic class and algorithm, alpha-beta model)
@@ -1349,6 +1376,19 @@ t_plan_bad_input() {
     expect_error "plan: no layout of 8 GPUs has the --tp/--cp/--pp/--dp asked for" "${p[@]}" --tp 3 || ok=1
     expect_error "plan: no layout of 8 GPUs has the --tp/--cp/--pp/--dp asked for" "${p[@]}" --cp 16 || ok=1
     expect_error "--cp must be between 1 and" "${p[@]}" --cp 0 || ok=1
+    # the Llama family
+    expect_error "--arch must be gpt2 or llama, got 'mamba'" "${p[@]}" --arch mamba || ok=1
+    expect_error "--kv-heads, --ffn, --tie-embeddings, --rope-theta and --norm-eps are the Llama family's: give --arch llama" \
+        "${p[@]}" --kv-heads 4 || ok=1
+    expect_error "are the Llama family's" "${p[@]}" --model d12 --ffn 2048 || ok=1
+    expect_error "--model llama3-8b is a Llama: drop --arch gpt2" "${p[@]}" --model llama3-8b --arch gpt2 || ok=1
+    expect_error "--arch llama: --model must be llama3-tiny, llama3.2-1b, llama3-8b, llama3-70b or llama3-405b, got 'llama4'" \
+        "${p[@]}" --arch llama --model llama4 || ok=1
+    expect_error "--rope-theta must be between" "${p[@]}" --arch llama --rope-theta 1 || ok=1
+    expect_error "heads (32) must be a positive multiple of kv heads (5)" "${p[@]}" --arch llama --kv-heads 5 || ok=1
+    expect_error "--tie-embeddings must be between 0 and 1, got '2'" "${p[@]}" --arch llama --tie-embeddings 2 || ok=1
+    expect_error "--params is for GPT-2 shapes" "${p[@]}" --arch llama --params 7B --layers 32 --channels 4096 || ok=1
+    expect_error "--seq-len 16384 is above the model's maximum sequence length 8192" "${p[@]}" --model llama3-8b --seq-len 16384 || ok=1
     # plan comm: one layout, its latencies in microseconds
     local c=(plan comm --gpus 8 --batch-tokens 64K --tp 2 --pp 2 --dp 2)
     expect_error "--intra-lat is for ./train plan comm" "${p[@]}" --intra-lat 2 || ok=1
@@ -1535,6 +1575,11 @@ run_test model   t_torch_heads             "PyTorch reference at 1e-5: T=27 belo
 run_test model   t_torch_one_head          "PyTorch reference at 1e-5: one head of 20 channels, T=45"
 run_test model   t_torch_bf16              "PyTorch reference: bf16"
 run_test model   t_torch_bf16_generic      "PyTorch reference: bf16 on the generic matmul path (LLM4D_CPU_ISA=generic)"
+run_test model   t_llama_torch             "Llama against PyTorch: llama3-tiny (GQA, untied head): logits, loss, every gradient, AdamW steps"
+run_test model   t_llama_torch_scaled      "Llama against PyTorch: llama3.2-1b shrunk (tied head, RoPE frequency scaling)"
+run_test model   t_llama_torch_tied_mqa    "Llama against PyTorch: one kv head, tied head, T=37, V=200, F=100, theta 1e4, eps 1e-6"
+run_test model   t_llama_torch_recompute   "Llama against PyTorch: --recompute selective and full"
+run_test model   t_llama_torch_bf16        "Llama against PyTorch: bf16"
 run_test kernels t_attention_torch         "attention against PyTorch: whole sequence and zigzag context-parallel blocks"
 run_test model   t_grad_accum              "gradient accumulation equals the large batch"
 run_test model   t_determinism             "bitwise determinism across reruns and thread counts (fp32 and bf16)"
@@ -1566,12 +1611,12 @@ run_test memory  t_tensor_parallel_memory  "tensor parallel memory falls to 1/TP
 run_test cp      t_context_parallel        "context parallel CP 2, 4, with TP 2 (--sp), PP 2, DP 2 x ZeRO 1, 3, bf16 equal one rank; reruns bitwise; attention FLOPs balanced"
 run_test memory  t_context_parallel_memory "context parallel activation memory per rank falls to 1/CP"
 run_test cp      t_context_parallel_errors "context parallel: one-line errors (sequence split, layout, --sp)"
-run_test plan    t_plan                    "plan: every layout's bytes, bubble, communication and compute against the formulas; README's 70B table"
+run_test plan    t_plan                    "plan: every layout's bytes, bubble, communication and compute against the formulas, GPT-2 and Llama; README's 70B and Beacon tables"
 run_test plan    t_comm_model              "plan comm: each traffic class's time, connections, staging and incast per algorithm against closed forms; the seed's Beacon figures"
 run_test plan    t_plan_bad_input          "plan: bad input, one-line errors naming the flag (ASan)"
 run_test memory  t_recompute               "recompute selective and full are bitwise --recompute none: 1 rank fp32/bf16, DP x ZeRO 1-3, TP+SP, PP plain/interleaved, 3D bf16, CP alone and with TP+SP x ZeRO-3, resume; no extra ZeRO-3 gathers"
 run_test memory  t_memory_formulas         "memory: every rank's peak activations and recompute scratch equal the inventory; fall with recompute, TP, SP, PP, CP, B, T"
-run_test plan    t_plan_exact              "plan --exact predicts every rank's measured peak per category (DP x ZeRO, TP+SP, PP, interleaved, CP, recompute)"
+run_test plan    t_plan_exact              "plan --exact predicts every rank's measured peak per category (DP x ZeRO, TP+SP, PP, interleaved, CP, recompute; llama3-tiny's DP x ZeRO, PP, recompute)"
 run_test cli     t_plot                    "plot.py: training logs and the planner's memory bars as PNG"
 run_test verbs   t_verbs_absent            "RDMA verbs absent: ./train does not link libibverbs, runs as before; verbs say why in one line"
 run_test verbs   t_verbs_vm                "RDMA verbs on soft-RoCE in a QEMU guest: 1 B-64 MiB both ways checked, 8/3/1 slots, selection, dead peer"
