@@ -294,6 +294,12 @@ int check_layout(const Options *o, const GPT2Config *cfg, int nranks, BatchShape
         return snprintf(err, cap, "--batch-tokens %lld x --steps %d: %lld sequences per step overflow the global sequence "
                         "count", b->batch_tokens, o->steps, b->G), -1;
     int P = o->pp, V = P > 1 ? o->pp_virtual : 1;
+    if (P > 1 && o->pp_schedule == SCHED_ZBV) { // parse_options made V 2: say so in the schedule's words
+        if (o->pp_layers) return snprintf(err, cap, "--pp-layers cannot be combined with --pp-schedule zb-v (two equal chunks per stage)"), -1;
+        if (2 * P > cfg->L)
+            return snprintf(err, cap, "--pp-schedule zb-v places two chunks per stage: --pp %d needs %d blocks, the model has %d",
+                            P, 2 * P, cfg->L), -1;
+    }
     int *first = xmalloc(sizeof(int) * P * V), *count = xmalloc(sizeof(int) * P * V);
     int bad = layout_split_layers(cfg->L, P, V, o->pp_layers, first, count, err, cap);
     free(first);
