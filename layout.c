@@ -62,7 +62,8 @@ void layout_connect(Layout *l, Comm *world) {
     l->pp_fwd = split_along(l, world, ALONG_PP, pp, "pp activations");
     l->pp_bwd = split_along(l, world, ALONG_PP, pp, "pp gradients");
     l->replicas.comm = split_along(l, world, ALONG_DP | ALONG_CP, l->replicas.rank, CP > 1 ? "dp x cp" : "dp");
-    if (PP > 1 && (pp == 0 || pp == PP - 1)) l->embed = split_along(l, world, ALONG_PP, pp, "embedding");
+    // the two stages holding the tied embedding (none under zb-v: its first stage holds both ends)
+    if (PP > 1 && layout_head_stage(l) != 0 && (pp == 0 || pp == PP - 1)) l->embed = split_along(l, world, ALONG_PP, pp, "embedding");
     else l->embed = comm_split(world, -1, pp, "embedding"); // collective: every rank takes part
     if (CP > 1) { // K/V blocks on one, dK/dV accumulators on the other
         l->cp.comm = split_along(l, world, ALONG_CP, l->cp.rank, "cp");
@@ -93,6 +94,8 @@ int layout_comms(const Layout *l, Comm **out, int cap) {
     memcpy(out, all, sizeof all);
     return n;
 }
+
+int layout_head_stage(const Layout *l) { return l->schedule == SCHED_ZBV ? 0 : l->pp.size - 1; }
 
 int layout_split_layers(int L, int P, int V, const char *counts, int *first, int *count, char *err, size_t cap) {
     if (P > L) return snprintf(err, cap, "--pp %d: more pipeline stages than the model's %d blocks", P, L), -1;
@@ -133,12 +136,14 @@ void layout_place_stages(Layout *l, int L, int V, const char *pp_layers) {
     char err[256];
     if (layout_split_layers(L, P, V, pp_layers, first, count, err, sizeof err)) die("%s", err);
     l->chunks = V;
-    for (int c = 0; c < V; c++) { // stage s holds chunks s, s + P, ...
-        l->chunk_first[c] = first[c * P + stage];
-        l->chunk_len[c] = count[c * P + stage];
+    if (l->schedule == SCHED_ZBV && V != 2) die("internal: zb-v places 2 chunks per stage, not %d", V);
+    for (int c = 0; c < V; c++) { // stage s holds chunks s, s + P, ... (zb-v: s and 2P-1-s)
+        int k = l->schedule == SCHED_ZBV && c == 1 ? 2 * P - 1 - stage : c * P + stage;
+        l->chunk_first[c] = first[k];
+        l->chunk_len[c] = count[k];
     }
     // micro-batches whose activations a stage holds at once: at most P - stage with 1F1B; every one
-    // interleaved
+    // interleaved; what the action lists hold for the zero-bubble schedules
     l->nslots = V > 1 ? M : (P - stage < M ? P - stage : M);
     if (P > 1 && l->schedule != SCHED_1F1B && l->schedule != SCHED_INTERLEAVED) { // what the action lists hold
         Schedule s;

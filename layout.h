@@ -41,7 +41,7 @@ typedef struct {
     // this stage's blocks: chunks runs (more than one with the interleaved schedule), each of
     // chunk_len[c] blocks from global block chunk_first[c]; nslots activation sets (micro-batches in flight)
     int chunks, chunk_first[MAX_CHUNKS], chunk_len[MAX_CHUNKS], nslots;
-    int schedule; // the pipeline schedule (SCHED_*, schedule.h; 0 = 1f1b), set before layout_place_stages
+    int schedule; // the pipeline schedule (SCHED_*, schedule.h; 0 = 1f1b), set before layout_connect
 } Layout;
 
 // The rank at coordinates (dp, pp, cp, tp) of a TP x CP x PP model-parallel grid, and back.
@@ -57,11 +57,15 @@ void layout_connect(Layout *l, Comm *world);
 void layout_disconnect(Layout *l);
 // Every communicator of the layout, for the device set-up (NULL entries where absent); returns the count.
 int layout_comms(const Layout *l, Comm **out, int cap);
+// The pipeline stage holding the head (the final LayerNorm, the LM head and the loss): the last, or
+// under zb-v the first, which then holds both ends of the model (schedule.h).
+int layout_head_stage(const Layout *l);
 // The group along an axis when it has other ranks, else NULL.
 static inline Comm *layout_group(const Axis *a) { return a->size > 1 ? a->comm : NULL; }
-// The pipeline stages of L blocks: V chunks per stage (the interleaved schedule when V > 1; V is 1
-// without pipelining), --pp-layers counts (or NULL), and the activation sets for accum micro-batches
-// that l->schedule keeps in flight.
+// The pipeline stages of L blocks: V chunks per stage (the interleaved schedule or zb-v when V > 1; V is
+// 1 without pipelining), --pp-layers counts (or NULL), and the activation sets for accum micro-batches
+// that l->schedule keeps in flight. Interleaved: stage s holds chunks s, s + P, ...; zb-v: chunks s
+// and 2P-1-s (a V: the first stage holds the first and the last chunk).
 void layout_place_stages(Layout *l, int L, int V, const char *pp_layers);
 // Splits L blocks into P stages: equal (the first L mod P stages one block longer) unless counts
 // (comma-separated, from --pp-layers) says otherwise. Fills first[P] and count[P] and returns 0, or -1

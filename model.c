@@ -481,6 +481,11 @@ void gpt2_gather_full(const GPT2 *m, const float *local, float *file) {
     if (m->lay->pp.size > 1) comm_all_reduce(layout_group(&m->lay->pp), file, file, full_n, CT_F32, OP_SUM);
 }
 
+// One rank holds both ends of a pipeline (zb-v's first stage): the head's gradient of the tied embedding
+// is added apart (head_wte_grad) and joined once per step (gpt2_join_tied_grads), as the all-reduce of
+// the two stages that hold them under 1f1b adds it: the same sums, the same bits.
+static int tied_apart(const GPT2 *m) { return m->first && m->last && m->lay->pp.size > 1 && m->head_k == P_WTE; }
+
 // The shape of this rank's slice and stage, from the layout.
 static void place(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, const Layout *lay, StepTimes *times) {
     memset(m, 0, sizeof *m);
@@ -493,7 +498,7 @@ static void place(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, c
         m->nl += lay->chunk_len[k];
     }
     m->first = lay->pp.rank == 0;
-    m->last = lay->pp.rank == lay->pp.size - 1;
+    m->last = lay->pp.rank == layout_head_stage(lay); // zb-v: the first stage holds the head too
     m->cfg = *cfg;
     m->dt = dt;
     m->be = be;
@@ -656,6 +661,7 @@ void gpt2_build(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, con
     comm_count_memory(layout_group(&m->lay->tp), a); // (no work area needed: see collectives.h)
     m->act = &m->slots[0];
     m->logits_bytes = m->last ? (size_t)m->B * m->T * m->Vp_tp * ds : 0;
+    if (tied_apart(m)) m->head_wte_grad = mem_alloc(a, MEM_GRADS, m->param_sizes[P_WTE] * sizeof(float), "head's embedding gradient");
 }
 
 static void wstash_free(GPT2 *m); // the split backward's stash (below)
@@ -680,6 +686,7 @@ void gpt2_free(GPT2 *m) {
     free(m->slots);
     mem_free(a, m->params);
     mem_free(a, m->grads);
+    mem_free(a, m->head_wte_grad);
     void *ring[] = { m->ring.kvbuf[0], m->ring.kvbuf[1], m->ring.dkv[0], m->ring.dkv[1], m->ring.acc, m->ring.dkv_part };
     for (size_t i = 0; i < sizeof ring / sizeof ring[0]; i++) mem_free(a, ring[i]);
     free(m->unit_offset);
@@ -1140,12 +1147,16 @@ static WOp *wop_new(struct WStash *st) {
     return w;
 }
 
+// Where a matmul's weight gradient goes: the tensor's, but the head's own buffer for the tied embedding
+// on a rank that holds both ends (tied_apart).
+static float *dweight_of(GPT2 *m, int kw, int l) { return kw == P_WTE && m->head_wte_grad ? m->head_wte_grad : gpt2_grad(m, kw, l); }
+
 // A matmul's backward: dinp (NULL: none), and dweight/dbias of tensors kw/kb (kb -1: no bias) of layer l.
 static void bwd_matmul(GPT2 *m, struct WStash *st, void *dinp, int kw, int kb, int l, const void *dout, int dout_kept,
                        const void *inp, int inp_kept, const void *weight, const void *gelu_pre, int N, int C, int OC) {
     const Backend *be = m->be;
     if (!st) {
-        TIMED(m, PROF_MATMUL, be->matmul_bwd(m->dt, dinp, gpt2_grad(m, kw, l), kb >= 0 ? gpt2_grad(m, kb, l) : NULL, dout, inp,
+        TIMED(m, PROF_MATMUL, be->matmul_bwd(m->dt, dinp, dweight_of(m, kw, l), kb >= 0 ? gpt2_grad(m, kb, l) : NULL, dout, inp,
                                              weight, gelu_pre, N, C, OC));
         return;
     }
@@ -1177,7 +1188,7 @@ static void bwd_layernorm(GPT2 *m, struct WStash *st, void *dinp, int kw, int l,
 static void wop_run(GPT2 *m, const WOp *w, int B, int T) {
     const Backend *be = m->be;
     if (w->kind == WOP_MATMUL)
-        TIMED(m, PROF_MATMUL, be->matmul_bwd(m->dt, NULL, gpt2_grad(m, w->kw, w->l), w->kb >= 0 ? gpt2_grad(m, w->kb, w->l) : NULL,
+        TIMED(m, PROF_MATMUL, be->matmul_bwd(m->dt, NULL, dweight_of(m, w->kw, w->l), w->kb >= 0 ? gpt2_grad(m, w->kb, w->l) : NULL,
                                              w->dout, w->inp, NULL, NULL, w->N, w->C, w->OC));
     else if (w->kind == WOP_LAYERNORM)
         layernorm_bwd_tp(m, NULL, gpt2_grad(m, w->kw, w->l), w->dout, w->inp, NULL, w->mean, w->rstd, w->N);
@@ -1282,7 +1293,7 @@ static void backward_input(GPT2 *m, int chunk, float dloss_scale, struct WStash 
         }
     }
     // x->dresidual now holds the gradient of the chunk's input, for the previous stage
-    if (!st && embed_done(m, chunk)) ready(m, UNIT_EMBED);
+    if (!st && embed_done(m, chunk) && !tied_apart(m)) ready(m, UNIT_EMBED);
 }
 
 void gpt2_backward_chunk(GPT2 *m, int chunk, float dloss_scale) { backward_input(m, chunk, dloss_scale, NULL); }
@@ -1339,7 +1350,7 @@ void gpt2_backward_weight_chunk(GPT2 *m, int chunk, int slot) {
         wop_run(m, w, m->act->B, m->act->T);
         if (w->ready_after >= 0) ready(m, w->ready_after);
     }
-    if (embed_done(m, chunk)) ready(m, UNIT_EMBED);
+    if (embed_done(m, chunk) && !tied_apart(m)) ready(m, UNIT_EMBED);
     st->pending = 0;
     q->head = (q->head + 1) % m->lay->nslots;
     q->n--;
@@ -1359,6 +1370,15 @@ static void wstash_free(GPT2 *m) {
 
 void gpt2_zero_grad(GPT2 *m) {
     if (m->grads) m->be->zero(m->grads, m->num_params * sizeof(float)); // streamed buckets start zeroed
+    if (m->head_wte_grad) m->be->zero(m->head_wte_grad, m->param_sizes[P_WTE] * sizeof(float));
+}
+
+void gpt2_join_tied_grads(GPT2 *m) {
+    if (!tied_apart(m)) return;
+    fetch(m, UNIT_EMBED); // where streamed ZeRO-2/3 gradients are
+    float *g = gpt2_grad(m, P_WTE, 0);
+    m->be->residual_fwd(DT_F32, g, g, m->head_wte_grad, m->param_sizes[P_WTE]); // embedding's + head's
+    ready(m, UNIT_EMBED);
 }
 
 void gpt2_logits_at(GPT2 *m, int b, int t, int T, float *out) {

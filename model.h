@@ -115,7 +115,8 @@ typedef struct {
     int Vp_tp;            // vocabulary rows per rank: ceil(Vp/TP), padded internally
     int v_start, v_real;  // first vocabulary row of this rank, and how many of its rows are real words
     // pipeline parallelism: this stage's nl blocks, in lay->chunks runs; local block chunk_l0[c] + i is
-    // global block lay->chunk_first[c] + i. The first stage holds the embedding, the last the head.
+    // global block lay->chunk_first[c] + i. The first stage holds the embedding, the last the head
+    // (layout_head_stage: under zb-v the first stage holds both, in its chunks 0 and 1).
     int nl, first, last;
     int chunk_l0[MAX_CHUNKS];
     // context parallelism: this rank holds positions of chunks cp.rank and 2·CP-1-cp.rank of each sequence
@@ -147,6 +148,9 @@ typedef struct {
     // per chunk, the sets waiting for W in B's order (model.c; NULL until first used)
     struct WStash *wstash;
     struct WQueue *wqueue;
+    // a rank holding both ends of a pipeline (zb-v's first stage): the head's gradient of its slice of the
+    // tied embedding, kept apart until gpt2_join_tied_grads (NULL elsewhere)
+    float *head_wte_grad;
 } GPT2;
 
 // The full shape of tensor k (llm.c's layout, per-layer tensors stacked over L): its rank (1-3), 0 when
@@ -275,6 +279,12 @@ void gpt2_backward_weight_chunk(GPT2 *m, int chunk, int slot);
 // (dloss_scale = 1/(tokens in the global batch), so accumulated micro-batches sum to the batch mean).
 void gpt2_backward(GPT2 *m, float dloss_scale);
 void gpt2_zero_grad(GPT2 *m);
+// A rank holding both ends of a pipeline (zb-v's first stage) keeps the head's gradient of the tied
+// embedding apart from the embedding's, as two stages do under 1f1b; once both are final for the step
+// (after the last micro-batch's W of both chunks), this adds the head's into the embedding's, as
+// 1f1b's all-reduce of the two stages adds them, and tells the data-parallel hooks the unit is ready.
+// A no-op on every other rank.
+void gpt2_join_tied_grads(GPT2 *m);
 void *gpt2_param(const GPT2 *m, int tensor, int layer); // device pointer into the working weights
 float *gpt2_grad(const GPT2 *m, int tensor, int layer);  // device pointer to its gradient
 // Copies the logits of position t of sequence b (fp32, V entries) to the host after a forward over

@@ -156,8 +156,11 @@ static const char USAGE[] =
     "                             s+N, ...); bubble (N-1)/(V*M+N-1); M must be a multiple of N\n"
     "  --pp-schedule S            1f1b (default), interleaved (default with --pp-virtual V > 1), zb-h1 (1F1B\n"
     "                             with each backward split into input (B) and weight (W) halves, the Ws\n"
-    "                             filling the drain: bubble (N-1)(F+B-W) against (N-1)(F+B+W)); the same\n"
-    "                             final model whatever the schedule. zb-v: ./train schedule only (for now)\n"
+    "                             filling the drain: bubble (N-1)(F+B-W) against (N-1)(F+B+W)), zb-v (two\n"
+    "                             chunks per stage in a V: stage s holds chunks s and 2N-1-s, so the first\n"
+    "                             stage holds the embedding and the head; B and W apart; bubble about N-1\n"
+    "                             chunk forwards a step; implies --pp-virtual 2; needs --layers >= 2N); the\n"
+    "                             same final model, bitwise, whatever the schedule\n"
     "  --pp-trace DIR             testing aid: each stage appends its per-step schedule to DIR/stageS.txt\n"
     "  --cp N                     context parallelism: each sequence cut into 2N chunks, rank c of a group\n"
     "                             of N holding chunks c and 2N-1-c; position-wise work on those, attention\n"
@@ -326,12 +329,18 @@ int check_layout(const Options *o, const GPT2Config *cfg, int nranks, BatchShape
         return snprintf(err, cap, "--batch-tokens %lld x --steps %d: %lld sequences per step overflow the global sequence "
                         "count", b->batch_tokens, o->steps, b->G), -1;
     int P = o->pp, V = P > 1 ? o->pp_virtual : 1;
+    if (P > 1 && o->pp_schedule == SCHED_ZBV) { // parse_options made V 2: say so in the schedule's words
+        if (o->pp_layers) return snprintf(err, cap, "--pp-layers cannot be combined with --pp-schedule zb-v (two equal chunks per stage)"), -1;
+        if (2 * P > cfg->L)
+            return snprintf(err, cap, "--pp-schedule zb-v places two chunks per stage: --pp %d needs %d blocks, the model has %d",
+                            P, 2 * P, cfg->L), -1;
+    }
     int *first = xmalloc(sizeof(int) * P * V), *count = xmalloc(sizeof(int) * P * V);
     int bad = layout_split_layers(cfg->L, P, V, o->pp_layers, first, count, err, cap);
     free(first);
     free(count);
     if (bad) return -1;
-    if (V > 1 && b->accum % P)
+    if (V > 1 && o->pp_schedule != SCHED_ZBV && b->accum % P)
         return snprintf(err, cap, "--pp-virtual %d: the %d micro-batch(es) per step must be a multiple of --pp %d for the "
                         "interleaved schedule", V, b->accum, P), -1;
     return 0;
@@ -635,5 +644,9 @@ void parse_options(Options *o, int argc_in, char **argv_in) {
         parse_valued_flag(o, argc, argv, &i);
     }
     if (o->mode != MODE_TRAIN) model_source(o);
+    if (o->pp_schedule == SCHED_ZBV && o->pp > 1) { // two chunks per stage in a V (schedule.h)
+        if (o->pp_virtual > 2) die("--pp-schedule zb-v runs two chunks per stage (a V): --pp-virtual %d does not apply", o->pp_virtual);
+        o->pp_virtual = 2;
+    }
     check_options(o);
 }

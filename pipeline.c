@@ -72,15 +72,26 @@ static void recv_into(Pipeline *p, Comm *c, void *dst, size_t n, int from) {
 
 static CommRequest *send_from(Comm *c, const void *src, size_t n, int to) { return comm_isend(c, src, n, to); }
 
-// Neighbours in the virtual pipeline: chunk c of stage s follows chunk c of stage s-1, and chunk c of
-// the last stage feeds chunk c+1 of the first. -1: none (the model's ends).
-static int prev_stage(const Pipeline *p, int chunk) {
-    if (p->stage > 0) return p->stage - 1;
-    return chunk > 0 ? p->stages - 1 : -1;
+// Neighbours in the virtual pipeline (schedule.h's placement of the layout's schedule): interleaved,
+// chunk c of stage s follows chunk c of stage s-1 and chunk c of the last stage feeds chunk c+1 of the
+// first; zb-v, chunk 0 runs down the stages and chunk 1 back up, the last stage turning round locally
+// (its chunk 0 feeds its own chunk 1). -1: none (the model's ends).
+static int neighbour(const Pipeline *p, int chunk, int next) {
+    Schedule where = { .kind = p->model->lay->schedule, .p = p->stages, .v = p->chunks }; // the placement only
+    int r, c;
+    if (next) schedule_next(&where, p->stage, chunk, &r, &c);
+    else schedule_prev(&where, p->stage, chunk, &r, &c);
+    return r;
 }
-static int next_stage(const Pipeline *p, int chunk) {
-    if (p->stage < p->stages - 1) return p->stage + 1;
-    return chunk < p->chunks - 1 ? 0 : -1;
+static int prev_stage(const Pipeline *p, int chunk) { return neighbour(p, chunk, 0); }
+static int next_stage(const Pipeline *p, int chunk) { return neighbour(p, chunk, 1); }
+
+// A chunk's input: received from the stage before it, or (zb-v's turn on the last stage) copied from this
+// stage's previous chunk's output in the same activation set.
+static void take_input(Pipeline *p, int chunk, size_t bytes, int from) {
+    GPT2 *m = p->model;
+    if (from == p->stage) m->be->copy(gpt2_stage_input(m, chunk), gpt2_stage_output(m, chunk - 1), bytes);
+    else recv_into(p, p->fwd, gpt2_stage_input(m, chunk), bytes, from);
 }
 
 static double forward_op(Pipeline *p, const int32_t *inputs, const int32_t *targets, int mb, int chunk, int B, int T,
@@ -95,10 +106,10 @@ static double forward_op(Pipeline *p, const int32_t *inputs, const int32_t *targ
     gpt2_use_slot(m, slot);
     size_t bytes = gpt2_stage_bytes(m, B, T), tokens = (size_t)B * T;
     int from = prev_stage(p, chunk), to = next_stage(p, chunk);
-    if (from >= 0) recv_into(p, p->fwd, gpt2_stage_input(m, chunk), bytes, from);
+    if (from >= 0) take_input(p, chunk, bytes, from);
     zero_begin_forward(p->zero);
     float loss = gpt2_forward_chunk(m, chunk, inputs + mb * tokens, targets ? targets + mb * tokens : NULL, B, T, dloss);
-    if (to >= 0) p->send_out[sc] = send_from(p->fwd, gpt2_stage_output(m, chunk), bytes, to);
+    if (to >= 0 && to != p->stage) p->send_out[sc] = send_from(p->fwd, gpt2_stage_output(m, chunk), bytes, to);
     trace_op(p, 'F', mb, chunk);
     if (++p->live > p->peak_live) p->peak_live = p->live;
     return to < 0 ? loss : 0.0;
@@ -114,21 +125,25 @@ static void backward_op(Pipeline *p, int mb, int chunk, int M, int B, int T, flo
     gpt2_use_slot(m, slot);
     size_t bytes = gpt2_stage_bytes(m, B, T);
     int from = next_stage(p, chunk), to = prev_stage(p, chunk);
-    if (from >= 0) recv_into(p, p->bwd, gpt2_stage_grad(m), bytes, from);
+    // zb-v's turn on the last stage: chunk 1's B left chunk 0's output gradient in place, in this set
+    if (from >= 0 && from != p->stage) recv_into(p, p->bwd, gpt2_stage_grad(m), bytes, from);
     zero_begin_backward(p->zero, mb == M - 1);
     if (split) gpt2_backward_input_chunk(m, chunk, slot, dloss);
     else gpt2_backward_chunk(m, chunk, dloss);
-    if (to >= 0) p->send_grad[slot * p->chunks + chunk] = send_from(p->bwd, gpt2_stage_grad(m), bytes, to);
+    if (to >= 0 && to != p->stage) p->send_grad[slot * p->chunks + chunk] = send_from(p->bwd, gpt2_stage_grad(m), bytes, to);
     trace_op(p, 'B', mb, chunk);
     if (!split) p->live--;
 }
 
 // W: the weight gradients B left for micro-batch mb's chunk. ZeRO hears "ready" from here (the
-// micro-batch's last contribution), so it is told which micro-batch this is.
+// micro-batch's last contribution), so it is told which micro-batch this is. On a stage holding both
+// ends of the model (zb-v's first), the tied embedding is ready once the last micro-batch's W of both
+// chunks has run (joins_left counts them down).
 static void weight_op(Pipeline *p, int mb, int chunk, int M) {
     double t0 = now_seconds();
     zero_begin_weights(p->zero, mb == M - 1);
     gpt2_backward_weight_chunk(p->model, chunk, mb % p->model->lay->nslots);
+    if (mb == M - 1 && --p->joins_left == 0) gpt2_join_tied_grads(p->model);
     p->times->pipe_w_s += now_seconds() - t0;
     trace_op(p, 'W', mb, chunk);
     p->live--;
@@ -136,6 +151,7 @@ static void weight_op(Pipeline *p, int mb, int chunk, int M) {
 
 double pipeline_step(Pipeline *p, const int32_t *inputs, const int32_t *targets, int M, int B, int T, float dloss) {
     p->live = p->peak_live = 0;
+    p->joins_left = p->chunks;
     p->trace_len = 0;
     if (p->trace) p->trace[0] = 0;
     if (!p->sched.n || p->sched.m != M) {
@@ -170,8 +186,9 @@ float pipeline_forward(Pipeline *p, const int32_t *inputs, const int32_t *target
     float loss = 0.0f;
     for (int c = 0; c < p->chunks; c++) { // through the virtual stages in order
         int from = prev_stage(p, c), to = next_stage(p, c);
-        if (from >= 0) recv_into(p, p->fwd, gpt2_stage_input(m, c), bytes, from);
+        if (from >= 0) take_input(p, c, bytes, from);
         float l = gpt2_forward_chunk(m, c, inputs, targets, B, T, 0.0f);
+        if (to == p->stage) continue; // zb-v's turn: the next chunk takes it in place
         if (to >= 0) {
             CommRequest *r = send_from(p->fwd, gpt2_stage_output(m, c), bytes, to);
             drain(&r);

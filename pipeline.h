@@ -6,9 +6,11 @@
 // The interleaved schedule (V chunks per stage, Megatron-LM's) visits the P·V virtual stages round
 // robin, groups of P micro-batches at a time, and shrinks the bubble to (P - 1)/(V·M + P - 1); it
 // needs M to be a multiple of P. pipeline_step executes the action lists of the layout's schedule
-// (schedule.h: 1f1b, interleaved, zb-h1); with zb-h1 each backward runs as B (the input gradient, sent
-// back at once) and W (the weight gradients, later, in micro-batch order), so the final model is
-// bitwise 1f1b's.
+// (schedule.h: 1f1b, interleaved, zb-h1, zb-v); with zb-h1 and zb-v each backward runs as B (the input
+// gradient, sent back at once) and W (the weight gradients, later, in micro-batch order), so the final
+// model is bitwise 1f1b's. zb-v places two chunks per stage in a V (stage s: chunks s and 2P-1-s), so
+// the first stage holds both the embedding and the head (and the loss), and the last stage hands its
+// chunk 0's output to its chunk 1 in place.
 #ifndef LLM4D_PIPELINE_H
 #define LLM4D_PIPELINE_H
 
@@ -28,6 +30,7 @@ typedef struct {
     CommRequest **send_out, **send_grad; // sends still in flight, per activation set and chunk
     StepTimes *times; // the model's: the pipeline adds its waits for activations and gradients
     int live, peak_live; // micro-batches whose activations this stage holds (F done, W not)
+    int joins_left;      // chunks whose last W of the step is still to run (gpt2_join_tied_grads)
     Schedule sched;  // the action lists for sched.m micro-batches (built on the first step)
     char *trace;     // this step's operations, "F0 F1 B0 ...", for tests
     size_t trace_len, trace_cap;

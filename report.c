@@ -400,9 +400,10 @@ void report_step(Report *r, int step, const StepResult *s, const StepTimes *tm, 
     const Layout *l = r->lay;
     int P = l->pp.size;
     // the schedule's bubble with equal stages (zb-h1: the paper's (P-1)(F+B-W) over m(F+B+W) plus it, with
-    // F = B = W)
-    StepSpread g = { .bubble_formula = l->schedule == SCHED_ZBH1 ? (P - 1.0) / (3.0 * l->accum + P - 1.0)
-                                                                 : (P - 1.0) / ((double)l->chunks * l->accum + P - 1.0) };
+    // F = B = W; zb-v: P-1 chunk forwards over m two-chunk steps, each 6 chunk passes, as plan.c states it)
+    double units = l->schedule == SCHED_ZBH1 ? 3.0 * l->accum : l->schedule == SCHED_ZBV ? 6.0 * l->accum
+                                                                                          : (double)l->chunks * l->accum;
+    StepSpread g = { .bubble_formula = (P - 1.0) / (units + P - 1.0) };
     if (P > 1) { // the bubble: the share of the step each stage waited for activations or gradients
         g.idle = xmalloc(sizeof(double) * P);
         g.wfill = xmalloc(sizeof(double) * P);

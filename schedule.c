@@ -114,9 +114,9 @@ static void order_zbv(const Schedule *s, List *lists) {
                 int d = vs == 0 ? 0 : DONE(mb, vs - 1, 0);
                 if (d >= 0 && d <= t) kind = ACT_F, c = cc;
             }
-            if (kind < 0) { // the oldest pending W (lower chunk on a tie)
-                int best = -1;
-                for (int cc = 0; cc < 2; cc++)
+            if (kind < 0) { // the oldest pending W (chunk 1 on a tie: W in backward order, so each
+                int best = -1; // unit's last gradient is in before the units below it, as ZeRO's buckets need)
+                for (int cc = 1; cc >= 0; cc--)
                     if (nw[r * 2 + cc] < nb[r * 2 + cc] && (best < 0 || nw[r * 2 + cc] < nw[r * 2 + best])) best = cc;
                 if (best >= 0) kind = ACT_W, c = best;
             }

@@ -20,7 +20,8 @@
 //                ends of the model, embedding and head). Built by list scheduling with unit F, B and
 //                W times: an idle rank runs a ready B (chunk 0 first), else a ready F (chunk 1 first)
 //                while it holds fewer than 2p chunk activations (1f1b's memory: p micro-batches of a
-//                whole stage), else its oldest pending W. Bubble: the first activation's walk down
+//                whole stage), else its oldest pending W (chunk 1's first on a tie: the blocks' gradients
+//                become final from the model's end down, as in every other schedule). Bubble: the first activation's walk down
 //                the ranks, (p-1) chunk-forwards, once per step.
 // A micro-batch's activations on a rank are in flight from its F to its W. W passes of a chunk run in
 // micro-batch order in every schedule (so the gradient sums are added in 1f1b's order).

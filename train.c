@@ -125,13 +125,13 @@ static void sample(Pipeline *p, const Options *o, const Tokenizer *tk, const int
         if (m->lay->cp.size > 1) cp_slice(ctx, local, 1, Tl, m->lay->cp.size, m->lay->cp.rank);
         pipeline_forward(p, m->lay->cp.size > 1 ? local : ctx, NULL, 1, Tl);
         int V = m->cfg.V, next = 0;
-        if (m->last) { // the last stage holds the logits and samples; the others learn the token from it
+        if (m->last) { // the head's stage holds the logits and samples; the others learn the token from it
             gpt2_logits_at(m, 0, t - 1, Tl, probs);
             next = sample_token(o, probs, order, V, &rng);
         }
         if (m->lay->pp.size > 1) {
             int32_t tok = next;
-            comm_broadcast(layout_group(&m->lay->pp), &tok, 1, CT_I32, m->lay->pp.size - 1);
+            comm_broadcast(layout_group(&m->lay->pp), &tok, 1, CT_I32, layout_head_stage(m->lay));
             next = tok;
         }
         ctx[t] = next;
@@ -200,7 +200,7 @@ static float validate(Pipeline *p, TokenSet *val, Comm *cp_comm, int B, int T, i
     free(tgt);
     free(linp);
     free(ltgt);
-    // the loss lives on the last stage; each context-parallel rank has the mean of its share of the tokens
+    // the loss lives on the head's stage; each context-parallel rank has the mean of its share of the tokens
     return (float)(comm_sum_double(cp_comm, comm_sum_double(layout_group(&m->lay->pp), sum)) / ((double)steps * cp));
 }
 
@@ -299,6 +299,9 @@ static void layout_init(Layout *l, LaunchEnv *env, const Options *o) {
     l->zero = o->zero;
     l->recompute = o->recompute;
     l->bucket_mb = o->bucket_mb;
+    // the schedule decides where the head sits, so which stages hold the tied embedding (layout_connect)
+    int kind = o->pp_schedule >= 0 ? o->pp_schedule : o->pp > 1 && o->pp_virtual > 1 ? SCHED_INTERLEAVED : SCHED_1F1B;
+    l->schedule = o->pp > 1 ? kind : SCHED_1F1B; // one stage: nothing to schedule
     layout_connect(l, world);
 }
 
@@ -571,12 +574,9 @@ static void build_model(Trainer *t, float *host_params) {
     const Options *o = &t->o;
     Layout *l = &t->lay;
     int P = l->pp.size, V = P > 1 ? o->pp_virtual : 1; // (check_layout has checked the split)
-    int kind = o->pp_schedule >= 0 ? o->pp_schedule : V > 1 ? SCHED_INTERLEAVED : SCHED_1F1B;
-    if (kind == SCHED_ZBV)
-        die("--pp-schedule zb-v: the V placement (the head on the first stage) is not built yet; ./train schedule prints it");
-    if (V > 1 && kind != SCHED_INTERLEAVED)
+    int kind = l->schedule; // (layout_init; zb-v's two chunks: parse_options)
+    if (V > 1 && kind != SCHED_INTERLEAVED && kind != SCHED_ZBV)
         die("--pp-schedule %s runs one chunk per stage: --pp-virtual %d is for the interleaved schedule", SCHEDULE_NAMES[kind], V);
-    l->schedule = P > 1 ? kind : SCHED_1F1B; // one stage: nothing to schedule
     layout_place_stages(l, t->cfg.L, V, o->pp_layers);
     t->times.profile = o->profile;
     layout_build_model(l, &t->cfg, t->dt, t->be, &t->times, &t->model);

@@ -1194,27 +1194,32 @@ PYEOF
 
 # Every schedule pipeline.c executes against 1F1B on the same layout: the final model bitwise (cmp of
 # --save-model) for PP 2 and 4, TP 2, DP 2 x ZeRO 1 and 3 (and ZeRO-2/3 streaming at one micro-batch),
-# CP 2, recompute selective and full, and a resume from a 1f1b checkpoint, with as many ZeRO-3 gathers
-# (none in W, which reads no weights); zb-h1's trace against 1F1B
-# computed by pp_schedule.py with each W after its B, in micro-batch order; the refusals, one line each.
+# CP 2, recompute selective and full, and resumes across schedules (zb-h1 and zb-v from a 1f1b
+# checkpoint, 1f1b from a zb-v one), zb-h1 with as many ZeRO-3 gathers (none in W, which reads no
+# weights); zb-h1's trace against 1F1B computed by pp_schedule.py with each W after its B, in
+# micro-batch order; zb-v's trace against the action lists ./train schedule prints (the V placement:
+# the first stage runs the embedding and the head), each chunk's Ws once and in micro-batch order,
+# at most 2P chunk activations held; the refusals, one line each.
 t_pp_zero_bubble() {
     local d=$WORK/zb ok=0
     mkdir -p "$d"
     local shape=(--layers 4 --channels 32 --heads 4 --vocab 256 --seq-len 32 --micro-batch 1 --steps 3 --lr 1e-3
         --warmup 2 --weight-decay 0.1 --clip 1.0 --bucket-mb 0.02 --train "$DATA/train.bin" --comm-timeout 60)
     local cfg i=0
-    for cfg in "2 --pp 2|256" "4 --pp 4|256" "4 --pp 2 --tp 2|256" "4 --pp 2 --zero 1|256" "4 --pp 2 --zero 3|256" \
+    for cfg in "2 --pp 2|256" "4 --pp 4 --layers 8|256" "4 --pp 2 --tp 2|256" "4 --pp 2 --zero 1|256" "4 --pp 2 --zero 3|256" \
         "4 --pp 2 --zero 3|64" "4 --pp 2 --cp 2|256" "2 --pp 2 --recompute selective|256" "2 --pp 2 --recompute full|256"; do
         i=$((i + 1))
         local spec=${cfg%|*} tokens=${cfg#*|} args sch
         read -ra args <<<"--nproc $spec"
-        for sch in 1f1b zb-h1; do
+        for sch in 1f1b zb-h1 zb-v; do
             rm -rf "$d/trace$i-$sch"
-            timeout 300 $TRAIN "${args[@]}" "${shape[@]}" --batch-tokens $tokens --pp-schedule $sch --pp-trace "$d/trace$i-$sch" \
+            timeout 300 $TRAIN "${shape[@]}" "${args[@]}" --batch-tokens $tokens --pp-schedule $sch --pp-trace "$d/trace$i-$sch" \
                 --log "$d/m$i-$sch.jsonl" --save-model "$d/m$i-$sch.bin" >"$d/m$i-$sch.out" 2>&1 || { echo "'$spec' $sch failed"; tail -3 "$d/m$i-$sch.out"; return 1; }
         done
-        if cmp -s "$d/m$i-1f1b.bin" "$d/m$i-zb-h1.bin"; then echo "ok '$spec' batch $tokens tokens: zb-h1 bitwise 1f1b"
-        else echo "FAIL '$spec': zb-h1's model differs from 1f1b's"; ok=1; fi
+        for sch in zb-h1 zb-v; do
+            if cmp -s "$d/m$i-1f1b.bin" "$d/m$i-$sch.bin"; then echo "ok '$spec' batch $tokens tokens: $sch bitwise 1f1b"
+            else echo "FAIL '$spec': $sch's model differs from 1f1b's"; ok=1; fi
+        done
         # W reads no weights: ZeRO-3 gathers no more than under 1f1b
         [ "$(grep -o '"zero3_gathers":[0-9]*' "$d/m$i-1f1b.jsonl")" = "$(grep -o '"zero3_gathers":[0-9]*' "$d/m$i-zb-h1.jsonl")" ] ||
             { echo "FAIL '$spec': zb-h1's ZeRO-3 gathers differ from 1f1b's"; ok=1; }
@@ -1238,6 +1243,33 @@ for s, f in enumerate(files):
             assert ops.index(f"B{k}") < ops.index(f"W{k}"), (s, k)
         assert int(m.group(1)) <= min(P, M), (s, m.group(1))  # zb-h1's bound: 1f1b's first-rank peak
 PYEOF
+        local P M
+        P=$(grep -o -- '--pp [0-9]*' <<<"$spec" | cut -d' ' -f2)
+        M=$(sed -n 's/^batch: .* = \([0-9]*\) micro-batch(es).*/\1/p' "$d/m$i-zb-v.out")
+        $TRAIN schedule --pp-schedule zb-v --pp $P --micro-batches $M >"$d/sched$i.txt" || { echo "FAIL: ./train schedule zb-v"; ok=1; }
+        $PY - "$d/trace$i-zb-v" "$d/sched$i.txt" <<'PYEOF' || { echo "FAIL '$spec': zb-v trace"; ok=1; }
+import glob, re, sys
+files = sorted(glob.glob(sys.argv[1] + "/stage*.txt"), key=lambda f: int(re.findall(r"\d+", f.split("/")[-1])[0]))
+lists = {}
+for line in open(sys.argv[2]):
+    m = re.match(r"rank (\d+) \(bound", line)
+    if m:  # the compute actions of rank r, F0a -> F0c0
+        lists[int(m.group(1))] = [t[:-1] + "c" + str("ab".index(t[-1])) for t in line.split(":", 1)[1].split() if re.fullmatch(r"[FBW]\d+[ab]", t)]
+P = len(files)
+assert sorted(lists) == list(range(P)), lists.keys()
+for s, f in enumerate(files):
+    for line in open(f).read().splitlines():
+        m = re.match(r"step \d+ peak (\d+): (.*)", line)
+        ops = m.group(2).split()
+        assert ops == lists[s], (s, ops, lists[s])
+        M = sum(o[0] == "F" for o in ops) // 2
+        for c in (0, 1):
+            ws = [int(o[1:-2]) for o in ops if o[0] == "W" and o.endswith(f"c{c}")]
+            assert ws == list(range(M)), (s, c, ws)  # each W once, in micro-batch order
+            for k in range(M):
+                assert ops.index(f"F{k}c{c}") < ops.index(f"B{k}c{c}") < ops.index(f"W{k}c{c}"), (s, k, c)
+        assert int(m.group(1)) <= 2 * P, (s, m.group(1))  # zb-v's bound: 2P chunk activations
+PYEOF
     done
     # interleaved through the executor by name is the default with --pp-virtual 2
     local ishape=("${shape[@]}" --layers 8 --batch-tokens 256)
@@ -1252,6 +1284,16 @@ PYEOF
         { echo "resume: zb-h1 run failed"; tail -3 "$d/r.out"; return 1; }
     grep -q "^resumed from $d/c1/ckpt_00000002: step 2" "$d/r.out" || { echo "FAIL: did not resume"; ok=1; }
     cmp "$d/r-a.bin" "$d/r-b.bin" || { echo "FAIL: zb-h1 resumed from 1f1b's checkpoint differs"; ok=1; }
+    # zb-v places the blocks otherwise (the first stage holds the first and the last chunk): its
+    # checkpoints re-shard to 1f1b's placement and back
+    timeout 300 $TRAIN "${rs[@]}" --pp-schedule zb-v --resume "$d/c1/ckpt_00000002" --ckpt-dir "$d/c3" --save-model "$d/r-v.bin" >>"$d/r.out" 2>&1 ||
+        { echo "resume: zb-v run failed"; tail -3 "$d/r.out"; return 1; }
+    cmp "$d/r-a.bin" "$d/r-v.bin" || { echo "FAIL: zb-v resumed from 1f1b's checkpoint differs"; ok=1; }
+    timeout 300 $TRAIN "${rs[@]}" --pp-schedule zb-v --ckpt-dir "$d/c4" --ckpt-every 2 --steps 2 >>"$d/r.out" 2>&1 || { echo "resume: zb-v first run failed"; return 1; }
+    timeout 300 $TRAIN "${rs[@]}" --resume "$d/c4/ckpt_00000002" --ckpt-dir "$d/c5" --save-model "$d/r-w.bin" >>"$d/r.out" 2>&1 ||
+        { echo "resume: 1f1b from zb-v failed"; tail -3 "$d/r.out"; return 1; }
+    grep -q "^resumed from $d/c4/ckpt_00000002: step 2" "$d/r.out" || { echo "FAIL: did not resume from zb-v's checkpoint"; ok=1; }
+    cmp "$d/r-a.bin" "$d/r-w.bin" || { echo "FAIL: 1f1b resumed from zb-v's checkpoint differs"; ok=1; }
     # the planner's bubble column follows --pp-schedule: the closed forms, computed here
     for sch in 1f1b interleaved zb-h1 zb-v; do # bubbles 3/11, 3/19, 3/27, 3/51
         set -- $sch
@@ -1263,10 +1305,12 @@ PYEOF
         [ "$got" = "$want" ] || { echo "FAIL: plan --pp-schedule $1 bubble $got% != $want%"; ok=1; }
     done
     local bad err
-    for bad in "--pp-schedule zb-v|--pp-schedule zb-v: the V placement" "--pp-schedule zb-h2|--pp-schedule must be 1f1b, interleaved, zb-h1 or zb-v, got 'zb-h2'" \
+    for bad in "--pp-schedule zb-v --pp-virtual 3|--pp-schedule zb-v runs two chunks per stage (a V): --pp-virtual 3" \
+        "--pp-schedule zb-v --layers 3|--pp-schedule zb-v places two chunks per stage: --pp 2 needs 4 blocks, the model has 3" \
+        "--pp-schedule zb-v --pp-layers 2,2|--pp-layers cannot be combined with --pp-schedule zb-v" "--pp-schedule zb-h2|--pp-schedule must be 1f1b, interleaved, zb-h1 or zb-v, got 'zb-h2'" \
         "--pp-schedule 1f1b --pp-virtual 2|--pp-schedule 1f1b runs one chunk per stage: --pp-virtual 2" \
         "--pp-schedule zb-h1 --pp-virtual 2|--pp-schedule zb-h1 runs one chunk per stage"; do
-        err=$($TRAIN --nproc 2 --pp 2 ${bad%%|*} "${shape[@]}" --batch-tokens 256 --steps 1 2>&1 >/dev/null) && { echo "accepted: ${bad%%|*}"; ok=1; }
+        err=$($TRAIN --nproc 2 --pp 2 "${shape[@]}" ${bad%%|*} --batch-tokens 256 --steps 1 2>&1 >/dev/null) && { echo "accepted: ${bad%%|*}"; ok=1; }
         [ "$(wc -l <<<"$err")" = 1 ] && grep -qF -- "${bad#*|}" <<<"$err" || { echo "bad error for ${bad%%|*}: $err"; ok=1; }
     done
     return $ok
@@ -1650,9 +1694,9 @@ run_test emu     t_emu_checker             "emulated GPU: the checker reports br
 run_test emu     t_emu_old_driver          "emulated GPU: a driver older than the build's CUDA is named with both versions; no driver says so"
 run_test emu     t_emu_sync_names_kernel   "emulated GPU: LLM4D_CUDA_SYNC=1 names a failing kernel"
 run_test emu     t_emu_train               "emulated GPU: ./train --device cuda fp32 and bf16 steps against the CPU; recompute bitwise"
-run_test emu     t_emu_multirank           "emulated GPU: DP 2 x ZeRO 0-3 (bitwise), TP 2, PP 2 plain and interleaved, CP 2, TP 2 x PP 2, TP 2 x PP 2 x DP 2 through CUDA IPC on one emulated GPU; DP 2 on two GPUs, a GPU each seen as device 0, TP 2 x DP 2 on four GPUs, DP 2 over TCP; equal one rank"
+run_test emu     t_emu_multirank           "emulated GPU: DP 2 x ZeRO 0-3 (bitwise), TP 2, PP 2 plain, interleaved and zb-v, CP 2, TP 2 x PP 2, TP 2 x PP 2 x DP 2 through CUDA IPC on one emulated GPU; DP 2 on two GPUs, a GPU each seen as device 0, TP 2 x DP 2 on four GPUs, DP 2 over TCP; equal one rank"
 run_test pp      t_pp_schedules            "pipeline schedules (1f1b, interleaved, zb-h1, zb-v) as action lists: checker for p <= 8, m <= 64; ./train schedule"
-run_test pp      t_pp_zero_bubble          "every schedule pipeline.c runs (zb-h1, interleaved by name) ends bitwise at 1f1b's model: PP 2/4, TP, DP x ZeRO 1/3, CP, recompute, resume"
+run_test pp      t_pp_zero_bubble          "every schedule pipeline.c runs (zb-h1, zb-v, interleaved by name) ends bitwise at 1f1b's model: PP 2/4, TP, DP x ZeRO 1/3, CP, recompute, resume across schedules"
 run_test model   t_split_backward          "backward split into input (B) and weight (W) halves equals the fused backward bitwise (recompute, PP stages, TP, SP, CP)"
 
 if [ $LIST -eq 1 ] && [ $listed -gt 0 ]; then exit 0; fi

@@ -6,7 +6,8 @@
 // F before B before W; every hand-off received once, sent after the tensor was computed and received
 // before it is used; every cross-stage dependency honoured in time; no deadlock; chunk activations in
 // flight (F done, W not) never above the stated bound, and activation sets mb % slots never shared; W
-// of a chunk in micro-batch order; the unit-time bubble against the paper's formulas. Then it breaks
+// of a chunk in micro-batch order, and the last micro-batch's Ws of a rank from its later chunk down (a
+// unit's gradient final before those of the units below it, as ZeRO's buckets need); the unit-time bubble against the paper's formulas. Then it breaks
 // schedules on purpose (swapped or dropped actions) and checks the checker notices.
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,6 +50,8 @@ static int check(const Schedule *s, double tf, double tb, double tw, const doubl
     double *clock = calloc((size_t)p, sizeof(double));
     int *setholder = malloc(sizeof(int) * (size_t)p * m), *mbchunks = calloc((size_t)p * m, sizeof(int));
     int *lastw = malloc(sizeof(int) * (size_t)nv), *recvd = calloc(n3 * 2, sizeof(int));
+    int *finalw = malloc(sizeof(int) * (size_t)p); // per rank: the virtual stage of its last W of micro-batch m-1
+    for (int r = 0; r < p; r++) finalw[r] = nv;
     for (int i = 0; i < p * m; i++) setholder[i] = -1;
     for (int i = 0; i < nv; i++) lastw[i] = -1;
     int left = 0;
@@ -119,6 +122,10 @@ static int check(const Schedule *s, double tf, double tb, double tw, const doubl
                     if (endB[i] < 0) FAIL(E_ORDER, "rank %d: W mb %d stage %d before its B\n", r, a->mb, vs);
                     if (a->mb != lastw[vs] + 1) FAIL(E_WORDER, "rank %d: W mb %d of stage %d after W mb %d\n", r, a->mb, vs, lastw[vs]);
                     lastw[vs] = a->mb;
+                    if (a->mb == m - 1) {
+                        if (vs > finalw[r]) FAIL(E_WORDER, "rank %d: the last W of stage %d after that of stage %d\n", r, vs, finalw[r]);
+                        finalw[r] = vs;
+                    }
                     endW[i] = t1;
                     live[r]--;
                     if (--mbchunks[r * m + a->mb] == 0) setholder[r * m + a->mb % s->slots[r]] = -1;
@@ -140,7 +147,7 @@ static int check(const Schedule *s, double tf, double tb, double tw, const doubl
     for (int r = 0; r < p; r++)
         if (clock[r] > *makespan) *makespan = clock[r];
     free(endF), free(endB), free(endW), free(cnt), free(sent), free(nsent), free(nrecv), free(at), free(live);
-    free(clock), free(setholder), free(mbchunks), free(lastw), free(recvd);
+    free(clock), free(setholder), free(mbchunks), free(lastw), free(recvd), free(finalw);
     return err;
 }
 
@@ -246,6 +253,7 @@ int main(void) {
     bad += broken(SCHED_1F1B, 4, 8, 1, 3, ACT_F, 0, 0, ACT_B, 0, 0, E_ORDER);
     bad += broken(SCHED_ZBH1, 4, 8, 1, 1, ACT_W, 5, 0, -1, 0, 0, E_COUNT);
     bad += broken(SCHED_ZBV, 4, 8, 2, 2, ACT_W, 1, 0, ACT_W, 2, 0, E_WORDER);
+    bad += broken(SCHED_ZBV, 4, 8, 2, 3, ACT_W, 7, 0, ACT_W, 7, 1, E_WORDER); // the last Ws up the model
     bad += broken(SCHED_1F1B, 2, 2, 1, 0, ACT_F, 0, 0, ACT_RECV_GRAD, 0, 0, E_DEADLOCK);
     bad += broken(SCHED_1F1B, 4, 8, 1, 0, ACT_F, 4, 0, ACT_B, 0, 0, E_BOUND);
     bad += broken(SCHED_INTERLEAVED, 4, 8, 2, 1, ACT_RECV_ACT, 2, 0, ACT_F, 2, 0, E_HANDOFF | E_DEP);
