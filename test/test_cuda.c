@@ -1154,9 +1154,9 @@ static void run_small(void) {
         test_rope(dt, 1, 9, 2, 10, 0, 24, 0);  // half a head of 5 channels
         test_swiglu(dt, 5, 37);
         test_attention_gqa(dt, 1, 9, 3, 1, 16, 1);   // simple kernels only
-        test_attention_gqa(dt, 1, 33, 4, 2, 64, 1);  // head size 64: two kv heads of two query heads, RoPE
-        test_attention_gqa(dt, 1, 20, 2, 1, 128, 0); // head size 128, no RoPE
-        test_attention_gqa_blocks(dt, 1, 20, 24, 2, 1, 64, 10, 0, 1);
+        test_attention_gqa(dt, 1, 17, 4, 2, 64, 1);  // head size 64: two kv heads of two query heads, RoPE
+        test_attention_gqa(dt, 1, 9, 2, 1, 128, 0);  // head size 128, no RoPE
+        test_attention_gqa_blocks(dt, 1, 12, 16, 2, 1, 64, 10, 0, 1); // keys 10..25 partly after queries 24..35
         test_residual_fwd(dt, 1003);
         test_residual_bwd(dt, 1003);
         test_crossentropy_stats(dt, 5, 100, 30, 50, 128);
