@@ -95,6 +95,44 @@ template <int NT> __device__ __forceinline__ void fa_acc_to_a(const float (&s)[N
     }
 }
 
+// RoPE (kernels.h) on the rows [0, ROWS) of a bf16 tile in shared memory (tile: its generic address),
+// which hold the view's rows r0..: channel pair (i, i + HS/2) rotated by the table row cs[(r0 + row)·HS]
+// in fp32 and rounded back to bf16, in place; rows at or past nrows (zeros) are left alone. Each pair
+// belongs to one thread; the caller syncs before (the tile landed) and after (before ldmatrix).
+template <int ROWS, int HS>
+__device__ __forceinline__ void fa_rope_tile(uint8_t *tile, const float *cs, int r0, int nrows, int tid) {
+    constexpr int HALF = HS / 2; // a multiple of 8: both channels of a pair sit at the same place of their chunks
+    for (int q = tid; q < ROWS * HALF; q += FA_THREADS) {
+        const int row = q / HALF, i = q % HALF, t = r0 + row;
+        if (t >= nrows) continue;
+        uint16_t *x = reinterpret_cast<uint16_t *>(tile + fa_smem_off(row, i / 8, HS)) + i % 8;
+        uint16_t *y = reinterpret_cast<uint16_t *>(tile + fa_smem_off(row, (i + HALF) / 8, HS)) + i % 8;
+        const float c = cs[(long long)t * HS + i], sn = cs[(long long)t * HS + HALF + i];
+        const float xa = fa_bf2f(*x), xb = fa_bf2f(*y);
+        *x = fa_f2bf(xa * c - xb * sn);
+        *y = fa_f2bf(xb * c + xa * sn);
+    }
+}
+
+// The transposed rotation (the gradient of the unrotated input) on accumulator row half r of an output
+// tile [DT n8 blocks] of view row cs_row's token: block j and j + DT/2 hold channels c and c + HS/2 in the
+// same registers of the same thread, so it needs no shuffle.
+template <int DT> __device__ __forceinline__ void fa_rope_acc_t(float (&o)[DT][4], int r, const float *cs_row, int lane) {
+    constexpr int HALF = DT * 4;
+#pragma unroll
+    for (int j = 0; j < DT / 2; j++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int c = 8 * j + fa_acc_col(lane, e);
+            const float cs = cs_row[c], sn = cs_row[HALF + c], xa = o[j][2 * r + e], xb = o[j + DT / 2][2 * r + e];
+            o[j][2 * r + e] = xa * cs + xb * sn;
+            o[j + DT / 2][2 * r + e] = xb * cs - xa * sn;
+        }
+}
+
+// query heads per key/value head
+__device__ __forceinline__ int fa_group(const FaArgs &a) { return a.group > 1 ? a.group : 1; }
+
 // ---------------------------------------------------------------------------------------------
 // forward
 
@@ -107,12 +145,12 @@ __global__ void __launch_bounds__(FA_THREADS) fa_fwd_kernel(const __grid_constan
     const uint32_t sQ = smem_u32(smem), sK0 = sQ + QBYTES, sV0 = sK0 + 2 * KBYTES;
     const FaShape &d = a.d; // read from the parameter bank, not copied into registers
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int bh = blockIdx.x, b = bh / d.NH, h = bh % d.NH;
+    const int bh = blockIdx.x, b = bh / d.NH, h = bh % d.NH, hk = h / fa_group(a);
     const int t0 = (gridDim.y - 1 - blockIdx.y) * BQ, nq = min(BQ, d.Tq - t0);
     const int nkt = fa_key_tiles(&d, t0, nq, BK);
     const uint16_t *qb = (const uint16_t *)a.q.p + fa_off(a.q, b, 0, h, HS);
-    const uint16_t *kb = (const uint16_t *)a.k.p + fa_off(a.k, b, 0, h, HS);
-    const uint16_t *vb = (const uint16_t *)a.v.p + fa_off(a.v, b, 0, h, HS);
+    const uint16_t *kb = (const uint16_t *)a.k.p + fa_off(a.k, b, 0, hk, HS);
+    const uint16_t *vb = (const uint16_t *)a.v.p + fa_off(a.v, b, 0, hk, HS);
 
     fa_load_tile<BQ, HS>(sQ, qb, a.q.ts, t0, d.Tq, tid);
     if (nkt > 0) {
@@ -143,6 +181,11 @@ __global__ void __launch_bounds__(FA_THREADS) fa_fwd_kernel(const __grid_constan
         cp_async_wait<1>(); // everything but the newest group: Q and tile kt have landed
         __syncthreads();
         const uint32_t sK = sK0 + buf * KBYTES, sV = sV0 + buf * KBYTES;
+        if (a.rope_q) { // RoPE in the prologue: the queries with the first tile, every key tile as it lands
+            if (kt == 0) fa_rope_tile<BQ, HS>(smem, a.rope_q, t0, d.Tq, tid);
+            fa_rope_tile<BK, HS>(smem + (sK - sQ), a.rope_k, kt * BK, d.Tk, tid);
+            __syncthreads();
+        }
 
         float s[MT][NT][4];
 #pragma unroll
@@ -297,19 +340,25 @@ __global__ void __launch_bounds__(FA_THREADS) fa_dkv_kernel(const __grid_constan
     float *sD = sL + 2 * BQ;                                                // [2][BQ]
     const FaShape &d = a.d; // read from the parameter bank, not copied into registers
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int bh = blockIdx.x, b = bh / d.NH, h = bh % d.NH;
+    // one block per (batch, key/value head): the group's query heads run in head order, each over its
+    // query tiles in ascending order, all adding into the same dK, dV accumulators (a fixed order)
+    const int group = fa_group(a), NKV = d.NH / group;
+    const int bh = blockIdx.x, b = bh / NKV, hk = bh % NKV;
     const int s0 = blockIdx.y * BKV;
     const int qstart = fa_first_query_tile(&d, s0, BQ), ntiles = qstart < d.Tq ? (d.Tq - qstart + BQ - 1) / BQ : 0;
     if (ntiles == 0 && a.accumulate) return; // no query sees these keys: nothing to add
-    const uint16_t *kb = (const uint16_t *)a.k.p + fa_off(a.k, b, 0, h, HS);
-    const uint16_t *vb = (const uint16_t *)a.v.p + fa_off(a.v, b, 0, h, HS);
-    const uint16_t *qb = (const uint16_t *)a.q.p + fa_off(a.q, b, 0, h, HS);
-    const uint16_t *ob = (const uint16_t *)a.dout.p + fa_off(a.dout, b, 0, h, HS);
-    const float *lse = a.lse + (long long)bh * d.Tq, *D = a.D + (long long)bh * d.Tq;
+    const uint16_t *kb = (const uint16_t *)a.k.p + fa_off(a.k, b, 0, hk, HS);
+    const uint16_t *vb = (const uint16_t *)a.v.p + fa_off(a.v, b, 0, hk, HS);
 
-    // the row statistics of query tile qt into buffer `buf` (plain stores: the barrier after the
-    // cp.async wait orders them too)
-    auto load_stats = [&](int buf, int qt) {
+    // query tile `it` of the walk over (head of the group, tile): its Q and dO tiles and row statistics
+    // into buffer `buf` (the statistics by plain stores: the barrier after the cp.async wait orders them too)
+    auto load_qtile = [&](int buf, int it) {
+        const int h = hk * group + it / ntiles, qt = qstart + (it % ntiles) * BQ;
+        const uint16_t *qb = (const uint16_t *)a.q.p + fa_off(a.q, b, 0, h, HS);
+        const uint16_t *ob = (const uint16_t *)a.dout.p + fa_off(a.dout, b, 0, h, HS);
+        fa_load_tile<BQ, HS>(sQ0 + buf * QBYTES, qb, a.q.ts, qt, d.Tq, tid);
+        fa_load_tile<BQ, HS>(sO0 + buf * QBYTES, ob, a.dout.ts, qt, d.Tq, tid);
+        const float *lse = a.lse + ((long long)b * d.NH + h) * d.Tq, *D = a.D + ((long long)b * d.NH + h) * d.Tq;
         for (int i = tid; i < BQ; i += FA_THREADS) {
             const int t = qt + i;
             const float L = t < d.Tq ? lse[t] : -INFINITY;
@@ -320,11 +369,7 @@ __global__ void __launch_bounds__(FA_THREADS) fa_dkv_kernel(const __grid_constan
 
     fa_load_tile<BKV, HS>(sK, kb, a.k.ts, s0, d.Tk, tid);
     fa_load_tile<BKV, HS>(sV, vb, a.v.ts, s0, d.Tk, tid);
-    if (ntiles > 0) {
-        fa_load_tile<BQ, HS>(sQ0, qb, a.q.ts, qstart, d.Tq, tid);
-        fa_load_tile<BQ, HS>(sO0, ob, a.dout.ts, qstart, d.Tq, tid);
-        load_stats(0, qstart);
-    }
+    if (ntiles > 0) load_qtile(0, 0);
     cp_async_commit();
 
     float dk[DT][4], dv[DT][4];
@@ -334,17 +379,18 @@ __global__ void __launch_bounds__(FA_THREADS) fa_dkv_kernel(const __grid_constan
         for (int i = 0; i < 4; i++) dk[j][i] = dv[j][i] = 0.0f;
     const int wkey = s0 + warp * 16; // this warp's first key
 
-    for (int it = 0; it < ntiles; it++) {
-        const int buf = it & 1, qt = qstart + it * BQ;
-        if (it + 1 < ntiles) {
-            fa_load_tile<BQ, HS>(sQ0 + (buf ^ 1) * QBYTES, qb, a.q.ts, qt + BQ, d.Tq, tid);
-            fa_load_tile<BQ, HS>(sO0 + (buf ^ 1) * QBYTES, ob, a.dout.ts, qt + BQ, d.Tq, tid);
-            load_stats(buf ^ 1, qt + BQ);
-        }
+    for (int it = 0; it < group * ntiles; it++) {
+        const int buf = it & 1, qt = qstart + (it % ntiles) * BQ;
+        if (it + 1 < group * ntiles) load_qtile(buf ^ 1, it + 1);
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();
         const uint32_t sQ = sQ0 + buf * QBYTES, sO = sO0 + buf * QBYTES;
+        if (a.rope_q) { // RoPE in the prologue: the keys with the first tile, every query tile as it lands
+            if (it == 0) fa_rope_tile<BKV, HS>(smem, a.rope_k, s0, d.Tk, tid);
+            fa_rope_tile<BQ, HS>(smem + (sQ - sK), a.rope_q, qt, d.Tq, tid);
+            __syncthreads();
+        }
         const float *L = sL + buf * BQ, *Dq = sD + buf * BQ;
 
         // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ: rows are this warp's 16 keys, columns the tile's queries
@@ -405,12 +451,13 @@ __global__ void __launch_bounds__(FA_THREADS) fa_dkv_kernel(const __grid_constan
     }
     cp_async_wait<0>();
 
-    // dK carries the 1/sqrt(hs) of the scores (the queries were not scaled)
+    // dK carries the 1/sqrt(hs) of the scores (the queries were not scaled); with RoPE it is rotated back
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const int key = wkey + fa_acc_row(lane, 2 * r);
         if (key >= d.Tk) continue;
-        const long long ko = fa_off(a.dk, b, key, h, HS), vo = fa_off(a.dv, b, key, h, HS);
+        if (a.rope_k) fa_rope_acc_t<DT>(dk, r, a.rope_k + (long long)key * HS, lane);
+        const long long ko = fa_off(a.dk, b, key, hk, HS), vo = fa_off(a.dv, b, key, hk, HS);
 #pragma unroll
         for (int j = 0; j < DT; j++) {
             const int c = 8 * j + fa_acc_col(lane, 0);
@@ -433,13 +480,13 @@ __global__ void __launch_bounds__(FA_THREADS) fa_dq_kernel(const __grid_constant
     const uint32_t sQ = smem_u32(smem), sO = sQ + QBYTES, sK0 = sO + QBYTES, sV0 = sK0 + 2 * KBYTES;
     const FaShape &d = a.d; // read from the parameter bank, not copied into registers
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int bh = blockIdx.x, b = bh / d.NH, h = bh % d.NH;
+    const int bh = blockIdx.x, b = bh / d.NH, h = bh % d.NH, hk = h / fa_group(a);
     const int t0 = (gridDim.y - 1 - blockIdx.y) * BQ, nq = min(BQ, d.Tq - t0);
     const int nkt = fa_key_tiles(&d, t0, nq, BK);
     const uint16_t *qb = (const uint16_t *)a.q.p + fa_off(a.q, b, 0, h, HS);
     const uint16_t *ob = (const uint16_t *)a.dout.p + fa_off(a.dout, b, 0, h, HS);
-    const uint16_t *kb = (const uint16_t *)a.k.p + fa_off(a.k, b, 0, h, HS);
-    const uint16_t *vb = (const uint16_t *)a.v.p + fa_off(a.v, b, 0, h, HS);
+    const uint16_t *kb = (const uint16_t *)a.k.p + fa_off(a.k, b, 0, hk, HS);
+    const uint16_t *vb = (const uint16_t *)a.v.p + fa_off(a.v, b, 0, hk, HS);
     const int wrow = t0 + warp * 16;
 
     fa_load_tile<BQ, HS>(sQ, qb, a.q.ts, t0, d.Tq, tid);
@@ -475,6 +522,11 @@ __global__ void __launch_bounds__(FA_THREADS) fa_dq_kernel(const __grid_constant
         cp_async_wait<1>();
         __syncthreads();
         const uint32_t sK = sK0 + buf * KBYTES, sV = sV0 + buf * KBYTES;
+        if (a.rope_q) { // RoPE in the prologue: the queries with the first tile, every key tile as it lands
+            if (kt == 0) fa_rope_tile<BQ, HS>(smem, a.rope_q, t0, d.Tq, tid);
+            fa_rope_tile<BK, HS>(smem + (sK - sQ), a.rope_k, kt * BK, d.Tk, tid);
+            __syncthreads();
+        }
 
         float s[NT][4], dp[NT][4];
 #pragma unroll
@@ -532,6 +584,7 @@ __global__ void __launch_bounds__(FA_THREADS) fa_dq_kernel(const __grid_constant
     for (int r = 0; r < 2; r++) {
         const int t = wrow + fa_acc_row(lane, 2 * r);
         if (t >= d.Tq) continue;
+        if (a.rope_q) fa_rope_acc_t<DT>(dq, r, a.rope_q + (long long)t * HS, lane);
         const long long qo = fa_off(a.dq, b, t, h, HS);
 #pragma unroll
         for (int j = 0; j < DT; j++)
@@ -545,8 +598,9 @@ __global__ void __launch_bounds__(FA_THREADS) fa_dq_kernel(const __grid_constant
 
 static int fa_device_ok(void) { return gemm_available(GEMM_KERNEL_MMA) != GEMM_KERNEL_NONE; } // sm_80 or later
 
-static dim3 fa_grid(const FaShape &d, int rows, int per_block) {
-    const long long bh = (long long)d.B * d.NH, blocks = (rows + per_block - 1) / per_block;
+// heads: the query heads (forward, dQ) or the key/value heads (dK/dV)
+static dim3 fa_grid(const FaShape &d, int heads, int rows, int per_block) {
+    const long long bh = (long long)d.B * heads, blocks = (rows + per_block - 1) / per_block;
     if (bh > 0x7fffffffLL || blocks > 65535) die("CUDA attention: %lld heads x %d rows is too large a grid", bh, rows);
     return dim3((unsigned)bh, (unsigned)blocks);
 }
@@ -556,7 +610,7 @@ extern "C" int fa_forward(const FaArgs *a, void *stream) {
     if (a->d.Tq == 0) return 0;
     cudaStream_t st = (cudaStream_t)stream;
     const float scale_log2 = 1.0f / sqrtf((float)a->d.hs) * FA_LOG2E;
-    const dim3 grid = fa_grid(a->d, a->d.Tq, FA_FWD_BQ);
+    const dim3 grid = fa_grid(a->d, a->d.NH, a->d.Tq, FA_FWD_BQ);
     const size_t smem = fa_fwd_smem(a->d.hs);
     if (a->d.hs == 64) {
         CK(cudaFuncSetAttribute, (fa_fwd_kernel<64, 64, FA_FWD_MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
@@ -574,7 +628,7 @@ extern "C" int fa_backward(const FaArgs *a, void *stream) {
     cudaStream_t st = (cudaStream_t)stream;
     const float scale = 1.0f / sqrtf((float)a->d.hs), scale_log2 = scale * FA_LOG2E;
     if (a->d.Tk > 0) {
-        const dim3 grid = fa_grid(a->d, a->d.Tk, FA_BWD_BK);
+        const dim3 grid = fa_grid(a->d, a->d.NH / (a->group > 1 ? a->group : 1), a->d.Tk, FA_BWD_BK);
         const size_t smem = fa_dkv_smem(a->d.hs);
         if (a->d.hs == 64) {
             CK(cudaFuncSetAttribute, (fa_dkv_kernel<64, 64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
@@ -586,7 +640,7 @@ extern "C" int fa_backward(const FaArgs *a, void *stream) {
         cuda_launched("fa_dkv_kernel", st);
     }
     if (a->d.Tq > 0) {
-        const dim3 grid = fa_grid(a->d, a->d.Tq, FA_BWD_BQ);
+        const dim3 grid = fa_grid(a->d, a->d.NH, a->d.Tq, FA_BWD_BQ);
         const size_t smem = fa_dq_smem(a->d.hs);
         if (a->d.hs == 64) {
             CK(cudaFuncSetAttribute, (fa_dq_kernel<64, 64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));

@@ -17,6 +17,12 @@
 //            per block of 64 queries (key tiles in ascending order: dQ += dS·K). Every output element is
 //            summed by one thread in one fixed order: results are bitwise reproducible.
 //
+// Grouped-query attention (FaArgs.group query heads per key/value head): the forward and dQ blocks read
+// their query head's kv head; a dK/dV block belongs to one kv head and walks the group's query heads in
+// head order, so dK and dV sum over them in one fixed order and K, V are loaded once per kv head. RoPE:
+// q and k tiles are rotated in shared memory as they land (the prologue), from cos|sin tables the caller
+// computed per position; dQ and dK are rotated back in registers before they are stored.
+//
 // Shared-memory tiles hold rows of hs bf16 (hs/8 chunks of 16 bytes), chunk c of row r stored at
 // gemm_swizzle_chunk(r, c, hs/8) (gemm.h: conflict-free ldmatrix), and every fragment address comes from
 // gemm_mma_ldsm_a/b (gemm.h), so this file adds only the attention-specific arithmetic.
@@ -71,6 +77,13 @@ typedef struct FaArgs {
     FaShape d;
     int merge;      // forward: merge into (out, lse) by the log-sum-exp rule
     int accumulate; // backward: dq, dk, dv += (else =)
+    // Grouped-query attention: `group` query heads share each key/value head (query head h reads kv head
+    // h / group; k, v, dk, dv hold NH / group heads); 0 or 1: multi-head attention.
+    int group;
+    // RoPE (kernels.h): the cos|sin rows [Tq][hs] of the queries' and [Tk][hs] of the keys' positions
+    // (fp32, device memory); q and k are given unrotated and rotated as their tiles land in shared
+    // memory, dq and dk are rotated back before they are stored. NULL: none.
+    const float *rope_q, *rope_k;
 } FaArgs;
 
 // Whether the tensor-core kernels take this problem: head size 64 or 128, the inputs bf16, every view
@@ -86,6 +99,8 @@ FA_HD const char *fa_check_view(const FaView *v, int must_bf16) {
 FA_HD const char *fa_unsupported(const FaArgs *a, int backward) {
     if (a->d.hs != 64 && a->d.hs != 128) return "head size not 64 or 128";
     if (a->d.B <= 0 || a->d.NH <= 0 || a->d.Tq < 0 || a->d.Tk < 0) return "empty or negative shape";
+    if (a->group > 1 && a->d.NH % a->group) return "query heads not a multiple of the group";
+    if (!a->rope_q != !a->rope_k) return "RoPE tables for only one of q and k";
     const char *r;
     if ((r = fa_check_view(&a->q, 1)) || (r = fa_check_view(&a->k, 1)) || (r = fa_check_view(&a->v, 1)) ||
         (r = fa_check_view(&a->out, 0)))

@@ -7,8 +7,9 @@
 //    shapes break gemm.h's alignment rules, the SIMT GEMM below (exact fp32 FMAs: fp32 keeps the
 //    design's 1e-5 promise, so tf32 is never used);
 //  - attention in bf16 with head size 64 or 128 on sm_80 and later: the flash-attention kernels of
-//    attention.cu (mma.sync); otherwise the simple kernels below (one warp per row);
-//  - everything else: the kernels below.
+//    attention.cu (mma.sync); otherwise the simple kernels below (one warp per row); both take
+//    grouped-query attention (K and V read per kv head) and RoPE in the prologue (the Llama family);
+//  - everything else: the kernels below (RMSNorm, RoPE and SwiGLU among them).
 //
 // Determinism: no atomics anywhere. Every output element is produced by exactly one thread, which sums
 // its terms in a fixed order, and reductions across threads use a fixed tree whose shape depends only on
@@ -46,7 +47,7 @@ extern "C" {
 // ---------------------------------------------------------------------------------------------
 // device state: one device per process, set up once by cuda_use_device or the first op
 
-enum { SCR_COLSUM = 0, SCR_SUMSQ, SCR_ATTN, SCR_ADAMW, SCR_GEMM, NSCRATCH };
+enum { SCR_COLSUM = 0, SCR_SUMSQ, SCR_ATTN, SCR_ADAMW, SCR_GEMM, SCR_ROPE, NSCRATCH };
 enum { STAGE_SLOTS = 4, STAGE_BYTES = 4 << 20 }; // pinned upload buffers, each reused after its copy ends
 
 typedef struct CudaDev {
@@ -898,12 +899,246 @@ static void cu_layernorm_bwd(DType dt, void *dinp, float *dweight, float *dbias,
 }
 
 // ---------------------------------------------------------------------------------------------
+// The Llama family: RMSNorm (one warp per row, as LayerNorm), RoPE and SwiGLU (elementwise)
+
+// With add not NULL it first forms the residual res = inp + add (stored, and normalised as stored);
+// res may alias inp or add: each element is read and written by the same lane.
+template <typename T>
+__global__ void rmsnorm_fwd_kernel(T *out, float *rstd, const T *inp, const T *weight, int N, int C, float eps, T *res,
+                                   const T *add) {
+    int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (row >= N) return;
+    const T *x = inp + (size_t)row * C;
+    T *o = out + (size_t)row * C;
+    if (add) {
+        T *r = res + (size_t)row * C;
+        const T *a = add + (size_t)row * C;
+        for (int c = lane; c < C; c += 32) r[c] = fromf<T>(tof(x[c]) + tof(a[c]));
+        x = r;
+    }
+    float ss = 0.0f;
+    for (int c = lane; c < C; c += 32) ss += tof(x[c]) * tof(x[c]);
+    float s = 1.0f / sqrtf(warp_sum(ss) / C + eps);
+    for (int c = lane; c < C; c += 32) o[c] = fromf<T>(tof(x[c]) * s * tof(weight[c]));
+    if (lane == 0) rstd[row] = s;
+}
+
+static void rmsnorm_fwd_any(DType dt, void *res, void *out, float *rstd, const void *inp, const void *add,
+                            const void *weight, int N, int C, float eps) {
+    if (N <= 0 || C <= 0) return;
+    unsigned blocks = cdiv(N, 8);
+    if (dt == DT_BF16)
+        CUDA_LAUNCH(blocks, 256, 0, cur_stream(), rmsnorm_fwd_kernel<bf16s>)((bf16s *)out, rstd, (const bf16s *)inp,
+                                                                             (const bf16s *)weight, N, C, eps, (bf16s *)res,
+                                                                             (const bf16s *)add);
+    else
+        CUDA_LAUNCH(blocks, 256, 0, cur_stream(), rmsnorm_fwd_kernel<float>)((float *)out, rstd, (const float *)inp,
+                                                                             (const float *)weight, N, C, eps, (float *)res,
+                                                                             (const float *)add);
+    launched("rmsnorm_fwd_kernel");
+}
+
+static void cu_rmsnorm_fwd(DType dt, void *out, float *rstd, const void *inp, const void *weight, int N, int C, float eps) {
+    rmsnorm_fwd_any(dt, NULL, out, rstd, inp, NULL, weight, N, C, eps);
+}
+
+static void cu_residual_rmsnorm_fwd(DType dt, void *res, void *out, float *rstd, const void *a, const void *b,
+                                    const void *weight, int N, int C, float eps) {
+    rmsnorm_fwd_any(dt, res, out, rstd, a, b, weight, N, C, eps);
+}
+
+// dinp += (w·dout - x̂·mean(w·dout·x̂))·rstd per row, x̂ = x·rstd
+template <typename T>
+__global__ void rmsnorm_bwd_dinp_kernel(T *dinp, const T *dout, const T *inp, const T *weight, const float *rstd, int N,
+                                        int C) {
+    int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (row >= N) return;
+    size_t o = (size_t)row * C;
+    float rs = rstd[row], dot = 0.0f;
+    for (int c = lane; c < C; c += 32) dot += tof(weight[c]) * tof(dout[o + c]) * tof(inp[o + c]) * rs;
+    dot = warp_sum(dot) / C;
+    for (int c = lane; c < C; c += 32) {
+        float xn = tof(inp[o + c]) * rs, dn = tof(weight[c]) * tof(dout[o + c]);
+        dinp[o + c] = fromf<T>(tof(dinp[o + c]) + (dn - xn * dot) * rs);
+    }
+}
+
+// partial dweight sums of dout·x̂ over one chunk of COL_CHUNK rows (as layernorm_bwd_wb_partial_kernel)
+template <typename T>
+__global__ void rmsnorm_bwd_w_partial_kernel(float *pw, const T *dout, const T *inp, const float *rstd, int N, int C) {
+    __shared__ float shw[8][33];
+    int c = blockIdx.x * 32 + threadIdx.x, chunk = blockIdx.y;
+    int n0 = chunk * COL_CHUNK, n1 = min(N, n0 + COL_CHUNK);
+    float dw = 0.0f;
+    if (c < C)
+        for (int n = n0 + threadIdx.y; n < n1; n += 8) {
+            size_t i = (size_t)n * C + c;
+            dw += tof(dout[i]) * tof(inp[i]) * rstd[n];
+        }
+    shw[threadIdx.y][threadIdx.x] = dw;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < C) {
+        float tw = 0.0f;
+        for (int i = 0; i < 8; i++) tw += shw[i][threadIdx.x];
+        pw[(size_t)chunk * C + c] = tw;
+    }
+}
+
+template <typename T>
+static void rmsnorm_bwd_t(void *dinp, float *dweight, const void *dout, const void *inp, const void *weight,
+                          const float *rstd, int N, int C) {
+    if (dinp) {
+        CUDA_LAUNCH(cdiv(N, 8), 256, 0, cur_stream(), rmsnorm_bwd_dinp_kernel<T>)((T *)dinp, (const T *)dout, (const T *)inp,
+                                                                                 (const T *)weight, rstd, N, C);
+        launched("rmsnorm_bwd_dinp_kernel");
+    }
+    if (!dweight) return; // the input-gradient half alone
+    int nch = (int)cdiv(N, COL_CHUNK);
+    float *pw = (float *)scratch(SCR_COLSUM, sizeof(float) * (size_t)nch * C);
+    CUDA_LAUNCH(dim3(cdiv(C, 32), nch), dim3(32, 8), 0, cur_stream(), rmsnorm_bwd_w_partial_kernel<T>)(pw, (const T *)dout,
+                                                                                                     (const T *)inp, rstd, N, C);
+    launched("rmsnorm_bwd_w_partial_kernel");
+    colsum_finalize(dweight, pw, nch, C);
+}
+
+static void cu_rmsnorm_bwd(DType dt, void *dinp, float *dweight, const void *dout, const void *inp, const void *weight,
+                           const float *rstd, int N, int C) {
+    if (N <= 0 || C <= 0) return;
+    if (dt == DT_BF16) rmsnorm_bwd_t<bf16s>(dinp, dweight, dout, inp, weight, rstd, N, C);
+    else rmsnorm_bwd_t<float>(dinp, dweight, dout, inp, weight, rstd, N, C);
+}
+
+// RoPE's cos|sin table (kernels.h): row t holds cos of the angles p·inv_freq[i] in [0, hs/2) and their
+// sin in [hs/2, hs), p = pos[t] or p0 + t. The angles and their cos and sin are computed in double from
+// rope_inv_freq's frequencies and then rounded, as the CPU's table is, so both rotate by the same
+// fp32 values (up to the last bit of the device's double cos/sin).
+#define ROPE_MAX_HALF 128 // head sizes up to 256
+
+struct RopeFreq {
+    double inv[ROPE_MAX_HALF];
+    int half;
+};
+
+__global__ void rope_table_kernel(float *tab, const int32_t *pos, int p0, int n, RopeFreq f) {
+    GRID_STRIDE(k, (size_t)n * f.half) {
+        const int t = (int)(k / f.half), i = (int)(k % f.half);
+        const double a = (pos ? (double)pos[t] : (double)p0 + t) * f.inv[i];
+        tab[(size_t)t * 2 * f.half + i] = (float)cos(a);
+        tab[(size_t)t * 2 * f.half + f.half + i] = (float)sin(a);
+    }
+}
+
+// tab[n][hs] in device memory, for positions pos[t] (device memory) or p0 + t
+static void rope_table(const RopeConfig *r, int hs, const int32_t *pos, int p0, int n, float *tab) {
+    if (hs <= 0 || hs % 2) die("rope: the head size must be even (got %d)", hs);
+    if (hs / 2 > ROPE_MAX_HALF) die("CUDA rope: head size %d above %d", hs, 2 * ROPE_MAX_HALF);
+    if (n <= 0) return;
+    RopeFreq f;
+    memset(&f, 0, sizeof f);
+    f.half = hs / 2;
+    rope_inv_freq(r, hs, f.inv);
+    const size_t items = (size_t)n * f.half;
+    CUDA_LAUNCH(ew_blocks(items, 256), 256, 0, cur_stream(), rope_table_kernel)(tab, pos, p0, n, f);
+    launched("rope_table_kernel");
+}
+
+// One thread per channel pair (i, i + hs/2) of a head's row, in place: the rotation, or its transpose.
+template <typename T>
+__global__ void rope_apply_kernel(T *x, long long bstride, long long tstride, int B, int T_, int nheads, int hs,
+                                  const float *tab, int transposed) {
+    const int half = hs / 2;
+    GRID_STRIDE(k, (size_t)B * T_ * nheads * half) {
+        const int i = (int)(k % half), h = (int)(k / half % nheads);
+        const int t = (int)(k / ((size_t)half * nheads) % T_), b = (int)(k / ((size_t)half * nheads * T_));
+        T *r = x + b * bstride + t * tstride + (long long)h * hs;
+        const float *cs = tab + (size_t)t * hs;
+        const float a = tof(r[i]), bb = tof(r[i + half]), c = cs[i], s = cs[half + i];
+        if (transposed) {
+            r[i] = fromf<T>(a * c + bb * s);
+            r[i + half] = fromf<T>(bb * c - a * s);
+        } else {
+            r[i] = fromf<T>(a * c - bb * s);
+            r[i + half] = fromf<T>(bb * c + a * s);
+        }
+    }
+}
+
+static void rope_apply(AttnView x, int B, int T, int nheads, int hs, const int32_t *pos, int pos0, const RopeConfig *rope,
+                       int transposed) {
+    if (B <= 0 || T <= 0 || nheads <= 0) return;
+    float *tab = (float *)scratch(SCR_ROPE, sizeof(float) * (size_t)T * hs);
+    rope_table(rope, hs, pos, pos0, T, tab);
+    const size_t items = (size_t)B * T * nheads * (hs / 2);
+    if (x.dt == DT_BF16)
+        CUDA_LAUNCH(ew_blocks(items, 256), 256, 0, cur_stream(), rope_apply_kernel<bf16s>)((bf16s *)x.p, (long long)x.bstride,
+                                                                                            (long long)x.tstride, B, T, nheads,
+                                                                                            hs, tab, transposed);
+    else
+        CUDA_LAUNCH(ew_blocks(items, 256), 256, 0, cur_stream(), rope_apply_kernel<float>)((float *)x.p, (long long)x.bstride,
+                                                                                            (long long)x.tstride, B, T, nheads,
+                                                                                            hs, tab, transposed);
+    launched("rope_apply_kernel");
+}
+
+static void cu_rope_fwd(AttnView x, int B, int T, int nheads, int hs, const int32_t *pos, int pos0, const RopeConfig *rope) {
+    rope_apply(x, B, T, nheads, hs, pos, pos0, rope, 0);
+}
+static void cu_rope_bwd(AttnView dx, int B, int T, int nheads, int hs, const int32_t *pos, int pos0, const RopeConfig *rope) {
+    rope_apply(dx, B, T, nheads, hs, pos, pos0, rope, 1);
+}
+
+// SwiGLU: gateup[n] holds gate[0..F) then up[0..F); one thread per (n, f), which reads the pair and
+// writes out (forward) or both gradients (backward) of that pair only.
+template <typename T> __global__ void swiglu_fwd_kernel(T *out, const T *gateup, int N, int F) {
+    GRID_STRIDE(k, (size_t)N * F) {
+        const size_t n = k / F, f = k % F;
+        const float g = tof(gateup[n * 2 * F + f]), u = tof(gateup[n * 2 * F + F + f]);
+        out[k] = fromf<T>(g / (1.0f + expf(-g)) * u);
+    }
+}
+
+template <typename T> __global__ void swiglu_bwd_kernel(T *dgateup, const T *dout, const T *gateup, int N, int F) {
+    GRID_STRIDE(k, (size_t)N * F) {
+        const size_t n = k / F, f = k % F;
+        const float g = tof(gateup[n * 2 * F + f]), u = tof(gateup[n * 2 * F + F + f]), dy = tof(dout[k]);
+        const float s = 1.0f / (1.0f + expf(-g));
+        dgateup[n * 2 * F + f] = fromf<T>(dy * u * s * (1.0f + g * (1.0f - s)));
+        dgateup[n * 2 * F + F + f] = fromf<T>(dy * g * s);
+    }
+}
+
+static void cu_swiglu_fwd(DType dt, void *out, const void *gateup, int N, int F) {
+    const size_t n = (size_t)(N > 0 ? N : 0) * (F > 0 ? F : 0);
+    if (n == 0) return;
+    if (dt == DT_BF16)
+        CUDA_LAUNCH(ew_blocks(n, 256), 256, 0, cur_stream(), swiglu_fwd_kernel<bf16s>)((bf16s *)out, (const bf16s *)gateup, N, F);
+    else CUDA_LAUNCH(ew_blocks(n, 256), 256, 0, cur_stream(), swiglu_fwd_kernel<float>)((float *)out, (const float *)gateup, N, F);
+    launched("swiglu_fwd_kernel");
+}
+
+static void cu_swiglu_bwd(DType dt, void *dgateup, const void *dout, const void *gateup, int N, int F) {
+    const size_t n = (size_t)(N > 0 ? N : 0) * (F > 0 ? F : 0);
+    if (n == 0) return;
+    if (dt == DT_BF16)
+        CUDA_LAUNCH(ew_blocks(n, 256), 256, 0, cur_stream(), swiglu_bwd_kernel<bf16s>)((bf16s *)dgateup, (const bf16s *)dout,
+                                                                                        (const bf16s *)gateup, N, F);
+    else
+        CUDA_LAUNCH(ew_blocks(n, 256), 256, 0, cur_stream(), swiglu_bwd_kernel<float>)((float *)dgateup, (const float *)dout,
+                                                                                        (const float *)gateup, N, F);
+    launched("swiglu_bwd_kernel");
+}
+
+// ---------------------------------------------------------------------------------------------
 // attention, flash style and simple: no T x T buffer. One warp per query row (forward, dq) or key row
 // (dk, dv); each lane owns the head channels lane, lane+32, ... (at most ATT_MAXC per lane), and the
 // scores are warp sums of the lanes' partial dot products in a fixed butterfly order. Keys (or queries)
 // are visited in ascending order, with an online softmax in the forward, so every result has one fixed
 // order of additions. Same semantics as the CPU's block ops (see kernels.h). These serve fp32, head
 // sizes other than 64 and 128, and views the flash kernels (attention.cu) cannot load.
+// Grouped-query attention: query head h reads kv head h / group in place (K and V are never copied per
+// query head); a dK/dV row sums the group's query heads in head order. RoPE: q and k elements are
+// rotated as they are read, from cos|sin tables of the block's positions (rope_table), and dq, dk are
+// rotated back (the transposed rotation, through the warp's row in shared memory) before they are stored.
 
 #define ATT_MAXC 8 // channels per lane: head sizes up to 256
 
@@ -934,7 +1169,37 @@ __device__ __forceinline__ void att_st(const AttView &v, long long i, float x) {
 struct AttShape {
     int B, NH, hs, Tq, q0, Tk, k0;
     float scale;
+    int NKV, group;       // key/value heads, and query heads per kv head
+    const float *rq, *rk; // RoPE cos|sin rows [Tq][hs] of the queries and [Tk][hs] of the keys; NULL: none
 };
+
+// element i of the row at off, rotated by the cos|sin row cs (NULL: as stored); kernels.h's rotation
+__device__ __forceinline__ float att_ld_rot(const AttView &v, long long off, int i, int hs, const float *cs) {
+    const float x = att_ld(v, off + i);
+    if (!cs) return x;
+    const int half = hs / 2;
+    if (i < half) return x * cs[i] - att_ld(v, off + i + half) * cs[half + i];
+    return x * cs[i - half] + att_ld(v, off + i - half) * cs[i];
+}
+__device__ __forceinline__ const float *att_rot_row(const float *tab, int t, int hs) {
+    return tab ? tab + (long long)t * hs : NULL;
+}
+// The transposed rotation of a row whose channel lane + 32j is g[j] in each lane of the warp: through the
+// warp's row sh[hs] in shared memory, since a channel's partner may live in another lane.
+__device__ __forceinline__ void att_rot_t(float (&g)[ATT_MAXC], int hs, const float *cs, float *sh, int lane) {
+    const int half = hs / 2;
+#pragma unroll
+    for (int j = 0; j < ATT_MAXC; j++)
+        if (lane + 32 * j < hs) sh[lane + 32 * j] = g[j];
+    __syncwarp();
+#pragma unroll
+    for (int j = 0; j < ATT_MAXC; j++) {
+        const int i = lane + 32 * j;
+        if (i < half) g[j] = sh[i] * cs[i] + sh[i + half] * cs[half + i];
+        else if (i < hs) g[j] = sh[i] * cs[i - half] - sh[i - half] * cs[i];
+    }
+    __syncwarp(); // every lane has read sh before it is reused
+}
 
 // keys of the block visible to query t: s < Tk with k0 + s <= q0 + t
 __device__ __forceinline__ int att_nvis(const AttShape &d, int t) {
@@ -945,24 +1210,26 @@ __device__ __forceinline__ int att_nvis(const AttShape &d, int t) {
 __global__ void attention_fwd_kernel(AttView out, float *lse, AttView q, AttView k, AttView v, AttShape d, int merge) {
     int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (row >= d.B * d.NH * d.Tq) return;
-    int t = row % d.Tq, bh = row / d.Tq, b = bh / d.NH, h = bh % d.NH;
+    int t = row % d.Tq, bh = row / d.Tq, b = bh / d.NH, h = bh % d.NH, hk = h / d.group;
     float qr[ATT_MAXC], acc[ATT_MAXC];
     long long qo = att_off(q, b, t, h, d.hs);
+    const float *rq = att_rot_row(d.rq, t, d.hs);
 #pragma unroll
     for (int j = 0; j < ATT_MAXC; j++) {
         int i = lane + 32 * j;
-        qr[j] = i < d.hs ? att_ld(q, qo + i) * d.scale : 0.0f;
+        qr[j] = i < d.hs ? att_ld_rot(q, qo, i, d.hs, rq) * d.scale : 0.0f;
         acc[j] = 0.0f;
     }
     float m = -INFINITY, l = 0.0f;
     int nvis = att_nvis(d, t);
     for (int s = 0; s < nvis; s++) {
-        long long ko = att_off(k, b, s, h, d.hs), vo = att_off(v, b, s, h, d.hs);
+        long long ko = att_off(k, b, s, hk, d.hs), vo = att_off(v, b, s, hk, d.hs);
+        const float *rk = att_rot_row(d.rk, s, d.hs);
         float part = 0.0f;
 #pragma unroll
         for (int j = 0; j < ATT_MAXC; j++) {
             int i = lane + 32 * j;
-            if (i < d.hs) part += qr[j] * att_ld(k, ko + i);
+            if (i < d.hs) part += qr[j] * att_ld_rot(k, ko, i, d.hs, rk);
         }
         float sc = warp_sum(part);
         float mnew = fmaxf(m, sc), alpha = expf(m - mnew), p = expf(sc - mnew);
@@ -1014,87 +1281,100 @@ __global__ void attention_rowdot_kernel(float *D, AttView dout, AttView out, Att
 // dq of one query row: Σ over its visible keys in order
 __global__ void attention_dq_kernel(AttView dq, int accumulate, AttView dout, const float *D, const float *lse, AttView q,
                                     AttView k, AttView v, AttShape d) {
+    __shared__ float sh[8][32 * ATT_MAXC]; // one row per warp (RoPE's transposed rotation)
     int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (row >= d.B * d.NH * d.Tq) return;
-    int t = row % d.Tq, bh = row / d.Tq, b = bh / d.NH, h = bh % d.NH;
+    int t = row % d.Tq, bh = row / d.Tq, b = bh / d.NH, h = bh % d.NH, hk = h / d.group;
     float qr[ATT_MAXC], gr[ATT_MAXC], acc[ATT_MAXC];
     long long qo = att_off(q, b, t, h, d.hs), go = att_off(dout, b, t, h, d.hs);
+    const float *rq = att_rot_row(d.rq, t, d.hs);
 #pragma unroll
     for (int j = 0; j < ATT_MAXC; j++) {
         int i = lane + 32 * j;
-        qr[j] = i < d.hs ? att_ld(q, qo + i) * d.scale : 0.0f;
+        qr[j] = i < d.hs ? att_ld_rot(q, qo, i, d.hs, rq) * d.scale : 0.0f;
         gr[j] = i < d.hs ? att_ld(dout, go + i) : 0.0f;
         acc[j] = 0.0f;
     }
     float L = lse[row], Dr = D[row];
     int nvis = L == -INFINITY ? 0 : att_nvis(d, t);
     for (int s = 0; s < nvis; s++) {
-        long long ko = att_off(k, b, s, h, d.hs), vo = att_off(v, b, s, h, d.hs);
-        float ps = 0.0f, pd = 0.0f;
+        long long ko = att_off(k, b, s, hk, d.hs), vo = att_off(v, b, s, hk, d.hs);
+        const float *rk = att_rot_row(d.rk, s, d.hs);
+        float kr[ATT_MAXC], ps = 0.0f, pd = 0.0f;
 #pragma unroll
         for (int j = 0; j < ATT_MAXC; j++) {
             int i = lane + 32 * j;
+            kr[j] = 0.0f;
             if (i < d.hs) {
-                ps += qr[j] * att_ld(k, ko + i);
+                kr[j] = att_ld_rot(k, ko, i, d.hs, rk);
+                ps += qr[j] * kr[j];
                 pd += gr[j] * att_ld(v, vo + i);
             }
         }
         float p = expf(warp_sum(ps) - L), ds = p * (warp_sum(pd) - Dr);
 #pragma unroll
-        for (int j = 0; j < ATT_MAXC; j++) {
-            int i = lane + 32 * j;
-            if (i < d.hs) acc[j] += ds * att_ld(k, ko + i);
-        }
+        for (int j = 0; j < ATT_MAXC; j++) acc[j] += ds * kr[j];
     }
+#pragma unroll
+    for (int j = 0; j < ATT_MAXC; j++) acc[j] *= d.scale;
+    if (rq) att_rot_t(acc, d.hs, rq, sh[threadIdx.x >> 5], lane);
     long long oo = att_off(dq, b, t, h, d.hs);
 #pragma unroll
     for (int j = 0; j < ATT_MAXC; j++) {
         int i = lane + 32 * j;
-        if (i < d.hs) att_st(dq, oo + i, (accumulate ? att_ld(dq, oo + i) : 0.0f) + acc[j] * d.scale);
+        if (i < d.hs) att_st(dq, oo + i, (accumulate ? att_ld(dq, oo + i) : 0.0f) + acc[j]);
     }
 }
 
-// dk and dv of one key row: Σ over the queries that see it, in order
+// dk and dv of one key row of kv head hk: Σ over the group's query heads in head order, and over the
+// queries that see it in order
 __global__ void attention_dkv_kernel(AttView dk, AttView dv, int accumulate, AttView dout, const float *D, const float *lse,
                                      AttView q, AttView k, AttView v, AttShape d) {
+    __shared__ float sh[8][32 * ATT_MAXC]; // one row per warp (RoPE's transposed rotation)
     int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    if (row >= d.B * d.NH * d.Tk) return;
-    int s = row % d.Tk, bh = row / d.Tk, b = bh / d.NH, h = bh % d.NH;
+    if (row >= d.B * d.NKV * d.Tk) return;
+    int s = row % d.Tk, bk = row / d.Tk, b = bk / d.NKV, hk = bk % d.NKV;
     float kr[ATT_MAXC], vr[ATT_MAXC], ak[ATT_MAXC], av[ATT_MAXC];
-    long long ko = att_off(k, b, s, h, d.hs), vo = att_off(v, b, s, h, d.hs);
+    long long ko = att_off(k, b, s, hk, d.hs), vo = att_off(v, b, s, hk, d.hs);
+    const float *rk = att_rot_row(d.rk, s, d.hs);
 #pragma unroll
     for (int j = 0; j < ATT_MAXC; j++) {
         int i = lane + 32 * j;
-        kr[j] = i < d.hs ? att_ld(k, ko + i) : 0.0f;
+        kr[j] = i < d.hs ? att_ld_rot(k, ko, i, d.hs, rk) : 0.0f;
         vr[j] = i < d.hs ? att_ld(v, vo + i) : 0.0f;
         ak[j] = av[j] = 0.0f;
     }
     int t0 = d.k0 + s - d.q0; // the first query that sees this key
-    for (int t = t0 > 0 ? t0 : 0; t < d.Tq; t++) {
-        long long li = (long long)bh * d.Tq + t;
-        float L = lse[li];
-        if (L == -INFINITY) continue;
-        long long qo = att_off(q, b, t, h, d.hs), go = att_off(dout, b, t, h, d.hs);
-        float ps = 0.0f, pd = 0.0f;
+    for (int h = hk * d.group; h < (hk + 1) * d.group; h++)
+        for (int t = t0 > 0 ? t0 : 0; t < d.Tq; t++) {
+            long long li = ((long long)b * d.NH + h) * d.Tq + t;
+            float L = lse[li];
+            if (L == -INFINITY) continue;
+            long long qo = att_off(q, b, t, h, d.hs), go = att_off(dout, b, t, h, d.hs);
+            const float *rq = att_rot_row(d.rq, t, d.hs);
+            float qs[ATT_MAXC], ps = 0.0f, pd = 0.0f;
 #pragma unroll
-        for (int j = 0; j < ATT_MAXC; j++) {
-            int i = lane + 32 * j;
-            if (i < d.hs) {
-                ps += att_ld(q, qo + i) * d.scale * kr[j];
-                pd += att_ld(dout, go + i) * vr[j];
+            for (int j = 0; j < ATT_MAXC; j++) {
+                int i = lane + 32 * j;
+                qs[j] = 0.0f;
+                if (i < d.hs) {
+                    qs[j] = att_ld_rot(q, qo, i, d.hs, rq);
+                    ps += qs[j] * d.scale * kr[j];
+                    pd += att_ld(dout, go + i) * vr[j];
+                }
+            }
+            float p = expf(warp_sum(ps) - L), ds = p * (warp_sum(pd) - D[li]);
+#pragma unroll
+            for (int j = 0; j < ATT_MAXC; j++) {
+                int i = lane + 32 * j;
+                if (i < d.hs) {
+                    av[j] += p * att_ld(dout, go + i);
+                    ak[j] += ds * qs[j] * d.scale;
+                }
             }
         }
-        float p = expf(warp_sum(ps) - L), ds = p * (warp_sum(pd) - D[li]);
-#pragma unroll
-        for (int j = 0; j < ATT_MAXC; j++) {
-            int i = lane + 32 * j;
-            if (i < d.hs) {
-                av[j] += p * att_ld(dout, go + i);
-                ak[j] += ds * att_ld(q, qo + i) * d.scale;
-            }
-        }
-    }
-    long long dko = att_off(dk, b, s, h, d.hs), dvo = att_off(dv, b, s, h, d.hs);
+    if (rk) att_rot_t(ak, d.hs, rk, sh[threadIdx.x >> 5], lane);
+    long long dko = att_off(dk, b, s, hk, d.hs), dvo = att_off(dv, b, s, hk, d.hs);
 #pragma unroll
     for (int j = 0; j < ATT_MAXC; j++) {
         int i = lane + 32 * j;
@@ -1105,10 +1385,23 @@ __global__ void attention_dkv_kernel(AttView dk, AttView dv, int accumulate, Att
     }
 }
 
-static AttShape att_shape(int B, int NH, int hs, int Tq, int q0, int Tk, int k0) {
+static AttShape att_shape(int B, int NH, int NKV, int hs, int Tq, int q0, int Tk, int k0) {
     if (hs > 32 * ATT_MAXC) die("CUDA attention: head size %d above %d", hs, 32 * ATT_MAXC);
-    AttShape d = { B, NH, hs, Tq, q0, Tk, k0, 1.0f / sqrtf((float)hs) };
+    if (NKV <= 0 || NH % NKV) die("attention: %d query heads do not share %d key/value heads evenly", NH, NKV);
+    AttShape d = { B, NH, hs, Tq, q0, Tk, k0, 1.0f / sqrtf((float)hs), NKV, NH / NKV, NULL, NULL };
     return d;
+}
+
+// RoPE's cos|sin rows of the block's queries (positions q0..) and keys (k0..), in the RoPE scratch
+static void att_rope_tables(AttShape *d, const RopeConfig *rope) {
+    if (!rope) return;
+    if (d->hs % 2) die("attention: RoPE needs an even head size (got %d)", d->hs);
+    const size_t nq = (size_t)(d->Tq > 0 ? d->Tq : 0) * d->hs, nk = (size_t)(d->Tk > 0 ? d->Tk : 0) * d->hs;
+    float *tab = (float *)scratch(SCR_ROPE, sizeof(float) * (nq + nk + 1));
+    rope_table(rope, d->hs, NULL, d->q0, d->Tq, tab);
+    rope_table(rope, d->hs, NULL, d->k0, d->Tk, tab + nq);
+    d->rq = tab;
+    d->rk = tab + nq;
 }
 
 // The flash kernels' arguments (attention.cu) for these views
@@ -1116,8 +1409,7 @@ static FaView fa_view(AttnView v) {
     FaView f = { v.p, (long long)v.bstride, (long long)v.tstride, v.dt == DT_F32 };
     return f;
 }
-static FaArgs fa_args(AttnView out, float *lse, AttnView q, AttnView k, AttnView v, int B, int NH, int hs, int Tq, int q0,
-                      int Tk, int k0) {
+static FaArgs fa_args(AttnView out, float *lse, AttnView q, AttnView k, AttnView v, const AttShape &s) {
     FaArgs a;
     memset(&a, 0, sizeof a);
     a.q = fa_view(q);
@@ -1125,40 +1417,47 @@ static FaArgs fa_args(AttnView out, float *lse, AttnView q, AttnView k, AttnView
     a.v = fa_view(v);
     a.out = fa_view(out);
     a.lse = lse;
-    FaShape d = { B, NH, hs, Tq, q0, Tk, k0 };
+    FaShape d = { s.B, s.NH, s.hs, s.Tq > 0 ? s.Tq : 0, s.q0, s.Tk > 0 ? s.Tk : 0, s.k0 };
     a.d = d;
+    a.group = s.group;
+    a.rope_q = s.rq;
+    a.rope_k = s.rk;
     return a;
 }
 
-static void attn_fwd(AttnView out, float *lse, AttnView q, AttnView k, AttnView v, int B, int NH, int hs, int Tq, int q0,
-                     int Tk, int k0, int merge) {
+// The block ops for NH query heads over NKV key/value heads, RoPE in the prologue when rope is not NULL
+static void attn_fwd(AttnView out, float *lse, AttnView q, AttnView k, AttnView v, int B, int NH, int NKV, int hs, int Tq,
+                     int q0, int Tk, int k0, const RopeConfig *rope, int merge) {
     if (B <= 0 || NH <= 0 || hs <= 0 || Tq <= 0) return;
+    AttShape d = att_shape(B, NH, NKV, hs, Tq, q0, Tk, k0);
+    att_rope_tables(&d, rope);
     if (!dev()->attn_simple) { // tensor cores where attention.cu takes the problem
-        FaArgs a = fa_args(out, lse, q, k, v, B, NH, hs, Tq, q0, Tk > 0 ? Tk : 0, k0);
+        FaArgs a = fa_args(out, lse, q, k, v, d);
         a.merge = merge;
         if (fa_forward(&a, (void *)cur_stream()) == 0) {
             dev()->tc_calls++;
             return;
         }
     }
-    AttShape d = att_shape(B, NH, hs, Tq, q0, Tk, k0);
     size_t rows = (size_t)B * NH * Tq;
     CUDA_LAUNCH(cdiv(rows, 8), 256, 0, cur_stream(), attention_fwd_kernel)(att_view(out), lse, att_view(q), att_view(k), att_view(v), d, merge);
     launched("attention_fwd_kernel");
 }
 
 static void attn_bwd(AttnView dq, AttnView dk, AttnView dv, int accumulate, AttnView dout, AttnView out, const float *lse,
-                     AttnView q, AttnView k, AttnView v, int B, int NH, int hs, int Tq, int q0, int Tk, int k0) {
+                     AttnView q, AttnView k, AttnView v, int B, int NH, int NKV, int hs, int Tq, int q0, int Tk, int k0,
+                     const RopeConfig *rope) {
     if (B <= 0 || NH <= 0 || hs <= 0) return;
-    AttShape d = att_shape(B, NH, hs, Tq, q0, Tk, k0);
-    size_t qrows = (size_t)B * NH * (Tq > 0 ? Tq : 0), krows = (size_t)B * NH * (Tk > 0 ? Tk : 0);
+    AttShape d = att_shape(B, NH, NKV, hs, Tq, q0, Tk, k0);
+    att_rope_tables(&d, rope);
+    size_t qrows = (size_t)B * NH * (Tq > 0 ? Tq : 0), krows = (size_t)B * NKV * (Tk > 0 ? Tk : 0);
     float *D = (float *)scratch(SCR_ATTN, sizeof(float) * (qrows ? qrows : 1));
     if (qrows) { // D = rowsum(dout·out), used by both paths
         CUDA_LAUNCH(cdiv(qrows, 8), 256, 0, cur_stream(), attention_rowdot_kernel)(D, att_view(dout), att_view(out), d);
         launched("attention_rowdot_kernel");
     }
     if (!dev()->attn_simple) {
-        FaArgs a = fa_args(out, (float *)lse, q, k, v, B, NH, hs, Tq > 0 ? Tq : 0, q0, Tk > 0 ? Tk : 0, k0);
+        FaArgs a = fa_args(out, (float *)lse, q, k, v, d);
         a.dout = fa_view(dout);
         a.dq = fa_view(dq);
         a.dk = fa_view(dk);
@@ -1184,13 +1483,24 @@ static void attn_bwd(AttnView dq, AttnView dk, AttnView dv, int accumulate, Attn
 
 static void cu_attention_block_fwd(AttnView out, float *lse, AttnView q, AttnView k, AttnView v, int B, int NH, int hs,
                                    int Tq, int q0, int Tk, int k0, int merge) {
-    attn_fwd(out, lse, q, k, v, B, NH, hs, Tq, q0, Tk, k0, merge);
+    attn_fwd(out, lse, q, k, v, B, NH, NH, hs, Tq, q0, Tk, k0, NULL, merge);
 }
 
 static void cu_attention_block_bwd(AttnView dq, AttnView dk, AttnView dv, AttnView dout, AttnView out, const float *lse,
                                    AttnView q, AttnView k, AttnView v, int B, int NH, int hs, int Tq, int q0, int Tk,
                                    int k0) {
-    attn_bwd(dq, dk, dv, 1, dout, out, lse, q, k, v, B, NH, hs, Tq, q0, Tk, k0);
+    attn_bwd(dq, dk, dv, 1, dout, out, lse, q, k, v, B, NH, NH, hs, Tq, q0, Tk, k0, NULL);
+}
+
+static void cu_attention_gqa_block_fwd(AttnView out, float *lse, AttnView q, AttnView k, AttnView v, int B, int NH, int NKV,
+                                       int hs, int Tq, int q0, int Tk, int k0, const RopeConfig *rope, int merge) {
+    attn_fwd(out, lse, q, k, v, B, NH, NKV, hs, Tq, q0, Tk, k0, rope, merge);
+}
+
+static void cu_attention_gqa_block_bwd(AttnView dq, AttnView dk, AttnView dv, AttnView dout, AttnView out, const float *lse,
+                                       AttnView q, AttnView k, AttnView v, int B, int NH, int NKV, int hs, int Tq, int q0,
+                                       int Tk, int k0, const RopeConfig *rope) {
+    attn_bwd(dq, dk, dv, 1, dout, out, lse, q, k, v, B, NH, NKV, hs, Tq, q0, Tk, k0, rope);
 }
 
 // views of q, k and v (part 0, 1, 2) inside qkv[B,T,3C], and of a [B,T,C] tensor
@@ -1206,7 +1516,7 @@ static AttnView btc_view(DType dt, const void *x, int T, int C) {
 static void cu_attention_fwd(DType dt, void *out, float *lse, const void *qkv, int B, int T, int C, int NH) {
     if (NH <= 0) return;
     attn_fwd(btc_view(dt, out, T, C), lse, qkv_view(dt, qkv, 0, T, C), qkv_view(dt, qkv, 1, T, C),
-             qkv_view(dt, qkv, 2, T, C), B, NH, C / NH, T, 0, T, 0, 0);
+             qkv_view(dt, qkv, 2, T, C), B, NH, NH, C / NH, T, 0, T, 0, NULL, 0);
 }
 
 static void cu_attention_bwd(DType dt, void *dqkv, const void *dout, const void *qkv, const void *out, const float *lse,
@@ -1214,7 +1524,28 @@ static void cu_attention_bwd(DType dt, void *dqkv, const void *dout, const void 
     if (NH <= 0) return;
     attn_bwd(qkv_view(dt, dqkv, 0, T, C), qkv_view(dt, dqkv, 1, T, C), qkv_view(dt, dqkv, 2, T, C), 0,
              btc_view(dt, dout, T, C), btc_view(dt, out, T, C), lse, qkv_view(dt, qkv, 0, T, C),
-             qkv_view(dt, qkv, 1, T, C), qkv_view(dt, qkv, 2, T, C), B, NH, C / NH, T, 0, T, 0);
+             qkv_view(dt, qkv, 1, T, C), qkv_view(dt, qkv, 2, T, C), B, NH, NH, C / NH, T, 0, T, 0, NULL);
+}
+
+// views of q (part 0: NH heads), k (1) and v (2: NKV heads each) inside qkv[B, T, (NH + 2·NKV)·hs]
+static AttnView gqa_view(DType dt, const void *qkv, int part, int T, int NH, int NKV, int hs) {
+    size_t row = (size_t)(NH + 2 * NKV) * hs, off = part == 0 ? 0 : part == 1 ? (size_t)NH * hs : (size_t)(NH + NKV) * hs;
+    AttnView v = { dt, (char *)qkv + off * dtype_size(dt), (size_t)T * row, row };
+    return v;
+}
+
+static void cu_attention_gqa_fwd(DType dt, void *out, float *lse, const void *qkv, int B, int T, int NH, int NKV, int hs,
+                                 const RopeConfig *rope) {
+    attn_fwd(btc_view(dt, out, T, NH * hs), lse, gqa_view(dt, qkv, 0, T, NH, NKV, hs), gqa_view(dt, qkv, 1, T, NH, NKV, hs),
+             gqa_view(dt, qkv, 2, T, NH, NKV, hs), B, NH, NKV, hs, T, 0, T, 0, rope, 0);
+}
+
+static void cu_attention_gqa_bwd(DType dt, void *dqkv, const void *dout, const void *qkv, const void *out, const float *lse,
+                                 int B, int T, int NH, int NKV, int hs, const RopeConfig *rope) {
+    attn_bwd(gqa_view(dt, dqkv, 0, T, NH, NKV, hs), gqa_view(dt, dqkv, 1, T, NH, NKV, hs),
+             gqa_view(dt, dqkv, 2, T, NH, NKV, hs), 0, btc_view(dt, dout, T, NH * hs), btc_view(dt, out, T, NH * hs), lse,
+             gqa_view(dt, qkv, 0, T, NH, NKV, hs), gqa_view(dt, qkv, 1, T, NH, NKV, hs),
+             gqa_view(dt, qkv, 2, T, NH, NKV, hs), B, NH, NKV, hs, T, 0, T, 0, rope);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1592,19 +1923,17 @@ static void fill_table(Backend *b) {
     b->attention_bwd = cu_attention_bwd;
     b->attention_block_fwd = cu_attention_block_fwd;
     b->attention_block_bwd = cu_attention_block_bwd;
-    // The Llama family's ops (issue 27) have no CUDA kernels yet: NULL until they are written and checked
-    // on the emulated GPU; model code that needs them refuses --device cuda for --arch llama meanwhile.
-    b->rmsnorm_fwd = NULL;
-    b->residual_rmsnorm_fwd = NULL;
-    b->rmsnorm_bwd = NULL;
-    b->rope_fwd = NULL;
-    b->rope_bwd = NULL;
-    b->swiglu_fwd = NULL;
-    b->swiglu_bwd = NULL;
-    b->attention_gqa_block_fwd = NULL;
-    b->attention_gqa_block_bwd = NULL;
-    b->attention_gqa_fwd = NULL;
-    b->attention_gqa_bwd = NULL;
+    b->rmsnorm_fwd = cu_rmsnorm_fwd;
+    b->residual_rmsnorm_fwd = cu_residual_rmsnorm_fwd;
+    b->rmsnorm_bwd = cu_rmsnorm_bwd;
+    b->rope_fwd = cu_rope_fwd;
+    b->rope_bwd = cu_rope_bwd;
+    b->swiglu_fwd = cu_swiglu_fwd;
+    b->swiglu_bwd = cu_swiglu_bwd;
+    b->attention_gqa_block_fwd = cu_attention_gqa_block_fwd;
+    b->attention_gqa_block_bwd = cu_attention_gqa_block_bwd;
+    b->attention_gqa_fwd = cu_attention_gqa_fwd;
+    b->attention_gqa_bwd = cu_attention_gqa_bwd;
     b->residual_fwd = cu_residual_fwd;
     b->residual_bwd = cu_residual_bwd;
     b->crossentropy_stats = cu_crossentropy_stats;

@@ -171,7 +171,7 @@ typedef struct Backend {
     void (*attention_block_bwd)(AttnView dq, AttnView dk, AttnView dv, AttnView dout, AttnView out,
                                 const float *lse, AttnView q, AttnView k, AttnView v, int B, int NH, int hs,
                                 int Tq, int q0, int Tk, int k0);
-    // ---- the Llama family (issue 27). The CUDA table has NULL for these until its kernels are written.
+    // ---- the Llama family (issue 27), in both backends.
     // RMSNorm over the last dim: out = inp·rstd·weight, rstd = 1/sqrt(mean(inp²) + eps), saved per row
     // (fp32) for the backward.
     void (*rmsnorm_fwd)(DType dt, void *out, float *rstd, const void *inp, const void *weight, int N, int C, float eps);

@@ -568,6 +568,189 @@ static void test_attention_blocks(DType dt, int B, int Tq, int Tk, int C, int NH
     run_case(&c, run_attention_blocks);
 }
 
+// ---------------------------------------------------------------------------------------------
+// the Llama family's ops (issue 27)
+
+#define RMS_EPS 1e-5f
+
+static void run_rmsnorm_fwd(const Backend *be, Case *c, int side) {
+    be->rmsnorm_fwd(c->dt, P(0), P(1), P(2), P(3), c->N, c->C, RMS_EPS);
+}
+static void test_rmsnorm_fwd(DType dt, int N, int C) {
+    Case c;
+    case_init(&c, dt, "rmsnorm_fwd[%s,N=%d,C=%d]", dtype_name(dt), N, C);
+    c.N = N, c.C = C;
+    add_rand(&c, dt, (size_t)N * C, -1, 1);  // out
+    add_rand(&c, DT_F32, N, -1, 1);          // rstd
+    add_rand(&c, dt, (size_t)N * C, -2, 3);  // inp
+    add_rand(&c, dt, C, 0.5f, 1.5f);         // weight
+    add_out_poisoned(&c, 0, tol_ew(dt));
+    add_out_poisoned(&c, 1, tol_ew(dt));
+    run_case(&c, run_rmsnorm_fwd);
+}
+
+static void run_residual_rmsnorm_fwd(const Backend *be, Case *c, int side) {
+    // flag: the residual is written over its second input
+    be->residual_rmsnorm_fwd(c->dt, c->flag ? P(4) : P(0), P(1), P(2), P(3), P(4), P(5), c->N, c->C, RMS_EPS);
+}
+static void test_residual_rmsnorm_fwd(DType dt, int N, int C, int alias) {
+    Case c;
+    case_init(&c, dt, "residual_rmsnorm_fwd[%s,N=%d,C=%d%s]", dtype_name(dt), N, C, alias ? ",res=b" : "");
+    c.N = N, c.C = C, c.flag = alias;
+    add_rand(&c, dt, (size_t)N * C, -1, 1);  // res
+    add_rand(&c, dt, (size_t)N * C, -1, 1);  // out
+    add_rand(&c, DT_F32, N, -1, 1);          // rstd
+    add_rand(&c, dt, (size_t)N * C, -2, 3);  // a
+    add_rand(&c, dt, (size_t)N * C, -1, 1);  // b
+    add_rand(&c, dt, C, 0.5f, 1.5f);         // weight
+    if (alias) add_out(&c, 4, EXACT); // one rounded addition per element
+    else add_out_poisoned(&c, 0, EXACT);
+    add_out_poisoned(&c, 1, tol_ew(dt));
+    add_out_poisoned(&c, 2, tol_ew(dt));
+    run_case(&c, run_residual_rmsnorm_fwd);
+}
+
+static void run_rmsnorm_bwd(const Backend *be, Case *c, int side) {
+    be->rmsnorm_bwd(c->dt, P(0), P(1), P(2), P(3), P(4), P(5), c->N, c->C);
+}
+static void test_rmsnorm_bwd(DType dt, int N, int C) {
+    Case c;
+    case_init(&c, dt, "rmsnorm_bwd[%s,N=%d,C=%d]", dtype_name(dt), N, C);
+    c.N = N, c.C = C;
+    add_rand(&c, dt, (size_t)N * C, -1, 1); // dinp (accumulated)
+    add_rand(&c, DT_F32, C, -1, 1);         // dweight (accumulated)
+    add_rand(&c, dt, (size_t)N * C, -1, 1); // dout
+    add_rand(&c, dt, (size_t)N * C, -2, 2); // inp
+    add_rand(&c, dt, C, 0.5f, 1.5f);        // weight
+    add_rand(&c, DT_F32, N, 0.5f, 2.0f);    // rstd
+    add_out(&c, 0, tol_ew(dt));
+    add_out(&c, 1, tol_ew(dt));
+    run_case(&c, run_rmsnorm_bwd);
+}
+
+// Llama 3's theta, and Llama 3.1's frequency scaling when `scaled`
+static RopeConfig test_rope_config(int scaled) {
+    RopeConfig r = { 500000.0, scaled ? 8.0 : 0.0, 1.0, 4.0, 8192 };
+    return r;
+}
+
+// RoPE forward on x and backward on dx, each [B, T, nheads + 1 heads][hs] of which the first nheads
+// rotate (the view's token stride is wider than its heads, as q inside qkv is); the last head is left
+// alone. flag bit 0: positions from pos[] (random, up to 100000), else pos0 = c->vstart + t; bit 1: scaled.
+static void run_rope(const Backend *be, Case *c, int side) {
+    size_t ts = (size_t)(c->NH + 1) * c->C;
+    AttnView x = { c->dt, P(0), (size_t)c->T * ts, ts }, dx = { c->dt, P(1), x.bstride, ts };
+    RopeConfig r = test_rope_config(c->flag & 2);
+    const int32_t *pos = c->flag & 1 ? P(2) : NULL;
+    be->rope_fwd(x, c->B, c->T, c->NH, c->C, pos, c->vstart, &r);
+    be->rope_bwd(dx, c->B, c->T, c->NH, c->C, pos, c->vstart, &r);
+}
+static void test_rope(DType dt, int B, int T, int nheads, int hs, int use_pos, int pos0, int scaled) {
+    Case c;
+    case_init(&c, dt, "rope_fwd+bwd[%s,B=%d,T=%d,heads=%d,hs=%d,%s%s]", dtype_name(dt), B, T, nheads, hs,
+              use_pos ? "pos[]" : "pos0", scaled ? ",llama3.1-scaled" : "");
+    c.B = B, c.T = T, c.NH = nheads, c.C = hs, c.vstart = pos0, c.flag = (use_pos ? 1 : 0) | (scaled ? 2 : 0);
+    size_t n = (size_t)B * T * (nheads + 1) * hs;
+    add_rand(&c, dt, n, -1, 1); // x (rotated in place)
+    add_rand(&c, dt, n, -1, 1); // dx
+    int p = add_tokens(&c, (size_t)T, 100000); // pos
+    (void)p;
+    add_out(&c, 0, tol_ew(dt));
+    add_out(&c, 1, tol_ew(dt));
+    run_case(&c, run_rope);
+}
+
+static void run_swiglu(const Backend *be, Case *c, int side) {
+    be->swiglu_fwd(c->dt, P(0), P(2), c->N, c->C);
+    be->swiglu_bwd(c->dt, P(1), P(3), P(2), c->N, c->C);
+}
+static void test_swiglu(DType dt, int N, int F) {
+    Case c;
+    case_init(&c, dt, "swiglu_fwd+bwd[%s,N=%d,F=%d]", dtype_name(dt), N, F);
+    c.N = N, c.C = F;
+    add_rand(&c, dt, (size_t)N * F, -1, 1);     // out
+    add_rand(&c, dt, (size_t)N * 2 * F, -1, 1); // dgateup
+    add_rand(&c, dt, (size_t)N * 2 * F, -6, 6); // gateup
+    add_rand(&c, dt, (size_t)N * F, -1, 1);     // dout
+    add_out_poisoned(&c, 0, tol_ew(dt));
+    add_out_poisoned(&c, 1, tol_ew(dt));
+    run_case(&c, run_swiglu);
+}
+
+// Grouped-query attention over whole sequences: forward, then the backward of its own out and lse.
+// qkv[B, T, (NH + 2 NKV)·hs]; flag: RoPE (scaled).
+static void run_attention_gqa(const Backend *be, Case *c, int side) {
+    int hs = c->C;
+    RopeConfig r = test_rope_config(1);
+    const RopeConfig *rope = c->flag ? &r : NULL;
+    be->attention_gqa_fwd(c->dt, P(0), P(1), P(2), c->B, c->T, c->NH, c->OC, hs, rope);
+    be->attention_gqa_bwd(c->dt, P(3), P(4), P(2), P(0), P(1), c->B, c->T, c->NH, c->OC, hs, rope);
+}
+static void test_attention_gqa(DType dt, int B, int T, int NH, int NKV, int hs, int rope) {
+    Case c;
+    case_init(&c, dt, "attention_gqa_fwd+bwd[%s,B=%d,T=%d,NH=%d,NKV=%d,hs=%d%s]", dtype_name(dt), B, T, NH, NKV, hs,
+              rope ? ",rope" : "");
+    c.B = B, c.T = T, c.NH = NH, c.OC = NKV, c.C = hs, c.flag = rope, c.kind = KIND_ATTN;
+    c.tc = dt == DT_BF16 && (hs == 64 || hs == 128);
+    size_t row = (size_t)(NH + 2 * NKV) * hs;
+    add_rand(&c, dt, (size_t)B * T * NH * hs, -1, 1); // out
+    add_rand(&c, DT_F32, (size_t)B * NH * T, -1, 1);  // lse
+    add_rand(&c, dt, (size_t)B * T * row, -1, 1);     // qkv
+    add_rand(&c, dt, (size_t)B * T * row, -1, 1);     // dqkv (overwritten)
+    add_rand(&c, dt, (size_t)B * T * NH * hs, -1, 1); // dout
+    add_out_poisoned(&c, 0, tol_mm(dt));
+    add_out_poisoned(&c, 1, tol_mm(dt));
+    add_out_poisoned(&c, 3, tol_mm(dt));
+    run_case(&c, run_attention_gqa);
+}
+
+// The GQA block ops as context parallelism uses them (run_attention_blocks with NKV kv heads and RoPE at
+// the blocks' global positions): queries at [24, 24+Tq) against key blocks at k0a and k0b (the second
+// first), merged into fp32 accumulators, then both pairs' backward, accumulated.
+static void run_attention_gqa_blocks(const Backend *be, Case *c, int side) {
+    int B = c->B, NH = c->NH, NKV = c->OC, hs = c->C, Tq = c->T, Tk = c->N, k0a = c->vstart, k0b = c->vlen;
+    size_t es = dtype_size(c->dt), kblock = (size_t)B * Tk * NKV * hs, qc = (size_t)NH * hs, kc = (size_t)NKV * hs;
+    RopeConfig r = test_rope_config(0);
+    const RopeConfig *rope = c->flag ? &r : NULL;
+    AttnView q = { c->dt, P(0), (size_t)Tq * qc, qc };
+    AttnView ka = { c->dt, P(1), (size_t)Tk * kc, kc }, va = { c->dt, P(2), ka.bstride, ka.tstride };
+    AttnView kb = ka, vb = va;
+    kb.p = (char *)P(1) + kblock * es;
+    vb.p = (char *)P(2) + kblock * es;
+    AttnView out = { DT_F32, P(3), q.bstride, q.tstride }, dout = { c->dt, P(5), q.bstride, q.tstride };
+    AttnView dq = { DT_F32, P(6), q.bstride, q.tstride }, dka = { DT_F32, P(7), ka.bstride, ka.tstride };
+    AttnView dva = { DT_F32, P(8), ka.bstride, ka.tstride }, dkb = dka, dvb = dva;
+    dkb.p = (float *)P(7) + kblock;
+    dvb.p = (float *)P(8) + kblock;
+    be->attention_gqa_block_fwd(out, P(4), q, kb, vb, B, NH, NKV, hs, Tq, 24, Tk, k0b, rope, 0);
+    be->attention_gqa_block_fwd(out, P(4), q, ka, va, B, NH, NKV, hs, Tq, 24, Tk, k0a, rope, 1);
+    be->attention_gqa_block_bwd(dq, dka, dva, dout, out, P(4), q, ka, va, B, NH, NKV, hs, Tq, 24, Tk, k0a, rope);
+    be->attention_gqa_block_bwd(dq, dkb, dvb, dout, out, P(4), q, kb, vb, B, NH, NKV, hs, Tq, 24, Tk, k0b, rope);
+}
+static void test_attention_gqa_blocks(DType dt, int B, int Tq, int Tk, int NH, int NKV, int hs, int k0a, int k0b,
+                                      int rope) {
+    Case c;
+    case_init(&c, dt, "attention_gqa_block_fwd+bwd[%s,B=%d,Tq=%d@24,Tk=%d@%d,%d,NH=%d,NKV=%d,hs=%d%s]", dtype_name(dt), B,
+              Tq, Tk, k0a, k0b, NH, NKV, hs, rope ? ",rope" : "");
+    c.B = B, c.T = Tq, c.N = Tk, c.NH = NH, c.OC = NKV, c.C = hs, c.vstart = k0a, c.vlen = k0b, c.flag = rope;
+    c.kind = KIND_ATTN;
+    c.tc = dt == DT_BF16 && (hs == 64 || hs == 128);
+    size_t nq = (size_t)B * Tq * NH * hs, nk = (size_t)2 * B * Tk * NKV * hs;
+    add_rand(&c, dt, nq, -1, 1);                       // q
+    add_rand(&c, dt, nk, -1, 1);                       // k of both blocks
+    add_rand(&c, dt, nk, -1, 1);                       // v
+    add_rand(&c, DT_F32, nq, -1, 1);                   // out (fp32 accumulator)
+    add_rand(&c, DT_F32, (size_t)B * NH * Tq, -1, 1);  // lse
+    add_rand(&c, dt, nq, -1, 1);                       // dout
+    add_rand(&c, DT_F32, nq, -1, 1);                   // dq (accumulated onto these values)
+    add_rand(&c, DT_F32, nk, -1, 1);                   // dk
+    add_rand(&c, DT_F32, nk, -1, 1);                   // dv
+    add_out_poisoned(&c, 3, tol_mm(dt));
+    add_out_poisoned(&c, 4, tol_mm(dt));
+    for (int i = 6; i <= 8; i++) add_out(&c, i, tol_mm(dt));
+    run_case(&c, run_attention_gqa_blocks);
+}
+
 static void run_residual_fwd(const Backend *be, Case *c, int side) { be->residual_fwd(c->dt, P(0), P(1), P(2), c->n); }
 static void test_residual_fwd(DType dt, size_t n) {
     Case c;
@@ -964,6 +1147,16 @@ static void run_small(void) {
         test_attention_bwd(dt, 1, 33, 256, 2);
         test_attention_blocks(dt, 1, 20, 30, 64, 1, 10, 0);
         test_attention_blocks(dt, 1, 16, 16, 128, 1, 24, 40);
+        test_rmsnorm_fwd(dt, 9, 40);
+        test_residual_rmsnorm_fwd(dt, 9, 40, 1);
+        test_rmsnorm_bwd(dt, 33, 72);
+        test_rope(dt, 2, 7, 3, 64, 1, 0, 1);
+        test_rope(dt, 1, 9, 2, 10, 0, 24, 0);  // half a head of 5 channels
+        test_swiglu(dt, 5, 37);
+        test_attention_gqa(dt, 1, 9, 3, 1, 16, 1);   // simple kernels only
+        test_attention_gqa(dt, 1, 17, 4, 2, 64, 1);  // head size 64: two kv heads of two query heads, RoPE
+        test_attention_gqa(dt, 1, 9, 2, 1, 128, 0);  // head size 128, no RoPE
+        test_attention_gqa_blocks(dt, 1, 12, 16, 2, 1, 64, 10, 0, 1); // keys 10..25 partly after queries 24..35
         test_residual_fwd(dt, 1003);
         test_residual_bwd(dt, 1003);
         test_crossentropy_stats(dt, 5, 100, 30, 50, 128);
@@ -1079,6 +1272,27 @@ int main(int argc, char **argv) {
         test_attention_blocks(dt, 2, 70, 90, 128, 2, 40, 0);
         test_attention_blocks(dt, 1, 130, 100, 256, 2, 0, 60);
         test_attention_blocks(dt, 1, 64, 64, 128, 1, 24, 88); // the second block sees nothing: lse stays
+
+        test_rmsnorm_fwd(dt, 67, 40);
+        test_rmsnorm_fwd(dt, 5, 2048);
+        test_residual_rmsnorm_fwd(dt, 67, 40, 0);
+        test_residual_rmsnorm_fwd(dt, 5, 800, 1);
+        test_rmsnorm_bwd(dt, 67, 40);
+        test_rmsnorm_bwd(dt, 600, 72); // several row chunks
+        test_rope(dt, 2, 37, 8, 64, 1, 0, 1);
+        test_rope(dt, 2, 37, 8, 128, 0, 1000, 0);
+        test_rope(dt, 1, 37, 3, 10, 0, 24, 1);
+        test_swiglu(dt, 67, 1000);
+        test_swiglu(dt, 3, 8192);
+        // grouped-query attention: groups of 1, 2 and 4, with and without RoPE, the simple and the flash
+        // kernels, whole sequences and context-parallel blocks
+        test_attention_gqa(dt, 2, 37, 6, 2, 48, 1);
+        test_attention_gqa(dt, 2, 150, 8, 2, 64, 1);
+        test_attention_gqa(dt, 1, 301, 4, 1, 128, 1);
+        test_attention_gqa(dt, 2, 70, 4, 4, 64, 1);
+        test_attention_gqa(dt, 1, 130, 8, 2, 64, 0);
+        test_attention_gqa_blocks(dt, 2, 70, 90, 4, 2, 128, 40, 0, 1);
+        test_attention_gqa_blocks(dt, 1, 64, 64, 4, 1, 64, 24, 88, 1);
 
         test_residual_fwd(dt, 100003);
         test_residual_bwd(dt, 100003);
