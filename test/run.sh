@@ -1244,6 +1244,29 @@ PYEOF
     return $ok
 }
 
+# --pp-schedule-dump: a training run's table (1f1b, zb-h1, interleaved on PP 2) holds the action lists
+# ./train schedule writes for the same p, m, v, each as test/schedule_dump_check.py computes them, with
+# measured times in order on each rank and every receive after its send; the dump changes no bit of the
+# model; a bad path is one line before any step.
+t_pp_schedule_dump() {
+    local d=$WORK/ppdump ok=0 spec sch v args
+    mkdir -p "$d"
+    local shape=(--layers 4 --channels 32 --heads 4 --vocab 256 --seq-len 32 --micro-batch 1 --steps 2 --lr 1e-3
+        --batch-tokens 256 --train "$DATA/train.bin" --comm-timeout 60)
+    for spec in "1f1b 1" "zb-h1 1" "interleaved 2"; do
+        set -- $spec
+        sch=$1 v=$2
+        timeout 300 $TRAIN --nproc 2 --pp 2 --pp-virtual $v --pp-schedule $sch "${shape[@]}" --pp-schedule-dump "$d/$sch.tsv" \
+            --save-model "$d/$sch-dump.bin" >"$d/$sch.out" 2>&1 || { echo "$sch run failed"; tail -3 "$d/$sch.out"; return 1; }
+        $TRAIN schedule --pp 2 --micro-batches 8 --pp-virtual $v --pp-schedule $sch --pp-schedule-dump "$d/$sch-unit.tsv" >/dev/null || return 1
+        $PY test/schedule_dump_check.py "$d/$sch.tsv" "$d/$sch-unit.tsv" || { echo "FAIL: $sch's dump"; ok=1; }
+    done
+    timeout 300 $TRAIN --nproc 2 --pp 2 --pp-schedule zb-h1 "${shape[@]}" --save-model "$d/zb-h1-plain.bin" >/dev/null 2>&1 || return 1
+    cmp "$d/zb-h1-plain.bin" "$d/zb-h1-dump.bin" || { echo "FAIL: --pp-schedule-dump changed the model"; ok=1; }
+    expect_error "--pp-schedule-dump" --nproc 2 --pp 2 "${shape[@]}" --pp-schedule-dump "$d/no/such/dir/x.tsv" || ok=1
+    return $ok
+}
+
 # The backward's input and weight halves (model.h) against the fused backward, bitwise: recompute none,
 # selective, full; whole model, first and last stage, one or two chunks; fp32 and bf16; TP 2 (with and
 # without SP) and CP 2 on two ranks.
@@ -1596,6 +1619,7 @@ run_test emu     t_emu_sync_names_kernel   "emulated GPU: LLM4D_CUDA_SYNC=1 name
 run_test emu     t_emu_train               "emulated GPU: ./train --device cuda fp32 and bf16 steps against the CPU; recompute bitwise"
 run_test emu     t_emu_multirank           "emulated GPU: DP 2 x ZeRO 0-3 (bitwise), TP 2, PP 2 plain and interleaved, CP 2, TP 2 x PP 2, TP 2 x PP 2 x DP 2 through CUDA IPC on one emulated GPU; DP 2 on two GPUs, a GPU each seen as device 0, TP 2 x DP 2 on four GPUs, DP 2 over TCP; equal one rank"
 run_test pp      t_pp_schedules            "pipeline schedules (1f1b, interleaved, zb-h1, zb-v) as action lists: checker for p <= 8, m <= 64; ./train schedule"
+run_test pp      t_pp_schedule_dump        "--pp-schedule-dump: a training run's action lists with measured times, as defined, ordered and causal; no bit changed"
 run_test pp      t_pp_zero_bubble          "every schedule pipeline.c runs (zb-h1, interleaved by name) ends bitwise at 1f1b's model: PP 2/4, TP, DP x ZeRO 1/3, CP, recompute, resume"
 run_test model   t_split_backward          "backward split into input (B) and weight (W) halves equals the fused backward bitwise (recompute, PP stages, TP, SP, CP)"
 
