@@ -1379,8 +1379,8 @@ t_plan_bad_input() {
 have_matplotlib() { $PY -c 'import matplotlib' 2>/dev/null || { echo "python3-matplotlib is not installed (scripts/deps.sh as root installs it)"; return 77; }; }
 
 # scripts/plot.py draws a real training log (PP 2 x DP 2, so the bubble and communication panels
-# appear) beside a single-rank log, and ./train plan --plot draws the planner's bars: both
-# PNGs decode, the log's has its six panels' size, neither is blank. Bad logs and unwritable outputs
+# appear, and the per-rank busy/idle/W-fill one) beside a single-rank log, and ./train plan --plot draws
+# the planner's bars: both PNGs decode, the log's has its seven panels' size, neither is blank. Bad logs and unwritable outputs
 # fail with one line and leave no file.
 t_plot() {
     have_matplotlib || return $?
@@ -1402,10 +1402,10 @@ import matplotlib.image as mpimg
 d = sys.argv[1]
 steps = [json.loads(l) for l in open(d + "/pp.jsonl") if '"loss"' in l]
 assert [r["tokens"] for r in steps] == [256 * (i + 1) for i in range(8)], "tokens is not the running total"
-for name, size in (("log.png", (1320, 1430)), ("mem.png", (880, 1430)), ("plan.png", None)):
+for name, size in (("log.png", (1760, 1430)), ("mem.png", (880, 1430)), ("plan.png", None)):
     img = mpimg.imread(d + "/" + name)
     print(name, img.shape, "pixel std", img[..., :3].std())
-    if size:  # rows of 2 panels: loss, loss/tokens, tokens/s, then bubble and communication, or memory
+    if size:  # rows of 2 panels: loss, loss/tokens, tokens/s, then bubble, communication, pipeline ranks and memory, or memory
         assert img.shape[:2] == size, img.shape
     assert img[..., :3].std() > 0.05, name + " is blank"
 EOF
@@ -1431,6 +1431,52 @@ EOF
     [ $? -ne 0 ] && grep -q "^error: scripts/plot.py needs matplotlib, which $d/py3 cannot import" <<<"$err" ||
         { echo "no-matplotlib error: $err"; return 1; }
     [ -x scripts/plot.py ] || { echo "scripts/plot.py is not executable"; return 1; }
+}
+
+# scripts/plot.py --schedule draws a real --pp-schedule-dump (a PP 2 zb-h1 training step) and ./train
+# schedule's zb-v table: the PNG decodes, is not blank, one panel per dump, and holds the F, B and W
+# colours plot.py documents; the training log's per-rank busy/idle/W-fill panel draws too. A malformed
+# dump (a row cut short, a wrong header) fails with one line naming the file and line, and writes no PNG.
+t_plot_schedule() {
+    have_matplotlib || return $?
+    local d=$WORK/plotsched err
+    mkdir -p "$d"
+    timeout 120 $TRAIN --nproc 2 --pp 2 --pp-schedule zb-h1 "${TINY[@]}" --layers 4 --train "$DATA/train.bin" --micro-batch 1 \
+        --batch-tokens 256 --steps 3 --log "$d/pp.jsonl" --pp-schedule-dump "$d/zbh1.tsv" >/dev/null || return 1
+    $TRAIN schedule --pp 4 --micro-batches 8 --pp-schedule zb-v --pp-schedule-dump "$d/zbv.tsv" >/dev/null || return 1
+    $PY scripts/plot.py --schedule "$d/zbh1.tsv" -o "$d/one.png" || return 1
+    $PY scripts/plot.py --schedule "$d/zbh1.tsv" "$d/zbv.tsv" -o "$d/two.png" || return 1
+    $PY scripts/plot.py "$d/pp.jsonl" -o "$d/log.png" || return 1
+    $PY - "$d" <<'EOF' || return 1
+import sys, matplotlib
+matplotlib.use("Agg")
+import matplotlib.image as mpimg
+import numpy as np
+d = sys.argv[1]
+colours = {"F": "#3b6fb6", "B": "#e08a2e", "W": "#3f9b57"}  # scripts/plot.py's SCHEDULE_COLORS
+shapes = {}
+for name in ("one.png", "two.png", "log.png"):
+    img = mpimg.imread(d + "/" + name)[..., :3]
+    shapes[name] = img.shape
+    assert img.std() > 0.05, name + " is blank"
+    if name != "log.png":
+        for k, c in colours.items():
+            rgb = np.array([int(c[i:i + 2], 16) / 255 for i in (1, 3, 5)])
+            n = int((np.abs(img - rgb).max(axis=2) < 0.02).sum())
+            assert n > 50, "%s: no %s bars (%d pixels of %s)" % (name, k, n, c)
+    print(name, img.shape, "pixel std %.3f" % img.std())
+assert shapes["two.png"][0] > shapes["one.png"][0], "the second dump's panel is missing"
+EOF
+    head -n -1 "$d/zbh1.tsv" >"$d/bad.tsv"
+    tail -n 1 "$d/zbh1.tsv" | cut -f1-7 >>"$d/bad.tsv"
+    local n
+    n=$(wc -l <"$d/bad.tsv")
+    err=$($PY scripts/plot.py --schedule "$d/bad.tsv" -o "$d/bad.png" 2>&1)
+    [ $? -ne 0 ] && [ "$err" = "error: $d/bad.tsv:$n: expected 8 tab-separated fields, got 7" ] || { echo "cut row: $err"; return 1; }
+    sed '2s/times ms/times/' "$d/zbh1.tsv" >"$d/bad2.tsv"
+    err=$($PY scripts/plot.py --schedule "$d/bad2.tsv" -o "$d/bad.png" 2>&1)
+    [ $? -ne 0 ] && [ "$(printf '%s\n' "$err" | wc -l)" -eq 1 ] && grep -q "^error: $d/bad2.tsv:2: " <<<"$err" || { echo "bad header: $err"; return 1; }
+    [ ! -e "$d/bad.png" ] || { echo "a PNG from a malformed dump"; return 1; }
 }
 
 # RDMA verbs where libibverbs is absent: ./train does not link it (it is opened at run time), the verbs
@@ -1584,6 +1630,7 @@ run_test plan    t_plan_bad_input          "plan: bad input, one-line errors nam
 run_test memory  t_recompute               "recompute selective and full are bitwise --recompute none: 1 rank fp32/bf16, DP x ZeRO 1-3, TP+SP, PP plain/interleaved, 3D bf16, CP alone and with TP+SP x ZeRO-3, resume; no extra ZeRO-3 gathers"
 run_test memory  t_memory_formulas         "memory: every rank's peak activations and recompute scratch equal the inventory; fall with recompute, TP, SP, PP, CP, B, T"
 run_test plan    t_plan_exact              "plan --exact predicts every rank's measured peak per category (DP x ZeRO, TP+SP, PP, interleaved, CP, recompute)"
+run_test cli     t_plot_schedule           "scripts/plot.py --schedule: timelines from real --pp-schedule-dump tables (F, B, W coloured), the per-rank pipeline panel; a malformed dump, one line"
 run_test cli     t_plot                    "plot.py: training logs and the planner's memory bars as PNG"
 run_test verbs   t_verbs_absent            "RDMA verbs absent: ./train does not link libibverbs, runs as before; verbs say why in one line"
 run_test verbs   t_verbs_vm                "RDMA verbs on soft-RoCE in a QEMU guest: 1 B-64 MiB both ways checked, 8/3/1 slots, selection, dead peer"
