@@ -1117,7 +1117,8 @@ t_pipeline() {
 
 # The pipeline schedules' action lists (build/test_schedule: every schedule, p <= 8, m <= 64, against
 # their definitions, and broken ones caught), and ./train schedule: 1f1b's and interleaved's F/B order is
-# pp_schedule.py's (what pipeline.c runs), the timelines' lengths are the formulas', bad flags one line.
+# pp_schedule.py's (what pipeline.c runs), the timelines' lengths are the formulas', the README's
+# pictures its --ascii output, bad flags one line.
 t_pp_schedules() {
     ./build/test_schedule || return 1
     local ok=0 p m out
@@ -1152,6 +1153,13 @@ PYEOF
         set -- $spec
         out=$($TRAIN schedule --pp-schedule $1 --pp $2 --micro-batches $3 --pp-virtual $4) || return 1
         grep -q "), $5 units:" <<<"$out" || { echo "$1 p $2 m $3: not $5 units: $(grep units <<<"$out")"; ok=1; }
+    done
+    # the README's pictures are ./train schedule --ascii's output, verbatim
+    for spec in "1f1b 1" "interleaved 2" "zb-h1 1" "zb-v 2"; do
+        set -- $spec
+        $TRAIN schedule --pp 4 --micro-batches 8 --pp-schedule $1 --pp-virtual $2 --ascii >"$WORK/ascii.txt" || return 1
+        $PY -c 'import sys; sys.exit(0 if "```\n" + open(sys.argv[1]).read() + "```\n" in open("README.md").read() else 1)' "$WORK/ascii.txt" ||
+            { echo "README.md lacks ./train schedule --pp-schedule $1 --ascii's timeline (p 4, m 8)"; ok=1; }
     done
     local err
     for bad in "--pp 4 --micro-batches 6 --pp-virtual 2 --pp-schedule interleaved|--micro-batches 6 must be a multiple of --pp 4" \
