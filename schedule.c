@@ -166,6 +166,7 @@ int schedule_build(Schedule *s, int kind, int p, int m, int v, char *why, size_t
     s->a = xcalloc((size_t)p, sizeof(Action *));
     s->bound = xcalloc((size_t)p, sizeof(int));
     s->slots = xcalloc((size_t)p, sizeof(int));
+    s->wpending = xcalloc((size_t)p, sizeof(int));
     int *inflight = xcalloc((size_t)m, sizeof(int)); // chunks of each micro-batch between F and W
     for (int r = 0; r < p; r++) {
         List out = { 0 };
@@ -202,6 +203,13 @@ int schedule_build(Schedule *s, int kind, int p, int m, int v, char *why, size_t
             while (lo < m && lo <= hi && inflight[lo] == 0) lo++;
             if (hi - lo + 1 > s->slots[r]) s->slots[r] = hi - lo + 1;
         }
+        int *pend = xcalloc((size_t)v, sizeof(int)); // per chunk: B done, W not
+        for (int i = 0; i < out.n; i++) {
+            Action a = out.a[i];
+            if (a.kind == ACT_B && ++pend[a.chunk] > s->wpending[r]) s->wpending[r] = pend[a.chunk];
+            if (a.kind == ACT_W) pend[a.chunk]--;
+        }
+        free(pend);
     }
     free(inflight);
     free(lists);
@@ -214,6 +222,7 @@ void schedule_free(Schedule *s) {
     free(s->n);
     free(s->bound);
     free(s->slots);
+    free(s->wpending);
     memset(s, 0, sizeof *s);
 }
 

@@ -50,6 +50,8 @@ typedef struct {
     int *bound;      // [p] the schedule's stated bound on chunk activations in flight (F done, W not)
     int *slots;      // [p] activation sets a rank needs when micro-batch mb uses set mb % slots:
                      // the widest span of micro-batches in flight at once, from the order itself
+    int *wpending;   // [p] the most B passes of one chunk whose W has not run, at once: the weight-gradient
+                     // stashes a split backward keeps per chunk (zb-h1: min(r + 1, m) on rank r)
 } Schedule;
 
 // The schedule named on a command line (--pp-schedule), or -1.
