@@ -150,7 +150,7 @@ static const char USAGE[] =
     "  --pp-trace DIR             testing aid: each stage appends its per-step schedule to DIR/stageS.txt\n"
     "  --pp-schedule-dump FILE    write the schedule's per-rank action list with the measured start and end\n"
     "                             (ms) of each action of the run's last step, tab-separated (schedule.h;\n"
-    "                             scripts/plot.py schedule FILE draws it). ./train schedule takes it too\n"
+    "                             scripts/plot.py --schedule FILE draws it); ./train schedule takes it too\n"
     "  --cp N                     context parallelism: each sequence cut into 2N chunks, rank c of a group\n"
     "                             of N holding chunks c and 2N-1-c; position-wise work on those, attention\n"
     "                             as a ring passing K/V blocks (--seq-len divisible by 2N; default 1)\n"
