@@ -6,7 +6,9 @@
 // F before B before W; every hand-off received once, sent after the tensor was computed and received
 // before it is used; every cross-stage dependency honoured in time; no deadlock; chunk activations in
 // flight (F done, W not) never above the stated bound, and activation sets mb % slots never shared; W
-// of a chunk in micro-batch order; the unit-time bubble against the paper's formulas. Then it breaks
+// of a chunk in micro-batch order; the unit-time bubble against the paper's formulas; the weight
+// passes pending at once (wpending, the split backward's stashes) against zb-h1's min(r + 1, m), and 1
+// where W follows its B. Then it breaks
 // schedules on purpose (swapped or dropped actions) and checks the checker notices.
 #include <stdio.h>
 #include <stdlib.h>
