@@ -559,7 +559,8 @@ static void print_table(const PlanInput *in, const Candidate *ys, int n) {
            RECOMPUTE_NAMES[in->recompute], in->fp32 ? "fp32" : "bf16", in->flash ? "flash (no T^2 term)" : "full (T^2 probabilities kept)");
     if (in->exact)
         printf("exact: %s schedule%s, %s, gradient buckets of %.4g MiB, ranks on %s%s; the fullest stage's bytes, "
-               "interleaved bubble with V = %d\n\n", in->interleaved ? "interleaved (where it applies)" : "1F1B",
+               "interleaved bubble with V = %d\n\n", in->interleaved ? "interleaved (where it applies)"
+                                                  : in->pp_schedule == SCHED_ZBH1 ? "zb-h1 (with its weight-gradient stashes)" : "1F1B",
                in->sp ? ", sequence parallel" : "", "flash attention", in->bucket_mb, in->device_cpu ? "CPUs" : "GPUs",
                in->ckpt ? ", checkpoint staging" : "", in->pp_virtual);
     else
