@@ -41,6 +41,8 @@ typedef struct {
     // this stage's blocks: chunks runs (more than one with the interleaved schedule), each of
     // chunk_len[c] blocks from global block chunk_first[c]; nslots activation sets (micro-batches in flight)
     int chunks, chunk_first[MAX_CHUNKS], chunk_len[MAX_CHUNKS], nslots;
+    int nstash; // a split schedule's weight-gradient stashes per chunk (its B passes awaiting W at once,
+                // schedule.h's wpending), allocated with the model; 0: B and W together, none up front
     int schedule; // the pipeline schedule (SCHED_*, schedule.h; 0 = 1f1b), set before layout_connect
 } Layout;
 

@@ -636,6 +636,7 @@ static void alloc_recompute(GPT2 *m) {
 #undef RC
 }
 
+static void wstash_alloc(GPT2 *m); // the split backward's stashes (below)
 void gpt2_build(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, const Layout *lay, StepTimes *times,
                 int own_params, int own_grads) {
     place(m, cfg, dt, be, lay, times);
@@ -662,6 +663,7 @@ void gpt2_build(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, con
     m->act = &m->slots[0];
     m->logits_bytes = m->last ? (size_t)m->B * m->T * m->Vp_tp * ds : 0;
     if (tied_apart(m)) m->head_wte_grad = mem_alloc(a, MEM_GRADS, m->param_sizes[P_WTE] * sizeof(float), "head's embedding gradient");
+    if (lay->nstash > 0) wstash_alloc(m); // a split schedule's stashes, counted from the start
 }
 
 static void wstash_free(GPT2 *m); // the split backward's stash (below)
@@ -1115,17 +1117,18 @@ typedef struct {
     int N, C, OC;
 } WOp;
 
-// What B keeps for W, per activation set and chunk: an arena sized for the worst case (every input
+// What B keeps for W, for one pending B of a chunk: an arena sized for the worst case (every input
 // copied) and the recorded ops.
 struct WStash {
     char *arena;
     size_t cap, used;
     WOp *ops;
-    int nops, cap_ops, pending;
+    int nops, cap_ops;
 };
 
-// Per chunk, the activation sets whose B has run and W not, in B's order: W must take the oldest, so
-// each parameter's gradient adds the micro-batches in the order their B ran (1F1B's order).
+// Per chunk, the activation sets whose B has run and W not, in B's order (entry i uses stash i of the
+// ring): W must take the oldest, so each parameter's gradient adds the micro-batches in the order their
+// B ran (1F1B's order).
 struct WQueue {
     int *q, head, n;
 };
@@ -1298,50 +1301,59 @@ static void backward_input(GPT2 *m, int chunk, float dloss_scale, struct WStash 
 
 void gpt2_backward_chunk(GPT2 *m, int chunk, float dloss_scale) { backward_input(m, chunk, dloss_scale, NULL); }
 
-// The stash of (slot, chunk), allocated on the split API's first use: the worst case of what B copies
-// (bwd_matmul's and bwd_layernorm's inputs, the embedding's gradient), 256-byte aligned pieces.
-static struct WStash *wstash_of(GPT2 *m, int slot, int chunk) {
-    if (!m->wstash) {
-        size_t ds = dtype_size(m->dt), N = (size_t)m->B * m->T, C = m->cfg.C, Ct = m->C_tp, R = m->lay->sp ? N / m->lay->tp.size : N;
-        size_t FC = m->fc_tp, MLP = m->mlp_tp, QKV = m->qkv_tp;
-        size_t pad = 256, mm = 2 * pad, block = 4 * (N * C * ds + mm) + N * (FC + MLP) * ds + N * Ct * ds + N * QKV * ds +
-                                                2 * (2 * R * C * ds + 2 * R * 4 + 4 * pad);
-        m->wstash = xcalloc((size_t)m->lay->nslots * m->lay->chunks, sizeof(struct WStash));
-        m->wqueue = xcalloc((size_t)m->lay->chunks, sizeof(struct WQueue));
-        for (int c = 0; c < m->lay->chunks; c++) m->wqueue[c].q = xcalloc((size_t)m->lay->nslots, sizeof(int));
-        for (int s = 0; s < m->lay->nslots; s++)
-            for (int c = 0; c < m->lay->chunks; c++) {
-                struct WStash *st = &m->wstash[s * m->lay->chunks + c];
-                int head = m->last && c == m->lay->chunks - 1, embed = m->first && c == 0;
-                st->cap = (size_t)m->lay->chunk_len[c] * block + (head ? 2 * (N * C * ds + mm) + 2 * R * C * ds + 2 * R * 4 + 4 * pad : 0) +
-                          (embed ? N * C * ds + pad : 0);
-                st->arena = mem_alloc(&m->mem, MEM_ACTIVATIONS, st->cap, "weight-gradient stash");
-                st->cap_ops = 6 * m->lay->chunk_len[c] + 3;
-                st->ops = xcalloc((size_t)st->cap_ops, sizeof(WOp));
-            }
-    }
-    if (slot < 0 || slot >= m->lay->nslots || chunk < 0 || chunk >= m->lay->chunks)
-        die("internal: activation set %d, chunk %d out of range", slot, chunk);
-    return &m->wstash[slot * m->lay->chunks + chunk];
+// The stashes of every chunk, a ring per chunk in B's order (W takes the oldest): the layout's nstash
+// for a split schedule (what its action lists keep pending at once, allocated with the model so that
+// the memory report and plan --exact count them), else one per activation set, on the split API's
+// first use. Each is sized for the worst case of what B copies (bwd_matmul's and bwd_layernorm's
+// inputs, the embedding's gradient), 256-byte aligned pieces.
+static int wstash_count(const GPT2 *m) { return m->lay->nstash > 0 ? m->lay->nstash : m->lay->nslots; }
+static void wstash_alloc(GPT2 *m) {
+    size_t ds = dtype_size(m->dt), N = (size_t)m->B * m->T, C = m->cfg.C, Ct = m->C_tp, R = m->lay->sp ? N / m->lay->tp.size : N;
+    size_t FC = m->fc_tp, MLP = m->mlp_tp, QKV = m->qkv_tp;
+    size_t pad = 256, mm = 2 * pad, block = 4 * (N * C * ds + mm) + N * (FC + MLP) * ds + N * Ct * ds + N * QKV * ds +
+                                            2 * (2 * R * C * ds + 2 * R * 4 + 4 * pad);
+    int n = wstash_count(m);
+    m->wstash = xcalloc((size_t)n * m->lay->chunks, sizeof(struct WStash));
+    m->wqueue = xcalloc((size_t)m->lay->chunks, sizeof(struct WQueue));
+    for (int c = 0; c < m->lay->chunks; c++) m->wqueue[c].q = xcalloc((size_t)n, sizeof(int));
+    for (int s = 0; s < n; s++)
+        for (int c = 0; c < m->lay->chunks; c++) {
+            struct WStash *st = &m->wstash[s * m->lay->chunks + c];
+            int head = m->last && c == m->lay->chunks - 1, embed = m->first && c == 0;
+            st->cap = (size_t)m->lay->chunk_len[c] * block + (head ? 2 * (N * C * ds + mm) + 2 * R * C * ds + 2 * R * 4 + 4 * pad : 0) +
+                      (embed ? N * C * ds + pad : 0);
+            st->arena = mem_alloc(&m->mem, MEM_ACTIVATIONS, st->cap, "weight-gradient stash");
+            st->cap_ops = 6 * m->lay->chunk_len[c] + 3;
+            st->ops = xcalloc((size_t)st->cap_ops, sizeof(WOp));
+        }
 }
 
 void gpt2_backward_input_chunk(GPT2 *m, int chunk, int slot, float dloss_scale) {
-    struct WStash *st = wstash_of(m, slot, chunk);
-    if (st->pending) die("internal: B of activation set %d, chunk %d again before its W", slot, chunk);
+    if (!m->wstash) wstash_alloc(m);
+    if (slot < 0 || slot >= m->lay->nslots || chunk < 0 || chunk >= m->lay->chunks)
+        die("internal: activation set %d, chunk %d out of range", slot, chunk);
+    int n = wstash_count(m);
+    struct WQueue *q = &m->wqueue[chunk];
+    for (int i = 0; i < q->n; i++)
+        if (q->q[(q->head + i) % n] == slot) die("internal: B of activation set %d, chunk %d again before its W", slot, chunk);
+    if (q->n == n) die("internal: more than %d weight-gradient passes of chunk %d pending (the schedule's bound)", n, chunk);
+    int at = (q->head + q->n) % n;
+    struct WStash *st = &m->wstash[at * m->lay->chunks + chunk];
     gpt2_use_slot(m, slot);
     st->used = 0;
     st->nops = 0;
     backward_input(m, chunk, dloss_scale, st);
-    st->pending = 1;
-    struct WQueue *q = &m->wqueue[chunk];
-    q->q[(q->head + q->n++) % m->lay->nslots] = slot;
+    q->q[at] = slot;
+    q->n++;
 }
 
 void gpt2_backward_weight_chunk(GPT2 *m, int chunk, int slot) {
-    struct WStash *st = wstash_of(m, slot, chunk);
+    if (!m->wstash) wstash_alloc(m);
+    if (chunk < 0 || chunk >= m->lay->chunks) die("internal: chunk %d out of range", chunk);
     struct WQueue *q = &m->wqueue[chunk];
-    if (!st->pending || q->n == 0 || q->q[q->head] != slot)
+    if (q->n == 0 || q->q[q->head] != slot)
         die("internal: W of activation set %d, chunk %d out of B's order (next: set %d)", slot, chunk, q->n ? q->q[q->head] : -1);
+    struct WStash *st = &m->wstash[q->head * m->lay->chunks + chunk];
     gpt2_use_slot(m, slot);
     int unit = -1;
     for (int i = 0; i < st->nops; i++) {
@@ -1351,13 +1363,12 @@ void gpt2_backward_weight_chunk(GPT2 *m, int chunk, int slot) {
         if (w->ready_after >= 0) ready(m, w->ready_after);
     }
     if (embed_done(m, chunk) && !tied_apart(m)) ready(m, UNIT_EMBED);
-    st->pending = 0;
-    q->head = (q->head + 1) % m->lay->nslots;
+    q->head = (q->head + 1) % wstash_count(m);
     q->n--;
 }
 
 static void wstash_free(GPT2 *m) {
-    for (int i = 0; m->wstash && i < m->lay->nslots * m->lay->chunks; i++) {
+    for (int i = 0; m->wstash && i < wstash_count(m) * m->lay->chunks; i++) {
         mem_free(&m->mem, m->wstash[i].arena);
         free(m->wstash[i].ops);
     }

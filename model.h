@@ -144,8 +144,9 @@ typedef struct {
     void *hook_ctx;
     void (*fetch_unit)(void *ctx, int unit); // before a unit's weights are read
     void (*grads_ready)(void *ctx, int unit); // once a unit's gradients are final for this micro-batch
-    // the split backward (gpt2_backward_input_chunk): per activation set and chunk, what B kept for W;
-    // per chunk, the sets waiting for W in B's order (model.c; NULL until first used)
+    // the split backward (gpt2_backward_input_chunk): per pending B and chunk, what B kept for W; per
+    // chunk, the sets waiting for W in B's order (model.c; allocated with the model when the layout's
+    // schedule splits the backward, else on first use)
     struct WStash *wstash;
     struct WQueue *wqueue;
     // a rank holding both ends of a pipeline (zb-v's first stage): the head's gradient of its slice of the
@@ -264,7 +265,7 @@ void gpt2_backward_chunk(GPT2 *m, int chunk, float dloss_scale);
 // `slot` (matmul input gradients, attention and its context-parallel ring with dK/dV, LayerNorms'
 // input gradients, the residual path, recompute), leaves it in gpt2_stage_grad for the previous stage,
 // and keeps what the weight gradients need: pointers into the activation set, copies of what B
-// overwrites (model.c's stash, allocated on first use). gpt2_backward_weight_chunk (W) then adds that
+// overwrites (model.c's stash: the layout's nstash per chunk, else one per activation set). gpt2_backward_weight_chunk (W) then adds that
 // micro-batch's weight and bias gradients of the chunk (matmul dW and bias sums, LayerNorm dgamma and
 // dbeta, the LM head, the embeddings) and tells the data-parallel hooks the units are ready. B then W
 // gives bitwise gpt2_backward_chunk's gradients (the same kernels on the same inputs). Order: W of a

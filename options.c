@@ -63,7 +63,8 @@ static const char USAGE[] =
     "       ./train plan --gpus G --batch-tokens N [flags]\n"
     "                                            every (TP, CP, PP, DP) layout of G GPUs: memory per GPU,\n"
     "                                            bubble, communication and compute (./train plan --help)\n"
-    "       ./train schedule --pp P --micro-batches M [--pp-virtual V] [--pp-schedule NAME]\n"
+    "       ./train schedule --pp P --micro-batches M [--pp-virtual V] [--pp-schedule NAME] [--ascii]\n"
+    "                        [--pp-schedule-dump FILE]\n"
     "                                            a pipeline schedule's actions and timeline (1f1b,\n"
     "                                            interleaved, zb-h1, zb-v)\n"
     "       ./train bench-comm --nproc N [flags] collective bandwidth table, as nccl-tests prints\n"
@@ -162,6 +163,9 @@ static const char USAGE[] =
     "                             chunk forwards a step; implies --pp-virtual 2; needs --layers >= 2N); the\n"
     "                             same final model, bitwise, whatever the schedule\n"
     "  --pp-trace DIR             testing aid: each stage appends its per-step schedule to DIR/stageS.txt\n"
+    "  --pp-schedule-dump FILE    write the schedule's per-rank action list with the measured start and end\n"
+    "                             (ms) of each action of the run's last step, tab-separated (schedule.h;\n"
+    "                             scripts/plot.py --schedule FILE draws it); ./train schedule takes it too\n"
     "  --cp N                     context parallelism: each sequence cut into 2N chunks, rank c of a group\n"
     "                             of N holding chunks c and 2N-1-c; position-wise work on those, attention\n"
     "                             as a ring passing K/V blocks (--seq-len divisible by 2N; default 1)\n"
@@ -430,6 +434,7 @@ static void parse_valued_flag(Options *o, int argc, char **argv, int *ip) {
         if (o->pp_schedule < 0) die("--pp-schedule must be 1f1b, interleaved, zb-h1 or zb-v, got '%s'", v);
     }
     else if (IS("--pp-trace")) o->pp_trace = v;
+    else if (IS("--pp-schedule-dump")) o->pp_schedule_dump = v;
     else if (IS("--cp")) o->cp = (int)parse_int(f, v, 1, 4096);
     else if (IS("--bucket-mb")) o->bucket_mb = parse_float(f, v, 0, 1e6);
     else if (IS("--recompute")) {

@@ -45,6 +45,7 @@ void pipeline_free(Pipeline *p) {
     free(p->send_out);
     free(p->send_grad);
     free(p->trace);
+    free(p->act_t);
     if (p->sched.n) schedule_free(&p->sched);
     memset(p, 0, sizeof *p);
 }
@@ -67,10 +68,14 @@ static void trace_op(Pipeline *p, char kind, int mb, int chunk) {
 static void recv_into(Pipeline *p, Comm *c, void *dst, size_t n, int from) {
     double t0 = now_seconds(); // a blocking receive (its inline path is faster than a request's wait)
     comm_recv(c, dst, n, from);
-    p->times->pipe_wait_s += now_seconds() - t0;
+    p->recv_end = now_seconds();
+    p->times->pipe_wait_s += p->recv_end - t0;
 }
 
-static CommRequest *send_from(Comm *c, const void *src, size_t n, int to) { return comm_isend(c, src, n, to); }
+static CommRequest *send_from(Pipeline *p, Comm *c, const void *src, size_t n, int to) {
+    if (p->keep_times) p->send_at = now_seconds(); // before the post: no receive ends earlier (--pp-schedule-dump)
+    return comm_isend(c, src, n, to);
+}
 
 // Neighbours in the virtual pipeline (schedule.h's placement of the layout's schedule): interleaved,
 // chunk c of stage s follows chunk c of stage s-1 and chunk c of the last stage feeds chunk c+1 of the
@@ -109,7 +114,7 @@ static double forward_op(Pipeline *p, const int32_t *inputs, const int32_t *targ
     if (from >= 0) take_input(p, chunk, bytes, from);
     zero_begin_forward(p->zero);
     float loss = gpt2_forward_chunk(m, chunk, inputs + mb * tokens, targets ? targets + mb * tokens : NULL, B, T, dloss);
-    if (to >= 0 && to != p->stage) p->send_out[sc] = send_from(p->fwd, gpt2_stage_output(m, chunk), bytes, to);
+    if (to >= 0 && to != p->stage) p->send_out[sc] = send_from(p, p->fwd, gpt2_stage_output(m, chunk), bytes, to);
     trace_op(p, 'F', mb, chunk);
     if (++p->live > p->peak_live) p->peak_live = p->live;
     return to < 0 ? loss : 0.0;
@@ -130,7 +135,7 @@ static void backward_op(Pipeline *p, int mb, int chunk, int M, int B, int T, flo
     zero_begin_backward(p->zero, mb == M - 1);
     if (split) gpt2_backward_input_chunk(m, chunk, slot, dloss);
     else gpt2_backward_chunk(m, chunk, dloss);
-    if (to >= 0 && to != p->stage) p->send_grad[slot * p->chunks + chunk] = send_from(p->bwd, gpt2_stage_grad(m), bytes, to);
+    if (to >= 0 && to != p->stage) p->send_grad[slot * p->chunks + chunk] = send_from(p, p->bwd, gpt2_stage_grad(m), bytes, to);
     trace_op(p, 'B', mb, chunk);
     if (!split) p->live--;
 }
@@ -149,6 +154,19 @@ static void weight_op(Pipeline *p, int mb, int chunk, int M) {
     p->live--;
 }
 
+// --pp-schedule-dump: action i ran from t0 to t1; the receive before it (if the op waited in one) gets the
+// wait, a send (which its compute posted) the time of the post.
+static void keep_time(Pipeline *p, int i, double t0, double t1) {
+    const Action *a = p->sched.a[p->stage];
+    if ((a[i].kind == ACT_SEND_ACT || a[i].kind == ACT_SEND_GRAD) && i > 0) t0 = t1 = p->send_at;
+    if (p->recv_end >= 0 && i > 0 && (a[i - 1].kind == ACT_RECV_ACT || a[i - 1].kind == ACT_RECV_GRAD)) {
+        p->act_t[2 * (i - 1)] = t0;
+        p->act_t[2 * (i - 1) + 1] = t0 = p->recv_end;
+    }
+    p->act_t[2 * i] = t0;
+    p->act_t[2 * i + 1] = t1;
+}
+
 double pipeline_step(Pipeline *p, const int32_t *inputs, const int32_t *targets, int M, int B, int T, float dloss) {
     p->live = p->peak_live = 0;
     p->joins_left = p->chunks;
@@ -165,11 +183,20 @@ double pipeline_step(Pipeline *p, const int32_t *inputs, const int32_t *targets,
     // after, a B likewise its gradient, so the lists' send and receive actions need no separate step
     const Schedule *s = &p->sched;
     double loss = 0;
+    if (p->keep_times && p->act_cap < s->n[p->stage]) {
+        free(p->act_t);
+        p->act_cap = s->n[p->stage];
+        p->act_t = xmalloc(sizeof(double) * 2 * (size_t)p->act_cap);
+    }
+    p->t0 = now_seconds();
     for (int i = 0; i < s->n[p->stage]; i++) {
         const Action *a = &s->a[p->stage][i];
+        double t0 = p->keep_times ? now_seconds() : 0;
+        p->recv_end = -1;
         if (a->kind == ACT_F) loss += forward_op(p, inputs, targets, a->mb, a->chunk, B, T, dloss);
         else if (a->kind == ACT_B) backward_op(p, a->mb, a->chunk, M, B, T, dloss, s->split);
         else if (a->kind == ACT_W && s->split) weight_op(p, a->mb, a->chunk, M);
+        if (p->keep_times) keep_time(p, i, t0, now_seconds());
     }
     for (int k = 0; k < p->model->lay->nslots * p->chunks; k++) { // every hand-off of this step has left
         drain(&p->send_out[k]);
@@ -190,7 +217,7 @@ float pipeline_forward(Pipeline *p, const int32_t *inputs, const int32_t *target
         float l = gpt2_forward_chunk(m, c, inputs, targets, B, T, 0.0f);
         if (to == p->stage) continue; // zb-v's turn: the next chunk takes it in place
         if (to >= 0) {
-            CommRequest *r = send_from(p->fwd, gpt2_stage_output(m, c), bytes, to);
+            CommRequest *r = send_from(p, p->fwd, gpt2_stage_output(m, c), bytes, to);
             drain(&r);
         } else {
             loss = l;

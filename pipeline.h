@@ -34,6 +34,12 @@ typedef struct {
     Schedule sched;  // the action lists for sched.m micro-batches (built on the first step)
     char *trace;     // this step's operations, "F0 F1 B0 ...", for tests
     size_t trace_len, trace_cap;
+    // --pp-schedule-dump: with keep_times, each step's start (t0) and every action's start and end on
+    // this stage (act_t[2i], act_t[2i+1], now_seconds); a receive is the wait before its F or B, a send
+    // the moment it was posted. 1f1b and interleaved run B and W as one backward: the B holds both.
+    int keep_times;
+    double t0, recv_end, send_at, *act_t;
+    int act_cap;
 } Pipeline;
 
 void pipeline_init(Pipeline *p, GPT2 *model, Zero *zero, Comm *fwd, Comm *bwd);

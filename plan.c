@@ -103,7 +103,8 @@
 // (layout_build_model and layout_build_state in pipeline.c) on a dry backend whose account only counts
 // (mem.h), and reports the fullest stage: weights, gradients (fp32), optimizer state, activations (the
 // activation sets the schedule keeps: 1F1B, or every micro-batch with --interleaved, of the rank's T/CP
-// positions, and the CP ring's accumulators), recompute scratch, comm buffers (ZeRO buckets, gathered
+// positions, with --pp-schedule zb-h1 min(PP, M) sets and the split backward's weight-gradient stashes,
+// and the CP ring's accumulators), recompute scratch, comm buffers (ZeRO buckets, gathered
 // units and the CP ring's blocks), other (checkpoint staging with --ckpt, on --device cpu). Fits and the
 // order use its total.
 //
@@ -177,7 +178,8 @@ static const char PLAN_USAGE[] =
     "  --pp-schedule S            the bubble column's schedule: 1f1b (default) (PP-1)/(M+PP-1), interleaved\n"
     "                             (the interleaved column's, where it applies), zb-h1 (PP-1)/(3M+PP-1), zb-v (PP-1)/(6M+PP-1) where\n"
     "                             2PP <= L (F = B = W, the zero-bubble paper's); with --exact zb-h1 keeps\n"
-    "                             min(PP, M) activation sets on every stage\n"
+    "                             min(PP, M) activation sets on every stage and stage s min(s+1, M)\n"
+    "                             weight-gradient stashes (B's copies awaiting W)\n"
     "  --zero 0|1|2|3             ZeRO stage (default 0)\n"
     "  --recompute none|selective|full\n"
     "                             activation checkpointing (default none): selective recomputes the\n"
@@ -651,7 +653,8 @@ static void print_table(const PlanInput *in, const Candidate *ys, int n) {
            RECOMPUTE_NAMES[in->recompute], in->fp32 ? "fp32" : "bf16", in->flash ? "flash (no T^2 term)" : "full (T^2 probabilities kept)");
     if (in->exact)
         printf("exact: %s schedule%s, %s, gradient buckets of %.4g MiB, ranks on %s%s; the fullest stage's bytes, "
-               "interleaved bubble with V = %d\n\n", in->interleaved ? "interleaved (where it applies)" : "1F1B",
+               "interleaved bubble with V = %d\n\n", in->interleaved ? "interleaved (where it applies)"
+                                                  : in->pp_schedule == SCHED_ZBH1 ? "zb-h1 (with its weight-gradient stashes)" : "1F1B",
                in->sp ? ", sequence parallel" : "", "flash attention", in->bucket_mb, in->device_cpu ? "CPUs" : "GPUs",
                in->ckpt ? ", checkpoint staging" : "", in->pp_virtual);
     else

@@ -439,6 +439,43 @@ void report_step(Report *r, int step, const StepResult *s, const StepTimes *tm, 
     free(g.wfill);
 }
 
+void report_schedule_dump(Report *r, const Pipeline *p, const char *path) {
+    const Schedule *s = &p->sched;
+    if (!s->n) { // no step ran (a resumed run at its end): every rank alike
+        if (r->lay->lead) printf("--pp-schedule-dump: no step ran, %s not written\n", path);
+        return;
+    }
+    int P = s->p, nmax = 0;
+    for (int q = 0; q < P; q++) nmax = s->n[q] > nmax ? s->n[q] : nmax;
+    size_t per = 1 + 2 * (size_t)nmax; // the stage's step start, then (start, end) per action
+    double *mine = xcalloc(per, sizeof(double)), *all = xmalloc(sizeof(double) * per * P);
+    mine[0] = p->t0;
+    memcpy(mine + 1, p->act_t, sizeof(double) * 2 * (size_t)s->n[p->stage]);
+    // bits only, as in gather_spread: the doubles travel as 64-bit integers
+    if (r->lay->pp.comm) comm_all_gather(r->lay->pp.comm, mine, all, per * P, CT_I64);
+    else memcpy(all, mine, sizeof(double) * per);
+    if (r->lay->lead) {
+        double t0 = all[0], **start = xmalloc(sizeof(double *) * P), **end = xmalloc(sizeof(double *) * P);
+        for (int q = 1; q < P; q++) t0 = all[q * per] < t0 ? all[q * per] : t0;
+        for (int q = 0; q < P; q++) {
+            start[q] = xmalloc(sizeof(double) * (size_t)nmax);
+            end[q] = xmalloc(sizeof(double) * (size_t)nmax);
+            for (int i = 0; i < s->n[q]; i++) {
+                start[q][i] = (all[q * per + 1 + 2 * i] - t0) * 1e3;
+                end[q][i] = (all[q * per + 2 + 2 * i] - t0) * 1e3;
+            }
+        }
+        FILE *f = xfopen(path, "w");
+        schedule_write_dump(f, s, "ms", start, end);
+        xfclose(f, path);
+        for (int q = 0; q < P; q++) free(start[q]), free(end[q]);
+        free(start);
+        free(end);
+    }
+    free(mine);
+    free(all);
+}
+
 void report_start(Report *r) { r->t0 = r->mark = now_seconds(); }
 
 void report_val(Report *r, int step, float val_loss) {

@@ -69,6 +69,11 @@ void report_checkpoint(Report *r, const CkptEvent *ev, double stall_ms);
 // as {"memory_peak":{"weights":..,...},"kernel_scratch":B,"rank":R}, one record per rank (kernel_scratch:
 // the backend's own grow-only workspaces, which the categories do not see). Collective.
 void report_memory_peak(Report *r, const GPT2 *m);
+// --pp-schedule-dump: the schedule's action lists with the measured start and end of each action of the
+// last step that ran, in ms from the earliest stage's start of that step (the stages' clocks are one
+// CLOCK_MONOTONIC on one node; across nodes they differ by the clocks' offset), gathered over the
+// pipeline group and written by rank 0 (schedule_write_dump's format). Collective; nothing when no step ran.
+void report_schedule_dump(Report *r, const Pipeline *p, const char *path);
 void report_close(Report *r);
 
 #endif

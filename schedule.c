@@ -166,6 +166,7 @@ int schedule_build(Schedule *s, int kind, int p, int m, int v, char *why, size_t
     s->a = xcalloc((size_t)p, sizeof(Action *));
     s->bound = xcalloc((size_t)p, sizeof(int));
     s->slots = xcalloc((size_t)p, sizeof(int));
+    s->wpending = xcalloc((size_t)p, sizeof(int));
     int *inflight = xcalloc((size_t)m, sizeof(int)); // chunks of each micro-batch between F and W
     for (int r = 0; r < p; r++) {
         List out = { 0 };
@@ -202,6 +203,13 @@ int schedule_build(Schedule *s, int kind, int p, int m, int v, char *why, size_t
             while (lo < m && lo <= hi && inflight[lo] == 0) lo++;
             if (hi - lo + 1 > s->slots[r]) s->slots[r] = hi - lo + 1;
         }
+        int *pend = xcalloc((size_t)v, sizeof(int)); // per chunk: B done, W not
+        for (int i = 0; i < out.n; i++) {
+            Action a = out.a[i];
+            if (a.kind == ACT_B && ++pend[a.chunk] > s->wpending[r]) s->wpending[r] = pend[a.chunk];
+            if (a.kind == ACT_W) pend[a.chunk]--;
+        }
+        free(pend);
     }
     free(inflight);
     free(lists);
@@ -214,6 +222,7 @@ void schedule_free(Schedule *s) {
     free(s->n);
     free(s->bound);
     free(s->slots);
+    free(s->wpending);
     memset(s, 0, sizeof *s);
 }
 
@@ -253,29 +262,39 @@ double schedule_times(const Schedule *s, double tf, double tb, double tw, double
     return left ? -1 : end;
 }
 
-static int label(char *buf, size_t cap, const Schedule *s, const Action *a) {
+// An action's name in the printout: F/B/W<mb> with chunk letter a, b, ... when v > 1; compact (--ascii,
+// at most two chunks): the chunk in the letter's case instead (F3 chunk 0, f3 chunk 1), so a cell stays narrow.
+static int label(char *buf, size_t cap, const Schedule *s, const Action *a, int compact) {
     char ch[4] = "";
-    if (s->v > 1) snprintf(ch, sizeof ch, "%c", 'a' + a->chunk);
+    if (s->v > 1 && !compact) snprintf(ch, sizeof ch, "%c", 'a' + a->chunk);
     switch (a->kind) {
     case ACT_SEND_ACT: return snprintf(buf, cap, "sa%d%s>%d", a->mb, ch, a->peer);
     case ACT_RECV_ACT: return snprintf(buf, cap, "ra%d%s<%d", a->mb, ch, a->peer);
     case ACT_SEND_GRAD: return snprintf(buf, cap, "sg%d%s>%d", a->mb, ch, a->peer);
     case ACT_RECV_GRAD: return snprintf(buf, cap, "rg%d%s<%d", a->mb, ch, a->peer);
-    default: return snprintf(buf, cap, "%s%d%s", ACTION_NAMES[a->kind], a->mb, ch);
+    default: return snprintf(buf, cap, "%c%d%s", compact && a->chunk == 1 ? ACTION_NAMES[a->kind][0] + ('a' - 'A') : ACTION_NAMES[a->kind][0],
+                             a->mb, ch);
     }
 }
 
-void schedule_dump(FILE *f, const Schedule *s) {
-    int p = s->p;
-    fprintf(f, "schedule %s: %d ranks, %d micro-batches, %d chunk%s per rank%s\n", SCHEDULE_NAMES[s->kind], p, s->m, s->v,
+void schedule_dump(FILE *f, const Schedule *s, int ascii_only) {
+    int p = s->p, compact = ascii_only && s->v <= 2;
+    if (ascii_only) {
+        fprintf(f, "%s, p = %d, m = %d%s: F/B/W<micro-batch>%s, . idle\n", SCHEDULE_NAMES[s->kind], p, s->m,
+                s->v > 1 ? (s->kind == SCHED_ZBV ? ", 2 chunks per rank in a V" : ", v = 2") : "",
+                compact && s->v > 1 ? " (lower case: the rank's second chunk)" : "");
+        if (s->v > 2) fprintf(f, "v = %d: chunk letters a, b, ... after the micro-batch\n", s->v);
+    } else {
+        fprintf(f, "schedule %s: %d ranks, %d micro-batches, %d chunk%s per rank%s\n", SCHEDULE_NAMES[s->kind], p, s->m, s->v,
             s->v > 1 ? "s" : "", s->split ? "; B and W apart" : "; each W right after its B");
     fprintf(f, "actions: F/B/W<mb>%s; sa/ra = send/receive activation, sg/rg = send/receive gradient, >peer <peer\n",
             s->v > 1 ? "<chunk a, b, ...>" : "");
+    }
     char buf[64];
-    for (int r = 0; r < p; r++) {
+    for (int r = 0; r < p && !ascii_only; r++) {
         fprintf(f, "rank %d (bound %d chunk activations, %d activation sets):", r, s->bound[r], s->slots[r]);
         for (int i = 0; i < s->n[r]; i++) {
-            label(buf, sizeof buf, s, &s->a[r][i]);
+            label(buf, sizeof buf, s, &s->a[r][i], 0);
             fprintf(f, " %s", buf);
         }
         fprintf(f, "\n");
@@ -289,10 +308,10 @@ void schedule_dump(FILE *f, const Schedule *s) {
         int width = 2, cells = (int)T;
         for (int r = 0; r < p; r++)
             for (int i = 0; i < s->n[r]; i++) {
-                int w = label(buf, sizeof buf, s, &s->a[r][i]);
+                int w = label(buf, sizeof buf, s, &s->a[r][i], compact);
                 if (start[r][i] >= 0 && w > width) width = w;
             }
-        fprintf(f, "timeline (F = B = W = 1 unit, hand-offs free; . idle), %d units:\n", cells);
+        if (!ascii_only) fprintf(f, "timeline (F = B = W = 1 unit, hand-offs free; . idle), %d units:\n", cells);
         char *row = xmalloc((size_t)cells * (width + 1) + 1);
         long busy = 0;
         for (int r = 0; r < p; r++) {
@@ -303,7 +322,7 @@ void schedule_dump(FILE *f, const Schedule *s) {
             row[(size_t)cells * (width + 1)] = 0;
             for (int i = 0; i < s->n[r]; i++) {
                 if (start[r][i] < 0) continue;
-                int w = label(buf, sizeof buf, s, &s->a[r][i]);
+                int w = label(buf, sizeof buf, s, &s->a[r][i], compact);
                 memcpy(row + (size_t)start[r][i] * (width + 1), buf, (size_t)w);
                 busy++;
             }
@@ -317,6 +336,37 @@ void schedule_dump(FILE *f, const Schedule *s) {
     free(start);
 }
 
+void schedule_write_dump(FILE *f, const Schedule *s, const char *times, double **start, double **end) {
+    fprintf(f, "# llm4d pipeline schedule dump 1\n# schedule %s p %d m %d v %d split %d times %s\n", SCHEDULE_NAMES[s->kind], s->p,
+            s->m, s->v, s->split, times);
+    fprintf(f, "rank\tindex\taction\tmb\tchunk\tpeer\tstart\tend\n");
+    for (int r = 0; r < s->p; r++)
+        for (int i = 0; i < s->n[r]; i++) {
+            const Action *a = &s->a[r][i];
+            fprintf(f, "%d\t%d\t%s\t%d\t%d\t%d\t", r, i, ACTION_NAMES[a->kind], a->mb, a->chunk, a->peer);
+            if (start && start[r][i] >= 0) fprintf(f, "%.6f\t%.6f\n", start[r][i], end[r][i]);
+            else fprintf(f, "-\t-\n");
+        }
+}
+
+// The dump of the schedule's own unit-time timeline (./train schedule --pp-schedule-dump).
+static void write_unit_dump(const char *path, const Schedule *s) {
+    double **start = xmalloc(sizeof(double *) * (size_t)s->p), **end = xmalloc(sizeof(double *) * (size_t)s->p);
+    for (int r = 0; r < s->p; r++) {
+        start[r] = xmalloc(sizeof(double) * (size_t)(s->n[r] ? s->n[r] : 1));
+        end[r] = xmalloc(sizeof(double) * (size_t)(s->n[r] ? s->n[r] : 1));
+    }
+    if (schedule_times(s, 1, 1, 1, start) < 0) die("--pp-schedule-dump: the %s action lists deadlock", SCHEDULE_NAMES[s->kind]);
+    for (int r = 0; r < s->p; r++)
+        for (int i = 0; i < s->n[r]; i++) end[r][i] = start[r][i] + 1;
+    FILE *f = xfopen(path, "w");
+    schedule_write_dump(f, s, "unit", start, end);
+    xfclose(f, path);
+    for (int r = 0; r < s->p; r++) free(start[r]), free(end[r]);
+    free(start);
+    free(end);
+}
+
 // ./train schedule: one schedule's action lists and timeline, for a reader.
 static int flag_int(const char *flag, const char *v, int lo, int hi) {
     char *end;
@@ -326,13 +376,22 @@ static int flag_int(const char *flag, const char *v, int lo, int hi) {
 }
 
 int schedule_main(int argc, char **argv) {
-    int p = 0, m = 0, v = 0, kind = SCHED_1F1B;
+    int p = 0, m = 0, v = 0, kind = SCHED_1F1B, ascii = 0;
+    const char *dump = NULL;
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
             printf("usage: ./train schedule --pp P --micro-batches M [--pp-virtual V] [--pp-schedule 1f1b|interleaved|zb-h1|zb-v]\n"
-                   "prints each rank's actions (F, B, W, hand-offs) and a unit-time timeline of the schedule\n");
+                   "                        [--ascii] [--pp-schedule-dump FILE]\n"
+                   "prints each rank's actions (F, B, W, hand-offs) and a unit-time timeline of the schedule\n"
+                   "  --ascii                  the timeline alone, one narrow cell per unit (the README's pictures)\n"
+                   "  --pp-schedule-dump FILE  also write the action lists with their unit-time start and end as a\n"
+                   "                           tab-separated table (schedule.h; scripts/plot.py schedule draws it)\n");
             return 0;
+        }
+        if (!strcmp(f, "--ascii")) {
+            ascii = 1;
+            continue;
         }
         if (!val) die("%s needs a value (./train schedule --help)", f);
         if (!strcmp(f, "--pp")) p = flag_int(f, val, 1, 64);
@@ -341,7 +400,8 @@ int schedule_main(int argc, char **argv) {
         else if (!strcmp(f, "--pp-schedule")) {
             kind = schedule_parse(val);
             if (kind < 0) die("--pp-schedule '%s': expected 1f1b, interleaved, zb-h1 or zb-v", val);
-        } else die("unknown flag '%s' for ./train schedule (./train schedule --help)", f);
+        } else if (!strcmp(f, "--pp-schedule-dump")) dump = val;
+        else die("unknown flag '%s' for ./train schedule (./train schedule --help)", f);
         i++;
     }
     if (!p || !m) die("./train schedule needs --pp P and --micro-batches M");
@@ -349,7 +409,8 @@ int schedule_main(int argc, char **argv) {
     Schedule s;
     char why[256];
     if (schedule_build(&s, kind, p, m, v, why, sizeof why)) die("%s", why);
-    schedule_dump(stdout, &s);
+    schedule_dump(stdout, &s, ascii);
+    if (dump) write_unit_dump(dump, &s);
     schedule_free(&s);
     return 0;
 }

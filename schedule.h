@@ -51,6 +51,8 @@ typedef struct {
     int *bound;      // [p] the schedule's stated bound on chunk activations in flight (F done, W not)
     int *slots;      // [p] activation sets a rank needs when micro-batch mb uses set mb % slots:
                      // the widest span of micro-batches in flight at once, from the order itself
+    int *wpending;   // [p] the most B passes of one chunk whose W has not run, at once: the weight-gradient
+                     // stashes a split backward keeps per chunk (zb-h1: min(r + 1, m) on rank r)
 } Schedule;
 
 // The schedule named on a command line (--pp-schedule), or -1.
@@ -71,8 +73,19 @@ void schedule_next(const Schedule *s, int r, int c, int *nr, int *nc);
 double schedule_times(const Schedule *s, double tf, double tb, double tw, double **start);
 // For a reader (./train schedule): the per-rank action lists and an ASCII timeline in unit times, one
 // row per rank, each cell an F, B or W with its micro-batch (and chunk letter a, b, ... when v > 1).
-void schedule_dump(FILE *f, const Schedule *s);
-// ./train schedule --pp P --micro-batches M [--pp-virtual V] [--pp-schedule NAME]: builds and dumps one.
+// ascii_only: the timeline alone (the README's pictures).
+void schedule_dump(FILE *f, const Schedule *s, int ascii_only);
+// --pp-schedule-dump: the action lists as a table for programs (scripts/plot.py; README "The schedule
+// dump"), tab-separated, three header lines then one line per action in each rank's order:
+//   # llm4d pipeline schedule dump 1
+//   # schedule NAME p P m M v V split 0|1 times unit|ms
+//   rank <TAB> index <TAB> action <TAB> mb <TAB> chunk <TAB> peer <TAB> start <TAB> end
+// action is F, B, W, send-act, recv-act, send-grad or recv-grad (ACTION_NAMES); peer -1 for F, B and W.
+// start and end: with times unit the schedule's own timeline (schedule_times with F = B = W = 1, hand-offs
+// "-"); with times ms the measured times of one training step (start, end NULL: "-" for every action).
+void schedule_write_dump(FILE *f, const Schedule *s, const char *times, double **start, double **end);
+// ./train schedule --pp P --micro-batches M [--pp-virtual V] [--pp-schedule NAME] [--ascii]
+// [--pp-schedule-dump FILE]: builds and prints one (--ascii: the timeline alone; the dump: the table).
 int schedule_main(int argc, char **argv);
 
 #endif

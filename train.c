@@ -520,6 +520,8 @@ static void check_outputs(const Trainer *t) {
         if (link == 1) printf("note: --save-model %s is a symlink: the model goes to its target, %s\n", o->save_model, target);
     }
     if (!bad && l->lead && o->log) bad = check_log(o->log, err, sizeof err) < 0;
+    if (!bad && l->lead && o->pp_schedule_dump)
+        bad = safe_check("--pp-schedule-dump", o->pp_schedule_dump, target, sizeof target, err, sizeof err) < 0;
     if (!bad && o->ckpt_dir) bad = ensure_dir("--ckpt-dir", o->ckpt_dir, err, sizeof err) < 0;
     if (!bad && l->lead && o->dump) bad = ensure_dir("--dump", o->dump, err, sizeof err) < 0;
     if (!bad && o->pp_trace && l->dp.rank == 0 && l->cp.rank == 0 && l->tp.rank == 0) bad = ensure_dir("--pp-trace", o->pp_trace, err, sizeof err) < 0;
@@ -629,6 +631,7 @@ static void build_model(Trainer *t, float *host_params) {
     if (t->model.params) gpt2_upload_params(&t->model, master); // ZeRO-3 keeps no full working copy
     AdamWConfig acfg = { o->beta1, o->beta2, o->eps, o->weight_decay, o->clip };
     layout_build_state(l, &t->model, &t->zero, &t->pipe, master, &acfg);
+    t->pipe.keep_times = t->o.pp_schedule_dump != NULL; // each action's times, for the dump at the end
     if (t->resumed) zero_set_moments(&t->zero, m, v, (int)saved.adam_t);
     free(master);
     free(m);
@@ -921,6 +924,7 @@ static void trainer_finish(Trainer *t) {
         log_checkpoints(t);
     }
     if (o->mode == MODE_TRAIN) report_memory_peak(&t->rep, &t->model); // every rank alike
+    if (o->mode == MODE_TRAIN && o->pp_schedule_dump) report_schedule_dump(&t->rep, &t->pipe, o->pp_schedule_dump);
     report_close(&t->rep);
     if (o->save_model) {
         size_t full_n = gpt2_param_layout(&t->cfg, (size_t[NUM_PARAM_TENSORS]){ 0 }, (size_t[NUM_PARAM_TENSORS]){ 0 });

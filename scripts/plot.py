@@ -10,9 +10,12 @@
       GPU memory marked; ./train plan --plot OUT.png calls this.
 
 Log records it reads: {"step","loss","tokens","tokens_per_s", "bubble_max","bubble_mean",
-"bubble_formula","comm_ms","exposed_comm_ms","tp_comm_ms","cp_comm_ms","cp_exposed_ms"} per step, {"step","val_loss"} per
+"bubble_formula","comm_ms","exposed_comm_ms","tp_comm_ms","cp_comm_ms","cp_exposed_ms"} per step (and with PP
+the per-rank lists "pp_busy_ms","pp_idle_ms","pp_wfill_ms", drawn per rank over the steps), {"step","val_loss"} per
 validation, and any record with an object "memory..." of bytes per category (optionally with "rank"),
 e.g. {"memory_peak":{"weights":..,"activations":..},"rank":0}. Fields a log lacks are left out.
+Schedule dumps: the format schedule.h documents (two "# " header lines, a column line, then rank, index,
+action, mb, chunk, peer, start, end tab-separated; start and end "-" where untimed).
 Errors: one line "error: ..." on stderr, exit status 1; OUT is written whole or not at all.
 """
 import json
@@ -107,6 +110,8 @@ def plot_logs(paths, out):
     # a single rank's exposed wait is timer noise: the panel is for runs whose DP, TP or CP groups talk
     if has_nonzero(logs, "comm_ms") or has_nonzero(logs, "tp_comm_ms") or has_nonzero(logs, "cp_comm_ms"):
         panels.append("comm")
+    if any("pp_busy_ms" in r for _, steps, _, _ in logs for r in steps):
+        panels.append("pp_ranks")
     if any(mems for _, _, _, mems in logs):
         panels.append("memory")
     rows = (len(panels) + 1) // 2
@@ -144,6 +149,14 @@ def plot_logs(paths, out):
                 for key, style in (("bubble_max", "-"), ("bubble_mean", ":"), ("bubble_formula", "--")):
                     ys = [100 * r.get(key, 0) for r in steps]
                     ax.plot(s, ys, style, color=c, lw=1, label="%s %s" % (name, key.split("_")[1]))
+            elif p == "pp_ranks":  # busy (solid), idle (dashed), W-fill (dotted) per pipeline rank
+                recs = [r for r in steps if "pp_busy_ms" in r]
+                ranks = len(recs[0]["pp_busy_ms"]) if recs else 0
+                for q in range(ranks):
+                    for key, style in (("pp_busy_ms", "-"), ("pp_idle_ms", "--"), ("pp_wfill_ms", ":")):
+                        ax.plot([r["step"] for r in recs], [r[key][q] for r in recs], linestyle=style,
+                                color=colors[(i * ranks + q) % len(colors)], lw=1,
+                                label="%s rank %d %s" % (name, q, key[3:-3].replace("wfill", "W-fill")))
             elif p == "comm":
                 if not any(r.get("comm_ms", 0) or r.get("tp_comm_ms", 0) or r.get("cp_comm_ms", 0) for r in steps):
                     continue
@@ -159,6 +172,7 @@ def plot_logs(paths, out):
         "bubble": ("pipeline bubble (share of the step a stage waits)", "step", "%"),
         "comm": ("communication per step", "step", "ms"),
         "memory": ("memory per rank by category", "", "MiB"),
+        "pp_ranks": ("pipeline ranks: busy, idle (the bubble), W-fill per step", "step", "ms"),
     }
     for p, ax in zip(panels, axes):
         if p == "memory":
@@ -247,8 +261,93 @@ def plot_plan(path, out, max_bars=40):
     print("plot: %d layout(s): %s" % (len(shown), ", ".join(t.get_text() for t in ax.get_xticklabels())), file=sys.stderr)
 
 
+SCHEDULE_COLS = ["rank", "index", "action", "mb", "chunk", "peer", "start", "end"]
+SCHEDULE_ACTIONS = ("F", "B", "W", "send-act", "recv-act", "send-grad", "recv-grad")
+SCHEDULE_COLORS = {"F": "#3b6fb6", "B": "#e08a2e", "W": "#3f9b57"}  # tests look for these pixels
+
+
+def read_schedule(path):
+    """A --pp-schedule-dump table: (meta, rows), or one line of error naming the file and line."""
+    try:
+        lines = open(path).read().splitlines()
+    except OSError as e:
+        fail("cannot open %s: %s" % (path, e.strerror))
+    except UnicodeDecodeError:
+        fail("%s: not a text file" % path)
+    if not lines or lines[0] != "# llm4d pipeline schedule dump 1":
+        fail("%s:1: not a --pp-schedule-dump table (expected '# llm4d pipeline schedule dump 1')" % path)
+    h = lines[1].split() if len(lines) > 1 else []
+    meta = dict(zip(h[1::2], h[2::2]))
+    if len(h) != 13 or h[0] != "#" or any(k not in meta for k in ("schedule", "p", "m", "v", "split", "times")):
+        fail("%s:2: expected '# schedule NAME p P m M v V split S times unit|ms'" % path)
+    try:
+        P, M, V = int(meta["p"]), int(meta["m"]), int(meta["v"])
+    except ValueError:
+        fail("%s:2: p, m and v must be integers" % path)
+    if len(lines) < 3 or lines[2].split("\t") != SCHEDULE_COLS:
+        fail("%s:3: expected the column line '%s'" % (path, "\\t".join(SCHEDULE_COLS)))
+    rows = []
+    for n, ln in enumerate(lines[3:], 4):
+        f = ln.split("\t")
+        if len(f) != 8:
+            fail("%s:%d: expected 8 tab-separated fields, got %d" % (path, n, len(f)))
+        try:
+            r, idx, mb, ch, peer = int(f[0]), int(f[1]), int(f[3]), int(f[4]), int(f[5])
+            t0 = None if f[6] == "-" else float(f[6])
+            t1 = None if f[7] == "-" else float(f[7])
+        except ValueError:
+            fail("%s:%d: rank, index, mb, chunk, peer must be integers and start, end numbers or '-'" % (path, n))
+        if f[2] not in SCHEDULE_ACTIONS:
+            fail("%s:%d: unknown action '%s'" % (path, n, f[2]))
+        if not 0 <= r < P or not 0 <= ch < V or not 0 <= mb < M:
+            fail("%s:%d: rank, chunk or micro-batch outside p %d, v %d, m %d" % (path, n, P, V, M))
+        if (t0 is None) != (t1 is None) or (t0 is not None and t1 < t0):
+            fail("%s:%d: start and end must both be given, end not before start" % (path, n))
+        rows.append((r, idx, f[2], mb, ch, peer, t0, t1))
+    if not any(x[2] in SCHEDULE_COLORS and x[6] is not None for x in rows):
+        fail("%s: no timed F, B or W action to draw" % path)
+    return meta, rows
+
+
+def plot_schedules(paths, out):
+    plt = load_matplotlib()
+    dumps = [(p, *read_schedule(p)) for p in paths]
+    heights = [max(1.6, 0.45 * int(meta["p"]) + 1.1) for _, meta, _ in dumps]
+    fig, axes = plt.subplots(len(dumps), 1, figsize=(13, sum(heights)), squeeze=False,
+                             gridspec_kw={"height_ratios": heights})
+    for ax, (path, meta, rows) in zip([a for row in axes for a in row], dumps):
+        P, V, unit = int(meta["p"]), int(meta["v"]), meta["times"]
+        t_min = min(x[6] for x in rows if x[6] is not None)
+        span = max(x[7] for x in rows if x[7] is not None) - t_min
+        for q in range(P):
+            busy = 0.0
+            for r, _, act, mb, ch, _, t0, t1 in rows:
+                if r != q or act not in SCHEDULE_COLORS or t0 is None or t1 <= t0:
+                    continue  # hand-offs and 1f1b's merged W (its B holds it) are not drawn: the wait is idle
+                busy += t1 - t0
+                ax.barh(q, t1 - t0, left=t0 - t_min, height=0.8, color=SCHEDULE_COLORS[act], alpha=1.0 if ch == 0 else 0.55,
+                        edgecolor="white", linewidth=0.4)
+                if (t1 - t0) > span / 90:  # the micro-batch where it fits
+                    ax.text((t0 + t1) / 2 - t_min, q, str(mb), ha="center", va="center", fontsize=6, color="white")
+            ax.text(span * 1.005, q, "%.0f%% busy" % (100 * busy / span if span else 0), va="center", fontsize=7)
+        ax.set_ylim(P - 0.5, -0.5)  # rank 0 on top, as in the paper's figures
+        ax.set_yticks(range(P))
+        ax.set_yticklabels(["rank %d" % q for q in range(P)], fontsize=8)
+        ax.set_xlim(0, span * 1.08 if span else 1)
+        ax.set_xlabel("ms from the step's start (measured)" if unit == "ms" else "time (F = B = W = 1 unit)")
+        merged = "" if meta["split"] == "1" else "; B holds its W (one backward)"
+        ax.set_title("%s: %s, p %s, m %s%s%s" % (os.path.basename(path), meta["schedule"], meta["p"], meta["m"],
+                                                 ", v %d (lighter: second chunk)" % V if V > 1 else "", merged), fontsize=9)
+        handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in SCHEDULE_COLORS.values()]
+        ax.legend(handles, list(SCHEDULE_COLORS), fontsize=7, loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=3,
+                  frameon=False)
+        ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    save(fig, plt, out)
+
+
 def main(argv):
-    out, plan, logs = None, None, []
+    out, plan, logs, schedules = None, None, [], False
     i = 0
     while i < len(argv):
         a = argv[i]
@@ -264,6 +363,10 @@ def main(argv):
                 plan = argv[i + 1]
             i += 2
             continue
+        if a == "--schedule":
+            schedules = True
+            i += 1
+            continue
         if a.startswith("-") and a != "-":
             fail("unknown flag %s (see scripts/plot.py --help)" % a)
         logs.append(a)
@@ -272,7 +375,11 @@ def main(argv):
         fail("-o OUT.png is required")
     if plan and logs:
         fail("--plan takes one planner document and no logs")
-    if plan:
+    if schedules:
+        if plan or not logs:
+            fail("--schedule takes one or more --pp-schedule-dump tables and no --plan")
+        plot_schedules(logs, out)
+    elif plan:
         plot_plan(plan, out)
     elif logs:
         plot_logs(logs, out)

@@ -43,7 +43,8 @@ def load_runs(d):
         lay = dict(name=name, mode=mode, n=n, flags=flags, T=T, B=B, batch=batch, tp=tp, pp=pp, cp=cp, dp=dp,
                    sp="--sp" in flags, V=flag(flags, "--pp-virtual", 1) if pp > 1 else 1, M=batch // (dp * B * T),
                    e=2 if flag(flags, "--dtype", "fp32", str) == "bf16" else 4, zero=flag(flags, "--zero", 0),
-                   bucket=flag(flags, "--bucket-mb", None, str), ckpt="--ckpt-every" in flags)
+                   bucket=flag(flags, "--bucket-mb", None, str), ckpt="--ckpt-every" in flags,
+                   schedule=flag(flags, "--pp-schedule", "1f1b", str))
         if sorted(peaks) != list(range(n)):
             sys.exit("%s-%s: memory_peak records for ranks %s, expected 0..%d" % (name, mode, sorted(peaks), n - 1))
         runs.append((lay, peaks))
@@ -72,6 +73,8 @@ def inventory(lay, stage):
     Ls, nch = stage_blocks(L, lay["pp"], lay["V"], stage)
     first, last = stage == 0, stage == lay["pp"] - 1
     slots = lay["M"] if lay["V"] > 1 else min(lay["pp"] - stage, lay["M"])
+    if lay["schedule"] == "zb-h1" and lay["pp"] > 1:  # every stage holds 1f1b's first-stage peak
+        slots = min(lay["pp"], lay["M"])
     stats = 2 * R * 4  # a LayerNorm's mean and 1/std per row, fp32
     slot = nch * R * C * e + Ls * R * C * e  # each chunk's input, each block's output
     if mode != "full":  # the LayerNorm statistics, QKV, attention output and lse, residual2, GELU's input
@@ -89,12 +92,27 @@ def inventory(lay, stage):
     if lay["cp"] > 1:  # the ring's fp32 accumulators: attention output (or dq), and this rank's dK/dV share
         shared += BT * Ct * 4 + BT * 2 * Ct * 4
     act = slots * slot + shared
+    if lay["schedule"] == "zb-h1" and lay["pp"] > 1:
+        act += stashes(lay, stage, Ls, first, last, BT, R, C, Ct, e)
     rc = 0
     if mode != "none":  # a LayerNorm output and GELU's output
         rc = R * C * e + BT * 4 * Ct * e
     if mode == "full":  # and everything else of one block
         rc += 2 * stats + BT * 3 * Ct * e + BT * Ct * e + B * Ht * T * 4 + 2 * R * C * e + BT * 4 * Ct * e
     return act, rc
+
+
+def stashes(lay, stage, Ls, first, last, N, R, C, Ct, e):
+    """zb-h1's weight-gradient stashes (model.c's WStash): stage s delays its W passes by s, so at most
+    min(s + 1, M) Bs await their W; each stash holds the worst case of what B copies for W, in 256-byte
+    aligned pieces (a pad each): per block the four matmuls' output gradients and inputs (N x C twice
+    and N x 4Ct, N x C; N x C and N x Ct; N x 3Ct and N x C) and two LayerNorms' rows, row gradients,
+    means and 1/stds; the head's final LayerNorm the same and two N x C pieces; the embedding's gradient."""
+    pad = 256
+    block = 4 * (N * C * e + 2 * pad) + 2 * N * 4 * Ct * e + N * Ct * e + N * 3 * Ct * e + 2 * (2 * R * C * e + 2 * R * 4 + 4 * pad)
+    one = Ls * block + (2 * (N * C * e + 2 * pad) + 2 * R * C * e + 2 * R * 4 + 4 * pad if last else 0) + \
+        (N * C * e + pad if first else 0)
+    return min(stage + 1, lay["M"]) * one
 
 
 def seed_activations(lay):
@@ -168,6 +186,8 @@ def exact(d, train, shape):
             cmd += ["--bucket-mb", lay["bucket"]]
         if lay["ckpt"]:
             cmd.append("--ckpt")
+        if lay["schedule"] != "1f1b":
+            cmd += ["--pp-schedule", lay["schedule"]]
         plan = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
         (y,) = plan["layouts"]
         worst = 0.0

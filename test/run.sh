@@ -1145,7 +1145,8 @@ t_pipeline() {
 
 # The pipeline schedules' action lists (build/test_schedule: every schedule, p <= 8, m <= 64, against
 # their definitions, and broken ones caught), and ./train schedule: 1f1b's and interleaved's F/B order is
-# pp_schedule.py's (what pipeline.c runs), the timelines' lengths are the formulas', bad flags one line.
+# pp_schedule.py's (what pipeline.c runs), the timelines' lengths are the formulas', the README's
+# pictures its --ascii output, bad flags one line.
 t_pp_schedules() {
     ./build/test_schedule || return 1
     local ok=0 p m out
@@ -1180,6 +1181,13 @@ PYEOF
         set -- $spec
         out=$($TRAIN schedule --pp-schedule $1 --pp $2 --micro-batches $3 --pp-virtual $4) || return 1
         grep -q "), $5 units:" <<<"$out" || { echo "$1 p $2 m $3: not $5 units: $(grep units <<<"$out")"; ok=1; }
+    done
+    # the README's pictures are ./train schedule --ascii's output, verbatim
+    for spec in "1f1b 1" "interleaved 2" "zb-h1 1" "zb-v 2"; do
+        set -- $spec
+        $TRAIN schedule --pp 4 --micro-batches 8 --pp-schedule $1 --pp-virtual $2 --ascii >"$WORK/ascii.txt" || return 1
+        $PY -c 'import sys; sys.exit(0 if "```\n" + open(sys.argv[1]).read() + "```\n" in open("README.md").read() else 1)' "$WORK/ascii.txt" ||
+            { echo "README.md lacks ./train schedule --pp-schedule $1 --ascii's timeline (p 4, m 8)"; ok=1; }
     done
     local err
     for bad in "--pp 4 --micro-batches 6 --pp-virtual 2 --pp-schedule interleaved|--micro-batches 6 must be a multiple of --pp 4" \
@@ -1313,6 +1321,29 @@ PYEOF
         err=$($TRAIN --nproc 2 --pp 2 "${shape[@]}" ${bad%%|*} --batch-tokens 256 --steps 1 2>&1 >/dev/null) && { echo "accepted: ${bad%%|*}"; ok=1; }
         [ "$(wc -l <<<"$err")" = 1 ] && grep -qF -- "${bad#*|}" <<<"$err" || { echo "bad error for ${bad%%|*}: $err"; ok=1; }
     done
+    return $ok
+}
+
+# --pp-schedule-dump: a training run's table (1f1b, zb-h1, interleaved on PP 2) holds the action lists
+# ./train schedule writes for the same p, m, v, each as test/schedule_dump_check.py computes them, with
+# measured times in order on each rank and every receive after its send; the dump changes no bit of the
+# model; a bad path is one line before any step.
+t_pp_schedule_dump() {
+    local d=$WORK/ppdump ok=0 spec sch v args
+    mkdir -p "$d"
+    local shape=(--layers 4 --channels 32 --heads 4 --vocab 256 --seq-len 32 --micro-batch 1 --steps 2 --lr 1e-3
+        --batch-tokens 256 --train "$DATA/train.bin" --comm-timeout 60)
+    for spec in "1f1b 1" "zb-h1 1" "interleaved 2"; do
+        set -- $spec
+        sch=$1 v=$2
+        timeout 300 $TRAIN --nproc 2 --pp 2 --pp-virtual $v --pp-schedule $sch "${shape[@]}" --pp-schedule-dump "$d/$sch.tsv" \
+            --save-model "$d/$sch-dump.bin" >"$d/$sch.out" 2>&1 || { echo "$sch run failed"; tail -3 "$d/$sch.out"; return 1; }
+        $TRAIN schedule --pp 2 --micro-batches 8 --pp-virtual $v --pp-schedule $sch --pp-schedule-dump "$d/$sch-unit.tsv" >/dev/null || return 1
+        $PY test/schedule_dump_check.py "$d/$sch.tsv" "$d/$sch-unit.tsv" || { echo "FAIL: $sch's dump"; ok=1; }
+    done
+    timeout 300 $TRAIN --nproc 2 --pp 2 --pp-schedule zb-h1 "${shape[@]}" --save-model "$d/zb-h1-plain.bin" >/dev/null 2>&1 || return 1
+    cmp "$d/zb-h1-plain.bin" "$d/zb-h1-dump.bin" || { echo "FAIL: --pp-schedule-dump changed the model"; ok=1; }
+    expect_error "--pp-schedule-dump" --nproc 2 --pp 2 "${shape[@]}" --pp-schedule-dump "$d/no/such/dir/x.tsv" || ok=1
     return $ok
 }
 
@@ -1451,8 +1482,8 @@ t_plan_bad_input() {
 have_matplotlib() { $PY -c 'import matplotlib' 2>/dev/null || { echo "python3-matplotlib is not installed (scripts/deps.sh as root installs it)"; return 77; }; }
 
 # scripts/plot.py draws a real training log (PP 2 x DP 2, so the bubble and communication panels
-# appear) beside a single-rank log, and ./train plan --plot draws the planner's bars: both
-# PNGs decode, the log's has its six panels' size, neither is blank. Bad logs and unwritable outputs
+# appear, and the per-rank busy/idle/W-fill one) beside a single-rank log, and ./train plan --plot draws
+# the planner's bars: both PNGs decode, the log's has its seven panels' size, neither is blank. Bad logs and unwritable outputs
 # fail with one line and leave no file.
 t_plot() {
     have_matplotlib || return $?
@@ -1474,10 +1505,10 @@ import matplotlib.image as mpimg
 d = sys.argv[1]
 steps = [json.loads(l) for l in open(d + "/pp.jsonl") if '"loss"' in l]
 assert [r["tokens"] for r in steps] == [256 * (i + 1) for i in range(8)], "tokens is not the running total"
-for name, size in (("log.png", (1320, 1430)), ("mem.png", (880, 1430)), ("plan.png", None)):
+for name, size in (("log.png", (1760, 1430)), ("mem.png", (880, 1430)), ("plan.png", None)):
     img = mpimg.imread(d + "/" + name)
     print(name, img.shape, "pixel std", img[..., :3].std())
-    if size:  # rows of 2 panels: loss, loss/tokens, tokens/s, then bubble and communication, or memory
+    if size:  # rows of 2 panels: loss, loss/tokens, tokens/s, then bubble, communication, pipeline ranks and memory, or memory
         assert img.shape[:2] == size, img.shape
     assert img[..., :3].std() > 0.05, name + " is blank"
 EOF
@@ -1503,6 +1534,52 @@ EOF
     [ $? -ne 0 ] && grep -q "^error: scripts/plot.py needs matplotlib, which $d/py3 cannot import" <<<"$err" ||
         { echo "no-matplotlib error: $err"; return 1; }
     [ -x scripts/plot.py ] || { echo "scripts/plot.py is not executable"; return 1; }
+}
+
+# scripts/plot.py --schedule draws a real --pp-schedule-dump (a PP 2 zb-h1 training step) and ./train
+# schedule's zb-v table: the PNG decodes, is not blank, one panel per dump, and holds the F, B and W
+# colours plot.py documents; the training log's per-rank busy/idle/W-fill panel draws too. A malformed
+# dump (a row cut short, a wrong header) fails with one line naming the file and line, and writes no PNG.
+t_plot_schedule() {
+    have_matplotlib || return $?
+    local d=$WORK/plotsched err
+    mkdir -p "$d"
+    timeout 120 $TRAIN --nproc 2 --pp 2 --pp-schedule zb-h1 "${TINY[@]}" --layers 4 --train "$DATA/train.bin" --micro-batch 1 \
+        --batch-tokens 256 --steps 3 --log "$d/pp.jsonl" --pp-schedule-dump "$d/zbh1.tsv" >/dev/null || return 1
+    $TRAIN schedule --pp 4 --micro-batches 8 --pp-schedule zb-v --pp-schedule-dump "$d/zbv.tsv" >/dev/null || return 1
+    $PY scripts/plot.py --schedule "$d/zbh1.tsv" -o "$d/one.png" || return 1
+    $PY scripts/plot.py --schedule "$d/zbh1.tsv" "$d/zbv.tsv" -o "$d/two.png" || return 1
+    $PY scripts/plot.py "$d/pp.jsonl" -o "$d/log.png" || return 1
+    $PY - "$d" <<'EOF' || return 1
+import sys, matplotlib
+matplotlib.use("Agg")
+import matplotlib.image as mpimg
+import numpy as np
+d = sys.argv[1]
+colours = {"F": "#3b6fb6", "B": "#e08a2e", "W": "#3f9b57"}  # scripts/plot.py's SCHEDULE_COLORS
+shapes = {}
+for name in ("one.png", "two.png", "log.png"):
+    img = mpimg.imread(d + "/" + name)[..., :3]
+    shapes[name] = img.shape
+    assert img.std() > 0.05, name + " is blank"
+    if name != "log.png":
+        for k, c in colours.items():
+            rgb = np.array([int(c[i:i + 2], 16) / 255 for i in (1, 3, 5)])
+            n = int((np.abs(img - rgb).max(axis=2) < 0.02).sum())
+            assert n > 50, "%s: no %s bars (%d pixels of %s)" % (name, k, n, c)
+    print(name, img.shape, "pixel std %.3f" % img.std())
+assert shapes["two.png"][0] > shapes["one.png"][0], "the second dump's panel is missing"
+EOF
+    head -n -1 "$d/zbh1.tsv" >"$d/bad.tsv"
+    tail -n 1 "$d/zbh1.tsv" | cut -f1-7 >>"$d/bad.tsv"
+    local n
+    n=$(wc -l <"$d/bad.tsv")
+    err=$($PY scripts/plot.py --schedule "$d/bad.tsv" -o "$d/bad.png" 2>&1)
+    [ $? -ne 0 ] && [ "$err" = "error: $d/bad.tsv:$n: expected 8 tab-separated fields, got 7" ] || { echo "cut row: $err"; return 1; }
+    sed '2s/times ms/times/' "$d/zbh1.tsv" >"$d/bad2.tsv"
+    err=$($PY scripts/plot.py --schedule "$d/bad2.tsv" -o "$d/bad.png" 2>&1)
+    [ $? -ne 0 ] && [ "$(printf '%s\n' "$err" | wc -l)" -eq 1 ] && grep -q "^error: $d/bad2.tsv:2: " <<<"$err" || { echo "bad header: $err"; return 1; }
+    [ ! -e "$d/bad.png" ] || { echo "a PNG from a malformed dump"; return 1; }
 }
 
 # RDMA verbs where libibverbs is absent: ./train does not link it (it is opened at run time), the verbs
@@ -1660,7 +1737,8 @@ run_test plan    t_comm_model              "plan comm: each traffic class's time
 run_test plan    t_plan_bad_input          "plan: bad input, one-line errors naming the flag (ASan)"
 run_test memory  t_recompute               "recompute selective and full are bitwise --recompute none: 1 rank fp32/bf16, DP x ZeRO 1-3, TP+SP, PP plain/interleaved, 3D bf16, CP alone and with TP+SP x ZeRO-3, resume; no extra ZeRO-3 gathers"
 run_test memory  t_memory_formulas         "memory: every rank's peak activations and recompute scratch equal the inventory; fall with recompute, TP, SP, PP, CP, B, T"
-run_test plan    t_plan_exact              "plan --exact predicts every rank's measured peak per category (DP x ZeRO, TP+SP, PP, interleaved, CP, recompute; llama3-tiny's DP x ZeRO, PP, recompute)"
+run_test plan    t_plan_exact              "plan --exact predicts every rank's measured peak per category (DP x ZeRO, TP+SP, PP, interleaved, zb-h1 with its W stashes, CP, recompute; llama3-tiny's DP x ZeRO, PP, recompute)"
+run_test cli     t_plot_schedule           "scripts/plot.py --schedule: timelines from real --pp-schedule-dump tables (F, B, W coloured), the per-rank pipeline panel; a malformed dump, one line"
 run_test cli     t_plot                    "plot.py: training logs and the planner's memory bars as PNG"
 run_test verbs   t_verbs_absent            "RDMA verbs absent: ./train does not link libibverbs, runs as before; verbs say why in one line"
 run_test verbs   t_verbs_vm                "RDMA verbs on soft-RoCE in a QEMU guest: 1 B-64 MiB both ways checked, 8/3/1 slots, selection, dead peer"
@@ -1696,6 +1774,7 @@ run_test emu     t_emu_sync_names_kernel   "emulated GPU: LLM4D_CUDA_SYNC=1 name
 run_test emu     t_emu_train               "emulated GPU: ./train --device cuda fp32 and bf16 steps against the CPU; recompute bitwise"
 run_test emu     t_emu_multirank           "emulated GPU: DP 2 x ZeRO 0-3 (bitwise), TP 2, PP 2 plain, interleaved and zb-v, CP 2, TP 2 x PP 2, TP 2 x PP 2 x DP 2 through CUDA IPC on one emulated GPU; DP 2 on two GPUs, a GPU each seen as device 0, TP 2 x DP 2 on four GPUs, DP 2 over TCP; equal one rank"
 run_test pp      t_pp_schedules            "pipeline schedules (1f1b, interleaved, zb-h1, zb-v) as action lists: checker for p <= 8, m <= 64; ./train schedule"
+run_test pp      t_pp_schedule_dump        "--pp-schedule-dump: a training run's action lists with measured times, as defined, ordered and causal; no bit changed"
 run_test pp      t_pp_zero_bubble          "every schedule pipeline.c runs (zb-h1, zb-v, interleaved by name) ends bitwise at 1f1b's model: PP 2/4, TP, DP x ZeRO 1/3, CP, recompute, resume across schedules"
 run_test model   t_split_backward          "backward split into input (B) and weight (W) halves equals the fused backward bitwise (recompute, PP stages, TP, SP, CP)"
 

@@ -7,7 +7,9 @@
 // before it is used; every cross-stage dependency honoured in time; no deadlock; chunk activations in
 // flight (F done, W not) never above the stated bound, and activation sets mb % slots never shared; W
 // of a chunk in micro-batch order, and the last micro-batch's Ws of a rank from its later chunk down (a
-// unit's gradient final before those of the units below it, as ZeRO's buckets need); the unit-time bubble against the paper's formulas. Then it breaks
+// unit's gradient final before those of the units below it, as ZeRO's buckets need); the unit-time
+// bubble against the paper's formulas; the weight passes pending at once (wpending, the split
+// backward's stashes) against zb-h1's min(r + 1, m), and 1 where W follows its B. Then it breaks
 // schedules on purpose (swapped or dropped actions) and checks the checker notices.
 #include <stdio.h>
 #include <stdlib.h>
@@ -200,6 +202,14 @@ static int run_all(void) {
                 free(dur);
                 double T4 = schedule_times(&s, 1, 1, 1, NULL); // the dump's timeline agrees with this simulator
                 if (T4 != T) err |= E_BUBBLE;
+                for (int r = 0; r < p; r++) { // the stashes a split backward needs: zb-h1 min(r + 1, m); W after B: 1
+                    int want = kind == SCHED_ZBH1 ? (r + 1 < m ? r + 1 : m) : s.split ? s.wpending[r] : 1;
+                    if (s.wpending[r] != want || s.wpending[r] < 1 || s.wpending[r] > s.bound[r]) {
+                        fprintf(stderr, "rank %d: %d weight passes pending at once, expected %d (bound %d)\n", r, s.wpending[r],
+                                want, s.bound[r]);
+                        err |= E_BOUND;
+                    }
+                }
                 if (err) {
                     fprintf(stderr, "FAIL %s p %d m %d v %d: errors 0x%x, unit-time makespan %g (schedule_times %g)\n",
                             SCHEDULE_NAMES[kind], p, m, v, err, T, T4);
