@@ -64,7 +64,7 @@ static const char USAGE[] =
     "                                            a pipeline schedule's actions and timeline (1f1b,\n"
     "                                            interleaved, zb-h1, zb-v)\n"
     "       ./train bench-comm --nproc N [flags] collective bandwidth table, as nccl-tests prints\n"
-    "       ./train hf-inspect DIR [--dump OUT] [--save-hf OUT2 [--dtype fp32|bf16] [--max-shard-bytes N]]\n"
+    "       ./train hf-inspect DIR [--dump OUT] [--via-model RAW] [--save-hf OUT2 [--dtype fp32|bf16] [--max-shard-bytes N]]\n"
     "                                            a tool: a Hugging Face Llama checkpoint's config and tensors (read,\n"
     "                                            shape-checked, converted to fp32), dumped raw or written again\n"
     "\n"
