@@ -598,7 +598,7 @@ void hf_save_model(const char *dir, const GPT2Config *cfg, const float *params, 
 int hf_inspect_main(int argc, char **argv) {
     const char *dir = NULL, *dump = NULL, *save = NULL, *via = NULL;
     DType dt = DT_F32;
-    uint64_t max_shard = (uint64_t)5 << 30; // transformers' default max_shard_size, 5 GB
+    uint64_t max_shard = HF_MAX_SHARD_BYTES;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {

@@ -110,6 +110,7 @@ void hf_config_of_model(const GPT2Config *cfg, HFConfig *c);
 size_t hf_model_offset(const GPT2Config *cfg, int i);
 // DIR's config and weights (any of F32, BF16, F16, widened exactly) as cfg and a new full fp32 vector.
 float *hf_load_model(const char *dir, GPT2Config *cfg);
+#define HF_MAX_SHARD_BYTES ((uint64_t)5 << 30) // transformers' default max_shard_size, 5 GB
 // The full fp32 vector of a Llama shape as an HF checkpoint (hf_save: dt fp32 or bf16, sharding).
 void hf_save_model(const char *dir, const GPT2Config *cfg, const float *params, DType dt, uint64_t max_shard_bytes);
 

@@ -13,6 +13,7 @@
 #include "ckpt.h"
 #include "collectives.h"
 #include "common.h"
+#include "hf.h"
 #include "layout.h"
 #include "model.h"
 #include "schedule.h"
@@ -22,7 +23,8 @@ static const char SAMPLE_USAGE[] =
     "                      [--tokenizer FILE] [--device cpu|cuda] [--nproc N --tp N --pp N --cp N ...]\n"
     "  continue TEXT (default: the tokenizer's end-of-text token, else token 0) from a model file, a\n"
     "  checkpoint directory (DIR/ckpt_XXXXXXXX) or the newest checkpoint of a --ckpt-dir DIR, and print it\n"
-    "  --model FILE|DIR           an llm.c model file (--save-model's), or a checkpoint (directory)\n"
+    "  --model FILE|DIR           an llm.c model file (--save-model's), a checkpoint (directory), or a\n"
+    "                             Hugging Face Llama checkpoint (a directory with config.json: --save-hf's)\n"
     "  --prompt TEXT              the text to continue, encoded by the tokenizer (longest piece first)\n"
     "  --tokens N                 tokens to generate (default 64; prompt and tokens at most --seq-len)\n"
     "  --temperature F            sampling temperature (default 1.0)\n"
@@ -41,7 +43,8 @@ static const char EVAL_USAGE[] =
     "  the mean loss and perplexity (exp of the loss) of a model file or checkpoint over token shards:\n"
     "  the same batches and the same computation as training's --val-every (batch i: the windows\n"
     "  i*B .. i*B+B-1 of the shards), so that it prints the validation loss a training run printed\n"
-    "  --model FILE|DIR           an llm.c model file (--save-model's), or a checkpoint (directory)\n"
+    "  --model FILE|DIR           an llm.c model file (--save-model's), a checkpoint (directory), or a\n"
+    "                             Hugging Face Llama checkpoint (a directory with config.json: --save-hf's)\n"
     "  --val PATTERN              token shards (a glob)\n"
     "  --batches N                micro-batches of B x T tokens (default 10, as --val-steps)\n"
     "  --micro-batch B            sequences per batch (default 4)\n"
@@ -80,6 +83,15 @@ static const char USAGE[] =
     "                             comes from the file\n"
     "  --save-model FILE          write the trained model (llm.c version 3, fp32 master weights) at the\n"
     "                             end; with --steps 0 it writes the initialisation and needs no data\n"
+    "  --init-from-hf DIR         start from a Hugging Face Llama checkpoint: DIR/config.json gives the\n"
+    "                             shape (no --model or shape flag with it), DIR/model.safetensors or the\n"
+    "                             shards of DIR/model.safetensors.index.json the weights (F32, BF16 or F16;\n"
+    "                             q/k/v_proj become qkvw, gate/up_proj fcw, the vocabulary is padded with\n"
+    "                             zero rows; README: what is mapped how)\n"
+    "  --save-hf DIR              write the trained Llama at the end as a Hugging Face checkpoint\n"
+    "                             (config.json and model.safetensors, sharded above 5 GB with the index;\n"
+    "                             fp32 master weights, the padding rows dropped) that transformers loads\n"
+    "  --save-hf-dtype fp32|bf16  --save-hf's element type (default fp32; bf16 rounds to nearest even)\n"
     "  --seed N                   initialisation, shuffling and sampling seed (default 1337)\n"
     "\n"
     "data (llm.c token shards: 256 x int32 header, magic 20240520, version 1, count; uint16 tokens):\n"
@@ -244,7 +256,21 @@ int context_split_error(const Options *o, int T, char *err, size_t cap) {
     return 0;
 }
 
+// --init-from-hf takes the whole shape from config.json: any shape flag beside it is refused.
+static void check_init_from_hf(const Options *o) {
+    if (!o->init_from_hf) return;
+    const char *flag = o->preset ? "--model" : o->layers ? "--layers" : o->channels ? "--channels" : o->heads ? "--heads"
+                       : o->vocab ? "--vocab" : o->max_seq_len ? "--max-seq-len" : o->init_from ? "--init-from" : NULL;
+    if (flag) die("--init-from-hf takes the shape from %s/config.json: drop %s", o->init_from_hf, flag);
+}
+
 GPT2Config options_shape(const Options *o) {
+    if (o->init_from_hf) {
+        check_init_from_hf(o);
+        HFConfig c;
+        hf_config_read(o->init_from_hf, &c);
+        return hf_model_config(&c, o->init_from_hf);
+    }
     int shape_flags = o->layers || o->channels || o->heads || o->vocab || o->max_seq_len;
     if (!o->init_from) return gpt2_shape(o->preset, o->layers, o->channels, o->heads, o->vocab, o->max_seq_len, o->seq_len);
     if (shape_flags || o->preset) die("--init-from takes the shape from %s; drop --model and the shape flags", o->init_from);
@@ -262,6 +288,9 @@ GPT2Config options_shape(const Options *o) {
 int check_layout(const Options *o, const GPT2Config *cfg, int nranks, BatchShape *b, char *err, size_t cap) {
     if (layout_error(o->tp, o->cp, o->pp, nranks, err, cap)) return -1;
     if (cfg->NH % o->tp) return snprintf(err, cap, "--tp %d does not divide the model's %d heads", o->tp, cfg->NH), -1;
+    if (o->save_hf && cfg->arch != ARCH_LLAMA)
+        return snprintf(err, cap, "--save-hf writes Hugging Face Llama checkpoints: this model is GPT-2 (--save-model writes "
+                        "its llm.c file)"), -1;
     if (o->sp && o->tp == 1) return snprintf(err, cap, "--sp needs tensor parallelism (--tp 2 or more)"), -1;
     *b = (BatchShape){ .T = o->seq_len ? o->seq_len : cfg->maxT, .B = o->micro_batch, .dp = nranks / (o->tp * o->cp * o->pp) };
     if (b->T > cfg->maxT)
@@ -304,7 +333,8 @@ int check_layout(const Options *o, const GPT2Config *cfg, int nranks, BatchShape
 
 // The flags of training that mean nothing to sample and eval (a run of no steps from --model).
 static int is_training_only(const char *f) {
-    static const char *const only[] = { "--steps", "--init-from", "--save-model", "--train", "--ckpt-dir", "--ckpt-every",
+    static const char *const only[] = { "--steps", "--init-from", "--save-model", "--init-from-hf", "--save-hf",
+                                        "--save-hf-dtype", "--train", "--ckpt-dir", "--ckpt-every",
                                         "--keep", "--max-restarts", "--log", "--dump", "--layers", "--channels", "--heads",
                                         "--vocab", "--max-seq-len", "--val-every", "--sample-every", "--val-steps",
                                         "--sample-tokens", "--batch-tokens", NULL };
@@ -401,6 +431,13 @@ static void parse_valued_flag(Options *o, int argc, char **argv, int *ip) {
     }
     else if (IS("--ib-dev")) o->ib_dev = v;
     else if (IS("--ib-gid-index")) o->ib_gid_index = (int)parse_int(f, v, 0, 65535);
+    else if (IS("--init-from-hf")) o->init_from_hf = v;
+    else if (IS("--save-hf")) o->save_hf = v;
+    else if (IS("--save-hf-dtype")) {
+        if (!strcmp(v, "fp32")) o->save_hf_dtype = DT_F32;
+        else if (!strcmp(v, "bf16")) o->save_hf_dtype = DT_BF16;
+        else die("--save-hf-dtype must be fp32 or bf16, got '%s'", v);
+    }
     else die("unknown flag %s (see --help)", f);
 #undef IS
     *ip = i;
@@ -425,6 +462,13 @@ static void check_options(const Options *o) {
     if (o->init_from && o->resume)
         die("--init-from and --resume both give the starting weights: drop one (--resume continues a checkpoint, "
             "--init-from starts from a model file)");
+    if (o->init_from_hf && o->resume && o->mode == MODE_TRAIN)
+        die("--init-from-hf and --resume both give the starting weights: drop one (--resume continues a checkpoint, "
+            "--init-from-hf starts from a Hugging Face checkpoint)");
+    if (o->init_from_hf && o->max_restarts)
+        die("--max-restarts relaunches with --resume, which takes the shape from the flags: give --init-from-hf's shape "
+            "as flags for a run that restarts (or run it without --max-restarts)");
+    check_init_from_hf(o);
     char err[256];
     if (o->seq_len && context_split_error(o, o->seq_len, err, sizeof err)) die("%s", err); // before any rank starts
 }
@@ -526,10 +570,17 @@ static void model_source(Options *o) {
         o->init_from = o->model_path;
         return;
     }
-    o->resume = 1;
     size_t n = strlen(o->model_path) + 32;
     char *manifest = xmalloc(n);
+    snprintf(manifest, n, "%s/config.json", o->model_path);
+    int hf = stat(manifest, &st) == 0;
     snprintf(manifest, n, "%s/manifest.json", o->model_path);
+    if (hf && stat(manifest, &st) != 0) { // a Hugging Face checkpoint (config.json, no manifest)
+        o->init_from_hf = o->model_path;
+        free(manifest);
+        return;
+    }
+    o->resume = 1;
     if (stat(manifest, &st) == 0) {
         o->resume_path = o->model_path;
     } else { // a --ckpt-dir: its newest complete checkpoint

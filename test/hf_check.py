@@ -395,6 +395,30 @@ def main():
         with open(os.path.join(d, "model.safetensors.index.json"), "w") as f:
             json.dump({"weight_map": {k: "a.safetensors" for k in arr if k != "model.norm.weight"}}, f)
         expect_error("tensor absent from the index", d, "model.norm.weight is missing")
+        # 7. the trainer's flags: refusals that need no Llama model
+        src = os.path.join(w, "np_f32")
+        flag_cases = [
+            ("--init-from-hf with a shape flag", ["--init-from-hf", src, "--layers", "2"],
+             f"--init-from-hf takes the shape from {src}/config.json: drop --layers"),
+            ("--init-from-hf with --model", ["--init-from-hf", src, "--model", "d12"], "drop --model"),
+            ("--init-from-hf with --init-from", ["--init-from-hf", src, "--init-from", "x.bin"], "drop --init-from"),
+            ("--init-from-hf with --resume", ["--init-from-hf", src, "--resume", "--ckpt-dir", os.path.join(w, "ck")],
+             "--init-from-hf and --resume both give the starting weights"),
+            ("--save-hf of a GPT-2", ["--save-hf", os.path.join(w, "gpt2_hf"), "--layers", "1", "--channels", "32", "--heads",
+                                      "2", "--vocab", "64", "--seq-len", "16", "--steps", "0"],
+             "--save-hf writes Hugging Face Llama checkpoints: this model is GPT-2"),
+            ("--save-hf-dtype", ["--save-hf", os.path.join(w, "x"), "--save-hf-dtype", "fp16"], "--save-hf-dtype must be fp32 or bf16"),
+            ("--init-from-hf of a directory without config.json", ["--init-from-hf", os.path.join(w, "nowhere")],
+             "nowhere/config.json"),
+        ]
+        for name, args, needle in flag_cases:
+            r = subprocess.run([TRAIN, *args], capture_output=True, text=True)
+            lines = r.stderr.strip().splitlines()
+            ok = r.returncode != 0 and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0]
+            report(ok, f"train: {name}: exit {r.returncode}, {lines[0] if lines else '(no message)'}")
+        r = subprocess.run([TRAIN, "eval", "--model", os.path.join(w, "deep"), "--val", "x.bin"], capture_output=True, text=True)
+        report(r.returncode != 0 and "config.json: not a shape llm4d trains" in r.stderr,
+               "train eval --model DIR with config.json reads it as a Hugging Face checkpoint")
     print(f"{'PASS' if failures == 0 else 'FAIL'}: {failures} check(s) failed")
     sys.exit(1 if failures else 0)
 
