@@ -557,30 +557,40 @@ static void wait_own_shard(Ckpt *c) {
 // order, then each section as an object in order of first appearance; manifest_text and parse_meta
 // add what is not a plain field (format and version, data.next_sequence, the --skip-spikes history).
 
-enum { MF_INT, MF_BOOL, MF_REAL, MF_STR }; // an integer of the field's size, a boolean, a real, a string
+// an integer of the field's size, a boolean, a real, a string, an architecture (an int written as its name)
+enum { MF_INT, MF_BOOL, MF_REAL, MF_STR, MF_ARCH };
 typedef struct {
     const char *section; // NULL: a member of the manifest itself
     const char *key;
     int kind;
     size_t off, size;
-    int optional; // missing: 1 (written before the member existed), else the manifest is refused
+    int optional; // missing: read as dflt (written before the member existed), else the manifest is refused
+    double dflt;
 } MetaField;
-#define MF(section, key, kind, field) { section, key, kind, offsetof(CkptMeta, field), sizeof(((CkptMeta *)0)->field), 0 }
+#define MF(section, key, kind, field) { section, key, kind, offsetof(CkptMeta, field), sizeof(((CkptMeta *)0)->field), 0, 0 }
+// the Llama family's fields, written since issue 27: missing in older manifests, which hold GPT-2 (zeros)
+#define MF0(section, key, kind, field) { section, key, kind, offsetof(CkptMeta, field), sizeof(((CkptMeta *)0)->field), 1, 0 }
 static const MetaField META_FIELDS[] = {
     MF(NULL, "step", MF_INT, step), MF(NULL, "adam_t", MF_INT, adam_t), MF(NULL, "seed", MF_INT, seed),
     MF(NULL, "shuffle", MF_BOOL, shuffle),
     MF("model", "layers", MF_INT, model.L), MF("model", "channels", MF_INT, model.C), MF("model", "heads", MF_INT, model.NH),
     MF("model", "vocab", MF_INT, model.V), MF("model", "padded_vocab", MF_INT, model.Vp),
     MF("model", "max_seq_len", MF_INT, model.maxT),
+    MF0("model", "arch", MF_ARCH, model.arch), MF0("model", "kv_heads", MF_INT, model.NKV), MF0("model", "ffn", MF_INT, model.F),
+    MF0("model", "tie_embeddings", MF_BOOL, model.tie), MF0("model", "norm_eps", MF_REAL, model.norm_eps),
+    MF0("model", "rope_theta", MF_REAL, model.rope.theta), MF0("model", "rope_factor", MF_REAL, model.rope.factor),
+    MF0("model", "rope_low_freq_factor", MF_REAL, model.rope.low_freq_factor),
+    MF0("model", "rope_high_freq_factor", MF_REAL, model.rope.high_freq_factor),
+    MF0("model", "rope_original_max_pos", MF_INT, model.rope.original_max_pos),
     MF("layout", "ranks", MF_INT, ranks), MF("layout", "dp", MF_INT, dp), MF("layout", "tp", MF_INT, tp),
     MF("layout", "pp", MF_INT, pp),
-    { "layout", "cp", MF_INT, offsetof(CkptMeta, cp), sizeof(int), 1 }, // before context parallelism: 1
+    { "layout", "cp", MF_INT, offsetof(CkptMeta, cp), sizeof(int), 1, 1 }, // before context parallelism: 1
     MF("layout", "pp_virtual", MF_INT, pp_virtual), MF("layout", "zero", MF_INT, zero), MF("layout", "sp", MF_BOOL, sp),
     MF("layout", "bucket_mb", MF_REAL, bucket_mb), MF("layout", "dtype", MF_STR, dtype),
     MF("layout", "micro_batch", MF_INT, micro_batch), MF("layout", "seq_len", MF_INT, seq_len),
     MF("layout", "batch_tokens", MF_INT, batch_tokens),
     MF("data", "train", MF_STR, train), MF("data", "tokens", MF_INT, train_tokens),
-    { "data", "fingerprint", MF_STR, offsetof(CkptMeta, train_fp), sizeof(((CkptMeta *)0)->train_fp), 1 }, // before fingerprints: ""
+    { "data", "fingerprint", MF_STR, offsetof(CkptMeta, train_fp), sizeof(((CkptMeta *)0)->train_fp), 1, 0 }, // before fingerprints: ""
     MF("optimizer", "schedule", MF_STR, schedule), MF("optimizer", "lr", MF_REAL, lr),
     MF("optimizer", "lr_min_frac", MF_REAL, lr_min_frac), MF("optimizer", "warmup", MF_INT, warmup),
     MF("optimizer", "steps", MF_INT, steps), MF("optimizer", "beta1", MF_REAL, beta1), MF("optimizer", "beta2", MF_REAL, beta2),
@@ -603,6 +613,7 @@ static json_t *meta_value(const CkptMeta *mt, const MetaField *f) {
         else memcpy(&i, p, sizeof i);
         return f->kind == MF_BOOL ? json_boolean(i) : json_integer((json_int_t)i);
     case MF_REAL: return json_real(f->size == 4 ? (double)*(const float *)p : *(const double *)p);
+    case MF_ARCH: return json_string(ARCH_NAMES[*(const int *)p]);
     default: return json_string(p);
     }
 }
@@ -820,18 +831,29 @@ static int meta_field(json_t *o, const MetaField *f, CkptMeta *mt) {
     }
     case MF_INT:
         if (!get_int(o, f->key, &i)) {
-            if (!f->optional) return 0;
-            i = 1;
+            if (!f->optional || json_object_get(o, f->key)) return 0;
+            i = (long long)f->dflt;
         }
         if (f->size == 4 && (i < INT32_MIN || i > INT32_MAX)) return 0; // never truncated (2^32 + 4 is not 4)
         if (f->size == 4) *(int32_t *)p = (int32_t)i;
         else memcpy(p, &(int64_t){ (int64_t)i }, 8);
         return 1;
     case MF_REAL:
-        if (!get_num(o, f->key, &d)) return 0;
+        if (!get_num(o, f->key, &d)) {
+            if (!f->optional || json_object_get(o, f->key)) return 0;
+            d = f->dflt;
+        }
         if (f->size == 4) *(float *)p = (float)d;
         else *(double *)p = d;
         return 1;
+    case MF_ARCH: { // by name: gpt2 when missing
+        json_t *v = json_object_get(o, f->key);
+        const char *name = v ? json_string_value(v) : ARCH_NAMES[ARCH_GPT2];
+        if (!name) return 0;
+        for (int a = 0; a < 2; a++)
+            if (!strcmp(name, ARCH_NAMES[a])) return *(int *)p = a, 1;
+        return 0;
+    }
     default:
         if (f->optional && !json_object_get(o, f->key)) {
             *p = 0;
@@ -900,6 +922,8 @@ static int validate_meta(const CkptMeta *mt, char *why, size_t cap) {
     RANGE("model.vocab", m->V, 1, INT32_MAX);
     RANGE("model.padded_vocab", m->Vp, m->V, INT32_MAX);
     RANGE("model.max_seq_len", m->maxT, 1, INT32_MAX);
+    char bad[256];
+    if (!gpt2_config_valid(m, bad, sizeof bad)) return snprintf(why, cap, "model: %.200s", bad), -1;
     RANGE("layout.ranks", mt->ranks, 1, 1 << 24);
     RANGE("layout.dp", mt->dp, 1, mt->ranks);
     RANGE("layout.tp", mt->tp, 1, mt->ranks);
@@ -955,6 +979,12 @@ static int compatible(const char *d, const CkptMeta *a, const CkptMeta *now, cha
     if (x->L != y->L || x->C != y->C || x->NH != y->NH || x->maxT != y->maxT || x->Vp != y->Vp)
         return snprintf(why, cap, "checkpoint %s holds another model shape (layers %d, channels %d, heads %d, max seq len %d; "
                         "this run: %d, %d, %d, %d)", d, x->L, x->C, x->NH, x->maxT, y->L, y->C, y->NH, y->maxT), 0;
+    if (x->arch != y->arch || x->NKV != y->NKV || x->F != y->F || x->tie != y->tie || x->norm_eps != y->norm_eps ||
+        x->rope.theta != y->rope.theta || x->rope.factor != y->rope.factor || x->rope.low_freq_factor != y->rope.low_freq_factor ||
+        x->rope.high_freq_factor != y->rope.high_freq_factor || x->rope.original_max_pos != y->rope.original_max_pos)
+        return snprintf(why, cap, "checkpoint %s holds another model (%s, kv heads %d, ffn %d, tied %d, norm eps %g, rope theta "
+                        "%g; this run: %s, %d, %d, %d, %g, %g)", d, ARCH_NAMES[x->arch], x->NKV, x->F, x->tie, x->norm_eps,
+                        x->rope.theta, ARCH_NAMES[y->arch], y->NKV, y->F, y->tie, y->norm_eps, y->rope.theta), 0;
     if (a->seq_len != now->seq_len || a->batch_tokens != now->batch_tokens)
         return snprintf(why, cap, "checkpoint %s was trained with --seq-len %d --batch-tokens %lld, this run has %d and %lld: "
                         "the data position would not carry over", d, a->seq_len, a->batch_tokens, now->seq_len,

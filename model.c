@@ -1,4 +1,4 @@
-// model.c: GPT-2 on one device. All device memory goes through the backend; the host only touches
+// model.c: GPT-2 and the Llama family on one device. All device memory goes through the backend; the host only touches
 // parameters when they are initialised, loaded or saved, and the losses and logits it reads back.
 #include "model.h"
 
@@ -129,6 +129,41 @@ int llama_preset(const char *name, GPT2Config *cfg) {
         return 1;
     }
     return 0;
+}
+
+GPT2Config model_shape(const char *preset, const ShapeFlags *f, int seq_len) {
+    GPT2Config cfg;
+    int is_llama = preset && llama_preset(preset, &cfg);
+    if (f->arch == ARCH_GPT2 && is_llama) die("--model %s is a Llama: drop --arch gpt2 (or give --arch llama)", preset);
+    if (f->arch == ARCH_LLAMA && preset && !is_llama)
+        die("--arch llama: --model must be llama3-tiny, llama3.2-1b, llama3-8b, llama3-70b or llama3-405b, got '%s'", preset);
+    if (!is_llama && f->arch != ARCH_LLAMA) {
+        if (f->NKV || f->F || f->tie >= 0 || f->rope_theta || f->norm_eps)
+            die("--kv-heads, --ffn, --tie-embeddings, --rope-theta and --norm-eps are the Llama family's: give --arch llama "
+                "or a Llama --model");
+        return gpt2_shape(preset, f->L, f->C, f->NH, f->V, f->maxT, seq_len);
+    }
+    if (!preset) {
+        llama_preset("llama3.2-1b", &cfg);
+        memset(&cfg.rope, 0, sizeof cfg.rope); // a custom shape: plain RoPE, no pretrained model's context scaling
+        cfg.rope.theta = 500000;
+    }
+    int custom = !preset && (f->L || f->C || f->NH || f->V || f->maxT);
+    if (f->L) cfg.L = f->L;
+    if (f->C) cfg.C = f->C;
+    if (f->NH) cfg.NH = f->NH, cfg.NKV = f->NH; // (--kv-heads below overrides)
+    if (f->NKV) cfg.NKV = f->NKV;
+    if (f->C && !preset) cfg.F = (8 * f->C / 3 + 255) / 256 * 256;
+    if (f->F) cfg.F = f->F;
+    if (f->V) cfg.V = f->V, cfg.Vp = (f->V + 127) / 128 * 128;
+    if (custom && seq_len) cfg.maxT = seq_len;
+    if (f->maxT) cfg.maxT = f->maxT;
+    if (f->tie >= 0) cfg.tie = f->tie;
+    if (f->rope_theta) cfg.rope.theta = f->rope_theta;
+    if (f->norm_eps) cfg.norm_eps = (float)f->norm_eps;
+    char why[256];
+    if (!gpt2_config_valid(&cfg, why, sizeof why)) die("bad model shape: %s", why);
+    return cfg;
 }
 
 int gpt2_param_decays(int k) {
@@ -316,17 +351,19 @@ static void local_sizes(GPT2 *m) {
     // the tied head) on the last; the final LayerNorm on the last
     for (int k = 0; k < NUM_PARAM_TENSORS; k++)
         if (is_layer_tensor(k)) s[k] = s[k] / m->cfg.L * L;
-    int embed = m->first || m->last;
+    int llama = m->cfg.arch == ARCH_LLAMA, embed = m->first || (m->last && m->head_k == P_WTE);
     s[P_WTE] = embed ? (size_t)m->Vp_tp * C : 0;
-    s[P_WPE] = embed ? s[P_WPE] : 0;
-    s[P_LNFW] = s[P_LNFB] = m->last ? C : 0;
-    s[P_LMHEAD] = 0; // the Llama family's untied head: not built yet
-    s[P_QKVW] = L * 3 * Ct * C;
-    s[P_QKVB] = L * 3 * Ct;
+    s[P_WPE] = embed && !llama ? s[P_WPE] : 0;
+    s[P_LNFW] = m->last ? C : 0;
+    s[P_LNFB] = m->last && !llama ? C : 0;
+    s[P_LMHEAD] = m->last && m->head_k == P_LMHEAD ? (size_t)m->Vp_tp * C : 0; // the untied head: vocabulary rows
+    s[P_QKVW] = L * (size_t)m->qkv_tp * C;
+    s[P_QKVB] = llama ? 0 : L * (size_t)m->qkv_tp;
     s[P_ATTPROJW] = L * C * Ct;
-    s[P_FCW] = L * 4 * Ct * C;
-    s[P_FCB] = L * 4 * Ct;
-    s[P_FCPROJW] = L * C * 4 * Ct;
+    s[P_ATTPROJB] = llama ? 0 : s[P_ATTPROJB];
+    s[P_FCW] = L * (size_t)m->fc_tp * C;
+    s[P_FCB] = llama ? 0 : L * (size_t)m->fc_tp;
+    s[P_FCPROJW] = L * C * (size_t)m->mlp_tp;
 }
 
 // Unit-major layout: unit offsets and each tensor's place inside its unit.
@@ -347,12 +384,33 @@ static void build_units(GPT2 *m) {
     m->num_params = m->unit_offset[L + 2];
 }
 
+// Llama: the first kv head of tensor-parallel rank r (ranks sharing a kv head when NKV < TP)
+static size_t kv_first_of(const GPT2 *m, int r) {
+    int TP = m->lay->tp.size, NKV = m->cfg.NKV;
+    return NKV >= TP ? (size_t)r * (NKV / TP) : (size_t)(r / (TP / NKV));
+}
+
 // Index in the full model file of element i of this rank's slice of tensor k, layer l (tensor-
 // parallel rank r); SIZE_MAX for the internal vocabulary padding past Vp.
 static size_t full_index(const GPT2 *m, int r, int k, int l, size_t i) {
     size_t C = m->cfg.C, Ct = (size_t)m->C_tp, base = m->file_offsets[k];
+    if (m->cfg.arch == ARCH_LLAMA && (k == P_QKVW || k == P_FCW || k == P_FCPROJW)) {
+        size_t hs = (size_t)m->hs, NH = (size_t)m->cfg.NH, NKV = (size_t)m->cfg.NKV, F = (size_t)m->cfg.F;
+        size_t Ft = (size_t)m->mlp_tp, row = i / C, col = i % C, q = (size_t)m->NH_tp * hs, kv = (size_t)m->NKV_tp * hs;
+        if (k == P_QKVW) { // this rank's query heads, then its kv heads' k rows, then their v rows
+            size_t full_row = row < q ? (size_t)r * q + row
+                            : row < q + kv ? NH * hs + kv_first_of(m, r) * hs + (row - q)
+                                           : NH * hs + NKV * hs + kv_first_of(m, r) * hs + (row - q - kv);
+            return base + (size_t)l * (NH + 2 * NKV) * hs * C + full_row * C + col;
+        }
+        if (k == P_FCW) { // this rank's gate rows, then its up rows
+            size_t full_row = row < Ft ? (size_t)r * Ft + row : F + (size_t)r * Ft + (row - Ft);
+            return base + (size_t)l * 2 * F * C + full_row * C + col;
+        }
+        return base + (size_t)l * C * F + (i / Ft) * F + (size_t)r * Ft + i % Ft; // down: columns
+    }
     switch (k) {
-    case P_WTE: {
+    case P_WTE: case P_LMHEAD: {
         size_t row = (size_t)r * m->Vp_tp + i / C;
         return row < (size_t)m->cfg.Vp ? base + row * C + i % C : SIZE_MAX;
     }
@@ -407,7 +465,8 @@ size_t gpt2_file_index(const GPT2 *m, int k, int l, size_t i) {
 void gpt2_full_to_local(const GPT2 *m, const float *file, float *local) { map_slice(m, m->lay->tp.rank, (float *)file, local, 1); }
 
 void gpt2_gather_full(const GPT2 *m, const float *local, float *file) {
-    size_t full_n = m->file_offsets[P_LNFB] + m->cfg.C;
+    size_t full_sizes[NUM_PARAM_TENSORS], full_offsets[NUM_PARAM_TENSORS];
+    size_t full_n = gpt2_param_layout(&m->cfg, full_sizes, full_offsets);
     memset(file, 0, sizeof(float) * full_n);
     if (m->lay->tp.size == 1) {
         map_slice(m, 0, file, (float *)local, 0);
@@ -446,6 +505,21 @@ static void place(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, c
     m->ring = (CpRing){ .lay = lay, .times = times, .be = be, .dt = dt };
     m->C_tp = cfg->C / TP;
     m->NH_tp = cfg->NH / TP;
+    m->hs = cfg->C / cfg->NH;
+    m->head_k = cfg->arch == ARCH_LLAMA && !cfg->tie ? P_LMHEAD : P_WTE;
+    if (cfg->arch == ARCH_LLAMA) {
+        if (cfg->NKV >= TP ? cfg->NKV % TP : TP % cfg->NKV)
+            die("internal: tensor parallelism %d and %d kv heads: one must divide the other", TP, cfg->NKV);
+        if (cfg->F % TP) die("internal: tensor parallelism %d does not divide the SwiGLU size %d", TP, cfg->F);
+        m->NKV_tp = cfg->NKV >= TP ? cfg->NKV / TP : 1;
+        m->qkv_tp = (m->NH_tp + 2 * m->NKV_tp) * m->hs;
+        m->mlp_tp = cfg->F / TP;
+        m->fc_tp = 2 * m->mlp_tp;
+    } else {
+        m->NKV_tp = m->NH_tp;
+        m->qkv_tp = 3 * m->C_tp;
+        m->fc_tp = m->mlp_tp = 4 * m->C_tp;
+    }
     m->Vp_tp = (cfg->Vp + TP - 1) / TP; // padded internally when the ranks do not divide Vp
     m->v_start = lay->tp.rank * m->Vp_tp;
     m->v_real = cfg->V - m->v_start;
@@ -465,29 +539,31 @@ static void alloc_slot(GPT2 *m, int s) {
     // matmul inputs that are expensive to rebuild unless full recompute reruns the block; the LayerNorm
     // outputs and GELU's output only without recompute
     int keep_block = m->lay->recompute != RECOMPUTE_FULL, keep_cheap = m->lay->recompute == RECOMPUTE_NONE;
+    int ln = m->cfg.arch != ARCH_LLAMA; // RMSNorm keeps no mean
+    size_t QKV = (size_t)m->qkv_tp, FC = (size_t)m->fc_tp, MLP = (size_t)m->mlp_tp;
     Activations *x = &m->slots[s];
 #define ACT(field, elems, esize) x->field = mem_alloc(a, MEM_ACTIVATIONS, (elems) * (esize), #field)
     ACT(encoded, m->lay->chunks * R * C, ds); // each chunk's input
     ACT(residual3, L * R * C, ds);        // each block's output
     if (keep_block) {
-        ACT(ln1_mean, L * R, 4);
+        if (ln) ACT(ln1_mean, L * R, 4);
         ACT(ln1_rstd, L * R, 4);
-        ACT(qkv, L * BT * 3 * Ct, ds);
+        ACT(qkv, L * BT * QKV, ds);
         ACT(atty, L * BT * Ct, ds);
         ACT(lse, L * lse, 4); // attention keeps one log-sum-exp per row, never the T x T probabilities
         ACT(residual2, L * R * C, ds);
-        ACT(ln2_mean, L * R, 4);
+        if (ln) ACT(ln2_mean, L * R, 4);
         ACT(ln2_rstd, L * R, 4);
-        ACT(fch, L * BT * 4 * Ct, ds); // GELU's input
+        ACT(fch, L * BT * FC, ds); // GELU's input (Llama: gate|up, SwiGLU's input)
     }
     if (keep_cheap) {
         ACT(ln1, L * R * C, ds);
         ACT(ln2, L * R * C, ds);
-        ACT(fch_gelu, L * BT * 4 * Ct, ds);
+        ACT(fch_gelu, L * BT * MLP, ds);
     }
     if (m->last) { // the head
         ACT(lnf, R * C, ds);
-        ACT(lnf_mean, R, 4);
+        if (ln) ACT(lnf_mean, R, 4);
         ACT(lnf_rstd, R, 4);
         ACT(logits, BT * m->Vp_tp, ds);
         ACT(ce_max, BT, 4);
@@ -505,8 +581,8 @@ static void alloc_slot(GPT2 *m, int s) {
     }
     ACT(partial, BT * C, ds);
     ACT(dbuf_c, BT * C, ds);
-    ACT(dbuf_4c, BT * 4 * Ct, ds);
-    ACT(dqkv, BT * 3 * Ct, ds);
+    ACT(dbuf_4c, BT * (FC + (ln ? 0 : MLP)), ds); // Llama: dgate|dup, then SwiGLU's output gradient
+    ACT(dqkv, BT * QKV, ds);
     if (m->lay->sp) {
         ACT(full, BT * C, ds);
         ACT(dshard, R * C, ds);
@@ -515,12 +591,13 @@ static void alloc_slot(GPT2 *m, int s) {
 #undef ACT
     if (m->lay->cp.size > 1) { // the ring's blocks in flight count as communication buffers, its accumulators as activations
         CpRing *r = &m->ring;
+        size_t KV = 2 * (size_t)m->NKV_tp * m->hs; // a token's k and v: GQA's NKV heads travel, not NH
         for (int i = 0; i < 2; i++) {
-            r->kvbuf[i] = mem_alloc(a, MEM_COMM, BT * 2 * Ct * ds, "context-parallel K/V block");
-            r->dkv[i] = mem_alloc(a, MEM_COMM, BT * 2 * Ct * 4, "context-parallel dK/dV accumulator");
+            r->kvbuf[i] = mem_alloc(a, MEM_COMM, BT * KV * ds, "context-parallel K/V block");
+            r->dkv[i] = mem_alloc(a, MEM_COMM, BT * KV * 4, "context-parallel dK/dV accumulator");
         }
         r->acc = mem_alloc(a, MEM_ACTIVATIONS, BT * Ct * 4, "context-parallel attention accumulator");
-        r->dkv_part = mem_alloc(a, MEM_ACTIVATIONS, BT * 2 * Ct * 4, "context-parallel dK/dV share");
+        r->dkv_part = mem_alloc(a, MEM_ACTIVATIONS, BT * KV * 4, "context-parallel dK/dV share");
     }
 }
 
@@ -533,21 +610,22 @@ static void alloc_recompute(GPT2 *m) {
     MemAccount *a = &m->mem;
     BlockScratch *r = &m->rc;
 #define RC(field, elems, esize) r->field = mem_alloc(a, MEM_RECOMPUTE, (elems) * (esize), "recompute " #field)
+    int ln = cfg->arch != ARCH_LLAMA; // RMSNorm keeps no mean
     if (m->lay->recompute != RECOMPUTE_NONE) {
-        RC(ln1, R * C, ds); // selective: either LayerNorm's output, each rebuilt just before its use
-        RC(fch_gelu, BT * 4 * Ct, ds);
+        RC(ln1, R * C, ds); // selective: either norm's output, each rebuilt just before its use
+        RC(fch_gelu, BT * (size_t)m->mlp_tp, ds);
     }
     if (m->lay->recompute == RECOMPUTE_FULL) {
-        RC(ln1_mean, R, 4);
+        if (ln) RC(ln1_mean, R, 4);
         RC(ln1_rstd, R, 4);
-        RC(qkv, BT * 3 * Ct, ds);
+        RC(qkv, BT * (size_t)m->qkv_tp, ds);
         RC(atty, BT * Ct, ds);
         RC(lse, lse, 4);
         RC(residual2, R * C, ds);
         RC(ln2, R * C, ds);
-        RC(ln2_mean, R, 4);
+        if (ln) RC(ln2_mean, R, 4);
         RC(ln2_rstd, R, 4);
-        RC(fch, BT * 4 * Ct, ds);
+        RC(fch, BT * (size_t)m->fc_tp, ds);
     }
 #undef RC
 }
@@ -682,21 +760,49 @@ static void *tp_full_rows(GPT2 *m, void *shard, size_t n) {
 
 // LayerNorm backward; under sequence parallelism each rank saw only its rows, so the parameter
 // gradients are summed over the group before they join the accumulated gradients.
+static void norm_bwd(GPT2 *m, void *dinp, float *dweight, const void *dout, const void *inp, const void *weight,
+                     const float *mean, const float *rstd, int rows);
 static void layernorm_bwd_tp(GPT2 *m, void *dinp, float *dweight, const void *dout, const void *inp, const void *weight,
                              const float *mean, const float *rstd, int rows) {
-    int C = m->cfg.C;
+    size_t n = (m->cfg.arch == ARCH_LLAMA ? 1 : 2) * (size_t)m->cfg.C; // weight (and bias)
     if (!m->lay->sp) {
-        m->be->layernorm_bwd(m->dt, dinp, dweight, dweight + C, dout, inp, weight, mean, rstd, rows, C);
+        norm_bwd(m, dinp, dweight, dout, inp, weight, mean, rstd, rows);
         return;
     }
-    m->be->zero(m->act->ln_grad, 2 * C * sizeof(float));
-    m->be->layernorm_bwd(m->dt, dinp, m->act->ln_grad, m->act->ln_grad + C, dout, inp, weight, mean, rstd, rows, C);
-    comm_all_reduce(layout_group(&m->lay->tp), m->act->ln_grad, m->act->ln_grad, 2 * (size_t)C, CT_F32, OP_SUM);
-    m->be->residual_bwd(DT_F32, dweight, m->act->ln_grad, 2 * (size_t)C);
+    m->be->zero(m->act->ln_grad, n * sizeof(float));
+    norm_bwd(m, dinp, m->act->ln_grad, dout, inp, weight, mean, rstd, rows);
+    comm_all_reduce(layout_group(&m->lay->tp), m->act->ln_grad, m->act->ln_grad, n, CT_F32, OP_SUM);
+    m->be->residual_bwd(DT_F32, dweight, m->act->ln_grad, n);
 }
 
 // ---------------------------------------------------------------------------------------------
 // forward and backward
+
+static int llama(const GPT2 *m) { return m->cfg.arch == ARCH_LLAMA; }
+// A bias of a tensor, or NULL: the Llama family has none (lead 0: not this rank's to add)
+static const void *bias_of(const GPT2 *m, int k, int l, int lead) { return lead && !llama(m) ? gpt2_param(m, k, l) : NULL; }
+
+// The block's norms, tensor kw (ln1w, ln2w, lnfw; its bias follows it): LayerNorm (GPT-2) or RMSNorm
+// (Llama, no mean) of R rows; and the same fused with the residual add res = a + b before it.
+static void norm_fwd(GPT2 *m, void *out, float *mean, float *rstd, const void *inp, int kw, int l, int R) {
+    if (llama(m)) m->be->rmsnorm_fwd(m->dt, out, rstd, inp, gpt2_param(m, kw, l), R, m->cfg.C, m->cfg.norm_eps);
+    else m->be->layernorm_fwd(m->dt, out, mean, rstd, inp, gpt2_param(m, kw, l), gpt2_param(m, kw + 1, l), R, m->cfg.C);
+}
+static void residual_norm_fwd(GPT2 *m, void *res, void *out, float *mean, float *rstd, const void *a, const void *b, int kw,
+                              int l, int R) {
+    if (llama(m))
+        m->be->residual_rmsnorm_fwd(m->dt, res, out, rstd, a, b, gpt2_param(m, kw, l), R, m->cfg.C, m->cfg.norm_eps);
+    else
+        m->be->residual_layernorm_fwd(m->dt, res, out, mean, rstd, a, b, gpt2_param(m, kw, l), gpt2_param(m, kw + 1, l), R,
+                                      m->cfg.C);
+}
+// Its backward: dinp += (NULL: skipped), dweight (and GPT-2's dbias after it) += (NULL: skipped)
+static void norm_bwd(GPT2 *m, void *dinp, float *dweight, const void *dout, const void *inp, const void *weight,
+                     const float *mean, const float *rstd, int rows) {
+    int C = m->cfg.C;
+    if (llama(m)) m->be->rmsnorm_bwd(m->dt, dinp, dweight, dout, inp, weight, rstd, rows, C);
+    else m->be->layernorm_bwd(m->dt, dinp, dweight, dweight ? dweight + C : NULL, dout, inp, weight, mean, rstd, rows, C);
+}
 
 // Per-op timer: the start of a timed op, and its end charged to a category (no-ops unless profiling).
 static double prof_begin(GPT2 *m) {
@@ -736,7 +842,7 @@ static void embed_fwd(GPT2 *m, void *out, const void *wpe, int B, int T) {
 }
 static void embed_bwd(GPT2 *m, const void *dout, int B, int T) {
     const Backend *be = m->be;
-    float *dwte = gpt2_grad(m, P_WTE, 0), *dwpe = gpt2_grad(m, P_WPE, 0);
+    float *dwte = gpt2_grad(m, P_WTE, 0), *dwpe = m->param_sizes[P_WPE] ? gpt2_grad(m, P_WPE, 0) : NULL;
     int C = m->cfg.C;
     if (m->lay->cp.size == 1) {
         be->encoder_bwd(m->dt, dwte, dwpe, dout, m->act->inputs, B, T, C, m->v_start, m->Vp_tp);
@@ -745,7 +851,7 @@ static void embed_bwd(GPT2 *m, const void *dout, int B, int T) {
     for (int b = 0; b < B; b++) // (b, t) in order, as on one rank
         for (int j = 0, c = T / 2; j < 2; j++) {
             size_t row = (size_t)b * T + (size_t)j * c, pos = (size_t)cp_chunk_start(T, m->lay->cp.size, m->lay->cp.rank, j);
-            be->encoder_bwd(m->dt, dwte, dwpe + pos * C, at(dout, row * C, m->dt), m->act->inputs + row, 1, c, C, m->v_start,
+            be->encoder_bwd(m->dt, dwte, dwpe ? dwpe + pos * C : NULL, at(dout, row * C, m->dt), m->act->inputs + row, 1, c, C, m->v_start,
                             m->Vp_tp);
         }
 }
@@ -758,6 +864,9 @@ static void attention_forward(GPT2 *m, void *atty, float *lse, const void *qkv, 
     double pairs;
     if (m->lay->cp.size > 1) {
         pairs = cp_attention_fwd(&m->ring, atty, lse, qkv, B, T, Ct, NH);
+    } else if (llama(m)) {
+        m->be->attention_gqa_fwd(m->dt, atty, lse, qkv, B, T, NH, m->NKV_tp, m->hs, &m->cfg.rope);
+        pairs = causal_pairs(T, 0, T, 0);
     } else {
         m->be->attention_fwd(m->dt, atty, lse, qkv, B, T, Ct, NH);
         pairs = causal_pairs(T, 0, T, 0);
@@ -770,6 +879,9 @@ static void attention_backward(GPT2 *m, void *dqkv, const void *datty, const voi
     double pairs;
     if (m->lay->cp.size > 1) {
         pairs = cp_attention_bwd(&m->ring, dqkv, datty, qkv, atty, lse, B, T, Ct, NH);
+    } else if (llama(m)) {
+        m->be->attention_gqa_bwd(m->dt, dqkv, datty, qkv, atty, lse, B, T, NH, m->NKV_tp, m->hs, &m->cfg.rope);
+        pairs = causal_pairs(T, 0, T, 0);
     } else {
         m->be->attention_bwd(m->dt, dqkv, datty, qkv, atty, lse, B, T, Ct, NH);
         pairs = causal_pairs(T, 0, T, 0);
@@ -847,15 +959,16 @@ static BlockActs block_acts(const GPT2 *m, int l) {
         a.ln2_rstd = s->ln2_rstd, a.lse = s->lse;
         return a;
     }
-    a.qkv = at(x->qkv, l * 3 * sBTCt, dt), a.atty = at(x->atty, l * sBTCt, dt), a.r2 = at(x->residual2, l * sRC, dt);
-    a.fch = at(x->fch, l * 4 * sBTCt, dt), a.lse = x->lse + l * sLse;
-    a.ln1_mean = x->ln1_mean + l * sR, a.ln1_rstd = x->ln1_rstd + l * sR;
-    a.ln2_mean = x->ln2_mean + l * sR, a.ln2_rstd = x->ln2_rstd + l * sR;
+    size_t sBT = (size_t)m->B * m->T;
+    a.qkv = at(x->qkv, l * sBT * m->qkv_tp, dt), a.atty = at(x->atty, l * sBTCt, dt), a.r2 = at(x->residual2, l * sRC, dt);
+    a.fch = at(x->fch, l * sBT * m->fc_tp, dt), a.lse = x->lse + l * sLse;
+    if (x->ln1_mean) a.ln1_mean = x->ln1_mean + l * sR, a.ln2_mean = x->ln2_mean + l * sR; // (RMSNorm: none)
+    a.ln1_rstd = x->ln1_rstd + l * sR, a.ln2_rstd = x->ln2_rstd + l * sR;
     if (m->lay->recompute == RECOMPUTE_SELECTIVE) {
-        a.ln1 = a.ln2 = s->ln1; // one buffer: each LayerNorm output is rebuilt just before its use
+        a.ln1 = a.ln2 = s->ln1; // one buffer: each norm's output is rebuilt just before its use
         a.fchg = s->fch_gelu;
     } else {
-        a.ln1 = at(x->ln1, l * sRC, dt), a.ln2 = at(x->ln2, l * sRC, dt), a.fchg = at(x->fch_gelu, l * 4 * sBTCt, dt);
+        a.ln1 = at(x->ln1, l * sRC, dt), a.ln2 = at(x->ln2, l * sRC, dt), a.fchg = at(x->fch_gelu, l * sBT * m->mlp_tp, dt);
     }
     return a;
 }
@@ -880,15 +993,20 @@ static void block_forward_to_gelu(GPT2 *m, int l, const BlockActs *a, const void
     int C = m->cfg.C, Ct = m->C_tp, N = B * T, R = m->lay->sp ? N / m->lay->tp.size : N;
     size_t BTC = (size_t)N * C;
     int lead = m->lay->tp.rank == 0; // adds what must be added once: the row-parallel biases
+    (void)Ct;
     const void *in = tp_full_rows(m, a->ln1, BTC);
-    TIMED(m, PROF_MATMUL, be->matmul_fwd(dt, a->qkv, NULL, in, gpt2_param(m, P_QKVW, l), gpt2_param(m, P_QKVB, l), N, C, 3 * Ct));
+    TIMED(m, PROF_MATMUL, be->matmul_fwd(dt, a->qkv, NULL, in, gpt2_param(m, P_QKVW, l), bias_of(m, P_QKVB, l, 1), N, C, m->qkv_tp));
     TIMED(m, PROF_ATTENTION, attention_forward(m, a->atty, a->lse, a->qkv, B, T));
     TIMED(m, PROF_MATMUL, be->matmul_fwd(dt, m->act->partial, NULL, a->atty, gpt2_param(m, P_ATTPROJW, l),
-                                         lead ? gpt2_param(m, P_ATTPROJB, l) : NULL, N, Ct, C));
+                                         bias_of(m, P_ATTPROJB, l, lead), N, Ct, C));
     void *proj = tp_finish_partial(m, a->r2, BTC);
-    be->residual_layernorm_fwd(dt, a->r2, a->ln2, a->ln2_mean, a->ln2_rstd, res, proj, gpt2_param(m, P_LN2W, l),
-                               gpt2_param(m, P_LN2B, l), R, C);
+    residual_norm_fwd(m, a->r2, a->ln2, a->ln2_mean, a->ln2_rstd, res, proj, P_LN2W, l, R);
     in = tp_full_rows(m, a->ln2, BTC);
+    if (llama(m)) { // gate|up, then SwiGLU: fch keeps both projections for the backward
+        TIMED(m, PROF_MATMUL, be->matmul_fwd(dt, a->fch, NULL, in, gpt2_param(m, P_FCW, l), NULL, N, C, m->fc_tp));
+        be->swiglu_fwd(dt, a->fchg, a->fch, N, m->mlp_tp);
+        return;
+    }
     // bias and GELU in the matmul's epilogue: fch keeps the input of the GELU for its backward
     TIMED(m, PROF_MATMUL, be->matmul_fwd(dt, a->fchg, a->fch, in, gpt2_param(m, P_FCW, l), gpt2_param(m, P_FCB, l), N, C, 4 * Ct));
 }
@@ -901,7 +1019,7 @@ float gpt2_forward_chunk(GPT2 *m, int chunk, const int32_t *inputs, const int32_
     const GPT2Config *cfg = &m->cfg;
     DType dt = m->dt;
     Activations *x = m->act;
-    int C = cfg->C, Ct = m->C_tp, N = B * T, R = m->lay->sp ? N / m->lay->tp.size : N;
+    int C = cfg->C, N = B * T, R = m->lay->sp ? N / m->lay->tp.size : N;
     size_t BTC = (size_t)N * C, RC = (size_t)R * C;
     int lead = m->lay->tp.rank == 0; // adds what must be added once: position embedding, row-parallel biases
 
@@ -912,7 +1030,7 @@ float gpt2_forward_chunk(GPT2 *m, int chunk, const int32_t *inputs, const int32_
     if (m->first && chunk == 0) { // other chunks find their input in place, received from the previous stage
         be->to_device(x->inputs, inputs, sizeof(int32_t) * N);
         fetch(m, UNIT_EMBED);
-        embed_fwd(m, x->partial, lead ? gpt2_param(m, P_WPE, 0) : NULL, B, T);
+        embed_fwd(m, x->partial, bias_of(m, P_WPE, 0, lead), B, T); // (Llama: no position table)
         void *embedded = tp_finish_partial(m, x->encoded, BTC);
         if (embedded != x->encoded) be->copy(x->encoded, embedded, RC * dtype_size(dt));
     }
@@ -920,32 +1038,29 @@ float gpt2_forward_chunk(GPT2 *m, int chunk, const int32_t *inputs, const int32_
     fetch(m, 1 + l0);
     // each block's first LayerNorm is fused with the residual add that ends the block before it
     BlockActs a = block_acts(m, l0);
-    be->layernorm_fwd(dt, a.ln1, a.ln1_mean, a.ln1_rstd, block_input(m, l0), gpt2_param(m, P_LN1W, l0),
-                      gpt2_param(m, P_LN1B, l0), R, C);
+    norm_fwd(m, a.ln1, a.ln1_mean, a.ln1_rstd, block_input(m, l0), P_LN1W, l0, R);
     for (int l = l0; l < l1; l++) {
         a = block_acts(m, l);
         fetch(m, 1 + l);
         block_forward_to_gelu(m, l, &a, block_input(m, l), B, T);
         TIMED(m, PROF_MATMUL, be->matmul_fwd(dt, x->partial, NULL, a.fchg, gpt2_param(m, P_FCPROJW, l),
-                                             lead ? gpt2_param(m, P_FCPROJB, l) : NULL, N, 4 * Ct, C));
+                                             bias_of(m, P_FCPROJB, l, lead), N, m->mlp_tp, C));
         void *proj = tp_finish_partial(m, a.r3, BTC);
         if (l + 1 < l1) {
             fetch(m, 2 + l);
             BlockActs next = block_acts(m, l + 1);
-            be->residual_layernorm_fwd(dt, a.r3, next.ln1, next.ln1_mean, next.ln1_rstd, a.r2, proj,
-                                       gpt2_param(m, P_LN1W, l + 1), gpt2_param(m, P_LN1B, l + 1), R, C);
+            residual_norm_fwd(m, a.r3, next.ln1, next.ln1_mean, next.ln1_rstd, a.r2, proj, P_LN1W, l + 1, R);
         } else if (head) {
             fetch(m, m->nl + 1);
-            be->residual_layernorm_fwd(dt, a.r3, x->lnf, x->lnf_mean, x->lnf_rstd, a.r2, proj, gpt2_param(m, P_LNFW, 0),
-                                       gpt2_param(m, P_LNFB, 0), R, C);
+            residual_norm_fwd(m, a.r3, x->lnf, x->lnf_mean, x->lnf_rstd, a.r2, proj, P_LNFW, 0, R);
         } else {
             be->residual_fwd(dt, a.r3, a.r2, proj, RC);
         }
     }
     if (!head) return 0.0f; // the output (the chunk's last residual) goes to the next stage
-    fetch(m, UNIT_EMBED); // the tied LM head
+    fetch(m, gpt2_unit_of(m, m->head_k, 0)); // the LM head: tied (wte) or the final unit's lmhead
     const void *in = tp_full_rows(m, x->lnf, BTC);
-    TIMED(m, PROF_MATMUL, be->matmul_fwd(dt, x->logits, NULL, in, gpt2_param(m, P_WTE, 0), NULL, N, C, m->Vp_tp));
+    TIMED(m, PROF_MATMUL, be->matmul_fwd(dt, x->logits, NULL, in, gpt2_param(m, m->head_k, 0), NULL, N, C, m->Vp_tp));
     if (!targets) return 0.0f;
     be->to_device(x->targets, targets, sizeof(int32_t) * N);
     return vocab_parallel_loss(m, N, dloss);
@@ -958,20 +1073,19 @@ float gpt2_forward_chunk(GPT2 *m, int chunk, const int32_t *inputs, const int32_
 static void rebuild_block(GPT2 *m, int l, const BlockActs *a, const void *res, int B, int T) {
     const Backend *be = m->be;
     int C = m->cfg.C, N = B * T, R = m->lay->sp ? N / m->lay->tp.size : N;
+    (void)C;
     if (m->lay->recompute == RECOMPUTE_FULL) {
-        be->layernorm_fwd(m->dt, a->ln1, a->ln1_mean, a->ln1_rstd, res, gpt2_param(m, P_LN1W, l), gpt2_param(m, P_LN1B, l),
-                          R, C);
+        norm_fwd(m, a->ln1, a->ln1_mean, a->ln1_rstd, res, P_LN1W, l, R);
         block_forward_to_gelu(m, l, a, res, B, T);
     } else if (m->lay->recompute == RECOMPUTE_SELECTIVE) {
-        be->gelu_fwd(m->dt, a->fchg, a->fch, (size_t)N * 4 * m->C_tp);
-        be->layernorm_fwd(m->dt, a->ln2, a->ln2_mean, a->ln2_rstd, a->r2, gpt2_param(m, P_LN2W, l),
-                          gpt2_param(m, P_LN2B, l), R, C);
+        if (llama(m)) be->swiglu_fwd(m->dt, a->fchg, a->fch, N, m->mlp_tp);
+        else be->gelu_fwd(m->dt, a->fchg, a->fch, (size_t)N * 4 * m->C_tp);
+        norm_fwd(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->r2, P_LN2W, l, R);
     }
 }
 static void rebuild_ln1(GPT2 *m, int l, const BlockActs *a, const void *res, int R) {
     if (m->lay->recompute != RECOMPUTE_SELECTIVE) return;
-    m->be->layernorm_fwd(m->dt, a->ln1, a->ln1_mean, a->ln1_rstd, res, gpt2_param(m, P_LN1W, l), gpt2_param(m, P_LN1B, l),
-                         R, m->cfg.C);
+    norm_fwd(m, a->ln1, a->ln1_mean, a->ln1_rstd, res, P_LN1W, l, R);
 }
 
 void gpt2_backward(GPT2 *m, float dloss_scale) { gpt2_backward_chunk(m, 0, dloss_scale); }
@@ -1054,9 +1168,9 @@ static void bwd_layernorm(GPT2 *m, struct WStash *st, void *dinp, int kw, int l,
     WOp *w = wop_new(st);
     *w = (WOp){ .kind = WOP_LAYERNORM, .kw = kw, .kb = -1, .l = l, .unit = gpt2_unit_of(m, kw, l), .ready_after = -1,
                 .dout = keep(m, st, dout, RC * ds, 0), .inp = keep(m, st, inp, RC * ds, inp_kept),
-                .mean = keep(m, st, mean, (size_t)rows * 4, inp_kept), .rstd = keep(m, st, rstd, (size_t)rows * 4, inp_kept),
-                .N = rows, .C = m->cfg.C };
-    m->be->layernorm_bwd(m->dt, dinp, NULL, NULL, dout, inp, weight, mean, rstd, rows, m->cfg.C);
+                .mean = mean ? keep(m, st, mean, (size_t)rows * 4, inp_kept) : NULL,
+                .rstd = keep(m, st, rstd, (size_t)rows * 4, inp_kept), .N = rows, .C = m->cfg.C };
+    norm_bwd(m, dinp, NULL, dout, inp, weight, mean, rstd, rows);
 }
 
 static void wop_run(GPT2 *m, const WOp *w, int B, int T) {
@@ -1068,6 +1182,13 @@ static void wop_run(GPT2 *m, const WOp *w, int B, int T) {
         layernorm_bwd_tp(m, NULL, gpt2_grad(m, w->kw, w->l), w->dout, w->inp, NULL, w->mean, w->rstd, w->N);
     else
         embed_bwd(m, w->dout, B, T);
+}
+
+// Whether a chunk's backward finishes this rank's embedding gradients: the first stage's first chunk, and
+// the tied head's chunk on the last stage (an untied head's gradient is in the final unit).
+static int embed_done(const GPT2 *m, int chunk) {
+    int head = m->last && chunk == m->lay->chunks - 1;
+    return (m->first && chunk == 0) || (head && !m->first && m->head_k == P_WTE);
 }
 
 // B of one chunk (and, with st NULL, W with it): today's backward, op for op.
@@ -1097,9 +1218,10 @@ static void backward_input(GPT2 *m, int chunk, float dloss_scale, struct WStash 
                                  m->v_real, m->Vp_tp);
         }
         x->dlogits_scale = 0.0f;
-        fetch(m, UNIT_EMBED);
+        fetch(m, gpt2_unit_of(m, m->head_k, 0));
         in = tp_full_rows(m, x->lnf, BTC);
-        bwd_matmul(m, st, x->partial, P_WTE, -1, 0, x->logits, 1, in, !gathered, gpt2_param(m, P_WTE, 0), NULL, N, C, m->Vp_tp);
+        bwd_matmul(m, st, x->partial, m->head_k, -1, 0, x->logits, 1, in, !gathered, gpt2_param(m, m->head_k, 0), NULL, N, C,
+                   m->Vp_tp);
         dln = tp_finish_partial(m, x->dshard, BTC);
         be->zero(x->dresidual, RC * dtype_size(dt));
         fetch(m, m->nl + 1);
@@ -1117,23 +1239,30 @@ static void backward_input(GPT2 *m, int chunk, float dloss_scale, struct WStash 
         // MLP: dresidual is the gradient of residual3 = residual2 + fcproj (every row: gathered under SP);
         // GELU's backward runs in the epilogue of the matmul that produces its output's gradient
         dy = tp_full_rows(m, x->dresidual, BTC);
-        bwd_matmul(m, st, x->dbuf_4c, P_FCPROJW, P_FCPROJB, l, dy, 0, a.fchg, none, gpt2_param(m, P_FCPROJW, l), a.fch, N,
-                   4 * Ct, C);
+        if (llama(m)) { // down, SwiGLU, gate|up
+            void *dh = at(x->dbuf_4c, (size_t)N * m->fc_tp, dt);
+            bwd_matmul(m, st, dh, P_FCPROJW, -1, l, dy, 0, a.fchg, none, gpt2_param(m, P_FCPROJW, l), NULL, N, m->mlp_tp, C);
+            be->swiglu_bwd(dt, x->dbuf_4c, dh, a.fch, N, m->mlp_tp);
+        } else {
+            bwd_matmul(m, st, x->dbuf_4c, P_FCPROJW, P_FCPROJB, l, dy, 0, a.fchg, none, gpt2_param(m, P_FCPROJW, l), a.fch, N,
+                       4 * Ct, C);
+        }
+        int nob = llama(m); // the Llama family has no biases
         in = tp_full_rows(m, a.ln2, BTC);
-        bwd_matmul(m, st, x->partial, P_FCW, P_FCB, l, x->dbuf_4c, 0, in, none && !gathered, gpt2_param(m, P_FCW, l), NULL, N,
-                   C, 4 * Ct);
+        bwd_matmul(m, st, x->partial, P_FCW, nob ? -1 : P_FCB, l, x->dbuf_4c, 0, in, none && !gathered, gpt2_param(m, P_FCW, l),
+                   NULL, N, C, m->fc_tp);
         dln = tp_finish_partial(m, x->dshard, BTC);
         bwd_layernorm(m, st, x->dresidual, P_LN2W, l, dln, a.r2, gpt2_param(m, P_LN2W, l), a.ln2_mean, a.ln2_rstd, R,
                       kept_block);
         // attention: dresidual is now the gradient of residual2 = residual + attproj
         dy = tp_full_rows(m, x->dresidual, BTC);
-        bwd_matmul(m, st, x->dbuf_c, P_ATTPROJW, P_ATTPROJB, l, dy, 0, a.atty, kept_block, gpt2_param(m, P_ATTPROJW, l), NULL,
-                   N, Ct, C);
+        bwd_matmul(m, st, x->dbuf_c, P_ATTPROJW, nob ? -1 : P_ATTPROJB, l, dy, 0, a.atty, kept_block,
+                   gpt2_param(m, P_ATTPROJW, l), NULL, N, Ct, C);
         TIMED(m, PROF_ATTENTION, attention_backward(m, x->dqkv, x->dbuf_c, a.qkv, a.atty, a.lse, B, T));
         rebuild_ln1(m, l, &a, res, R);
         in = tp_full_rows(m, a.ln1, BTC);
-        bwd_matmul(m, st, x->partial, P_QKVW, P_QKVB, l, x->dqkv, 0, in, none && !gathered, gpt2_param(m, P_QKVW, l), NULL, N, C,
-                   3 * Ct);
+        bwd_matmul(m, st, x->partial, P_QKVW, nob ? -1 : P_QKVB, l, x->dqkv, 0, in, none && !gathered, gpt2_param(m, P_QKVW, l),
+                   NULL, N, C, m->qkv_tp);
         dln = tp_finish_partial(m, x->dshard, BTC);
         bwd_layernorm(m, st, x->dresidual, P_LN1W, l, dln, res, gpt2_param(m, P_LN1W, l), a.ln1_mean, a.ln1_rstd, R,
                       kept_block);
@@ -1152,7 +1281,7 @@ static void backward_input(GPT2 *m, int chunk, float dloss_scale, struct WStash 
         }
     }
     // x->dresidual now holds the gradient of the chunk's input, for the previous stage
-    if (!st && ((m->first && chunk == 0) || (head && !m->first))) ready(m, UNIT_EMBED);
+    if (!st && embed_done(m, chunk)) ready(m, UNIT_EMBED);
 }
 
 void gpt2_backward_chunk(GPT2 *m, int chunk, float dloss_scale) { backward_input(m, chunk, dloss_scale, NULL); }
@@ -1162,7 +1291,8 @@ void gpt2_backward_chunk(GPT2 *m, int chunk, float dloss_scale) { backward_input
 static struct WStash *wstash_of(GPT2 *m, int slot, int chunk) {
     if (!m->wstash) {
         size_t ds = dtype_size(m->dt), N = (size_t)m->B * m->T, C = m->cfg.C, Ct = m->C_tp, R = m->lay->sp ? N / m->lay->tp.size : N;
-        size_t pad = 256, mm = 2 * pad, block = 4 * (N * C * ds + mm) + 2 * (N * 4 * Ct * ds) + N * Ct * ds + N * 3 * Ct * ds +
+        size_t FC = m->fc_tp, MLP = m->mlp_tp, QKV = m->qkv_tp;
+        size_t pad = 256, mm = 2 * pad, block = 4 * (N * C * ds + mm) + N * (FC + MLP) * ds + N * Ct * ds + N * QKV * ds +
                                                 2 * (2 * R * C * ds + 2 * R * 4 + 4 * pad);
         m->wstash = xcalloc((size_t)m->lay->nslots * m->lay->chunks, sizeof(struct WStash));
         m->wqueue = xcalloc((size_t)m->lay->chunks, sizeof(struct WQueue));
@@ -1208,8 +1338,7 @@ void gpt2_backward_weight_chunk(GPT2 *m, int chunk, int slot) {
         wop_run(m, w, m->act->B, m->act->T);
         if (w->ready_after >= 0) ready(m, w->ready_after);
     }
-    int head = m->last && chunk == m->lay->chunks - 1;
-    if ((m->first && chunk == 0) || (head && !m->first)) ready(m, UNIT_EMBED);
+    if (embed_done(m, chunk)) ready(m, UNIT_EMBED);
     st->pending = 0;
     q->head = (q->head + 1) % m->lay->nslots;
     q->n--;

@@ -1,4 +1,4 @@
-// model.h: GPT-2 on one device: parameter layout, initialisation, llm.c model files, forward and
+// model.h: GPT-2 and the Llama family on one device: parameter layout, initialisation, llm.c model files, forward and
 // backward over one micro-batch (whole, or in its input- and weight-gradient halves), and per-category
 // memory accounting.
 #ifndef LLM4D_MODEL_H
@@ -55,7 +55,9 @@ extern const char *const PARAM_NAMES[NUM_PARAM_TENSORS];
 // Activation recompute (--recompute): what a micro-batch keeps from its forward to its backward.
 //   none       every intermediate of every block
 //   selective  all but the two LayerNorm outputs and GELU's output, which the backward rebuilds from the
-//              kept residual stream (a LayerNorm forward) and GELU's kept input (an elementwise GELU)
+//              kept residual stream (a LayerNorm forward) and GELU's kept input (an elementwise GELU);
+//              Llama: all but the two RMSNorm outputs (rebuilt from the kept residual stream and the kept
+//              1/rms per row) and SwiGLU's output silu(gate)·up (rebuilt from the kept gate|up matmul output)
 //   full       only each block's input (the residual stream between blocks); the backward reruns the
 //              block's forward up to GELU into scratch shared by all blocks before the block's backward
 // The kernels are deterministic, so all three give bitwise the same gradients.
@@ -104,6 +106,12 @@ typedef struct {
     // positions of each sequence under context parallelism, its activation sets; read-only
     const Layout *lay;
     int C_tp, NH_tp;      // channels and heads of this rank's attention and MLP slices (C/TP, NH/TP)
+    // the widths of this rank's per-block matmuls (GPT-2: 3C/TP, 4C/TP, 4C/TP; Llama: (NH + 2·NKV)·hs/TP,
+    // 2F/TP, F/TP with each kv head on every rank that shares it when NKV < TP): QKV's output rows, the
+    // MLP's first matmul's output rows (Llama: gate then up), the MLP's hidden size (the second's input)
+    int qkv_tp, fc_tp, mlp_tp;
+    int hs, NKV_tp;           // head size; this rank's kv heads (GPT-2: NH_tp)
+    int head_k;               // the LM head's tensor: P_WTE (tied) or P_LMHEAD
     int Vp_tp;            // vocabulary rows per rank: ceil(Vp/TP), padded internally
     int v_start, v_real;  // first vocabulary row of this rank, and how many of its rows are real words
     // pipeline parallelism: this stage's nl blocks, in lay->chunks runs; local block chunk_l0[c] + i is
@@ -152,6 +160,19 @@ int gpt2_config_valid(const GPT2Config *cfg, char *why, size_t why_cap);
 // V 50257), each nonzero value overriding it; a custom shape (no preset) is seq_len long unless
 // max_seq_len says otherwise. Vp pads V to a multiple of 128. Dies with one line on a bad preset or shape.
 GPT2Config gpt2_shape(const char *preset, int L, int C, int NH, int V, int max_seq_len, int seq_len);
+// The shape flags of a command line: 0 (tie -1, arch -1) where not given.
+typedef struct {
+    int arch, L, C, NH, NKV, F, V, maxT, tie;
+    double rope_theta;
+    double norm_eps;
+} ShapeFlags;
+// The shape of either architecture: preset (a GPT-2 d12..d48 or a Llama name; NULL: d12, or llama3.2-1b
+// with arch ARCH_LLAMA), each given flag overriding it. A custom Llama shape (no preset) has plain RoPE (no
+// Llama 3.1 frequency scaling; a preset keeps its own). One that sets --heads
+// without --kv-heads has NKV = NH (multi-head attention), --channels without --ffn has F = 8C/3 rounded up to
+// a multiple of 256 (Meta's rule), and is seq_len long unless max_seq_len says otherwise. Dies with one line
+// on a bad preset, a Llama flag for GPT-2, or a bad shape.
+GPT2Config model_shape(const char *preset, const ShapeFlags *f, int seq_len);
 // A Llama preset (llama3-tiny, llama3.2-1b, llama3-8b, llama3-70b, llama3-405b) into cfg; 0 for an
 // unknown name.
 int llama_preset(const char *name, GPT2Config *cfg);

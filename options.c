@@ -78,6 +78,15 @@ static const char USAGE[] =
     "                             --vocab, V is the vocabulary of tokenizer.bin beside the first training\n"
     "                             shard when there is one (./train prepare writes one: V = 256)\n"
     "  --max-seq-len N            the position table's length maxT (custom shapes: default --seq-len)\n"
+    "  --arch gpt2|llama          the architecture (default gpt2; a Llama --model implies llama)\n"
+    "  --model llama3-tiny|llama3.2-1b|llama3-8b|llama3-70b|llama3-405b\n"
+    "                             Meta's shapes (llama3-tiny: 2 layers, C 64, 4 heads, 2 kv heads, for\n"
+    "                             tests); --arch llama alone starts from llama3.2-1b\n"
+    "  --kv-heads N --ffn F       Llama: key/value heads (grouped-query attention; default: the preset's,\n"
+    "                             or --heads when --heads is given), SwiGLU's hidden size (default: the\n"
+    "                             preset's, or 8C/3 rounded up to 256 when --channels is given)\n"
+    "  --rope-theta X --norm-eps E --tie-embeddings 0|1\n"
+    "                             Llama: RoPE base, RMSNorm epsilon, head tied to wte (1) or its own (0)\n"
     "  --seq-len T                tokens per sequence (default: the model's maxT; at most maxT)\n"
     "  --init-from FILE           start from an llm.c model file (version 3 fp32 or 5 bf16); the shape\n"
     "                             comes from the file\n"
@@ -134,7 +143,7 @@ static const char USAGE[] =
     "                             the end (see README); scripts/plot.py draws\n"
     "                             them; a resumed run keeps the records up to its checkpoint's step and appends\n"
     "  --dump DIR                 testing aid: write step 0's global batch tokens, first micro-batch\n"
-    "                             logits and accumulated gradients (raw int32/fp32) into DIR\n"
+    "                             logits, initial weights and accumulated gradients (raw int32/fp32) into DIR\n"
     "\n"
     "parallelism:\n"
     "  --nproc N                  fork N local ranks running this command (or launch with torchrun-style\n"
@@ -256,12 +265,27 @@ int context_split_error(const Options *o, int T, char *err, size_t cap) {
     return 0;
 }
 
-// --init-from-hf takes the whole shape from config.json: any shape flag beside it is refused.
+ShapeFlags options_shape_flags(const Options *o, int V) {
+    return (ShapeFlags){ .arch = o->arch, .L = o->layers, .C = o->channels, .NH = o->heads, .NKV = o->kv_heads, .F = o->ffn,
+                         .V = V, .maxT = o->max_seq_len, .tie = o->tie, .rope_theta = o->rope_theta, .norm_eps = o->norm_eps };
+}
+
+int options_any_shape_flag(const Options *o) {
+    return o->layers || o->channels || o->heads || o->vocab || o->max_seq_len || o->kv_heads || o->ffn || o->tie >= 0 ||
+           o->rope_theta || o->norm_eps;
+}
+
+// --init-from-hf takes the whole shape from config.json: any shape flag beside it is refused, by name.
 static void check_init_from_hf(const Options *o) {
     if (!o->init_from_hf) return;
-    const char *flag = o->preset ? "--model" : o->layers ? "--layers" : o->channels ? "--channels" : o->heads ? "--heads"
-                       : o->vocab ? "--vocab" : o->max_seq_len ? "--max-seq-len" : o->init_from ? "--init-from" : NULL;
-    if (flag) die("--init-from-hf takes the shape from %s/config.json: drop %s", o->init_from_hf, flag);
+    const struct { int given; const char *flag; } f[] = {
+        { o->preset != NULL, "--model" }, { o->arch >= 0, "--arch" }, { o->layers, "--layers" }, { o->channels, "--channels" },
+        { o->heads, "--heads" }, { o->kv_heads, "--kv-heads" }, { o->ffn, "--ffn" }, { o->vocab, "--vocab" },
+        { o->max_seq_len, "--max-seq-len" }, { o->rope_theta != 0, "--rope-theta" }, { o->norm_eps != 0, "--norm-eps" },
+        { o->tie >= 0, "--tie-embeddings" }, { o->init_from != NULL, "--init-from" },
+    };
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+        if (f[i].given) die("--init-from-hf takes the shape from %s/config.json: drop %s", o->init_from_hf, f[i].flag);
 }
 
 GPT2Config options_shape(const Options *o) {
@@ -271,8 +295,12 @@ GPT2Config options_shape(const Options *o) {
         hf_config_read(o->init_from_hf, &c);
         return hf_model_config(&c, o->init_from_hf);
     }
-    int shape_flags = o->layers || o->channels || o->heads || o->vocab || o->max_seq_len;
-    if (!o->init_from) return gpt2_shape(o->preset, o->layers, o->channels, o->heads, o->vocab, o->max_seq_len, o->seq_len);
+    int shape_flags = options_any_shape_flag(o);
+    if (!o->init_from) {
+        ShapeFlags f = options_shape_flags(o, o->vocab);
+        return model_shape(o->preset, &f, o->seq_len);
+    }
+    if (o->arch == ARCH_LLAMA) die("--init-from reads llm.c model files, which are GPT-2 only: a Llama starts from a checkpoint (--resume) or --init-from-hf");
     if (shape_flags || o->preset) die("--init-from takes the shape from %s; drop --model and the shape flags", o->init_from);
     GPT2Config cfg;
     gpt2_file_shape(o->init_from, &cfg);
@@ -291,6 +319,15 @@ int check_layout(const Options *o, const GPT2Config *cfg, int nranks, BatchShape
     if (o->save_hf && cfg->arch != ARCH_LLAMA)
         return snprintf(err, cap, "--save-hf writes Hugging Face Llama checkpoints: this model is GPT-2 (--save-model writes "
                         "its llm.c file)"), -1;
+    if (cfg->arch == ARCH_LLAMA) {
+        if (o->save_model)
+            return snprintf(err, cap, "--save-model writes llm.c model files, which are GPT-2 only: a Llama keeps its weights in "
+                            "checkpoints (--ckpt-dir) or --save-hf"), -1;
+        if (o->device && !strcmp(o->device, "cuda"))
+            return snprintf(err, cap, "--device cuda: the Llama family's CUDA kernels are not written yet (--arch llama runs on the CPU)"), -1;
+        if (o->tp > 1 || o->cp > 1)
+            return snprintf(err, cap, "--arch llama: --tp and --cp are not mapped for the Llama block yet (DP, ZeRO and PP are)"), -1;
+    }
     if (o->sp && o->tp == 1) return snprintf(err, cap, "--sp needs tensor parallelism (--tp 2 or more)"), -1;
     *b = (BatchShape){ .T = o->seq_len ? o->seq_len : cfg->maxT, .B = o->micro_batch, .dp = nranks / (o->tp * o->cp * o->pp) };
     if (b->T > cfg->maxT)
@@ -336,7 +373,8 @@ static int is_training_only(const char *f) {
     static const char *const only[] = { "--steps", "--init-from", "--save-model", "--init-from-hf", "--save-hf",
                                         "--save-hf-dtype", "--train", "--ckpt-dir", "--ckpt-every",
                                         "--keep", "--max-restarts", "--log", "--dump", "--layers", "--channels", "--heads",
-                                        "--vocab", "--max-seq-len", "--val-every", "--sample-every", "--val-steps",
+                                        "--vocab", "--max-seq-len", "--arch", "--kv-heads", "--ffn", "--rope-theta",
+                                        "--norm-eps", "--tie-embeddings", "--val-every", "--sample-every", "--val-steps",
                                         "--sample-tokens", "--batch-tokens", NULL };
     for (int i = 0; only[i]; i++)
         if (!strcmp(f, only[i])) return 1;
@@ -362,6 +400,15 @@ static void parse_valued_flag(Options *o, int argc, char **argv, int *ip) {
     else if (IS("--heads")) o->heads = (int)parse_int(f, v, 1, 65536);
     else if (IS("--vocab")) o->vocab = (int)parse_int(f, v, 1, 1048448); // Vp (a multiple of 128) <= 2^20
     else if (IS("--max-seq-len")) o->max_seq_len = (int)parse_int(f, v, 1, 1048576);
+    else if (IS("--arch")) {
+        if (!strcmp(v, "gpt2")) o->arch = ARCH_GPT2;
+        else if (!strcmp(v, "llama")) o->arch = ARCH_LLAMA;
+        else die("--arch must be gpt2 or llama, got '%s'", v);
+    } else if (IS("--kv-heads")) o->kv_heads = (int)parse_int(f, v, 1, 65536);
+    else if (IS("--ffn")) o->ffn = (int)parse_int(f, v, 1, 1 << 20);
+    else if (IS("--rope-theta")) o->rope_theta = parse_float(f, v, 1.0000001, 1e12);
+    else if (IS("--norm-eps")) o->norm_eps = parse_float(f, v, 1e-12, 1);
+    else if (IS("--tie-embeddings")) o->tie = (int)parse_int(f, v, 0, 1);
     else if (IS("--seq-len")) o->seq_len = (int)parse_int(f, v, 1, 1048576);
     else if (IS("--init-from")) o->init_from = v;
     else if (IS("--save-model")) o->save_model = v;
@@ -608,7 +655,7 @@ void parse_options(Options *o, int argc_in, char **argv_in) {
                     .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .clip = 1.0f, .temperature = 1.0f,
                     .seed = 1337, .dtype = -1, .schedule = "cosine", .bucket_mb = 25,
                     .comm_timeout = 300, .tp = 1, .pp = 1, .pp_virtual = 1, .pp_schedule = -1, .cp = 1, .straggler = 0.5f,
-                    .straggler_steps = 5, .ib_gid_index = -1 };
+                    .straggler_steps = 5, .ib_gid_index = -1, .arch = -1, .tie = -1 };
     o->argv_store = argv;
     int first = 1;
     if (argc >= 2 && !strcmp(argv[1], "sample")) o->mode = MODE_SAMPLE, first = 2;

@@ -15,6 +15,9 @@ typedef struct {
     const char *model_path, *prompt; // sample and eval: --model FILE|DIR; sample: --prompt TEXT
     const char *preset, *init_from, *save_model, *train, *val, *tokenizer, *log, *dump, *device, *schedule;
     int layers, channels, heads, vocab, max_seq_len, seq_len; // 0 = not given
+    int arch, tie;                       // --arch, --tie-embeddings: -1 = not given
+    int kv_heads, ffn;                   // 0 = not given
+    double rope_theta, norm_eps;         // 0 = not given
     int micro_batch, steps, warmup, val_every, val_steps, sample_every, sample_tokens, top_k, threads, shuffle, profile;
     long long batch_tokens;
     float lr, lr_min_frac, beta1, beta2, eps, weight_decay, clip, temperature;
@@ -65,5 +68,9 @@ int check_layout(const Options *o, const GPT2Config *cfg, int nranks, BatchShape
 // The shape the command line asks for without loading any weights (--init-from: the file's header;
 // --init-from-hf: its config.json).
 GPT2Config options_shape(const Options *o);
+// The shape flags as model_shape takes them, with the vocabulary V (0: the preset's).
+ShapeFlags options_shape_flags(const Options *o, int V);
+// Any shape flag given (--layers ... --tie-embeddings; not --arch or --model)
+int options_any_shape_flag(const Options *o);
 
 #endif

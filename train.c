@@ -60,7 +60,7 @@ static int vocab_of_data(const Options *o) {
 // and eval read (src), or a preset overridden by the shape flags.
 static GPT2Config resolve_shape(const Options *o, const CkptMeta *src, float **host_params) {
     GPT2Config cfg;
-    int shape_flags = o->layers || o->channels || o->heads || o->vocab || o->max_seq_len;
+    int shape_flags = options_any_shape_flag(o);
     if (o->mode != MODE_TRAIN && o->resume_path) {
         *host_params = NULL;
         return src->model;
@@ -76,8 +76,8 @@ static GPT2Config resolve_shape(const Options *o, const CkptMeta *src, float **h
         return cfg;
     }
     *host_params = NULL;
-    return gpt2_shape(o->preset, o->layers, o->channels, o->heads, o->vocab ? o->vocab : vocab_of_data(o), o->max_seq_len,
-                      o->seq_len);
+    ShapeFlags f = options_shape_flags(o, o->vocab ? o->vocab : vocab_of_data(o));
+    return model_shape(o->preset, &f, o->seq_len);
 }
 
 static float lr_at(const Options *o, int step) {
@@ -681,6 +681,8 @@ static void trainer_init(Trainer *t, int argc, char **argv) {
         if (ckpt_read_meta(o->resume_path, &t->src, why, sizeof why) != 0) die("--model: %s", why);
     }
     t->cfg = resolve_shape(o, &t->src, &host_params);
+    if (t->cfg.arch == ARCH_LLAMA && t->be != backend_cpu())
+        die("--device cuda: the Llama family's CUDA kernels are not written yet (--arch llama runs on the CPU: --device cpu)");
     if (t->cfg.NH % l->tp.size) die("--tp %d does not divide the model's %d heads", l->tp.size, t->cfg.NH);
     if (o->sp && l->tp.size == 1) die("--sp needs tensor parallelism (--tp 2 or more)");
     setup_batch(t);
@@ -851,7 +853,7 @@ static void evaluate(Trainer *t, int step, int last) {
 }
 
 // --dump, a testing aid (single rank): step 0's global batch tokens, the first micro-batch's logits
-// by a forward that changes no state, and the accumulated gradients; the step itself then runs as usual.
+// by a forward that changes no state, the initial weights and the accumulated gradients (file order); the step itself then runs as usual.
 static void dump_step0(Trainer *t) {
     const char *dir = t->o.dump;
     int B = t->lay.B, T = t->lay.T, V = t->cfg.V;
@@ -863,6 +865,12 @@ static void dump_step0(Trainer *t) {
     write_raw(dir, "logits.bin", logits, sizeof(float) * V * B * T);
     free(logits);
     size_t n = t->model.num_params;
+    float *w = xmalloc(sizeof(float) * n), *wf = xmalloc(sizeof(float) * n);
+    zero_gather_master(&t->zero, w); // the initial weights in file order (a Llama has no --save-model)
+    gpt2_gather_full(&t->model, w, wf);
+    write_raw(dir, "params.bin", wf, sizeof(float) * n);
+    free(w);
+    free(wf);
     zero_begin_step(&t->zero);
     gpt2_zero_grad(&t->model);
     pipeline_step(&t->pipe, t->inputs, t->targets, t->lay.accum, B, T, 1.0f / (float)t->batch_tokens);

@@ -171,7 +171,7 @@ static void grads_ready(void *ctx, int unit) {
     GPT2 *m = z->model;
     int b = z->unit_bucket[unit];
     int complete = z->bucket_first_unit[b] == unit;
-    if (unit == UNIT_EMBED && m->lay->embed) {
+    if (unit == UNIT_EMBED && m->lay->embed && m->head_k == P_WTE) { // (an untied head: nothing shared)
         // the first and last stage hold the tied embedding: their gradients are summed first, without
         // blocking (the last stage still has to send its input gradient back), and the bucket's
         // data-parallel reduction waits for that sum in zero_finish_grads

@@ -12,7 +12,7 @@ save_pretrained in fp32. Then:
      the first validation batch; transformers, loading each directory with from_pretrained, computes the
      same loss (1e-5);
   3. the trained checkpoint differs from the initial one (training moved it), and a run of no steps on
-     two data-parallel ranks with ZeRO-1 writes back the initial tensors bit for bit.
+     two ranks (data-parallel with ZeRO-1; two pipeline stages) writes back the initial tensors bit for bit.
 transformers comes from scripts/deps.sh's directory ($LLM4D_CACHE/py-transformers-4.49.0, the newest
 release that runs on Debian's PyTorch 1.13); without it the test exits 77 (skipped) saying why.
 Usage: hf_transformers.py ./train
@@ -147,13 +147,14 @@ def main():
         trained = LlamaForCausalLM.from_pretrained(out, torch_dtype=torch.float32)
         moved = [n for n, p in trained.named_parameters() if not torch.equal(p, dict(model.named_parameters())[n])]
         report(len(moved) == len(list(model.parameters())), f"training moved all {len(moved)} tensors of the saved checkpoint")
-        # 3. two data-parallel ranks, ZeRO-1, no steps: --save-hf gathers every rank's slice
-        back = os.path.join(w, "hf_dp")
-        run(["--nproc", "2", "--zero", "1", "--init-from-hf", src, "--steps", "0", "--micro-batch", str(B), "--seq-len", str(T),
-             "--save-hf", back], "train --nproc 2 --zero 1 --steps 0 --save-hf")
-        again = LlamaForCausalLM.from_pretrained(back, torch_dtype=torch.float32)
-        same = all(torch.equal(p, dict(model.named_parameters())[n]) for n, p in again.named_parameters())
-        report(same, "2 ranks x ZeRO-1, no steps: --save-hf writes the initial tensors back bit for bit")
+        # 3. two ranks, no steps: --save-hf gathers every rank's slice (ZeRO-1's shards, the pipeline's stages)
+        for layout in (["--zero", "1"], ["--pp", "2"]):
+            back = os.path.join(w, "hf_" + layout[0].strip("-"))
+            run(["--nproc", "2", *layout, "--init-from-hf", src, "--steps", "0", "--micro-batch", str(B), "--seq-len", str(T),
+                 "--save-hf", back], f"train --nproc 2 {' '.join(layout)} --steps 0 --save-hf")
+            again = LlamaForCausalLM.from_pretrained(back, torch_dtype=torch.float32)
+            same = all(torch.equal(p, dict(model.named_parameters())[n]) for n, p in again.named_parameters())
+            report(same, f"2 ranks ({' '.join(layout)}), no steps: --save-hf writes the initial tensors back bit for bit")
     print(f"{'PASS' if failures == 0 else 'FAIL'}: {failures} check(s) failed (transformers {transformers.__version__}, "
           f"torch {torch.__version__})")
     sys.exit(1 if failures else 0)

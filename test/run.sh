@@ -348,10 +348,30 @@ t_cli_ux() { bash test/cli_ux.sh $TRAIN "$WORK/ux"; }
 t_sample_eval() { have_torch || return $?; $PY test/sample_eval.py $TRAIN "$WORK/se"; }
 t_shards_u32() { $PY -c 'import numpy' 2>/dev/null || { echo "python3-numpy is not installed"; return 77; }; $PY test/shards_u32.py $TRAIN "$WORK/u32"; }
 t_llama_kernels() { have_torch || return $?; $PY test/llama_ref.py ./build/llama_check; }
+# the Llama family end to end against a PyTorch Llama written from the published architecture (test/llama_model_ref.py)
+llama_ref() { have_torch || return $?; $PY test/llama_model_ref.py --train "$DATA/train.bin" --workdir "$WORK/$1" "${@:2}"; }
+t_llama_torch() { llama_ref tiny --seq-len 32 --micro-batch 2 --accum 2; } # GQA 4 heads / 2 kv heads, untied head
+# llama3.2-1b shrunk: its tied head and Llama 3.1's RoPE frequency scaling (factor 32), at T = 64
+t_llama_torch_scaled() {
+    llama_ref scaled --shape "--model llama3.2-1b --layers 2 --channels 64 --heads 4 --kv-heads 2 --ffn 96 --vocab 256 --max-seq-len 64" \
+        --seq-len 64 --micro-batch 1
+}
+t_llama_torch_tied_mqa() { # one kv head, the tied head, odd T past a 32-row attention tile, F not a multiple of 8
+    llama_ref mqa --shape "--arch llama --layers 2 --channels 48 --heads 6 --kv-heads 1 --ffn 100 --vocab 200 --tie-embeddings 1 --rope-theta 10000 --norm-eps 1e-6" \
+        --seq-len 37 --micro-batch 2
+}
+t_llama_torch_recompute() {
+    llama_ref rcs --seq-len 32 --micro-batch 2 --accum 2 --extra "--recompute selective" || return 1
+    llama_ref rcf --seq-len 32 --micro-batch 2 --accum 2 --extra "--recompute full"
+}
+t_llama_torch_bf16() { llama_ref bf16 --seq-len 32 --micro-batch 2 --dtype bf16 --tol 3e-2; }
 # Hugging Face checkpoints (hf.c through ./train hf-inspect, the ASan build): files of the safetensors package
 # (scripts/deps.sh installs it from PyPI) and of a numpy writer read back equal; hf.c's files read by the package
 # equal; sharded index; every bad input one line and a non-zero exit
 t_hf_checkpoints() { $PY -c 'import numpy' 2>/dev/null || { echo "python3-numpy is not installed"; return 77; }; $PY test/hf_check.py $ASAN; }
+# transformers' LlamaForCausalLM (scripts/deps.sh installs 4.49.0 into $LLM4D_CACHE) as the reference: save_pretrained
+# -> --init-from-hf: step 0's logits, loss and gradients; 5 steps -> --save-hf -> from_pretrained: eval's loss
+t_hf_transformers() { have_torch || return $?; $PY test/hf_transformers.py $TRAIN; }
 
 # M micro-batches of B equal one batch of M·B: same losses, same trained model.
 t_grad_accum() {
@@ -1524,6 +1544,11 @@ run_test model   t_torch_heads             "PyTorch reference at 1e-5: T=27 belo
 run_test model   t_torch_one_head          "PyTorch reference at 1e-5: one head of 20 channels, T=45"
 run_test model   t_torch_bf16              "PyTorch reference: bf16"
 run_test model   t_torch_bf16_generic      "PyTorch reference: bf16 on the generic matmul path (LLM4D_CPU_ISA=generic)"
+run_test model   t_llama_torch             "Llama against PyTorch: llama3-tiny (GQA, untied head): logits, loss, every gradient, AdamW steps"
+run_test model   t_llama_torch_scaled      "Llama against PyTorch: llama3.2-1b shrunk (tied head, RoPE frequency scaling)"
+run_test model   t_llama_torch_tied_mqa    "Llama against PyTorch: one kv head, tied head, T=37, V=200, F=100, theta 1e4, eps 1e-6"
+run_test model   t_llama_torch_recompute   "Llama against PyTorch: --recompute selective and full"
+run_test model   t_llama_torch_bf16        "Llama against PyTorch: bf16"
 run_test kernels t_attention_torch         "attention against PyTorch: whole sequence and zigzag context-parallel blocks"
 run_test model   t_grad_accum              "gradient accumulation equals the large batch"
 run_test model   t_determinism             "bitwise determinism across reruns and thread counts (fp32 and bf16)"
@@ -1587,6 +1612,7 @@ run_test cli     t_safe_files              "safe files: outputs checked first, d
 run_test emu     t_emu_sm90                "emulator sm_90a instructions: mbarrier, TMA and tensor maps, wgmma layouts, setmaxnreg, gemm.cu's pipeline and its broken variants (ASan+UBSan)"
 run_test kernels t_llama_kernels           "Llama kernels against PyTorch (ASan+UBSan): RMSNorm, RoPE (offsets, 3.1 scaling), SwiGLU, GQA (KV heads < heads, = 1) whole and zigzag CP blocks; fp32 and bf16"
 run_test ckpt    t_hf_checkpoints          "Hugging Face checkpoints: config.json range checks, safetensors F32/BF16/F16 one file and sharded, in and out against the safetensors package and numpy; bad input"
+run_test ckpt    t_hf_transformers         "Hugging Face transformers' LlamaForCausalLM (GQA, RoPE scaling, untied): --init-from-hf logits, loss and gradients equal; 5 steps, --save-hf, transformers' loss equals ./train eval's; 2 ranks (ZeRO-1, PP 2) write the tensors back bitwise"
 run_test model   t_shards_u32              "token shards with 32-bit ids (llm.c's Llama 3 header) written with numpy, mixed with uint16 ones; bad headers"
 run_test emu     t_emu_kernels             "emulated GPU: test_cuda --small, every op and path against the CPU backend (H100 and A100)"
 run_test emu     t_emu_gemm_check          "emulated GPU: gemm_check --check --small (ragged shapes, 4 layouts, every epilogue, split-K) against fp64"
