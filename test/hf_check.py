@@ -401,6 +401,8 @@ def main():
             ("--init-from-hf with a shape flag", ["--init-from-hf", src, "--layers", "2"],
              f"--init-from-hf takes the shape from {src}/config.json: drop --layers"),
             ("--init-from-hf with --model", ["--init-from-hf", src, "--model", "d12"], "drop --model"),
+            ("--init-from-hf with a Llama shape flag", ["--init-from-hf", src, "--kv-heads", "2"], "drop --kv-heads"),
+            ("--init-from-hf with --arch", ["--init-from-hf", src, "--arch", "llama"], "drop --arch"),
             ("--init-from-hf with --init-from", ["--init-from-hf", src, "--init-from", "x.bin"], "drop --init-from"),
             ("--init-from-hf with --resume", ["--init-from-hf", src, "--resume", "--ckpt-dir", os.path.join(w, "ck")],
              "--init-from-hf and --resume both give the starting weights"),
