@@ -1,5 +1,6 @@
 // hf.c: Hugging Face Llama checkpoints in and out (hf.h): config.json, safetensors files (through
-// safetensors.c, shared with ckpt.c) and the sharded layout's index.
+// safetensors.c, shared with ckpt.c) and the sharded layout's index; a checkpoint as llm4d's model (the
+// shape and the full fp32 parameter vector that --init-from-hf trains and --save-hf writes) and back.
 #define _GNU_SOURCE
 #include "hf.h"
 
