@@ -325,8 +325,9 @@ int check_layout(const Options *o, const GPT2Config *cfg, int nranks, BatchShape
                             "checkpoints (--ckpt-dir) or --save-hf"), -1;
         if (o->device && !strcmp(o->device, "cuda"))
             return snprintf(err, cap, "--device cuda: the Llama family's CUDA kernels are not written yet (--arch llama runs on the CPU)"), -1;
-        if (o->tp > 1 || o->cp > 1)
-            return snprintf(err, cap, "--arch llama: --tp and --cp are not mapped for the Llama block yet (DP, ZeRO and PP are)"), -1;
+        if (cfg->NKV >= o->tp ? cfg->NKV % o->tp : o->tp % cfg->NKV)
+            return snprintf(err, cap, "--tp %d and the model's %d kv heads: one must divide the other", o->tp, cfg->NKV), -1;
+        if (cfg->F % o->tp) return snprintf(err, cap, "--tp %d does not divide the model's SwiGLU size %d (--ffn)", o->tp, cfg->F), -1;
     }
     if (o->sp && o->tp == 1) return snprintf(err, cap, "--sp needs tensor parallelism (--tp 2 or more)"), -1;
     *b = (BatchShape){ .T = o->seq_len ? o->seq_len : cfg->maxT, .B = o->micro_batch, .dp = nranks / (o->tp * o->cp * o->pp) };
