@@ -12,7 +12,8 @@ save_pretrained in fp32. Then:
      the first validation batch; transformers, loading each directory with from_pretrained, computes the
      same loss (1e-5);
   3. the trained checkpoint differs from the initial one (training moved it), and a run of no steps on
-     two ranks (data-parallel with ZeRO-1; two pipeline stages) writes back the initial tensors bit for bit.
+     two ranks (data-parallel with ZeRO-1; two pipeline stages; TP 2) writes back the initial tensors bit for
+     bit.
 transformers comes from scripts/deps.sh's directory ($LLM4D_CACHE/py-transformers-4.49.0, the newest
 release that runs on Debian's PyTorch 1.13); without it the test exits 77 (skipped) saying why.
 Usage: hf_transformers.py ./train
@@ -147,8 +148,9 @@ def main():
         trained = LlamaForCausalLM.from_pretrained(out, torch_dtype=torch.float32)
         moved = [n for n, p in trained.named_parameters() if not torch.equal(p, dict(model.named_parameters())[n])]
         report(len(moved) == len(list(model.parameters())), f"training moved all {len(moved)} tensors of the saved checkpoint")
-        # 3. two ranks, no steps: --save-hf gathers every rank's slice (ZeRO-1's shards, the pipeline's stages)
-        for layout in (["--zero", "1"], ["--pp", "2"]):
+        # 3. two ranks, no steps: --save-hf gathers every rank's slice (ZeRO-1's shards, the pipeline's stages,
+        # the tensor-parallel slices: a query-head half and one kv head each)
+        for layout in (["--zero", "1"], ["--pp", "2"], ["--tp", "2"]):
             back = os.path.join(w, "hf_" + layout[0].strip("-"))
             run(["--nproc", "2", *layout, "--init-from-hf", src, "--steps", "0", "--micro-batch", str(B), "--seq-len", str(T),
                  "--save-hf", back], f"train --nproc 2 {' '.join(layout)} --steps 0 --save-hf")

@@ -1679,7 +1679,7 @@ run_test cli     t_safe_files              "safe files: outputs checked first, d
 run_test emu     t_emu_sm90                "emulator sm_90a instructions: mbarrier, TMA and tensor maps, wgmma layouts, setmaxnreg, gemm.cu's pipeline and its broken variants (ASan+UBSan)"
 run_test kernels t_llama_kernels           "Llama kernels against PyTorch (ASan+UBSan): RMSNorm, RoPE (offsets, 3.1 scaling), SwiGLU, GQA (KV heads < heads, = 1) whole and zigzag CP blocks; fp32 and bf16"
 run_test ckpt    t_hf_checkpoints          "Hugging Face checkpoints: config.json range checks, safetensors F32/BF16/F16 one file and sharded, in and out against the safetensors package and numpy; bad input"
-run_test ckpt    t_hf_transformers         "Hugging Face transformers' LlamaForCausalLM (GQA, RoPE scaling, untied): --init-from-hf logits, loss and gradients equal; 5 steps, --save-hf, transformers' loss equals ./train eval's; 2 ranks (ZeRO-1, PP 2) write the tensors back bitwise"
+run_test ckpt    t_hf_transformers         "Hugging Face transformers' LlamaForCausalLM (GQA, RoPE scaling, untied): --init-from-hf logits, loss and gradients equal; 5 steps, --save-hf, transformers' loss equals ./train eval's; 2 ranks (ZeRO-1, PP 2, TP 2) write the tensors back bitwise"
 run_test model   t_shards_u32              "token shards with 32-bit ids (llm.c's Llama 3 header) written with numpy, mixed with uint16 ones; bad headers"
 run_test emu     t_emu_kernels             "emulated GPU: test_cuda --small, every op and path against the CPU backend (H100 and A100)"
 run_test emu     t_emu_gemm_check          "emulated GPU: gemm_check --check --small (ragged shapes, 4 layouts, every epilogue, split-K) against fp64"
