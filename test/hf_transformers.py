@@ -13,7 +13,9 @@ save_pretrained in fp32. Then:
      same loss (1e-5);
   3. the trained checkpoint differs from the initial one (training moved it), and a run of no steps on
      two ranks (data-parallel with ZeRO-1; two pipeline stages; TP 2) writes back the initial tensors bit for
-     bit.
+     bit;
+  4. a tied head (no lm_head.weight) with 8 query heads on 1 kv head: eval's loss equals transformers', and
+     --save-hf writes it back bit for bit, still tied.
 transformers comes from scripts/deps.sh's directory ($LLM4D_CACHE/py-transformers-4.49.0, the newest
 release that runs on Debian's PyTorch 1.13); without it the test exits 77 (skipped) saying why.
 Usage: hf_transformers.py ./train
@@ -157,6 +159,32 @@ def main():
             again = LlamaForCausalLM.from_pretrained(back, torch_dtype=torch.float32)
             same = all(torch.equal(p, dict(model.named_parameters())[n]) for n, p in again.named_parameters())
             report(same, f"2 ranks ({' '.join(layout)}), no steps: --save-hf writes the initial tensors back bit for bit")
+        # 4. a tied head (tie_word_embeddings: no lm_head.weight in the file), plain RoPE, 8 heads on 1 kv head
+        tcfg = LlamaConfig(vocab_size=131, hidden_size=32, intermediate_size=40, num_hidden_layers=1, num_attention_heads=8,
+                           num_key_value_heads=1, max_position_embeddings=32, rms_norm_eps=1e-6, rope_theta=10000.0,
+                           tie_word_embeddings=True, torch_dtype="float32")
+        tcfg._attn_implementation = "eager"
+        tied = LlamaForCausalLM(tcfg).float()
+        with torch.no_grad():
+            for name, p in tied.named_parameters():
+                p.copy_((1.0 if "norm" in name else 0.0) + 0.2 * torch.randn_like(p))
+        tdir, tout = os.path.join(w, "tied"), os.path.join(w, "tied_out")
+        tied.save_pretrained(tdir, safe_serialization=True)
+        tshard = os.path.join(w, "tied_tokens.bin")
+        write_shard(tshard, rng.integers(0, tcfg.vocab_size, size=B * T * 4 + 1))
+        ttok = np.fromfile(tshard, np.uint16, offset=1024).astype(np.int64)
+        tx = np.stack([ttok[j * T:j * T + T] for j in range(B)])
+        ty = np.stack([ttok[j * T + 1:j * T + T + 1] for j in range(B)])
+        mine = eval_loss(tdir, tshard, "eval --model (tied)")
+        with torch.no_grad():
+            ref = hf_loss(tied, tx, ty)[1].item()
+        report(abs(mine - ref) <= 1e-5 * ref + 1e-6, f"tied head, 8 heads / 1 kv head: ./train eval's loss {mine:.6f} equals "
+               f"transformers' {ref:.7f}")
+        run(["--init-from-hf", tdir, "--steps", "0", "--micro-batch", str(B), "--seq-len", str(T), "--save-hf", tout],
+            "train --init-from-hf (tied) --steps 0 --save-hf")
+        again = LlamaForCausalLM.from_pretrained(tout, torch_dtype=torch.float32)
+        report(all(torch.equal(p, dict(tied.named_parameters())[n]) for n, p in again.named_parameters()) and
+               again.config.tie_word_embeddings, "tied head: --save-hf writes the tensors back bit for bit, still tied")
     print(f"{'PASS' if failures == 0 else 'FAIL'}: {failures} check(s) failed (transformers {transformers.__version__}, "
           f"torch {torch.__version__})")
     sys.exit(1 if failures else 0)
