@@ -69,8 +69,13 @@ static void runs_free(Runs rs[NUM_PARAM_TENSORS]) {
 // element of the full model is written by one rank (owned_only): the one whose copy counts.
 static void collect_runs(const GPT2 *m, size_t a0, size_t e0, uint64_t state0, int owned_only, Runs rs[NUM_PARAM_TENSORS]) {
     for (TensorSlice s = GPT2_SLICES; gpt2_next_slice(m, a0, e0 - a0, &s);) {
-        if (owned_only && !gpt2_tensor_counted(m, s.k)) continue;
-        for (size_t x = s.a; x < s.e; x++) {
+        size_t e = s.e;
+        if (owned_only) { // the slice's counted prefix (a tensor replicated over TP: none but on its rank 0)
+            size_t off, len;
+            gpt2_tensor_range(m, s.k, s.l, &off, &len);
+            if (s.start + gpt2_counted_len(m, s.k, len) < e) e = s.start + gpt2_counted_len(m, s.k, len);
+        }
+        for (size_t x = s.a; x < e; x++) {
             size_t f = gpt2_file_index(m, s.k, s.l, x - s.start);
             if (f != SIZE_MAX) runs_add(&rs[s.k], state0 + (x - a0), f - m->file_offsets[s.k]);
         }

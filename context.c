@@ -48,12 +48,27 @@ static void pass_kv(CpRing *r, int s, void *cur, void *nxt, size_t bytes, CommRe
     *recv = comm_irecv(r->lay->cp.comm, nxt, bytes, (rank + n - 1) % n);
 }
 
-double cp_attention_fwd(CpRing *r, void *out, float *lse, const void *qkv, int B, int T, int C, int NH) {
+// One (query chunk, key chunk) pair: GPT-2's block op, or grouped-query attention with RoPE at the chunks'
+// global positions (rope not NULL).
+static void block_fwd(const CpRing *r, AttnView o, float *lse, AttnView q, AttnView k, AttnView v, int B, int NH, int NKV,
+                      int hs, int c, int q0, int k0, const RopeConfig *rope, int merge) {
+    if (rope) r->be->attention_gqa_block_fwd(o, lse, q, k, v, B, NH, NKV, hs, c, q0, c, k0, rope, merge);
+    else r->be->attention_block_fwd(o, lse, q, k, v, B, NH, hs, c, q0, c, k0, merge);
+}
+static void block_bwd(const CpRing *r, AttnView dq, AttnView dk, AttnView dv, AttnView g, AttnView o, const float *lse,
+                      AttnView q, AttnView k, AttnView v, int B, int NH, int NKV, int hs, int c, int q0, int k0,
+                      const RopeConfig *rope) {
+    if (rope) r->be->attention_gqa_block_bwd(dq, dk, dv, g, o, lse, q, k, v, B, NH, NKV, hs, c, q0, c, k0, rope);
+    else r->be->attention_block_bwd(dq, dk, dv, g, o, lse, q, k, v, B, NH, hs, c, q0, c, k0);
+}
+
+double cp_attention_fwd(CpRing *r, void *out, float *lse, const void *qkv, int B, int T, int C, int NH, int NKV,
+                        const RopeConfig *rope) {
     const Backend *be = r->be;
     DType dt = r->dt;
-    int n = r->lay->cp.size, rank = r->lay->cp.rank, c = T / 2, hs = C / NH;
-    size_t es = dtype_size(dt), rows = (size_t)B * T, kv_bytes = rows * 2 * C * es, lse_chunk = (size_t)B * NH * c;
-    be->cast_rows(r->kvbuf[0], dt, 2 * (size_t)C, (const char *)qkv + (size_t)C * es, dt, 3 * (size_t)C, rows, 2 * (size_t)C);
+    int n = r->lay->cp.size, rank = r->lay->cp.rank, c = T / 2, hs = C / NH, K = NKV * hs, W = C + 2 * K;
+    size_t es = dtype_size(dt), rows = (size_t)B * T, kv_bytes = rows * 2 * K * es, lse_chunk = (size_t)B * NH * c;
+    be->cast_rows(r->kvbuf[0], dt, 2 * (size_t)K, (const char *)qkv + (size_t)C * es, dt, (size_t)W, rows, 2 * (size_t)K);
     int started[2] = { 0, 0 };
     double pairs = 0;
     for (int s = 0; s < n; s++) {
@@ -65,9 +80,9 @@ double cp_attention_fwd(CpRing *r, void *out, float *lse, const void *qkv, int B
             for (int jk = 0; jk < 2; jk++) {
                 int q0 = cp_chunk_start(T, n, rank, jq), k0 = cp_chunk_start(T, n, owner, jk);
                 if (k0 > q0) continue; // the whole key chunk comes after the query chunk
-                AttnView o = chunk_view(DT_F32, r->acc, T, C, jq, 0, C), q = chunk_view(dt, qkv, T, 3 * C, jq, 0, C);
-                AttnView k = chunk_view(dt, cur, T, 2 * C, jk, 0, C), v = chunk_view(dt, cur, T, 2 * C, jk, 1, C);
-                be->attention_block_fwd(o, lse + jq * lse_chunk, q, k, v, B, NH, hs, c, q0, c, k0, started[jq]);
+                AttnView o = chunk_view(DT_F32, r->acc, T, C, jq, 0, C), q = chunk_view(dt, qkv, T, W, jq, 0, C);
+                AttnView k = chunk_view(dt, cur, T, 2 * K, jk, 0, K), v = chunk_view(dt, cur, T, 2 * K, jk, 1, K);
+                block_fwd(r, o, lse + jq * lse_chunk, q, k, v, B, NH, NKV, hs, c, q0, k0, rope, started[jq]);
                 started[jq] = 1;
                 pairs += causal_pairs(c, q0, c, k0);
             }
@@ -79,13 +94,14 @@ double cp_attention_fwd(CpRing *r, void *out, float *lse, const void *qkv, int B
 }
 
 double cp_attention_bwd(CpRing *r, void *dqkv, const void *dout, const void *qkv, const void *out, const float *lse, int B,
-                        int T, int C, int NH) {
+                        int T, int C, int NH, int NKV, const RopeConfig *rope) {
     const Backend *be = r->be;
     DType dt = r->dt;
     int n = r->lay->cp.size, rank = r->lay->cp.rank, c = T / 2, hs = C / NH, next = (rank + 1) % n, prev = (rank + n - 1) % n;
-    size_t es = dtype_size(dt), rows = (size_t)B * T, kv_bytes = rows * 2 * C * es, lse_chunk = (size_t)B * NH * c;
-    size_t dkv_n = rows * 2 * C, dkv_bytes = dkv_n * sizeof(float);
-    be->cast_rows(r->kvbuf[0], dt, 2 * (size_t)C, (const char *)qkv + (size_t)C * es, dt, 3 * (size_t)C, rows, 2 * (size_t)C);
+    int K = NKV * hs, W = C + 2 * K;
+    size_t es = dtype_size(dt), rows = (size_t)B * T, kv_bytes = rows * 2 * K * es, lse_chunk = (size_t)B * NH * c;
+    size_t dkv_n = rows * 2 * K, dkv_bytes = dkv_n * sizeof(float);
+    be->cast_rows(r->kvbuf[0], dt, 2 * (size_t)K, (const char *)qkv + (size_t)C * es, dt, (size_t)W, rows, 2 * (size_t)K);
     be->zero(r->acc, rows * C * sizeof(float));
     CommRequest *dsend[2] = { NULL, NULL }; // the accumulator each dkv buffer is sending
     double pairs = 0;
@@ -106,11 +122,11 @@ double cp_attention_bwd(CpRing *r, void *dqkv, const void *dout, const void *qkv
                 int q0 = cp_chunk_start(T, n, rank, jq), k0 = cp_chunk_start(T, n, owner, jk);
                 if (k0 > q0) continue;
                 AttnView dq = chunk_view(DT_F32, r->acc, T, C, jq, 0, C);
-                AttnView dk = chunk_view(DT_F32, mine, T, 2 * C, jk, 0, C), dv = chunk_view(DT_F32, mine, T, 2 * C, jk, 1, C);
+                AttnView dk = chunk_view(DT_F32, mine, T, 2 * K, jk, 0, K), dv = chunk_view(DT_F32, mine, T, 2 * K, jk, 1, K);
                 AttnView g = chunk_view(dt, dout, T, C, jq, 0, C), o = chunk_view(dt, out, T, C, jq, 0, C);
-                AttnView q = chunk_view(dt, qkv, T, 3 * C, jq, 0, C);
-                AttnView k = chunk_view(dt, cur, T, 2 * C, jk, 0, C), v = chunk_view(dt, cur, T, 2 * C, jk, 1, C);
-                be->attention_block_bwd(dq, dk, dv, g, o, lse + jq * lse_chunk, q, k, v, B, NH, hs, c, q0, c, k0);
+                AttnView q = chunk_view(dt, qkv, T, W, jq, 0, C);
+                AttnView k = chunk_view(dt, cur, T, 2 * K, jk, 0, K), v = chunk_view(dt, cur, T, 2 * K, jk, 1, K);
+                block_bwd(r, dq, dk, dv, g, o, lse + jq * lse_chunk, q, k, v, B, NH, NKV, hs, c, q0, k0, rope);
                 pairs += causal_pairs(c, q0, c, k0);
             }
         if (s > 0) { // the ranks before this one, then this one: the same order for every block
@@ -126,7 +142,7 @@ double cp_attention_bwd(CpRing *r, void *dqkv, const void *dout, const void *qkv
     CommRequest *home = comm_irecv(r->lay->cp_grad, r->dkv[n % 2], dkv_bytes, prev);
     wait_ring(r, &home);
     wait_ring(r, &dsend[(n + 1) % 2]);
-    be->cast_rows(dqkv, dt, 3 * (size_t)C, r->acc, DT_F32, (size_t)C, rows, (size_t)C);
-    be->cast_rows((char *)dqkv + (size_t)C * es, dt, 3 * (size_t)C, r->dkv[n % 2], DT_F32, 2 * (size_t)C, rows, 2 * (size_t)C);
+    be->cast_rows(dqkv, dt, (size_t)W, r->acc, DT_F32, (size_t)C, rows, (size_t)C);
+    be->cast_rows((char *)dqkv + (size_t)C * es, dt, (size_t)W, r->dkv[n % 2], DT_F32, 2 * (size_t)K, rows, 2 * (size_t)K);
     return pairs;
 }

@@ -48,12 +48,16 @@ void cp_slice(const int32_t *full, int32_t *local, int nseq, int T, int n, int r
 // Query-key pairs causal attention computes between Tq queries at positions q0.. and Tk keys at k0..
 double causal_pairs(int Tq, int q0, int Tk, int k0);
 
-// Ring attention over this rank's local sequences (B x T positions, qkv [B, T, 3C] with NH heads of C/NH
-// channels): out [B, T, C] and lse [2][B][NH][T/2] (one block per local chunk) as attention_fwd leaves
-// them, and its backward, which overwrites dqkv. Collective over the group. Each returns the query-key
-// pairs it computed per sequence and head (for FLOP counts).
-double cp_attention_fwd(CpRing *r, void *out, float *lse, const void *qkv, int B, int T, int C, int NH);
+// Ring attention over this rank's local sequences (B x T positions, qkv [B, T, C + 2·NKV·C/NH] with NH
+// query heads of C/NH channels, then NKV key heads, then NKV value heads): out [B, T, C] and lse
+// [2][B][NH][T/2] (one block per local chunk) as attention_fwd leaves them, and its backward, which
+// overwrites dqkv. The ring passes the NKV heads' K and V (grouped-query attention cuts its bytes by
+// NH/NKV); with rope (Llama) q and k travel unrotated and every block rotates them at its chunks' global
+// positions; NKV = NH with rope NULL is GPT-2's attention. Collective over the group. Each returns the
+// query-key pairs it computed per sequence and head (for FLOP counts).
+double cp_attention_fwd(CpRing *r, void *out, float *lse, const void *qkv, int B, int T, int C, int NH, int NKV,
+                        const RopeConfig *rope);
 double cp_attention_bwd(CpRing *r, void *dqkv, const void *dout, const void *qkv, const void *out, const float *lse, int B,
-                        int T, int C, int NH);
+                        int T, int C, int NH, int NKV, const RopeConfig *rope);
 
 #endif

@@ -1,5 +1,6 @@
 // hf.c: Hugging Face Llama checkpoints in and out (hf.h): config.json, safetensors files (through
-// safetensors.c, shared with ckpt.c) and the sharded layout's index.
+// safetensors.c, shared with ckpt.c) and the sharded layout's index; a checkpoint as llm4d's model (the
+// shape and the full fp32 parameter vector that --init-from-hf trains and --save-hf writes) and back.
 #define _GNU_SOURCE
 #include "hf.h"
 
@@ -489,19 +490,126 @@ void hf_save(const char *dir, const HFConfig *c, const HFTensor *t, int n, DType
 }
 
 // ---------------------------------------------------------------------------------------------
+// the checkpoint as llm4d's model
+
+GPT2Config hf_model_config(const HFConfig *c, const char *dir) {
+    GPT2Config m;
+    memset(&m, 0, sizeof m);
+    m.arch = ARCH_LLAMA;
+    m.L = c->num_hidden_layers, m.C = c->hidden_size, m.NH = c->num_attention_heads, m.NKV = c->num_key_value_heads;
+    m.F = c->intermediate_size, m.V = c->vocab_size, m.Vp = (c->vocab_size + 127) / 128 * 128;
+    m.maxT = c->max_position_embeddings, m.tie = c->tie_word_embeddings;
+    m.norm_eps = (float)c->rms_norm_eps;
+    m.rope = hf_rope(c);
+    char why[256];
+    if (!gpt2_config_valid(&m, why, sizeof why)) die("%s/config.json: not a shape llm4d trains: %s", dir, why);
+    return m;
+}
+
+// The shortest decimal that rounds to the float x: 1e-5f is written 1e-05, not 9.99999974737875e-06,
+// so a config read and written again keeps its text.
+static double shortest_float(float x) {
+    char buf[32];
+    for (int d = 1; d < 10; d++) {
+        snprintf(buf, sizeof buf, "%.*g", d, (double)x);
+        if ((float)strtod(buf, NULL) == x) return strtod(buf, NULL);
+    }
+    return (double)x;
+}
+
+void hf_config_of_model(const GPT2Config *m, HFConfig *c) {
+    memset(c, 0, sizeof *c);
+    c->hidden_size = m->C, c->intermediate_size = m->F, c->num_attention_heads = m->NH, c->num_key_value_heads = m->NKV;
+    c->num_hidden_layers = m->L, c->head_dim = m->C / m->NH, c->vocab_size = m->V, c->max_position_embeddings = m->maxT;
+    c->tie_word_embeddings = m->tie;
+    c->rms_norm_eps = shortest_float(m->norm_eps);
+    c->rope_theta = m->rope.theta;
+    if (m->rope.factor > 0) {
+        c->rope_llama3 = 1;
+        c->rope_factor = m->rope.factor;
+        c->rope_low_freq_factor = m->rope.low_freq_factor;
+        c->rope_high_freq_factor = m->rope.high_freq_factor;
+        c->rope_original_max_pos = m->rope.original_max_pos;
+    }
+    snprintf(c->torch_dtype, sizeof c->torch_dtype, "float32");
+}
+
+size_t hf_model_offset(const GPT2Config *m, int i) {
+    size_t sizes[NUM_PARAM_TENSORS], off[NUM_PARAM_TENSORS];
+    gpt2_param_layout(m, sizes, off);
+    size_t C = (size_t)m->C, hs = C / (size_t)m->NH, Q = (size_t)m->NH * hs, KV = (size_t)m->NKV * hs, F = (size_t)m->F;
+    if (i == 0) return off[P_WTE];
+    int nl = NLAYER_TENSORS * m->L;
+    if (i == nl + 1) return off[P_LNFW];
+    if (i == nl + 2) return off[P_LMHEAD];
+    size_t l = (size_t)(i - 1) / NLAYER_TENSORS, qkv = (Q + 2 * KV) * C;
+    switch ((i - 1) % NLAYER_TENSORS) { // LAYER_TENSORS' order
+    case 0: return off[P_LN1W] + l * C;
+    case 1: return off[P_QKVW] + l * qkv;
+    case 2: return off[P_QKVW] + l * qkv + Q * C;
+    case 3: return off[P_QKVW] + l * qkv + (Q + KV) * C;
+    case 4: return off[P_ATTPROJW] + l * C * Q;
+    case 5: return off[P_LN2W] + l * C;
+    case 6: return off[P_FCW] + l * 2 * F * C;
+    case 7: return off[P_FCW] + l * 2 * F * C + F * C;
+    default: return off[P_FCPROJW] + l * C * F;
+    }
+}
+
+float *hf_load_model(const char *dir, GPT2Config *cfg) {
+    HFConfig c;
+    hf_config_read(dir, &c);
+    *cfg = hf_model_config(&c, dir);
+    size_t sizes[NUM_PARAM_TENSORS], off[NUM_PARAM_TENSORS];
+    size_t n = gpt2_param_layout(cfg, sizes, off);
+    float *p = xcalloc(n, sizeof(float)); // the vocabulary's padding rows stay zero
+    HFCheckpoint *h = hf_open(dir);
+    for (int i = 0; i < hf_tensor_count(&c); i++) {
+        char name[128];
+        int64_t shape[2];
+        hf_tensor_name(&c, i, name, sizeof name);
+        int nd = hf_tensor_shape(&c, name, shape);
+        hf_read(h, name, nd, shape, p + hf_model_offset(cfg, i));
+    }
+    hf_close(h);
+    return p;
+}
+
+void hf_save_model(const char *dir, const GPT2Config *cfg, const float *params, DType dt, uint64_t max_shard_bytes) {
+    if (cfg->arch != ARCH_LLAMA) die("--save-hf %s: the model is GPT-2; Hugging Face checkpoints are written for --arch llama", dir);
+    HFConfig c;
+    hf_config_of_model(cfg, &c);
+    int n = hf_tensor_count(&c);
+    HFTensor *t = xcalloc((size_t)n, sizeof(HFTensor));
+    char (*names)[128] = xcalloc((size_t)n, 128);
+    for (int i = 0; i < n; i++) {
+        hf_tensor_name(&c, i, names[i], 128);
+        int64_t shape[2] = { 0, 0 };
+        int nd = hf_tensor_shape(&c, names[i], shape);
+        t[i] = (HFTensor){ names[i], nd, { shape[0], shape[1] }, params + hf_model_offset(cfg, i) };
+    }
+    hf_save(dir, &c, t, n, dt, max_shard_bytes);
+    free(t);
+    free(names);
+}
+
+// ---------------------------------------------------------------------------------------------
 // train hf-inspect
 
 int hf_inspect_main(int argc, char **argv) {
-    const char *dir = NULL, *dump = NULL, *save = NULL;
+    const char *dir = NULL, *dump = NULL, *save = NULL, *via = NULL;
     DType dt = DT_F32;
-    uint64_t max_shard = (uint64_t)5 << 30; // transformers' default max_shard_size, 5 GB
+    uint64_t max_shard = HF_MAX_SHARD_BYTES;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            fputs("usage: ./train hf-inspect DIR [--dump OUT] [--save-hf OUT2 [--dtype fp32|bf16] [--max-shard-bytes N]]\n"
+            fputs("usage: ./train hf-inspect DIR [--dump OUT] [--via-model RAW] [--save-hf OUT2 [--dtype fp32|bf16] [--max-shard-bytes N]]\n"
                   "  reads a Hugging Face Llama checkpoint (config.json, one safetensors file or shards with the index),\n"
                   "  checks every tensor's shape against the config and prints the config and the tensors\n"
                   "  --dump OUT                 write the tensors, converted to fp32, raw into OUT\n"
+                  "  --via-model RAW            convert the checkpoint into llm4d's full fp32 parameter vector (what\n"
+                  "                             --init-from-hf trains; llm.c's tensor order), write it raw into RAW,\n"
+                  "                             and write --save-hf from that vector (as training's --save-hf does)\n"
                   "  --save-hf OUT2             write the checkpoint again into OUT2 (a Hugging Face directory)\n"
                   "  --dtype fp32|bf16          OUT2's element type (default fp32)\n"
                   "  --max-shard-bytes N        the largest shard of OUT2 in bytes (default 5 GB, transformers')\n"
@@ -509,6 +617,7 @@ int hf_inspect_main(int argc, char **argv) {
             exit(0);
         }
         if (!strcmp(a, "--dump") && i + 1 < argc) dump = argv[++i];
+        else if (!strcmp(a, "--via-model") && i + 1 < argc) via = argv[++i];
         else if (!strcmp(a, "--save-hf") && i + 1 < argc) save = argv[++i];
         else if (!strcmp(a, "--dtype") && i + 1 < argc) {
             const char *v = argv[++i];
@@ -521,10 +630,10 @@ int hf_inspect_main(int argc, char **argv) {
             unsigned long long v = strtoull(argv[++i], &end, 10);
             if (errno || *end || v == 0 || argv[i][0] == '-') die("hf-inspect: --max-shard-bytes %s: expected a positive integer", argv[i]);
             max_shard = v;
-        } else if (a[0] == '-' || dir) die("hf-inspect: unknown argument %s (usage: train hf-inspect DIR [--dump OUT] [--save-hf OUT2 [--dtype fp32|bf16] [--max-shard-bytes N]])", a);
+        } else if (a[0] == '-' || dir) die("hf-inspect: unknown argument %s (usage: train hf-inspect DIR [--dump OUT] [--via-model RAW] [--save-hf OUT2 [--dtype fp32|bf16] [--max-shard-bytes N]])", a);
         else dir = a;
     }
-    if (!dir) die("hf-inspect: usage: train hf-inspect DIR [--dump OUT] [--save-hf OUT2 [--dtype fp32|bf16] [--max-shard-bytes N]]");
+    if (!dir) die("hf-inspect: usage: train hf-inspect DIR [--dump OUT] [--via-model RAW] [--save-hf OUT2 [--dtype fp32|bf16] [--max-shard-bytes N]]");
     HFConfig c;
     hf_config_read(dir, &c);
     printf("config: hidden_size %d intermediate_size %d num_attention_heads %d num_key_value_heads %d head_dim %d "
@@ -536,6 +645,7 @@ int hf_inspect_main(int argc, char **argv) {
                c.rope_factor, c.rope_low_freq_factor, c.rope_high_freq_factor, c.rope_original_max_pos);
     else printf(" rope_scaling none");
     printf(" tie_word_embeddings %s torch_dtype %s\n", c.tie_word_embeddings ? "true" : "false", c.torch_dtype);
+    if (via) hf_model_config(&c, dir); // a shape llm4d cannot hold is said before any tensor is read
     HFCheckpoint *h = hf_open(dir);
     printf("files: %d\n", hf_nfiles(h));
     int n = hf_tensor_count(&c);
@@ -567,7 +677,20 @@ int hf_inspect_main(int argc, char **argv) {
         }
         ts[i] = (HFTensor){ names[i], nd, { shape[0], nd > 1 ? shape[1] : 0 }, x };
     }
-    if (save) hf_save(save, &c, ts, n, dt, max_shard);
+    if (via) {
+        GPT2Config m;
+        float *p = hf_load_model(dir, &m);
+        SafeFile sf;
+        safe_open_or_die(&sf, via);
+        safe_write_or_die(&sf, p, sizeof(float) * gpt2_param_layout(&m, (size_t[NUM_PARAM_TENSORS]){ 0 }, (size_t[NUM_PARAM_TENSORS]){ 0 }));
+        safe_commit_or_die(&sf);
+        printf("model: arch llama L %d C %d NH %d NKV %d F %d V %d Vp %d maxT %d tie %d\n", m.L, m.C, m.NH, m.NKV, m.F, m.V,
+               m.Vp, m.maxT, m.tie);
+        if (save) hf_save_model(save, &m, p, dt, max_shard);
+        free(p);
+    } else if (save) {
+        hf_save(save, &c, ts, n, dt, max_shard);
+    }
     for (int i = 0; i < n; i++) free((void *)ts[i].data);
     free(ts);
     free(names);

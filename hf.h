@@ -32,6 +32,7 @@
 #include <stdint.h>
 
 #include "kernels.h"
+#include "model.h"
 
 typedef struct {
     int hidden_size, intermediate_size, num_attention_heads, num_key_value_heads, num_hidden_layers;
@@ -86,7 +87,34 @@ typedef struct {
 // safe-write path; a stale model.safetensors or index of the other layout is removed.
 void hf_save(const char *dir, const HFConfig *c, const HFTensor *t, int n, DType dt, uint64_t max_shard_bytes);
 
-// `train hf-inspect DIR [--dump OUT] [--save-hf OUT2 [--dtype fp32|bf16] [--max-shard-bytes N]]`: a
+// ---------------------------------------------------------------------------------------------
+// A checkpoint as llm4d's model (model.h: the Llama slots of the tensor table, the full fp32 vector in
+// llm.c's file order) and back. The shape:
+//   hidden_size C, intermediate_size F, num_attention_heads NH, num_key_value_heads NKV,
+//   num_hidden_layers L, vocab_size V (Vp: V rounded up to a multiple of 128), max_position_embeddings
+//   maxT, rms_norm_eps norm_eps (fp32, as HF adds it to fp32 statistics; written back as the shortest
+//   decimal that rounds to it), rope_theta and rope_scaling "llama3" the RoPE (kernels.h's RopeConfig),
+//   tie_word_embeddings tie; arch llama. head_dim must be C / NH (hf_config_read checks it).
+// The tensors, each a contiguous piece of the vector (so reading and writing copy nothing twice):
+//   embed_tokens -> wte rows 0..V-1 (rows V..Vp-1 zero; dropped on writing)
+//   layer l: input_layernorm -> ln1w[l]; q_proj, k_proj, v_proj -> qkvw[l] rows 0..NH·hs-1, then
+//   NKV·hs rows of k, then NKV·hs of v; o_proj -> attprojw[l]; post_attention_layernorm -> ln2w[l];
+//   gate_proj, up_proj -> fcw[l] rows 0..F-1, F..2F-1; down_proj -> fcprojw[l]
+//   norm -> lnfw; lm_head -> lmhead rows 0..V-1 (untied only; padding zero)
+// No row is permuted (see the RoPE note above).
+// The shape of a config (dir names the file in errors); dies with one line when llm4d cannot hold it.
+GPT2Config hf_model_config(const HFConfig *c, const char *dir);
+// The config of a Llama shape (the inverse of hf_model_config; torch_dtype float32).
+void hf_config_of_model(const GPT2Config *cfg, HFConfig *c);
+// Where HF tensor i (hf_tensor_name's order) lies in the full vector of cfg: its first element.
+size_t hf_model_offset(const GPT2Config *cfg, int i);
+// DIR's config and weights (any of F32, BF16, F16, widened exactly) as cfg and a new full fp32 vector.
+float *hf_load_model(const char *dir, GPT2Config *cfg);
+#define HF_MAX_SHARD_BYTES ((uint64_t)5 << 30) // transformers' default max_shard_size, 5 GB
+// The full fp32 vector of a Llama shape as an HF checkpoint (hf_save: dt fp32 or bf16, sharding).
+void hf_save_model(const char *dir, const GPT2Config *cfg, const float *params, DType dt, uint64_t max_shard_bytes);
+
+// `train hf-inspect DIR [--dump OUT] [--via-model RAW] [--save-hf OUT2 [--dtype fp32|bf16] [--max-shard-bytes N]]`: a
 // tool: prints the config and every tensor (dtype, shape), reading each with the shape checks; --dump
 // writes each as raw fp32 OUT/NAME.bin; --save-hf writes the checkpoint again with hf_save. Returns the
 // exit status.

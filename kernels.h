@@ -179,7 +179,8 @@ typedef struct Backend {
     // of the stored res.
     void (*residual_rmsnorm_fwd)(DType dt, void *res, void *out, float *rstd, const void *a, const void *b,
                                  const void *weight, int N, int C, float eps);
-    // The backward of both, as layernorm_bwd: dinp += ∂L/∂inp (the residual stream's gradient), dweight +=.
+    // The backward of both, as layernorm_bwd: dinp += ∂L/∂inp (the residual stream's gradient), dweight +=; either
+    // half alone (dinp NULL: weight not read; dweight NULL), each half's bits independent of the other.
     void (*rmsnorm_bwd)(DType dt, void *dinp, float *dweight, const void *dout, const void *inp, const void *weight,
                         const float *rstd, int N, int C);
     // RoPE in place on x viewed as [B, T, nheads, hs] (AttnView): token t of every sequence is at position

@@ -1340,8 +1340,10 @@ static void cpu_rmsnorm_bwd(DType dt, void *dinp, float *dweight, const void *do
                             const float *rstd, int N, int C) {
     int nchunks = (N + LN_ROWS - 1) / LN_ROWS;
     float *partial = scratch(SCR_WORK, sizeof(float) * (size_t)C * (nchunks > 0 ? nchunks : 1));
+    // either half alone (the split backward): dinp NULL skips the input gradient and weight is not read,
+    // dweight NULL skips the weight gradient; each half's bits are the same either way
     float *w = xmalloc(sizeof(float) * (size_t)C);
-    row_load(dt, weight, 0, C, w);
+    if (dinp) row_load(dt, weight, 0, C, w);
 #pragma omp parallel
     {
         float *x = xmalloc(sizeof(float) * 4 * (size_t)C), *dy = x + C, *dn = dy + C, *di = dn + C;
@@ -1353,13 +1355,14 @@ static void cpu_rmsnorm_bwd(DType dt, void *dinp, float *dweight, const void *do
                 size_t o = (size_t)n * C;
                 row_load(dt, inp, o, C, x);
                 row_load(dt, dout, o, C, dy);
-                row_load(dt, dinp, o, C, di);
                 float s = rstd[n];
                 for (int c = 0; c < C; c++) {
                     x[c] *= s; // x̂
-                    dn[c] = w[c] * dy[c];
                     pw[c] += dy[c] * x[c];
                 }
+                if (!dinp) continue;
+                row_load(dt, dinp, o, C, di);
+                for (int c = 0; c < C; c++) dn[c] = w[c] * dy[c];
                 float ddot = vdot(dn, x, C) / C;
                 for (int c = 0; c < C; c++) di[c] += (dn[c] - x[c] * ddot) * s;
                 row_store(dt, dinp, o, C, di);
@@ -1367,7 +1370,7 @@ static void cpu_rmsnorm_bwd(DType dt, void *dinp, float *dweight, const void *do
         }
         free(x);
 #pragma omp for schedule(static)
-        for (int c = 0; c < C; c++) {
+        for (int c = 0; c < (dweight ? C : 0); c++) {
             float sw = 0.0f;
             for (int ch = 0; ch < nchunks; ch++) sw += partial[(size_t)ch * C + c];
             dweight[c] += sw;

@@ -304,6 +304,14 @@ int gpt2_tensor_counted(const GPT2 *m, int k) {
     return !(gpt2_tensor_replicated(m, k) && m->lay->tp.rank != 0);
 }
 
+size_t gpt2_counted_len(const GPT2 *m, int k, size_t len) {
+    if (!gpt2_tensor_counted(m, k)) return 0;
+    int TP = m->lay->tp.size;
+    if (k == P_QKVW && m->cfg.arch == ARCH_LLAMA && m->cfg.NKV < TP && m->lay->tp.rank % (TP / m->cfg.NKV))
+        return (size_t)m->NH_tp * m->hs * m->cfg.C;
+    return len;
+}
+
 int gpt2_tensor_layers(const GPT2 *m, int k) { return is_layer_tensor(k) ? m->nl : 1; }
 
 int gpt2_next_slice(const GPT2 *m, size_t off, size_t len, TensorSlice *s) {
@@ -582,13 +590,14 @@ static void alloc_slot(GPT2 *m, int s) {
     if (s > 0) { // scratch lives only inside one forward or backward: shared
         Activations *x0 = &m->slots[0];
         x->partial = x0->partial, x->dbuf_c = x0->dbuf_c, x->dbuf_4c = x0->dbuf_4c, x->dqkv = x0->dqkv;
-        x->full = x0->full, x->dshard = x0->dshard, x->ln_grad = x0->ln_grad;
+        x->full = x0->full, x->dshard = x0->dshard, x->ln_grad = x0->ln_grad, x->kv_share = x0->kv_share;
         return;
     }
     ACT(partial, BT * C, ds);
     ACT(dbuf_c, BT * C, ds);
     ACT(dbuf_4c, BT * (FC + (ln ? 0 : MLP)), ds); // Llama: dgate|dup, then SwiGLU's output gradient
     ACT(dqkv, BT * QKV, ds);
+    if (!ln && m->cfg.NKV < m->lay->tp.size) ACT(kv_share, BT * 2 * (size_t)m->cfg.NKV * m->hs, ds);
     if (m->lay->sp) {
         ACT(full, BT * C, ds);
         ACT(dshard, R * C, ds);
@@ -678,7 +687,7 @@ void gpt2_free(GPT2 *m) {
                         x->logits, x->ce_max, x->ce_sum, x->ce_target, x->inputs, x->targets, x->dresidual };
         for (size_t i = 0; i < sizeof own / sizeof own[0]; i++) mem_free(a, own[i]);
         if (s > 0) continue;
-        void *scratch[] = { x->partial, x->dbuf_c, x->dbuf_4c, x->dqkv, x->full, x->dshard, x->ln_grad };
+        void *scratch[] = { x->partial, x->dbuf_c, x->dbuf_4c, x->dqkv, x->full, x->dshard, x->ln_grad, x->kv_share };
         for (size_t i = 0; i < sizeof scratch / sizeof scratch[0]; i++) mem_free(a, scratch[i]);
     }
     BlockScratch *r = &m->rc;
@@ -873,7 +882,7 @@ static void attention_forward(GPT2 *m, void *atty, float *lse, const void *qkv, 
     int Ct = m->C_tp, NH = m->NH_tp;
     double pairs;
     if (m->lay->cp.size > 1) {
-        pairs = cp_attention_fwd(&m->ring, atty, lse, qkv, B, T, Ct, NH);
+        pairs = cp_attention_fwd(&m->ring, atty, lse, qkv, B, T, Ct, NH, m->NKV_tp, llama(m) ? &m->cfg.rope : NULL);
     } else if (llama(m)) {
         m->be->attention_gqa_fwd(m->dt, atty, lse, qkv, B, T, NH, m->NKV_tp, m->hs, &m->cfg.rope);
         pairs = causal_pairs(T, 0, T, 0);
@@ -888,7 +897,8 @@ static void attention_backward(GPT2 *m, void *dqkv, const void *datty, const voi
     int Ct = m->C_tp, NH = m->NH_tp;
     double pairs;
     if (m->lay->cp.size > 1) {
-        pairs = cp_attention_bwd(&m->ring, dqkv, datty, qkv, atty, lse, B, T, Ct, NH);
+        pairs = cp_attention_bwd(&m->ring, dqkv, datty, qkv, atty, lse, B, T, Ct, NH, m->NKV_tp,
+                                 llama(m) ? &m->cfg.rope : NULL);
     } else if (llama(m)) {
         m->be->attention_gqa_bwd(m->dt, dqkv, datty, qkv, atty, lse, B, T, NH, m->NKV_tp, m->hs, &m->cfg.rope);
         pairs = causal_pairs(T, 0, T, 0);
@@ -1199,6 +1209,21 @@ static void wop_run(GPT2 *m, const WOp *w, int B, int T) {
         embed_bwd(m, w->dout, B, T);
 }
 
+// Llama with NKV < TP: the dK, dV columns of dqkv [N, qkv_tp] (this rank's one kv head) summed over the
+// ranks sharing that kv head: each rank places its share at its kv head's columns of a zeroed [N, NKV·2·hs],
+// the tensor-parallel group sums it (in rank order: the same bits on every rank), and each takes its head's.
+static void kv_share_sum(GPT2 *m, void *dqkv, int N) {
+    const Backend *be = m->be;
+    DType dt = m->dt;
+    size_t ds = dtype_size(dt), hs = (size_t)m->hs, W = 2 * (size_t)m->cfg.NKV * hs, q = (size_t)m->NH_tp * hs;
+    size_t g = kv_first_of(m, m->lay->tp.rank);
+    char *buf = m->act->kv_share, *kv = (char *)dqkv + q * ds;
+    be->zero(buf, (size_t)N * W * ds);
+    be->cast_rows(buf + g * 2 * hs * ds, dt, W, kv, dt, (size_t)m->qkv_tp, (size_t)N, 2 * hs);
+    tp_sum(m, buf, (size_t)N * W);
+    be->cast_rows(kv, dt, (size_t)m->qkv_tp, buf + g * 2 * hs * ds, dt, W, (size_t)N, 2 * hs);
+}
+
 // Whether a chunk's backward finishes this rank's embedding gradients: the first stage's first chunk, and
 // the tied head's chunk on the last stage (an untied head's gradient is in the final unit).
 static int embed_done(const GPT2 *m, int chunk) {
@@ -1276,8 +1301,18 @@ static void backward_input(GPT2 *m, int chunk, float dloss_scale, struct WStash 
         TIMED(m, PROF_ATTENTION, attention_backward(m, x->dqkv, x->dbuf_c, a.qkv, a.atty, a.lse, B, T));
         rebuild_ln1(m, l, &a, res, R);
         in = tp_full_rows(m, a.ln1, BTC);
-        bwd_matmul(m, st, x->partial, P_QKVW, nob ? -1 : P_QKVB, l, x->dqkv, 0, in, none && !gathered, gpt2_param(m, P_QKVW, l),
-                   NULL, N, C, m->qkv_tp);
+        if (x->kv_share) { // kv heads shared by TP/NKV ranks: each rank's dK, dV hold only its query heads' share
+            // the input gradient takes the shares (the tensor-parallel sum below adds them), the weight
+            // gradient the sum, so that every rank sharing a kv head takes the same step
+            TIMED(m, PROF_MATMUL, be->matmul_bwd(dt, x->partial, NULL, NULL, x->dqkv, in, gpt2_param(m, P_QKVW, l), NULL, N, C,
+                                                 m->qkv_tp));
+            kv_share_sum(m, x->dqkv, N);
+            bwd_matmul(m, st, NULL, P_QKVW, -1, l, x->dqkv, 0, in, none && !gathered, gpt2_param(m, P_QKVW, l), NULL, N, C,
+                       m->qkv_tp);
+        } else {
+            bwd_matmul(m, st, x->partial, P_QKVW, nob ? -1 : P_QKVB, l, x->dqkv, 0, in, none && !gathered,
+                       gpt2_param(m, P_QKVW, l), NULL, N, C, m->qkv_tp);
+        }
         dln = tp_finish_partial(m, x->dshard, BTC);
         bwd_layernorm(m, st, x->dresidual, P_LN1W, l, dln, res, gpt2_param(m, P_LN1W, l), a.ln1_mean, a.ln1_rstd, R,
                       kept_block);
@@ -1424,6 +1459,10 @@ void gpt2_logits_at(GPT2 *m, int b, int t, int T, float *out) {
 double gpt2_flops_per_token(const GPT2Config *cfg, int T) {
     double C = cfg->C, L = cfg->L;
     double matmul = 2.0 * L * 12.0 * C * C + 2.0 * C * cfg->Vp; // qkv 3C², proj C², fc 4C², fcproj 4C²; head
+    if (cfg->arch == ARCH_LLAMA) { // qkv C·(NH + 2·NKV)·hs (GQA's smaller k, v), proj C², gate|up 2·C·F, down F·C
+        double hs = C / cfg->NH;
+        matmul = 2.0 * L * (C * (cfg->NH + 2.0 * cfg->NKV) * hs + C * C + 3.0 * C * cfg->F) + 2.0 * C * cfg->Vp;
+    }
     double attention = 2.0 * 2.0 * L * C * T;                    // scores and weighted sum over T keys
     return 3.0 * (matmul + attention);
 }

@@ -82,6 +82,7 @@ typedef struct {
     int32_t *inputs, *targets; // first stage, last stage
     // backward scratch
     void *dresidual, *dbuf_c, *dbuf_4c, *dqkv;
+    void *kv_share; // Llama with fewer kv heads than TP ranks: [B·T, NKV·2·hs], every kv head's dK and dV
 } Activations;
 
 // One block's activations while they are rebuilt (--recompute), shared by every block, micro-batch and
@@ -224,6 +225,10 @@ int gpt2_tensor_replicated(const GPT2 *m, int tensor);
 // tied embedding's on the first pipeline stage, a tensor replicated across tensor parallelism on its
 // rank 0 (their copies are identical).
 int gpt2_tensor_counted(const GPT2 *m, int tensor);
+// How many leading elements of each slice (one layer's) of tensor k count on this rank: the whole slice
+// or 0 as gpt2_tensor_counted says, except a Llama's qkvw when NKV < TP: its k and v rows (the slice's
+// tail) are identical on the TP/NKV ranks sharing the kv head and count on the first of them only.
+size_t gpt2_counted_len(const GPT2 *m, int k, size_t slice_len);
 // The parts of the tensor slices (tensor k, local layer l) that meet the range [off, off + len) of the
 // internal order, tensor by tensor and layer by layer: [a, e) of the internal order, the slice starting
 // at start. for (TensorSlice s = GPT2_SLICES; gpt2_next_slice(m, off, len, &s);) visits them.
@@ -294,7 +299,8 @@ float *gpt2_grad(const GPT2 *m, int tensor, int layer);  // device pointer to it
 // context-parallel groups.
 void gpt2_logits_at(GPT2 *m, int b, int t, int T, float *out);
 
-// FLOPs of one forward+backward per token (matmuls and attention, the usual 3x forward estimate).
+// FLOPs of one forward+backward per token (matmuls and attention, the usual 3x forward estimate; Llama:
+// GQA's k and v projections, SwiGLU's three matrices).
 double gpt2_flops_per_token(const GPT2Config *cfg, int T);
 
 #endif

@@ -13,6 +13,7 @@
 #include "ckpt.h"
 #include "collectives.h"
 #include "common.h"
+#include "hf.h"
 #include "layout.h"
 #include "model.h"
 #include "schedule.h"
@@ -22,7 +23,8 @@ static const char SAMPLE_USAGE[] =
     "                      [--tokenizer FILE] [--device cpu|cuda] [--nproc N --tp N --pp N --cp N ...]\n"
     "  continue TEXT (default: the tokenizer's end-of-text token, else token 0) from a model file, a\n"
     "  checkpoint directory (DIR/ckpt_XXXXXXXX) or the newest checkpoint of a --ckpt-dir DIR, and print it\n"
-    "  --model FILE|DIR           an llm.c model file (--save-model's), or a checkpoint (directory)\n"
+    "  --model FILE|DIR           an llm.c model file (--save-model's), a checkpoint (directory), or a\n"
+    "                             Hugging Face Llama checkpoint (a directory with config.json: --save-hf's)\n"
     "  --prompt TEXT              the text to continue, encoded by the tokenizer as prepare encodes text\n"
     "  --tokens N                 tokens to generate (default 64; prompt and tokens at most --seq-len)\n"
     "  --temperature F            sampling temperature (default 1.0)\n"
@@ -41,7 +43,8 @@ static const char EVAL_USAGE[] =
     "  the mean loss and perplexity (exp of the loss) of a model file or checkpoint over token shards:\n"
     "  the same batches and the same computation as training's --val-every (batch i: the windows\n"
     "  i*B .. i*B+B-1 of the shards), so that it prints the validation loss a training run printed\n"
-    "  --model FILE|DIR           an llm.c model file (--save-model's), or a checkpoint (directory)\n"
+    "  --model FILE|DIR           an llm.c model file (--save-model's), a checkpoint (directory), or a\n"
+    "                             Hugging Face Llama checkpoint (a directory with config.json: --save-hf's)\n"
     "  --val PATTERN              token shards (a glob)\n"
     "  --batches N                micro-batches of B x T tokens (default 10, as --val-steps)\n"
     "  --micro-batch B            sequences per batch (default 4)\n"
@@ -68,7 +71,7 @@ static const char USAGE[] =
     "                                            a pipeline schedule's actions and timeline (1f1b,\n"
     "                                            interleaved, zb-h1, zb-v)\n"
     "       ./train bench-comm --nproc N [flags] collective bandwidth table, as nccl-tests prints\n"
-    "       ./train hf-inspect DIR [--dump OUT] [--save-hf OUT2 [--dtype fp32|bf16] [--max-shard-bytes N]]\n"
+    "       ./train hf-inspect DIR [--dump OUT] [--via-model RAW] [--save-hf OUT2 [--dtype fp32|bf16] [--max-shard-bytes N]]\n"
     "                                            a tool: a Hugging Face Llama checkpoint's config and tensors (read,\n"
     "                                            shape-checked, converted to fp32), dumped raw or written again\n"
     "\n"
@@ -93,6 +96,15 @@ static const char USAGE[] =
     "                             comes from the file\n"
     "  --save-model FILE          write the trained model (llm.c version 3, fp32 master weights) at the\n"
     "                             end; with --steps 0 it writes the initialisation and needs no data\n"
+    "  --init-from-hf DIR         start from a Hugging Face Llama checkpoint: DIR/config.json gives the\n"
+    "                             shape (no --model or shape flag with it), DIR/model.safetensors or the\n"
+    "                             shards of DIR/model.safetensors.index.json the weights (F32, BF16 or F16;\n"
+    "                             q/k/v_proj become qkvw, gate/up_proj fcw, the vocabulary is padded with\n"
+    "                             zero rows; README: what is mapped how)\n"
+    "  --save-hf DIR              write the trained Llama at the end as a Hugging Face checkpoint\n"
+    "                             (config.json and model.safetensors, sharded above 5 GB with the index;\n"
+    "                             fp32 master weights, the padding rows dropped) that transformers loads\n"
+    "  --save-hf-dtype fp32|bf16  --save-hf's element type (default fp32; bf16 rounds to nearest even)\n"
     "  --seed N                   initialisation, shuffling and sampling seed (default 1337)\n"
     "\n"
     "data (llm.c token shards: 256 x int32 header, magic 20240520, version 1, count; uint16 tokens):\n"
@@ -219,9 +231,9 @@ static const char USAGE[] =
     "                             stopped) is above the median by more than the share F (default 0.5) ...\n"
     "  --straggler-steps N        ... for N steps in a row (default 5)\n"
     "  SIGTERM or SIGUSR1 (Slurm's warning before the time limit) makes every rank stop at the next step\n"
-    "  boundary, write a checkpoint (with --ckpt-dir), save the model (with --save-model) and exit 0;\n"
-    "  SIGINT (Ctrl-C) does the same and exits 130. A run whose last checkpoint could not be written\n"
-    "  exits 1, saying so in its last line.\n"
+    "  boundary, write a checkpoint (with --ckpt-dir), save the model (with --save-model, --save-hf) and\n"
+    "  exit 0; SIGINT (Ctrl-C) does the same and exits 130. A run whose last checkpoint could not be\n"
+    "  written exits 1, saying so in its last line.\n"
     "\n"
     "execution:\n"
     "  --device cpu|cuda          default cuda when a GPU is present, else cpu\n"
@@ -273,7 +285,26 @@ int options_any_shape_flag(const Options *o) {
            o->rope_theta || o->norm_eps;
 }
 
+// --init-from-hf takes the whole shape from config.json: any shape flag beside it is refused, by name.
+static void check_init_from_hf(const Options *o) {
+    if (!o->init_from_hf) return;
+    const struct { int given; const char *flag; } f[] = {
+        { o->preset != NULL, "--model" }, { o->arch >= 0, "--arch" }, { o->layers, "--layers" }, { o->channels, "--channels" },
+        { o->heads, "--heads" }, { o->kv_heads, "--kv-heads" }, { o->ffn, "--ffn" }, { o->vocab, "--vocab" },
+        { o->max_seq_len, "--max-seq-len" }, { o->rope_theta != 0, "--rope-theta" }, { o->norm_eps != 0, "--norm-eps" },
+        { o->tie >= 0, "--tie-embeddings" }, { o->init_from != NULL, "--init-from" },
+    };
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+        if (f[i].given) die("--init-from-hf takes the shape from %s/config.json: drop %s", o->init_from_hf, f[i].flag);
+}
+
 GPT2Config options_shape(const Options *o) {
+    if (o->init_from_hf) {
+        check_init_from_hf(o);
+        HFConfig c;
+        hf_config_read(o->init_from_hf, &c);
+        return hf_model_config(&c, o->init_from_hf);
+    }
     int shape_flags = options_any_shape_flag(o);
     if (!o->init_from) {
         ShapeFlags f = options_shape_flags(o, o->vocab);
@@ -295,14 +326,18 @@ GPT2Config options_shape(const Options *o) {
 int check_layout(const Options *o, const GPT2Config *cfg, int nranks, BatchShape *b, char *err, size_t cap) {
     if (layout_error(o->tp, o->cp, o->pp, nranks, err, cap)) return -1;
     if (cfg->NH % o->tp) return snprintf(err, cap, "--tp %d does not divide the model's %d heads", o->tp, cfg->NH), -1;
+    if (o->save_hf && cfg->arch != ARCH_LLAMA)
+        return snprintf(err, cap, "--save-hf writes Hugging Face Llama checkpoints: this model is GPT-2 (--save-model writes "
+                        "its llm.c file)"), -1;
     if (cfg->arch == ARCH_LLAMA) {
         if (o->save_model)
             return snprintf(err, cap, "--save-model writes llm.c model files, which are GPT-2 only: a Llama keeps its weights in "
-                            "checkpoints (--ckpt-dir)"), -1;
+                            "checkpoints (--ckpt-dir) or --save-hf"), -1;
         if (o->device && !strcmp(o->device, "cuda"))
             return snprintf(err, cap, "--device cuda: the Llama family's CUDA kernels are not written yet (--arch llama runs on the CPU)"), -1;
-        if (o->tp > 1 || o->cp > 1)
-            return snprintf(err, cap, "--arch llama: --tp and --cp are not mapped for the Llama block yet (DP, ZeRO and PP are)"), -1;
+        if (cfg->NKV >= o->tp ? cfg->NKV % o->tp : o->tp % cfg->NKV)
+            return snprintf(err, cap, "--tp %d and the model's %d kv heads: one must divide the other", o->tp, cfg->NKV), -1;
+        if (cfg->F % o->tp) return snprintf(err, cap, "--tp %d does not divide the model's SwiGLU size %d (--ffn)", o->tp, cfg->F), -1;
     }
     if (o->sp && o->tp == 1) return snprintf(err, cap, "--sp needs tensor parallelism (--tp 2 or more)"), -1;
     *b = (BatchShape){ .T = o->seq_len ? o->seq_len : cfg->maxT, .B = o->micro_batch, .dp = nranks / (o->tp * o->cp * o->pp) };
@@ -352,7 +387,8 @@ int check_layout(const Options *o, const GPT2Config *cfg, int nranks, BatchShape
 
 // The flags of training that mean nothing to sample and eval (a run of no steps from --model).
 static int is_training_only(const char *f) {
-    static const char *const only[] = { "--steps", "--init-from", "--save-model", "--train", "--ckpt-dir", "--ckpt-every",
+    static const char *const only[] = { "--steps", "--init-from", "--save-model", "--init-from-hf", "--save-hf",
+                                        "--save-hf-dtype", "--train", "--ckpt-dir", "--ckpt-every",
                                         "--keep", "--max-restarts", "--log", "--dump", "--layers", "--channels", "--heads",
                                         "--vocab", "--max-seq-len", "--arch", "--kv-heads", "--ffn", "--rope-theta",
                                         "--norm-eps", "--tie-embeddings", "--val-every", "--sample-every", "--val-steps",
@@ -460,6 +496,13 @@ static void parse_valued_flag(Options *o, int argc, char **argv, int *ip) {
     }
     else if (IS("--ib-dev")) o->ib_dev = v;
     else if (IS("--ib-gid-index")) o->ib_gid_index = (int)parse_int(f, v, 0, 65535);
+    else if (IS("--init-from-hf")) o->init_from_hf = v;
+    else if (IS("--save-hf")) o->save_hf = v;
+    else if (IS("--save-hf-dtype")) {
+        if (!strcmp(v, "fp32")) o->save_hf_dtype = DT_F32;
+        else if (!strcmp(v, "bf16")) o->save_hf_dtype = DT_BF16;
+        else die("--save-hf-dtype must be fp32 or bf16, got '%s'", v);
+    }
     else die("unknown flag %s (see --help)", f);
 #undef IS
     *ip = i;
@@ -484,6 +527,13 @@ static void check_options(const Options *o) {
     if (o->init_from && o->resume)
         die("--init-from and --resume both give the starting weights: drop one (--resume continues a checkpoint, "
             "--init-from starts from a model file)");
+    if (o->init_from_hf && o->resume && o->mode == MODE_TRAIN)
+        die("--init-from-hf and --resume both give the starting weights: drop one (--resume continues a checkpoint, "
+            "--init-from-hf starts from a Hugging Face checkpoint)");
+    if (o->init_from_hf && o->max_restarts)
+        die("--max-restarts relaunches with --resume, which takes the shape from the flags: give --init-from-hf's shape "
+            "as flags for a run that restarts (or run it without --max-restarts)");
+    check_init_from_hf(o);
     char err[256];
     if (o->seq_len && context_split_error(o, o->seq_len, err, sizeof err)) die("%s", err); // before any rank starts
 }
@@ -585,10 +635,17 @@ static void model_source(Options *o) {
         o->init_from = o->model_path;
         return;
     }
-    o->resume = 1;
     size_t n = strlen(o->model_path) + 32;
     char *manifest = xmalloc(n);
+    snprintf(manifest, n, "%s/config.json", o->model_path);
+    int hf = stat(manifest, &st) == 0;
     snprintf(manifest, n, "%s/manifest.json", o->model_path);
+    if (hf && stat(manifest, &st) != 0) { // a Hugging Face checkpoint (config.json, no manifest)
+        o->init_from_hf = o->model_path;
+        free(manifest);
+        return;
+    }
+    o->resume = 1;
     if (stat(manifest, &st) == 0) {
         o->resume_path = o->model_path;
     } else { // a --ckpt-dir: its newest complete checkpoint

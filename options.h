@@ -36,6 +36,10 @@ typedef struct {
     char *owned_path;  // a --model checkpoint path parse_options built
     const char *ib_dev;
     int ib_gid_index; // -1: automatic
+    // Hugging Face checkpoints (hf.h): --init-from-hf DIR (the shape and weights), --save-hf DIR at the
+    // end, in save_hf_dtype (DT_F32 or DT_BF16)
+    const char *init_from_hf, *save_hf;
+    int save_hf_dtype;
 } Options;
 
 // Parses argv (argv[0] the program; argv[1] "sample" or "eval" for those modes) into o, with the
@@ -61,7 +65,8 @@ typedef struct {
 // The --nproc launcher asks before it forks and every rank asks again. Fills *b and returns 0, or -1
 // with one line naming the flag.
 int check_layout(const Options *o, const GPT2Config *cfg, int nranks, BatchShape *b, char *err, size_t cap);
-// The shape the command line asks for without loading any weights (--init-from: the file's header).
+// The shape the command line asks for without loading any weights (--init-from: the file's header;
+// --init-from-hf: its config.json).
 GPT2Config options_shape(const Options *o);
 // The shape flags as model_shape takes them, with the vocabulary V (0: the preset's).
 ShapeFlags options_shape_flags(const Options *o, int V);

@@ -57,14 +57,18 @@ static int vocab_of_data(const Options *o) {
     return v;
 }
 
-// The model's shape: from --init-from, from the checkpoint sample and eval read (src), or a preset
-// overridden by the shape flags.
+// The model's shape: from --init-from or --init-from-hf (with the weights), from the checkpoint sample
+// and eval read (src), or a preset overridden by the shape flags.
 static GPT2Config resolve_shape(const Options *o, const CkptMeta *src, float **host_params) {
     GPT2Config cfg;
     int shape_flags = options_any_shape_flag(o);
     if (o->mode != MODE_TRAIN && o->resume_path) {
         *host_params = NULL;
         return src->model;
+    }
+    if (o->init_from_hf) { // options.c refused any shape flag beside it
+        *host_params = hf_load_model(o->init_from_hf, &cfg);
+        return cfg;
     }
     if (o->init_from) {
         if (shape_flags || o->preset)
@@ -519,6 +523,7 @@ static void check_outputs(const Trainer *t) {
         bad = link < 0;
         if (link == 1) printf("note: --save-model %s is a symlink: the model goes to its target, %s\n", o->save_model, target);
     }
+    if (!bad && l->lead && o->save_hf) bad = ensure_dir("--save-hf", o->save_hf, err, sizeof err) < 0;
     if (!bad && l->lead && o->log) bad = check_log(o->log, err, sizeof err) < 0;
     if (!bad && l->lead && o->pp_schedule_dump)
         bad = safe_check("--pp-schedule-dump", o->pp_schedule_dump, target, sizeof target, err, sizeof err) < 0;
@@ -662,8 +667,8 @@ static void warn_defaults(const Trainer *t) {
         fprintf(stderr, "warning: the model's vocabulary is %d but the tokenizer's is %d: samples print the ids the "
                 "tokenizer lacks as <id>%s\n", t->cfg.V, t->tk.vocab, o->vocab ? " (drop --vocab to take the tokenizer's)" : "");
     if (o->mode != MODE_TRAIN) return;
-    int default_shape = !o->init_from && !o->preset && !o->layers && !o->channels && !o->heads;
-    if (!o->vocab && !o->init_from && !t->resumed && o->train && o->steps > 0 && t->have_tk && t->cfg.V == t->tk.vocab)
+    int default_shape = !o->init_from && !o->init_from_hf && !o->preset && !o->layers && !o->channels && !o->heads;
+    if (!o->vocab && !o->init_from && !o->init_from_hf && !t->resumed && o->train && o->steps > 0 && t->have_tk && t->cfg.V == t->tk.vocab)
         printf("note: vocabulary %d from the tokenizer beside the training data (--vocab V overrides it)\n", t->cfg.V);
     if (!default_shape || o->steps == 0 || t->be != backend_cpu()) return;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
@@ -926,14 +931,18 @@ static void trainer_finish(Trainer *t) {
     if (o->mode == MODE_TRAIN) report_memory_peak(&t->rep, &t->model); // every rank alike
     if (o->mode == MODE_TRAIN && o->pp_schedule_dump) report_schedule_dump(&t->rep, &t->pipe, o->pp_schedule_dump);
     report_close(&t->rep);
-    if (o->save_model) {
+    if (o->save_model || o->save_hf) { // both from the one full vector in llm.c's order
         size_t full_n = gpt2_param_layout(&t->cfg, (size_t[NUM_PARAM_TENSORS]){ 0 }, (size_t[NUM_PARAM_TENSORS]){ 0 });
         float *host = xmalloc(sizeof(float) * t->model.num_params), *file = xmalloc(sizeof(float) * full_n);
         zero_gather_master(&t->zero, host);      // collective over the data-parallel group
         gpt2_gather_full(&t->model, host, file); // collective over the tensor-parallel group
-        if (t->lay.lead) {
+        if (t->lay.lead && o->save_model) {
             gpt2_save_file(o->save_model, &t->cfg, file);
             printf("saved %s\n", o->save_model);
+        }
+        if (t->lay.lead && o->save_hf) {
+            hf_save_model(o->save_hf, &t->cfg, file, (DType)o->save_hf_dtype, HF_MAX_SHARD_BYTES);
+            printf("saved %s (Hugging Face, %s)\n", o->save_hf, o->save_hf_dtype == DT_BF16 ? "bf16" : "fp32");
         }
         free(host);
         free(file);

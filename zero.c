@@ -316,8 +316,13 @@ double zero_sum_double(Zero *z, double x) { return comm_sum_double(z->dp, x); }
 static double sumsq_range(const Zero *z, size_t off, size_t len, const float *grad) {
     const GPT2 *m = z->model;
     double sum = 0;
-    for (TensorSlice s = GPT2_SLICES; gpt2_next_slice(m, off, len, &s);)
-        if (gpt2_tensor_counted(m, s.k)) sum += m->be->sumsq(grad + (s.a - off), s.e - s.a);
+    for (TensorSlice s = GPT2_SLICES; gpt2_next_slice(m, off, len, &s);) {
+        size_t toff, tlen;
+        gpt2_tensor_range(m, s.k, s.l, &toff, &tlen);
+        size_t e = s.start + gpt2_counted_len(m, s.k, tlen); // (a Llama's shared kv rows count once)
+        if (e > s.e) e = s.e;
+        if (e > s.a) sum += m->be->sumsq(grad + (s.a - off), e - s.a);
+    }
     return sum;
 }
 

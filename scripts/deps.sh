@@ -67,6 +67,33 @@ else
     echo "deps: WARNING: pip could not install ${py_missing[*]} (no network to PyPI?): the tokenizer tests compare against what is there, or are SKIPPED" >&2
 fi
 
+# Hugging Face transformers, the reference Llama of t_hf_transformers: for Debian's /usr/bin/python3 and its
+# PyTorch 1.13. transformers 4.49.0 is the newest release that runs on torch 1.13 (4.50 imports
+# torch.distributed.tensor, which torch 1.13 lacks); it pins tokenizers <0.22 and huggingface_hub <1.0, older
+# than the tokenizers the tokenizer tests use above. So it goes with those two pins into its own directory,
+# $CACHE/py-transformers-4.49.0, which the test puts first on PYTHONPATH: /usr/bin/python3 and its packages
+# are left as they are (--no-deps: Debian's numpy, torch, safetensors, regex, requests, yaml, tqdm serve it).
+TF_VERSION=4.49.0
+TF_DIR="$CACHE/py-transformers-$TF_VERSION"
+tf_ok() { PYTHONPATH="$TF_DIR" /usr/bin/python3 -c 'import transformers, sys; from transformers import LlamaForCausalLM; sys.exit(transformers.__version__ != sys.argv[1])' "$TF_VERSION" >/dev/null 2>&1; }
+if tf_ok; then
+    echo "deps: python transformers $TF_VERSION present in $TF_DIR"
+elif ! mkdir -p "$CACHE" 2>/dev/null || [ ! -w "$CACHE" ]; then
+    echo "deps: WARNING: cannot write $CACHE: transformers is not installed and t_hf_transformers will be SKIPPED (run as root, or set LLM4D_CACHE)" >&2
+elif ! /usr/bin/python3 -m pip --version >/dev/null 2>&1; then
+    echo "deps: WARNING: pip for /usr/bin/python3 is missing (python3-pip): cannot install transformers; t_hf_transformers will be SKIPPED" >&2
+else
+    rm -rf "$TF_DIR.tmp"
+    # into a temporary directory, then one rename: an interrupted install never looks complete
+    if /usr/bin/python3 -m pip install -q --no-deps --target "$TF_DIR.tmp" "transformers==$TF_VERSION" tokenizers==0.21.0 huggingface_hub==0.27.1 &&
+        rm -rf "$TF_DIR" && mv "$TF_DIR.tmp" "$TF_DIR" && tf_ok; then
+        echo "deps: installed transformers $TF_VERSION (with tokenizers 0.21.0, huggingface_hub 0.27.1) from PyPI into $TF_DIR"
+    else
+        rm -rf "$TF_DIR.tmp"
+        echo "deps: WARNING: could not install transformers $TF_VERSION into $TF_DIR (no network to PyPI?): t_hf_transformers will be SKIPPED" >&2
+    fi
+fi
+
 if compgen -G "$CACHE/kernel/linux-image-6.1.*.deb" >/dev/null; then
     echo "deps: guest kernel cached ($(basename "$(ls "$CACHE"/kernel/linux-image-6.1.*.deb | sort -V | tail -n 1)"))"
 elif ! mkdir -p "$CACHE/kernel" 2>/dev/null || [ ! -w "$CACHE/kernel" ]; then

@@ -7,7 +7,11 @@ to fp32 (F32 as is, BF16 and F16 widened exactly); files hf.c writes (one file i
 index in bf16) are read by the safetensors package (or the numpy reader below) and must equal the arrays
 (bf16: rounded to nearest even, as torch rounds). Every bad input (truncated file, header length past the
 end, unknown dtype, shape mismatch, missing tensor, bad config fields) must give one line naming the
-problem and a non-zero exit. Usage: hf_check.py ./train
+problem and a non-zero exit. The conversion into llm4d's model (hf-inspect --via-model, what --init-from-hf
+and --save-hf use): the full fp32 vector equals one assembled here from model.h's documented layout (q, k,
+v rows concatenated into qkvw, gate and up into fcw, the vocabulary padded to a multiple of 128 with zero
+rows, llm.c's tensor order), and HF -> llm4d -> HF gives back every tensor bit for bit, one file and
+sharded, from F32, BF16 and F16 input, tied and untied. Usage: hf_check.py ./train
 """
 import json
 import os
@@ -160,6 +164,68 @@ def expect_error(case, d, needle, *extra):
     report(ok, f"bad input: {case}: exit {r.returncode}, {lines[0] if lines else '(no message)'}")
 
 
+LLM4D_ORDER = ["wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb", "ln2w", "ln2b", "fcw", "fcb",
+               "fcprojw", "fcprojb", "lnfw", "lnfb", "lmhead"]
+
+
+def model_vector(cfg, t):
+    """llm4d's full parameter vector of a Llama, assembled from HF tensors t by model.h's table (GPT-2's
+    slots wpe and the biases empty)"""
+    L, V, C = cfg["num_hidden_layers"], cfg["vocab_size"], cfg["hidden_size"]
+    Vp = (V + 127) // 128 * 128
+    pad = lambda a: np.concatenate([a, np.zeros((Vp - V, C), np.float32)])
+    lay = lambda k: np.stack([t[f"model.layers.{l}.{k}"] for l in range(L)])
+    cat = lambda ks: np.stack([np.concatenate([t[f"model.layers.{l}.{k}"] for k in ks]) for l in range(L)])
+    parts = {"wte": pad(t["model.embed_tokens.weight"]), "ln1w": lay("input_layernorm.weight"),
+             "qkvw": cat(["self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"]),
+             "attprojw": lay("self_attn.o_proj.weight"), "ln2w": lay("post_attention_layernorm.weight"),
+             "fcw": cat(["mlp.gate_proj.weight", "mlp.up_proj.weight"]), "fcprojw": lay("mlp.down_proj.weight"),
+             "lnfw": t["model.norm.weight"]}
+    if not cfg["tie_word_embeddings"]:
+        parts["lmhead"] = pad(t["lm_head.weight"])
+    return np.concatenate([parts[k].ravel() for k in LLM4D_ORDER if k in parts]).astype(np.float32)
+
+
+def hf_tensors(d):
+    """every tensor of an HF directory as fp32 (the package when installed, else the numpy reader)"""
+    files = [f for f in os.listdir(d) if f.endswith(".safetensors")]
+    out = {}
+    for f in files:
+        out.update(stt.load_file(os.path.join(d, f)) if HAVE_ST_TORCH else np_read(os.path.join(d, f)))
+    return {k: (v.float().numpy() if HAVE_ST_TORCH else v) for k, v in out.items()}
+
+
+def via_model(case, src, cfg, expect, w, shard=None):
+    """HF (src, whose tensors widen to expect) -> llm4d's vector -> HF; then the written checkpoint -> llm4d
+    again. The vector must be the documented assembly, the written tensors the source's, bit for bit."""
+    tag = "".join(ch if ch.isalnum() else "_" for ch in case)
+    raw, out = os.path.join(w, tag + ".raw"), os.path.join(w, tag + "_out")
+    extra = ["--max-shard-bytes", str(shard)] if shard else []
+    r = inspect(src, "--via-model", raw, "--save-hf", out, *extra)
+    if r.returncode != 0:
+        report(False, f"{case}: hf-inspect --via-model failed: {r.stderr.strip()}")
+        return
+    vec = np.fromfile(raw, np.float32)
+    want = model_vector(cfg, expect)
+    report(vec.shape == want.shape and np.array_equal(vec, want),
+           f"{case}: llm4d's vector ({vec.size} floats) is the documented assembly of the HF tensors")
+    got = hf_tensors(out)
+    files = sorted(os.listdir(out))
+    nshards = len([f for f in files if f.startswith("model-")])
+    layout_ok = (nshards > 1 and "model.safetensors.index.json" in files) if shard else files == ["config.json", "model.safetensors"]
+    report(layout_ok and sorted(got) == sorted(expect) and all(np.array_equal(got[k], expect[k]) for k in expect),
+           f"{case}: HF -> llm4d -> HF gives back all {len(expect)} tensors bitwise (fp32, " +
+           (f"{nshards} shards)" if shard else "one file)"))
+    cfg2 = json.load(open(os.path.join(out, "config.json")))
+    keys = [k for k in cfg if k not in ("torch_dtype", "architectures")]
+    report(all(cfg2.get(k) == cfg[k] for k in keys), f"{case}: the written config.json has the source's values " +
+           str({k: (cfg.get(k), cfg2.get(k)) for k in keys if cfg2.get(k) != cfg[k]}))
+    raw2 = raw + "2"
+    r = inspect(out, "--via-model", raw2)
+    report(r.returncode == 0 and np.array_equal(np.fromfile(raw2, np.float32), vec),
+           f"{case}: the written checkpoint converts back to the same vector")
+
+
 def main():
     cfg = CONFIG
     arr = arrays(cfg)
@@ -246,6 +312,27 @@ def main():
         r = inspect(out2, "--save-hf", out2 + "_one", "--dtype", "fp32")  # re-written as one file
         read_back("bf16 shards re-written as one fp32 file", out2 + "_one", exp, cfg)
 
+        # 6. the conversion into llm4d's model and back (what --init-from-hf and --save-hf do)
+        via_model("model, F32 one file, GQA", os.path.join(w, "np_f32"), cfg, arr, w)
+        via_model("model, F32 to 3+ shards", os.path.join(w, "np_f32"), cfg, arr, w, shard=3000)
+        via_model("model, BF16 and F16 shards", os.path.join(w, "np_sharded"), dict(cfg, torch_dtype="bfloat16"), expect, w)
+        if HAVE_ST_TORCH:
+            via_model("model, BF16 (torch)", os.path.join(w, "st_bf16"), cfg, {k: v.float().numpy() for k, v in t.items()}, w)
+        rng = np.random.default_rng(7)  # a second random shape: tied, 3 layers, 6 heads sharing 3 kv heads, V 300
+        cfg3 = dict(cfg, hidden_size=36, num_attention_heads=6, num_key_value_heads=3, num_hidden_layers=3, vocab_size=300,
+                    intermediate_size=int(rng.integers(20, 80)), tie_word_embeddings=True, rope_scaling=None,
+                    rms_norm_eps=1e-6, rope_theta=10000.0)
+        arr3 = arrays(cfg3, seed=3)
+        d = os.path.join(w, "tied3"); os.mkdir(d)
+        write_config(d, cfg3)
+        np_write(os.path.join(d, "model.safetensors"), arr3)
+        via_model("model, tied, 6 heads / 3 kv heads", d, cfg3, arr3, w)
+        d = os.path.join(w, "deep"); os.mkdir(d)
+        write_config(d, dict(cfg, num_hidden_layers=5000))
+        np_write(os.path.join(d, "model.safetensors"), {})
+        expect_error("a config llm4d cannot hold (5000 layers)", d, "config.json: not a shape llm4d trains",
+                     "--via-model", os.path.join(w, "deep.raw"))
+
         # 5. bad input: one line, non-zero exit
         def case_dir(name, cfgx=None, tensors=None, **kw):
             d = os.path.join(w, "bad_" + name); os.mkdir(d)
@@ -308,6 +395,32 @@ def main():
         with open(os.path.join(d, "model.safetensors.index.json"), "w") as f:
             json.dump({"weight_map": {k: "a.safetensors" for k in arr if k != "model.norm.weight"}}, f)
         expect_error("tensor absent from the index", d, "model.norm.weight is missing")
+        # 7. the trainer's flags: refusals that need no Llama model
+        src = os.path.join(w, "np_f32")
+        flag_cases = [
+            ("--init-from-hf with a shape flag", ["--init-from-hf", src, "--layers", "2"],
+             f"--init-from-hf takes the shape from {src}/config.json: drop --layers"),
+            ("--init-from-hf with --model", ["--init-from-hf", src, "--model", "d12"], "drop --model"),
+            ("--init-from-hf with a Llama shape flag", ["--init-from-hf", src, "--kv-heads", "2"], "drop --kv-heads"),
+            ("--init-from-hf with --arch", ["--init-from-hf", src, "--arch", "llama"], "drop --arch"),
+            ("--init-from-hf with --init-from", ["--init-from-hf", src, "--init-from", "x.bin"], "drop --init-from"),
+            ("--init-from-hf with --resume", ["--init-from-hf", src, "--resume", "--ckpt-dir", os.path.join(w, "ck")],
+             "--init-from-hf and --resume both give the starting weights"),
+            ("--save-hf of a GPT-2", ["--save-hf", os.path.join(w, "gpt2_hf"), "--layers", "1", "--channels", "32", "--heads",
+                                      "2", "--vocab", "64", "--seq-len", "16", "--steps", "0"],
+             "--save-hf writes Hugging Face Llama checkpoints: this model is GPT-2"),
+            ("--save-hf-dtype", ["--save-hf", os.path.join(w, "x"), "--save-hf-dtype", "fp16"], "--save-hf-dtype must be fp32 or bf16"),
+            ("--init-from-hf of a directory without config.json", ["--init-from-hf", os.path.join(w, "nowhere")],
+             "nowhere/config.json"),
+        ]
+        for name, args, needle in flag_cases:
+            r = subprocess.run([TRAIN, *args], capture_output=True, text=True)
+            lines = r.stderr.strip().splitlines()
+            ok = r.returncode != 0 and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0]
+            report(ok, f"train: {name}: exit {r.returncode}, {lines[0] if lines else '(no message)'}")
+        r = subprocess.run([TRAIN, "eval", "--model", os.path.join(w, "deep"), "--val", "x.bin"], capture_output=True, text=True)
+        report(r.returncode != 0 and "config.json: not a shape llm4d trains" in r.stderr,
+               "train eval --model DIR with config.json reads it as a Hugging Face checkpoint")
     print(f"{'PASS' if failures == 0 else 'FAIL'}: {failures} check(s) failed")
     sys.exit(1 if failures else 0)
 

@@ -375,11 +375,78 @@ t_llama_torch_recompute() {
     llama_ref rcs --seq-len 32 --micro-batch 2 --accum 2 --extra "--recompute selective" || return 1
     llama_ref rcf --seq-len 32 --micro-batch 2 --accum 2 --extra "--recompute full"
 }
+# The layouts against one rank for llama3-tiny (GQA, untied head): models from the checkpoints (ckpt_model.py,
+# a Llama has no --save-model); DP 2 x ZeRO 0-3 (stages bitwise), PP 2 under 1f1b and zb-h1 (with full recompute),
+# interleaved PP 2 x V 2 on 4 layers, and the tied head across PP stages
+LFLAGS=(--seq-len 32 --micro-batch 2 --batch-tokens 256 --steps 4 --lr 1e-3 --warmup 1 --weight-decay 0.1 --clip 1.0
+        --bucket-mb 0.02 --comm-timeout 60)
+lrun() { # name flags...: a run checkpointed at its last step, its model in $WORK/llama/name.bin
+    local d=$WORK/llama n=$1; shift
+    mkdir -p "$d"; rm -rf "$d/$n.ck"
+    timeout 300 $TRAIN "${LFLAGS[@]}" --train "$DATA/train.bin" --log "$d/$n.jsonl" --ckpt-dir "$d/$n.ck" --ckpt-every 4 "$@" \
+        >"$d/$n.out" 2>&1 || { echo "$n failed"; tail -3 "$d/$n.out"; return 1; }
+    $PY test/ckpt_model.py "$d/$n.ck/ckpt_00000004" "$d/$n.bin"
+}
+t_llama_layouts() {
+    have_torch || return $?
+    local d=$WORK/llama ok=0 z
+    lrun ref --model llama3-tiny || return 1
+    for z in 0 1 2 3; do lrun dp2z$z --model llama3-tiny --nproc 2 --zero $z || return 1; done
+    $PY test/compare_runs.py 1e-5 "$d/ref" "$d/dp2z0" "$d/dp2z3" || ok=1
+    for z in 1 2 3; do cmp -s "$d/dp2z0.bin" "$d/dp2z$z.bin" || { echo "FAIL ZeRO-$z is not bitwise ZeRO-0"; ok=1; }; done
+    lrun pp2 --model llama3-tiny --nproc 2 --pp 2 --micro-batch 1 || return 1
+    lrun pp2zb --model llama3-tiny --nproc 2 --pp 2 --micro-batch 1 --pp-schedule zb-h1 --recompute full || return 1
+    $PY test/compare_runs.py 1e-5 "$d/ref" "$d/pp2" "$d/pp2zb" || ok=1
+    cmp -s "$d/pp2.bin" "$d/pp2zb.bin" || { echo "FAIL zb-h1 with full recompute is not bitwise 1f1b"; ok=1; }
+    lrun ref4 --model llama3-tiny --layers 4 || return 1
+    lrun pp2v2 --model llama3-tiny --layers 4 --nproc 2 --pp 2 --pp-virtual 2 --micro-batch 1 || return 1
+    lrun ref_tied --model llama3-tiny --tie-embeddings 1 || return 1
+    lrun pp2_tied --model llama3-tiny --tie-embeddings 1 --nproc 2 --pp 2 --micro-batch 1 --zero 1 || return 1
+    $PY test/compare_runs.py 1e-5 "$d/ref4" "$d/pp2v2" || ok=1
+    $PY test/compare_runs.py 1e-5 "$d/ref_tied" "$d/pp2_tied" || ok=1
+    return $ok
+}
+# TP for llama3-tiny (4 heads, 2 kv heads): TP 2 (one kv head a rank) with SP, TP 4 (each kv head on two ranks,
+# its gradient summed over them; SwiGLU split by 4), TP 2 x PP 2 under zb-h1, and the tied head's vocab split
+t_llama_tp() {
+    have_torch || return $?
+    local d=$WORK/llama ok=0
+    lrun ref --model llama3-tiny || return 1
+    lrun tp2sp --model llama3-tiny --nproc 2 --tp 2 --sp || return 1
+    lrun tp4 --model llama3-tiny --nproc 4 --tp 4 || return 1
+    lrun tp2pp2 --model llama3-tiny --nproc 4 --tp 2 --pp 2 --micro-batch 1 --pp-schedule zb-h1 --zero 1 || return 1
+    $PY test/compare_runs.py 1e-5 "$d/ref" "$d/tp2sp" "$d/tp4" "$d/tp2pp2" || ok=1
+    lrun ref_tied --model llama3-tiny --tie-embeddings 1 || return 1
+    lrun tp4_tied --model llama3-tiny --tie-embeddings 1 --nproc 4 --tp 4 --sp --recompute selective || return 1
+    $PY test/compare_runs.py 1e-5 "$d/ref_tied" "$d/tp4_tied" || ok=1
+    # neither of 3 kv heads and TP 2 divides the other; TP 2 does not divide --ffn 161: one line each
+    $TRAIN --model llama3-tiny --channels 48 --heads 6 --kv-heads 3 --tp 2 --nproc 2 --steps 0 2>&1 |
+        grep -q "^error: --tp 2 and the model's 3 kv heads" || { echo "FAIL 3 kv heads on TP 2 accepted"; ok=1; }
+    $TRAIN --model llama3-tiny --ffn 161 --tp 2 --nproc 2 --steps 0 2>&1 |
+        grep -q "^error: --tp 2 does not divide the model's SwiGLU size 161" || { echo "FAIL --ffn 161 on TP 2 accepted"; ok=1; }
+    return $ok
+}
+# CP for llama3-tiny: the ring passes the 2 kv heads' K and V, RoPE at each zigzag chunk's global positions;
+# CP 2 and 4, CP 2 x TP 2 (one kv head a rank), CP 2 x DP 2 under ZeRO-3 with selective recompute
+t_llama_cp() {
+    have_torch || return $?
+    local d=$WORK/llama ok=0
+    lrun ref --model llama3-tiny || return 1
+    lrun cp2 --model llama3-tiny --nproc 2 --cp 2 || return 1
+    lrun cp4 --model llama3-tiny --nproc 4 --cp 4 || return 1
+    lrun cp2tp2 --model llama3-tiny --nproc 4 --cp 2 --tp 2 || return 1
+    lrun cp2dp2 --model llama3-tiny --nproc 4 --cp 2 --zero 3 --recompute selective || return 1
+    $PY test/compare_runs.py 1e-5 "$d/ref" "$d/cp2" "$d/cp4" "$d/cp2tp2" "$d/cp2dp2" || ok=1
+    return $ok
+}
 t_llama_torch_bf16() { llama_ref bf16 --seq-len 32 --micro-batch 2 --dtype bf16 --tol 3e-2; }
 # Hugging Face checkpoints (hf.c through ./train hf-inspect, the ASan build): files of the safetensors package
 # (scripts/deps.sh installs it from PyPI) and of a numpy writer read back equal; hf.c's files read by the package
 # equal; sharded index; every bad input one line and a non-zero exit
 t_hf_checkpoints() { $PY -c 'import numpy' 2>/dev/null || { echo "python3-numpy is not installed"; return 77; }; $PY test/hf_check.py $ASAN; }
+# transformers' LlamaForCausalLM (scripts/deps.sh installs 4.49.0 into $LLM4D_CACHE) as the reference: save_pretrained
+# -> --init-from-hf: step 0's logits, loss and gradients; 5 steps -> --save-hf -> from_pretrained: eval's loss
+t_hf_transformers() { have_torch || return $?; $PY test/hf_transformers.py $TRAIN; }
 
 # M micro-batches of B equal one batch of M·B: same losses, same trained model.
 t_grad_accum() {
@@ -1700,6 +1767,9 @@ run_test model   t_llama_torch             "Llama against PyTorch: llama3-tiny (
 run_test model   t_llama_torch_scaled      "Llama against PyTorch: llama3.2-1b shrunk (tied head, RoPE frequency scaling)"
 run_test model   t_llama_torch_tied_mqa    "Llama against PyTorch: one kv head, tied head, T=37, V=200, F=100, theta 1e4, eps 1e-6"
 run_test model   t_llama_torch_recompute   "Llama against PyTorch: --recompute selective and full"
+run_test dp      t_llama_layouts           "Llama (GQA, untied and tied head): DP 2 x ZeRO 0-3 (bitwise), PP 2 1f1b/zb-h1+recompute/interleaved equal one rank"
+run_test tp      t_llama_tp                "Llama TP 2 + SP, TP 4 (kv heads shared by 2 ranks), TP 2 x PP 2 zb-h1, tied head TP 4: equal one rank"
+run_test cp      t_llama_cp                "Llama CP 2, 4, CP 2 x TP 2, CP 2 x DP 2 ZeRO-3 (GQA K/V on the ring, RoPE at global positions): equal one rank"
 run_test model   t_llama_torch_bf16        "Llama against PyTorch: bf16"
 run_test kernels t_attention_torch         "attention against PyTorch: whole sequence and zigzag context-parallel blocks"
 run_test model   t_grad_accum              "gradient accumulation equals the large batch"
@@ -1765,6 +1835,7 @@ run_test cli     t_safe_files              "safe files: outputs checked first, d
 run_test emu     t_emu_sm90                "emulator sm_90a instructions: mbarrier, TMA and tensor maps, wgmma layouts, setmaxnreg, gemm.cu's pipeline and its broken variants (ASan+UBSan)"
 run_test kernels t_llama_kernels           "Llama kernels against PyTorch (ASan+UBSan): RMSNorm, RoPE (offsets, 3.1 scaling), SwiGLU, GQA (KV heads < heads, = 1) whole and zigzag CP blocks; fp32 and bf16"
 run_test ckpt    t_hf_checkpoints          "Hugging Face checkpoints: config.json range checks, safetensors F32/BF16/F16 one file and sharded, in and out against the safetensors package and numpy; bad input"
+run_test ckpt    t_hf_transformers         "Hugging Face transformers' LlamaForCausalLM (GQA, RoPE scaling, untied): --init-from-hf logits, loss and gradients equal; 5 steps, --save-hf, transformers' loss equals ./train eval's; 2 ranks (ZeRO-1, PP 2, TP 2) write the tensors back bitwise"
 run_test model   t_shards_u32              "token shards with 32-bit ids (llm.c's Llama 3 header) written with numpy, mixed with uint16 ones; bad headers"
 run_test emu     t_emu_kernels             "emulated GPU: test_cuda --small, every op and path against the CPU backend (H100 and A100)"
 run_test emu     t_emu_gemm_check          "emulated GPU: gemm_check --check --small (ragged shapes, 4 layouts, every epilogue, split-K) against fp64"
