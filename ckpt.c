@@ -1057,7 +1057,7 @@ static int by_tile(const void *a, const void *b) {
 
 // 0 when the runs of tensor k (full elements) cover it without gap or overlap, else -1 with why.
 static int check_tiling(const char *d, int k, Tiles *ts, uint64_t full, char *why, size_t cap) {
-    qsort(ts->t, ts->n, sizeof(Tile), by_tile);
+    if (ts->n) qsort(ts->t, ts->n, sizeof(Tile), by_tile); // (qsort of no runs: ts->t may be NULL)
     uint64_t pos = 0;
     int prev = -1;
     for (size_t i = 0; i < ts->n; i++) {
@@ -1344,7 +1344,8 @@ int ckpt_resume(const char *dir, const char *path, const GPT2 *model, Comm *worl
     Runs need[NUM_PARAM_TENSORS] = { 0 };
     if (n) {
         collect_runs(model, 0, model->num_params, 0, 0, need);
-        for (int k = 0; k < NUM_PARAM_TENSORS; k++) qsort(need[k].r, need[k].n, sizeof(Run), by_full);
+        for (int k = 0; k < NUM_PARAM_TENSORS; k++)
+            if (need[k].n) qsort(need[k].r, need[k].n, sizeof(Run), by_full);
     }
     int found = 0, any_complete = 0;
     char why[2 * SAFE_PATH_MAX], d[SAFE_PATH_MAX];
