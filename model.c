@@ -218,6 +218,7 @@ static FILE *open_model_file(const char *path, GPT2Config *cfg, int *version) {
     xfread(h, sizeof(int32_t), 256, f, path);
     memset(cfg, 0, sizeof *cfg); // GPT-2: the Llama fields zero
     if (h[0] != MODEL_MAGIC) die("%s: bad magic %d (expected %d for an llm.c model file)", path, h[0], MODEL_MAGIC);
+    memset(cfg, 0, sizeof *cfg); // GPT-2: the Llama fields are zero
     if (h[1] != MODEL_VERSION_F32 && h[1] != MODEL_VERSION_BF16)
         die("%s: unsupported model file version %d (expected 3 = fp32 or 5 = bf16)", path, h[1]);
     cfg->maxT = h[2];

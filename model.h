@@ -68,6 +68,7 @@ extern const char *const RECOMPUTE_NAMES[3];
 typedef struct {
     // With sequence parallelism the residual stream and LayerNorm buffers (encoded, ln1, residual2, ln2,
     // residual3, lnf, their statistics, dresidual, dshard) hold this rank's 1/tp of the B·T rows.
+    // Llama: ln1, ln2, lnf are RMSNorm outputs (their *_mean NULL), fch the gate|up output, fch_gelu SwiGLU's.
     void *encoded, *ln1, *qkv, *atty, *residual2, *ln2, *fch, *fch_gelu, *residual3, *lnf;
     void *partial; // [B·T, C] a row-parallel matmul's partial sums (or the vocab-parallel embedding's)
     void *full;    // [B·T, C] sequence parallelism: a gathered LayerNorm output or residual gradient
@@ -87,7 +88,8 @@ typedef struct {
 
 // One block's activations while they are rebuilt (--recompute), shared by every block, micro-batch and
 // chunk: everything from the first LayerNorm's output to GELU's output under full recompute; under
-// selective, one LayerNorm output (ln1, used for both) and GELU's output. Unused fields are NULL.
+// selective, one LayerNorm output (ln1, used for both) and GELU's output (Llama: RMSNorm's and SwiGLU's).
+// Unused fields are NULL.
 typedef struct {
     void *ln1, *qkv, *atty, *residual2, *ln2, *fch, *fch_gelu;
     float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd, *lse;

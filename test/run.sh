@@ -420,10 +420,11 @@ t_llama_tp() {
     lrun tp4_tied --model llama3-tiny --tie-embeddings 1 --nproc 4 --tp 4 --sp --recompute selective || return 1
     $PY test/compare_runs.py 1e-5 "$d/ref_tied" "$d/tp4_tied" || ok=1
     # neither of 3 kv heads and TP 2 divides the other; TP 2 does not divide --ffn 161: one line each
-    $TRAIN --model llama3-tiny --channels 48 --heads 6 --kv-heads 3 --tp 2 --nproc 2 --steps 0 2>&1 |
-        grep -q "^error: --tp 2 and the model's 3 kv heads" || { echo "FAIL 3 kv heads on TP 2 accepted"; ok=1; }
-    $TRAIN --model llama3-tiny --ffn 161 --tp 2 --nproc 2 --steps 0 2>&1 |
-        grep -q "^error: --tp 2 does not divide the model's SwiGLU size 161" || { echo "FAIL --ffn 161 on TP 2 accepted"; ok=1; }
+    local out
+    out=$($TRAIN --model llama3-tiny --channels 48 --heads 6 --kv-heads 3 --tp 2 --nproc 2 --steps 0 2>&1)
+    grep -q "^error: --tp 2 and the model's 3 kv heads" <<<"$out" || { echo "FAIL 3 kv heads on TP 2 accepted: $out"; ok=1; }
+    out=$($TRAIN --model llama3-tiny --ffn 161 --tp 2 --nproc 2 --steps 0 2>&1)
+    grep -q "^error: --tp 2 does not divide the model's SwiGLU size 161" <<<"$out" || { echo "FAIL --ffn 161 on TP 2 accepted: $out"; ok=1; }
     return $ok
 }
 # CP for llama3-tiny: the ring passes the 2 kv heads' K and V, RoPE at each zigzag chunk's global positions;
@@ -437,6 +438,29 @@ t_llama_cp() {
     lrun cp2tp2 --model llama3-tiny --nproc 4 --cp 2 --tp 2 || return 1
     lrun cp2dp2 --model llama3-tiny --nproc 4 --cp 2 --zero 3 --recompute selective || return 1
     $PY test/compare_runs.py 1e-5 "$d/ref" "$d/cp2" "$d/cp4" "$d/cp2tp2" "$d/cp2dp2" || ok=1
+    return $ok
+}
+# Llama checkpoints: 4 steps on TP 2 checkpointed at 2, resumed at 2 on PP 2 (re-sharded), equal the uninterrupted
+# single rank; a resume with another kv-head count is refused naming the model
+t_llama_ckpt() {
+    have_torch || return $?
+    local d=$WORK/llama ok=0
+    lrun ref --model llama3-tiny || return 1
+    rm -rf "$d/half.ck"
+    $TRAIN "${LFLAGS[@]}" --model llama3-tiny --train "$DATA/train.bin" --nproc 2 --tp 2 --ckpt-dir "$d/half.ck" --ckpt-every 2 \
+        >/dev/null 2>&1 || { echo "the TP 2 run failed"; return 1; }
+    lrun resumed --model llama3-tiny --nproc 2 --pp 2 --micro-batch 1 --resume "$d/half.ck/ckpt_00000002" || return 1
+    $PY - "$d/ref.bin" "$d/resumed.bin" <<'PYEOF' || ok=1
+import sys, numpy as np
+a, b = (np.fromfile(p, dtype=np.float32)[256:].astype(np.float64) for p in sys.argv[1:])
+err = float(np.max(np.abs(a - b)) / np.max(np.abs(a)))
+print(f"{'ok' if err <= 1e-5 else 'FAIL'} resumed on PP 2 from TP 2's step 2: parameters {err:.2e}")
+sys.exit(err > 1e-5)
+PYEOF
+    local out
+    out=$($TRAIN "${LFLAGS[@]}" --model llama3-tiny --kv-heads 4 --train "$DATA/train.bin" --resume "$d/half.ck/ckpt_00000002" \
+        --ckpt-dir "$d/other.ck" 2>&1)
+    grep -q "^error: .*holds another model (llama, kv heads 2" <<<"$out" || { echo "FAIL a kv-head mismatch resumed: $out"; ok=1; }
     return $ok
 }
 t_llama_torch_bf16() { llama_ref bf16 --seq-len 32 --micro-batch 2 --dtype bf16 --tol 3e-2; }
@@ -1770,6 +1794,7 @@ run_test model   t_llama_torch_recompute   "Llama against PyTorch: --recompute s
 run_test dp      t_llama_layouts           "Llama (GQA, untied and tied head): DP 2 x ZeRO 0-3 (bitwise), PP 2 1f1b/zb-h1+recompute/interleaved equal one rank"
 run_test tp      t_llama_tp                "Llama TP 2 + SP, TP 4 (kv heads shared by 2 ranks), TP 2 x PP 2 zb-h1, tied head TP 4: equal one rank"
 run_test cp      t_llama_cp                "Llama CP 2, 4, CP 2 x TP 2, CP 2 x DP 2 ZeRO-3 (GQA K/V on the ring, RoPE at global positions): equal one rank"
+run_test ckpt    t_llama_ckpt              "Llama checkpoints: TP 2 to PP 2 re-sharded resume equals one rank; another kv-head count refused"
 run_test model   t_llama_torch_bf16        "Llama against PyTorch: bf16"
 run_test kernels t_attention_torch         "attention against PyTorch: whole sequence and zigzag context-parallel blocks"
 run_test model   t_grad_accum              "gradient accumulation equals the large batch"
