@@ -334,8 +334,6 @@ int check_layout(const Options *o, const GPT2Config *cfg, int nranks, BatchShape
         if (o->save_model)
             return snprintf(err, cap, "--save-model writes llm.c model files, which are GPT-2 only: a Llama keeps its weights in "
                             "checkpoints (--ckpt-dir) or --save-hf"), -1;
-        if (o->device && !strcmp(o->device, "cuda"))
-            return snprintf(err, cap, "--device cuda: the Llama family's CUDA kernels are not written yet (--arch llama runs on the CPU)"), -1;
         if (cfg->NKV >= o->tp ? cfg->NKV % o->tp : o->tp % cfg->NKV)
             return snprintf(err, cap, "--tp %d and the model's %d kv heads: one must divide the other", o->tp, cfg->NKV), -1;
         if (cfg->F % o->tp) return snprintf(err, cap, "--tp %d does not divide the model's SwiGLU size %d (--ffn)", o->tp, cfg->F), -1;

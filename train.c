@@ -703,8 +703,6 @@ static void trainer_init(Trainer *t, int argc, char **argv) {
         if (ckpt_read_meta(o->resume_path, &t->src, why, sizeof why) != 0) die("--model: %s", why);
     }
     t->cfg = resolve_shape(o, &t->src, &host_params);
-    if (t->cfg.arch == ARCH_LLAMA && t->be != backend_cpu())
-        die("--device cuda: the Llama family's CUDA kernels are not written yet (--arch llama runs on the CPU: --device cpu)");
     if (t->cfg.NH % l->tp.size) die("--tp %d does not divide the model's %d heads", l->tp.size, t->cfg.NH);
     if (o->sp && l->tp.size == 1) die("--sp needs tensor parallelism (--tp 2 or more)");
     setup_batch(t);

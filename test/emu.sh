@@ -200,3 +200,59 @@ t_emu_gemm_check() {
     grep -hE "^(FAIL|device:)|gemm_check:|emu:" "$WORK/emu_gemm_a100.log" "$WORK/emu_gemm_h100.log" | head -n 30
     return $ok
 }
+
+# The Llama family on the emulated GPU. A Llama has no --save-model: each run is checkpointed at its
+# last step and its model taken from the checkpoint (test/ckpt_model.py), as t_llama_layouts does.
+emu_lrun() { # dir name binary flags...
+    local d=$1 n=$2 bin=$3; shift 3
+    rm -rf "$d/$n.ck"
+    $bin "$@" --log "$d/$n.jsonl" --ckpt-dir "$d/$n.ck" --ckpt-every 2 >"$d/$n.out" 2>&1 ||
+        { echo "$n failed:"; tail -n 5 "$d/$n.out"; return 1; }
+    $PY test/ckpt_model.py "$d/$n.ck/ckpt_00000002" "$d/$n.bin" >/dev/null
+}
+
+# ./train --device cuda --model llama3-tiny (GQA: 4 query heads on 2 kv heads, hs 16, untied head) on
+# the emulated GPU against --device cpu: fp32 losses and parameters within 1e-4 (as t_emu_train), bf16
+# losses within 2e-2, and bf16 with heads of 64 channels on one kv head (the tensor-core flash kernels
+# with RoPE fused in); recompute full bitwise --recompute none on the device
+t_emu_llama() {
+    have_emu || return $?
+    local ok=0 d=$WORK/emu_llama dt
+    mkdir -p "$d"
+    local shape=(--model llama3-tiny --seq-len 32 --micro-batch 2 --steps 2 --lr 1e-3 --train "$DATA/train.bin")
+    local wide=(--arch llama --layers 2 --channels 128 --heads 2 --kv-heads 1 --ffn 192 --vocab 256 --max-seq-len 64
+        --seq-len 64 --micro-batch 2 --steps 2 --lr 1e-3 --train "$DATA/train.bin" --dtype bf16)
+    emu_lrun "$d" cpu_fp32 "$TRAIN" --device cpu "${shape[@]}" --dtype fp32 || return 1
+    emu_lrun "$d" emu_fp32 "$EMU_TRAIN" --device cuda "${shape[@]}" --dtype fp32 || return 1
+    $PY test/compare_runs.py 1e-4 "$d/cpu_fp32" "$d/emu_fp32" || ok=1
+    for dt in bf16 wide; do
+        if [ $dt = bf16 ]; then set -- "${shape[@]}" --dtype bf16; else set -- "${wide[@]}"; fi
+        $TRAIN --device cpu "$@" --log "$d/cpu_$dt.jsonl" >"$d/cpu_$dt.out" 2>&1 || { tail -n 3 "$d/cpu_$dt.out"; return 1; }
+        emu_lrun "$d" "emu_$dt" "$EMU_TRAIN" --device cuda "$@" || return 1
+        emu_losses_close 2e-2 "$d/cpu_$dt.jsonl" "$d/emu_$dt.jsonl" || ok=1
+    done
+    emu_lrun "$d" emu_bf16_full "$EMU_TRAIN" --device cuda "${shape[@]}" --dtype bf16 --recompute full || return 1
+    if cmp "$d/emu_bf16.bin" "$d/emu_bf16_full.bin"; then echo "--recompute full: bitwise --recompute none"
+    else echo "--recompute full: the model differs from --recompute none"; ok=1; fi
+    return $ok
+}
+
+# llama3-tiny on several ranks of one emulated GPU (CUDA IPC) against the single emulated GPU, fp32
+# within 1e-4: TP 4 (2 kv heads, each on two ranks: their dK, dV summed before the weight gradient),
+# PP 2 (the untied head on the last stage), CP 2 (the kv heads' K and V on the ring, RoPE at each zigzag
+# chunk's global positions)
+t_emu_llama_multirank() {
+    have_emu || return $?
+    local ok=0 d=$WORK/emu_llama_multi l n
+    mkdir -p "$d"
+    local shape=(--device cuda --dtype fp32 --model llama3-tiny --seq-len 32 --micro-batch 2 --batch-tokens 128 --steps 2
+        --lr 1e-3 --train "$DATA/train.bin" --comm-timeout 120)
+    emu_lrun "$d" one "$EMU_TRAIN" "${shape[@]}" || return 1
+    for l in "tp4|--nproc 4 --tp 4" "pp2|--nproc 2 --pp 2 --micro-batch 1" "cp2|--nproc 2 --cp 2"; do
+        n=${l%%|*}
+        # shellcheck disable=SC2086 # the flags split into words
+        emu_lrun "$d" "$n" "$EMU_TRAIN" "${shape[@]}" ${l#*|} || { ok=1; continue; }
+    done
+    $PY test/compare_runs.py 1e-4 "$d/one" "$d/tp4" "$d/pp2" "$d/cp2" || ok=1
+    return $ok
+}

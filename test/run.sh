@@ -1869,6 +1869,8 @@ run_test emu     t_emu_old_driver          "emulated GPU: a driver older than th
 run_test emu     t_emu_sync_names_kernel   "emulated GPU: LLM4D_CUDA_SYNC=1 names a failing kernel"
 run_test emu     t_emu_train               "emulated GPU: ./train --device cuda fp32 and bf16 steps against the CPU; recompute bitwise"
 run_test emu     t_emu_multirank           "emulated GPU: DP 2 x ZeRO 0-3 (bitwise), TP 2, PP 2 plain, interleaved and zb-v, CP 2, TP 2 x PP 2, TP 2 x PP 2 x DP 2 through CUDA IPC on one emulated GPU; DP 2 on two GPUs, a GPU each seen as device 0, TP 2 x DP 2 on four GPUs, DP 2 over TCP; equal one rank"
+run_test emu     t_emu_llama               "emulated GPU: Llama (llama3-tiny, GQA 4/2) --device cuda fp32 (losses, parameters) and bf16 (hs 16 and 64) against the CPU; recompute full bitwise"
+run_test emu     t_emu_llama_multirank     "emulated GPU: Llama TP 4 (kv heads shared by 2 ranks), PP 2, CP 2 through CUDA IPC on one emulated GPU: equal one rank"
 run_test pp      t_pp_schedules            "pipeline schedules (1f1b, interleaved, zb-h1, zb-v) as action lists: checker for p <= 8, m <= 64; ./train schedule"
 run_test pp      t_pp_schedule_dump        "--pp-schedule-dump: a training run's action lists with measured times, as defined, ordered and causal; no bit changed"
 run_test pp      t_pp_zero_bubble          "every schedule pipeline.c runs (zb-h1, zb-v, interleaved by name) ends bitwise at 1f1b's model: PP 2/4, TP, DP x ZeRO 1/3, CP, recompute, resume across schedules"
