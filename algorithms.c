@@ -61,11 +61,16 @@ static void move_bytes(const AlgoOp *q, void *dst, const void *src, size_t n, in
 
 const char *const ALGO_NAMES[] = { "auto", "fanin", "ring", "hier" };
 
+// The ring's staging, from the work area's account (comm buffers in the memory report) once it has one.
 static void ring_alloc(AlgoComm *c) {
-    hostmem_free(c->rbuf);
+    if (c->rbuf_acct) mem_free(c->rbuf_acct, c->rbuf);
+    else hostmem_free(c->rbuf);
     c->rbuf = NULL;
+    c->rbuf_acct = NULL;
     if (c->algo != ALGO_RING || c->size < 2) return;
-    if (!(c->rbuf = hostmem_alloc(2 * RING_DEPTH * c->chunk_bytes))) die("out of memory: the ring's staging");
+    size_t bytes = 2 * RING_DEPTH * c->chunk_bytes;
+    if ((c->rbuf_acct = c->work_acct)) c->rbuf = mem_host_alloc(c->rbuf_acct, MEM_COMM, bytes, "the ring's staging");
+    else if (!(c->rbuf = hostmem_alloc(bytes))) die("out of memory: %zu bytes for the ring's staging", bytes);
 }
 
 static void hier_views(AlgoComm *c);
@@ -96,6 +101,13 @@ int algo_uses_pair(const AlgoComm *c, int r) {
                (c->local_of[r] == c->local_of[me] && (c->node_of[r] == (m + 1) % N || c->node_of[r] == (m + N - 1) % N));
     }
     return 1;
+}
+
+int algo_connections(const AlgoComm *c) {
+    int n = c->size, ring = n - 1 < 2 ? n - 1 : 2;
+    if (c->algo == ALGO_RING) return ring;
+    if (c->algo == ALGO_HIER) return c->local - 1 + (c->nodes - 1 < 2 ? c->nodes - 1 : 2);
+    return n - 1;
 }
 
 void algo_init(AlgoComm *c) {
@@ -140,13 +152,18 @@ static void grow_work(AlgoComm *c, size_t bytes, const char *what) {
 
 void algo_count_memory(AlgoComm *c, MemAccount *acct) {
     if (c->work_acct != acct) set_work(c, acct ? c->work_bytes : 0, acct, "work area");
+    if (c->rbuf && c->rbuf_acct != acct) ring_alloc(c);
+    if (c->vnode) algo_count_memory(c->vnode, acct), algo_count_memory(c->vcross, acct);
 }
 
 void algo_free(AlgoComm *c) {
     free(c->acc);
     c->acc = NULL;
-    hostmem_free(c->rbuf), hostmem_free(c->hbuf), hostmem_free(c->hout);
+    if (c->rbuf_acct) mem_free(c->rbuf_acct, c->rbuf);
+    else hostmem_free(c->rbuf);
+    hostmem_free(c->hbuf), hostmem_free(c->hout);
     c->rbuf = c->hbuf = c->hout = NULL;
+    c->rbuf_acct = NULL;
     c->hbuf_bytes = c->hout_bytes = 0;
     view_free(c->vnode), view_free(c->vcross);
     c->vnode = c->vcross = NULL;
