@@ -1305,7 +1305,7 @@ t_pp_zero_bubble() {
     local shape=(--layers 4 --channels 32 --heads 4 --vocab 256 --seq-len 32 --micro-batch 1 --steps 3 --lr 1e-3
         --warmup 2 --weight-decay 0.1 --clip 1.0 --bucket-mb 0.02 --train "$DATA/train.bin" --comm-timeout 60)
     local cfg i=0
-    for cfg in "2 --pp 2|256" "4 --pp 4 --layers 8|256" "4 --pp 2 --tp 2|256" "4 --pp 2 --zero 1|256" "4 --pp 2 --zero 3|256" \
+    for cfg in "2 --pp 2|256" "4 --pp 4 --layers 8|256" "4 --pp 2 --tp 2|256" "4 --pp 2 --zero 1|256" "4 --pp 2 --zero 1 --bucket-mb 100|256" "4 --pp 2 --zero 3|256" \
         "4 --pp 2 --zero 3|64" "4 --pp 2 --cp 2|256" "2 --pp 2 --recompute selective|256" "2 --pp 2 --recompute full|256"; do
         i=$((i + 1))
         local spec=${cfg%|*} tokens=${cfg#*|} args sch
