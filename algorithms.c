@@ -61,11 +61,16 @@ static void move_bytes(const AlgoOp *q, void *dst, const void *src, size_t n, in
 
 const char *const ALGO_NAMES[] = { "auto", "fanin", "ring", "hier" };
 
+// The ring's staging, from the work area's account (comm buffers in the memory report) once it has one.
 static void ring_alloc(AlgoComm *c) {
-    hostmem_free(c->rbuf);
+    if (c->rbuf_acct) mem_free(c->rbuf_acct, c->rbuf);
+    else hostmem_free(c->rbuf);
     c->rbuf = NULL;
+    c->rbuf_acct = NULL;
     if (c->algo != ALGO_RING || c->size < 2) return;
-    if (!(c->rbuf = hostmem_alloc(2 * RING_DEPTH * c->chunk_bytes))) die("out of memory: the ring's staging");
+    size_t bytes = 2 * RING_DEPTH * c->chunk_bytes;
+    if ((c->rbuf_acct = c->work_acct)) c->rbuf = mem_host_alloc(c->rbuf_acct, MEM_COMM, bytes, "the ring's staging");
+    else if (!(c->rbuf = hostmem_alloc(bytes))) die("out of memory: %zu bytes for the ring's staging", bytes);
 }
 
 static void hier_views(AlgoComm *c);
@@ -96,6 +101,13 @@ int algo_uses_pair(const AlgoComm *c, int r) {
                (c->local_of[r] == c->local_of[me] && (c->node_of[r] == (m + 1) % N || c->node_of[r] == (m + N - 1) % N));
     }
     return 1;
+}
+
+int algo_connections(const AlgoComm *c) {
+    int n = c->size, ring = n - 1 < 2 ? n - 1 : 2;
+    if (c->algo == ALGO_RING) return ring;
+    if (c->algo == ALGO_HIER) return c->local - 1 + (c->nodes - 1 < 2 ? c->nodes - 1 : 2);
+    return n - 1;
 }
 
 void algo_init(AlgoComm *c) {
@@ -140,13 +152,18 @@ static void grow_work(AlgoComm *c, size_t bytes, const char *what) {
 
 void algo_count_memory(AlgoComm *c, MemAccount *acct) {
     if (c->work_acct != acct) set_work(c, acct ? c->work_bytes : 0, acct, "work area");
+    if (c->rbuf && c->rbuf_acct != acct) ring_alloc(c);
+    if (c->vnode) algo_count_memory(c->vnode, acct), algo_count_memory(c->vcross, acct);
 }
 
 void algo_free(AlgoComm *c) {
     free(c->acc);
     c->acc = NULL;
-    hostmem_free(c->rbuf), hostmem_free(c->hbuf), hostmem_free(c->hout);
+    if (c->rbuf_acct) mem_free(c->rbuf_acct, c->rbuf);
+    else hostmem_free(c->rbuf);
+    hostmem_free(c->hbuf), hostmem_free(c->hout);
     c->rbuf = c->hbuf = c->hout = NULL;
+    c->rbuf_acct = NULL;
     c->hbuf_bytes = c->hout_bytes = 0;
     view_free(c->vnode), view_free(c->vcross);
     c->vnode = c->vcross = NULL;
@@ -401,8 +418,10 @@ static void plan_reduction(AlgoComm *c, AlgoOp *q) {
 // the ring (ALGO_RING): each rank talks to its two neighbours only. A reduction runs as one chain
 // 0 -> 1 -> ... -> n-1 (forward), chunk by chunk: each rank adds its contribution to the partial
 // sum that arrives from its left (accumulators: fp32 for bf16) and passes it right, so that every
-// element is added in rank order exactly as the fan-in adds it (the same bits). Rank n-1 rounds
-// the sums; the finished chunks travel back n-1 -> n-2 -> ... (backward): all of them in an
+// element is added in rank order exactly as the fan-in adds it (the same bits). Rank 0 sends its
+// input as it is; each later rank's addition is the reduction of its forward receive (RingStep), one
+// pass over the partial sum where it arrives. Rank n-1 rounds the sums in that pass; the finished
+// chunks travel back n-1 -> n-2 -> ... (backward): all of them in an
 // all-reduce, to the owners of their segments in a reduce-scatter. Both directions of every link
 // stream at once, RING_DEPTH chunks in flight each. An all-gather passes each owner's segment on
 // round the ring (forward); a broadcast passes the root's buffer on from the root.
@@ -417,12 +436,11 @@ typedef struct RingOp {
     size_t nsend_own;        // all-gather: chunks of this rank's own segment (sent first)
     size_t nfwd;             // all-gather and broadcast: received chunks passed on
     int left, right;
+    struct RingStep *step;   // [nch] reductions: the forward receives' steps (ranks 1..n-1)
 } RingOp;
 
 static int left_of(const AlgoComm *c) { return (c->rank + c->size - 1) % c->size; }
 static int right_of(const AlgoComm *c) { return (c->rank + 1) % c->size; }
-// The element type of accumulators (bf16 adds in fp32).
-static int acc_type(CommType t) { return t == CT_BF16 ? CT_F32 : (int)t; }
 
 // Chunks of every segment of `n` over count elements, in vector order (segments in view order: the
 // ranks `order` lists, NULL: 0..n-1), ch elements at most.
@@ -445,11 +463,31 @@ static void ring_chunks(RingOp *g, size_t count, int n, const int *order, int ns
 
 static void ring_free(RingOp *g) {
     if (!g) return;
-    free(g->off), free(g->len), free(g->seg), free(g->fr), free(g);
+    free(g->off), free(g->len), free(g->seg), free(g->fr), free(g->step), free(g);
 }
 
 static unsigned char *fslot(AlgoComm *c, size_t i) { return c->rbuf + (i % RING_DEPTH) * c->chunk_bytes; }
 static unsigned char *bslot(AlgoComm *c, size_t i) { return c->rbuf + (RING_DEPTH + i % RING_DEPTH) * c->chunk_bytes; }
+
+// One forward step of a chain, done by the transport as the partial sum arrives from the left: the
+// receive's reduction (the transport calls r.fn with &r and a place in dst) adds this rank's
+// contribution in the same pass, dst = left (op) mine, and at rank n-1 rounds it too, so the partial
+// sum is read once, from where the left neighbour left it (in place inside a node), and never copied
+// first into staging.
+typedef struct RingStep {
+    NetReduce r;              // first: the transport hands the receive's reduction back to fn
+    unsigned char *dst;       // the receive's buffer: the transport's offsets into it are elements of r.acc_size
+    const unsigned char *mine; // this rank's contribution to the chunk, elements of mine_size
+    size_t mine_size;
+    int left_acc, mine_acc;   // the partial sum and the contribution hold accumulators (else elements)
+    int ranks;                // > 0: dst gets finished elements (rank n-1); 0: accumulators
+} RingStep;
+
+static void ring_step_fn(const NetReduce *r, void *dst, const void *left, size_t n) {
+    const RingStep *s = (const RingStep *)r;
+    size_t k = (size_t)((unsigned char *)dst - s->dst) / r->acc_size;
+    comm_combine_host(dst, left, s->left_acc, s->mine + k * s->mine_size, s->mine_acc, n, r->type, r->op, s->ranks);
+}
 
 static void ring_plan_reduction(AlgoComm *c, AlgoOp *q) {
     int n = c->size, me = c->rank;
@@ -465,6 +503,14 @@ static void ring_plan_reduction(AlgoComm *c, AlgoOp *q) {
     if (q->kind == REQ_ALLREDUCE) g->nb = g->nch;
     else
         for (g->nb = 0; g->nb < g->nch && g->seg[g->nb] <= me && g->seg[g->nb] < n - 1; g->nb++) {}
+    size_t is = in_size(q);
+    if (me == 0) { // the chain starts with rank 0's own elements: they go as they are, from the input
+        for (size_t i = 0; i < g->nch; i++)
+            net_post_send(c->conn[g->right], req(q, &g->fs[i], g->right, (const unsigned char *)q->send + g->off[i] * is, g->len[i] * is, NULL));
+        g->f_post = g->f_done = g->nch;
+        return;
+    }
+    g->step = xcalloc(g->nch + 1, sizeof(RingStep));
 }
 
 // Where the finished elements of chunk i go at this rank: the output, or backward staging.
@@ -475,46 +521,51 @@ static unsigned char *ring_final(AlgoComm *c, AlgoOp *q, size_t i) {
     return bslot(c, i);
 }
 
+// Posts the forward receive of chunk i: into staging (ranks 1..n-2) or, finished, where rank n-1's
+// result goes; its reduction adds this rank's contribution (RingStep).
+static void ring_post_step(AlgoComm *c, AlgoOp *q, size_t i) {
+    RingOp *g = q->ring;
+    int n = c->size, me = c->rank, last = me == n - 1;
+    size_t as = comm_acc_size(q->t), is = in_size(q);
+    RingStep *s = &g->step[i];
+    s->dst = last ? ring_final(c, q, i) : fslot(c, i);
+    s->mine = (const unsigned char *)q->send + g->off[i] * is;
+    s->mine_size = is;
+    s->left_acc = me > 1 || q->in_acc; // rank 0 sent its elements as they are
+    s->mine_acc = q->in_acc;
+    s->ranks = last && !q->acc_out ? (q->ranks ? q->ranks : n) : 0;
+    size_t left_size = me > 1 ? as : is;
+    s->r = (NetReduce){ left_size, s->ranks ? out_size(q) : as, 0, ring_step_fn, q->t, q->op, NULL };
+    net_post_recv(c->conn[g->left], req(q, &g->fr[i], g->left, s->dst, g->len[i] * left_size, &s->r));
+}
+
 static int ring_advance_reduction(AlgoComm *c, AlgoOp *q) {
     RingOp *g = q->ring;
     int n = c->size, me = c->rank, moved = 0;
-    size_t as = comm_acc_size(q->t), es = out_size(q), is = in_size(q);
-    int first_rank = me == 0, last_rank = me == n - 1;
-    // forward: post receives of partial sums while their staging is free
-    while (!first_rank && g->f_post < g->nch && g->f_post < g->f_done + RING_DEPTH &&
-           (g->f_post < RING_DEPTH || last_rank || g->fs[g->f_post - RING_DEPTH].complete)) {
-        size_t i = g->f_post++;
-        net_post_recv(c->conn[g->left], req(q, &g->fr[i], g->left, fslot(c, i), g->len[i] * as, NULL));
+    size_t as = comm_acc_size(q->t), es = out_size(q);
+    int first_rank = me == 0, last_rank = me == n - 1, rs = q->kind == REQ_REDUCE_SCATTER;
+    // forward: post the steps' receives while their staging is free (at rank n-1: the backward
+    // staging a reduce-scatter's finished chunk goes to has sent what it held RING_DEPTH chunks ago)
+    while (!first_rank && g->f_post < g->nch && g->f_post < g->f_done + RING_DEPTH) {
+        size_t i = g->f_post;
+        if (i >= RING_DEPTH && !last_rank && !g->fs[i - RING_DEPTH].complete) break;
+        if (i >= RING_DEPTH && last_rank && rs && i < g->nb && !g->bs[i - RING_DEPTH].complete) break;
+        ring_post_step(c, q, i);
+        g->f_post++;
         moved = 1;
     }
-    while (g->f_done < g->nch) {
-        size_t i = g->f_done;
-        if (first_rank ? i >= RING_DEPTH && !g->fs[i - RING_DEPTH].complete : (i >= g->f_post || !g->fr[i].complete)) break;
-        // rank n-1 finishes into backward staging: the chunk sent from there RING_DEPTH ago has left
-        if (last_rank && q->kind == REQ_REDUCE_SCATTER && i < g->nb && i >= RING_DEPTH && !g->bs[i - RING_DEPTH].complete) break;
-        unsigned char *acc = fslot(c, i);
-        const unsigned char *in = (const unsigned char *)q->send + g->off[i] * is;
-        if (q->in_acc) {
-            if (first_rank) memcpy(acc, in, g->len[i] * as);
-            else comm_reduce_host(acc, in, g->len[i], acc_type(q->t), q->op, 0);
-        } else {
-            comm_reduce_host(acc, in, g->len[i], q->t, q->op, first_rank);
+    while (!first_rank && g->f_done < g->f_post && g->fr[g->f_done].complete) {
+        size_t i = g->f_done++;
+        if (!last_rank) {
+            net_post_send(c->conn[g->right], req(q, &g->fs[i], g->right, fslot(c, i), g->len[i] * as, NULL));
+        } else if (i < g->nb) {
+            net_post_send(c->conn[g->left], req(q, &g->bs[i], g->left, ring_final(c, q, i), g->len[i] * es, NULL));
+            g->b_post = g->b_done = i + 1;
         }
-        if (last_rank) {
-            unsigned char *out = ring_final(c, q, i);
-            if (q->acc_out) memcpy(out, acc, g->len[i] * as);
-            else comm_finish_host(out, acc, g->len[i], q->t, q->op, q->ranks ? q->ranks : n, 0);
-            if (i < g->nb) net_post_send(c->conn[g->left], req(q, &g->bs[i], g->left, out, g->len[i] * es, NULL));
-            g->b_post = g->b_done = i < g->nb ? i + 1 : g->b_done;
-        } else {
-            net_post_send(c->conn[g->right], req(q, &g->fs[i], g->right, acc, g->len[i] * as, NULL));
-        }
-        g->f_done++;
         moved = 1;
     }
     if (last_rank) return moved;
     // backward: finished chunks come from the right; this rank keeps its own and passes the others on
-    int rs = q->kind == REQ_REDUCE_SCATTER;
     while (g->b_post < g->nb && g->b_post < g->b_done + RING_DEPTH &&
            (!rs || g->b_post < RING_DEPTH || g->seg[g->b_post - RING_DEPTH] == me || g->bs[g->b_post - RING_DEPTH].complete)) {
         size_t i = g->b_post++;

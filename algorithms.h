@@ -47,7 +47,8 @@ typedef struct AlgoComm {
                               // cross-node ring (the members of its local rank, one per node)
     int *to_parent;           // a view: its ranks as ranks of the communicator it views,
     int parent_size;          // and that communicator's size where its all-gathers place segments of it
-    unsigned char *rbuf;      // ALGO_RING: 2 x RING_DEPTH chunks of staging (forward, backward)
+    unsigned char *rbuf;      // ALGO_RING: 2 x RING_DEPTH chunks of staging (forward, backward),
+    MemAccount *rbuf_acct;    // from this account (the work area's, as it was then); NULL: uncounted
     unsigned char *hbuf;      // ALGO_HIER: the node's partial sums of this rank's node segment,
     size_t hbuf_bytes;        // and an all-reduce's output for a reduce-scatter (hout)
     unsigned char *hout;
@@ -71,6 +72,10 @@ typedef struct AlgoComm {
 const char *algo_choose(AlgoComm *a, int requested);
 // 1 when the chosen algorithm connects this rank to member r (both ends of a pair agree).
 int algo_uses_pair(const AlgoComm *a, int r);
+// The connections per rank the algorithm's collectives hold, as ./train plan comm counts them (a
+// function of the layout: the same on every member): fan-in n - 1, ring min(2, n - 1), hierarchy the
+// node's L - 1 and min(2, nodes - 1) across (send/recv's neighbours in rank order can add up to two).
+int algo_connections(const AlgoComm *a);
 // With conn set: whether the slots serve small collectives, the host accumulator, a ring's staging,
 // the hierarchy's views.
 void algo_init(AlgoComm *a);

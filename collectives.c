@@ -237,7 +237,7 @@ static void connect_peers(Comm *c) {
         int t = pair_transport(c->tr, me_w, c->world_ranks[r]);
         peers[t][np[t]++] = r;
     }
-    NetSetup s = { w, c->id, c->name, c->a.rank, c->a.size, c->world_ranks, &c->a.op, &c->bell, c->tr->vn };
+    NetSetup s = { w, c->id, c->name, c->a.rank, c->a.size, c->world_ranks, &c->a.op, algo_connections(&c->a), &c->bell, c->tr->vn };
     NetConn **tmp = xcalloc((size_t)c->a.size, sizeof(NetConn *));
     c->bell = &c->private_bell;
     for (int t = 0; NET_TRANSPORTS[t]; t++) {

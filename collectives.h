@@ -77,8 +77,8 @@ void comm_use_device(Comm *comm, const struct DevMem *dev);
 // An all-reduce or reduce-scatter whose output overlaps its input otherwise than exactly in place (or,
 // for a reduce-scatter, in this rank's own segment) reduces from a private copy of the input: the
 // communicator's work area, registered host memory that grows and is kept. comm_count_memory(c, acct)
-// makes it come from acct from now on (the rank's memory account, as comm buffers), freeing the one it
-// had; acct NULL frees it and returns to uncounted memory, which must happen before acct goes away.
+// makes it, and the ring algorithm's staging, come from acct from now on (the rank's memory account,
+// as comm buffers), freeing the ones it had; acct NULL frees it and returns to uncounted memory, which must happen before acct goes away.
 // Call it while no operation is in flight on c; c NULL (a dry build) does nothing. The trainer's own
 // collectives are in place, into their own segment or into a separate buffer, so during training the
 // area stays empty: counting it keeps the account whole should one ever need it.

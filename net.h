@@ -190,6 +190,7 @@ typedef struct {
     int rank, size;
     const int *world_ranks;
     const char *const *opname;
+    int connections; // what the algorithm connects per rank, the same on every member (verbs sizes its staging by it)
     Doorbell **bell; // a transport whose peers ring this rank's doorbell points it at its own (shm)
     VerbsNet *vn;    // this process's RDMA device (verbs)
 } NetSetup;

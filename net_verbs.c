@@ -974,7 +974,7 @@ static void *verbs_setup(const NetSetup *s, int npeers, const int *peers, NetCon
     VerbsNet *vn = s->vn;
     int me_w = s->world_ranks[s->rank];
     unsigned slots = vn->slots ? vn->slots : VERBS_DEFAULT_SLOTS;
-    size_t slot_bytes = vn->slot_bytes ? vn->slot_bytes : verbs_staging_slot_bytes(s->size); // net_verbs.h
+    size_t slot_bytes = vn->slot_bytes ? vn->slot_bytes : verbs_staging_slot_bytes(s->connections); // net_verbs.h
     char key[128], err[512], name[96];
     for (int i = 0; i < npeers; i++) {
         int pw = s->world_ranks[peers[i]];

@@ -40,14 +40,16 @@ typedef struct {
 enum { VERBS_BLOB_BYTES = 64 };
 // Default staging: slots x slot bytes of registered host memory per direction per peer.
 enum { VERBS_DEFAULT_SLOTS = 16, VERBS_DEFAULT_SLOT_BYTES = 256 << 10 };
-// The transport's staging per communicator and rank, spread over its peers: 16 slots of 256 KiB per
-// direction and peer for small communicators, smaller slots (down to 16 KiB, whole pages) for large
-// ones, so that registered memory stays bounded. A function of the communicator's size only: both
-// ends agree. Here rather than in net_verbs.c so that ./train plan comm counts the same bytes on a
-// build without libibverbs' headers.
+// The transport's staging per communicator and rank, spread over the connections its algorithm holds
+// (not over the communicator's size: a ring of any size holds two): 16 slots of 256 KiB per direction
+// and connection for few connections, smaller slots (down to 16 KiB, whole pages) for many, so that
+// registered memory stays bounded. `connections` is the communicator's figure for its algorithm
+// (algorithms.h algo_connections: a function of the layout, the same on every member), so both ends
+// agree. Here rather than in net_verbs.c so that ./train plan comm counts the same bytes on a build
+// without libibverbs' headers.
 enum { VERBS_STAGING_BUDGET = 128 << 20, VERBS_MIN_SLOT_BYTES = 16 << 10 };
-static inline size_t verbs_staging_slot_bytes(int comm_size) {
-    size_t per = (size_t)VERBS_STAGING_BUDGET / (2u * VERBS_DEFAULT_SLOTS * (size_t)(comm_size > 1 ? comm_size - 1 : 1));
+static inline size_t verbs_staging_slot_bytes(int connections) {
+    size_t per = (size_t)VERBS_STAGING_BUDGET / (2u * VERBS_DEFAULT_SLOTS * (size_t)(connections > 1 ? connections : 1));
     per = per / 4096 * 4096;
     return per > VERBS_DEFAULT_SLOT_BYTES ? VERBS_DEFAULT_SLOT_BYTES : per < VERBS_MIN_SLOT_BYTES ? VERBS_MIN_SLOT_BYTES : per;
 }

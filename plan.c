@@ -845,8 +845,8 @@ static int plot_layouts(const PlanInput *in, const Candidate *ys, int n) {
 //       algorithm except fanin's connections (every pair)
 // Connections per rank (of the fullest rank): ring min(2, n − 1), fanin n − 1, hier l − 1 inside the
 // node plus min(2, k − 1) across. Staging per rank: every connection across nodes registers
-// 2 · VERBS_DEFAULT_SLOTS · verbs_staging_slot_bytes(n) bytes for RDMA (net_verbs.h: send and receive
-// buffers), and the connections inside a node share one shared-memory inbox of shm_inbox_bytes(peers
+// 2 · VERBS_DEFAULT_SLOTS · verbs_staging_slot_bytes(connections) bytes for RDMA (net_verbs.h: send and
+// receive buffers; the budget spread over the connections the algorithm holds, as the transport does), and the connections inside a node share one shared-memory inbox of shm_inbox_bytes(peers
 // + 1) (net_shm.c: a 1 MiB ring per peer). Bytes in flight towards one receiving NIC: its concurrent
 // senders, each with its VERBS_DEFAULT_SLOTS slots of credit. No incast penalty is modelled: the
 // bytes are equal, the counts of connections, staging and senders per NIC are what differs.
@@ -927,7 +927,7 @@ static void comm_finish(CommCost *c) {
     c->lat_s *= c->ops;
     c->bw_s *= c->ops;
     c->time_s = c->lat_s + c->bw_s;
-    c->slot_bytes = c->conn_inter ? (double)verbs_staging_slot_bytes(c->g.n) : 0;
+    c->slot_bytes = c->conn_inter ? (double)verbs_staging_slot_bytes(c->conn_intra + c->conn_inter) : 0;
     c->registered = c->conn_inter * 2.0 * VERBS_DEFAULT_SLOTS * c->slot_bytes;
     c->shm = c->conn_intra ? (double)shm_inbox_bytes(c->conn_intra + 1) : 0;
     c->inflight = c->incast * (double)VERBS_DEFAULT_SLOTS * c->slot_bytes;

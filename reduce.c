@@ -97,3 +97,48 @@ void comm_finish_host(void *out, const void *accp, size_t n, int type, int op, i
         die("internal: bad comm type %d", type);
     }
 }
+
+// One loop per type and case, so that the compiler vectorises the common ones (fp32, int sums).
+void comm_combine_host(void *out, const void *left, int left_acc, const void *in, int in_acc, size_t n, int type, int op,
+                       int ranks) {
+    int mx = op == OP_MAX, avg = op == OP_AVG && ranks > 0;
+    switch ((CommType)type) {
+    case CT_F32: {
+        const float *a = left, *x = in;
+        float *o = out, r = (float)ranks;
+        if (mx) for (size_t i = 0; i < n; i++) o[i] = x[i] > a[i] ? x[i] : a[i];
+        else if (avg) for (size_t i = 0; i < n; i++) o[i] = (a[i] + x[i]) / r;
+        else for (size_t i = 0; i < n; i++) o[i] = a[i] + x[i];
+        break;
+    }
+    case CT_BF16: {
+        const float *af = left, *xf = in;
+        const uint16_t *ab = left, *xb = in;
+        for (size_t i = 0; i < n; i++) {
+            float a = left_acc ? af[i] : bf16_to_f32(ab[i]), v = in_acc ? xf[i] : bf16_to_f32(xb[i]);
+            float s = mx ? (v > a ? v : a) : a + v;
+            if (ranks > 0) ((uint16_t *)out)[i] = f32_to_bf16(avg ? s / (float)ranks : s);
+            else ((float *)out)[i] = s;
+        }
+        break;
+    }
+    case CT_I32: {
+        const int32_t *a = left, *x = in;
+        int32_t *o = out;
+        if (mx) for (size_t i = 0; i < n; i++) o[i] = x[i] > a[i] ? x[i] : a[i];
+        else if (avg) for (size_t i = 0; i < n; i++) o[i] = (int32_t)((uint32_t)a[i] + (uint32_t)x[i]) / ranks;
+        else for (size_t i = 0; i < n; i++) o[i] = (int32_t)((uint32_t)a[i] + (uint32_t)x[i]);
+        break;
+    }
+    case CT_I64: {
+        const int64_t *a = left, *x = in;
+        int64_t *o = out;
+        if (mx) for (size_t i = 0; i < n; i++) o[i] = x[i] > a[i] ? x[i] : a[i];
+        else if (avg) for (size_t i = 0; i < n; i++) o[i] = (int64_t)((uint64_t)a[i] + (uint64_t)x[i]) / ranks;
+        else for (size_t i = 0; i < n; i++) o[i] = (int64_t)((uint64_t)a[i] + (uint64_t)x[i]);
+        break;
+    }
+    default:
+        die("internal: bad comm type %d", type);
+    }
+}

@@ -20,5 +20,12 @@ size_t comm_acc_size(CommType t); // bytes of an accumulator element: fp32 for b
 // wrap. out = acc rounded once (divided by ranks for OP_AVG), past the cache when streaming.
 void comm_reduce_host(void *acc, const void *in, size_t n, int type, int op, int first);
 void comm_finish_host(void *out, const void *acc, size_t n, int type, int op, int ranks, int streaming);
+// Both steps of a chain in one pass (the ring: a partial sum from the left, this rank's contribution):
+// out = left (op) in, bitwise what comm_reduce_host gives for acc = left, then in, and, when ranks > 0,
+// comm_finish_host after it. left and in hold elements of `type` (left_acc, in_acc: accumulators
+// instead); out holds accumulators (ranks == 0) or finished elements (ranks > 0, avg divides by it).
+// out may be left or in exactly (in place), never partly overlap them.
+void comm_combine_host(void *out, const void *left, int left_acc, const void *in, int in_acc, size_t n, int type, int op,
+                       int ranks);
 
 #endif

@@ -27,7 +27,8 @@ static void build_buckets(Zero *z, double bucket_mb) {
     size_t limit = z->stage == 3 ? 1 : (bucket_mb <= 0 ? (size_t)-1 : (size_t)(bucket_mb * 1048576.0 / sizeof(float)));
     z->bstart = xmalloc(sizeof(size_t) * nu);
     z->blen = xmalloc(sizeof(size_t) * nu);
-    z->bucket_first_unit = xmalloc(sizeof(int) * nu);
+    z->bucket_units = xcalloc((size_t)nu, sizeof(int));
+    z->bucket_units_left = xcalloc((size_t)nu, sizeof(int));
     z->unit_bucket = xmalloc(sizeof(int) * nu);
     int nb = 0;
     int hi = nu - 1;
@@ -37,8 +38,11 @@ static void build_buckets(Zero *z, double bucket_mb) {
         if (m->unit_offset[hi + 1] - m->unit_offset[lo] > limit && lo < hi) lo++;
         z->bstart[nb] = m->unit_offset[lo];
         z->blen[nb] = m->unit_offset[hi + 1] - m->unit_offset[lo];
-        z->bucket_first_unit[nb] = lo;
-        for (int u = lo; u <= hi; u++) z->unit_bucket[u] = nb;
+        for (int u = lo; u <= hi; u++) {
+            z->unit_bucket[u] = nb;
+            z->bucket_units[nb] += m->unit_offset[u + 1] > m->unit_offset[u];
+        }
+        z->bucket_units_left[nb] = z->bucket_units[nb];
         nb++;
         hi = lo - 1;
     }
@@ -170,7 +174,8 @@ static void grads_ready(void *ctx, int unit) {
     if (!z->last_micro) return;
     GPT2 *m = z->model;
     int b = z->unit_bucket[unit];
-    int complete = z->bucket_first_unit[b] == unit;
+    if (m->unit_offset[unit + 1] == m->unit_offset[unit]) return; // no gradients of it on this stage
+    int complete = z->bucket_units_left[b] > 0 && --z->bucket_units_left[b] == 0;
     if (unit == UNIT_EMBED && m->lay->embed && m->head_k == P_WTE) { // (an untied head: nothing shared)
         // the first and last stage hold the tied embedding: their gradients are summed first, without
         // blocking (the last stage still has to send its input gradient back), and the bucket's
@@ -280,7 +285,8 @@ void zero_free(Zero *z) {
     free(z->bucket_buf);
     free(z->bstart);
     free(z->blen);
-    free(z->bucket_first_unit);
+    free(z->bucket_units);
+    free(z->bucket_units_left);
     free(z->unit_bucket);
     free(z->own_off);
     free(z->own_len);
@@ -332,7 +338,11 @@ float zero_finish_grads(Zero *z) {
         wait_timed(&z->embed_req, &z->times->zero_wait_s);
         if (z->embed_bucket >= 0) launch_bucket(z, z->embed_bucket);
     }
-    for (int b = 0; b < z->nbuckets; b++) wait_timed(&z->breq[b], &z->times->zero_wait_s);
+    for (int b = 0; b < z->nbuckets; b++) {
+        if (z->dp && z->bucket_units_left[b] > 0) die("internal: bucket %d was never complete (%d of its units not ready)", b, z->bucket_units_left[b]);
+        wait_timed(&z->breq[b], &z->times->zero_wait_s);
+        z->bucket_units_left[b] = z->bucket_units[b]; // the next step's last micro-batch counts again
+    }
     for (int i = 0; i < z->npool; i++) { // every bucket is reduced: the pool is free for the next step
         if (z->pool_bucket[i] >= 0) z->bucket_buf[z->pool_bucket[i]] = NULL;
         z->pool_bucket[i] = -1;

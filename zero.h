@@ -37,7 +37,11 @@ typedef struct {
     // buckets
     int nbuckets;
     size_t *bstart, *blen;   // in elements of the internal order
-    int *bucket_first_unit;  // lowest unit of each bucket: its gradients are final last
+    // A bucket is reduced once every unit of it that holds gradients on this stage has said "ready" in the
+    // micro-batch: its lowest unit is not always the last (zb-v's stages hold two chunks; a unit can be
+    // empty on a stage, e.g. the embedding where neither end of the model is)
+    int *bucket_units;       // units of each bucket with gradients here
+    int *bucket_units_left;  // of those, not ready yet in this step's last micro-batch
     int *unit_bucket;        // [nunits]
     size_t *own_off, *own_len, *shard_pos; // this rank's segment of each bucket, and where it sits in the shard
     size_t shard_elems;

@@ -40,6 +40,15 @@ for th in 1 2; do
     run "L4 C256 H4 T256 B4 bf16" $th "${SMALL[@]}" --dtype bf16
     echo "    bf16 step is $(python3 -c "print(f'{$fp32 / $(cat "$W/ms"):.2f}')")x faster than fp32 with $th thread(s)"
 done
+# a Llama of the same size beside GPT-2 (GQA 4 heads on 2 kv heads, SwiGLU F = 768 (8C/3 rounded up to
+# 256), tied head): tokens/s, GFLOP/s (its own FLOPs: three MLP matmuls, smaller K/V) and peak share
+LLAMA=(--arch llama --layers 4 --channels 256 --heads 4 --kv-heads 2 --vocab 256 --seq-len 256 --micro-batch 4 --tie-embeddings 1)
+for th in 1 2; do
+    run "L4 C256 H4 T256 B4 fp32" $th "${SMALL[@]}"
+    gpt2=$(cat "$W/ms")
+    run "Llama L4 C256 H4/KV2 fp32" $th "${LLAMA[@]}"
+    echo "    the Llama step takes $(python3 -c "print(f'{$(cat "$W/ms") / $gpt2:.2f}')")x GPT-2's time with $th thread(s)"
+done
 for th in 1 2; do
     run "d12 (124M) T64 B1 fp32" $th --model d12 --seq-len 64 --micro-batch 1
 done

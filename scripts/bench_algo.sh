@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # scripts/bench_algo.sh: the collectives' algorithms (--algo fanin, ring, hier) against one another,
-# all-reduce busbw from MIN_BYTES to MAX_BYTES (1M-64M), the median of RUNS runs (3) per size:
+# all-reduce busbw from MIN_BYTES to MAX_BYTES (1M-64M), the median of RUNS runs (3) per size, and the
+# median of the ratios to fanin measured within each run (its algorithms run back to back):
 #   one node: 2 and 4 ranks over shared memory (hier on one node is the fan-in reduce-scatter into
 #             accumulators, then the fan-in all-gather);
 #   two simulated nodes (network namespaces joined by a veth pair, as test/two_nodes.sh; root only):
 #             4 and 8 ranks, half on each, TCP across: hier against fanin.
 # A figure, never pass/fail; the load average is printed (the machine may be shared). Environment:
-# RUNS, MIN_BYTES, MAX_BYTES, NPROCS ("2 4"), NODE_NPROCS ("4 8"), OP (allreduce), ITERS (bench-comm's
+# ALGOS (one node's, "fanin ring hier"; the first is the ratios' base), RUNS, MIN_BYTES, MAX_BYTES,
+# NPROCS ("2 4"), NODE_NPROCS ("4 8"; empty: no simulated nodes), OP (allreduce), ITERS (bench-comm's
 # --iters per size; unset: its own choice) and WARMUP (5).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x ./train ] || make train >/dev/null
+ALGOS=${ALGOS:-fanin ring hier}
 RUNS=${RUNS:-3} MIN=${MIN_BYTES:-1M} MAX=${MAX_BYTES:-64M} OP=${OP:-allreduce}
 BENCH=(--op "$OP" --min-bytes "$MIN" --max-bytes "$MAX" --warmup "${WARMUP:-5}" ${ITERS:+--iters "$ITERS"})
 W=$(mktemp -d /tmp/llm4d-algo.XXXXXX)
@@ -36,8 +39,12 @@ table() {
             for (i = 2; i <= na; i++) printf " %12s", order[i] "/" order[1]; printf "\n"
             for (r = 1; r <= rows; r++) {
                 printf "%12d", bytes[r]
-                for (i = 1; i <= na; i++) { for (k = 1; k <= runs; k++) v[k] = bw[order[i], r, k]; m[i] = median(v, runs); printf " %11.3f", m[i] }
-                for (i = 2; i <= na; i++) printf " %12.2f", (m[1] > 0 ? m[i] / m[1] : 0)
+                for (i = 1; i <= na; i++) { for (k = 1; k <= runs; k++) v[k] = bw[order[i], r, k]; printf " %11.3f", median(v, runs) }
+                # each ratio within one run (the algorithms of a run measured back to back), then their median
+                for (i = 2; i <= na; i++) {
+                    for (k = 1; k <= runs; k++) v[k] = bw[order[1], r, k] > 0 ? bw[order[i], r, k] / bw[order[1], r, k] : 0
+                    printf " %12.2f", median(v, runs)
+                }
                 printf "\n"
             }
             if (bad) print "warning: a run reported a wrong result"
@@ -48,15 +55,18 @@ echo "algorithms: $OP busbw (bench-comm ${BENCH[*]}), $(nproc) cores, load avera
 for n in ${NPROCS:-2 4}; do
     rm -f "$W"/*.[0-9]*
     for run in $(seq "$RUNS"); do
-        for a in fanin ring hier; do
+        for a in $ALGOS; do
             ./train bench-comm --nproc "$n" "${BENCH[@]}" --algo "$a" >"$W/$a.$run"
         done
     done
     echo
     echo "== one node, $n ranks (shared memory) =="
-    table "$W"/fanin.* "$W"/ring.* "$W"/hier.*
+    table $(for a in $ALGOS; do echo "$W/$a".*; done)
 done
 
+if [ -n "${NODE_NPROCS+set}" ] && [ -z "$NODE_NPROCS" ]; then
+    echo; echo "two simulated nodes: skipped (NODE_NPROCS is empty)"; echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"; exit 0
+fi
 if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null || ! command -v nsenter >/dev/null; then
     echo; echo "two simulated nodes: skipped (network namespaces need root, ip, nsenter)"; exit 0
 fi

@@ -34,7 +34,8 @@ SOURCES = [
     ("net_verbs.h", r"enum \{ VERBS_DEFAULT_SLOTS = 16, VERBS_DEFAULT_SLOT_BYTES = 256 << 10 \};"),
     ("net_verbs.h", r"enum \{ VERBS_STAGING_BUDGET = 128 << 20, VERBS_MIN_SLOT_BYTES = 16 << 10 \};"),
     ("net_verbs.h", r"per = per / 4096 \* 4096;"),
-    ("net_verbs.c", r"verbs_staging_slot_bytes\(s->size\)"),  # the transport uses that rule
+    ("net_verbs.c", r"verbs_staging_slot_bytes\(s->connections\)"),  # the transport uses that rule
+    ("collectives.c", r"algo_connections\(&c->a\)"),  # over the algorithm's connections
     ("net_shm.c", r"#define RING_BYTES \(1u << 20\)"),
     ("net_shm.c", r"ep->bytes = shm_inbox_bytes\(nl\);"),
     ("net.h", r"#define NET_SLOT_BYTES 4096"),
@@ -48,8 +49,8 @@ def check_sources():
     print("ok: the transports' staging constants are as written in this test")
 
 
-def slot_bytes(n):
-    per = BUDGET // (2 * SLOTS * max(n - 1, 1)) // PAGE * PAGE
+def slot_bytes(connections):
+    per = BUDGET // (2 * SLOTS * max(connections, 1)) // PAGE * PAGE
     return min(SLOT_MAX, max(SLOT_MIN, per))
 
 
@@ -138,7 +139,7 @@ def reference(case):
                 ops, B = (Ls * M * msgs, mean) if cp > 1 else (0, 0)
                 r = p2p(algo, n, l, k, ops, mean, x)
             (ib, eb), _, lat, bw, c_in, c_out, incast = r
-            sb = slot_bytes(n) if c_out else 0
+            sb = slot_bytes(c_in + c_out) if c_out else 0
             res[cls] = dict(group=n, ranks_per_node=l, nodes=k, intra_node=k == 1, ops_per_step=ops, bytes_per_op=B,
                             intra_bytes=ib * ops, inter_bytes=eb * ops, latency_s=lat * ops, bandwidth_s=bw * ops,
                             time_s=(lat + bw) * ops, connections_intra=c_in, connections_inter=c_out, verbs_slot_bytes=sb,
@@ -234,10 +235,11 @@ def check_beacon(got):
     assert ring["inter_bytes"] == fan["inter_bytes"] == hier["inter_bytes"], "the DP bytes differ by algorithm"
     assert (fan["connections_inter"], ring["connections_inter"], hier["connections_intra"] + hier["connections_inter"]) == (127, 2, 2)
     assert (fan["incast_senders"], ring["incast_senders"]) == (127, 1)
-    assert fan["registered_bytes"] == 127 * 2 * 16 * 32768 and ring["registered_bytes"] == 2 * 2 * 16 * 32768
+    # the budget over the connections held: fan-in's 127 get 32 KiB slots, the ring's 2 the largest, 256 KiB
+    assert fan["registered_bytes"] == 127 * 2 * 16 * 32768 and ring["registered_bytes"] == 2 * 2 * 16 * 262144
     assert fan["inflight_bytes_per_nic"] == 127 * 16 * 32768
     assert abs(ring["latency_s"] - 254 * 5e-6) < 1e-12 and abs(fan["latency_s"] - 2 * 5e-6) < 1e-12
-    print("ok: DP across 128 nodes: fan-in 127 connections, 127 MiB registered, 127 senders per NIC; ring 2, 2 MiB, 1")
+    print("ok: DP across 128 nodes: fan-in 127 connections, 127 MiB registered, 127 senders per NIC; ring 2, 16 MiB, 1")
 
 
 def check_readme(got):

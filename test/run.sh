@@ -404,6 +404,17 @@ t_llama_layouts() {
     lrun pp2_tied --model llama3-tiny --tie-embeddings 1 --nproc 2 --pp 2 --micro-batch 1 --zero 1 || return 1
     $PY test/compare_runs.py 1e-5 "$d/ref4" "$d/pp2v2" || ok=1
     $PY test/compare_runs.py 1e-5 "$d/ref_tied" "$d/pp2_tied" || ok=1
+    # zb-v (the head on rank 0, two chunks a rank in a V) bitwise 1f1b: untied, and tied under DP 2 x ZeRO 1
+    # with one gradient bucket (a bucket spanning a stage's empty units)
+    local s
+    for s in 1f1b zb-v; do
+        lrun "v_$s" --model llama3-tiny --layers 4 --nproc 2 --pp 2 --micro-batch 1 --pp-schedule $s || return 1
+        lrun "vt_$s" --model llama3-tiny --layers 4 --tie-embeddings 1 --nproc 4 --pp 2 --zero 1 --bucket-mb 100 --micro-batch 1 \
+            --pp-schedule $s || return 1
+    done
+    $PY test/compare_runs.py 1e-5 "$d/ref4" "$d/v_zb-v" || ok=1
+    cmp -s "$d/v_1f1b.bin" "$d/v_zb-v.bin" || { echo "FAIL zb-v is not bitwise 1f1b"; ok=1; }
+    cmp -s "$d/vt_1f1b.bin" "$d/vt_zb-v.bin" || { echo "FAIL zb-v (tied, DP 2 x ZeRO 1, one bucket) is not bitwise 1f1b"; ok=1; }
     return $ok
 }
 # TP for llama3-tiny (4 heads, 2 kv heads): TP 2 (one kv head a rank) with SP, TP 4 (each kv head on two ranks,
@@ -1305,7 +1316,7 @@ t_pp_zero_bubble() {
     local shape=(--layers 4 --channels 32 --heads 4 --vocab 256 --seq-len 32 --micro-batch 1 --steps 3 --lr 1e-3
         --warmup 2 --weight-decay 0.1 --clip 1.0 --bucket-mb 0.02 --train "$DATA/train.bin" --comm-timeout 60)
     local cfg i=0
-    for cfg in "2 --pp 2|256" "4 --pp 4 --layers 8|256" "4 --pp 2 --tp 2|256" "4 --pp 2 --zero 1|256" "4 --pp 2 --zero 3|256" \
+    for cfg in "2 --pp 2|256" "4 --pp 4 --layers 8|256" "4 --pp 2 --tp 2|256" "4 --pp 2 --zero 1|256" "4 --pp 2 --zero 1 --bucket-mb 100|256" "4 --pp 2 --zero 3|256" \
         "4 --pp 2 --zero 3|64" "4 --pp 2 --cp 2|256" "2 --pp 2 --recompute selective|256" "2 --pp 2 --recompute full|256"; do
         i=$((i + 1))
         local spec=${cfg%|*} tokens=${cfg#*|} args sch
@@ -1791,7 +1802,7 @@ run_test model   t_llama_torch             "Llama against PyTorch: llama3-tiny (
 run_test model   t_llama_torch_scaled      "Llama against PyTorch: llama3.2-1b shrunk (tied head, RoPE frequency scaling)"
 run_test model   t_llama_torch_tied_mqa    "Llama against PyTorch: one kv head, tied head, T=37, V=200, F=100, theta 1e4, eps 1e-6"
 run_test model   t_llama_torch_recompute   "Llama against PyTorch: --recompute selective and full"
-run_test dp      t_llama_layouts           "Llama (GQA, untied and tied head): DP 2 x ZeRO 0-3 (bitwise), PP 2 1f1b/zb-h1+recompute/interleaved equal one rank"
+run_test dp      t_llama_layouts           "Llama (GQA, untied and tied head): DP 2 x ZeRO 0-3 (bitwise), PP 2 1f1b/zb-h1+recompute/interleaved/zb-v (tied x DP 2 x ZeRO 1 too, bitwise 1f1b) equal one rank"
 run_test tp      t_llama_tp                "Llama TP 2 + SP, TP 4 (kv heads shared by 2 ranks), TP 2 x PP 2 zb-h1, tied head TP 4: equal one rank"
 run_test cp      t_llama_cp                "Llama CP 2, 4, CP 2 x TP 2, CP 2 x DP 2 ZeRO-3 (GQA K/V on the ring, RoPE at global positions): equal one rank"
 run_test ckpt    t_llama_ckpt              "Llama checkpoints: TP 2 to PP 2 re-sharded resume equals one rank; another kv-head count refused"
