@@ -131,6 +131,38 @@ int llama_preset(const char *name, GPT2Config *cfg) {
     return 0;
 }
 
+int rope_scaling_parse(const char *s, RopeConfig *r, char *why, size_t cap) {
+    double theta = r->theta;
+    if (!strcmp(s, "none")) {
+        memset(r, 0, sizeof *r);
+        r->theta = theta;
+        return 0;
+    }
+    double v[4] = { 0, 1, 4, 8192 };
+    int n = 0;
+    const char *p = s;
+    for (;;) {
+        char *end;
+        errno = 0;
+        double x = strtod(p, &end);
+        if (end == p || errno || n == 4) break;
+        v[n++] = x;
+        if (*end == 0) {
+            p = end;
+            break;
+        }
+        if (*end != ',') break;
+        p = end + 1;
+    }
+    if (*p || n == 0)
+        return snprintf(why, cap, "'%s': expected none or FACTOR[,LOW,HIGH,ORIG] (e.g. 8 or 32,1,4,8192)", s), -1;
+    if (!(v[0] >= 1 && v[0] <= 1e6) || !(v[1] > 0) || !(v[2] > v[1]) || !(v[3] >= 1 && v[3] <= 1e9) || v[3] != (int)v[3])
+        return snprintf(why, cap, "'%s': needs FACTOR >= 1, 0 < LOW < HIGH and a whole ORIG context >= 1", s), -1;
+    *r = (RopeConfig){ .theta = theta, .factor = v[0], .low_freq_factor = v[1], .high_freq_factor = v[2],
+                       .original_max_pos = (int)v[3] };
+    return 0;
+}
+
 GPT2Config model_shape(const char *preset, const ShapeFlags *f, int seq_len) {
     GPT2Config cfg;
     int is_llama = preset && llama_preset(preset, &cfg);
@@ -138,8 +170,8 @@ GPT2Config model_shape(const char *preset, const ShapeFlags *f, int seq_len) {
     if (f->arch == ARCH_LLAMA && preset && !is_llama)
         die("--arch llama: --model must be llama3-tiny, llama3.2-1b, llama3-8b, llama3-70b or llama3-405b, got '%s'", preset);
     if (!is_llama && f->arch != ARCH_LLAMA) {
-        if (f->NKV || f->F || f->tie >= 0 || f->rope_theta || f->norm_eps)
-            die("--kv-heads, --ffn, --tie-embeddings, --rope-theta and --norm-eps are the Llama family's: give --arch llama "
+        if (f->NKV || f->F || f->tie >= 0 || f->rope_theta || f->norm_eps || f->rope_scaling)
+            die("--kv-heads, --ffn, --tie-embeddings, --rope-theta, --rope-scaling and --norm-eps are the Llama family's: give --arch llama "
                 "or a Llama --model");
         return gpt2_shape(preset, f->L, f->C, f->NH, f->V, f->maxT, seq_len);
     }
@@ -160,6 +192,8 @@ GPT2Config model_shape(const char *preset, const ShapeFlags *f, int seq_len) {
     if (f->maxT) cfg.maxT = f->maxT;
     if (f->tie >= 0) cfg.tie = f->tie;
     if (f->rope_theta) cfg.rope.theta = f->rope_theta;
+    char err[256];
+    if (f->rope_scaling && rope_scaling_parse(f->rope_scaling, &cfg.rope, err, sizeof err) != 0) die("--rope-scaling %s", err);
     if (f->norm_eps) cfg.norm_eps = (float)f->norm_eps;
     char why[256];
     if (!gpt2_config_valid(&cfg, why, sizeof why)) die("bad model shape: %s", why);

@@ -91,6 +91,9 @@ static const char USAGE[] =
     "                             preset's, or 8C/3 rounded up to 256 when --channels is given)\n"
     "  --rope-theta X --norm-eps E --tie-embeddings 0|1\n"
     "                             Llama: RoPE base, RMSNorm epsilon, head tied to wte (1) or its own (0)\n"
+    "  --rope-scaling none|FACTOR[,LOW,HIGH,ORIG]\n"
+    "                             Llama 3.1's RoPE frequency scaling (HF's rope_type llama3; LOW 1, HIGH 4,\n"
+    "                             ORIG 8192 by default): the presets keep their own, a custom shape has none\n"
     "  --seq-len T                tokens per sequence (default: the model's maxT; at most maxT)\n"
     "  --init-from FILE           start from an llm.c model file (version 3 fp32 or 5 bf16); the shape\n"
     "                             comes from the file\n"
@@ -278,12 +281,13 @@ int context_split_error(const Options *o, int T, char *err, size_t cap) {
 
 ShapeFlags options_shape_flags(const Options *o, int V) {
     return (ShapeFlags){ .arch = o->arch, .L = o->layers, .C = o->channels, .NH = o->heads, .NKV = o->kv_heads, .F = o->ffn,
-                         .V = V, .maxT = o->max_seq_len, .tie = o->tie, .rope_theta = o->rope_theta, .norm_eps = o->norm_eps };
+                         .V = V, .maxT = o->max_seq_len, .tie = o->tie, .rope_theta = o->rope_theta, .norm_eps = o->norm_eps,
+                         .rope_scaling = o->rope_scaling };
 }
 
 int options_any_shape_flag(const Options *o) {
     return o->layers || o->channels || o->heads || o->vocab || o->max_seq_len || o->kv_heads || o->ffn || o->tie >= 0 ||
-           o->rope_theta || o->norm_eps;
+           o->rope_theta || o->norm_eps || o->rope_scaling;
 }
 
 // --init-from-hf takes the whole shape from config.json: any shape flag beside it is refused, by name.
@@ -292,7 +296,7 @@ static void check_init_from_hf(const Options *o) {
     const struct { int given; const char *flag; } f[] = {
         { o->preset != NULL, "--model" }, { o->arch >= 0, "--arch" }, { o->layers, "--layers" }, { o->channels, "--channels" },
         { o->heads, "--heads" }, { o->kv_heads, "--kv-heads" }, { o->ffn, "--ffn" }, { o->vocab, "--vocab" },
-        { o->max_seq_len, "--max-seq-len" }, { o->rope_theta != 0, "--rope-theta" }, { o->norm_eps != 0, "--norm-eps" },
+        { o->max_seq_len, "--max-seq-len" }, { o->rope_theta != 0, "--rope-theta" }, { o->norm_eps != 0, "--norm-eps" }, { o->rope_scaling != NULL, "--rope-scaling" },
         { o->tie >= 0, "--tie-embeddings" }, { o->init_from != NULL, "--init-from" },
     };
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
@@ -389,7 +393,7 @@ static int is_training_only(const char *f) {
     static const char *const only[] = { "--steps", "--init-from", "--save-model", "--init-from-hf", "--save-hf",
                                         "--save-hf-dtype", "--train", "--ckpt-dir", "--ckpt-every",
                                         "--keep", "--max-restarts", "--log", "--dump", "--layers", "--channels", "--heads",
-                                        "--vocab", "--max-seq-len", "--arch", "--kv-heads", "--ffn", "--rope-theta",
+                                        "--vocab", "--max-seq-len", "--arch", "--kv-heads", "--ffn", "--rope-theta", "--rope-scaling",
                                         "--norm-eps", "--tie-embeddings", "--val-every", "--sample-every", "--val-steps",
                                         "--sample-tokens", "--batch-tokens", NULL };
     for (int i = 0; only[i]; i++)
@@ -424,6 +428,7 @@ static void parse_valued_flag(Options *o, int argc, char **argv, int *ip) {
     else if (IS("--ffn")) o->ffn = (int)parse_int(f, v, 1, 1 << 20);
     else if (IS("--rope-theta")) o->rope_theta = parse_float(f, v, 1.0000001, 1e12);
     else if (IS("--norm-eps")) o->norm_eps = parse_float(f, v, 1e-12, 1);
+    else if (IS("--rope-scaling")) o->rope_scaling = v;
     else if (IS("--tie-embeddings")) o->tie = (int)parse_int(f, v, 0, 1);
     else if (IS("--seq-len")) o->seq_len = (int)parse_int(f, v, 1, 1048576);
     else if (IS("--init-from")) o->init_from = v;

@@ -18,6 +18,7 @@ typedef struct {
     int arch, tie;                       // --arch, --tie-embeddings: -1 = not given
     int kv_heads, ffn;                   // 0 = not given
     double rope_theta, norm_eps;         // 0 = not given
+    const char *rope_scaling;            // NULL = not given
     int micro_batch, steps, warmup, val_every, val_steps, sample_every, sample_tokens, top_k, threads, shuffle, profile;
     long long batch_tokens;
     float lr, lr_min_frac, beta1, beta2, eps, weight_decay, clip, temperature;

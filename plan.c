@@ -153,7 +153,7 @@ static const char PLAN_USAGE[] =
     "                             Llama: key/value heads (default: the preset's, or --heads), SwiGLU's\n"
     "                             hidden size (default: the preset's, or 8C/3 rounded up to 256), head tied\n"
     "                             to wte (1) or its own (0)\n"
-    "  --rope-theta X --norm-eps E\n"
+    "  --rope-theta X --norm-eps E --rope-scaling S\n"
     "                             Llama: as for training (checked; they change no estimate)\n"
     "  --seq-len T                tokens per sequence (default: maxT)\n"
     "  --params N                 GPT-2: the parameter count instead of the shape's (with --layers and --channels;\n"
@@ -259,6 +259,7 @@ typedef struct { // the flags that only parse_plan's checks and the shape read
     int L, C, NH, V, maxT, T, device_given, bucket_given;
     int arch, NKV, F, tie; // --arch, --kv-heads, --ffn, --tie-embeddings (arch and tie -1 where not given)
     double rope_theta, norm_eps; // taken as training takes them, checked; they change no estimate
+    const char *rope_scaling;    // (the same)
     const char *lat_given; // --intra-lat or --inter-lat, which only `plan comm` takes
 } PlanFlags;
 
@@ -281,7 +282,7 @@ static void resolve_plan(PlanInput *in, const PlanFlags *g) {
     if (!in->batch_tokens) die("plan: --batch-tokens is required (tokens per optimizer step, e.g. 4M)");
     GPT2Config probe;
     if (in->params > 0 && (g->arch == ARCH_LLAMA || (preset && llama_preset(preset, &probe)) || g->NKV || g->F || g->tie >= 0 ||
-                           g->rope_theta || g->norm_eps))
+                           g->rope_theta || g->norm_eps || g->rope_scaling))
         die("--params is for GPT-2 shapes: a Llama's count comes from its shape (--kv-heads, --ffn, --tie-embeddings)");
     if (in->params > 0) {
         if (preset || V || maxT) die("--params replaces the shape's parameter count: drop --model, --vocab and --max-seq-len");
@@ -292,7 +293,7 @@ static void resolve_plan(PlanInput *in, const PlanFlags *g) {
         in->T = in->cfg.maxT;
     } else {
         ShapeFlags f = { .arch = g->arch, .L = L, .C = C, .NH = NH, .NKV = g->NKV, .F = g->F, .V = V, .maxT = maxT, .tie = g->tie,
-                        .rope_theta = g->rope_theta, .norm_eps = g->norm_eps };
+                        .rope_theta = g->rope_theta, .norm_eps = g->norm_eps, .rope_scaling = g->rope_scaling };
         in->cfg = model_shape(preset, &f, T); // the trainer's: a GPT-2 or a Llama shape
         size_t sizes[NUM_PARAM_TENSORS], offsets[NUM_PARAM_TENSORS];
         in->params = (double)gpt2_param_layout(&in->cfg, sizes, offsets);
@@ -344,6 +345,7 @@ static void parse_plan(PlanInput *in, int argc, char **argv) {
         else if (IS("--tie-embeddings")) g.tie = INT(0, 1);
         else if (IS("--rope-theta")) g.rope_theta = parse_float(f, v, 1.0000001, 1e12);
         else if (IS("--norm-eps")) g.norm_eps = parse_float(f, v, 1e-12, 1);
+        else if (IS("--rope-scaling")) g.rope_scaling = v;
         else if (IS("--max-seq-len")) g.maxT = INT(1, 1048576);
         else if (IS("--seq-len")) g.T = INT(1, 1048576);
         else if (IS("--params")) in->params = parse_number(f, v, COUNT_UNITS, 1, 1e16, 0);

@@ -387,6 +387,36 @@ lrun() { # name flags...: a run checkpointed at its last step, its model in $WOR
         >"$d/$n.out" 2>&1 || { echo "$n failed"; tail -3 "$d/$n.out"; return 1; }
     $PY test/ckpt_model.py "$d/$n.ck/ckpt_00000004" "$d/$n.bin"
 }
+# --rope-scaling: written as HF's rope_type llama3 into --save-hf's config.json (which t_hf_transformers
+# checks transformers reads the same way), active (the trained weights differ from plain RoPE's), "none"
+# turns a preset's off; one line on bad values and for GPT-2
+t_llama_rope_scaling() {
+    local d=$WORK/ropesc
+    mkdir -p "$d"
+    local base=(--arch llama --layers 2 --channels 32 --heads 4 --kv-heads 2 --vocab 256 --seq-len 64 --micro-batch 2 --steps 1
+        --train "$DATA/train.bin")
+    $TRAIN "${base[@]}" --save-hf "$d/plain" >/dev/null || return 1
+    $TRAIN "${base[@]}" --rope-scaling 8,1,4,16 --save-hf "$d/sc" >/dev/null || return 1
+    $TRAIN --model llama3.2-1b --layers 1 --channels 64 --heads 2 --kv-heads 1 --ffn 64 --vocab 256 --seq-len 16 --micro-batch 1 \
+        --steps 0 --rope-scaling none --save-hf "$d/off" >/dev/null || return 1
+    $PY - "$d" <<'PY' || return 1
+import json, sys
+d = sys.argv[1]
+r = json.load(open(d + "/sc/config.json")).get("rope_scaling")
+want = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+assert r is not None and all(r.get(k) == v for k, v in want.items()), f"rope_scaling {r}, want {want}"
+for n in ("plain", "off"):
+    assert json.load(open(f"{d}/{n}/config.json")).get("rope_scaling") is None, n
+PY
+    cmp -s "$d/plain/model.safetensors" "$d/sc/model.safetensors" && { echo "FAIL --rope-scaling changed nothing"; return 1; }
+    local bad out
+    for bad in 0.5 8,4,1 x 8,1,4,16,3; do
+        out=$($TRAIN "${base[@]}" --rope-scaling "$bad" 2>&1) && { echo "FAIL --rope-scaling $bad accepted"; return 1; }
+        [ "$(wc -l <<<"$out")" = 1 ] && grep -q -- "--rope-scaling" <<<"$out" || { echo "FAIL --rope-scaling $bad: $out"; return 1; }
+    done
+    out=$($TRAIN --layers 2 --channels 32 --heads 4 --vocab 256 --rope-scaling 8 --steps 0 2>&1) && { echo "FAIL GPT-2 took it"; return 1; }
+    grep -q "Llama family" <<<"$out" || { echo "FAIL GPT-2: $out"; return 1; }
+}
 t_llama_layouts() {
     have_torch || return $?
     local d=$WORK/llama ok=0 z
@@ -1802,6 +1832,7 @@ run_test model   t_llama_torch             "Llama against PyTorch: llama3-tiny (
 run_test model   t_llama_torch_scaled      "Llama against PyTorch: llama3.2-1b shrunk (tied head, RoPE frequency scaling)"
 run_test model   t_llama_torch_tied_mqa    "Llama against PyTorch: one kv head, tied head, T=37, V=200, F=100, theta 1e4, eps 1e-6"
 run_test model   t_llama_torch_recompute   "Llama against PyTorch: --recompute selective and full"
+run_test model   t_llama_rope_scaling      "--rope-scaling: Llama 3.1's frequency scaling from a flag, into --save-hf's config.json as HF's llama3, active; bad values refused"
 run_test dp      t_llama_layouts           "Llama (GQA, untied and tied head): DP 2 x ZeRO 0-3 (bitwise), PP 2 1f1b/zb-h1+recompute/interleaved/zb-v (tied x DP 2 x ZeRO 1 too, bitwise 1f1b) equal one rank"
 run_test tp      t_llama_tp                "Llama TP 2 + SP, TP 4 (kv heads shared by 2 ranks), TP 2 x PP 2 zb-h1, tied head TP 4: equal one rank"
 run_test cp      t_llama_cp                "Llama CP 2, 4, CP 2 x TP 2, CP 2 x DP 2 ZeRO-3 (GQA K/V on the ring, RoPE at global positions): equal one rank"
