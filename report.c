@@ -209,8 +209,9 @@ static void print_run(const Report *r, const GPT2 *m, const Zero *z, const Token
     size_t full_n = gpt2_param_layout(c, (size_t[NUM_PARAM_TENSORS]){ 0 }, (size_t[NUM_PARAM_TENSORS]){ 0 });
     printf("llm4d | device %s", m->be->name);
     if (m->be == backend_cpu() && m->dt == DT_BF16) printf(" (bf16 matmuls: %s)", cpu_isa());
-    printf(" | dtype %s | model L=%d C=%d H=%d V=%d Vp=%d maxT=%d | %zu parameters", dtype_name(m->dt), c->L, c->C,
-           c->NH, c->V, c->Vp, c->maxT, full_n);
+    printf(" | dtype %s | model %sL=%d C=%d H=%d", dtype_name(m->dt), c->arch == ARCH_LLAMA ? "llama " : "", c->L, c->C, c->NH);
+    if (c->arch == ARCH_LLAMA) printf(" KV=%d F=%d%s", c->NKV, c->F, c->tie ? " tied" : "");
+    printf(" V=%d Vp=%d maxT=%d | %zu parameters", c->V, c->Vp, c->maxT, full_n);
     if (l->tp.size > 1) printf(", %zu on each tensor-parallel rank", m->num_params);
     printf("\n");
     printf("layout: %d rank(s) | data parallel %d x pipeline %d x context parallel %d x tensor parallel %d%s | ZeRO-%d | "
