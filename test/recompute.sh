@@ -25,7 +25,7 @@ RC_FAMILIES=(
 )
 
 # The same families for llama3-tiny (4 blocks, so that PP 2 interleaves), in $RC_LLAMA_DIR: the layouts
-# the Llama block trains under (tensor and context parallelism are not mapped for it yet). Its weights
+# the Llama block trains under (TP 4 puts each of the 2 kv heads on two ranks). Its weights
 # stay in checkpoints (llm.c model files are GPT-2 only), so these runs save no model file.
 RC_LLAMA_DIR=$WORK/recompute_llama
 RC_LLAMA_MODEL=(--model llama3-tiny --layers 4)
@@ -38,6 +38,9 @@ RC_LLAMA_FAMILIES=(
     "dp2z1|--nproc 2 --zero 1|--micro-batch 2 --batch-tokens 256 --steps 4 --ckpt-every 2|none"
     "pp2|--nproc 2 --pp 2|--micro-batch 2 --batch-tokens 192|none selective full"
     "pp2v2|--nproc 2 --pp 2 --pp-virtual 2|--micro-batch 1 --batch-tokens 128|none full"
+    "tp2sp|--nproc 2 --tp 2 --sp|--micro-batch 2 --batch-tokens 128|none full"
+    "tp4|--nproc 4 --tp 4|--micro-batch 2 --batch-tokens 128|none"
+    "cp2|--nproc 2 --cp 2|--micro-batch 2 --batch-tokens 128|none full"
 )
 
 # Every run of a family list, once, into DIR: DIR/NAME-MODE.{jsonl,out} (and .bin with SAVE 1), and
