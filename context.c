@@ -45,6 +45,7 @@ static void pass_kv(CpRing *r, int s, void *cur, void *nxt, size_t bytes, CommRe
     int n = r->lay->cp.size, rank = r->lay->cp.rank;
     if (s + 1 >= n) return;
     *send = comm_isend(r->lay->cp.comm, cur, bytes, (rank + 1) % n);
+    r->times->ring_sent_bytes += (double)bytes;
     *recv = comm_irecv(r->lay->cp.comm, nxt, bytes, (rank + n - 1) % n);
 }
 
@@ -135,6 +136,7 @@ double cp_attention_bwd(CpRing *r, void *dqkv, const void *dout, const void *qkv
         }
         wait_ring(r, &dsend[(s + 1) % 2]); // one send at a time on the channel: the previous step's has left
         dsend[s % 2] = comm_isend(r->lay->cp_grad, acc, dkv_bytes, next);
+        r->times->ring_sent_bytes += (double)dkv_bytes;
         wait_ring(r, &send);
         wait_ring(r, &recv);
     }

@@ -382,6 +382,7 @@ static void log_step(const Report *r, int step, const StepResult *s, const StepT
             g->attn.sum, g->compute_max, g->compute_median, g->slowest, g->stopped_max, g->stopped_rank, s->stall_ms, s->skipped,
             s->skipped_total);
     if (s->zero3_gathers >= 0) fprintf(r->logf, ",\"zero3_gathers\":%d", s->zero3_gathers);
+    if (r->lay->cp.size > 1) fprintf(r->logf, ",\"cp_sent_bytes\":%.0f", tm->ring_sent_bytes); // rank 0's; the ring is symmetric
     if (g->idle) { // per pipeline rank: busy (the step less its waits), idle (waits), W-fill (W apart from B)
         const char *key[3] = { "pp_busy_ms", "pp_idle_ms", "pp_wfill_ms" };
         for (int k = 0; k < 3; k++) {

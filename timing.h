@@ -20,6 +20,7 @@ typedef struct {
     double pipe_wait_s;      // pipeline.c: waiting for activations or gradients from the neighbour stages
     double pipe_w_s;         // pipeline.c: W passes run apart from their B (zb-h1), what fills the bubble
     double ring_wait_s;      // context.c: waiting for the context-parallel ring's transfers
+    double ring_sent_bytes;  // context.c: bytes this rank sent round the ring (K/V blocks, dK/dV partial sums)
     double zero_wait_s;      // zero.c: waiting for data-parallel collectives after issuing them (exposed)
 } StepTimes;
 

@@ -479,6 +479,20 @@ t_llama_cp() {
     lrun cp2tp2 --model llama3-tiny --nproc 4 --cp 2 --tp 2 || return 1
     lrun cp2dp2 --model llama3-tiny --nproc 4 --cp 2 --zero 3 --recompute selective || return 1
     $PY test/compare_runs.py 1e-5 "$d/ref" "$d/cp2" "$d/cp4" "$d/cp2tp2" "$d/cp2dp2" || ok=1
+    # the ring's measured bytes (cp_sent_bytes): 4 heads on 4, 2 and 1 kv heads send 4:2:1, and 4 on 4 what
+    # GPT-2's multi-head attention of the same shape sends (the ring passes only the kv heads' K and V)
+    local kv
+    local cpshape=(--layers 2 --channels 64 --heads 4 --vocab 256 --seq-len 64 --micro-batch 2 --steps 2 --nproc 2 --cp 2
+        --train "$DATA/train.bin")
+    for kv in 4 2 1; do
+        $TRAIN "${cpshape[@]}" --arch llama --kv-heads $kv --log "$d/cpb$kv.jsonl" >/dev/null || return 1
+    done
+    $TRAIN "${cpshape[@]}" --log "$d/cpbgpt2.jsonl" >/dev/null || return 1
+    local -A by
+    for kv in 4 2 1 gpt2; do by[$kv]=$(grep '"loss"' "$d/cpb$kv.jsonl" | tail -n 1 | grep -o '"cp_sent_bytes":[0-9]*' | cut -d: -f2); done
+    echo "cp_sent_bytes per step: kv 4 ${by[4]}, kv 2 ${by[2]}, kv 1 ${by[1]}, GPT-2 ${by[gpt2]}"
+    [ -n "${by[4]}" ] && [ "${by[4]}" -gt 0 ] && [ "${by[4]}" = "${by[gpt2]}" ] && [ $((2 * ${by[2]})) = "${by[4]}" ] &&
+        [ $((4 * ${by[1]})) = "${by[4]}" ] || { echo "FAIL the ring's bytes do not fall with the kv heads"; ok=1; }
     return $ok
 }
 # Llama checkpoints: 4 steps on TP 2 checkpointed at 2, resumed at 2 on PP 2 (re-sharded), equal the uninterrupted
@@ -1835,7 +1849,7 @@ run_test model   t_llama_torch_recompute   "Llama against PyTorch: --recompute s
 run_test model   t_llama_rope_scaling      "--rope-scaling: Llama 3.1's frequency scaling from a flag, into --save-hf's config.json as HF's llama3, active; bad values refused"
 run_test dp      t_llama_layouts           "Llama (GQA, untied and tied head): DP 2 x ZeRO 0-3 (bitwise), PP 2 1f1b/zb-h1+recompute/interleaved/zb-v (tied x DP 2 x ZeRO 1 too, bitwise 1f1b) equal one rank"
 run_test tp      t_llama_tp                "Llama TP 2 + SP, TP 4 (kv heads shared by 2 ranks), TP 2 x PP 2 zb-h1, tied head TP 4: equal one rank"
-run_test cp      t_llama_cp                "Llama CP 2, 4, CP 2 x TP 2, CP 2 x DP 2 ZeRO-3 (GQA K/V on the ring, RoPE at global positions): equal one rank"
+run_test cp      t_llama_cp                "Llama CP 2, 4, CP 2 x TP 2, CP 2 x DP 2 ZeRO-3 (GQA K/V on the ring, RoPE at global positions): equal one rank; the ring's measured bytes fall with the kv heads"
 run_test ckpt    t_llama_ckpt              "Llama checkpoints: TP 2 to PP 2 re-sharded resume equals one rank; another kv-head count refused"
 run_test model   t_llama_torch_bf16        "Llama against PyTorch: bf16"
 run_test kernels t_attention_torch         "attention against PyTorch: whole sequence and zigzag context-parallel blocks"
