@@ -457,6 +457,13 @@ t_llama_tp() {
     lrun tp4 --model llama3-tiny --nproc 4 --tp 4 || return 1
     lrun tp2pp2 --model llama3-tiny --nproc 4 --tp 2 --pp 2 --micro-batch 1 --pp-schedule zb-h1 --zero 1 || return 1
     $PY test/compare_runs.py 1e-5 "$d/ref" "$d/tp2sp" "$d/tp4" "$d/tp2pp2" || ok=1
+    # all three at once (TP 2 x PP 2 x DP 2, 8 ranks), and bf16 across ranks (TP 2 x DP 2 x ZeRO 3 against bf16 on
+    # one rank, at GPT-2's bf16 layout tolerance)
+    lrun tp2pp2dp2 --model llama3-tiny --nproc 8 --tp 2 --sp --pp 2 --micro-batch 1 --zero 1 || return 1
+    $PY test/compare_runs.py 1e-5 "$d/ref" "$d/tp2pp2dp2" || ok=1
+    lrun refbf16 --model llama3-tiny --dtype bf16 || return 1
+    lrun tp2dp2bf16 --model llama3-tiny --dtype bf16 --nproc 4 --tp 2 --zero 3 || return 1
+    $PY test/compare_runs.py 1e-2 "$d/refbf16" "$d/tp2dp2bf16" || ok=1
     lrun ref_tied --model llama3-tiny --tie-embeddings 1 || return 1
     lrun tp4_tied --model llama3-tiny --tie-embeddings 1 --nproc 4 --tp 4 --sp --recompute selective || return 1
     $PY test/compare_runs.py 1e-5 "$d/ref_tied" "$d/tp4_tied" || ok=1
@@ -1848,7 +1855,7 @@ run_test model   t_llama_torch_tied_mqa    "Llama against PyTorch: one kv head, 
 run_test model   t_llama_torch_recompute   "Llama against PyTorch: --recompute selective and full"
 run_test model   t_llama_rope_scaling      "--rope-scaling: Llama 3.1's frequency scaling from a flag, into --save-hf's config.json as HF's llama3, active; bad values refused"
 run_test dp      t_llama_layouts           "Llama (GQA, untied and tied head): DP 2 x ZeRO 0-3 (bitwise), PP 2 1f1b/zb-h1+recompute/interleaved/zb-v (tied x DP 2 x ZeRO 1 too, bitwise 1f1b) equal one rank"
-run_test tp      t_llama_tp                "Llama TP 2 + SP, TP 4 (kv heads shared by 2 ranks), TP 2 x PP 2 zb-h1, tied head TP 4: equal one rank"
+run_test tp      t_llama_tp                "Llama TP 2 + SP, TP 4 (kv heads shared by 2 ranks), TP 2 x PP 2 zb-h1, tied head TP 4, TP 2 x PP 2 x DP 2 (8 ranks), bf16 TP 2 x DP 2 x ZeRO 3: equal one rank"
 run_test cp      t_llama_cp                "Llama CP 2, 4, CP 2 x TP 2, CP 2 x DP 2 ZeRO-3 (GQA K/V on the ring, RoPE at global positions): equal one rank; the ring's measured bytes fall with the kv heads"
 run_test ckpt    t_llama_ckpt              "Llama checkpoints: TP 2 to PP 2 re-sharded resume equals one rank; another kv-head count refused"
 run_test model   t_llama_torch_bf16        "Llama against PyTorch: bf16"
