@@ -1606,13 +1606,14 @@ t_plan_bad_input() {
     expect_error "--cp must be between 1 and" "${p[@]}" --cp 0 || ok=1
     # the Llama family
     expect_error "--arch must be gpt2 or llama, got 'mamba'" "${p[@]}" --arch mamba || ok=1
-    expect_error "--kv-heads, --ffn, --tie-embeddings, --rope-theta and --norm-eps are the Llama family's: give --arch llama" \
+    expect_error "--kv-heads, --ffn, --tie-embeddings, --rope-theta, --rope-scaling and --norm-eps are the Llama family's: give --arch llama" \
         "${p[@]}" --kv-heads 4 || ok=1
     expect_error "are the Llama family's" "${p[@]}" --model d12 --ffn 2048 || ok=1
     expect_error "--model llama3-8b is a Llama: drop --arch gpt2" "${p[@]}" --model llama3-8b --arch gpt2 || ok=1
     expect_error "--arch llama: --model must be llama3-tiny, llama3.2-1b, llama3-8b, llama3-70b or llama3-405b, got 'llama4'" \
         "${p[@]}" --arch llama --model llama4 || ok=1
     expect_error "--rope-theta must be between" "${p[@]}" --arch llama --rope-theta 1 || ok=1
+    expect_error "--rope-scaling '0.5': needs FACTOR >= 1" "${p[@]}" --arch llama --rope-scaling 0.5 || ok=1
     expect_error "heads (32) must be a positive multiple of kv heads (5)" "${p[@]}" --arch llama --kv-heads 5 || ok=1
     expect_error "--tie-embeddings must be between 0 and 1, got '2'" "${p[@]}" --arch llama --tie-embeddings 2 || ok=1
     expect_error "--params is for GPT-2 shapes" "${p[@]}" --arch llama --params 7B --layers 32 --channels 4096 || ok=1
