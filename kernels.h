@@ -44,6 +44,22 @@ typedef struct {
     void *p;
     size_t bstride, tstride;
 } AttnView;
+// Views of q, k and v (part 0, 1, 2) inside qkv[B,T,3C], of a [B,T,C] tensor, and (grouped-query
+// attention) of q (part 0: NH heads), k (1) and v (2: NKV heads each) inside qkv[B, T, (NH + 2·NKV)·hs];
+// every backend's attention entry points take their tensors through these.
+static inline AttnView qkv_view(DType dt, const void *qkv, int part, int T, int C) {
+    AttnView v = { dt, (char *)qkv + (size_t)part * C * dtype_size(dt), (size_t)T * 3 * C, 3 * (size_t)C };
+    return v;
+}
+static inline AttnView btc_view(DType dt, const void *x, int T, int C) {
+    AttnView v = { dt, (void *)x, (size_t)T * C, (size_t)C };
+    return v;
+}
+static inline AttnView gqa_view(DType dt, const void *qkv, int part, int T, int NH, int NKV, int hs) {
+    size_t row = (size_t)(NH + 2 * NKV) * hs, off = part == 0 ? 0 : part == 1 ? (size_t)NH * hs : (size_t)(NH + NKV) * hs;
+    AttnView v = { dt, (char *)qkv + off * dtype_size(dt), (size_t)T * row, row };
+    return v;
+}
 
 // One tensor's share of an AdamW step (see Backend.adamw).
 typedef struct {

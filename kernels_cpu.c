@@ -1248,16 +1248,6 @@ static void cpu_attention_gqa_block_bwd(AttnView dq, AttnView dk, AttnView dv, A
     attn_bwd(dq, dk, dv, 1, dout, out, lse, q, k, v, B, NH, NKV, hs, Tq, q0, Tk, k0, rope);
 }
 
-// views of q, k and v (part 0, 1, 2) inside qkv[B,T,3C], and of a [B,T,C] tensor
-static AttnView qkv_view(DType dt, const void *qkv, int part, int T, int C) {
-    AttnView v = { dt, (char *)qkv + (size_t)part * C * dtype_size(dt), (size_t)T * 3 * C, 3 * (size_t)C };
-    return v;
-}
-static AttnView btc_view(DType dt, const void *x, int T, int C) {
-    AttnView v = { dt, (void *)x, (size_t)T * C, (size_t)C };
-    return v;
-}
-
 static void cpu_attention_fwd(DType dt, void *out, float *lse, const void *qkv, int B, int T, int C, int NH) {
     attn_fwd(btc_view(dt, out, T, C), lse, qkv_view(dt, qkv, 0, T, C), qkv_view(dt, qkv, 1, T, C),
              qkv_view(dt, qkv, 2, T, C), B, NH, NH, C / NH, T, 0, T, 0, NULL, 0);
@@ -1268,13 +1258,6 @@ static void cpu_attention_bwd(DType dt, void *dqkv, const void *dout, const void
     attn_bwd(qkv_view(dt, dqkv, 0, T, C), qkv_view(dt, dqkv, 1, T, C), qkv_view(dt, dqkv, 2, T, C), 0,
              btc_view(dt, dout, T, C), btc_view(dt, out, T, C), lse, qkv_view(dt, qkv, 0, T, C),
              qkv_view(dt, qkv, 1, T, C), qkv_view(dt, qkv, 2, T, C), B, NH, NH, C / NH, T, 0, T, 0, NULL);
-}
-
-// views of q (part 0: NH heads), k (1) and v (2: NKV heads each) inside qkv[B, T, (NH + 2·NKV)·hs]
-static AttnView gqa_view(DType dt, const void *qkv, int part, int T, int NH, int NKV, int hs) {
-    size_t row = (size_t)(NH + 2 * NKV) * hs, off = part == 0 ? 0 : part == 1 ? (size_t)NH * hs : (size_t)(NH + NKV) * hs;
-    AttnView v = { dt, (char *)qkv + off * dtype_size(dt), (size_t)T * row, row };
-    return v;
 }
 
 static void cpu_attention_gqa_fwd(DType dt, void *out, float *lse, const void *qkv, int B, int T, int NH, int NKV, int hs,
