@@ -104,6 +104,30 @@ def rel(ours, ref):
     return float(np.max(np.abs(ours - ref)) / scale) if scale > 0 else float(np.max(np.abs(ours)))
 
 
+def adamw_losses(p, names, decay, a, tokens, G, T, loss_fn):
+    """The loss of each of a.steps PyTorch AdamW steps as the trainer takes them (betas 0.9, 0.95, eps 1e-8,
+    decoupled decay a.weight_decay on the tensors named in decay, lr_at's schedule, clipping at a.clip), step
+    s on global batch s, from the parameters p as they are; loss_fn(inp, tgt) gives the loss."""
+    for t in p.values():
+        t.grad = None
+    opt = torch.optim.AdamW([{"params": [p[n] for n in names if n in decay], "weight_decay": a.weight_decay},
+                             {"params": [p[n] for n in names if n not in decay], "weight_decay": 0.0}],
+                            lr=a.lr, betas=(0.9, 0.95), eps=1e-8)
+    losses = []
+    for s in range(a.steps):
+        inp, tgt = global_batch(tokens, s, G, T)
+        opt.zero_grad()
+        loss = loss_fn(inp, tgt)
+        loss.backward()
+        losses.append(loss.item())
+        if a.clip > 0:
+            torch.nn.utils.clip_grad_norm_(list(p.values()), a.clip)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(a, s)
+        opt.step()
+    return losses
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--binary", default="./train")
@@ -182,26 +206,8 @@ def main():
     check("gradient norm", abs(steps[0]["grad_norm"] - norm_ref) / norm_ref, a.tol_logits)
 
     # a steps of AdamW with warm-up, cosine decay, clipping and decoupled weight decay
-    for t in p.values():
-        t.grad = None
-    decay = [p[n] for n in PARAMS if n in DECAY]
-    no_decay = [p[n] for n in PARAMS if n not in DECAY]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=a.lr, betas=(0.9, 0.95), eps=1e-8)
-    worst_step = 0.0
-    for s in range(a.steps):
-        inp, tgt = global_batch(tokens, s, G, T)
-        opt.zero_grad()
-        loss, _ = loss_of(cfg, p, inp, tgt)
-        loss.backward()
-        err = abs(steps[s]["loss"] - loss.item()) / loss.item()
-        worst_step = max(worst_step, err)
-        if a.clip > 0:
-            torch.nn.utils.clip_grad_norm_(list(p.values()), a.clip)
-        for group in opt.param_groups:
-            group["lr"] = lr_at(a, s)
-        opt.step()
+    ref = adamw_losses(p, PARAMS, DECAY, a, tokens, G, T, lambda inp, tgt: loss_of(cfg, p, inp, tgt)[0])
+    worst_step = max((abs(steps[s]["loss"] - ref[s]) / ref[s] for s in range(a.steps)), default=0.0)
     check(f"loss of each of {a.steps} AdamW steps", worst_step, a.tol_loss)
     print(f"{'PASS' if failures == 0 else 'FAIL'}: {failures} check(s) failed")
     sys.exit(1 if failures else 0)
