@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # llm4d's test runner: every test is a function below, registered with its group by run_test at the
-# end; each prints "ok NAME" or "FAIL NAME" (with its log), and the last line is "N passed, N failed"
-# (", N skipped" when a prerequisite is missing). Run from the repository root after `make test-bins`
+# end; each prints "ok NAME (its wall and CPU seconds)" or "FAIL NAME" (with its log), and the last line
+# is "N passed, N failed" (", N skipped" when a prerequisite is missing). Run from the repository root after `make test-bins`
 # (make test does).
 # Usage: test/run.sh              every test
 #        test/run.sh GROUP        one group, or several as an alternation: test/run.sh 'kernels|cli'
@@ -69,10 +69,14 @@ run_test() { # group function description
     esac
     selected "$group" "$fn" "$name" || return 0
     if [ $LIST -eq 1 ]; then printf '%-7s %-25s %s\n' "$group" "$fn" "$name"; listed=$((listed + 1)); return 0; fi
-    if "$fn" >"$log" 2>&1; then
-        echo "ok $name"
+    # wall and CPU seconds (this shell's children included) per test: where the suite's time goes
+    local TIMEFORMAT='%R %U %S' took rc
+    { time "$fn" >"$log" 2>&1; } 2>"$log.time" && rc=0 || rc=$?
+    took=$(awk '{ printf "%.0f s, cpu %.0f s", $1, $2 + $3 }' "$log.time" 2>/dev/null)
+    if [ $rc -eq 0 ]; then
+        echo "ok $name ($took)"
         passed=$((passed + 1))
-    elif [ $? -eq 77 ]; then
+    elif [ $rc -eq 77 ]; then
         echo "skipped $name: $(tail -n 1 "$log")"
         skipped=$((skipped + 1))
     else
