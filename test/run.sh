@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # llm4d's test runner: every test is a function below, registered with its group by run_test at the
 # end; each prints "ok NAME (its wall and CPU seconds)" or "FAIL NAME" (with its log), and the last line
-# is "N passed, N failed" (", N skipped" when a prerequisite is missing). Run from the repository root after `make test-bins`
-# (make test does).
+# is "N passed, N failed" (", N skipped" when a prerequisite is missing). Run from the repository root
+# after `make test-bins` (make test does).
 # Usage: test/run.sh              every test
 #        test/run.sh GROUP        one group, or several as an alternation: test/run.sh 'kernels|cli'
 #        test/run.sh PATTERN      any other PATTERN: the tests whose function name or description it
