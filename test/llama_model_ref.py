@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_ref import adamw_losses, global_batch, read_tokens, rel  # noqa: E402
+from torch_ref import Checks, adamw_losses, check_gradients, global_batch, read_tokens, rel  # noqa: E402
 
 DECAY = {"wte", "qkvw", "attprojw", "fcw", "fcprojw", "lmhead"}
 
@@ -132,13 +132,7 @@ def main():
              Vp=m["padded_vocab"], tie=int(m["tie_embeddings"]), eps=m["norm_eps"], theta=m["rope_theta"],
              factor=m["rope_factor"], low=m["rope_low_freq_factor"], high=m["rope_high_freq_factor"],
              orig=m["rope_original_max_pos"])
-    failures = 0
-
-    def check(name, err, tol):
-        nonlocal failures
-        ok = err <= tol
-        failures += not ok
-        print(f"{'ok' if ok else 'FAIL'} {name}: {err:.3e} (tolerance {tol:.0e})")
+    check = Checks()
 
     data = np.fromfile(os.path.join(dump, "params.bin"), dtype=np.float32)
     p, off, shapes = {}, 0, shapes_of(c)
@@ -170,22 +164,12 @@ def main():
     assert len(steps) == a.steps, f"expected {a.steps} step records, got {len(steps)}"
     check("step-0 loss", abs(steps[0]["loss"] - loss.item()) / loss.item(), a.tol)
     grads = np.fromfile(os.path.join(dump, "grads.bin"), dtype=np.float32)
-    off, worst = 0, ("", 0.0)
-    for name, shape in shapes:
-        n = int(np.prod(shape))
-        err = rel(grads[off:off + n], p[name].grad.numpy().reshape(-1))
-        if err > worst[1] or not worst[0]:
-            worst = (name, err)
-        if err > a.tol:
-            check(f"gradient of {name}", err, a.tol)
-        off += n
-    check(f"every parameter gradient (worst: {worst[0]})", worst[1], a.tol)
+    check_gradients(check, grads, shapes, p, a.tol)
 
     ref = adamw_losses(p, [n for n, _ in shapes], DECAY, a, tokens, G, T, lambda inp, tgt: loss_of(inp, tgt)[0])
     worst_step = max((abs(steps[s]["loss"] - ref[s]) / ref[s] for s in range(a.steps)), default=0.0)
     check(f"loss of each of {a.steps} AdamW steps", worst_step, a.tol)
-    print(f"{'PASS' if failures == 0 else 'FAIL'}: {failures} check(s) failed")
-    sys.exit(1 if failures else 0)
+    check.done()
 
 
 if __name__ == "__main__":

@@ -104,6 +104,37 @@ def rel(ours, ref):
     return float(np.max(np.abs(ours - ref)) / scale) if scale > 0 else float(np.max(np.abs(ours)))
 
 
+class Checks:
+    """Each check prints one line, ok or FAIL with the error and its tolerance; done() exits 1 if any failed."""
+
+    def __init__(self):
+        self.failures = 0
+
+    def __call__(self, name, err, tol):
+        ok = err <= tol
+        self.failures += not ok
+        print(f"{'ok' if ok else 'FAIL'} {name}: {err:.3e} (tolerance {tol:.0e})")
+
+    def done(self):
+        print(f"{'PASS' if self.failures == 0 else 'FAIL'}: {self.failures} check(s) failed")
+        sys.exit(1 if self.failures else 0)
+
+
+def check_gradients(check, grads, shapes, p, tol):
+    """grads (the dump, in file order) against p's .grad, tensor by tensor: a line per tensor over tol, then the
+    worst; shapes is [(name, shape)] in the dump's order."""
+    off, worst = 0, ("", 0.0)
+    for name, shape in shapes:
+        n = int(np.prod(shape))
+        err = rel(grads[off:off + n], p[name].grad.numpy().reshape(-1))
+        if err > worst[1] or not worst[0]:
+            worst = (name, err)
+        if err > tol:
+            check(f"gradient of {name}", err, tol)
+        off += n
+    check(f"every parameter gradient (worst: {worst[0]})", worst[1], tol)
+
+
 def adamw_losses(p, names, decay, a, tokens, G, T, loss_fn):
     """The loss of each of a.steps PyTorch AdamW steps as the trainer takes them (betas 0.9, 0.95, eps 1e-8,
     decoupled decay a.weight_decay on the tensors named in decay, lr_at's schedule, clipping at a.clip), step
@@ -167,13 +198,7 @@ def main():
     cfg, p, shapes = load_model(init)
     V = cfg["V"]
     tokens = read_tokens([a.train])
-    failures = 0
-
-    def check(name, err, tol):
-        nonlocal failures
-        ok = err <= tol
-        failures += not ok
-        print(f"{'ok' if ok else 'FAIL'} {name}: {err:.3e} (tolerance {tol:.0e})")
+    check = Checks()
 
     # the batch order: our dumped step-0 tokens against the contract computed here
     inp0, tgt0 = global_batch(tokens, 0, G, T)
@@ -192,16 +217,7 @@ def main():
     assert len(steps) == a.steps, f"expected {a.steps} step records, got {len(steps)}"
     check("step-0 loss", abs(steps[0]["loss"] - loss.item()) / loss.item(), a.tol_loss if a.dtype == "fp32" else a.tol_logits)
     grads = np.fromfile(os.path.join(dump, "grads.bin"), dtype=np.float32)
-    off, worst = 0, ("", 0.0)
-    for name in PARAMS:
-        n = int(np.prod(shapes[name]))
-        err = rel(grads[off:off + n], p[name].grad.numpy().reshape(-1))
-        if err > worst[1] or not worst[0]:
-            worst = (name, err)
-        if err > a.tol_grads:
-            check(f"gradient of {name}", err, a.tol_grads)
-        off += n
-    check(f"every parameter gradient (worst: {worst[0]})", worst[1], a.tol_grads)
+    check_gradients(check, grads, [(n, shapes[n]) for n in PARAMS], p, a.tol_grads)
     norm_ref = math.sqrt(sum(float((t.grad ** 2).sum()) for t in p.values()))
     check("gradient norm", abs(steps[0]["grad_norm"] - norm_ref) / norm_ref, a.tol_logits)
 
@@ -209,8 +225,7 @@ def main():
     ref = adamw_losses(p, PARAMS, DECAY, a, tokens, G, T, lambda inp, tgt: loss_of(cfg, p, inp, tgt)[0])
     worst_step = max((abs(steps[s]["loss"] - ref[s]) / ref[s] for s in range(a.steps)), default=0.0)
     check(f"loss of each of {a.steps} AdamW steps", worst_step, a.tol_loss)
-    print(f"{'PASS' if failures == 0 else 'FAIL'}: {failures} check(s) failed")
-    sys.exit(1 if failures else 0)
+    check.done()
 
 
 if __name__ == "__main__":
