@@ -1146,24 +1146,68 @@ static void rebuild_ln1(GPT2 *m, int l, const BlockActs *a, const void *res, int
 void gpt2_backward(GPT2 *m, float dloss_scale) { gpt2_backward_chunk(m, 0, dloss_scale); }
 
 // ---------------------------------------------------------------------------------------------
-// The backward in two halves. B (backward_input) computes the input gradient; each weight-gradient
-// product it meets is a WOp: run at once (stash NULL: the fused kernels, bitwise as ever), or recorded
-// with copies of what it reads that B or a later block overwrites (scratch, gathered rows, gradients
-// updated in place), for W (gpt2_backward_weight_chunk) to run later. What stays in the activation set
-// untouched until the set's next forward is pointed to, not copied. The same kernel on the same inputs
-// gives the same bits, whenever it runs.
+// The backward in two halves. B (backward_input) computes the input gradient; each matmul's weight
+// gradient it meets is a WOp: run at once (stash NULL: the fused kernels, bitwise as ever), or recorded
+// for W (gpt2_backward_weight_chunk) to run later. The LayerNorms' dgamma and dbeta are added in B, fused
+// with their input gradient as in the one-piece backward: they are reductions over the rows, a small
+// share of the work, and adding them in B frees the rows they read (a block's residual2, its input and
+// their statistics), which is where B leaves W's output gradients. B runs a chunk's micro-batches in the
+// order W does, so each parameter still adds them in 1F1B's order. What a WOp reads:
+//   - left in place: what stays in the activation set untouched until the set's next forward (the
+//     layer inputs recompute does not rebuild into scratch, rows not gathered into scratch, the logits);
+//   - copied into a region of the same set that B has consumed and nothing reads again before the set's
+//     next forward (WPlan below): the gradient of residual3 into residual3, of residual2 into residual2
+//     (the LayerNorms that read them ran in B), the pre-GELU gradient into fch (GELU's backward ran),
+//     dqkv into qkv (attention's backward ran), the embedding's gradient into the chunk's input;
+//   - copied into the stash's arena: the rest (recompute's rebuilt inputs, gathered rows under SP),
+//     sized for exactly that (wstash_bytes).
+// So without recompute or SP a pending W costs no memory beyond the set it already holds. The same
+// kernel on the same inputs gives the same bits, whenever it runs.
 
-enum { WOP_MATMUL, WOP_LAYERNORM, WOP_EMBED };
+enum { WOP_MATMUL, WOP_EMBED };
 typedef struct {
     int kind, kw, kb, l;             // the weight (and bias, matmul: -1 none) tensors, local layer
     int unit, ready_after;           // the unit whose gradients it adds to; ready() after it (-1: no)
-    const void *dout, *inp;          // matmul: dweight += doutᵀ·inp; layernorm: the rows and their gradient
-    const float *mean, *rstd;
+    const void *dout, *inp;          // matmul: dweight += doutᵀ·inp; embedding: dout alone
     int N, C, OC;
 } WOp;
 
-// What B keeps for W, for one pending B of a chunk: an arena sized for the worst case (every input
-// copied) and the recorded ops.
+// Where B leaves each thing W reads (one place for backward_input and wstash_bytes, which must agree to
+// the byte): 1 in place (or in a consumed region of the set), 0 in the arena.
+typedef struct {
+    int fchg;   // the MLP's second matmul's input: in the set without recompute
+    int norms;  // the LayerNorm outputs (the first matmuls' inputs): in the set without recompute or SP
+    int atty;   // attention's output: in the set unless full recompute
+    int sets;   // fch and qkv in the set (unless full recompute): they take the pre-GELU gradient and dqkv
+    int rows;   // the residual-stream gradients fit the set's rows (no SP): residual3, residual2 (unless
+                // full recompute: then residual2 is scratch) and the chunk's input take them
+} WPlan;
+static WPlan wplan(const GPT2 *m) {
+    int none = m->lay->recompute == RECOMPUTE_NONE, block = m->lay->recompute != RECOMPUTE_FULL, sp = m->lay->sp;
+    return (WPlan){ .fchg = none, .norms = none && !sp, .atty = block, .sets = block, .rows = !sp };
+}
+
+// What B copies into a stash's arena for one micro-batch of N rows (of all ranks: gathered) of chunk c,
+// in keep()'s 256-byte pieces.
+static size_t piece(size_t bytes) { return (bytes + 255) & ~(size_t)255; }
+static size_t wstash_bytes(const GPT2 *m, int chunk, size_t N) {
+    WPlan w = wplan(m);
+    size_t ds = dtype_size(m->dt), NC = N * m->cfg.C * ds, block = 0, n = 0;
+    block += w.rows ? 0 : piece(NC);                                  // the MLP's output gradient (dy)
+    block += w.fchg ? 0 : piece(N * m->mlp_tp * ds);                  // GELU's output
+    block += w.sets ? 0 : piece(N * m->fc_tp * ds);                   // the pre-GELU gradient
+    block += w.norms ? 0 : piece(NC);                                 // LayerNorm 2's output
+    block += w.rows && w.sets ? 0 : piece(NC);                        // attention's output gradient (dy)
+    block += w.atty ? 0 : piece(N * m->C_tp * ds);                    // attention's output
+    block += w.sets ? 0 : piece(N * m->qkv_tp * ds);                  // dqkv
+    block += w.norms ? 0 : piece(NC);                                 // LayerNorm 1's output
+    n = (size_t)m->lay->chunk_len[chunk] * block;
+    if (m->last && chunk == m->lay->chunks - 1 && !w.rows) n += piece(NC); // the head's input, gathered
+    if (m->first && chunk == 0 && !w.rows) n += piece(NC);                 // the embedding's gradient
+    return n;
+}
+
+// What B keeps for W, for one pending B of a chunk: an arena of wstash_bytes and the recorded ops.
 struct WStash {
     char *arena;
     size_t cap, used;
@@ -1178,13 +1222,19 @@ struct WQueue {
     int *q, head, n;
 };
 
-static void *keep(GPT2 *m, struct WStash *st, const void *src, size_t bytes, int kept) {
+// src as W will read it: in place (kept), copied into `into` (a region of the set B has consumed), or
+// copied into the arena (into NULL).
+static void *keep(GPT2 *m, struct WStash *st, const void *src, size_t bytes, int kept, void *into) {
     if (kept) return (void *)src;
-    size_t at = (st->used + 255) & ~(size_t)255;
-    if (at + bytes > st->cap) die("internal: the weight-gradient stash is too small");
-    m->be->copy(st->arena + at, src, bytes);
-    st->used = at + bytes;
-    return st->arena + at;
+    if (into) {
+        m->be->copy(into, src, bytes);
+        return into;
+    }
+    if (st->used + piece(bytes) > st->cap) die("internal: the weight-gradient stash is too small");
+    void *dst = st->arena + st->used;
+    m->be->copy(dst, src, bytes);
+    st->used += piece(bytes);
+    return dst;
 }
 
 static WOp *wop_new(struct WStash *st) {
@@ -1200,8 +1250,10 @@ static WOp *wop_new(struct WStash *st) {
 static float *dweight_of(GPT2 *m, int kw, int l) { return kw == P_WTE && m->head_wte_grad ? m->head_wte_grad : gpt2_grad(m, kw, l); }
 
 // A matmul's backward: dinp (NULL: none), and dweight/dbias of tensors kw/kb (kb -1: no bias) of layer l.
+// dout_to: where dout goes for W when not kept (a consumed region of the set; NULL: the arena).
 static void bwd_matmul(GPT2 *m, struct WStash *st, void *dinp, int kw, int kb, int l, const void *dout, int dout_kept,
-                       const void *inp, int inp_kept, const void *weight, const void *gelu_pre, int N, int C, int OC) {
+                       void *dout_to, const void *inp, int inp_kept, const void *weight, const void *gelu_pre, int N, int C,
+                       int OC) {
     const Backend *be = m->be;
     if (!st) {
         TIMED(m, PROF_MATMUL, be->matmul_bwd(m->dt, dinp, dweight_of(m, kw, l), kb >= 0 ? gpt2_grad(m, kb, l) : NULL, dout, inp,
@@ -1211,26 +1263,16 @@ static void bwd_matmul(GPT2 *m, struct WStash *st, void *dinp, int kw, int kb, i
     size_t ds = dtype_size(m->dt);
     WOp *w = wop_new(st);
     *w = (WOp){ .kind = WOP_MATMUL, .kw = kw, .kb = kb, .l = l, .unit = gpt2_unit_of(m, kw, l), .ready_after = -1,
-                .dout = keep(m, st, dout, (size_t)N * OC * ds, dout_kept), .inp = keep(m, st, inp, (size_t)N * C * ds, inp_kept),
-                .N = N, .C = C, .OC = OC };
+                .inp = keep(m, st, inp, (size_t)N * C * ds, inp_kept, NULL), .N = N, .C = C, .OC = OC };
     if (dinp) TIMED(m, PROF_MATMUL, be->matmul_bwd(m->dt, dinp, NULL, NULL, dout, inp, weight, gelu_pre, N, C, OC));
+    w->dout = keep(m, st, dout, (size_t)N * OC * ds, dout_kept, dout_to); // after dinp: dout_to may be gelu_pre
 }
 
-// A LayerNorm's backward over `rows` rows: dinp += (B), and the gradients of tensor kw of layer l and of
-// the bias after it (W). inp_kept: the rows and their statistics stay in the activation set.
-static void bwd_layernorm(GPT2 *m, struct WStash *st, void *dinp, int kw, int l, const void *dout, const void *inp,
-                          const void *weight, const float *mean, const float *rstd, int rows, int inp_kept) {
-    if (!st) {
-        layernorm_bwd_tp(m, dinp, gpt2_grad(m, kw, l), dout, inp, weight, mean, rstd, rows);
-        return;
-    }
-    size_t ds = dtype_size(m->dt), RC = (size_t)rows * m->cfg.C;
-    WOp *w = wop_new(st);
-    *w = (WOp){ .kind = WOP_LAYERNORM, .kw = kw, .kb = -1, .l = l, .unit = gpt2_unit_of(m, kw, l), .ready_after = -1,
-                .dout = keep(m, st, dout, RC * ds, 0), .inp = keep(m, st, inp, RC * ds, inp_kept),
-                .mean = mean ? keep(m, st, mean, (size_t)rows * 4, inp_kept) : NULL,
-                .rstd = keep(m, st, rstd, (size_t)rows * 4, inp_kept), .N = rows, .C = m->cfg.C };
-    norm_bwd(m, dinp, NULL, dout, inp, weight, mean, rstd, rows);
+// A LayerNorm's backward over `rows` rows: dinp +=, and the gradients of tensor kw of layer l and of the
+// bias after it, in B whether or not the backward is split (above).
+static void bwd_layernorm(GPT2 *m, void *dinp, int kw, int l, const void *dout, const void *inp, const void *weight,
+                          const float *mean, const float *rstd, int rows) {
+    layernorm_bwd_tp(m, dinp, gpt2_grad(m, kw, l), dout, inp, weight, mean, rstd, rows);
 }
 
 static void wop_run(GPT2 *m, const WOp *w, int B, int T) {
@@ -1238,8 +1280,6 @@ static void wop_run(GPT2 *m, const WOp *w, int B, int T) {
     if (w->kind == WOP_MATMUL)
         TIMED(m, PROF_MATMUL, be->matmul_bwd(m->dt, NULL, dweight_of(m, w->kw, w->l), w->kb >= 0 ? gpt2_grad(m, w->kb, w->l) : NULL,
                                              w->dout, w->inp, NULL, NULL, w->N, w->C, w->OC));
-    else if (w->kind == WOP_LAYERNORM)
-        layernorm_bwd_tp(m, NULL, gpt2_grad(m, w->kw, w->l), w->dout, w->inp, NULL, w->mean, w->rstd, w->N);
     else
         embed_bwd(m, w->dout, B, T);
 }
@@ -1278,9 +1318,9 @@ static void backward_input(GPT2 *m, int chunk, float dloss_scale, struct WStash 
     // the input gradient of a column-parallel matmul is partial: all-reduced, or reduce-scattered to rows
     void *dln; // a LayerNorm's output gradient, this rank's rows
     const void *in, *dy;
-    // what stays in the activation set from the forward to the next forward (W may point to it): the
-    // layer inputs that recompute does not rebuild into scratch, and rows not gathered into scratch
-    int none = m->lay->recompute == RECOMPUTE_NONE, kept_block = m->lay->recompute != RECOMPUTE_FULL, gathered = m->lay->sp;
+    // where W's inputs stay (WPlan; with st NULL nothing is kept and the flags do not matter)
+    WPlan w = wplan(m);
+    size_t ds = dtype_size(dt);
 
     int head = m->last && chunk == m->lay->chunks - 1;
     if (head) {
@@ -1295,13 +1335,14 @@ static void backward_input(GPT2 *m, int chunk, float dloss_scale, struct WStash 
         x->dlogits_scale = 0.0f;
         fetch(m, gpt2_unit_of(m, m->head_k, 0));
         in = tp_full_rows(m, x->lnf, BTC);
-        bwd_matmul(m, st, x->partial, m->head_k, -1, 0, x->logits, 1, in, !gathered, gpt2_param(m, m->head_k, 0), NULL, N, C,
-                   m->Vp_tp);
+        bwd_matmul(m, st, x->partial, m->head_k, -1, 0, x->logits, 1, NULL, in, w.rows, gpt2_param(m, m->head_k, 0), NULL, N,
+                   C, m->Vp_tp);
         dln = tp_finish_partial(m, x->dshard, BTC);
-        be->zero(x->dresidual, RC * dtype_size(dt));
+        be->zero(x->dresidual, RC * ds);
         fetch(m, m->nl + 1);
-        bwd_layernorm(m, st, x->dresidual, P_LNFW, 0, dln, block_acts(m, m->nl - 1).r3, gpt2_param(m, P_LNFW, 0), x->lnf_mean,
-                      x->lnf_rstd, R, 1);
+        bwd_layernorm(m, x->dresidual, P_LNFW, 0, dln, block_acts(m, m->nl - 1).r3, gpt2_param(m, P_LNFW, 0), x->lnf_mean,
+                      x->lnf_rstd, R);
+        // the final LayerNorm's unit (the untied head's too) is complete once the head's matmul has run
         if (st) st->ops[st->nops - 1].ready_after = m->nl + 1;
         else ready(m, m->nl + 1);
     }
@@ -1316,22 +1357,23 @@ static void backward_input(GPT2 *m, int chunk, float dloss_scale, struct WStash 
         dy = tp_full_rows(m, x->dresidual, BTC);
         if (llama(m)) { // down, SwiGLU, gate|up
             void *dh = at(x->dbuf_4c, (size_t)N * m->fc_tp, dt);
-            bwd_matmul(m, st, dh, P_FCPROJW, -1, l, dy, 0, a.fchg, none, gpt2_param(m, P_FCPROJW, l), NULL, N, m->mlp_tp, C);
+            bwd_matmul(m, st, dh, P_FCPROJW, -1, l, dy, 0, w.rows ? a.r3 : NULL, a.fchg, w.fchg, gpt2_param(m, P_FCPROJW, l),
+                       NULL, N, m->mlp_tp, C);
             be->swiglu_bwd(dt, x->dbuf_4c, dh, a.fch, N, m->mlp_tp);
         } else {
-            bwd_matmul(m, st, x->dbuf_4c, P_FCPROJW, P_FCPROJB, l, dy, 0, a.fchg, none, gpt2_param(m, P_FCPROJW, l), a.fch, N,
-                       4 * Ct, C);
+            bwd_matmul(m, st, x->dbuf_4c, P_FCPROJW, P_FCPROJB, l, dy, 0, w.rows ? a.r3 : NULL, a.fchg, w.fchg,
+                       gpt2_param(m, P_FCPROJW, l), a.fch, N, 4 * Ct, C);
         }
+        // from here on fch (GELU's or SwiGLU's input, read above) and residual3 are W's
         int nob = llama(m); // the Llama family has no biases
         in = tp_full_rows(m, a.ln2, BTC);
-        bwd_matmul(m, st, x->partial, P_FCW, nob ? -1 : P_FCB, l, x->dbuf_4c, 0, in, none && !gathered, gpt2_param(m, P_FCW, l),
-                   NULL, N, C, m->fc_tp);
+        bwd_matmul(m, st, x->partial, P_FCW, nob ? -1 : P_FCB, l, x->dbuf_4c, 0, w.sets ? a.fch : NULL, in, w.norms,
+                   gpt2_param(m, P_FCW, l), NULL, N, C, m->fc_tp);
         dln = tp_finish_partial(m, x->dshard, BTC);
-        bwd_layernorm(m, st, x->dresidual, P_LN2W, l, dln, a.r2, gpt2_param(m, P_LN2W, l), a.ln2_mean, a.ln2_rstd, R,
-                      kept_block);
-        // attention: dresidual is now the gradient of residual2 = residual + attproj
+        bwd_layernorm(m, x->dresidual, P_LN2W, l, dln, a.r2, gpt2_param(m, P_LN2W, l), a.ln2_mean, a.ln2_rstd, R);
+        // attention: dresidual is now the gradient of residual2 = residual + attproj (residual2 is W's now)
         dy = tp_full_rows(m, x->dresidual, BTC);
-        bwd_matmul(m, st, x->dbuf_c, P_ATTPROJW, nob ? -1 : P_ATTPROJB, l, dy, 0, a.atty, kept_block,
+        bwd_matmul(m, st, x->dbuf_c, P_ATTPROJW, nob ? -1 : P_ATTPROJB, l, dy, 0, w.rows && w.sets ? a.r2 : NULL, a.atty, w.atty,
                    gpt2_param(m, P_ATTPROJW, l), NULL, N, Ct, C);
         TIMED(m, PROF_ATTENTION, attention_backward(m, x->dqkv, x->dbuf_c, a.qkv, a.atty, a.lse, B, T));
         rebuild_ln1(m, l, &a, res, R);
@@ -1342,15 +1384,15 @@ static void backward_input(GPT2 *m, int chunk, float dloss_scale, struct WStash 
             TIMED(m, PROF_MATMUL, be->matmul_bwd(dt, x->partial, NULL, NULL, x->dqkv, in, gpt2_param(m, P_QKVW, l), NULL, N, C,
                                                  m->qkv_tp));
             kv_share_sum(m, x->dqkv, N);
-            bwd_matmul(m, st, NULL, P_QKVW, -1, l, x->dqkv, 0, in, none && !gathered, gpt2_param(m, P_QKVW, l), NULL, N, C,
-                       m->qkv_tp);
-        } else {
-            bwd_matmul(m, st, x->partial, P_QKVW, nob ? -1 : P_QKVB, l, x->dqkv, 0, in, none && !gathered,
+            bwd_matmul(m, st, NULL, P_QKVW, -1, l, x->dqkv, 0, w.sets ? a.qkv : NULL, in, w.norms, gpt2_param(m, P_QKVW, l), NULL,
+                       N, C, m->qkv_tp);
+        } else { // (attention's backward has read qkv: it takes dqkv)
+            bwd_matmul(m, st, x->partial, P_QKVW, nob ? -1 : P_QKVB, l, x->dqkv, 0, w.sets ? a.qkv : NULL, in, w.norms,
                        gpt2_param(m, P_QKVW, l), NULL, N, C, m->qkv_tp);
         }
         dln = tp_finish_partial(m, x->dshard, BTC);
-        bwd_layernorm(m, st, x->dresidual, P_LN1W, l, dln, res, gpt2_param(m, P_LN1W, l), a.ln1_mean, a.ln1_rstd, R,
-                      kept_block);
+        bwd_layernorm(m, x->dresidual, P_LN1W, l, dln, res, gpt2_param(m, P_LN1W, l), a.ln1_mean, a.ln1_rstd, R);
+        // the block's unit is complete once its last matmul's W has run (LayerNorms' gradients: above)
         if (st) st->ops[st->nops - 1].ready_after = 1 + l;
         else ready(m, 1 + l);
     }
@@ -1358,9 +1400,9 @@ static void backward_input(GPT2 *m, int chunk, float dloss_scale, struct WStash 
         fetch(m, UNIT_EMBED); // its weights are not read, but ZeRO-2/3 streaming places its gradients here
         dy = tp_full_rows(m, x->dresidual, BTC);
         if (st) {
-            WOp *w = wop_new(st);
-            *w = (WOp){ .kind = WOP_EMBED, .kw = P_WTE, .kb = -1, .unit = UNIT_EMBED, .ready_after = -1,
-                        .dout = keep(m, st, dy, BTC * dtype_size(dt), 0) };
+            WOp *e = wop_new(st); // its gradient into the chunk's input, which block 0's LayerNorm has read
+            *e = (WOp){ .kind = WOP_EMBED, .kw = P_WTE, .kb = -1, .unit = UNIT_EMBED, .ready_after = -1,
+                        .dout = keep(m, st, dy, BTC * ds, 0, w.rows ? gpt2_stage_input(m, 0) : NULL) };
         } else {
             embed_bwd(m, dy, B, T);
         }
@@ -1374,14 +1416,10 @@ void gpt2_backward_chunk(GPT2 *m, int chunk, float dloss_scale) { backward_input
 // The stashes of every chunk, a ring per chunk in B's order (W takes the oldest): the layout's nstash
 // for a split schedule (what its action lists keep pending at once, allocated with the model so that
 // the memory report and plan --exact count them), else one per activation set, on the split API's
-// first use. Each is sized for the worst case of what B copies (bwd_matmul's and bwd_layernorm's
-// inputs, the embedding's gradient), 256-byte aligned pieces.
+// first use. Each arena holds exactly what B copies there (wstash_bytes): nothing without recompute or
+// SP, where no arena is allocated.
 static int wstash_count(const GPT2 *m) { return m->lay->nstash > 0 ? m->lay->nstash : m->lay->nslots; }
 static void wstash_alloc(GPT2 *m) {
-    size_t ds = dtype_size(m->dt), N = (size_t)m->B * m->T, C = m->cfg.C, Ct = m->C_tp, R = m->lay->sp ? N / m->lay->tp.size : N;
-    size_t FC = m->fc_tp, MLP = m->mlp_tp, QKV = m->qkv_tp;
-    size_t pad = 256, mm = 2 * pad, block = 4 * (N * C * ds + mm) + N * (FC + MLP) * ds + N * Ct * ds + N * QKV * ds +
-                                            2 * (2 * R * C * ds + 2 * R * 4 + 4 * pad);
     int n = wstash_count(m);
     m->wstash = xcalloc((size_t)n * m->lay->chunks, sizeof(struct WStash));
     m->wqueue = xcalloc((size_t)m->lay->chunks, sizeof(struct WQueue));
@@ -1389,11 +1427,9 @@ static void wstash_alloc(GPT2 *m) {
     for (int s = 0; s < n; s++)
         for (int c = 0; c < m->lay->chunks; c++) {
             struct WStash *st = &m->wstash[s * m->lay->chunks + c];
-            int head = m->last && c == m->lay->chunks - 1, embed = m->first && c == 0;
-            st->cap = (size_t)m->lay->chunk_len[c] * block + (head ? 2 * (N * C * ds + mm) + 2 * R * C * ds + 2 * R * 4 + 4 * pad : 0) +
-                      (embed ? N * C * ds + pad : 0);
-            st->arena = mem_alloc(&m->mem, MEM_ACTIVATIONS, st->cap, "weight-gradient stash");
-            st->cap_ops = 6 * m->lay->chunk_len[c] + 3;
+            st->cap = wstash_bytes(m, c, (size_t)m->B * m->T);
+            st->arena = st->cap ? mem_alloc(&m->mem, MEM_ACTIVATIONS, st->cap, "weight-gradient stash") : NULL;
+            st->cap_ops = 4 * m->lay->chunk_len[c] + 2; // four matmuls a block; the head's, the embedding's
             st->ops = xcalloc((size_t)st->cap_ops, sizeof(WOp));
         }
 }
@@ -1413,6 +1449,8 @@ void gpt2_backward_input_chunk(GPT2 *m, int chunk, int slot, float dloss_scale) 
     st->used = 0;
     st->nops = 0;
     backward_input(m, chunk, dloss_scale, st);
+    size_t want = wstash_bytes(m, chunk, (size_t)m->act->B * m->act->T);
+    if (st->used != want) die("internal: B copied %zu bytes for W, wstash_bytes says %zu", st->used, want);
     q->q[at] = slot;
     q->n++;
 }

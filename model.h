@@ -276,11 +276,13 @@ void gpt2_backward_chunk(GPT2 *m, int chunk, float dloss_scale);
 // computes the input gradient of the chunk for the micro-batch whose forward used activation set
 // `slot` (matmul input gradients, attention and its context-parallel ring with dK/dV, LayerNorms'
 // input gradients, the residual path, recompute), leaves it in gpt2_stage_grad for the previous stage,
-// and keeps what the weight gradients need: pointers into the activation set, copies of what B
-// overwrites (model.c's stash: the layout's nstash per chunk, else one per activation set). gpt2_backward_weight_chunk (W) then adds that
-// micro-batch's weight and bias gradients of the chunk (matmul dW and bias sums, LayerNorm dgamma and
-// dbeta, the LM head, the embeddings) and tells the data-parallel hooks the units are ready. B then W
-// gives bitwise gpt2_backward_chunk's gradients (the same kernels on the same inputs). Order: W of a
+// and keeps what the weight gradients need: pointers into the activation set, output gradients copied
+// into regions of the set B has consumed, the rest copied into model.c's stash (the layout's nstash per
+// chunk, else one per activation set); the LayerNorms' dgamma and dbeta it adds itself (they free the
+// rows they read). gpt2_backward_weight_chunk (W) then adds that micro-batch's matmul weight and bias
+// gradients of the chunk (the LM head's and the embeddings' too) and tells the data-parallel hooks the
+// units are ready. B then W gives bitwise gpt2_backward_chunk's gradients (the same kernels on the same
+// inputs, each parameter's additions in the same order). Order: W of a
 // chunk must take the activation sets in the order their B ran (it dies otherwise), so as long as B
 // runs a chunk's micro-batches in order, as every schedule does, each parameter's gradient adds the
 // micro-batches in 1F1B's order, whatever the schedule puts between B and W. An activation set is busy

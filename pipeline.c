@@ -127,6 +127,7 @@ static void backward_op(Pipeline *p, int mb, int chunk, int M, int B, int T, flo
     GPT2 *m = p->model;
     int slot = mb % m->lay->nslots;
     for (int c = 0; c < p->chunks; c++) drain(&p->send_grad[slot * p->chunks + c]); // dresidual is reused
+    drain(&p->send_out[slot * p->chunks + chunk]); // (complete: its gradient came back) B leaves W's inputs there
     gpt2_use_slot(m, slot);
     size_t bytes = gpt2_stage_bytes(m, B, T);
     int from = next_stage(p, chunk), to = prev_stage(p, chunk);
