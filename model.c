@@ -578,9 +578,33 @@ static void place(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, c
 
 // Activation set s: what a micro-batch keeps from its forward to its backward, and (set 0, shared by
 // the others) the scratch that lives only inside one forward or backward.
+// The head's buffers (the last stage's): in each activation set, or with chunk sets in GPT2's heads.
+static void alloc_head(GPT2 *m, Activations *x) {
+    size_t C = m->cfg.C, BT = (size_t)m->B * m->T, R = m->lay->sp ? BT / m->lay->tp.size : BT, ds = dtype_size(m->dt);
+    MemAccount *a = &m->mem;
+#define ACT(field, elems, esize) x->field = mem_alloc(a, MEM_ACTIVATIONS, (elems) * (esize), #field)
+    ACT(lnf, R * C, ds);
+    if (m->cfg.arch != ARCH_LLAMA) ACT(lnf_mean, R, 4);
+    ACT(lnf_rstd, R, 4);
+    ACT(logits, BT * m->Vp_tp, ds);
+    ACT(ce_max, BT, 4);
+    ACT(ce_sum, BT, 4);
+    ACT(ce_target, BT, 4);
+    ACT(targets, BT, 4);
+#undef ACT
+}
+
+// The blocks an activation set holds room for: the stage's, or with chunk sets the longest chunk's.
+static int set_blocks(const GPT2 *m) {
+    if (!m->lay->chunk_sets) return m->nl;
+    int n = 0;
+    for (int c = 0; c < m->lay->chunks; c++) n = m->lay->chunk_len[c] > n ? m->lay->chunk_len[c] : n;
+    return n;
+}
+
 static void alloc_slot(GPT2 *m, int s) {
     const GPT2Config *cfg = &m->cfg;
-    size_t L = (size_t)m->nl, C = cfg->C, Ct = (size_t)m->C_tp, BT = (size_t)m->B * m->T, lse = (size_t)m->B * m->NH_tp * m->T;
+    size_t L = (size_t)set_blocks(m), C = cfg->C, Ct = (size_t)m->C_tp, BT = (size_t)m->B * m->T, lse = (size_t)m->B * m->NH_tp * m->T;
     size_t R = m->lay->sp ? BT / m->lay->tp.size : BT; // rows of the residual stream on this rank
     size_t ds = dtype_size(m->dt);
     MemAccount *a = &m->mem;
@@ -592,7 +616,7 @@ static void alloc_slot(GPT2 *m, int s) {
     size_t QKV = (size_t)m->qkv_tp, FC = (size_t)m->fc_tp, MLP = (size_t)m->mlp_tp;
     Activations *x = &m->slots[s];
 #define ACT(field, elems, esize) x->field = mem_alloc(a, MEM_ACTIVATIONS, (elems) * (esize), #field)
-    ACT(encoded, m->lay->chunks * R * C, ds); // each chunk's input
+    ACT(encoded, (m->lay->chunk_sets ? 1 : m->lay->chunks) * R * C, ds); // each chunk's input
     ACT(residual3, L * R * C, ds);        // each block's output
     if (keep_block) {
         if (ln) ACT(ln1_mean, L * R, 4);
@@ -610,16 +634,7 @@ static void alloc_slot(GPT2 *m, int s) {
         ACT(ln2, L * R * C, ds);
         ACT(fch_gelu, L * BT * MLP, ds);
     }
-    if (m->last) { // the head
-        ACT(lnf, R * C, ds);
-        if (ln) ACT(lnf_mean, R, 4);
-        ACT(lnf_rstd, R, 4);
-        ACT(logits, BT * m->Vp_tp, ds);
-        ACT(ce_max, BT, 4);
-        ACT(ce_sum, BT, 4);
-        ACT(ce_target, BT, 4);
-        ACT(targets, BT, 4);
-    }
+    if (m->last && !m->lay->chunk_sets) alloc_head(m, x); // (chunk sets borrow GPT2's heads)
     if (m->first) ACT(inputs, BT, 4);
     ACT(dresidual, R * C, ds); // also what a pipeline stage sends back, so one per micro-batch
     if (s > 0) { // scratch lives only inside one forward or backward: shared
@@ -702,6 +717,11 @@ void gpt2_build(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, con
 
     m->slots = xcalloc((size_t)lay->nslots, sizeof(Activations));
     for (int s = 0; s < lay->nslots; s++) alloc_slot(m, s);
+    if (m->last && lay->chunk_sets) {
+        if (lay->nheads < 1) die("internal: chunk sets without head buffers");
+        m->heads = xcalloc((size_t)lay->nheads, sizeof(Activations));
+        for (int h = 0; h < lay->nheads; h++) alloc_head(m, &m->heads[h]);
+    }
     alloc_recompute(m);
     comm_count_memory(layout_group(&m->lay->tp), a); // (no work area needed: see collectives.h)
     m->act = &m->slots[0];
@@ -715,8 +735,16 @@ void gpt2_free(GPT2 *m) {
     MemAccount *a = &m->mem;
     wstash_free(m);
     comm_count_memory(layout_group(&m->lay->tp), NULL);
+    for (int h = 0; m->heads && h < m->lay->nheads; h++) {
+        Activations *x = &m->heads[h];
+        void *own[] = { x->lnf, x->lnf_mean, x->lnf_rstd, x->logits, x->ce_max, x->ce_sum, x->ce_target, x->targets };
+        for (size_t i = 0; i < sizeof own / sizeof own[0]; i++) mem_free(a, own[i]);
+    }
+    free(m->heads);
     for (int s = 0; s < m->lay->nslots; s++) {
         Activations *x = &m->slots[s];
+        if (m->lay->chunk_sets) // the head's buffers it borrowed are freed above
+            x->lnf = x->lnf_mean = x->lnf_rstd = x->logits = NULL, x->ce_max = x->ce_sum = x->ce_target = NULL, x->targets = NULL;
         void *own[] = { x->encoded, x->ln1, x->ln1_mean, x->ln1_rstd, x->qkv, x->atty, x->lse, x->residual2, x->ln2,
                         x->ln2_mean, x->ln2_rstd, x->fch, x->fch_gelu, x->residual3, x->lnf, x->lnf_mean, x->lnf_rstd,
                         x->logits, x->ce_max, x->ce_sum, x->ce_target, x->inputs, x->targets, x->dresidual };
@@ -763,13 +791,31 @@ static void fetch(GPT2 *m, int unit) {
 }
 
 void gpt2_use_slot(GPT2 *m, int slot) { m->act = &m->slots[slot % m->lay->nslots]; }
+void gpt2_bind_set(GPT2 *m, int slot, int chunk, int mb) {
+    gpt2_use_slot(m, slot);
+    if (!m->lay->chunk_sets) return;
+    if (chunk < 0 || chunk >= m->lay->chunks) die("internal: chunk %d out of range", chunk);
+    Activations *x = m->act;
+    x->c0 = chunk, x->l0 = m->chunk_l0[chunk];
+    if (m->last && chunk == m->lay->chunks - 1) { // the head's buffers of this micro-batch
+        const Activations *h = &m->heads[mb % m->lay->nheads];
+        x->lnf = h->lnf, x->lnf_mean = h->lnf_mean, x->lnf_rstd = h->lnf_rstd, x->logits = h->logits;
+        x->ce_max = h->ce_max, x->ce_sum = h->ce_sum, x->ce_target = h->ce_target, x->targets = h->targets;
+    }
+}
+// A chunk's place in the set in use: its input (chunk - c0), its blocks (local block - l0).
+static void check_holds(const GPT2 *m, int chunk) {
+    if (m->lay->chunk_sets && m->act->c0 != chunk) die("internal: the activation set holds chunk %d, not %d", m->act->c0, chunk);
+}
 void *gpt2_stage_input(const GPT2 *m, int chunk) {
+    check_holds(m, chunk);
     size_t sRC = (size_t)m->B * m->T / (m->lay->sp ? m->lay->tp.size : 1) * m->cfg.C;
-    return at(m->act->encoded, (size_t)chunk * sRC, m->dt);
+    return at(m->act->encoded, (size_t)(chunk - m->act->c0) * sRC, m->dt);
 }
 void *gpt2_stage_output(const GPT2 *m, int chunk) {
+    check_holds(m, chunk);
     size_t sRC = (size_t)m->B * m->T / (m->lay->sp ? m->lay->tp.size : 1) * m->cfg.C;
-    return at(m->act->residual3, (size_t)(m->chunk_l0[chunk] + m->lay->chunk_len[chunk] - 1) * sRC, m->dt);
+    return at(m->act->residual3, (size_t)(m->chunk_l0[chunk] + m->lay->chunk_len[chunk] - 1 - m->act->l0) * sRC, m->dt);
 }
 void *gpt2_stage_grad(const GPT2 *m) { return m->act->dresidual; }
 size_t gpt2_stage_bytes(const GPT2 *m, int B, int T) {
@@ -1007,6 +1053,7 @@ static BlockActs block_acts(const GPT2 *m, int l) {
     DType dt = m->dt;
     size_t sR = rows_alloc(m), sRC = sR * m->cfg.C, sBTCt = (size_t)m->B * m->T * m->C_tp;
     size_t sLse = (size_t)m->B * m->NH_tp * m->T;
+    l -= x->l0; // (chunk sets: the set holds the chunk's blocks from its first)
     BlockActs a = { .r3 = at(x->residual3, l * sRC, dt) };
     if (m->lay->recompute == RECOMPUTE_FULL) {
         a.ln1 = s->ln1, a.qkv = s->qkv, a.atty = s->atty, a.r2 = s->residual2, a.ln2 = s->ln2, a.fch = s->fch;
@@ -1033,8 +1080,8 @@ static BlockActs block_acts(const GPT2 *m, int l) {
 static void *block_input(const GPT2 *m, int l) {
     int c = chunk_of(m, l);
     size_t sRC = rows_alloc(m) * m->cfg.C;
-    if (l == m->chunk_l0[c]) return at(m->act->encoded, (size_t)c * sRC, m->dt);
-    return at(m->act->residual3, (size_t)(l - 1) * sRC, m->dt);
+    if (l == m->chunk_l0[c]) return at(m->act->encoded, (size_t)(c - m->act->c0) * sRC, m->dt);
+    return at(m->act->residual3, (size_t)(l - 1 - m->act->l0) * sRC, m->dt);
 }
 
 // Block l from its first LayerNorm's output (a->ln1, written by the end of the block before it or the
@@ -1070,6 +1117,7 @@ float gpt2_forward_chunk(GPT2 *m, int chunk, const int32_t *inputs, const int32_
     if (B > m->B || T > m->T || B <= 0 || T <= 0)
         die("internal: micro-batch %dx%d exceeds the allocated %dx%d", B, T, m->B, m->T);
     if (m->lay->sp && ((size_t)B * T) % m->lay->tp.size) die("internal: sequence parallelism needs B*T divisible by %d", m->lay->tp.size);
+    check_holds(m, chunk);
     const Backend *be = m->be;
     const GPT2Config *cfg = &m->cfg;
     DType dt = m->dt;
@@ -1308,6 +1356,7 @@ static int embed_done(const GPT2 *m, int chunk) {
 
 // B of one chunk (and, with st NULL, W with it): today's backward, op for op.
 static void backward_input(GPT2 *m, int chunk, float dloss_scale, struct WStash *st) {
+    check_holds(m, chunk);
     const Backend *be = m->be;
     const GPT2Config *cfg = &m->cfg;
     DType dt = m->dt;
