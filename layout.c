@@ -145,13 +145,18 @@ void layout_place_stages(Layout *l, int L, int V, const char *pp_layers) {
     // micro-batches whose activations a stage holds at once: at most P - stage with 1F1B; every one
     // interleaved; what the action lists hold for the zero-bubble schedules
     l->nslots = V > 1 ? M : (P - stage < M ? P - stage : M);
-    l->nstash = 0;
+    l->nstash = l->chunk_sets = l->nheads = 0;
     if (P > 1 && l->schedule != SCHED_1F1B && l->schedule != SCHED_INTERLEAVED) { // what the action lists hold
         Schedule s;
         char why[256];
         if (schedule_build(&s, l->schedule, P, M, V, why, sizeof why)) die("--pp-schedule %s: %s", SCHEDULE_NAMES[l->schedule], why);
         l->nslots = s.slots[stage];
         l->nstash = s.split ? s.wpending[stage] : 0;
+        if (l->schedule == SCHED_ZBV) { // a micro-batch's two chunks are in flight apart: a pool of chunk sets
+            l->chunk_sets = 1;
+            l->nslots = s.live[stage] > V ? s.live[stage] : V; // (V: the validation forward's one of each)
+            l->nheads = s.cspan[stage * V + V - 1];
+        }
         schedule_free(&s);
     }
     if (l->nslots < 1) l->nslots = 1;

@@ -43,6 +43,10 @@ typedef struct {
     int chunks, chunk_first[MAX_CHUNKS], chunk_len[MAX_CHUNKS], nslots;
     int nstash; // a split schedule's weight-gradient stashes per chunk (its B passes awaiting W at once,
                 // schedule.h's wpending), allocated with the model; 0: B and W together, none up front
+    int chunk_sets; // 1 (zb-v): each activation set holds one chunk's blocks, taken free at its F and freed
+                    // after its W (pipeline.c), nslots of them; 0: each holds every chunk of a micro-batch
+    int nheads;     // chunk_sets on the stage holding the head: sets of the head's buffers (final LayerNorm,
+                    // logits, loss statistics), micro-batch mb's in mb % nheads
     int schedule; // the pipeline schedule (SCHED_*, schedule.h; 0 = 1f1b), set before layout_connect
 } Layout;
 

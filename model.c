@@ -578,9 +578,33 @@ static void place(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, c
 
 // Activation set s: what a micro-batch keeps from its forward to its backward, and (set 0, shared by
 // the others) the scratch that lives only inside one forward or backward.
+// The head's buffers (the last stage's): in each activation set, or with chunk sets in GPT2's heads.
+static void alloc_head(GPT2 *m, Activations *x) {
+    size_t C = m->cfg.C, BT = (size_t)m->B * m->T, R = m->lay->sp ? BT / m->lay->tp.size : BT, ds = dtype_size(m->dt);
+    MemAccount *a = &m->mem;
+#define ACT(field, elems, esize) x->field = mem_alloc(a, MEM_ACTIVATIONS, (elems) * (esize), #field)
+    ACT(lnf, R * C, ds);
+    if (m->cfg.arch != ARCH_LLAMA) ACT(lnf_mean, R, 4);
+    ACT(lnf_rstd, R, 4);
+    ACT(logits, BT * m->Vp_tp, ds);
+    ACT(ce_max, BT, 4);
+    ACT(ce_sum, BT, 4);
+    ACT(ce_target, BT, 4);
+    ACT(targets, BT, 4);
+#undef ACT
+}
+
+// The blocks an activation set holds room for: the stage's, or with chunk sets the longest chunk's.
+static int set_blocks(const GPT2 *m) {
+    if (!m->lay->chunk_sets) return m->nl;
+    int n = 0;
+    for (int c = 0; c < m->lay->chunks; c++) n = m->lay->chunk_len[c] > n ? m->lay->chunk_len[c] : n;
+    return n;
+}
+
 static void alloc_slot(GPT2 *m, int s) {
     const GPT2Config *cfg = &m->cfg;
-    size_t L = (size_t)m->nl, C = cfg->C, Ct = (size_t)m->C_tp, BT = (size_t)m->B * m->T, lse = (size_t)m->B * m->NH_tp * m->T;
+    size_t L = (size_t)set_blocks(m), C = cfg->C, Ct = (size_t)m->C_tp, BT = (size_t)m->B * m->T, lse = (size_t)m->B * m->NH_tp * m->T;
     size_t R = m->lay->sp ? BT / m->lay->tp.size : BT; // rows of the residual stream on this rank
     size_t ds = dtype_size(m->dt);
     MemAccount *a = &m->mem;
@@ -592,7 +616,7 @@ static void alloc_slot(GPT2 *m, int s) {
     size_t QKV = (size_t)m->qkv_tp, FC = (size_t)m->fc_tp, MLP = (size_t)m->mlp_tp;
     Activations *x = &m->slots[s];
 #define ACT(field, elems, esize) x->field = mem_alloc(a, MEM_ACTIVATIONS, (elems) * (esize), #field)
-    ACT(encoded, m->lay->chunks * R * C, ds); // each chunk's input
+    ACT(encoded, (m->lay->chunk_sets ? 1 : m->lay->chunks) * R * C, ds); // each chunk's input
     ACT(residual3, L * R * C, ds);        // each block's output
     if (keep_block) {
         if (ln) ACT(ln1_mean, L * R, 4);
@@ -610,16 +634,7 @@ static void alloc_slot(GPT2 *m, int s) {
         ACT(ln2, L * R * C, ds);
         ACT(fch_gelu, L * BT * MLP, ds);
     }
-    if (m->last) { // the head
-        ACT(lnf, R * C, ds);
-        if (ln) ACT(lnf_mean, R, 4);
-        ACT(lnf_rstd, R, 4);
-        ACT(logits, BT * m->Vp_tp, ds);
-        ACT(ce_max, BT, 4);
-        ACT(ce_sum, BT, 4);
-        ACT(ce_target, BT, 4);
-        ACT(targets, BT, 4);
-    }
+    if (m->last && !m->lay->chunk_sets) alloc_head(m, x); // (chunk sets borrow GPT2's heads)
     if (m->first) ACT(inputs, BT, 4);
     ACT(dresidual, R * C, ds); // also what a pipeline stage sends back, so one per micro-batch
     if (s > 0) { // scratch lives only inside one forward or backward: shared
@@ -702,6 +717,11 @@ void gpt2_build(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, con
 
     m->slots = xcalloc((size_t)lay->nslots, sizeof(Activations));
     for (int s = 0; s < lay->nslots; s++) alloc_slot(m, s);
+    if (m->last && lay->chunk_sets) {
+        if (lay->nheads < 1) die("internal: chunk sets without head buffers");
+        m->heads = xcalloc((size_t)lay->nheads, sizeof(Activations));
+        for (int h = 0; h < lay->nheads; h++) alloc_head(m, &m->heads[h]);
+    }
     alloc_recompute(m);
     comm_count_memory(layout_group(&m->lay->tp), a); // (no work area needed: see collectives.h)
     m->act = &m->slots[0];
@@ -715,8 +735,16 @@ void gpt2_free(GPT2 *m) {
     MemAccount *a = &m->mem;
     wstash_free(m);
     comm_count_memory(layout_group(&m->lay->tp), NULL);
+    for (int h = 0; m->heads && h < m->lay->nheads; h++) {
+        Activations *x = &m->heads[h];
+        void *own[] = { x->lnf, x->lnf_mean, x->lnf_rstd, x->logits, x->ce_max, x->ce_sum, x->ce_target, x->targets };
+        for (size_t i = 0; i < sizeof own / sizeof own[0]; i++) mem_free(a, own[i]);
+    }
+    free(m->heads);
     for (int s = 0; s < m->lay->nslots; s++) {
         Activations *x = &m->slots[s];
+        if (m->lay->chunk_sets) // the head's buffers it borrowed are freed above
+            x->lnf = x->lnf_mean = x->lnf_rstd = x->logits = NULL, x->ce_max = x->ce_sum = x->ce_target = NULL, x->targets = NULL;
         void *own[] = { x->encoded, x->ln1, x->ln1_mean, x->ln1_rstd, x->qkv, x->atty, x->lse, x->residual2, x->ln2,
                         x->ln2_mean, x->ln2_rstd, x->fch, x->fch_gelu, x->residual3, x->lnf, x->lnf_mean, x->lnf_rstd,
                         x->logits, x->ce_max, x->ce_sum, x->ce_target, x->inputs, x->targets, x->dresidual };
@@ -763,13 +791,31 @@ static void fetch(GPT2 *m, int unit) {
 }
 
 void gpt2_use_slot(GPT2 *m, int slot) { m->act = &m->slots[slot % m->lay->nslots]; }
+void gpt2_bind_set(GPT2 *m, int slot, int chunk, int mb) {
+    gpt2_use_slot(m, slot);
+    if (!m->lay->chunk_sets) return;
+    if (chunk < 0 || chunk >= m->lay->chunks) die("internal: chunk %d out of range", chunk);
+    Activations *x = m->act;
+    x->c0 = chunk, x->l0 = m->chunk_l0[chunk];
+    if (m->last && chunk == m->lay->chunks - 1) { // the head's buffers of this micro-batch
+        const Activations *h = &m->heads[mb % m->lay->nheads];
+        x->lnf = h->lnf, x->lnf_mean = h->lnf_mean, x->lnf_rstd = h->lnf_rstd, x->logits = h->logits;
+        x->ce_max = h->ce_max, x->ce_sum = h->ce_sum, x->ce_target = h->ce_target, x->targets = h->targets;
+    }
+}
+// A chunk's place in the set in use: its input (chunk - c0), its blocks (local block - l0).
+static void check_holds(const GPT2 *m, int chunk) {
+    if (m->lay->chunk_sets && m->act->c0 != chunk) die("internal: the activation set holds chunk %d, not %d", m->act->c0, chunk);
+}
 void *gpt2_stage_input(const GPT2 *m, int chunk) {
+    check_holds(m, chunk);
     size_t sRC = (size_t)m->B * m->T / (m->lay->sp ? m->lay->tp.size : 1) * m->cfg.C;
-    return at(m->act->encoded, (size_t)chunk * sRC, m->dt);
+    return at(m->act->encoded, (size_t)(chunk - m->act->c0) * sRC, m->dt);
 }
 void *gpt2_stage_output(const GPT2 *m, int chunk) {
+    check_holds(m, chunk);
     size_t sRC = (size_t)m->B * m->T / (m->lay->sp ? m->lay->tp.size : 1) * m->cfg.C;
-    return at(m->act->residual3, (size_t)(m->chunk_l0[chunk] + m->lay->chunk_len[chunk] - 1) * sRC, m->dt);
+    return at(m->act->residual3, (size_t)(m->chunk_l0[chunk] + m->lay->chunk_len[chunk] - 1 - m->act->l0) * sRC, m->dt);
 }
 void *gpt2_stage_grad(const GPT2 *m) { return m->act->dresidual; }
 size_t gpt2_stage_bytes(const GPT2 *m, int B, int T) {
@@ -1007,6 +1053,7 @@ static BlockActs block_acts(const GPT2 *m, int l) {
     DType dt = m->dt;
     size_t sR = rows_alloc(m), sRC = sR * m->cfg.C, sBTCt = (size_t)m->B * m->T * m->C_tp;
     size_t sLse = (size_t)m->B * m->NH_tp * m->T;
+    l -= x->l0; // (chunk sets: the set holds the chunk's blocks from its first)
     BlockActs a = { .r3 = at(x->residual3, l * sRC, dt) };
     if (m->lay->recompute == RECOMPUTE_FULL) {
         a.ln1 = s->ln1, a.qkv = s->qkv, a.atty = s->atty, a.r2 = s->residual2, a.ln2 = s->ln2, a.fch = s->fch;
@@ -1033,8 +1080,8 @@ static BlockActs block_acts(const GPT2 *m, int l) {
 static void *block_input(const GPT2 *m, int l) {
     int c = chunk_of(m, l);
     size_t sRC = rows_alloc(m) * m->cfg.C;
-    if (l == m->chunk_l0[c]) return at(m->act->encoded, (size_t)c * sRC, m->dt);
-    return at(m->act->residual3, (size_t)(l - 1) * sRC, m->dt);
+    if (l == m->chunk_l0[c]) return at(m->act->encoded, (size_t)(c - m->act->c0) * sRC, m->dt);
+    return at(m->act->residual3, (size_t)(l - 1 - m->act->l0) * sRC, m->dt);
 }
 
 // Block l from its first LayerNorm's output (a->ln1, written by the end of the block before it or the
@@ -1070,6 +1117,7 @@ float gpt2_forward_chunk(GPT2 *m, int chunk, const int32_t *inputs, const int32_
     if (B > m->B || T > m->T || B <= 0 || T <= 0)
         die("internal: micro-batch %dx%d exceeds the allocated %dx%d", B, T, m->B, m->T);
     if (m->lay->sp && ((size_t)B * T) % m->lay->tp.size) die("internal: sequence parallelism needs B*T divisible by %d", m->lay->tp.size);
+    check_holds(m, chunk);
     const Backend *be = m->be;
     const GPT2Config *cfg = &m->cfg;
     DType dt = m->dt;
@@ -1146,24 +1194,68 @@ static void rebuild_ln1(GPT2 *m, int l, const BlockActs *a, const void *res, int
 void gpt2_backward(GPT2 *m, float dloss_scale) { gpt2_backward_chunk(m, 0, dloss_scale); }
 
 // ---------------------------------------------------------------------------------------------
-// The backward in two halves. B (backward_input) computes the input gradient; each weight-gradient
-// product it meets is a WOp: run at once (stash NULL: the fused kernels, bitwise as ever), or recorded
-// with copies of what it reads that B or a later block overwrites (scratch, gathered rows, gradients
-// updated in place), for W (gpt2_backward_weight_chunk) to run later. What stays in the activation set
-// untouched until the set's next forward is pointed to, not copied. The same kernel on the same inputs
-// gives the same bits, whenever it runs.
+// The backward in two halves. B (backward_input) computes the input gradient; each matmul's weight
+// gradient it meets is a WOp: run at once (stash NULL: the fused kernels, bitwise as ever), or recorded
+// for W (gpt2_backward_weight_chunk) to run later. The LayerNorms' dgamma and dbeta are added in B, fused
+// with their input gradient as in the one-piece backward: they are reductions over the rows, a small
+// share of the work, and adding them in B frees the rows they read (a block's residual2, its input and
+// their statistics), which is where B leaves W's output gradients. B runs a chunk's micro-batches in the
+// order W does, so each parameter still adds them in 1F1B's order. What a WOp reads:
+//   - left in place: what stays in the activation set untouched until the set's next forward (the
+//     layer inputs recompute does not rebuild into scratch, rows not gathered into scratch, the logits);
+//   - copied into a region of the same set that B has consumed and nothing reads again before the set's
+//     next forward (WPlan below): the gradient of residual3 into residual3, of residual2 into residual2
+//     (the LayerNorms that read them ran in B), the pre-GELU gradient into fch (GELU's backward ran),
+//     dqkv into qkv (attention's backward ran), the embedding's gradient into the chunk's input;
+//   - copied into the stash's arena: the rest (recompute's rebuilt inputs, gathered rows under SP),
+//     sized for exactly that (wstash_bytes).
+// So without recompute or SP a pending W costs no memory beyond the set it already holds. The same
+// kernel on the same inputs gives the same bits, whenever it runs.
 
-enum { WOP_MATMUL, WOP_LAYERNORM, WOP_EMBED };
+enum { WOP_MATMUL, WOP_EMBED };
 typedef struct {
     int kind, kw, kb, l;             // the weight (and bias, matmul: -1 none) tensors, local layer
     int unit, ready_after;           // the unit whose gradients it adds to; ready() after it (-1: no)
-    const void *dout, *inp;          // matmul: dweight += doutᵀ·inp; layernorm: the rows and their gradient
-    const float *mean, *rstd;
+    const void *dout, *inp;          // matmul: dweight += doutᵀ·inp; embedding: dout alone
     int N, C, OC;
 } WOp;
 
-// What B keeps for W, for one pending B of a chunk: an arena sized for the worst case (every input
-// copied) and the recorded ops.
+// Where B leaves each thing W reads (one place for backward_input and wstash_bytes, which must agree to
+// the byte): 1 in place (or in a consumed region of the set), 0 in the arena.
+typedef struct {
+    int fchg;   // the MLP's second matmul's input: in the set without recompute
+    int norms;  // the LayerNorm outputs (the first matmuls' inputs): in the set without recompute or SP
+    int atty;   // attention's output: in the set unless full recompute
+    int sets;   // fch and qkv in the set (unless full recompute): they take the pre-GELU gradient and dqkv
+    int rows;   // the residual-stream gradients fit the set's rows (no SP): residual3, residual2 (unless
+                // full recompute: then residual2 is scratch) and the chunk's input take them
+} WPlan;
+static WPlan wplan(const GPT2 *m) {
+    int none = m->lay->recompute == RECOMPUTE_NONE, block = m->lay->recompute != RECOMPUTE_FULL, sp = m->lay->sp;
+    return (WPlan){ .fchg = none, .norms = none && !sp, .atty = block, .sets = block, .rows = !sp };
+}
+
+// What B copies into a stash's arena for one micro-batch of N rows (of all ranks: gathered) of chunk c,
+// in keep()'s 256-byte pieces.
+static size_t piece(size_t bytes) { return (bytes + 255) & ~(size_t)255; }
+static size_t wstash_bytes(const GPT2 *m, int chunk, size_t N) {
+    WPlan w = wplan(m);
+    size_t ds = dtype_size(m->dt), NC = N * m->cfg.C * ds, block = 0, n = 0;
+    block += w.rows ? 0 : piece(NC);                                  // the MLP's output gradient (dy)
+    block += w.fchg ? 0 : piece(N * m->mlp_tp * ds);                  // GELU's output
+    block += w.sets ? 0 : piece(N * m->fc_tp * ds);                   // the pre-GELU gradient
+    block += w.norms ? 0 : piece(NC);                                 // LayerNorm 2's output
+    block += w.rows && w.sets ? 0 : piece(NC);                        // attention's output gradient (dy)
+    block += w.atty ? 0 : piece(N * m->C_tp * ds);                    // attention's output
+    block += w.sets ? 0 : piece(N * m->qkv_tp * ds);                  // dqkv
+    block += w.norms ? 0 : piece(NC);                                 // LayerNorm 1's output
+    n = (size_t)m->lay->chunk_len[chunk] * block;
+    if (m->last && chunk == m->lay->chunks - 1 && !w.rows) n += piece(NC); // the head's input, gathered
+    if (m->first && chunk == 0 && !w.rows) n += piece(NC);                 // the embedding's gradient
+    return n;
+}
+
+// What B keeps for W, for one pending B of a chunk: an arena of wstash_bytes and the recorded ops.
 struct WStash {
     char *arena;
     size_t cap, used;
@@ -1178,13 +1270,19 @@ struct WQueue {
     int *q, head, n;
 };
 
-static void *keep(GPT2 *m, struct WStash *st, const void *src, size_t bytes, int kept) {
+// src as W will read it: in place (kept), copied into `into` (a region of the set B has consumed), or
+// copied into the arena (into NULL).
+static void *keep(GPT2 *m, struct WStash *st, const void *src, size_t bytes, int kept, void *into) {
     if (kept) return (void *)src;
-    size_t at = (st->used + 255) & ~(size_t)255;
-    if (at + bytes > st->cap) die("internal: the weight-gradient stash is too small");
-    m->be->copy(st->arena + at, src, bytes);
-    st->used = at + bytes;
-    return st->arena + at;
+    if (into) {
+        m->be->copy(into, src, bytes);
+        return into;
+    }
+    if (st->used + piece(bytes) > st->cap) die("internal: the weight-gradient stash is too small");
+    void *dst = st->arena + st->used;
+    m->be->copy(dst, src, bytes);
+    st->used += piece(bytes);
+    return dst;
 }
 
 static WOp *wop_new(struct WStash *st) {
@@ -1200,8 +1298,10 @@ static WOp *wop_new(struct WStash *st) {
 static float *dweight_of(GPT2 *m, int kw, int l) { return kw == P_WTE && m->head_wte_grad ? m->head_wte_grad : gpt2_grad(m, kw, l); }
 
 // A matmul's backward: dinp (NULL: none), and dweight/dbias of tensors kw/kb (kb -1: no bias) of layer l.
+// dout_to: where dout goes for W when not kept (a consumed region of the set; NULL: the arena).
 static void bwd_matmul(GPT2 *m, struct WStash *st, void *dinp, int kw, int kb, int l, const void *dout, int dout_kept,
-                       const void *inp, int inp_kept, const void *weight, const void *gelu_pre, int N, int C, int OC) {
+                       void *dout_to, const void *inp, int inp_kept, const void *weight, const void *gelu_pre, int N, int C,
+                       int OC) {
     const Backend *be = m->be;
     if (!st) {
         TIMED(m, PROF_MATMUL, be->matmul_bwd(m->dt, dinp, dweight_of(m, kw, l), kb >= 0 ? gpt2_grad(m, kb, l) : NULL, dout, inp,
@@ -1211,26 +1311,16 @@ static void bwd_matmul(GPT2 *m, struct WStash *st, void *dinp, int kw, int kb, i
     size_t ds = dtype_size(m->dt);
     WOp *w = wop_new(st);
     *w = (WOp){ .kind = WOP_MATMUL, .kw = kw, .kb = kb, .l = l, .unit = gpt2_unit_of(m, kw, l), .ready_after = -1,
-                .dout = keep(m, st, dout, (size_t)N * OC * ds, dout_kept), .inp = keep(m, st, inp, (size_t)N * C * ds, inp_kept),
-                .N = N, .C = C, .OC = OC };
+                .inp = keep(m, st, inp, (size_t)N * C * ds, inp_kept, NULL), .N = N, .C = C, .OC = OC };
     if (dinp) TIMED(m, PROF_MATMUL, be->matmul_bwd(m->dt, dinp, NULL, NULL, dout, inp, weight, gelu_pre, N, C, OC));
+    w->dout = keep(m, st, dout, (size_t)N * OC * ds, dout_kept, dout_to); // after dinp: dout_to may be gelu_pre
 }
 
-// A LayerNorm's backward over `rows` rows: dinp += (B), and the gradients of tensor kw of layer l and of
-// the bias after it (W). inp_kept: the rows and their statistics stay in the activation set.
-static void bwd_layernorm(GPT2 *m, struct WStash *st, void *dinp, int kw, int l, const void *dout, const void *inp,
-                          const void *weight, const float *mean, const float *rstd, int rows, int inp_kept) {
-    if (!st) {
-        layernorm_bwd_tp(m, dinp, gpt2_grad(m, kw, l), dout, inp, weight, mean, rstd, rows);
-        return;
-    }
-    size_t ds = dtype_size(m->dt), RC = (size_t)rows * m->cfg.C;
-    WOp *w = wop_new(st);
-    *w = (WOp){ .kind = WOP_LAYERNORM, .kw = kw, .kb = -1, .l = l, .unit = gpt2_unit_of(m, kw, l), .ready_after = -1,
-                .dout = keep(m, st, dout, RC * ds, 0), .inp = keep(m, st, inp, RC * ds, inp_kept),
-                .mean = mean ? keep(m, st, mean, (size_t)rows * 4, inp_kept) : NULL,
-                .rstd = keep(m, st, rstd, (size_t)rows * 4, inp_kept), .N = rows, .C = m->cfg.C };
-    norm_bwd(m, dinp, NULL, dout, inp, weight, mean, rstd, rows);
+// A LayerNorm's backward over `rows` rows: dinp +=, and the gradients of tensor kw of layer l and of the
+// bias after it, in B whether or not the backward is split (above).
+static void bwd_layernorm(GPT2 *m, void *dinp, int kw, int l, const void *dout, const void *inp, const void *weight,
+                          const float *mean, const float *rstd, int rows) {
+    layernorm_bwd_tp(m, dinp, gpt2_grad(m, kw, l), dout, inp, weight, mean, rstd, rows);
 }
 
 static void wop_run(GPT2 *m, const WOp *w, int B, int T) {
@@ -1238,8 +1328,6 @@ static void wop_run(GPT2 *m, const WOp *w, int B, int T) {
     if (w->kind == WOP_MATMUL)
         TIMED(m, PROF_MATMUL, be->matmul_bwd(m->dt, NULL, dweight_of(m, w->kw, w->l), w->kb >= 0 ? gpt2_grad(m, w->kb, w->l) : NULL,
                                              w->dout, w->inp, NULL, NULL, w->N, w->C, w->OC));
-    else if (w->kind == WOP_LAYERNORM)
-        layernorm_bwd_tp(m, NULL, gpt2_grad(m, w->kw, w->l), w->dout, w->inp, NULL, w->mean, w->rstd, w->N);
     else
         embed_bwd(m, w->dout, B, T);
 }
@@ -1268,6 +1356,7 @@ static int embed_done(const GPT2 *m, int chunk) {
 
 // B of one chunk (and, with st NULL, W with it): today's backward, op for op.
 static void backward_input(GPT2 *m, int chunk, float dloss_scale, struct WStash *st) {
+    check_holds(m, chunk);
     const Backend *be = m->be;
     const GPT2Config *cfg = &m->cfg;
     DType dt = m->dt;
@@ -1278,9 +1367,9 @@ static void backward_input(GPT2 *m, int chunk, float dloss_scale, struct WStash 
     // the input gradient of a column-parallel matmul is partial: all-reduced, or reduce-scattered to rows
     void *dln; // a LayerNorm's output gradient, this rank's rows
     const void *in, *dy;
-    // what stays in the activation set from the forward to the next forward (W may point to it): the
-    // layer inputs that recompute does not rebuild into scratch, and rows not gathered into scratch
-    int none = m->lay->recompute == RECOMPUTE_NONE, kept_block = m->lay->recompute != RECOMPUTE_FULL, gathered = m->lay->sp;
+    // where W's inputs stay (WPlan; with st NULL nothing is kept and the flags do not matter)
+    WPlan w = wplan(m);
+    size_t ds = dtype_size(dt);
 
     int head = m->last && chunk == m->lay->chunks - 1;
     if (head) {
@@ -1295,13 +1384,14 @@ static void backward_input(GPT2 *m, int chunk, float dloss_scale, struct WStash 
         x->dlogits_scale = 0.0f;
         fetch(m, gpt2_unit_of(m, m->head_k, 0));
         in = tp_full_rows(m, x->lnf, BTC);
-        bwd_matmul(m, st, x->partial, m->head_k, -1, 0, x->logits, 1, in, !gathered, gpt2_param(m, m->head_k, 0), NULL, N, C,
-                   m->Vp_tp);
+        bwd_matmul(m, st, x->partial, m->head_k, -1, 0, x->logits, 1, NULL, in, w.rows, gpt2_param(m, m->head_k, 0), NULL, N,
+                   C, m->Vp_tp);
         dln = tp_finish_partial(m, x->dshard, BTC);
-        be->zero(x->dresidual, RC * dtype_size(dt));
+        be->zero(x->dresidual, RC * ds);
         fetch(m, m->nl + 1);
-        bwd_layernorm(m, st, x->dresidual, P_LNFW, 0, dln, block_acts(m, m->nl - 1).r3, gpt2_param(m, P_LNFW, 0), x->lnf_mean,
-                      x->lnf_rstd, R, 1);
+        bwd_layernorm(m, x->dresidual, P_LNFW, 0, dln, block_acts(m, m->nl - 1).r3, gpt2_param(m, P_LNFW, 0), x->lnf_mean,
+                      x->lnf_rstd, R);
+        // the final LayerNorm's unit (the untied head's too) is complete once the head's matmul has run
         if (st) st->ops[st->nops - 1].ready_after = m->nl + 1;
         else ready(m, m->nl + 1);
     }
@@ -1316,22 +1406,23 @@ static void backward_input(GPT2 *m, int chunk, float dloss_scale, struct WStash 
         dy = tp_full_rows(m, x->dresidual, BTC);
         if (llama(m)) { // down, SwiGLU, gate|up
             void *dh = at(x->dbuf_4c, (size_t)N * m->fc_tp, dt);
-            bwd_matmul(m, st, dh, P_FCPROJW, -1, l, dy, 0, a.fchg, none, gpt2_param(m, P_FCPROJW, l), NULL, N, m->mlp_tp, C);
+            bwd_matmul(m, st, dh, P_FCPROJW, -1, l, dy, 0, w.rows ? a.r3 : NULL, a.fchg, w.fchg, gpt2_param(m, P_FCPROJW, l),
+                       NULL, N, m->mlp_tp, C);
             be->swiglu_bwd(dt, x->dbuf_4c, dh, a.fch, N, m->mlp_tp);
         } else {
-            bwd_matmul(m, st, x->dbuf_4c, P_FCPROJW, P_FCPROJB, l, dy, 0, a.fchg, none, gpt2_param(m, P_FCPROJW, l), a.fch, N,
-                       4 * Ct, C);
+            bwd_matmul(m, st, x->dbuf_4c, P_FCPROJW, P_FCPROJB, l, dy, 0, w.rows ? a.r3 : NULL, a.fchg, w.fchg,
+                       gpt2_param(m, P_FCPROJW, l), a.fch, N, 4 * Ct, C);
         }
+        // from here on fch (GELU's or SwiGLU's input, read above) and residual3 are W's
         int nob = llama(m); // the Llama family has no biases
         in = tp_full_rows(m, a.ln2, BTC);
-        bwd_matmul(m, st, x->partial, P_FCW, nob ? -1 : P_FCB, l, x->dbuf_4c, 0, in, none && !gathered, gpt2_param(m, P_FCW, l),
-                   NULL, N, C, m->fc_tp);
+        bwd_matmul(m, st, x->partial, P_FCW, nob ? -1 : P_FCB, l, x->dbuf_4c, 0, w.sets ? a.fch : NULL, in, w.norms,
+                   gpt2_param(m, P_FCW, l), NULL, N, C, m->fc_tp);
         dln = tp_finish_partial(m, x->dshard, BTC);
-        bwd_layernorm(m, st, x->dresidual, P_LN2W, l, dln, a.r2, gpt2_param(m, P_LN2W, l), a.ln2_mean, a.ln2_rstd, R,
-                      kept_block);
-        // attention: dresidual is now the gradient of residual2 = residual + attproj
+        bwd_layernorm(m, x->dresidual, P_LN2W, l, dln, a.r2, gpt2_param(m, P_LN2W, l), a.ln2_mean, a.ln2_rstd, R);
+        // attention: dresidual is now the gradient of residual2 = residual + attproj (residual2 is W's now)
         dy = tp_full_rows(m, x->dresidual, BTC);
-        bwd_matmul(m, st, x->dbuf_c, P_ATTPROJW, nob ? -1 : P_ATTPROJB, l, dy, 0, a.atty, kept_block,
+        bwd_matmul(m, st, x->dbuf_c, P_ATTPROJW, nob ? -1 : P_ATTPROJB, l, dy, 0, w.rows && w.sets ? a.r2 : NULL, a.atty, w.atty,
                    gpt2_param(m, P_ATTPROJW, l), NULL, N, Ct, C);
         TIMED(m, PROF_ATTENTION, attention_backward(m, x->dqkv, x->dbuf_c, a.qkv, a.atty, a.lse, B, T));
         rebuild_ln1(m, l, &a, res, R);
@@ -1342,15 +1433,15 @@ static void backward_input(GPT2 *m, int chunk, float dloss_scale, struct WStash 
             TIMED(m, PROF_MATMUL, be->matmul_bwd(dt, x->partial, NULL, NULL, x->dqkv, in, gpt2_param(m, P_QKVW, l), NULL, N, C,
                                                  m->qkv_tp));
             kv_share_sum(m, x->dqkv, N);
-            bwd_matmul(m, st, NULL, P_QKVW, -1, l, x->dqkv, 0, in, none && !gathered, gpt2_param(m, P_QKVW, l), NULL, N, C,
-                       m->qkv_tp);
-        } else {
-            bwd_matmul(m, st, x->partial, P_QKVW, nob ? -1 : P_QKVB, l, x->dqkv, 0, in, none && !gathered,
+            bwd_matmul(m, st, NULL, P_QKVW, -1, l, x->dqkv, 0, w.sets ? a.qkv : NULL, in, w.norms, gpt2_param(m, P_QKVW, l), NULL,
+                       N, C, m->qkv_tp);
+        } else { // (attention's backward has read qkv: it takes dqkv)
+            bwd_matmul(m, st, x->partial, P_QKVW, nob ? -1 : P_QKVB, l, x->dqkv, 0, w.sets ? a.qkv : NULL, in, w.norms,
                        gpt2_param(m, P_QKVW, l), NULL, N, C, m->qkv_tp);
         }
         dln = tp_finish_partial(m, x->dshard, BTC);
-        bwd_layernorm(m, st, x->dresidual, P_LN1W, l, dln, res, gpt2_param(m, P_LN1W, l), a.ln1_mean, a.ln1_rstd, R,
-                      kept_block);
+        bwd_layernorm(m, x->dresidual, P_LN1W, l, dln, res, gpt2_param(m, P_LN1W, l), a.ln1_mean, a.ln1_rstd, R);
+        // the block's unit is complete once its last matmul's W has run (LayerNorms' gradients: above)
         if (st) st->ops[st->nops - 1].ready_after = 1 + l;
         else ready(m, 1 + l);
     }
@@ -1358,9 +1449,9 @@ static void backward_input(GPT2 *m, int chunk, float dloss_scale, struct WStash 
         fetch(m, UNIT_EMBED); // its weights are not read, but ZeRO-2/3 streaming places its gradients here
         dy = tp_full_rows(m, x->dresidual, BTC);
         if (st) {
-            WOp *w = wop_new(st);
-            *w = (WOp){ .kind = WOP_EMBED, .kw = P_WTE, .kb = -1, .unit = UNIT_EMBED, .ready_after = -1,
-                        .dout = keep(m, st, dy, BTC * dtype_size(dt), 0) };
+            WOp *e = wop_new(st); // its gradient into the chunk's input, which block 0's LayerNorm has read
+            *e = (WOp){ .kind = WOP_EMBED, .kw = P_WTE, .kb = -1, .unit = UNIT_EMBED, .ready_after = -1,
+                        .dout = keep(m, st, dy, BTC * ds, 0, w.rows ? gpt2_stage_input(m, 0) : NULL) };
         } else {
             embed_bwd(m, dy, B, T);
         }
@@ -1374,14 +1465,10 @@ void gpt2_backward_chunk(GPT2 *m, int chunk, float dloss_scale) { backward_input
 // The stashes of every chunk, a ring per chunk in B's order (W takes the oldest): the layout's nstash
 // for a split schedule (what its action lists keep pending at once, allocated with the model so that
 // the memory report and plan --exact count them), else one per activation set, on the split API's
-// first use. Each is sized for the worst case of what B copies (bwd_matmul's and bwd_layernorm's
-// inputs, the embedding's gradient), 256-byte aligned pieces.
+// first use. Each arena holds exactly what B copies there (wstash_bytes): nothing without recompute or
+// SP, where no arena is allocated.
 static int wstash_count(const GPT2 *m) { return m->lay->nstash > 0 ? m->lay->nstash : m->lay->nslots; }
 static void wstash_alloc(GPT2 *m) {
-    size_t ds = dtype_size(m->dt), N = (size_t)m->B * m->T, C = m->cfg.C, Ct = m->C_tp, R = m->lay->sp ? N / m->lay->tp.size : N;
-    size_t FC = m->fc_tp, MLP = m->mlp_tp, QKV = m->qkv_tp;
-    size_t pad = 256, mm = 2 * pad, block = 4 * (N * C * ds + mm) + N * (FC + MLP) * ds + N * Ct * ds + N * QKV * ds +
-                                            2 * (2 * R * C * ds + 2 * R * 4 + 4 * pad);
     int n = wstash_count(m);
     m->wstash = xcalloc((size_t)n * m->lay->chunks, sizeof(struct WStash));
     m->wqueue = xcalloc((size_t)m->lay->chunks, sizeof(struct WQueue));
@@ -1389,11 +1476,9 @@ static void wstash_alloc(GPT2 *m) {
     for (int s = 0; s < n; s++)
         for (int c = 0; c < m->lay->chunks; c++) {
             struct WStash *st = &m->wstash[s * m->lay->chunks + c];
-            int head = m->last && c == m->lay->chunks - 1, embed = m->first && c == 0;
-            st->cap = (size_t)m->lay->chunk_len[c] * block + (head ? 2 * (N * C * ds + mm) + 2 * R * C * ds + 2 * R * 4 + 4 * pad : 0) +
-                      (embed ? N * C * ds + pad : 0);
-            st->arena = mem_alloc(&m->mem, MEM_ACTIVATIONS, st->cap, "weight-gradient stash");
-            st->cap_ops = 6 * m->lay->chunk_len[c] + 3;
+            st->cap = wstash_bytes(m, c, (size_t)m->B * m->T);
+            st->arena = st->cap ? mem_alloc(&m->mem, MEM_ACTIVATIONS, st->cap, "weight-gradient stash") : NULL;
+            st->cap_ops = 4 * m->lay->chunk_len[c] + 2; // four matmuls a block; the head's, the embedding's
             st->ops = xcalloc((size_t)st->cap_ops, sizeof(WOp));
         }
 }
@@ -1413,6 +1498,8 @@ void gpt2_backward_input_chunk(GPT2 *m, int chunk, int slot, float dloss_scale) 
     st->used = 0;
     st->nops = 0;
     backward_input(m, chunk, dloss_scale, st);
+    size_t want = wstash_bytes(m, chunk, (size_t)m->act->B * m->act->T);
+    if (st->used != want) die("internal: B copied %zu bytes for W, wstash_bytes says %zu", st->used, want);
     q->q[at] = slot;
     q->n++;
 }

@@ -84,6 +84,9 @@ typedef struct {
     // backward scratch
     void *dresidual, *dbuf_c, *dbuf_4c, *dqkv;
     void *kv_share; // Llama with fewer kv heads than TP ranks: [B·T, NKV·2·hs], every kv head's dK and dV
+    // with chunk sets (the layout's chunk_sets, zb-v) a set holds one chunk at a time: the chunk (c0) and
+    // its first local block (l0) it holds now, and its head buffers borrowed from GPT2's heads; 0 and 0 else
+    int c0, l0;
 } Activations;
 
 // One block's activations while they are rebuilt (--recompute), shared by every block, micro-batch and
@@ -138,8 +141,10 @@ typedef struct {
     float *grads;       // fp32, internal order, accumulated over micro-batches; NULL when streamed
     float **unit_grads; // [nunits] where each unit's gradients are now (ZeRO-2/3 stream them in buckets)
     // One activation set per micro-batch a pipeline stage keeps in flight (lay->nslots; 1 without
-    // pipelining); act is the one forward and backward use now (gpt2_use_slot).
+    // pipelining), or with chunk sets one per chunk activation; act is the one forward and backward use
+    // now (gpt2_use_slot).
     Activations *slots, *act;
+    Activations *heads; // with chunk sets on the stage holding the head: lay->nheads sets of the head's buffers
     BlockScratch rc; // the block being rebuilt
     MemAccount mem;  // every buffer of this rank (zero.c, pipeline.c and ckpt.c allocate through it too)
     StepTimes *times; // the trainer's (timing.h): the model adds its op times and attention FLOPs
@@ -215,6 +220,10 @@ void gpt2_build(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, con
 // stages (this rank's rows of the residual stream): the input a stage receives, the output it sends,
 // and the gradient of its input that its backward leaves for the previous stage.
 void gpt2_use_slot(GPT2 *m, int slot);
+// With chunk sets (the layout's chunk_sets): set `slot` holds micro-batch mb's chunk `chunk` from now
+// (its forward comes next) and is the one in use; gpt2_use_slot(slot) returns to it later. Without
+// chunk sets: gpt2_use_slot.
+void gpt2_bind_set(GPT2 *m, int slot, int chunk, int mb);
 void *gpt2_stage_input(const GPT2 *m, int chunk);
 void *gpt2_stage_output(const GPT2 *m, int chunk);
 void *gpt2_stage_grad(const GPT2 *m);
@@ -276,11 +285,13 @@ void gpt2_backward_chunk(GPT2 *m, int chunk, float dloss_scale);
 // computes the input gradient of the chunk for the micro-batch whose forward used activation set
 // `slot` (matmul input gradients, attention and its context-parallel ring with dK/dV, LayerNorms'
 // input gradients, the residual path, recompute), leaves it in gpt2_stage_grad for the previous stage,
-// and keeps what the weight gradients need: pointers into the activation set, copies of what B
-// overwrites (model.c's stash: the layout's nstash per chunk, else one per activation set). gpt2_backward_weight_chunk (W) then adds that
-// micro-batch's weight and bias gradients of the chunk (matmul dW and bias sums, LayerNorm dgamma and
-// dbeta, the LM head, the embeddings) and tells the data-parallel hooks the units are ready. B then W
-// gives bitwise gpt2_backward_chunk's gradients (the same kernels on the same inputs). Order: W of a
+// and keeps what the weight gradients need: pointers into the activation set, output gradients copied
+// into regions of the set B has consumed, the rest copied into model.c's stash (the layout's nstash per
+// chunk, else one per activation set); the LayerNorms' dgamma and dbeta it adds itself (they free the
+// rows they read). gpt2_backward_weight_chunk (W) then adds that micro-batch's matmul weight and bias
+// gradients of the chunk (the LM head's and the embeddings' too) and tells the data-parallel hooks the
+// units are ready. B then W gives bitwise gpt2_backward_chunk's gradients (the same kernels on the same
+// inputs, each parameter's additions in the same order). Order: W of a
 // chunk must take the activation sets in the order their B ran (it dies otherwise), so as long as B
 // runs a chunk's micro-batches in order, as every schedule does, each parameter's gradient adds the
 // micro-batches in 1F1B's order, whatever the schedule puts between B and W. An activation set is busy

@@ -20,6 +20,7 @@ void pipeline_init(Pipeline *p, GPT2 *m, Zero *z, Comm *fwd, Comm *bwd) {
     int n = m->lay->nslots;
     p->send_out = xcalloc((size_t)n * p->chunks, sizeof(CommRequest *));
     p->send_grad = xcalloc((size_t)n * p->chunks, sizeof(CommRequest *));
+    p->set_busy = xcalloc((size_t)n, sizeof(int));
 }
 
 void layout_build_model(const Layout *l, const GPT2Config *cfg, DType dt, const Backend *be, StepTimes *times, GPT2 *m) {
@@ -44,6 +45,8 @@ void pipeline_free(Pipeline *p) {
     }
     free(p->send_out);
     free(p->send_grad);
+    free(p->set_of);
+    free(p->set_busy);
     free(p->trace);
     free(p->act_t);
     if (p->sched.n) schedule_free(&p->sched);
@@ -91,27 +94,50 @@ static int neighbour(const Pipeline *p, int chunk, int next) {
 static int prev_stage(const Pipeline *p, int chunk) { return neighbour(p, chunk, 0); }
 static int next_stage(const Pipeline *p, int chunk) { return neighbour(p, chunk, 1); }
 
-// A chunk's input: received from the stage before it, or (zb-v's turn on the last stage) copied from this
-// stage's previous chunk's output in the same activation set.
-static void take_input(Pipeline *p, int chunk, size_t bytes, int from) {
+// The activation set of micro-batch mb's chunk: set mb mod nslots (every chunk of it), or with chunk sets
+// the one its F took.
+static int set_of(const Pipeline *p, int mb, int chunk) {
+    const Layout *l = p->model->lay;
+    return l->chunk_sets ? p->set_of[mb * p->chunks + chunk] : mb % l->nslots;
+}
+
+// A chunk's input, into set `slot`: received from the stage before it, or (zb-v's turn on the last stage)
+// copied from this stage's previous chunk's output, in set `prev` (the same set without chunk sets).
+static void take_input(Pipeline *p, int chunk, int slot, int prev, size_t bytes, int from) {
     GPT2 *m = p->model;
-    if (from == p->stage) m->be->copy(gpt2_stage_input(m, chunk), gpt2_stage_output(m, chunk - 1), bytes);
-    else recv_into(p, p->fwd, gpt2_stage_input(m, chunk), bytes, from);
+    if (from == p->stage) {
+        gpt2_use_slot(m, prev);
+        const void *out = gpt2_stage_output(m, chunk - 1);
+        gpt2_use_slot(m, slot);
+        m->be->copy(gpt2_stage_input(m, chunk), out, bytes);
+    } else {
+        recv_into(p, p->fwd, gpt2_stage_input(m, chunk), bytes, from);
+    }
+}
+
+// Chunk sets: the lowest free set, for micro-batch mb's chunk, its previous holder's hand-offs gone.
+static int take_set(Pipeline *p, int mb, int chunk) {
+    int n = p->model->lay->nslots, k = 0;
+    while (k < n && p->set_busy[k]) k++;
+    if (k == n) die("internal: all %d chunk activation sets are taken (the schedule's bound)", n);
+    p->set_busy[k] = 1;
+    p->set_of[mb * p->chunks + chunk] = k;
+    return k;
 }
 
 static double forward_op(Pipeline *p, const int32_t *inputs, const int32_t *targets, int mb, int chunk, int B, int T,
                          float dloss) {
     GPT2 *m = p->model;
-    int slot = mb % m->lay->nslots, sc = slot * p->chunks + chunk;
-    if (chunk == 0) // the set's previous micro-batch has left
+    int sets = m->lay->chunk_sets, slot = sets ? take_set(p, mb, chunk) : mb % m->lay->nslots, sc = slot * p->chunks + chunk;
+    if (chunk == 0 || sets) // the set's previous micro-batch has left
         for (int c = 0; c < p->chunks; c++) {
             drain(&p->send_out[slot * p->chunks + c]);
             drain(&p->send_grad[slot * p->chunks + c]);
         }
-    gpt2_use_slot(m, slot);
+    gpt2_bind_set(m, slot, chunk, mb);
     size_t bytes = gpt2_stage_bytes(m, B, T), tokens = (size_t)B * T;
     int from = prev_stage(p, chunk), to = next_stage(p, chunk);
-    if (from >= 0) take_input(p, chunk, bytes, from);
+    if (from >= 0) take_input(p, chunk, slot, from == p->stage ? set_of(p, mb, chunk - 1) : slot, bytes, from);
     zero_begin_forward(p->zero);
     float loss = gpt2_forward_chunk(m, chunk, inputs + mb * tokens, targets ? targets + mb * tokens : NULL, B, T, dloss);
     if (to >= 0 && to != p->stage) p->send_out[sc] = send_from(p, p->fwd, gpt2_stage_output(m, chunk), bytes, to);
@@ -125,8 +151,9 @@ static double forward_op(Pipeline *p, const int32_t *inputs, const int32_t *targ
 // (one fused backward, as 1f1b and interleaved run).
 static void backward_op(Pipeline *p, int mb, int chunk, int M, int B, int T, float dloss, int split) {
     GPT2 *m = p->model;
-    int slot = mb % m->lay->nslots;
+    int slot = set_of(p, mb, chunk);
     for (int c = 0; c < p->chunks; c++) drain(&p->send_grad[slot * p->chunks + c]); // dresidual is reused
+    drain(&p->send_out[slot * p->chunks + chunk]); // (complete: its gradient came back) B leaves W's inputs there
     gpt2_use_slot(m, slot);
     size_t bytes = gpt2_stage_bytes(m, B, T);
     int from = next_stage(p, chunk), to = prev_stage(p, chunk);
@@ -136,8 +163,14 @@ static void backward_op(Pipeline *p, int mb, int chunk, int M, int B, int T, flo
     if (split) gpt2_backward_input_chunk(m, chunk, slot, dloss);
     else gpt2_backward_chunk(m, chunk, dloss);
     if (to >= 0 && to != p->stage) p->send_grad[slot * p->chunks + chunk] = send_from(p, p->bwd, gpt2_stage_grad(m), bytes, to);
+    if (to == p->stage && m->lay->chunk_sets) { // zb-v's turn: the gradient into the previous chunk's set
+        const void *g = gpt2_stage_grad(m);
+        gpt2_use_slot(m, set_of(p, mb, chunk - 1));
+        m->be->copy(gpt2_stage_grad(m), g, bytes);
+    }
     trace_op(p, 'B', mb, chunk);
     if (!split) p->live--;
+    if (!split && m->lay->chunk_sets) p->set_busy[slot] = 0;
 }
 
 // W: the weight gradients B left for micro-batch mb's chunk. ZeRO hears "ready" from here (the
@@ -147,7 +180,9 @@ static void backward_op(Pipeline *p, int mb, int chunk, int M, int B, int T, flo
 static void weight_op(Pipeline *p, int mb, int chunk, int M) {
     double t0 = now_seconds();
     zero_begin_weights(p->zero, mb == M - 1);
-    gpt2_backward_weight_chunk(p->model, chunk, mb % p->model->lay->nslots);
+    int slot = set_of(p, mb, chunk);
+    gpt2_backward_weight_chunk(p->model, chunk, slot);
+    if (p->model->lay->chunk_sets) p->set_busy[slot] = 0;
     if (mb == M - 1 && --p->joins_left == 0) gpt2_join_tied_grads(p->model);
     p->times->pipe_w_s += now_seconds() - t0;
     trace_op(p, 'W', mb, chunk);
@@ -178,7 +213,10 @@ double pipeline_step(Pipeline *p, const int32_t *inputs, const int32_t *targets,
         int kind = p->model->lay->schedule;
         if (schedule_build(&p->sched, kind, p->stages, M, p->chunks, why, sizeof why))
             die("--pp-schedule %s: %s", SCHEDULE_NAMES[kind], why);
+        free(p->set_of);
+        p->set_of = xcalloc((size_t)M * p->chunks, sizeof(int));
     }
+    memset(p->set_busy, 0, sizeof(int) * (size_t)p->model->lay->nslots); // every W of the last step has run
     // hand-offs travel with the compute: an F receives its input just before and sends its output just
     // after, a B likewise its gradient, so the lists' send and receive actions need no separate step
     const Schedule *s = &p->sched;
@@ -208,12 +246,12 @@ double pipeline_step(Pipeline *p, const int32_t *inputs, const int32_t *targets,
 float pipeline_forward(Pipeline *p, const int32_t *inputs, const int32_t *targets, int B, int T) {
     GPT2 *m = p->model;
     if (p->stages == 1) return gpt2_forward(m, inputs, targets, B, T);
-    gpt2_use_slot(m, 0);
     size_t bytes = gpt2_stage_bytes(m, B, T);
     float loss = 0.0f;
     for (int c = 0; c < p->chunks; c++) { // through the virtual stages in order
-        int from = prev_stage(p, c), to = next_stage(p, c);
-        if (from >= 0) take_input(p, c, bytes, from);
+        int from = prev_stage(p, c), to = next_stage(p, c), slot = m->lay->chunk_sets ? c : 0; // (chunk sets: set c)
+        gpt2_bind_set(m, slot, c, 0);
+        if (from >= 0) take_input(p, c, slot, m->lay->chunk_sets ? c - 1 : 0, bytes, from);
         float l = gpt2_forward_chunk(m, c, inputs, targets, B, T, 0.0f);
         if (to == p->stage) continue; // zb-v's turn: the next chunk takes it in place
         if (to >= 0) {

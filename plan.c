@@ -103,8 +103,8 @@
 // (layout_build_model and layout_build_state in pipeline.c) on a dry backend whose account only counts
 // (mem.h), and reports the fullest stage: weights, gradients (fp32), optimizer state, activations (the
 // activation sets the schedule keeps: 1F1B, or every micro-batch with --interleaved, of the rank's T/CP
-// positions, with --pp-schedule zb-h1 min(PP, M) sets and the split backward's weight-gradient stashes,
-// and the CP ring's accumulators), recompute scratch, comm buffers (ZeRO buckets, gathered
+// positions, with --pp-schedule zb-h1 or zb-v the sets their action lists hold and the split backward's
+// weight-gradient stashes, and the CP ring's accumulators), recompute scratch, comm buffers (ZeRO buckets, gathered
 // units and the CP ring's blocks), other (checkpoint staging with --ckpt, on --device cpu). Fits and the
 // order use its total.
 //
@@ -179,7 +179,8 @@ static const char PLAN_USAGE[] =
     "                             (the interleaved column's, where it applies), zb-h1 (PP-1)/(3M+PP-1), zb-v (PP-1)/(6M+PP-1) where\n"
     "                             2PP <= L (F = B = W, the zero-bubble paper's); with --exact zb-h1 keeps\n"
     "                             min(PP, M) activation sets on every stage and stage s min(s+1, M)\n"
-    "                             weight-gradient stashes (B's copies awaiting W)\n"
+    "                             weight-gradient stashes (what B copies for W beyond its set), and zb-v\n"
+    "                             (where 2PP <= L) the V placement with the sets and stashes its lists hold\n"
     "  --zero 0|1|2|3             ZeRO stage (default 0)\n"
     "  --recompute none|selective|full\n"
     "                             activation checkpointing (default none): selective recomputes the\n"
@@ -558,6 +559,9 @@ static void estimate_exact(const PlanInput *in, Candidate *y) {
         return;
     }
     int interleave = in->interleaved && !isnan(y->bubble_interleaved);
+    // the schedule whose buffers are counted: as the bubble column's (zb-v where 2PP <= L)
+    int zbv = !interleave && in->pp_schedule == SCHED_ZBV && y->pp > 1 && 2 * y->pp <= in->cfg.L;
+    int zbh1 = !interleave && in->pp_schedule == SCHED_ZBH1 && y->pp > 1;
     y->stage_bytes = xcalloc((size_t)y->pp, sizeof *y->stage_bytes);
     for (int s = 0; s < y->pp; s++) {
         Layout l; // stage s's first rank (every rank of a stage holds the same buffers), unconnected
@@ -569,8 +573,9 @@ static void estimate_exact(const PlanInput *in, Candidate *y) {
         l.B = (int)B;
         l.T = in->T;
         l.accum = in->micro_batches;
-        l.schedule = in->pp_schedule == SCHED_ZBH1 && y->pp > 1 ? SCHED_ZBH1 : SCHED_1F1B; // zb-h1: min(PP, M) sets
-        layout_place_stages(&l, in->cfg.L, y->pp > 1 && interleave ? in->pp_virtual : 1, NULL);
+        // zb-h1 and zb-v: the sets and stashes their action lists keep (layout_place_stages)
+        l.schedule = zbv ? SCHED_ZBV : zbh1 ? SCHED_ZBH1 : SCHED_1F1B;
+        layout_place_stages(&l, in->cfg.L, zbv ? 2 : y->pp > 1 && interleave ? in->pp_virtual : 1, NULL);
         GPT2 m;
         Zero z;
         Pipeline p;
@@ -656,7 +661,8 @@ static void print_table(const PlanInput *in, const Candidate *ys, int n) {
     if (in->exact)
         printf("exact: %s schedule%s, %s, gradient buckets of %.4g MiB, ranks on %s%s; the fullest stage's bytes, "
                "interleaved bubble with V = %d\n\n", in->interleaved ? "interleaved (where it applies)"
-                                                  : in->pp_schedule == SCHED_ZBH1 ? "zb-h1 (with its weight-gradient stashes)" : "1F1B",
+                                                  : in->pp_schedule == SCHED_ZBH1 ? "zb-h1 (with its weight-gradient stashes)"
+                                                  : in->pp_schedule == SCHED_ZBV ? "zb-v (where 2PP <= L; its sets and stashes)" : "1F1B",
                in->sp ? ", sequence parallel" : "", "flash attention", in->bucket_mb, in->device_cpu ? "CPUs" : "GPUs",
                in->ckpt ? ", checkpoint staging" : "", in->pp_virtual);
     else

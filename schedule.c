@@ -167,6 +167,8 @@ int schedule_build(Schedule *s, int kind, int p, int m, int v, char *why, size_t
     s->bound = xcalloc((size_t)p, sizeof(int));
     s->slots = xcalloc((size_t)p, sizeof(int));
     s->wpending = xcalloc((size_t)p, sizeof(int));
+    s->live = xcalloc((size_t)p, sizeof(int));
+    s->cspan = xcalloc((size_t)p * v, sizeof(int));
     int *inflight = xcalloc((size_t)m, sizeof(int)); // chunks of each micro-batch between F and W
     for (int r = 0; r < p; r++) {
         List out = { 0 };
@@ -203,6 +205,22 @@ int schedule_build(Schedule *s, int kind, int p, int m, int v, char *why, size_t
             while (lo < m && lo <= hi && inflight[lo] == 0) lo++;
             if (hi - lo + 1 > s->slots[r]) s->slots[r] = hi - lo + 1;
         }
+        for (int c = 0; c < v; c++) { // the same span, one chunk at a time
+            memset(inflight, 0, sizeof(int) * (size_t)m);
+            lo = 0, hi = -1;
+            for (int i = 0; i < out.n; i++) {
+                Action a = out.a[i];
+                if (a.chunk != c) continue;
+                if (a.kind == ACT_F) inflight[a.mb]++, hi = a.mb > hi ? a.mb : hi;
+                if (a.kind == ACT_W) inflight[a.mb]--;
+                while (lo < m && lo <= hi && inflight[lo] == 0) lo++;
+                if (hi - lo + 1 > s->cspan[r * v + c]) s->cspan[r * v + c] = hi - lo + 1;
+            }
+        }
+        for (int i = 0, n = 0; i < out.n; i++) {
+            if (out.a[i].kind == ACT_F && ++n > s->live[r]) s->live[r] = n;
+            if (out.a[i].kind == ACT_W) n--;
+        }
         int *pend = xcalloc((size_t)v, sizeof(int)); // per chunk: B done, W not
         for (int i = 0; i < out.n; i++) {
             Action a = out.a[i];
@@ -223,6 +241,8 @@ void schedule_free(Schedule *s) {
     free(s->bound);
     free(s->slots);
     free(s->wpending);
+    free(s->live);
+    free(s->cspan);
     memset(s, 0, sizeof *s);
 }
 

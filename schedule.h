@@ -53,6 +53,9 @@ typedef struct {
                      // the widest span of micro-batches in flight at once, from the order itself
     int *wpending;   // [p] the most B passes of one chunk whose W has not run, at once: the weight-gradient
                      // stashes a split backward keeps per chunk (zb-h1: min(r + 1, m) on rank r)
+    int *live;       // [p] the most chunk activations in flight at once (F done, W not): the chunk sets a
+                     // rank needs when each takes a free one at F and frees it after W (zb-v's pool)
+    int *cspan;      // [p·v] per rank and chunk, the widest span of that chunk's micro-batches in flight
 } Schedule;
 
 // The schedule named on a command line (--pp-schedule), or -1.

@@ -104,14 +104,28 @@ def inventory(lay, stage):
 
 def stashes(lay, stage, Ls, first, last, N, R, C, Ct, e):
     """zb-h1's weight-gradient stashes (model.c's WStash): stage s delays its W passes by s, so at most
-    min(s + 1, M) Bs await their W; each stash holds the worst case of what B copies for W, in 256-byte
-    aligned pieces (a pad each): per block the four matmuls' output gradients and inputs (N x C twice
-    and N x 4Ct, N x C; N x C and N x Ct; N x 3Ct and N x C) and two LayerNorms' rows, row gradients,
-    means and 1/stds; the head's final LayerNorm the same and two N x C pieces; the embedding's gradient."""
-    pad = 256
-    block = 4 * (N * C * e + 2 * pad) + 2 * N * 4 * Ct * e + N * Ct * e + N * 3 * Ct * e + 2 * (2 * R * C * e + 2 * R * 4 + 4 * pad)
-    one = Ls * block + (2 * (N * C * e + 2 * pad) + 2 * R * C * e + 2 * R * 4 + 4 * pad if last else 0) + \
-        (N * C * e + pad if first else 0)
+    min(s + 1, M) Bs await their W. What a pending W reads stays in its activation set where the set
+    holds it, and the output gradients B leaves for W go into regions of the set B has consumed
+    (residual3, residual2, GELU's input, QKV, the chunk's input); each stash's arena holds the rest, in
+    256-byte pieces, per block: GELU's output unless recompute none; the two LayerNorm outputs unless
+    recompute none without SP; under full recompute also the pre-GELU gradient, attention's output and
+    its gradient, and dqkv (their regions are scratch then); under SP the two residual-stream gradients
+    (gathered), the head's gathered input and the embedding's gradient."""
+    mode, sp = lay["mode"], lay["sp"]
+    piece = lambda b: -(-b // 256) * 256
+    NC = N * C * e
+    block = 0
+    if sp:
+        block += piece(NC)  # the MLP's output gradient
+    if mode != "none":
+        block += piece(N * 4 * Ct * e)  # GELU's output, rebuilt into scratch
+    if mode != "none" or sp:
+        block += 2 * piece(NC)  # the LayerNorm outputs, rebuilt or gathered
+    if mode == "full":
+        block += piece(N * 4 * Ct * e) + piece(N * Ct * e) + piece(N * 3 * Ct * e)  # pre-GELU grad, atty, dqkv
+    if mode == "full" or sp:
+        block += piece(NC)  # attention's output gradient
+    one = Ls * block + (piece(NC) if sp and last else 0) + (piece(NC) if sp and first else 0)
     return min(stage + 1, lay["M"]) * one
 
 
@@ -134,6 +148,9 @@ def formulas(d):
     bad = 0
     by = {}
     for lay, peaks in runs:
+        if lay["schedule"] == "zb-v":  # its sets follow its list-scheduled order: checked by `exact` alone
+            print("%s --recompute %s: zb-v, against plan --exact only" % (lay["name"], lay["mode"]))
+            continue
         for r, got in peaks.items():
             stage = stage_of(lay, r)
             act, rc = inventory(lay, stage)

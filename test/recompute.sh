@@ -16,6 +16,7 @@ RC_FAMILIES=(
     "tp2|--nproc 2 --tp 2|--micro-batch 2 --batch-tokens 128|none"
     "pp2|--nproc 2 --pp 2|--micro-batch 2 --batch-tokens 192|none selective full"
     "pp2zb|--nproc 2 --pp 2 --pp-schedule zb-h1|--micro-batch 2 --batch-tokens 192|none selective full"
+    "pp2zbv|--nproc 2 --pp 2 --pp-schedule zb-v|--micro-batch 2 --batch-tokens 192|none selective full"
     "pp2v2|--nproc 2 --pp 2 --pp-virtual 2|--micro-batch 1 --batch-tokens 128|none full"
     "3d|--nproc 4 --tp 2 --sp --pp 2 --pp-virtual 2|--dtype bf16 --micro-batch 1 --batch-tokens 128|none full"
     "cp2|--nproc 2 --cp 2|--micro-batch 2 --batch-tokens 128|none selective full"

@@ -5,7 +5,8 @@
 // wait, and checks: every (micro-batch, chunk) has exactly one F, B and W on the rank holding the chunk;
 // F before B before W; every hand-off received once, sent after the tensor was computed and received
 // before it is used; every cross-stage dependency honoured in time; no deadlock; chunk activations in
-// flight (F done, W not) never above the stated bound, and activation sets mb % slots never shared; W
+// flight (F done, W not) never above the stated bound and at most `live` (which is reached), activation
+// sets mb % slots never shared, nor per chunk sets mb % cspan (zb-v's pool of chunk sets, its head); W
 // of a chunk in micro-batch order, and the last micro-batch's Ws of a rank from its later chunk down (a
 // unit's gradient final before those of the units below it, as ZeRO's buckets need); the unit-time
 // bubble against the paper's formulas; the weight passes pending at once (wpending, the split
@@ -48,7 +49,10 @@ static int check(const Schedule *s, double tf, double tb, double tw, const doubl
     for (size_t i = 0; i < n3; i++) endF[i] = endB[i] = endW[i] = -1;
     for (size_t i = 0; i < n3 * 2; i++) sent[i] = -1;
     // per rank: position, clock, chunk activations in flight, which set each micro-batch holds
-    int *at = calloc((size_t)p, sizeof(int)), *live = calloc((size_t)p, sizeof(int));
+    int *at = calloc((size_t)p, sizeof(int)), *live = calloc((size_t)p, sizeof(int)), *maxlive = calloc((size_t)p, sizeof(int));
+    // per rank and chunk: which micro-batch holds chunk set mb % cspan (zb-v's head buffers)
+    int *cholder = malloc(sizeof(int) * (size_t)p * v * m);
+    for (int i = 0; i < p * v * m; i++) cholder[i] = -1;
     double *clock = calloc((size_t)p, sizeof(double));
     int *setholder = malloc(sizeof(int) * (size_t)p * m), *mbchunks = calloc((size_t)p * m, sizeof(int));
     int *lastw = malloc(sizeof(int) * (size_t)nv), *recvd = calloc(n3 * 2, sizeof(int));
@@ -105,6 +109,10 @@ static int check(const Schedule *s, double tf, double tb, double tw, const doubl
                     endF[i] = t1;
                     if (++live[r] > bound_of(s->kind, p, m, v, r) || live[r] > s->bound[r])
                         FAIL(E_BOUND, "rank %d: %d chunk activations in flight, bound %d\n", r, live[r], s->bound[r]);
+                    if (live[r] > maxlive[r]) maxlive[r] = live[r];
+                    int cs = s->cspan[r * v + a->chunk], *ch = &cholder[(r * v + a->chunk) * m + a->mb % cs];
+                    if (*ch >= 0) FAIL(E_BOUND, "rank %d: chunk %d of mb %d and %d share set %d\n", r, a->chunk, a->mb, *ch, a->mb % cs);
+                    *ch = a->mb;
                     int set = a->mb % s->slots[r], *h = &setholder[r * m + set];
                     if (*h >= 0 && *h != a->mb) FAIL(E_BOUND, "rank %d: mb %d and %d share set %d\n", r, a->mb, *h, set);
                     *h = a->mb;
@@ -130,6 +138,7 @@ static int check(const Schedule *s, double tf, double tb, double tw, const doubl
                     }
                     endW[i] = t1;
                     live[r]--;
+                    cholder[(r * v + a->chunk) * m + a->mb % s->cspan[r * v + a->chunk]] = -1;
                     if (--mbchunks[r * m + a->mb] == 0) setholder[r * m + a->mb % s->slots[r]] = -1;
                 }
             }
@@ -143,12 +152,14 @@ static int check(const Schedule *s, double tf, double tb, double tw, const doubl
                 for (int k = 0; k < 3; k++)
                     if (cnt[i * 3 + k] != 1) FAIL(E_COUNT, "rank %d: mb %d chunk %d has %d %s\n", r, mb, c, cnt[i * 3 + k], ACTION_NAMES[k]);
             }
+    for (int r = 0; r < p; r++) // the pool of chunk sets (zb-v) is as large as the most in flight, no larger
+        if (!left && maxlive[r] != s->live[r]) FAIL(E_BOUND, "rank %d: %d chunk activations in flight at most, live says %d\n", r, maxlive[r], s->live[r]);
     for (size_t j = 0; j < n3 * 2; j++)
         if (nsent[j] != nrecv[j]) FAIL(E_HANDOFF, "message %zu sent %d times, received %d\n", j, nsent[j], nrecv[j]);
     *makespan = 0;
     for (int r = 0; r < p; r++)
         if (clock[r] > *makespan) *makespan = clock[r];
-    free(endF), free(endB), free(endW), free(cnt), free(sent), free(nsent), free(nrecv), free(at), free(live);
+    free(endF), free(endB), free(endW), free(cnt), free(sent), free(nsent), free(nrecv), free(at), free(live), free(maxlive), free(cholder);
     free(clock), free(setholder), free(mbchunks), free(lastw), free(recvd), free(finalw);
     return err;
 }
