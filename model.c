@@ -703,7 +703,7 @@ void gpt2_build(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, con
     m->slots = xcalloc((size_t)lay->nslots, sizeof(Activations));
     for (int s = 0; s < lay->nslots; s++) alloc_slot(m, s);
     alloc_recompute(m);
-    comm_count_memory(layout_group(&m->lay->tp), a); // (no work area needed: see collectives.h)
+    layout_count_memory(m->lay, a); // every communicator's staging (the ring's, the hierarchy's) is comm buffers
     m->act = &m->slots[0];
     m->logits_bytes = m->last ? (size_t)m->B * m->T * m->Vp_tp * ds : 0;
     if (tied_apart(m)) m->head_wte_grad = mem_alloc(a, MEM_GRADS, m->param_sizes[P_WTE] * sizeof(float), "head's embedding gradient");
@@ -714,7 +714,7 @@ static void wstash_free(GPT2 *m); // the split backward's stash (below)
 void gpt2_free(GPT2 *m) {
     MemAccount *a = &m->mem;
     wstash_free(m);
-    comm_count_memory(layout_group(&m->lay->tp), NULL);
+    layout_count_memory(m->lay, NULL);
     for (int s = 0; s < m->lay->nslots; s++) {
         Activations *x = &m->slots[s];
         void *own[] = { x->encoded, x->ln1, x->ln1_mean, x->ln1_rstd, x->qkv, x->atty, x->lse, x->residual2, x->ln2,

@@ -1896,7 +1896,7 @@ run_test plan    t_comm_model              "plan comm: each traffic class's time
 run_test plan    t_plan_bad_input          "plan: bad input, one-line errors naming the flag (ASan)"
 run_test memory  t_recompute               "recompute selective and full are bitwise --recompute none: 1 rank fp32/bf16, DP x ZeRO 1-3, TP+SP, PP plain/interleaved, 3D bf16, CP alone and with TP+SP x ZeRO-3, resume; no extra ZeRO-3 gathers"
 run_test memory  t_memory_formulas         "memory: every rank's peak activations and recompute scratch equal the inventory; fall with recompute, TP, SP, PP, CP, B, T"
-run_test plan    t_plan_exact              "plan --exact predicts every rank's measured peak per category (DP x ZeRO, TP+SP, PP, interleaved, zb-h1 with its W stashes, CP, recompute; llama3-tiny's DP x ZeRO, PP, TP+SP, TP 4 on 2 kv heads, CP, recompute)"
+run_test plan    t_plan_exact              "plan --exact predicts every rank's measured peak per category (DP x ZeRO, TP+SP, PP, interleaved, zb-h1 with its W stashes, CP, recompute, --algo ring and hier's comm staging; llama3-tiny's DP x ZeRO, PP, TP+SP, TP 4 on 2 kv heads, CP, recompute)"
 run_test cli     t_plot_schedule           "scripts/plot.py --schedule: timelines from real --pp-schedule-dump tables (F, B, W coloured), the per-rank pipeline panel; a malformed dump, one line"
 run_test cli     t_plot                    "plot.py: training logs and the planner's memory bars as PNG"
 run_test verbs   t_verbs_absent            "RDMA verbs absent: ./train does not link libibverbs, runs as before; verbs say why in one line"
