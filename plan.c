@@ -105,8 +105,9 @@
 // activation sets the schedule keeps: 1F1B, or every micro-batch with --interleaved, of the rank's T/CP
 // positions, with --pp-schedule zb-h1 min(PP, M) sets and the split backward's weight-gradient stashes,
 // and the CP ring's accumulators), recompute scratch, comm buffers (ZeRO buckets, gathered
-// units and the CP ring's blocks), other (checkpoint staging with --ckpt, on --device cpu). Fits and the
-// order use its total.
+// units and the CP ring's blocks; on --device cpu every communicator's algorithm staging under --algo,
+// exact_comm_bytes), other (checkpoint staging with --ckpt, on --device cpu). Fits and the order use
+// its total.
 //
 // Layouts: every (TP, CP, PP, DP) with TP·CP·PP·DP = G, TP <= --max-tp and every TP group (TP consecutive
 // ranks) inside one node (nodes of --gpus-per-node consecutive ranks), in llm4d's rank order
