@@ -4,7 +4,9 @@
 # program runs RUNS times (default 3), interleaved, and the table shows the median per size: busbw
 # of each, the ratios ours/MPI and ours/gloo (equal to their time / our time, since all move the
 # same bytes), and for messages up to 1 KiB the latency ratio our time / MPI time. A figure, never
-# pass/fail; a comparator that is not installed is skipped, saying so.
+# pass/fail; a comparator that is not installed is skipped, saying so. Ours runs --algo auto (the
+# fan-in on one node); the algorithms against one another and against OpenMPI's all-reduce, on one node
+# and across two simulated nodes, are scripts/bench_algo.sh's.
 # Environment: RUNS, MIN_BYTES (8), MAX_BYTES (64M), NPROCS ("2 4"), OPS.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
