@@ -276,6 +276,7 @@ static void resolve_plan(PlanInput *in, const PlanFlags *g) {
     const char *preset = g->preset;
     int L = g->L, C = g->C, NH = g->NH, V = g->V, maxT = g->maxT, T = g->T;
     if (!in->gpus) die("plan: --gpus is required (the number of GPUs to split the model over)");
+    if (in->comm && g->algo_given) die("plan comm: --algo is for ./train plan --exact (plan comm shows every algorithm)");
     if (!in->exact && (in->sp || in->interleaved || in->ckpt || g->device_given || g->bucket_given || g->algo_given))
         die("%s describes llm4d's own buffers: it needs --exact", in->sp ? "--sp" : in->interleaved ? "--interleaved"
                                                                  : in->ckpt ? "--ckpt" : g->device_given ? "--device"

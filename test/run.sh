@@ -1595,6 +1595,8 @@ t_plan_bad_input() {
     expect_error "--params needs --layers and --channels" "${p[@]}" --params 70B || ok=1
     expect_error "--params replaces the shape's parameter count" "${p[@]}" --params 70B --model d12 || ok=1
     expect_error "--sp describes llm4d's own buffers: it needs --exact" "${p[@]}" --sp || ok=1
+    expect_error "--algo describes llm4d's own buffers: it needs --exact" "${p[@]}" --algo ring || ok=1
+    expect_error "--algo must be auto, fanin, ring or hier, got 'tree'" "${p[@]}" --exact --algo tree || ok=1
     expect_error "--device must be gpu or cpu, got 'tpu'" "${p[@]}" --exact --device tpu || ok=1
     expect_error "--exact counts llm4d's buffers, and its attention is flash" "${p[@]}" --exact --attention full || ok=1
     expect_error "not --params" plan --gpus 8 --batch-tokens 64K --params 7B --layers 32 --channels 4096 --exact || ok=1
@@ -1629,7 +1631,7 @@ t_plan_bad_input() {
     expect_error "plan comm: give one layout" plan comm --gpus 8 --batch-tokens 64K --tp 2 --pp 2 --dp 4 || ok=1
     expect_error "plan comm: --exact is for the layout search" "${c[@]}" --exact || ok=1
     expect_error "plan comm: --top is for the layout search" "${c[@]}" --top 3 || ok=1
-    expect_error "plan: unknown flag --algo" "${c[@]}" --algo ring || ok=1
+    expect_error "plan comm: --algo is for ./train plan --exact (plan comm shows every algorithm)" "${c[@]}" --algo ring || ok=1
     return $ok
 }
 
