@@ -61,16 +61,38 @@ static void move_bytes(const AlgoOp *q, void *dst, const void *src, size_t n, in
 
 const char *const ALGO_NAMES[] = { "auto", "fanin", "ring", "hier" };
 
-// The ring's staging, from the work area's account (comm buffers in the memory report) once it has one.
-static void ring_alloc(AlgoComm *c) {
-    if (c->rbuf_acct) mem_free(c->rbuf_acct, c->rbuf);
-    else hostmem_free(c->rbuf);
-    c->rbuf = NULL;
-    c->rbuf_acct = NULL;
-    if (c->algo != ALGO_RING || c->size < 2) return;
-    size_t bytes = 2 * RING_DEPTH * c->chunk_bytes;
-    if ((c->rbuf_acct = c->work_acct)) c->rbuf = mem_host_alloc(c->rbuf_acct, MEM_COMM, bytes, "the ring's staging");
-    else if (!(c->rbuf = hostmem_alloc(bytes))) die("out of memory: %zu bytes for the ring's staging", bytes);
+// Bytes of the hierarchy's buffers: the partial sums of one piece's node segment (local ranks L) and
+// one piece's output (a reduce-scatter's, whose own segment is copied out of it); see hier_next.
+static size_t hier_partial_bytes(int local) { return (HIER_PIECE_BYTES + (size_t)local - 1) / (size_t)local + 8; }
+
+size_t algo_buffer_bytes(int algo, int size, int local, int nodes, size_t chunk_bytes) {
+    if (size < 2) return 0;
+    if (algo == ALGO_RING) return 2 * RING_DEPTH * chunk_bytes;
+    if (algo == ALGO_HIER) return hier_partial_bytes(local) + HIER_PIECE_BYTES + algo_buffer_bytes(ALGO_RING, nodes, 1, 1, chunk_bytes);
+    return 0;
+}
+
+static void free_counted(MemAccount *acct, unsigned char **buf) {
+    if (acct) mem_free(acct, *buf);
+    else hostmem_free(*buf);
+    *buf = NULL;
+}
+// The algorithm's own buffers (the ring's staging; the hierarchy's partial sums and output piece),
+// made when the communicator is, from the work area's account (comm buffers in the memory report) once
+// it has one: a function of the layout alone (algo_buffer_bytes counts the same), never of the
+// operations that run.
+static void bufs_alloc(AlgoComm *c) {
+    free_counted(c->bufs_acct, &c->rbuf), free_counted(c->bufs_acct, &c->hbuf), free_counted(c->bufs_acct, &c->hout);
+    c->bufs_acct = c->work_acct;
+    if (c->size < 2 || (c->algo != ALGO_RING && c->algo != ALGO_HIER)) return;
+    size_t bytes[2] = { 2 * RING_DEPTH * c->chunk_bytes, HIER_PIECE_BYTES };
+    if (c->algo == ALGO_HIER) bytes[0] = hier_partial_bytes(c->local);
+    unsigned char **buf[2] = { c->algo == ALGO_RING ? &c->rbuf : &c->hbuf, c->algo == ALGO_RING ? NULL : &c->hout };
+    const char *what[2] = { c->algo == ALGO_RING ? "the ring's staging" : "the hierarchy's partial sums", "the hierarchy's output piece" };
+    for (int i = 0; i < 2 && buf[i]; i++) {
+        if (c->bufs_acct) *buf[i] = mem_host_alloc(c->bufs_acct, MEM_COMM, bytes[i], what[i]);
+        else if (!(*buf[i] = hostmem_alloc(bytes[i]))) die("out of memory: %zu bytes for %s", bytes[i], what[i]);
+    }
 }
 
 static void hier_views(AlgoComm *c);
@@ -116,7 +138,7 @@ void algo_init(AlgoComm *c) {
         if (r != c->rank && (!c->conn[r] || !c->conn[r]->ops->slot)) c->slots = 0;
     c->chunk_bytes = CHUNK_BYTES;
     c->acc = xmalloc(c->chunk_bytes);
-    ring_alloc(c);
+    bufs_alloc(c);
     if (c->algo == ALGO_HIER && c->size > 1) hier_views(c);
 }
 
@@ -125,7 +147,7 @@ void algo_use_device(AlgoComm *c, const DevMem *dev) {
     c->chunk_bytes = dev ? DEV_CHUNK_BYTES : CHUNK_BYTES; // every member attaches alike, so chunks match
     free(c->acc);
     c->acc = xmalloc(c->chunk_bytes);
-    if (c->rbuf) ring_alloc(c);
+    if (c->rbuf) bufs_alloc(c);
     if (c->vnode) algo_use_device(c->vnode, dev), algo_use_device(c->vcross, dev);
 }
 
@@ -152,19 +174,15 @@ static void grow_work(AlgoComm *c, size_t bytes, const char *what) {
 
 void algo_count_memory(AlgoComm *c, MemAccount *acct) {
     if (c->work_acct != acct) set_work(c, acct ? c->work_bytes : 0, acct, "work area");
-    if (c->rbuf && c->rbuf_acct != acct) ring_alloc(c);
+    if ((c->rbuf || c->hbuf) && c->bufs_acct != acct) bufs_alloc(c);
     if (c->vnode) algo_count_memory(c->vnode, acct), algo_count_memory(c->vcross, acct);
 }
 
 void algo_free(AlgoComm *c) {
     free(c->acc);
     c->acc = NULL;
-    if (c->rbuf_acct) mem_free(c->rbuf_acct, c->rbuf);
-    else hostmem_free(c->rbuf);
-    hostmem_free(c->hbuf), hostmem_free(c->hout);
-    c->rbuf = c->hbuf = c->hout = NULL;
-    c->rbuf_acct = NULL;
-    c->hbuf_bytes = c->hout_bytes = 0;
+    free_counted(c->bufs_acct, &c->rbuf), free_counted(c->bufs_acct, &c->hbuf), free_counted(c->bufs_acct, &c->hout);
+    c->bufs_acct = NULL;
     view_free(c->vnode), view_free(c->vcross);
     c->vnode = c->vcross = NULL;
     free(c->node_of), free(c->local_of);
@@ -677,8 +695,11 @@ static int ring_waits_for(const AlgoOp *q) {
 // all-reduce of those accumulators across the nodes among the members of this local rank (nodes
 // added in order, rounded once), and a fan-in all-gather inside the node. Each element is so
 // added in an order set by the layout alone: nodes 0..N-1, each node's sum in local rank order.
-// A reduce-scatter is that all-reduce (into hout) and a copy of this rank's segment: the same bits
-// as the all-reduce. An all-gather passes each segment round its local rank's ring across the
+// The vector goes in pieces of HIER_PIECE_BYTES of accumulators, one after another, so that the
+// buffers are a function of the layout (counted when the communicator is made, whatever operations
+// come); a piece changes no bit, the order of each element's additions being the same in any piece.
+// A reduce-scatter is that all-reduce (each piece into hout) and a copy of this rank's segment where
+// a piece holds it: the same bits as the all-reduce. An all-gather passes each segment round its local rank's ring across the
 // nodes, then every rank sends the segments it holds to its node's members. A broadcast goes round
 // the root's local rank's ring, then from each node's member of it to its node.
 #define HIER_DONE 100
@@ -723,15 +744,6 @@ static void hier_views(AlgoComm *c) {
     free(mem);
 }
 
-static unsigned char *grow_buf(unsigned char **buf, size_t *have, size_t bytes, const char *what) {
-    if (*have < bytes) {
-        hostmem_free(*buf);
-        if (!(*buf = hostmem_alloc(bytes))) die("out of memory: %zu bytes for the hierarchy's %s", bytes, what);
-        *have = bytes;
-    }
-    return *buf;
-}
-
 static void op_start_on(AlgoComm *c, AlgoOp *q);
 
 // Starts a phase on view v; in_acc, acc_out and ranks as in AlgoOp.
@@ -744,8 +756,6 @@ static void hier_child(AlgoOp *q, AlgoComm *v, int kind, const void *send, void 
     op_start_on(v, q->child);
 }
 
-// The node segment of this rank (its local rank's share of the vector).
-static Range node_seg(const AlgoComm *c, const AlgoOp *q) { return segment(q->count, c->local, c->vnode->rank); }
 
 // Posts the all-gather's exchange inside the node: the segments of this local rank's ring to every
 // node member, theirs from each.
@@ -769,23 +779,27 @@ static void hier_next(AlgoComm *c, AlgoOp *q) {
     size_t es = comm_type_size(q->t), as = comm_acc_size(q->t);
     int reduction = q->kind == REQ_ALLREDUCE || q->kind == REQ_REDUCE_SCATTER;
     for (; q->phase < HIER_DONE && !q->child; q->phase++) {
-        if (reduction) {
-            Range s = node_seg(c, q);
-            unsigned char *out = q->kind == REQ_ALLREDUCE ? q->recv : grow_buf(&c->hout, &c->hout_bytes, q->count * es + 1, "output");
+        if (reduction) { // piece [hoff, hoff + hlen) of the vector, its three phases, then the next piece
+            if (q->phase == 0) q->hlen = q->count - q->hoff < HIER_PIECE_BYTES / as ? q->count - q->hoff : HIER_PIECE_BYTES / as;
+            Range s = segment(q->hlen, c->local, c->vnode->rank); // this rank's node segment of the piece
+            const unsigned char *in = (const unsigned char *)q->send + q->hoff * es;
+            unsigned char *out = q->kind == REQ_ALLREDUCE ? (unsigned char *)q->recv + q->hoff * es : c->hout;
             if (q->phase == 0) {
-                unsigned char *partial = grow_buf(&c->hbuf, &c->hbuf_bytes, s.len * as + 1, "partial sums");
-                hier_child(q, c->vnode, REQ_REDUCE_SCATTER, q->send, partial, q->count, 0, 0, 1, 0);
+                hier_child(q, c->vnode, REQ_REDUCE_SCATTER, in, c->hbuf, q->hlen, 0, 0, 1, 0);
             } else if (q->phase == 1) {
                 if (c->nodes > 1) hier_child(q, c->vcross, REQ_ALLREDUCE, c->hbuf, out + s.off * es, s.len, 0, 1, 0, c->size);
                 else comm_finish_host(out + s.off * es, c->hbuf, s.len, q->t, q->op, c->size, 0);
             } else if (q->phase == 2) {
-                hier_child(q, c->vnode, REQ_ALLGATHER, out + s.off * es, out, q->count, 0, 0, 0, 0);
+                hier_child(q, c->vnode, REQ_ALLGATHER, out + s.off * es, out, q->hlen, 0, 0, 0, 0);
             } else {
-                if (q->kind == REQ_REDUCE_SCATTER) {
+                if (q->kind == REQ_REDUCE_SCATTER) { // this rank's segment of the whole vector, where the piece holds it
                     Range own = segment(q->count, c->size, c->rank);
-                    memmove(q->recv, out + own.off * es, own.len * es);
+                    size_t a = own.off > q->hoff ? own.off : q->hoff, e = own.off + own.len, pe = q->hoff + q->hlen;
+                    if (pe < e) e = pe;
+                    if (a < e) memmove((unsigned char *)q->recv + (a - own.off) * es, out + (a - q->hoff) * es, (e - a) * es);
                 }
-                q->phase = HIER_DONE - 1;
+                q->hoff += q->hlen;
+                q->phase = q->hoff < q->count ? -1 : HIER_DONE - 1; // the loop's step: phase 0 of the next piece, or done
             }
         } else if (q->kind == REQ_ALLGATHER) {
             if (q->phase == 0) {

@@ -23,6 +23,7 @@
 #define INLINE_REQS 16            // transfers an operation carries without allocating
 #define STREAM_BYTES (16u << 20)  // operations from this size copy past the cache (half this L3)
 #define RING_DEPTH 4              // a ring's chunks in flight per direction (its staging: 2 x this x a chunk)
+#define HIER_PIECE_BYTES (4u << 20) // the hierarchy reduces a vector in pieces of this many accumulator bytes
 
 // The algorithms (--algo): the owner fan-in (every pair connected), the ring (two neighbours), the
 // hierarchy (fan-in inside each node, a ring across the nodes per local rank). AUTO is resolved by
@@ -47,12 +48,11 @@ typedef struct AlgoComm {
                               // cross-node ring (the members of its local rank, one per node)
     int *to_parent;           // a view: its ranks as ranks of the communicator it views,
     int parent_size;          // and that communicator's size where its all-gathers place segments of it
-    unsigned char *rbuf;      // ALGO_RING: 2 x RING_DEPTH chunks of staging (forward, backward),
-    MemAccount *rbuf_acct;    // from this account (the work area's, as it was then); NULL: uncounted
-    unsigned char *hbuf;      // ALGO_HIER: the node's partial sums of this rank's node segment,
-    size_t hbuf_bytes;        // and an all-reduce's output for a reduce-scatter (hout)
-    unsigned char *hout;
-    size_t hout_bytes;
+    unsigned char *rbuf;      // ALGO_RING: 2 x RING_DEPTH chunks of staging (forward, backward)
+    unsigned char *hbuf;      // ALGO_HIER: the node's partial sums of this rank's node segment of a
+    unsigned char *hout;      // piece, and a reduce-scatter's output piece (HIER_PIECE_BYTES)
+    MemAccount *bufs_acct;    // rbuf, hbuf and hout from this account (the work area's, as it was
+                              // then); NULL: uncounted
     int slots;                // every peer shares memory: small collectives go through slots (net.h)
     uint64_t slot_seq;        // slot operations so far
     const char *op;           // the operation running (for error lines)
@@ -77,12 +77,17 @@ int algo_uses_pair(const AlgoComm *a, int r);
 // node's L - 1 and min(2, nodes - 1) across (send/recv's neighbours in rank order can add up to two).
 int algo_connections(const AlgoComm *a);
 // With conn set: whether the slots serve small collectives, the host accumulator, a ring's staging,
-// the hierarchy's views.
+// the hierarchy's views and buffers.
 void algo_init(AlgoComm *a);
 // Device memory from now on (NULL: none); while no operation runs. Every member attaches alike.
 void algo_use_device(AlgoComm *a, const DevMem *dev);
 // The work area from acct from now on (NULL: uncounted memory); see comm_count_memory.
 void algo_count_memory(AlgoComm *a, MemAccount *acct);
+// The bytes of host memory that algo_count_memory moves into an account for a communicator of `size`
+// members, `local` per node on `nodes` nodes under algorithm `algo` (its own staging and buffers, views
+// included; the work area, which grows with in-place operations, apart), with chunks of chunk_bytes
+// (CHUNK_BYTES; DEV_CHUNK_BYTES on a device): what ./train plan --exact adds per communicator.
+size_t algo_buffer_bytes(int algo, int size, int local, int nodes, size_t chunk_bytes);
 void algo_free(AlgoComm *a); // everything algo_init and the operations allocated
 
 // One operation: what was asked (op_init), then its running state (the driver's).
@@ -114,6 +119,7 @@ typedef struct AlgoOp {
     struct AlgoOp *child;       // ALGO_HIER: the phase running, on the view child_on
     struct AlgoComm *child_on;
     int hier, phase;            // ALGO_HIER: the phase (HIER_DONE at the end)
+    size_t hoff, hlen;          // ALGO_HIER reductions: the piece of the vector in hand
     // device buffers (the communicator's DevMem owns them): the compute stream's mark at submission,
     // which the start waits for; a finished chunk's mark, which its all-gather sends wait for; the
     // last queued work's

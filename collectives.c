@@ -76,6 +76,20 @@ int comm_parse_algo(const char *s) {
     return -1;
 }
 const char *comm_algo(const Comm *c) { return ALGO_NAMES[c->a.algo]; }
+
+long long comm_algo_buffer_bytes(int algo, int size, const int *node, const char **why) {
+    AlgoComm a = { .size = size };
+    a.node_of = xmalloc(sizeof(int) * (size_t)size);
+    for (int r = 0, nodes = 0; r < size; r++) { // nodes numbered by first appearance, as choose_algo does
+        a.node_of[r] = -1;
+        for (int q = 0; q < r && a.node_of[r] < 0; q++)
+            if (node[q] == node[r]) a.node_of[r] = a.node_of[q];
+        if (a.node_of[r] < 0) a.node_of[r] = nodes++;
+    }
+    *why = algo_choose(&a, algo);
+    free(a.node_of);
+    return *why ? -1 : (long long)algo_buffer_bytes(a.algo, size, a.local, a.nodes, CHUNK_BYTES);
+}
 int comm_node(const Comm *c, int r) { return c->a.node_of[r]; }
 int comm_connections(const Comm *c) {
     int k = 0;

@@ -46,6 +46,11 @@ typedef struct {
 typedef enum { COMM_ALGO_AUTO = 0, COMM_ALGO_FANIN, COMM_ALGO_RING, COMM_ALGO_HIER } CommAlgo;
 // "auto", "fanin", "ring" or "hier"; -1 otherwise.
 int comm_parse_algo(const char *s);
+// The host bytes a communicator of `size` members on the nodes node[0..size) (any numbering) keeps for
+// its algorithm (CommAlgo, auto resolved as a communicator resolves it), which comm_count_memory counts
+// as comm buffers: for ./train plan --exact, without connecting. -1, and *why, where the algorithm
+// cannot serve those members.
+long long comm_algo_buffer_bytes(int algo, int size, const int *node, const char **why);
 // The algorithm communicator c runs ("fanin", "ring" or "hier"), and its open connections.
 const char *comm_algo(const Comm *c);
 int comm_connections(const Comm *c);
@@ -77,8 +82,10 @@ void comm_use_device(Comm *comm, const struct DevMem *dev);
 // An all-reduce or reduce-scatter whose output overlaps its input otherwise than exactly in place (or,
 // for a reduce-scatter, in this rank's own segment) reduces from a private copy of the input: the
 // communicator's work area, registered host memory that grows and is kept. comm_count_memory(c, acct)
-// makes it, and the ring algorithm's staging, come from acct from now on (the rank's memory account,
-// as comm buffers), freeing the ones it had; acct NULL frees it and returns to uncounted memory, which must happen before acct goes away.
+// makes it, and the algorithm's own buffers (the ring's staging, the hierarchy's partial sums and
+// output piece: algo_buffer_bytes) come from acct from now on (the rank's memory account, as comm
+// buffers; the trainer counts every communicator of its layout: layout_count_memory), freeing the
+// ones it had; acct NULL frees it and returns to uncounted memory, which must happen before acct goes away.
 // Call it while no operation is in flight on c; c NULL (a dry build) does nothing. The trainer's own
 // collectives are in place, into their own segment or into a separate buffer, so during training the
 // area stays empty: counting it keeps the account whole should one ever need it.

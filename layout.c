@@ -95,6 +95,12 @@ int layout_comms(const Layout *l, Comm **out, int cap) {
     return n;
 }
 
+void layout_count_memory(const Layout *l, MemAccount *acct) {
+    Comm *all[16];
+    int n = layout_comms(l, all, 16);
+    for (int i = 0; i < n; i++) comm_count_memory(all[i], acct);
+}
+
 int layout_head_stage(const Layout *l) { return l->schedule == SCHED_ZBV ? 0 : l->pp.size - 1; }
 
 int layout_split_layers(int L, int P, int V, const char *counts, int *first, int *count, char *err, size_t cap) {

@@ -63,6 +63,9 @@ void layout_connect(Layout *l, Comm *world);
 void layout_disconnect(Layout *l);
 // Every communicator of the layout, for the device set-up (NULL entries where absent); returns the count.
 int layout_comms(const Layout *l, Comm **out, int cap);
+// Every communicator's own buffers (an algorithm's staging: comm_count_memory) from acct from now on
+// (NULL: uncounted again); ./train plan --exact counts the same (algo_buffer_bytes).
+void layout_count_memory(const Layout *l, MemAccount *acct);
 // The pipeline stage holding the head (the final LayerNorm, the LM head and the loss): the last, or
 // under zb-v the first, which then holds both ends of the model (schedule.h).
 int layout_head_stage(const Layout *l);

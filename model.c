@@ -723,7 +723,7 @@ void gpt2_build(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, con
         for (int h = 0; h < lay->nheads; h++) alloc_head(m, &m->heads[h]);
     }
     alloc_recompute(m);
-    comm_count_memory(layout_group(&m->lay->tp), a); // (no work area needed: see collectives.h)
+    layout_count_memory(m->lay, a); // every communicator's staging (the ring's, the hierarchy's) is comm buffers
     m->act = &m->slots[0];
     m->logits_bytes = m->last ? (size_t)m->B * m->T * m->Vp_tp * ds : 0;
     if (tied_apart(m)) m->head_wte_grad = mem_alloc(a, MEM_GRADS, m->param_sizes[P_WTE] * sizeof(float), "head's embedding gradient");
@@ -734,7 +734,7 @@ static void wstash_free(GPT2 *m); // the split backward's stash (below)
 void gpt2_free(GPT2 *m) {
     MemAccount *a = &m->mem;
     wstash_free(m);
-    comm_count_memory(layout_group(&m->lay->tp), NULL);
+    layout_count_memory(m->lay, NULL);
     for (int h = 0; m->heads && h < m->lay->nheads; h++) {
         Activations *x = &m->heads[h];
         void *own[] = { x->lnf, x->lnf_mean, x->lnf_rstd, x->logits, x->ce_max, x->ce_sum, x->ce_target, x->targets };

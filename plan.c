@@ -104,9 +104,10 @@
 // (mem.h), and reports the fullest stage: weights, gradients (fp32), optimizer state, activations (the
 // activation sets the schedule keeps: 1F1B, or every micro-batch with --interleaved, of the rank's T/CP
 // positions, with --pp-schedule zb-h1 or zb-v the sets their action lists hold and the split backward's
-// weight-gradient stashes, and the CP ring's accumulators), recompute scratch, comm buffers (ZeRO buckets, gathered
-// units and the CP ring's blocks), other (checkpoint staging with --ckpt, on --device cpu). Fits and the
-// order use its total.
+// weight-gradient stashes, and the CP ring's accumulators), recompute scratch, comm buffers (ZeRO buckets,
+// gathered units and the CP ring's blocks; on --device cpu every communicator's algorithm staging under
+// --algo, exact_comm_bytes), other (checkpoint staging with --ckpt, on --device cpu). Fits and the order
+// use its total.
 //
 // Layouts: every (TP, CP, PP, DP) with TP·CP·PP·DP = G, TP <= --max-tp and every TP group (TP consecutive
 // ranks) inside one node (nodes of --gpus-per-node consecutive ranks), in llm4d's rank order
@@ -201,6 +202,12 @@ static const char PLAN_USAGE[] =
     "  --device gpu|cpu           with --exact: what the ranks run on (default gpu); on cpu the host buffers\n"
     "                             (checkpoint staging) are the device's memory too\n"
     "  --ckpt                     with --exact: checkpoints are written (--ckpt-dir): count their staging\n"
+    "  --algo auto|fanin|ring|hier\n"
+    "                             with --exact: the collectives' algorithm, as for training (default auto:\n"
+    "                             fan-in inside a node, hierarchical across nodes); on --device cpu comm\n"
+    "                             counts every communicator's staging under it (ring 2 MiB, hierarchy\n"
+    "                             4 MiB + 4 MiB / ranks per node, + 2 MiB across nodes; host memory, so\n"
+    "                             not a GPU's)\n"
     "\n"
     "communication of one layout (./train plan comm; the alpha-beta model: README, \"Communication at scale\"):\n"
     "  comm                       (first) each traffic class (TP, PP, DP, CP) under each algorithm (ring,\n"
@@ -226,6 +233,7 @@ typedef struct {
     int comm;                       // ./train plan comm: one layout's communication
     double intra_lat, inter_lat;    // seconds per message (plan comm)
     int exact, sp, interleaved, device_cpu, ckpt; // --exact and its options
+    int algo;                       // --exact: the collectives' algorithm (CommAlgo), as training's --algo
     double bucket_mb;
     double gpu_mem, intra_bw, inter_bw, flops, batch_tokens; // bytes, bytes/s, bytes/s, FLOP/s, tokens
     const char *plot;
@@ -257,7 +265,7 @@ typedef struct {
 
 typedef struct { // the flags that only parse_plan's checks and the shape read
     const char *preset;
-    int L, C, NH, V, maxT, T, device_given, bucket_given;
+    int L, C, NH, V, maxT, T, device_given, bucket_given, algo_given;
     int arch, NKV, F, tie; // --arch, --kv-heads, --ffn, --tie-embeddings (arch and tie -1 where not given)
     double rope_theta, norm_eps; // taken as training takes them, checked; they change no estimate
     const char *rope_scaling;    // (the same)
@@ -269,10 +277,11 @@ static void resolve_plan(PlanInput *in, const PlanFlags *g) {
     const char *preset = g->preset;
     int L = g->L, C = g->C, NH = g->NH, V = g->V, maxT = g->maxT, T = g->T;
     if (!in->gpus) die("plan: --gpus is required (the number of GPUs to split the model over)");
-    if (!in->exact && (in->sp || in->interleaved || in->ckpt || g->device_given || g->bucket_given))
+    if (in->comm && g->algo_given) die("plan comm: --algo is for ./train plan --exact (plan comm shows every algorithm)");
+    if (!in->exact && (in->sp || in->interleaved || in->ckpt || g->device_given || g->bucket_given || g->algo_given))
         die("%s describes llm4d's own buffers: it needs --exact", in->sp ? "--sp" : in->interleaved ? "--interleaved"
                                                                  : in->ckpt ? "--ckpt" : g->device_given ? "--device"
-                                                                 : "--bucket-mb");
+                                                                 : g->bucket_given ? "--bucket-mb" : "--algo");
     if (g->lat_given && !in->comm) die("%s is for ./train plan comm (the communication model)", g->lat_given);
     if (in->comm && (in->exact || in->plot || in->top))
         die("plan comm: %s is for the layout search (./train plan)", in->exact ? "--exact" : in->plot ? "--plot" : "--top");
@@ -374,6 +383,10 @@ static void parse_plan(PlanInput *in, int argc, char **argv) {
         else if (IS("--dp")) in->only_dp = INT(1, 1 << 24);
         else if (IS("--plot")) in->plot = v;
         else if (IS("--bucket-mb")) in->bucket_mb = parse_number(f, v, NO_UNITS, 0, 1e6, 0), g.bucket_given = 1;
+        else if (IS("--algo")) {
+            if ((in->algo = comm_parse_algo(v)) < 0) die("--algo must be auto, fanin, ring or hier, got '%s'", v);
+            g.algo_given = 1;
+        }
         else if (IS("--device")) {
             if (strcmp(v, "gpu") && strcmp(v, "cpu")) die("--device must be gpu or cpu, got '%s'", v);
             in->device_cpu = !strcmp(v, "cpu");
@@ -547,8 +560,46 @@ static void estimate_seed(const PlanInput *in, Candidate *y) {
     estimate_step(in, y);
 }
 
+#define ALGO_NAME(a) ((const char *const[]){ "auto", "fanin", "ring", "hier" })[a] // CommAlgo's, as --algo spells them
+
+// --exact: the comm buffers of the collectives' algorithms (the ring's staging, the hierarchy's partial
+// sums) on the rank at coordinates (0, l's stage, 0, 0), for every communicator layout_connect makes
+// there (layout_count_memory counts them all), its members on nodes of --gpus-per-node consecutive
+// ranks; host memory, so the device's figure only where the ranks run on the CPUs. -1 and *why where
+// --algo cannot serve a communicator.
+static double exact_comm_bytes(const PlanInput *in, const Layout *l, const char **why) {
+    if (!in->device_cpu) return 0;
+    enum { D = 1, P = 2, C = 4, T = 8, ENDS = 16 }; // the axes a communicator spans; ENDS: stages 0 and PP-1
+    int TP = l->tp.size, CP = l->cp.size, PP = l->pp.size, DP = l->dp.size, s = l->pp.rank, spans[10], ns = 0;
+    spans[ns++] = D | P | C | T;                             // world
+    spans[ns++] = T;                                         // tp
+    spans[ns++] = P, spans[ns++] = P, spans[ns++] = P;       // pp, its activations, its gradients
+    spans[ns++] = D | C;                                     // the replicas (DP x CP)
+    if (CP > 1) spans[ns++] = C, spans[ns++] = C;            // cp, its dK/dV
+    if (PP > 1 && layout_head_stage(l) != 0 && (s == 0 || s == PP - 1)) spans[ns++] = P | ENDS; // the tied embedding
+    int *node = xmalloc(sizeof(int) * (size_t)l->nranks);
+    double total = 0;
+    for (int i = 0; i < ns; i++) {
+        int g = spans[i], n = 0;
+        for (int dp = 0; dp < (g & D ? DP : 1); dp++)
+            for (int pp = g & P ? 0 : s; pp < (g & P ? PP : s + 1); pp++)
+                for (int cp = 0; cp < (g & C ? CP : 1); cp++)
+                    for (int tp = 0; tp < (g & T ? TP : 1); tp++)
+                        if (!(g & ENDS) || pp == 0 || pp == PP - 1) node[n++] = layout_rank(dp, pp, cp, tp, TP, CP, PP) / in->gpus_per_node;
+        long long b = comm_algo_buffer_bytes(in->algo, n, node, why);
+        if (b < 0) {
+            total = -1;
+            break;
+        }
+        total += (double)b;
+    }
+    free(node);
+    return total;
+}
+
 // --exact: llm4d's buffers for every stage of the layout, counted by building the rank dry (see the top
-// of this file); the fullest stage decides total and fits.
+// of this file) and adding the collectives' algorithm buffers (exact_comm_bytes); the fullest stage
+// decides total and fits.
 static void estimate_exact(const PlanInput *in, Candidate *y) {
     y->exact_stage = -1;
     y->exact_total = NAN;
@@ -589,9 +640,19 @@ static void estimate_exact(const PlanInput *in, Candidate *y) {
             ckpt_alloc_staging(&m.mem, &z, snap);
         }
         memcpy(y->stage_bytes[s], m.mem.peak, sizeof y->stage_bytes[s]);
+        const char *why = NULL;
+        double comm = exact_comm_bytes(in, &l, &why);
         pipeline_free(&p);
         zero_free(&z);
         gpt2_free(&m);
+        if (comm < 0) {
+            y->why = why;
+            y->exact_stage = -1;
+            y->exact_total = NAN;
+            y->fits = 0;
+            return;
+        }
+        y->stage_bytes[s][MEM_COMM] += (size_t)comm;
         double total = (double)mem_sum(y->stage_bytes[s]);
         if (y->exact_stage < 0 || total > y->exact_total) y->exact_stage = s, y->exact_total = total;
     }
@@ -659,12 +720,12 @@ static void print_table(const PlanInput *in, const Candidate *ys, int n) {
            "%s attention\n", in->batch_tokens, in->batch_tokens / in->T, in->T, in->micro_batches, in->zero,
            RECOMPUTE_NAMES[in->recompute], in->fp32 ? "fp32" : "bf16", in->flash ? "flash (no T^2 term)" : "full (T^2 probabilities kept)");
     if (in->exact)
-        printf("exact: %s schedule%s, %s, gradient buckets of %.4g MiB, ranks on %s%s; the fullest stage's bytes, "
-               "interleaved bubble with V = %d\n\n", in->interleaved ? "interleaved (where it applies)"
+        printf("exact: %s schedule%s, %s, gradient buckets of %.4g MiB, ranks on %s%s, collectives --algo %s; the fullest "
+               "stage's bytes, interleaved bubble with V = %d\n\n", in->interleaved ? "interleaved (where it applies)"
                                                   : in->pp_schedule == SCHED_ZBH1 ? "zb-h1 (with its weight-gradient stashes)"
                                                   : in->pp_schedule == SCHED_ZBV ? "zb-v (where 2PP <= L; its sets and stashes)" : "1F1B",
                in->sp ? ", sequence parallel" : "", "flash attention", in->bucket_mb, in->device_cpu ? "CPUs" : "GPUs",
-               in->ckpt ? ", checkpoint staging" : "", in->pp_virtual);
+               in->ckpt ? ", checkpoint staging" : "", ALGO_NAME(in->algo), in->pp_virtual);
     else
         printf("act upper: the whole replica batch resident; act 1F1B: min(PP, M) micro-batches in flight (total and fits "
                "use it); interleaved bubble with V = %d\n\n", in->pp_virtual);
@@ -731,8 +792,9 @@ static void write_json(FILE *f, const PlanInput *in, const Candidate *ys, int n)
     json_num(f, "flops_per_s", in->flops, ",");
     fprintf(f, "\"exact\":%s", in->exact ? "true" : "false");
     if (in->exact)
-        fprintf(f, ",\"sp\":%s,\"interleaved\":%s,\"device\":\"%s\",\"ckpt\":%s,\"bucket_mb\":%.17g", in->sp ? "true" : "false",
-                in->interleaved ? "true" : "false", in->device_cpu ? "cpu" : "gpu", in->ckpt ? "true" : "false", in->bucket_mb);
+        fprintf(f, ",\"sp\":%s,\"interleaved\":%s,\"device\":\"%s\",\"ckpt\":%s,\"bucket_mb\":%.17g,\"algo\":\"%s\"",
+                in->sp ? "true" : "false", in->interleaved ? "true" : "false", in->device_cpu ? "cpu" : "gpu",
+                in->ckpt ? "true" : "false", in->bucket_mb, ALGO_NAME(in->algo));
     fprintf(f, "},\"layouts\":[");
     for (int i = 0; i < n; i++) {
         const Candidate *y = &ys[i];

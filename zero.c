@@ -231,7 +231,6 @@ void zero_init(Zero *z, GPT2 *model, const float *host, const AdamWConfig *cfg) 
     for (int b = 0; b < z->nbuckets; b++)
         if (z->blen[b] > biggest) biggest = z->blen[b];
     if (stage >= 2) z->gshard = mem_alloc(a, MEM_GRADS, (z->shard_elems + 1) * sizeof(float), "gradient shard");
-    comm_count_memory(z->dp, a); // the reductions below need no work area; should one ever, it counts
     z->stream = zero_streams_gradients(stage, z->dp_size, accum);
     z->bucket_buf = xcalloc((size_t)z->nbuckets, sizeof(float *));
     if (z->stream) {
@@ -277,7 +276,6 @@ void zero_free(Zero *z) {
         mem_free(a, z->slots[s].buf);
     }
     free(z->slots);
-    comm_count_memory(z->dp, NULL);
     mem_free(a, z->gshard);
     for (int i = 0; i < z->npool; i++) mem_free(a, z->pool[i]);
     free(z->pool);

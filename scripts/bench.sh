@@ -83,7 +83,9 @@ bash scripts/bench_tokenizer.sh
 # collectives against OpenMPI on this node (skipped, saying so, when mpicc is not installed)
 bash scripts/bench/compare_mpi.sh
 
-# the collectives' algorithms: fan-in, ring and hierarchy on one node and across two simulated nodes
+# the collectives' algorithms: fan-in, ring and hierarchy against OpenMPI on one node and across two
+# simulated nodes (network namespaces; skipped, saying why, without root or OpenMPI). Long on a loaded
+# machine: `make bench QUICK=1` runs its quick mode (4 ranks on one node, 8 across, 1-16 MiB).
 echo
-echo "== collective algorithms (scripts/bench_algo.sh) =="
+echo "== collective algorithms (scripts/bench_algo.sh${QUICK:+, QUICK=$QUICK}) =="
 bash scripts/bench_algo.sh

@@ -1,21 +1,32 @@
 #!/usr/bin/env bash
-# scripts/bench_algo.sh: the collectives' algorithms (--algo fanin, ring, hier) against one another,
-# all-reduce busbw from MIN_BYTES to MAX_BYTES (1M-64M), the median of RUNS runs (3) per size, and the
-# median of the ratios to fanin measured within each run (its algorithms run back to back):
+# scripts/bench_algo.sh: the collectives' algorithms (--algo fanin, ring, hier) against one another and
+# against OpenMPI's all-reduce, busbw from MIN_BYTES to MAX_BYTES (1M-64M): per size the median busbw
+# over RUNS runs (3), and the median of the ratios to each comparator (fanin, mpi) measured within
+# each run (a run's programs go back to back, so a ratio compares like load with like):
 #   one node: 2 and 4 ranks over shared memory (hier on one node is the fan-in reduce-scatter into
-#             accumulators, then the fan-in all-gather);
+#             accumulators, then the fan-in all-gather); OpenMPI over vader (shared memory);
 #   two simulated nodes (network namespaces joined by a veth pair, as test/two_nodes.sh; root only):
-#             4 and 8 ranks, half on each, TCP across: hier against fanin.
-# A figure, never pass/fail; the load average is printed (the machine may be shared). Environment:
-# ALGOS (one node's, "fanin ring hier"; the first is the ratios' base), RUNS, MIN_BYTES, MAX_BYTES,
-# NPROCS ("2 4"), NODE_NPROCS ("4 8"; empty: no simulated nodes), OP (allreduce), ITERS (bench-comm's
-# --iters per size; unset: its own choice) and WARMUP (5).
+#             4 and 8 ranks, half on each, shared memory inside and TCP across: hier against fanin and
+#             OpenMPI (vader inside, btl tcp across; mpirun in the first namespace starts an orted in
+#             each through an rsh agent that is `ip netns exec`).
+# A figure, never pass/fail. The load average is printed at the start and after each table (the
+# machine may be shared). What cannot run is skipped, saying why: OpenMPI not installed (no MPI
+# columns), network namespaces unavailable (no two-node tables). Namespaces are removed on exit.
+# Environment: ALGOS (one node's, "fanin ring hier"), RUNS, MIN_BYTES, MAX_BYTES, NPROCS ("2 4"),
+# NODE_NPROCS ("4 8"; empty: no simulated nodes), OP (allreduce), ITERS (bench-comm's --iters per
+# size; unset: its own choice), WARMUP (5), MPI (0: leave OpenMPI out), QUICK (1: RUNS 3, 1M-16M,
+# 4 ranks one node, 8 ranks across: the configurations the goals name).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x ./train ] || make train >/dev/null
+if [ "${QUICK:-0}" = 1 ]; then
+    : "${RUNS:=3}" "${MAX_BYTES:=16M}" "${NPROCS:=4}" "${NODE_NPROCS=8}"
+fi
 ALGOS=${ALGOS:-fanin ring hier}
 RUNS=${RUNS:-3} MIN=${MIN_BYTES:-1M} MAX=${MAX_BYTES:-64M} OP=${OP:-allreduce}
 BENCH=(--op "$OP" --min-bytes "$MIN" --max-bytes "$MAX" --warmup "${WARMUP:-5}" ${ITERS:+--iters "$ITERS"})
+source scripts/bench/mpi_common.sh
+if [ "${MPI:-1}" = 0 ]; then echo "OpenMPI left out (MPI=0)"; else mpi_build; fi
 W=$(mktemp -d /tmp/llm4d-algo.XXXXXX)
 NS=()
 cleanup() {
@@ -23,56 +34,71 @@ cleanup() {
     rm -rf "$W"
 }
 trap cleanup EXIT
+load() { cut -d' ' -f1-3 /proc/loadavg; }
 
-# table FILES...: per algorithm (file name ALGO.RUN), the median busbw per size and ratios to fanin
+# table FILES...: per program (file name NAME.RUN) the median busbw per size, then each algorithm's
+# ratios to fanin and to mpi (where measured), each the median of the ratios within one run
 table() {
     awk -v runs="$RUNS" '
         function median(a, k,    i, j, t) {
             for (i = 2; i <= k; i++) for (j = i; j > 1 && a[j - 1] > a[j]; j--) { t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
             return k % 2 ? a[(k + 1) / 2] : (a[k / 2] + a[k / 2 + 1]) / 2
         }
-        FNR == 1 { np = split(FILENAME, p, "/"); split(p[np], q, "."); algo = q[1]; run = q[2]; row = 0; if (!(algo in seen)) { seen[algo] = 1; order[++na] = algo } }
+        FNR == 1 { np = split(FILENAME, p, "/"); split(p[np], q, "."); name = q[1]; run = q[2]; row = 0; if (!(name in seen)) { seen[name] = 1; order[++na] = name } }
         /^#/ || NF < 8 { next }
-        { row++; bytes[row] = $2; bw[algo, row, run] = $7; if ($8 != "ok") bad = 1; if (row > rows) rows = row }
+        { row++; bytes[row] = $2; bw[name, row, run] = $7; if ($8 != "ok") bad = bad " " name; if (row > rows) rows = row }
         END {
-            printf "%12s", "bytes"; for (i = 1; i <= na; i++) printf " %11s", order[i] " GB/s"
-            for (i = 2; i <= na; i++) printf " %12s", order[i] "/" order[1]; printf "\n"
+            nb = 0
+            for (i = 1; i <= na; i++) if (order[i] == "fanin" || order[i] == "mpi") base[++nb] = order[i]
+            printf "%12s", "bytes"; for (i = 1; i <= na; i++) printf " %10s", order[i] " GB/s"
+            for (b = 1; b <= nb; b++) for (i = 1; i <= na; i++) if (order[i] != base[b] && order[i] != "mpi") printf " %11s", order[i] "/" base[b]
+            printf "\n"
             for (r = 1; r <= rows; r++) {
                 printf "%12d", bytes[r]
-                for (i = 1; i <= na; i++) { for (k = 1; k <= runs; k++) v[k] = bw[order[i], r, k]; printf " %11.3f", median(v, runs) }
-                # each ratio within one run (the algorithms of a run measured back to back), then their median
-                for (i = 2; i <= na; i++) {
-                    for (k = 1; k <= runs; k++) v[k] = bw[order[1], r, k] > 0 ? bw[order[i], r, k] / bw[order[1], r, k] : 0
-                    printf " %12.2f", median(v, runs)
+                for (i = 1; i <= na; i++) { for (k = 1; k <= runs; k++) v[k] = bw[order[i], r, k]; printf " %10.3f", median(v, runs) }
+                for (b = 1; b <= nb; b++) for (i = 1; i <= na; i++) {
+                    if (order[i] == base[b] || order[i] == "mpi") continue
+                    for (k = 1; k <= runs; k++) v[k] = bw[base[b], r, k] > 0 ? bw[order[i], r, k] / bw[base[b], r, k] : 0
+                    printf " %11.2f", median(v, runs)
                 }
                 printf "\n"
             }
-            if (bad) print "warning: a run reported a wrong result"
+            if (bad) print "warning: a run reported a wrong result:" bad
         }' "$@"
 }
 
-echo "algorithms: $OP busbw (bench-comm ${BENCH[*]}), $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg) at start; median of $RUNS runs"
+echo "algorithms: $OP busbw (bench-comm ${BENCH[*]}), $(nproc) cores, load average $(load) at start; median of $RUNS runs"
+[ $HAVE_MPI = 1 ] && echo "MPI: $(mpirun --version 2>/dev/null | head -1)"
+MPIB=(build/mpi_bench --op "$OP" --min-bytes "$MIN" --max-bytes "$MAX" --warmup "${WARMUP:-5}" ${ITERS:+--iters "$ITERS"})
 for n in ${NPROCS:-2 4}; do
     rm -f "$W"/*.[0-9]*
     for run in $(seq "$RUNS"); do
         for a in $ALGOS; do
             ./train bench-comm --nproc "$n" "${BENCH[@]}" --algo "$a" >"$W/$a.$run"
         done
+        if [ $HAVE_MPI = 1 ]; then
+            "${MPIRUN[@]}" -np "$n" "${MPIB[@]}" >"$W/mpi.$run" 2>"$W/err.mpi" ||
+                { cat "$W/err.mpi" >&2; echo "error: mpirun failed (above)" >&2; exit 1; }
+        fi
     done
     echo
-    echo "== one node, $n ranks (shared memory) =="
-    table $(for a in $ALGOS; do echo "$W/$a".*; done)
+    echo "== one node, $n ranks (shared memory; OpenMPI over vader) =="
+    table $(for a in $ALGOS; do echo "$W/$a".[0-9]*; done; [ $HAVE_MPI = 1 ] && echo "$W"/mpi.[0-9]*)
+    echo "load average: $(load)"
 done
 
 if [ -n "${NODE_NPROCS+set}" ] && [ -z "$NODE_NPROCS" ]; then
-    echo; echo "two simulated nodes: skipped (NODE_NPROCS is empty)"; echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"; exit 0
+    echo; echo "two simulated nodes: skipped (NODE_NPROCS is empty)"; exit 0
 fi
-if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null || ! command -v nsenter >/dev/null; then
-    echo; echo "two simulated nodes: skipped (network namespaces need root, ip, nsenter)"; exit 0
+if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null || ! command -v nsenter >/dev/null || ! command -v unshare >/dev/null; then
+    echo; echo "two simulated nodes: skipped (network namespaces need root, ip, nsenter and unshare)"; exit 0
 fi
-# two namespaces joined by a veth pair (names carry this pid: parallel runs never clash)
+# two namespaces joined by a veth pair (names carry this pid: parallel runs never clash); each is a
+# node, and its name is that node's host name
 ns0=llm4d-algo-$$-0 ns1=llm4d-algo-$$-1 v0=l4da$$a v1=l4da$$b
-ip netns add "$ns0" && NS+=("$ns0") && ip netns add "$ns1" && NS+=("$ns1")
+if ! { ip netns add "$ns0" && NS+=("$ns0") && ip netns add "$ns1" && NS+=("$ns1"); } 2>"$W/ns.err"; then
+    echo; echo "two simulated nodes: skipped (cannot make network namespaces: $(head -1 "$W/ns.err"))"; exit 0
+fi
 ip link add "$v0" netns "$ns0" type veth peer name "$v1" netns "$ns1"
 ip -n "$ns0" link set lo up && ip -n "$ns1" link set lo up
 ip -n "$ns0" addr add 10.201.0.1/24 dev "$v0" && ip -n "$ns1" addr add 10.201.0.2/24 dev "$v1"
@@ -96,14 +122,31 @@ run_nodes() {
     rm -f "$out".rank*
     port=$((port + 1))
 }
+# OpenMPI across the namespaces: mpirun runs in the first; for each host (a namespace's name) it
+# starts an orted through this rsh agent, which runs the orted's command line in that namespace under
+# that host name. vader inside a node, TCP over the veth pair across; out-of-band traffic on it too.
+cat >"$W/ns_agent.sh" <<'AGENT'
+#!/bin/sh
+# mpirun's rsh agent: HOST COMMAND... runs COMMAND (a shell command line) in network namespace HOST
+host=$1
+shift
+exec ip netns exec "$host" unshare --uts sh -c 'hostname "$0" && eval "$1"' "$host" "$*"
+AGENT
+chmod +x "$W/ns_agent.sh"
+run_mpi_nodes() {
+    local n=$1 out=$2 half=$(($1 / 2))
+    timeout 900 ip netns exec "$ns0" "${MPIRUN[@]/self,vader/self,vader,tcp}" -np "$n" --host "$ns0:$half,$ns1:$half" \
+        --mca plm_rsh_agent "$W/ns_agent.sh" --mca btl_tcp_if_include 10.201.0.0/24 --mca oob_tcp_if_include 10.201.0.0/24 \
+        "${MPIB[@]}" >"$out" 2>"$W/err.mpi" || { cat "$W/err.mpi" >&2; echo "error: mpirun across the namespaces failed (above)" >&2; return 1; }
+}
 for n in ${NODE_NPROCS:-4 8}; do
     rm -f "$W"/*.[0-9]*
     for run in $(seq "$RUNS"); do
         for a in fanin hier; do run_nodes "$n" "$a" "$W/$a.$run"; done
+        if [ $HAVE_MPI = 1 ]; then run_mpi_nodes "$n" "$W/mpi.$run"; fi
     done
     echo
-    echo "== two nodes, $n ranks ($((n / 2)) per node; shared memory inside, TCP across) =="
-    table "$W"/fanin.* "$W"/hier.*
+    echo "== two nodes, $n ranks ($((n / 2)) per node; shared memory inside, TCP across; OpenMPI vader + tcp) =="
+    table "$W"/fanin.[0-9]* "$W"/hier.[0-9]* $([ $HAVE_MPI = 1 ] && echo "$W"/mpi.[0-9]*)
+    echo "load average: $(load)"
 done
-echo
-echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"

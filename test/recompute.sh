@@ -23,6 +23,12 @@ RC_FAMILIES=(
     "cp2tp2sp|--nproc 4 --tp 2 --sp --cp 2 --zero 3|--micro-batch 2 --batch-tokens 128|none full"
     "b4||--micro-batch 4 --batch-tokens 128|none"
     "t64||--seq-len 64 --micro-batch 2 --batch-tokens 128|none"
+    # the collectives' algorithms' own buffers (every communicator's ring staging, the hierarchy's
+    # partial sums and output piece) in comm buffers, which plan --exact --algo counts the same
+    "dp2z3ring|--nproc 2 --zero 3 --algo ring|--micro-batch 2 --batch-tokens 256|none"
+    "dp2z2hier|--nproc 2 --zero 2 --bucket-mb 0.02 --algo hier|--micro-batch 2 --batch-tokens 128|none"
+    "3dring|--nproc 4 --tp 2 --sp --pp 2 --algo ring|--micro-batch 1 --batch-tokens 128|none"
+    "cp2tp2hier|--nproc 4 --tp 2 --cp 2 --algo hier|--micro-batch 2 --batch-tokens 128|none"
 )
 
 # The same families for llama3-tiny (4 blocks, so that PP 2 interleaves), in $RC_LLAMA_DIR: the layouts
@@ -133,7 +139,9 @@ t_memory_formulas() {
 }
 
 # ./train plan --exact (llm4d's buffers built dry for the layout) predicts every rank's measured peak per
-# category within 5%, for GPT-2 and for llama3-tiny.
+# category within 5%, for GPT-2 and for llama3-tiny; the runs under --algo ring and hier with plan
+# --exact --algo (comm buffers then hold each communicator's staging: 2 MiB a ring, 6 MiB a hierarchy of
+# 2 on one node).
 t_plan_exact() {
     rc_runs || return 1
     $PY test/memory_check.py exact "$RC_DIR" "$TRAIN" || return 1

@@ -1599,6 +1599,8 @@ t_plan_bad_input() {
     expect_error "--params needs --layers and --channels" "${p[@]}" --params 70B || ok=1
     expect_error "--params replaces the shape's parameter count" "${p[@]}" --params 70B --model d12 || ok=1
     expect_error "--sp describes llm4d's own buffers: it needs --exact" "${p[@]}" --sp || ok=1
+    expect_error "--algo describes llm4d's own buffers: it needs --exact" "${p[@]}" --algo ring || ok=1
+    expect_error "--algo must be auto, fanin, ring or hier, got 'tree'" "${p[@]}" --exact --algo tree || ok=1
     expect_error "--device must be gpu or cpu, got 'tpu'" "${p[@]}" --exact --device tpu || ok=1
     expect_error "--exact counts llm4d's buffers, and its attention is flash" "${p[@]}" --exact --attention full || ok=1
     expect_error "not --params" plan --gpus 8 --batch-tokens 64K --params 7B --layers 32 --channels 4096 --exact || ok=1
@@ -1633,7 +1635,7 @@ t_plan_bad_input() {
     expect_error "plan comm: give one layout" plan comm --gpus 8 --batch-tokens 64K --tp 2 --pp 2 --dp 4 || ok=1
     expect_error "plan comm: --exact is for the layout search" "${c[@]}" --exact || ok=1
     expect_error "plan comm: --top is for the layout search" "${c[@]}" --top 3 || ok=1
-    expect_error "plan: unknown flag --algo" "${c[@]}" --algo ring || ok=1
+    expect_error "plan comm: --algo is for ./train plan --exact (plan comm shows every algorithm)" "${c[@]}" --algo ring || ok=1
     return $ok
 }
 
@@ -1900,7 +1902,7 @@ run_test plan    t_comm_model              "plan comm: each traffic class's time
 run_test plan    t_plan_bad_input          "plan: bad input, one-line errors naming the flag (ASan)"
 run_test memory  t_recompute               "recompute selective and full are bitwise --recompute none: 1 rank fp32/bf16, DP x ZeRO 1-3, TP+SP, PP plain/interleaved, 3D bf16, CP alone and with TP+SP x ZeRO-3, resume; no extra ZeRO-3 gathers"
 run_test memory  t_memory_formulas         "memory: every rank's peak activations and recompute scratch equal the inventory; fall with recompute, TP, SP, PP, CP, B, T"
-run_test plan    t_plan_exact              "plan --exact predicts every rank's measured peak per category (DP x ZeRO, TP+SP, PP, interleaved, zb-h1 and zb-v with their W stashes, CP, recompute; llama3-tiny's DP x ZeRO, PP, TP+SP, TP 4 on 2 kv heads, CP, recompute)"
+run_test plan    t_plan_exact              "plan --exact predicts every rank's measured peak per category (DP x ZeRO, TP+SP, PP, interleaved, zb-h1 and zb-v with their W stashes, CP, recompute, --algo ring and hier's comm staging; llama3-tiny's DP x ZeRO, PP, TP+SP, TP 4 on 2 kv heads, CP, recompute)"
 run_test cli     t_plot_schedule           "scripts/plot.py --schedule: timelines from real --pp-schedule-dump tables (F, B, W coloured), the per-rank pipeline panel; a malformed dump, one line"
 run_test cli     t_plot                    "plot.py: training logs and the planner's memory bars as PNG"
 run_test verbs   t_verbs_absent            "RDMA verbs absent: ./train does not link libibverbs, runs as before; verbs say why in one line"

@@ -4,18 +4,16 @@
 # program runs RUNS times (default 3), interleaved, and the table shows the median per size: busbw
 # of each, the ratios ours/MPI and ours/gloo (equal to their time / our time, since all move the
 # same bytes), and for messages up to 1 KiB the latency ratio our time / MPI time. A figure, never
-# pass/fail; a comparator that is not installed is skipped, saying so.
+# pass/fail; a comparator that is not installed is skipped, saying so. Ours runs --algo auto (the
+# fan-in on one node); the algorithms against one another and against OpenMPI's all-reduce, on one node
+# and across two simulated nodes, are scripts/bench_algo.sh's.
 # Environment: RUNS, MIN_BYTES (8), MAX_BYTES (64M), NPROCS ("2 4"), OPS.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 [ -x ./train ] || make train >/dev/null
-mkdir -p build
-HAVE_MPI=0 HAVE_GLOO=0
-if command -v mpicc >/dev/null 2>&1 && command -v mpirun >/dev/null 2>&1; then
-    mpicc -O3 -std=gnu11 -Wall -Wextra -Werror scripts/bench/mpi_bench.c -o build/mpi_bench && HAVE_MPI=1
-else
-    echo "OpenMPI not installed: no MPI columns (apt-get install openmpi-bin libopenmpi-dev)"
-fi
+source scripts/bench/mpi_common.sh
+HAVE_GLOO=0
+mpi_build
 if /usr/bin/python3 -c 'import torch.distributed as d; assert d.is_gloo_available()' 2>/dev/null; then
     HAVE_GLOO=1
 else
@@ -25,11 +23,6 @@ fi
 RUNS=${RUNS:-3}
 MIN=${MIN_BYTES:-8}
 MAX=${MAX_BYTES:-64M}
-# --oversubscribe: more ranks than cores is allowed (and makes OpenMPI yield when idle instead of
-# spinning); --bind-to none: no pinning of 4 ranks onto 2 cores; btl self,vader: shared memory only
-# (no TCP, no InfiniBand probing), as our ranks use on one node.
-MPIRUN=(mpirun --oversubscribe --bind-to none --mca btl self,vader)
-if [ "$(id -u)" = 0 ]; then MPIRUN+=(--allow-run-as-root); fi
 W=$(mktemp -d /tmp/llm4d-mpi.XXXXXX)
 trap 'rm -rf "$W"' EXIT
 
