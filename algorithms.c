@@ -356,6 +356,7 @@ static size_t post_segment_recvs(AlgoComm *c, AlgoOp *q, NetReq *r, int p, size_
 
 static void plan_p2p(AlgoComm *c, AlgoOp *q) {
     NetReq *r = req(q, alloc_reqs(q, 1), q->peer, q->kind == REQ_SEND ? q->send : q->recv, q->count, NULL);
+    r->direct = q->kind == REQ_SEND; // a hand-off: read in place where the transport can (one copy)
     if (q->kind == REQ_SEND) net_post_send(c->conn[q->peer], r);
     else net_post_recv(c->conn[q->peer], r);
 }

@@ -52,6 +52,7 @@ struct Comm {
     int shutdown;
     pthread_t thread;
     _Atomic uint64_t busy_ns; // time operations were running
+    _Atomic uint64_t progress_wakeups, sleeps, cond_waits, yields; // CommCounters
 };
 
 // A request: the queue's links and completion around the operation (algorithms.h).
@@ -99,6 +100,20 @@ int comm_connections(const Comm *c) {
 
 static void *progress_main(void *arg);
 static int has_work_locked(const Comm *c) { return c->head || c->cur || c->p2p; }
+
+// Work that a driver could move: anything queued, a collective, or a connection with a receive or a
+// send that is not passive (net.h). Started sends that only wait for their reader (single-copy on
+// shared memory) need nobody: the progress thread is not woken for them, and their owner's next look
+// (comm_wait, comm_test, its next operation) completes them.
+static int needs_driver(Comm *c) {
+    if (c->head || c->cur) return 1;
+    if (!c->p2p) return 0;
+    for (int r = 0; r < c->a.size; r++)
+        if (c->a.conn[r] && net_needs_progress(c->a.conn[r])) return 1;
+    for (CommRequest *q = c->p2p; q; q = q->next) // transfers complete, the request not finished yet
+        if (op_complete(&q->alg)) return 1;
+    return 0;
+}
 
 // What decides each pair's transport, shared by the world's communicators (the last one closes it).
 // Where verbs may carry a pair (--transport verbs, or auto on more than one node), every rank opens
@@ -565,7 +580,7 @@ static void waiter_progressed(Comm *c, Waiter *wt) {
 }
 
 // The first part of a wait: spin, then yield. 1 while it lasts; 0 with *now set once it is over.
-static int waiter_spin(const Comm *c, Waiter *wt, double *now) {
+static int waiter_spin(Comm *c, Waiter *wt, double *now) {
     // (on an oversubscribed node every spin keeps a rank that would make progress off the core)
     if (++wt->idle < (c->oversubscribed ? 8 : 256) || (wt->spin_only && (wt->idle & 255))) {
         __builtin_ia32_pause();
@@ -573,7 +588,7 @@ static int waiter_spin(const Comm *c, Waiter *wt, double *now) {
     }
     *now = now_seconds();
     if (*now - wt->last_progress < (wt->spin_only ? 10e-3 : 200e-6)) {
-        if (!wt->spin_only) sched_yield();
+        if (!wt->spin_only) sched_yield(), atomic_fetch_add_explicit(&c->yields, 1, memory_order_relaxed);
         return 1;
     }
     return 0;
@@ -626,6 +641,7 @@ static void waiter_sleep(Comm *c, Waiter *wt) {
         waiter_progressed(c, wt);
         return;
     }
+    atomic_fetch_add_explicit(&c->sleeps, 1, memory_order_relaxed);
     NetWait nw = { 0 };
     for (int r = 0; r < c->a.size; r++)
         if (c->a.conn[r] && net_busy(c->a.conn[r])) c->a.conn[r]->ops->wait_hint(c->a.conn[r], &nw);
@@ -652,11 +668,11 @@ static void waiter_pass(Comm *c, Waiter *wt, int moved) {
     if (waiter_spin(c, wt, &now)) return;
     CommRequest *q = c->cur ? c->cur : c->p2p;
     if (waiter_check_peer(c, wt, q ? op_waits_for(&q->alg) : -1, now)) waiter_progressed(c, wt);
-    else if (waits_for_device(c, q)) sched_yield();
+    else if (waits_for_device(c, q)) sched_yield(), atomic_fetch_add_explicit(&c->yields, 1, memory_order_relaxed);
     else waiter_sleep(c, wt);
 }
 
-// Drives until `until` is done (a caller) or no work is left (the progress thread).
+// Drives until `until` is done (a caller) or nothing is left that needs a driver (the progress thread).
 static void drive(Comm *c, CommRequest *until) {
     Waiter wt = { .spin_only = until && !c->oversubscribed };
     waiter_reset(&wt);
@@ -666,29 +682,28 @@ static void drive(Comm *c, CommRequest *until) {
         double now = now_seconds();
         if (!engine_idle(c) || moved) atomic_fetch_add(&c->busy_ns, (uint64_t)((now - tick) * 1e9));
         tick = now;
-        if (until ? atomic_load(&until->done) : engine_idle(c) && !c->head) break;
+        if (until ? atomic_load(&until->done) : !needs_driver(c)) break;
         waiter_pass(c, &wt, moved);
     }
     if (wt.published) world_set_waiting(c->w, -1, NULL, NULL);
 }
 
-static int has_work(const Comm *c) { return c->head || !engine_idle(c); }
-
 // Gives up the driver's seat (mu held): a waiting caller may take it, and the progress thread takes
-// what is left.
+// what is left that needs a driver (not a passive send: needs_driver).
 static void release_driver(Comm *c) {
     c->driver = 0;
     pthread_cond_broadcast(&c->done_cv);
-    if (has_work(c)) pthread_cond_signal(&c->work_cv);
+    if (needs_driver(c)) pthread_cond_signal(&c->work_cv);
 }
 
 static void *progress_main(void *arg) {
     Comm *c = arg;
     pthread_mutex_lock(&c->mu);
     for (;;) {
-        while (!c->shutdown && (c->driver || !has_work(c))) pthread_cond_wait(&c->work_cv, &c->mu);
-        if (c->driver || !has_work(c)) break; // shut down, nothing left
+        while (!c->shutdown && (c->driver || !needs_driver(c))) pthread_cond_wait(&c->work_cv, &c->mu);
+        if (c->driver || !needs_driver(c)) break; // shut down, nothing left
         c->driver = 1;
+        atomic_fetch_add_explicit(&c->progress_wakeups, 1, memory_order_relaxed);
         pthread_mutex_unlock(&c->mu);
         drive(c, NULL);
         pthread_mutex_lock(&c->mu);
@@ -777,6 +792,7 @@ void comm_wait(CommRequest *q) {
             pthread_mutex_lock(&c->mu);
             release_driver(c);
         } else {
+            atomic_fetch_add_explicit(&c->cond_waits, 1, memory_order_relaxed);
             pthread_cond_wait(&c->done_cv, &c->mu);
         }
     }
@@ -785,16 +801,37 @@ void comm_wait(CommRequest *q) {
 }
 
 int comm_test(CommRequest *q) {
-    if (!atomic_load(&q->done)) return 0;
+    Comm *c = q->c;
+    if (!atomic_load(&q->done)) { // nobody may be driving it (a passive send): one pass here
+        pthread_mutex_lock(&c->mu);
+        int here = !c->driver;
+        if (here) c->driver = 2;
+        pthread_mutex_unlock(&c->mu);
+        if (!here) return 0;
+        engine_pass(c);
+        pthread_mutex_lock(&c->mu);
+        release_driver(c);
+        pthread_mutex_unlock(&c->mu);
+        if (!atomic_load(&q->done)) return 0;
+    }
     comm_wait(q);
     return 1;
 }
 
-// A blocking call: on an idle communicator the caller runs the operation itself, without queueing
-// or allocating it (the latency path); otherwise it waits its turn.
+void comm_counters(Comm *c, CommCounters *out) {
+    *out = (CommCounters){ atomic_load(&c->progress_wakeups), atomic_load(&c->sleeps), atomic_load(&c->cond_waits),
+                           atomic_load(&c->yields), 0, 0 };
+    for (int r = 0; r < c->a.size; r++)
+        if (c->a.conn[r]) out->copies += c->a.conn[r]->copies, out->copied_bytes += c->a.conn[r]->copied_bytes;
+}
+
+// A blocking call: with nobody driving and nothing queued or running ahead of it (started sends and
+// receives may be: they complete in any order, and its passes move them too), the caller runs the
+// operation itself, without queueing, allocating or waking anyone (the latency path); otherwise it
+// waits its turn.
 static void run(Comm *c, int kind, const void *s, void *r, size_t n, CommType t, CommOp op, int root, int peer) {
     pthread_mutex_lock(&c->mu);
-    if (c->driver || has_work(c) || (c->a.dev && ((s && c->a.dev->owns(s)) || (r && c->a.dev->owns(r))))) {
+    if (c->driver || c->head || c->cur || (c->a.dev && ((s && c->a.dev->owns(s)) || (r && c->a.dev->owns(r))))) {
         pthread_mutex_unlock(&c->mu); // device memory goes the queued way: it waits for the compute stream
         comm_wait(submit(c, kind, s, r, n, t, op, root, peer, 0));
         return;

@@ -71,6 +71,16 @@ const char *comm_name(const Comm *comm);
 const char *comm_transports(const Comm *comm, char *buf, size_t cap);
 // Seconds this communicator's progress thread has spent running operations (for comm_ms).
 double comm_busy_seconds(Comm *comm);
+// What the engine did on this rank since the communicator was made, for counting the cost of a
+// hand-off without a clock: the progress thread's wake-ups (each takes the driver's seat), sleeps on
+// the doorbell or the sockets, callers that slept on a condition variable while another thread drove,
+// yields of the core, and the copies this rank made of message bytes (shared memory: one per message
+// and side that copied it; the bytes). Wake-ups, copies and bytes follow from the operations issued;
+// sleeps, condition waits and yields depend on timing. Read between operations.
+typedef struct {
+    uint64_t progress_wakeups, sleeps, cond_waits, yields, copies, copied_bytes;
+} CommCounters;
+void comm_counters(Comm *comm, CommCounters *out);
 // Device memory (devmem.h): from now on, operations whose buffers `dev` owns move and reduce them on
 // the device (CUDA IPC inside a node, pinned staging across nodes) without the host touching their
 // bytes; other operations stay on the host. Every member attaches the same device kind, before the
@@ -104,7 +114,8 @@ CommRequest *comm_isend(Comm *c, const void *buf, size_t bytes, int peer);
 CommRequest *comm_irecv(Comm *c, void *buf, size_t bytes, int peer);
 // Waits for completion (dies with a one-line message on timeout or a dead peer) and frees the request.
 void comm_wait(CommRequest *req);
-// 1 when complete (the request is then freed), 0 otherwise.
+// 1 when complete (the request is then freed), 0 otherwise; with nobody driving, it makes one pass
+// itself (a passive send, net.h, completes at the next look).
 int comm_test(CommRequest *req);
 
 // Blocking forms.

@@ -48,10 +48,15 @@ typedef struct NetReq {
     size_t bytes;            // bytes on the wire (a reducing receive: incoming elements x in_size)
     const NetReduce *reduce; // receives only: NULL copies
     int streaming;           // receives only: a large operation's bytes, copied past the cache
+    int direct;              // sends only: single-copy at any size where the receiver can read the bytes in
+                             // place (a point-to-point hand-off: one copy, and its buffer waits for the reader)
     const struct DevMem *dev; // buf is device memory of this DevMem (devmem.h); NULL: host memory
     struct DevMark *mark;     // transport-private: queued device work the request waits for
     size_t done;             // bytes moved so far
     int complete;            // set by the transport; the request is then the caller's again
+    int passive;             // set by the transport: nothing left for this rank to do but notice the
+                             // peer's completion (a single-copy send on shared memory), so no progress
+                             // thread need drive it; the next look (a wait, another operation) completes it
     int peer;                // communicator rank, for the engine
     struct NetReq *next;     // the connection's queue
     uint64_t tseq;           // transport-private
@@ -70,6 +75,7 @@ struct NetConn {
     const char *const *opname;
     NetReq *sq, **sq_tail;      // posted sends, in order
     NetReq *rq, **rq_tail;      // posted receives, in order
+    uint64_t copies, copied_bytes; // memory copies this rank made of the connection's bytes (shm; CommCounters)
 };
 
 // What the engine may sleep on besides the communicator's doorbell (which shared-memory peers ring;
@@ -111,16 +117,24 @@ struct NetOps {
 };
 
 static inline void net_post_send(NetConn *c, NetReq *r) {
-    r->done = 0, r->complete = 0, r->next = NULL, r->tstate = 0;
+    r->done = 0, r->complete = 0, r->passive = 0, r->next = NULL, r->tstate = 0;
     *c->sq_tail = r;
     c->sq_tail = &r->next;
 }
 static inline void net_post_recv(NetConn *c, NetReq *r) {
-    r->done = 0, r->complete = 0, r->next = NULL, r->tstate = 0;
+    r->done = 0, r->complete = 0, r->passive = 0, r->next = NULL, r->tstate = 0;
     *c->rq_tail = r;
     c->rq_tail = &r->next;
 }
 static inline int net_busy(const NetConn *c) { return c->sq || c->rq; }
+// 1 when a progress pass on c could move something of this rank's: a posted receive, or a send that is
+// neither complete nor passive.
+static inline int net_needs_progress(const NetConn *c) {
+    if (c->rq) return 1;
+    for (const NetReq *q = c->sq; q; q = q->next)
+        if (!q->complete && !q->passive) return 1;
+    return 0;
+}
 // The peer is gone (died, closed the connection): dies with the message, naming the rank that
 // failed first when that is another (net.c, through the bootstrap's status board).
 void net_peer_lost(const NetConn *c, const char *fmt, ...) __attribute__((noreturn, format(printf, 2, 3)));
@@ -140,6 +154,7 @@ static inline void net_conn_init(NetConn *c, const NetOps *ops) {
     c->sq = c->rq = NULL;
     c->sq_tail = &c->sq;
     c->rq_tail = &c->rq;
+    c->copies = c->copied_bytes = 0;
 }
 // Reduces in_bytes of whole incoming elements, which start in_offset bytes into the message, into
 // the accumulator.

@@ -7,7 +7,8 @@
 // /dev/shm) and appends records to its ring:
 //   EAGER  header + the bytes (small messages, or buffers the receiver cannot read in place)
 //   MAP    header + a hostmem handle: the bytes sit in the sender's registered memory, which the
-//          receiver maps once and reads in place
+//          receiver maps once and reads in place (large messages, and point-to-point hand-offs,
+//          NetReq.direct, at any size)
 //   CMA    header + an address: the receiver reads the sender's ordinary memory with
 //          process_vm_readv (cross-memory attach), one kernel copy
 //   DEV    header + a device handle (devmem.h): the bytes sit in the sender's device memory, which
@@ -16,7 +17,9 @@
 // buffer into its own, then bumps a per-ring counter (a step flag, release/acquire) that completes
 // the sender's request. For DEV the copy or reduction is queued on the device, and the flag is bumped
 // only once the device's mark says it has finished reading, so the flag in host shared memory orders
-// device work of two processes exactly as it orders host copies.
+// device work of two processes exactly as it orders host copies. A posted single-copy send is passive
+// (NetReq.passive): the sender has nothing left to do, so no progress thread is woken for it; its
+// owner notices the flag at its next look. Each side counts the copies it makes (NetConn.copies).
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -162,6 +165,7 @@ static int send_some(ShmConn *sc, NetReq *q) {
         ring_write(r, head + sizeof hdr, &h, sizeof h);
         q->tseq = ++sc->rdv_sent;
         q->tstate = SHM_POSTED;
+        q->passive = 1;
         atomic_store_explicit(&r->head, head + sizeof hdr + sizeof h, memory_order_release);
         doorbell_ring(sc->peer_bell);
         return 1;
@@ -169,10 +173,11 @@ static int send_some(ShmConn *sc, NetReq *q) {
     if (q->tstate == SHM_NEW) { // choose the record: single-copy when the receiver can read our buffer
         HostMemHandle h;
         int kind = REC_EAGER;
-        if (q->bytes > EAGER_MAX) {
-            if (hostmem_find(q->buf, q->bytes, &h)) kind = REC_MAP;
-            else if (atomic_load_explicit(&r->can_cma, memory_order_acquire)) kind = REC_CMA;
-        }
+        // a hand-off (direct) from registered memory is read in place at any size: one copy instead of
+        // two, and nothing for this rank to do once posted; cross-memory attach, a system call, only
+        // pays for itself above the eager size
+        if ((q->bytes > EAGER_MAX || (q->direct && q->bytes > 0)) && hostmem_find(q->buf, q->bytes, &h)) kind = REC_MAP;
+        else if (q->bytes > EAGER_MAX && atomic_load_explicit(&r->can_cma, memory_order_acquire)) kind = REC_CMA;
         RecHdr hdr = { (uint32_t)kind, 0, q->bytes };
         size_t rec = sizeof hdr + (kind == REC_MAP ? sizeof h : kind == REC_CMA ? 8 : 0);
         // small messages go in one piece, so the receiver sees them whole in one look
@@ -189,6 +194,7 @@ static int send_some(ShmConn *sc, NetReq *q) {
         if (kind != REC_EAGER) {
             q->tseq = ++sc->rdv_sent;
             q->tstate = SHM_POSTED;
+            q->passive = 1;
             atomic_store_explicit(&r->head, head, memory_order_release);
             doorbell_ring(sc->peer_bell);
             return 1;
@@ -201,6 +207,8 @@ static int send_some(ShmConn *sc, NetReq *q) {
     else w = space < left ? space : (left ? left - 1 : 0); // not yet: the last byte waits for room for the padding
     if (w > 0 || left == 0) {
         ring_write(r, head, (const char *)q->buf + q->done, w);
+        sc->base.copied_bytes += w;
+        sc->base.copies += q->done == 0 && w > 0; // one copy of the message, however many pieces
         q->done += w;
         head += w;
         if (q->done == q->bytes) head += tail_pad;
@@ -250,6 +258,8 @@ static void cma_read(ShmConn *sc, NetReq *q, uint64_t addr) {
 // The step flag of a single-copy record of rec bytes at tail: the receiver is done with the sender's buffer.
 static void single_copy_done(ShmConn *sc, NetReq *q, uint64_t tail, size_t rec) {
     Ring *r = sc->rx;
+    sc->base.copies += q->bytes > 0;
+    sc->base.copied_bytes += q->bytes;
     atomic_store_explicit(&r->tail, tail + rec, memory_order_release);
     atomic_store_explicit(&r->rdv_done, atomic_load_explicit(&r->rdv_done, memory_order_relaxed) + 1, memory_order_release);
     q->complete = 1;
@@ -373,6 +383,8 @@ static void shm_progress(NetConn *c, int *moved) {
         if (q->done == q->bytes) {
             tail += pad8(q->bytes) - q->bytes; // written with the last piece
             q->complete = 1;
+            c->copies += q->bytes > 0;
+            c->copied_bytes += q->bytes;
         }
         atomic_store_explicit(&r->tail, tail, memory_order_release);
         if (!q->complete) break;

@@ -71,6 +71,7 @@ static void trace_op(Pipeline *p, char kind, int mb, int chunk) {
 static void recv_into(Pipeline *p, Comm *c, void *dst, size_t n, int from) {
     double t0 = now_seconds(); // a blocking receive (its inline path is faster than a request's wait)
     comm_recv(c, dst, n, from);
+    p->times->pipe_recvs += 1;
     p->recv_end = now_seconds();
     p->times->pipe_wait_s += p->recv_end - t0;
 }
@@ -202,7 +203,27 @@ static void keep_time(Pipeline *p, int i, double t0, double t1) {
     p->act_t[2 * i + 1] = t1;
 }
 
+// The step's hand-off counts (StepTimes.pipe_*): the two pipeline communicators' counters, from before
+// the schedule (before) to after it, added to the step's times.
+static void count_handoffs(Pipeline *p, CommCounters before[2]) {
+    for (int k = 0; k < 2; k++) {
+        Comm *c = k ? p->bwd : p->fwd;
+        if (!c) continue;
+        CommCounters now;
+        comm_counters(c, &now);
+        StepTimes *t = p->times;
+        t->pipe_copies += (double)(now.copies - before[k].copies);
+        t->pipe_copied_bytes += (double)(now.copied_bytes - before[k].copied_bytes);
+        t->pipe_wakeups += (double)(now.progress_wakeups - before[k].progress_wakeups);
+        t->pipe_sleeps += (double)(now.sleeps - before[k].sleeps);
+        t->pipe_cond_waits += (double)(now.cond_waits - before[k].cond_waits);
+    }
+}
+
 double pipeline_step(Pipeline *p, const int32_t *inputs, const int32_t *targets, int M, int B, int T, float dloss) {
+    CommCounters before[2] = { 0 };
+    for (int k = 0; k < 2; k++)
+        if (k ? p->bwd : p->fwd) comm_counters(k ? p->bwd : p->fwd, &before[k]);
     p->live = p->peak_live = 0;
     p->joins_left = p->chunks;
     p->trace_len = 0;
@@ -240,6 +261,7 @@ double pipeline_step(Pipeline *p, const int32_t *inputs, const int32_t *targets,
         drain(&p->send_out[k]);
         drain(&p->send_grad[k]);
     }
+    count_handoffs(p, before);
     return loss;
 }
 

@@ -334,6 +334,7 @@ static void write_trace(const char *dir, int stage, int step, const Pipeline *p)
 
 typedef struct { // what the ranks' gathers say about a step
     double bubble_max, bubble_mean, bubble_formula; // the share of the step each stage waited, and the schedule's
+    double handoff[6]; // summed over the pipeline ranks: receives (hand-offs), copies, bytes copied, wake-ups, sleeps, condition waits
     double *idle, *wfill;                           // [P] per pipeline rank: seconds waited, seconds in W apart
     Spread attn;                                    // attention FLOPs of every rank
     double compute_max, compute_median; // busy times (stragglers)
@@ -383,6 +384,12 @@ static void log_step(const Report *r, int step, const StepResult *s, const StepT
             s->skipped_total);
     if (s->zero3_gathers >= 0) fprintf(r->logf, ",\"zero3_gathers\":%d", s->zero3_gathers);
     if (r->lay->cp.size > 1) fprintf(r->logf, ",\"cp_sent_bytes\":%.0f", tm->ring_sent_bytes); // rank 0's; the ring is symmetric
+    if (g->idle && g->handoff[0] > 0) { // the pipeline group's hand-offs, counted (timing.h)
+        const double *h = g->handoff;
+        fprintf(r->logf, ",\"pp_handoffs\":%.0f,\"pp_copies_per_handoff\":%.4g,\"pp_bytes_per_handoff\":%.0f,"
+                "\"pp_wakeups_per_handoff\":%.4g,\"pp_sleeps_per_handoff\":%.4g,\"pp_cond_waits_per_handoff\":%.4g",
+                h[0], h[1] / h[0], h[2] / h[0], h[3] / h[0], h[4] / h[0], h[5] / h[0]);
+    }
     if (g->idle) { // per pipeline rank: busy (the step less its waits), idle (waits), W-fill (W apart from B)
         const char *key[3] = { "pp_busy_ms", "pp_idle_ms", "pp_wfill_ms" };
         for (int k = 0; k < 3; k++) {
@@ -412,6 +419,8 @@ void report_step(Report *r, int step, const StepResult *s, const StepTimes *tm, 
         Spread b = gather_spread(l->pp.comm, P, tm->pipe_wait_s / (s->ms / 1e3), NULL);
         gather_spread(l->pp.comm, P, tm->pipe_wait_s, g.idle);
         gather_spread(l->pp.comm, P, tm->pipe_w_s, g.wfill);
+        const double mine[6] = { tm->pipe_recvs, tm->pipe_copies, tm->pipe_copied_bytes, tm->pipe_wakeups, tm->pipe_sleeps, tm->pipe_cond_waits };
+        for (int k = 0; k < 6; k++) g.handoff[k] = gather_spread(l->pp.comm, P, mine[k], NULL).sum;
         g.bubble_max = b.max > 0 ? b.max : 0;
         g.bubble_mean = b.mean;
         if (r->o->pp_trace && l->dp.rank == 0 && l->cp.rank == 0 && l->tp.rank == 0)

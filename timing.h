@@ -19,6 +19,10 @@ typedef struct {
     double attention_flops;
     double pipe_wait_s;      // pipeline.c: waiting for activations or gradients from the neighbour stages
     double pipe_w_s;         // pipeline.c: W passes run apart from their B (zb-h1), what fills the bubble
+    // pipeline.c: what this rank's hand-offs cost in the step's schedule, counted, not timed: receives
+    // (one per hand-off), and on the two pipeline communicators (CommCounters) the copies and bytes
+    // copied, the progress threads' wake-ups, sleeps and condition waits
+    double pipe_recvs, pipe_copies, pipe_copied_bytes, pipe_wakeups, pipe_sleeps, pipe_cond_waits;
     double ring_wait_s;      // context.c: waiting for the context-parallel ring's transfers
     double ring_sent_bytes;  // context.c: bytes this rank sent round the ring (K/V blocks, dK/dV partial sums)
     double zero_wait_s;      // zero.c: waiting for data-parallel collectives after issuing them (exposed)

@@ -1504,6 +1504,37 @@ t_pp_schedule_dump() {
     return $ok
 }
 
+# The pipeline's hand-offs, counted (load-independent: no clock). On shared memory each hand-off is one
+# copy, made by the receiver straight from the sender's buffer, and wakes no progress thread (net_shm.c,
+# collectives.c): test_comm's ping-pong at 4 KiB to 1 MiB, then each schedule's training run at PP 2, whose
+# step records must say so against the closed forms here: hand-offs per step 2(PV - 1)M (an activation
+# and a gradient across each of the PV - 1 boundaries between virtual stages, less zb-v's two local
+# turns), one copy and B·T·C·4 bytes each, no wake-up.
+t_pp_handoffs() {
+    local d=$WORK/pphand ok=0 spec sch v want rec
+    mkdir -p "$d"
+    timeout 300 ./build/test_comm --nproc 2 --comm-timeout 60 --handoffs || { echo "hand-off counts failed"; return 1; }
+    local shape=(--layers 4 --heads 4 --vocab 256 --seq-len 32 --micro-batch 1 --steps 2 --batch-tokens 256 --threads 1
+        --train "$DATA/train.bin" --comm-timeout 60)
+    for spec in "1f1b 1 32 2" "interleaved 2 32 6" "zb-h1 1 128 2" "zb-v 2 128 4"; do # schedule, V, C, hand-offs per M
+        set -- $spec
+        sch=$1 v=$2 c=$3 want=$(($4 * 8)) # M = 256 / 32 = 8 micro-batches
+        timeout 300 $TRAIN --nproc 2 --pp 2 --pp-virtual $v --pp-schedule $sch --channels $c "${shape[@]}" --log "$d/$sch.jsonl" \
+            >"$d/$sch.out" 2>&1 || { echo "$sch run failed"; tail -3 "$d/$sch.out"; return 1; }
+        rec=$(grep '"step":2,' "$d/$sch.jsonl")
+        $PY - "$sch" "$want" "$((32 * c * 4))" "$rec" <<'PYEOF' || ok=1
+import json, sys
+sch, want, nbytes = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+r = json.loads(sys.argv[4])
+got = (r["pp_handoffs"], r["pp_copies_per_handoff"], r["pp_bytes_per_handoff"], r["pp_wakeups_per_handoff"])
+print(f"{sch}: {got[0]} hand-offs, {got[1]} copies of {got[2]} bytes and {got[3]} progress-thread wake-ups each")
+if got != (want, 1, nbytes, 0):
+    sys.exit(f"FAIL: {sch}: expected {want} hand-offs, 1 copy of {nbytes} bytes and 0 wake-ups each")
+PYEOF
+    done
+    return $ok
+}
+
 # The backward's input and weight halves (model.h) against the fused backward, bitwise: recompute none,
 # selective, full; whole model, first and last stage, one or two chunks; fp32 and bf16; TP 2 (with and
 # without SP) and CP 2 on two ranks.
@@ -1942,6 +1973,7 @@ run_test emu     t_emu_multirank           "emulated GPU: DP 2 x ZeRO 0-3 (bitwi
 run_test emu     t_emu_llama               "emulated GPU: Llama (llama3-tiny, GQA 4/2) --device cuda fp32 (losses, parameters) and bf16 (hs 16 and 64) against the CPU; recompute full bitwise"
 run_test emu     t_emu_llama_multirank     "emulated GPU: Llama TP 4 (kv heads shared by 2 ranks), PP 2, CP 2 through CUDA IPC on one emulated GPU: equal one rank"
 run_test pp      t_pp_schedules            "pipeline schedules (1f1b, interleaved, zb-h1, zb-v) as action lists: checker for p <= 8, m <= 64; ./train schedule"
+run_test pp      t_pp_handoffs             "pipeline hand-offs counted: one copy each (read in place), no progress-thread wake-up; test_comm's ping-pong and every schedule at PP 2"
 run_test pp      t_pp_schedule_dump        "--pp-schedule-dump: a training run's action lists with measured times, as defined, ordered and causal; no bit changed"
 run_test pp      t_pp_zero_bubble          "every schedule pipeline.c runs (zb-h1, zb-v, interleaved by name) ends bitwise at 1f1b's model: PP 2/4, TP, DP x ZeRO 1/3, CP, recompute, resume across schedules"
 run_test model   t_split_backward          "backward split into input (B) and weight (W) halves equals the fused backward bitwise (recompute, PP stages, TP, SP, CP)"

@@ -252,6 +252,68 @@ static void test_p2p(Comm *c) {
     tfree(out); tfree(in); free(want);
 }
 
+// A pipeline's hand-offs, counted without a clock: ranks 0 and 1 pass a message back and forth (an
+// isend, then a blocking receive of the answer on the same communicator, each send waited for before
+// its buffer is written again, as pipeline.c does), in registered memory on shared memory. The design:
+// the receiver reads the sender's buffer in place (one copy of the message's bytes per hand-off, made
+// by the receiver) and the progress thread is never woken (a posted single-copy send is passive, a
+// blocking receive runs on the caller). Sleeps, condition waits and yields depend on timing: printed only.
+static void test_handoff_counts(Comm *world) {
+    int me = comm_rank(world);
+    Comm *c = comm_split(world, me < 2 ? 0 : -1, me, "hand-offs");
+    uint64_t tc = ++case_id;
+    if (!c) return;
+    char tr[32];
+    if (strcmp(comm_transports(c, tr, sizeof tr), "shm") || DEV) { // the count is shared memory's design
+        comm_destroy(c);
+        return;
+    }
+    static const size_t sizes[] = { 4096, 16384, 65536, 1 << 20 };
+    enum { ROUNDS = 40 };
+    for (int si = 0; si < 4; si++) {
+        size_t bytes = sizes[si];
+        unsigned char *out[2] = { hostmem_alloc(bytes), hostmem_alloc(bytes) }, *in = hostmem_alloc(bytes), *want = xmalloc(bytes);
+        CommRequest *s[2] = { NULL, NULL };
+        comm_barrier(c);
+        CommCounters a, b;
+        comm_counters(c, &a);
+        for (int k = 0; k < ROUNDS; k++) {
+            int peer = 1 - me, slot = k & 1;
+            if (s[slot]) comm_wait(s[slot]); // its reader is done with the buffer
+            s[slot] = NULL;
+            if (me == 1) comm_recv(c, in, bytes, peer);
+            gen(out[slot], bytes / 4, CT_I32, me, tc + (uint64_t)k);
+            s[slot] = comm_isend(c, out[slot], bytes, peer);
+            if (me == 0) comm_recv(c, in, bytes, peer);
+            gen(want, bytes / 4, CT_I32, peer, tc + (uint64_t)k);
+            if (memcmp(in, want, bytes)) {
+                printf("FAIL rank %d: hand-off %d of %zu bytes arrived wrong\n", comm_world_rank(c, me), k, bytes);
+                failures++;
+            }
+        }
+        for (int i = 0; i < 2; i++)
+            if (s[i]) comm_wait(s[i]);
+        comm_counters(c, &b);
+        // per rank: ROUNDS sends and ROUNDS receives; per hand-off (both ranks): 2 * ROUNDS of them
+        uint64_t d[6] = { b.progress_wakeups - a.progress_wakeups, b.sleeps - a.sleeps, b.cond_waits - a.cond_waits,
+                          b.yields - a.yields, b.copies - a.copies, b.copied_bytes - a.copied_bytes }, sum[6];
+        comm_all_reduce(c, d, sum, 6, CT_I64, OP_SUM);
+        double h = 2.0 * ROUNDS;
+        if (me == 0)
+            printf("hand-offs of %zu bytes on shared memory, per hand-off: %.2f copies, %.0f bytes copied, %.2f progress-thread "
+                   "wake-ups; %.2f sleeps, %.2f condition waits, %.2f yields (timing)\n",
+                   bytes, sum[4] / h, sum[5] / h, sum[0] / h, sum[1] / h, sum[2] / h, sum[3] / h);
+        if (me == 0 && (sum[4] != 2 * ROUNDS || sum[5] != 2 * ROUNDS * bytes || sum[0] != 0)) {
+            printf("FAIL: hand-offs of %zu bytes: %llu copies of %llu bytes and %llu progress-thread wake-ups for %d "
+                   "hand-offs; the design is one copy of the message each and none\n", bytes, (unsigned long long)sum[4],
+                   (unsigned long long)sum[5], (unsigned long long)sum[0], 2 * ROUNDS);
+            failures++;
+        }
+        hostmem_free(out[0]), hostmem_free(out[1]), hostmem_free(in), free(want);
+    }
+    comm_destroy(c);
+}
+
 // The connections the algorithm may hold, counted here from its definition: the fan-in every pair;
 // the ring the two neighbours; the hierarchy the node's other members, the same local rank on the
 // neighbouring nodes and the neighbours in rank order (point-to-point).
@@ -311,8 +373,10 @@ int main(int argc, char **argv) {
     int cuda = 0;
     // --quick: the world suite up to 1000 elements (failure tests); --small: every suite up to 1000
     // elements (under emulation, where bandwidth is scarce)
-    int quick = 0, small = 0;
-    for (int i = 1; i < argc; i++) quick |= !strcmp(argv[i], "--quick"), small |= !strcmp(argv[i], "--small");
+    // --handoffs: only the hand-offs' counts (test_handoff_counts)
+    int quick = 0, small = 0, handoffs = 0;
+    for (int i = 1; i < argc; i++)
+        quick |= !strcmp(argv[i], "--quick"), small |= !strcmp(argv[i], "--small"), handoffs |= !strcmp(argv[i], "--handoffs");
     for (int i = 1; i + 1 < argc; i++) {
         if (!strcmp(argv[i], "--comm-timeout")) opt.timeout = atof(argv[i + 1]);
         if (!strcmp(argv[i], "--transport") && (opt.transport = comm_parse_transport(argv[i + 1])) < 0)
@@ -338,8 +402,9 @@ int main(int argc, char **argv) {
     Comm *world = comm_init(&env, &opt);
     comm_use_device(world, DEV);
     int r = comm_rank(world), n = comm_size(world);
-    suite(world, 1, quick || small);
-    if (!quick) {
+    if (!handoffs) suite(world, 1, quick || small);
+    test_handoff_counts(world);
+    if (!quick && !handoffs) {
         Comm *parity = comm_split(world, r % 2, r, "parity");
         Comm *reversed = comm_split(world, 0, n - r, "reversed"); // same members, opposite rank order
         comm_use_device(parity, DEV);
