@@ -114,15 +114,20 @@ const char *algo_choose(AlgoComm *c, int requested) {
     return NULL;
 }
 
-int algo_uses_pair(const AlgoComm *c, int r) {
+int algo_collective_pair(const AlgoComm *c, int r) {
     int me = c->rank, n = c->size;
     if (c->algo == ALGO_RING) return r == (me + 1) % n || r == (me + n - 1) % n;
-    if (c->algo == ALGO_HIER) { // the node, the cross-node ring, and rank order's neighbours (point-to-point)
+    if (c->algo == ALGO_HIER) { // the node and the cross-node ring
         int m = c->node_of[me], N = c->nodes;
-        return c->node_of[r] == m || r == (me + 1) % n || r == (me + n - 1) % n ||
+        return c->node_of[r] == m ||
                (c->local_of[r] == c->local_of[me] && (c->node_of[r] == (m + 1) % N || c->node_of[r] == (m + N - 1) % N));
     }
     return 1;
+}
+
+int algo_uses_pair(const AlgoComm *c, int r) {
+    int me = c->rank, n = c->size; // the hierarchy's send/recv: its neighbours in rank order too
+    return algo_collective_pair(c, r) || (c->algo == ALGO_HIER && (r == (me + 1) % n || r == (me + n - 1) % n));
 }
 
 int algo_connections(const AlgoComm *c) {
@@ -132,10 +137,8 @@ int algo_connections(const AlgoComm *c) {
     return n - 1;
 }
 
-void algo_init(AlgoComm *c) {
-    c->slots = c->size > 1 && c->algo == ALGO_FANIN;
-    for (int r = 0; r < c->size; r++)
-        if (r != c->rank && (!c->conn[r] || !c->conn[r]->ops->slot)) c->slots = 0;
+void algo_init(AlgoComm *c, int shared) {
+    c->slots = shared && c->size > 1 && c->algo == ALGO_FANIN;
     c->chunk_bytes = CHUNK_BYTES;
     c->acc = xmalloc(c->chunk_bytes);
     bufs_alloc(c);
@@ -705,18 +708,24 @@ static int ring_waits_for(const AlgoOp *q) {
 // the root's local rank's ring, then from each node's member of it to its node.
 #define HIER_DONE 100
 
+// The view's connections, as its communicator holds them now.
+static void view_connect(AlgoComm *v, const AlgoComm *c) {
+    for (int j = 0; j < v->size; j++) v->conn[j] = j == v->rank ? NULL : c->conn[v->to_parent[j]];
+}
+
 static AlgoComm *view_new(AlgoComm *c, int algo, int size, int rank, const int *members) {
     AlgoComm *v = xcalloc(1, sizeof *v);
     v->rank = rank, v->size = size, v->algo = algo;
     v->conn = xcalloc((size_t)size, sizeof(NetConn *));
     v->to_parent = xmalloc(sizeof(int) * (size_t)size);
-    for (int j = 0; j < size; j++) {
-        v->to_parent[j] = members[j];
-        v->conn[j] = j == rank ? NULL : c->conn[members[j]];
-    }
-    algo_init(v);
-    v->slots = 0; // the views' operations keep accumulators or read them: no slot shortcut
+    for (int j = 0; j < size; j++) v->to_parent[j] = members[j];
+    view_connect(v, c); // none yet when the communicator is made: algo_connected fills them in
+    algo_init(v, 0);    // the views' operations keep accumulators or read them: no slot shortcut
     return v;
+}
+
+void algo_connected(AlgoComm *c) {
+    if (c->vnode) view_connect(c->vnode, c), view_connect(c->vcross, c);
 }
 
 static void view_free(AlgoComm *v) {

@@ -38,7 +38,7 @@ extern const char *const REQ_NAMES[];
 // and the buffers its operations share (algorithms.c's: algo_init to algo_free).
 typedef struct AlgoComm {
     int rank, size;
-    NetConn **conn;           // [size]; NULL at this rank and for pairs the algorithm does not use
+    NetConn **conn;           // [size]; NULL at this rank and for pairs not open (yet: opened on first use)
     int algo;                 // ALGO_FANIN, ALGO_RING or ALGO_HIER
     // the layout (set before algo_choose; algo_free frees it): each member's node (numbered by first
     // appearance in rank order) and local rank among its node's members
@@ -70,15 +70,21 @@ typedef struct AlgoComm {
 // one node, the hierarchy across nodes with as many members on each, the ring otherwise); NULL, or why
 // it cannot serve this layout (one line).
 const char *algo_choose(AlgoComm *a, int requested);
-// 1 when the chosen algorithm connects this rank to member r (both ends of a pair agree).
+// 1 when the chosen algorithm's collectives use the pair of this rank and member r (both ends of a
+// pair agree): what the first collective connects.
+int algo_collective_pair(const AlgoComm *a, int r);
+// 1 when the algorithm may use that pair at all: its collectives', and the point-to-point pairs it
+// allows (the hierarchy's neighbours in rank order); what the communicator prepares for.
 int algo_uses_pair(const AlgoComm *a, int r);
 // The connections per rank the algorithm's collectives hold, as ./train plan comm counts them (a
 // function of the layout: the same on every member): fan-in n - 1, ring min(2, n - 1), hierarchy the
 // node's L - 1 and min(2, nodes - 1) across (send/recv's neighbours in rank order can add up to two).
 int algo_connections(const AlgoComm *a);
-// With conn set: whether the slots serve small collectives, the host accumulator, a ring's staging,
-// the hierarchy's views and buffers.
-void algo_init(AlgoComm *a);
+// Before any connection: whether the slots serve small collectives (shared: every peer's transport
+// offers them), the host accumulator, a ring's staging, the hierarchy's buffers.
+void algo_init(AlgoComm *a, int shared);
+// After the communicator has opened the collectives' pairs (conn): the hierarchy's views see them.
+void algo_connected(AlgoComm *a);
 // Device memory from now on (NULL: none); while no operation runs. Every member attaches alike.
 void algo_use_device(AlgoComm *a, const DevMem *dev);
 // The work area from acct from now on (NULL: uncounted memory); see comm_count_memory.

@@ -264,6 +264,7 @@ int bench_comm_main(int argc, char **argv) {
     if (!send || !recv) die("bench-comm: out of memory for 2 x %zu bytes", max_count * es);
     void *hsend = dev ? xmalloc(max_count * es) : NULL, *hrecv = dev ? xmalloc(max_count * es) : NULL;
     if (dev && rank == 0) print_device_copy(dev, recv, send, max_count * es);
+    comm_barrier(world); // opens the collectives' connections (on first use), which the header counts
     if (rank == 0) {
         char names[64];
         printf("# bench-comm: %s, %d rank(s), transport %s, algorithm %s (%d connection(s) per rank), %s buffers, %s, warmup %d, iters %s\n", OP_FLAGS[op], n,

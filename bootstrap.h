@@ -60,7 +60,8 @@ const char *world_token(const World *w);
 void store_set(World *w, const char *key, const void *val, uint32_t vlen);
 // Waits (up to the timeout) for a key; returns its value (malloc'd) and length.
 char *store_get(World *w, const char *key, uint32_t *vlen, const char *what);
-// An authenticated data connection from world rank src for communicator comm_id; -1 at the deadline.
+// An authenticated data connection from world rank src for communicator comm_id; -1 at the deadline
+// (a deadline already past: one look, no wait).
 int world_take_connection(World *w, uint64_t comm_id, int src, double deadline);
 
 // ---------------------------------------------------------------------------------------------

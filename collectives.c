@@ -4,8 +4,20 @@
 // chain it sits on the algorithms, the transport table (net.h) and the bootstrap (bootstrap.h).
 //
 // Read top to bottom: communicators (the world's transports, a transport for each peer from the
-// table, chosen alike at both ends); the engine that runs operations (who drives, how a waiting rank
-// spins, sleeps and times out); the public calls.
+// table, chosen alike at both ends; connections opened on first use); the engine that runs operations
+// (who drives, how a waiting rank spins, sleeps and times out); the public calls.
+//
+// Connections are lazy: a communicator that is made prepares its end of every pair its algorithm may
+// use (shared memory: its inbox, published) but opens none; its first collective opens every pair the
+// algorithm's collectives use (algo_collective_pair: fan-in every pair, ring the two neighbours,
+// hierarchy the node and the cross-node ring) before it starts, and a send or receive opens only the
+// pair it talks over, when it first does. The driver opens them, just before the operation starts, so
+// a pair is opened by each end at that end's first operation over it; an opening never waits for the
+// other end (net.h: shared memory maps the peer's inbox, TCP's higher end takes the lower one's
+// connection in progress), so no order between pairs or communicators is needed, and a peer that
+// never comes is an operation without progress: the timeout, or the peer seen dead, names it and the
+// communicator in one line. Verbs, whose handshake waits for the peer, still connects its pairs when
+// the communicator is made.
 #define _GNU_SOURCE
 #include "collectives.h"
 
@@ -36,6 +48,9 @@ struct Comm {
     int *world_ranks;
     AlgoComm a;       // rank, size, connections, the operations' buffers
     void *endpoint[NET_MAX_TRANSPORTS]; // per NET_TRANSPORTS entry: what its setup returned
+    NetSetup setup;   // what the transports' connect reads
+    signed char *pair_tr; // [size]: the transport of each pair the algorithm may use, -1 for the others
+    int coll_connected;   // the pairs of the collectives are open (the first collective opened them)
     struct Transports *tr; // shared by the world's communicators: the choice, the RDMA device
     Doorbell *bell;   // what the engine sleeps on: the shared-memory doorbell, or private_bell
     Doorbell private_bell;
@@ -254,25 +269,33 @@ static void transports_release(Transports *tr, double timeout_s) {
     free(tr);
 }
 
-// Every pair's transport, then each transport's connections, in the table's order on every rank.
-static void connect_peers(Comm *c) {
+// Every pair's transport, then each transport's end of the communicator, in the table's order on
+// every rank: no connection yet, except where a transport has no connect (verbs: every pair now).
+// Returns 1 when every peer shares memory (the small collectives' slots may serve).
+static int prepare_peers(Comm *c) {
     World *w = c->w;
-    int me_w = c->world_ranks[c->a.rank];
+    int me_w = c->world_ranks[c->a.rank], slots = c->a.size > 1;
     c->a.conn = xcalloc((size_t)c->a.size, sizeof(NetConn *));
+    c->pair_tr = xmalloc((size_t)c->a.size);
     int *peers[NET_MAX_TRANSPORTS], np[NET_MAX_TRANSPORTS] = { 0 };
     for (int t = 0; t < NET_MAX_TRANSPORTS; t++) peers[t] = xmalloc(sizeof(int) * c->a.size);
     for (int r = 0; r < c->a.size; r++) {
+        c->pair_tr[r] = -1;
         if (r == c->a.rank || !algo_uses_pair(&c->a, r)) continue;
         int t = pair_transport(c->tr, me_w, c->world_ranks[r]);
+        c->pair_tr[r] = (signed char)t;
         peers[t][np[t]++] = r;
     }
-    NetSetup s = { w, c->id, c->name, c->a.rank, c->a.size, c->world_ranks, &c->a.op, algo_connections(&c->a), &c->bell, c->tr->vn };
+    for (int r = 0; r < c->a.size; r++)
+        if (r != c->a.rank && (c->pair_tr[r] < 0 || !NET_TRANSPORTS[(int)c->pair_tr[r]]->slots)) slots = 0;
+    c->setup = (NetSetup){ w, c->id, c->name, c->a.rank, c->a.size, c->world_ranks, &c->a.op, algo_connections(&c->a), &c->bell, c->tr->vn };
     NetConn **tmp = xcalloc((size_t)c->a.size, sizeof(NetConn *));
     c->bell = &c->private_bell;
     for (int t = 0; NET_TRANSPORTS[t]; t++) {
         if (!np[t]) continue;
-        c->endpoint[t] = NET_TRANSPORTS[t]->setup(&s, np[t], peers[t], tmp);
-        for (int i = 0; i < np[t]; i++) c->a.conn[peers[t][i]] = tmp[i];
+        c->endpoint[t] = NET_TRANSPORTS[t]->setup(&c->setup, np[t], peers[t], tmp);
+        if (!NET_TRANSPORTS[t]->connect)
+            for (int i = 0; i < np[t]; i++) c->a.conn[peers[t][i]] = tmp[i];
     }
     for (int r = 0; r < c->a.size; r++)
         if (c->a.conn[r]) {
@@ -284,6 +307,33 @@ static void connect_peers(Comm *c) {
         }
     free(tmp);
     for (int t = 0; t < NET_MAX_TRANSPORTS; t++) free(peers[t]);
+    return slots;
+}
+
+// Opens the pair with member r, where the algorithm may use it and it is not open yet (the driver's).
+static void connect_pair(Comm *c, int r) {
+    if (c->a.conn[r] || c->pair_tr[r] < 0) return;
+    const NetTransport *t = NET_TRANSPORTS[(int)c->pair_tr[r]];
+    NetConn *pc = t->connect(c->endpoint[c->pair_tr[r]], &c->setup, r);
+    pc->peer = r;
+    pc->peer_world = c->world_ranks[r];
+    pc->comm = c->name;
+    pc->world = c->w;
+    pc->opname = &c->a.op;
+    c->a.conn[r] = pc;
+}
+
+// Before an operation starts: the pair of a send or receive, or every pair of the collectives.
+static void connect_for(Comm *c, const AlgoOp *q) {
+    if (op_is_p2p(q)) {
+        connect_pair(c, q->peer);
+        return;
+    }
+    if (c->coll_connected) return;
+    for (int r = 0; r < c->a.size; r++)
+        if (r != c->a.rank && algo_collective_pair(&c->a, r)) connect_pair(c, r);
+    algo_connected(&c->a);
+    c->coll_connected = 1;
 }
 
 // The members' nodes (numbered by first appearance) and local ranks, and the algorithm for them.
@@ -311,11 +361,11 @@ static void comm_connect(Comm *c) {
     World *w = c->w;
     int me_w = c->world_ranks[c->a.rank];
     choose_algo(c);
-    connect_peers(c);
+    int slots = prepare_peers(c);
     int local = 0;
     for (int r = 0; r < world_env(w)->world; r++) local += same_node(w, r, me_w);
     c->oversubscribed = local > sysconf(_SC_NPROCESSORS_ONLN);
-    algo_init(&c->a);
+    algo_init(&c->a, slots);
     if (pthread_mutex_init(&c->mu, NULL) || pthread_cond_init(&c->work_cv, NULL) || pthread_cond_init(&c->done_cv, NULL))
         die("pthread init failed");
     if (pthread_create(&c->thread, NULL, progress_main, c) != 0) die("pthread_create: %s", strerror(errno));
@@ -354,9 +404,9 @@ static void log_transports(Transports *tr, World *w, const Comm *c) {
     }
     printf("collectives: %d rank(s) on %d node(s) | transports (--transport %s): shared memory, single-copy, for %d "
            "pair(s); RDMA verbs for %d pair(s)%s%s%s; TCP for %d pair(s)%s | algorithm (--algo %s): %s on the world, "
-           "%d connection(s) at rank 0%s\n",
+           "%d connection(s) per rank once used%s\n",
            n, nodes, TRANSPORT_NAMES[tr->choice], shm, verbs, *dev ? " (" : "", dev, *dev ? ")" : "",
-           tcp, tcp_why, ALGO_NAMES[tr->algo], comm_algo(c), comm_connections(c),
+           tcp, tcp_why, ALGO_NAMES[tr->algo], comm_algo(c), algo_connections(&c->a),
            tr->algo == ALGO_AUTO ? " (each communicator: fan-in inside one node, hierarchical across nodes)" : "");
     fflush(stdout);
 }
@@ -474,6 +524,7 @@ void comm_destroy(Comm *c) {
     World *w = c->w;
     transports_release(c->tr, world_timeout(w));
     free(c->a.conn);
+    free(c->pair_tr);
     free(c->world_ranks);
     const DevMem *dev = c->a.dev;
     algo_free(&c->a);
@@ -513,6 +564,7 @@ static int start_queued(Comm *c) {
         if (!c->head) c->tail = NULL;
         q->next = NULL;
         pthread_mutex_unlock(&c->mu);
+        connect_for(c, &q->alg);
         op_start(&c->a, &q->alg);
         if (op_is_p2p(&q->alg)) {
             q->next = c->p2p;
@@ -843,6 +895,7 @@ static void run(Comm *c, int kind, const void *s, void *r, size_t n, CommType t,
     q.c = c, q.next = NULL;
     atomic_init(&q.done, 0);
     op_init(&q.alg, kind, s, r, n, t, op, root, peer);
+    connect_for(c, &q.alg);
     op_start(&c->a, &q.alg);
     if (op_is_p2p(&q.alg)) q.next = c->p2p, c->p2p = &q;
     else c->cur = &q;

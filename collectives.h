@@ -13,7 +13,9 @@
 // (--algo fanin and ring; hier adds each node's members in rank order, then the nodes in order),
 // whatever the message size, so each output element is a function of that element's inputs and the
 // layout alone: bitwise the same on every rank, every run, every bucket or chunk boundary. A
-// communicator connects only the pairs its algorithm uses (CommOptions.algo).
+// communicator connects only the pairs its algorithm uses (CommOptions.algo), and only on first use:
+// none until its first operation, then the pairs of its collectives at the first collective, and a
+// send/recv pair when that pair first talks (shared memory and TCP; verbs connects when it is made).
 #ifndef LLM4D_COLLECTIVES_H
 #define LLM4D_COLLECTIVES_H
 
@@ -51,7 +53,8 @@ int comm_parse_algo(const char *s);
 // as comm buffers: for ./train plan --exact, without connecting. -1, and *why, where the algorithm
 // cannot serve those members.
 long long comm_algo_buffer_bytes(int algo, int size, const int *node, const char **why);
-// The algorithm communicator c runs ("fanin", "ring" or "hier"), and its open connections.
+// The algorithm communicator c runs ("fanin", "ring" or "hier"), and its open connections (opened on
+// first use: 0 before any operation).
 const char *comm_algo(const Comm *c);
 int comm_connections(const Comm *c);
 // Member r's node, numbered by first appearance in rank order (the hierarchy's layout).

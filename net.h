@@ -183,8 +183,10 @@ void net_staging_free(NetStaging *s);
 // ---------------------------------------------------------------------------------------------
 // the transport table (as NCCL's ncclTransport): one entry per transport file, in order of
 // preference; the collectives give each pair of ranks the first entry that can connect it (both ends
-// compute the same answer) and set a communicator's connections up entry by entry in this order, so
-// that no two ranks wait for each other. Connections are set up through the bootstrap (bootstrap.h).
+// compute the same answer). A communicator prepares its end entry by entry in this order when it is
+// made (setup), and a transport with connect opens each pair only when the pair is first used, one
+// end at a time: neither end waits for the other there, so no order between pairs is needed. Setup and
+// connections go through the bootstrap (bootstrap.h).
 
 typedef struct VerbsNet VerbsNet;
 
@@ -197,7 +199,8 @@ typedef struct {
 } NetReach;
 
 // One communicator's connections through one transport: every member that uses the transport calls
-// setup with the same peers list of the others it reaches through it (communicator ranks).
+// setup with the same peers list of the others it reaches through it (communicator ranks). The
+// NetSetup stays valid for the communicator's life (connect reads it).
 typedef struct {
     World *w;
     uint64_t comm_id;
@@ -212,25 +215,34 @@ typedef struct {
 
 typedef struct {
     const char *name; // as --transport names it: "shm", "tcp", "verbs"
+    int slots;        // its connections offer the small collectives' slots (NetOps.slot)
     // 1 when this transport can carry world ranks a and b.
     int (*can_connect)(const NetReach *r, int a, int b);
-    // Connects this rank to peers[i] through conns[i]; returns the endpoint that teardown frees
-    // after the connections are closed (NULL: none).
+    // Prepares this rank's end for peers[] and returns the endpoint that teardown frees after the
+    // connections are closed (NULL: none). Without connect it also connects every peer, peers[i]
+    // through conns[i]; with connect it opens no connection and leaves conns alone.
     void *(*setup)(const NetSetup *s, int npeers, const int *peers, NetConn **conns);
+    // Optional: opens the connection to peer (one of setup's peers) when this rank first needs it,
+    // without waiting for the peer to do the same; a connection whose other end is not there yet
+    // completes in progress (and a peer that never comes shows as no progress, or as died).
+    NetConn *(*connect)(void *endpoint, const NetSetup *s, int peer);
     void (*teardown)(void *endpoint);
 } NetTransport;
 
-// Shared memory (net_shm.c): ranks of one node; the endpoint holds this rank's doorbell and rings.
+// Shared memory (net_shm.c): ranks of one node; the endpoint holds this rank's doorbell and rings,
+// made and published at setup; connect maps a peer's inbox.
 extern const NetTransport NET_SHM;
 // The bytes of one rank's inbox on a communicator with nlocal members on its node (itself included):
 // a header and one ring of 1 MiB per member (./train plan comm counts them).
 size_t shm_inbox_bytes(int nlocal);
-// TCP (net_tcp.c): any pair; the lower world rank of each pair connects.
+// TCP (net_tcp.c): any pair; the lower world rank of each pair connects, the higher takes the
+// connection from the bootstrap's acceptor when it arrives.
 extern const NetTransport NET_TCP;
 // RDMA verbs (net_verbs.c, built where <infiniband/verbs.h> is installed; libibverbs is opened at run
 // time): pairs whose ranks both have an RDMA device. Connection blobs (QP number, PSN, GID/LID,
 // receive buffer and rkey) go through the store, then a "ready" key per pair: no rank writes before
-// its peer's queue pair can receive.
+// its peer's queue pair can receive. Every pair is connected at setup (no connect yet: its handshake
+// waits for the peer in the store).
 extern const NetTransport NET_VERBS;
 // The table (net.c): shm, verbs (where built), tcp; NULL-terminated.
 extern const NetTransport *const NET_TRANSPORTS[];

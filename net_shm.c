@@ -3,8 +3,9 @@
 // (inboxes are published there), below the algorithms.
 //
 // Each rank has, per communicator, an inbox: a memfd segment holding its doorbell and one incoming
-// ring per local peer. A peer maps the inbox through /proc/PID/fd/N (so no name ever exists in
-// /dev/shm) and appends records to its ring:
+// ring per local peer the algorithm may use, made and published when the communicator is (setup). A
+// peer maps the inbox through /proc/PID/fd/N (so no name ever exists in /dev/shm) when it first talks
+// to its owner (connect: the connection), and appends records to its ring:
 //   EAGER  header + the bytes (small messages, or buffers the receiver cannot read in place)
 //   MAP    header + a hostmem handle: the bytes sit in the sender's registered memory, which the
 //          receiver maps once and reads in place (large messages, and point-to-point hand-offs,
@@ -103,6 +104,7 @@ typedef struct {
     Inbox *mine;
     size_t bytes;
     int fd;
+    InboxInfo *peer; // [communicator size]: each peer's inbox as it published it (setup's peers only)
 } ShmEndpoint;
 
 enum { REC_EAGER = 1, REC_MAP, REC_CMA, REC_DEV };
@@ -427,7 +429,10 @@ static int shm_can_connect(const NetReach *r, int a, int b) {
     return !strcmp(world_rank_info(r->w, a)->node_id, world_rank_info(r->w, b)->node_id);
 }
 
+// This rank's inbox, published; then the peers' records (each member publishes its own before it
+// reads any, so nobody waits for a peer that waits for it). No peer's inbox is mapped yet.
 static void *shm_setup(const NetSetup *s, int npeers, const int *peers, NetConn **conns) {
+    (void)conns;
     World *w = s->w;
     int nl = npeers + 1;
     int *members = xmalloc(sizeof(int) * nl);
@@ -445,60 +450,72 @@ static void *shm_setup(const NetSetup *s, int npeers, const int *peers, NetConn 
     for (int i = 0; i < nl; i++) inbox_members(ep->mine)[i] = members[i];
     ep->mine->magic = INBOX_MAGIC;
     *s->bell = &ep->mine->bell;
+    free(members);
     char key[160];
     int me_w = s->world_ranks[s->rank];
     InboxInfo mine = { getpid(), ep->fd, ep->bytes, (uint64_t)(uintptr_t)ep->mine };
     snprintf(key, sizeof key, "shm/%016llx/%d", (unsigned long long)s->comm_id, me_w);
     store_set(w, key, &mine, sizeof mine);
+    ep->peer = xcalloc((size_t)s->size, sizeof *ep->peer);
     for (int i = 0; i < npeers; i++) {
-        int p = peers[i], pw = s->world_ranks[p], li = 0;
-        while (members[li] != p) li++;
+        int pw = s->world_ranks[peers[i]];
         snprintf(key, sizeof key, "shm/%016llx/%d", (unsigned long long)s->comm_id, pw);
         uint32_t n;
         InboxInfo *info = (InboxInfo *)store_get(w, key, &n, "shared-memory setup");
         if (n != sizeof *info) die("communicator %s: malformed inbox record from rank %d", s->comm_name, pw);
-        char path[64];
-        snprintf(path, sizeof path, "/proc/%d/fd/%d", (int)info->pid, (int)info->fd);
-        int fd = open(path, O_RDWR | O_CLOEXEC);
-        if (fd < 0) {
-            int e = errno;
-            char st[96];
-            const char *state = process_state(info->pid, st, sizeof st);
-            // the inbox descriptor lives as long as its process: gone means the process is going
-            if (e == ENOENT || (state && !strcmp(state, "died"))) { // it may have died of another rank's failure: name the first
-                world_set_waiting(w, pw, "shared-memory setup", s->comm_name);
-                world_set_failed(w);
-                world_die_after(w, pw, "communicator %s: rank %d (pid %d) died during shared-memory setup", s->comm_name, pw, (int)info->pid);
-            }
-            die("communicator %s: cannot open rank %d's shared memory %s: %s (use --transport tcp)", s->comm_name, pw,
-                path, strerror(e));
-        }
-        ShmConn *sc = xcalloc(1, sizeof *sc);
-        sc->peer_inbox_bytes = info->bytes;
-        sc->peer_inbox = mmap(NULL, info->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-        close(fd);
-        if (sc->peer_inbox == MAP_FAILED) die("communicator %s: cannot map rank %d's inbox: %s", s->comm_name, pw, strerror(errno));
-        int tx_li = -1; // this rank's ring in the peer's inbox
-        if (sc->peer_inbox->magic == INBOX_MAGIC && (size_t)sc->peer_inbox->nlocal * (sizeof(Ring) + sizeof(int32_t)) + sizeof(Inbox) == info->bytes)
-            for (int k = 0; k < sc->peer_inbox->nlocal; k++)
-                if (inbox_members(sc->peer_inbox)[k] == s->rank) tx_li = k;
-        if (tx_li < 0) die("communicator %s: rank %d's inbox is not what it announced", s->comm_name, pw);
-        net_conn_init(&sc->base, &SHM_OPS);
-        sc->base.peer_pid = info->pid;
-        sc->mine = ep->mine;
-        sc->tx = &sc->peer_inbox->ring[tx_li];
-        sc->rx = &ep->mine->ring[li];
-        sc->peer_bell = &sc->peer_inbox->bell;
-        // can this rank read the peer's ordinary memory? (Yama or a container may forbid it)
-        uint64_t probe = 0;
-        struct iovec l = { &probe, sizeof probe }, rm = { (void *)(uintptr_t)info->addr, sizeof probe };
-        if (process_vm_readv(info->pid, &l, 1, &rm, 1, 0) == (ssize_t)sizeof probe && probe == INBOX_MAGIC)
-            atomic_store_explicit(&sc->rx->can_cma, 1, memory_order_release);
-        conns[i] = &sc->base;
+        ep->peer[peers[i]] = *info;
         free(info);
     }
-    free(members);
     return ep;
+}
+
+// On first use: maps peer p's inbox (its rings and doorbell), without waiting for p: messages wait in
+// the rings until p connects its end.
+static NetConn *shm_connect(void *endpoint, const NetSetup *s, int p) {
+    World *w = s->w;
+    ShmEndpoint *ep = endpoint;
+    const InboxInfo *info = &ep->peer[p];
+    int pw = s->world_ranks[p], li = 0;
+    while (li < ep->mine->nlocal && inbox_members(ep->mine)[li] != p) li++;
+    if (li == ep->mine->nlocal || !info->pid) die("internal: communicator %s: rank %d is not a shared-memory peer", s->comm_name, pw);
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/fd/%d", (int)info->pid, (int)info->fd);
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0) {
+        int e = errno;
+        char st[96];
+        const char *state = process_state(info->pid, st, sizeof st);
+        // the inbox descriptor lives as long as its process: gone means the process is going
+        if (e == ENOENT || (state && !strcmp(state, "died"))) { // it may have died of another rank's failure: name the first
+            world_set_waiting(w, pw, "shared-memory setup", s->comm_name);
+            world_set_failed(w);
+            world_die_after(w, pw, "communicator %s: rank %d (pid %d) died during shared-memory setup", s->comm_name, pw, (int)info->pid);
+        }
+        die("communicator %s: cannot open rank %d's shared memory %s: %s (use --transport tcp)", s->comm_name, pw,
+            path, strerror(e));
+    }
+    ShmConn *sc = xcalloc(1, sizeof *sc);
+    sc->peer_inbox_bytes = info->bytes;
+    sc->peer_inbox = mmap(NULL, info->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (sc->peer_inbox == MAP_FAILED) die("communicator %s: cannot map rank %d's inbox: %s", s->comm_name, pw, strerror(errno));
+    int tx_li = -1; // this rank's ring in the peer's inbox
+    if (sc->peer_inbox->magic == INBOX_MAGIC && (size_t)sc->peer_inbox->nlocal * (sizeof(Ring) + sizeof(int32_t)) + sizeof(Inbox) == info->bytes)
+        for (int k = 0; k < sc->peer_inbox->nlocal; k++)
+            if (inbox_members(sc->peer_inbox)[k] == s->rank) tx_li = k;
+    if (tx_li < 0) die("communicator %s: rank %d's inbox is not what it announced", s->comm_name, pw);
+    net_conn_init(&sc->base, &SHM_OPS);
+    sc->base.peer_pid = info->pid;
+    sc->mine = ep->mine;
+    sc->tx = &sc->peer_inbox->ring[tx_li];
+    sc->rx = &ep->mine->ring[li];
+    sc->peer_bell = &sc->peer_inbox->bell;
+    // can this rank read the peer's ordinary memory? (Yama or a container may forbid it)
+    uint64_t probe = 0;
+    struct iovec l = { &probe, sizeof probe }, rm = { (void *)(uintptr_t)info->addr, sizeof probe };
+    if (process_vm_readv(info->pid, &l, 1, &rm, 1, 0) == (ssize_t)sizeof probe && probe == INBOX_MAGIC)
+        atomic_store_explicit(&sc->rx->can_cma, 1, memory_order_release);
+    return &sc->base;
 }
 
 static void shm_teardown(void *endpoint) {
@@ -506,7 +523,8 @@ static void shm_teardown(void *endpoint) {
     if (!ep) return;
     munmap(ep->mine, ep->bytes);
     close(ep->fd);
+    free(ep->peer);
     free(ep);
 }
 
-const NetTransport NET_SHM = { "shm", shm_can_connect, shm_setup, shm_teardown };
+const NetTransport NET_SHM = { "shm", 1, shm_can_connect, shm_setup, shm_connect, shm_teardown };

@@ -25,7 +25,10 @@
 
 typedef struct {
     NetConn base;
-    int fd;
+    int fd;                // -1 until the lower rank's connection has arrived (the higher end)
+    World *w;              // for taking it
+    uint64_t comm_id;
+    int same_node;         // the peer's process can be looked at (peer_state while it has not connected)
     unsigned char *bounce; // reducing receives
     size_t held;           // bytes of a partial element kept at the start of the bounce buffer
     NetStaging stage;      // device memory's way through this connection
@@ -33,8 +36,18 @@ typedef struct {
 
 static const char *opname(const NetConn *c) { return c->opname && *c->opname ? *c->opname : "setup"; }
 
+// The higher end: the lower rank's connection, once the acceptor has it. 1 when connected.
+static int tcp_take(TcpConn *tc, int *moved) {
+    if (tc->fd >= 0) return 1;
+    tc->fd = world_take_connection(tc->w, tc->comm_id, tc->base.peer_world, 0); // a deadline passed: look once
+    if (tc->fd < 0) return 0;
+    *moved = 1;
+    return 1;
+}
+
 static void tcp_progress(NetConn *c, int *moved) {
     TcpConn *tc = (TcpConn *)c;
+    if (!tcp_take(tc, moved)) return;
     for (NetReq *q = c->sq; q; q = q->next) { // a byte stream: one request after the other
         const void *from = q->dev ? net_stage_send(&tc->stage, q, "TCP") : q->buf;
         while (q->done < q->bytes) {
@@ -91,20 +104,24 @@ static void tcp_progress(NetConn *c, int *moved) {
 static void tcp_wait_hint(NetConn *c, NetWait *w) {
     TcpConn *tc = (TcpConn *)c;
     short ev = (c->rq ? POLLIN : 0) | (c->sq ? POLLOUT : 0);
-    if (ev && w->nfd < NET_MAX_POLL) {
+    // (not connected yet: nothing to poll; the engine looks again after its doorbell's short sleep)
+    if (ev && tc->fd >= 0 && w->nfd < NET_MAX_POLL) {
         w->fd[w->nfd] = tc->fd;
         w->events[w->nfd++] = ev;
     }
 }
 
 static const char *tcp_peer_state(NetConn *c, char *buf, size_t cap) {
-    (void)c, (void)buf, (void)cap;
-    return NULL; // a dead peer shows as a closed connection; a silent one only as a timeout
+    TcpConn *tc = (TcpConn *)c;
+    // a dead peer shows as a closed connection, a silent one only as a timeout; before the peer has
+    // connected, one on this node can be looked at
+    if (tc->fd < 0 && tc->same_node) return process_state(c->peer_pid, buf, cap);
+    return NULL;
 }
 
 static void tcp_close(NetConn *c) {
     TcpConn *tc = (TcpConn *)c;
-    close(tc->fd);
+    if (tc->fd >= 0) close(tc->fd);
     free(tc->bounce);
     net_staging_free(&tc->stage);
     free(tc);
@@ -115,32 +132,37 @@ static const NetOps TCP_OPS = { "tcp", tcp_progress, tcp_wait_hint, tcp_peer_sta
 static int tcp_can_connect(const NetReach *r, int a, int b) { return (void)r, (void)a, (void)b, 1; } // any pair
 
 static void *tcp_setup(const NetSetup *s, int npeers, const int *peers, NetConn **conns) {
-    World *w = s->w;
-    double deadline = now_seconds() + world_timeout(w);
-    int me_w = s->world_ranks[s->rank];
-    for (int i = 0; i < npeers; i++) {
-        int pw = s->world_ranks[peers[i]];
-        const RankInfo *pi = world_rank_info(w, pw);
-        int fd;
-        if (me_w < pw) {
-            fd = tcp_connect(pi->ip, pi->port, deadline);
-            if (fd < 0)
-                die("timeout: communicator %s: cannot connect to rank %d at %s:%d within %.1f s", s->comm_name, pw, pi->ip,
-                    pi->port, world_timeout(w));
-            ConnectHello hello = { .magic = NET_MAGIC, .comm_id = s->comm_id, .src = me_w };
-            snprintf(hello.token, sizeof hello.token, "%s", world_token(w));
-            if (tcp_write_all(fd, &hello, sizeof hello, deadline) != 0) die("communicator %s: cannot greet rank %d", s->comm_name, pw);
-        } else {
-            fd = world_take_connection(w, s->comm_id, pw, deadline);
-            if (fd < 0) die("timeout: communicator %s: rank %d did not connect within %.1f s", s->comm_name, pw, world_timeout(w));
-        }
-        TcpConn *tc = xcalloc(1, sizeof *tc);
-        net_conn_init(&tc->base, &TCP_OPS);
-        tc->base.peer_pid = pi->pid;
-        tc->fd = fd;
-        conns[i] = &tc->base;
-    }
-    return NULL;
+    (void)s, (void)npeers, (void)peers, (void)conns;
+    return NULL; // nothing to prepare: each pair connects on first use
 }
 
-const NetTransport NET_TCP = { "tcp", tcp_can_connect, tcp_setup, NULL };
+static NetConn *tcp_connect_peer(void *endpoint, const NetSetup *s, int peer) {
+    (void)endpoint;
+    World *w = s->w;
+    int me_w = s->world_ranks[s->rank], pw = s->world_ranks[peer];
+    const RankInfo *pi = world_rank_info(w, pw);
+    TcpConn *tc = xcalloc(1, sizeof *tc);
+    net_conn_init(&tc->base, &TCP_OPS);
+    tc->base.peer_pid = pi->pid;
+    tc->base.peer_world = pw;
+    tc->w = w;
+    tc->comm_id = s->comm_id;
+    tc->same_node = !strcmp(pi->node_id, world_rank_info(w, me_w)->node_id);
+    tc->fd = -1;
+    if (me_w < pw) { // the peer's acceptor answers whatever the peer is doing
+        double deadline = now_seconds() + world_timeout(w);
+        tc->fd = tcp_connect(pi->ip, pi->port, deadline);
+        if (tc->fd < 0)
+            die("timeout: communicator %s: cannot connect to rank %d at %s:%d within %.1f s", s->comm_name, pw, pi->ip,
+                pi->port, world_timeout(w));
+        ConnectHello hello = { .magic = NET_MAGIC, .comm_id = s->comm_id, .src = me_w };
+        snprintf(hello.token, sizeof hello.token, "%s", world_token(w));
+        if (tcp_write_all(tc->fd, &hello, sizeof hello, deadline) != 0) die("communicator %s: cannot greet rank %d", s->comm_name, pw);
+    } else {
+        int moved = 0;
+        tcp_take(tc, &moved);
+    }
+    return &tc->base;
+}
+
+const NetTransport NET_TCP = { "tcp", 0, tcp_can_connect, tcp_setup, tcp_connect_peer, NULL };

@@ -1016,7 +1016,7 @@ static void *verbs_setup(const NetSetup *s, int npeers, const int *peers, NetCon
 
 static int verbs_can_connect(const NetReach *r, int a, int b) { return r->rdma(r->ctx, a) && r->rdma(r->ctx, b); }
 
-const NetTransport NET_VERBS = { "verbs", verbs_can_connect, verbs_setup, NULL };
+const NetTransport NET_VERBS = { "verbs", 0, verbs_can_connect, verbs_setup, NULL, NULL };
 
 // Arms every endpoint still closing and sleeps until one has a completion (at most 100 ms).
 static void wait_closing(VerbsNet *vn) {

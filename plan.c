@@ -910,7 +910,8 @@ static int plot_layouts(const PlanInput *in, const Candidate *ys, int n) {
 //   PP  2·M hand-offs per stage boundary (activations forward, their gradients backward), each the
 //       micro-batch's (m/CP)·C·e bytes split over the TP ranks (sequence parallel); sends and receives
 //       overlap (full duplex), so a stage's link carries 2·M·(α + bytes / bw). Not a collective: the
-//       algorithms differ only in the connections (today's communicator connects every pair)
+//       algorithms differ only in the connections (over verbs the fan-in's communicator connects
+//       every pair when it is made; shared memory and TCP open the neighbours only, on first use)
 //   CP  llm4d's ring (the planner's CP term): Ls · M · (f·(CP − 1) + CP) messages, the same under every
 //       algorithm except fanin's connections (every pair)
 // Connections per rank (of the fullest rank): ring min(2, n − 1), fanin n − 1, hier l − 1 inside the

@@ -484,6 +484,44 @@ SHIM
 }
 
 # ---------------------------------------------------------------------------------------------
+# f2. a rank gone before any pair is open (connections open on first use): rank 2 of 3 exits as soon
+#     as the world communicator is made (test_comm --exit-before-use 2); the first collective of ranks
+#     0 and 1 opens its pairs then, and each fails within the timeout with one line naming rank 2 and
+#     the communicator, over shared memory and over TCP
+
+case_gone_before_use() {
+    local token port t0 r tr
+    local -a pid
+    for tr in shm tcp; do
+        new_token
+        port=$(free_port) || { bad "no free port"; return; }
+        t0=$(now)
+        for r in 0 1 2; do
+            start_rank "$WORK/f2.$tr.rank$r.log" "$r" 3 "$port" "$token" --comm-timeout 3 --transport $tr --exit-before-use 2
+            pid[$r]=$STARTED
+        done
+        await "${pid[2]}" "$t0" 30
+        [ "$RC" -eq 3 ] || bad "$tr: rank 2 was to exit with status 3 before any operation, got $RC"
+        for r in 0 1; do
+            await "${pid[$r]}" "$t0" $((3 + SLACK + 5))
+            if [ "$RC" -eq 124 ]; then
+                bad "$tr: rank $r still running after $AT s: hangs"
+            elif [ "$RC" -eq 0 ]; then
+                bad "$tr: rank $r exited 0 although rank 2 was gone"
+            elif ! le "$AT" $((3 + SLACK)); then
+                bad "$tr: rank $r took $AT s to notice (timeout 3 s)"
+            else
+                echo "    $tr: rank $r: exit status $RC after $AT s"
+            fi
+            expect_one_error "$WORK/f2.$tr.rank$r.log" "$tr: rank $r" "communicator world.*rank 2([^0-9]|$)"
+        done
+        expect_gone "${pid[@]}"
+        expect_no_shm "$token"
+    done
+    [ $BAD -eq 0 ] || show_logs "$WORK"/f2.*.log
+}
+
+# ---------------------------------------------------------------------------------------------
 # helpers for jobs started through the --nproc launcher
 
 # rank_pid LAUNCHER R: the pid of rank R among the launcher's children (empty when not there yet)
@@ -742,6 +780,7 @@ run_case "a wrong job token is rejected and the job goes on" case_wrong_token
 run_case "random bytes and a silent client on the bootstrap port are survived" case_random_bytes
 run_case "SIGTERM to a --nproc launcher stops every rank and leaves nothing" case_launcher_sigterm
 run_case "a rank dying in shared-memory setup: the others name it, nothing left" case_death_in_shm_setup
+run_case "a rank gone before its communicator's first use: the others name it (shm, TCP), nothing left" case_gone_before_use
 run_case "SIGSTOP on a rank: every rank ends, the stopped one is named" case_sigstop
 run_case "silent connections to the data ports do not delay the job" case_silent_data_connections
 run_case "SIGUSR1 to the launcher, its group, or starting ranks stops cleanly; ps names" case_sigusr1

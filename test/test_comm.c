@@ -1,7 +1,9 @@
 // Collective tests: every collective against a serial reference computed here, for every type, op,
 // count and placement, on the world and on split communicators, two in flight at once, async overlap
-// and point-to-point. Run as `test_comm --nproc N [--transport auto|shm|tcp|verbs] [--quick|--small]
-// [--device cpu|cuda]` (or under a torchrun/Slurm environment).
+// and point-to-point; the connections each communicator holds before and after its first use. Run as
+// `test_comm --nproc N [--transport auto|shm|tcp|verbs] [--algo A] [--quick|--small] [--device cpu|cuda]
+// [--exit-before-use R]` (or under a torchrun/Slurm environment; --exit-before-use: rank R exits once
+// the world communicator is made, before any operation, for the failure tests).
 //
 // Every rank can compute every rank's input (a function of the world rank and the index), so each rank
 // checks its own output against a serial reduction in the order the collectives promise: element i
@@ -314,10 +316,13 @@ static void test_handoff_counts(Comm *world) {
     comm_destroy(c);
 }
 
-// The connections the algorithm may hold, counted here from its definition: the fan-in every pair;
-// the ring the two neighbours; the hierarchy the node's other members, the same local rank on the
-// neighbouring nodes and the neighbours in rank order (point-to-point).
-static void check_connections(Comm *c) {
+// The connections a communicator holds, counted here from the algorithms' definitions. Connections
+// open on first use: none before the first operation; after a collective the pairs the collectives
+// use (the fan-in every pair, the ring the two neighbours, the hierarchy the node's other members and
+// the same local rank on the neighbouring nodes); send/recv add the pairs they talk over (test_p2p:
+// the neighbours in rank order, round the ends; a pipeline's: without the wrap from n-1 to 0).
+enum { BEFORE_USE, AFTER_COLLECTIVE, AFTER_P2P, AFTER_CHAIN };
+static void check_connections(Comm *c, int phase) {
     int n = comm_size(c), me = comm_rank(c), want = 0;
     const char *algo = comm_algo(c);
     int local[1024] = { 0 }, lr = 0, nodes = 0; // local rank of every member (n <= 1024 in these tests)
@@ -326,23 +331,57 @@ static void check_connections(Comm *c) {
         nodes = comm_node(c, r) + 1 > nodes ? comm_node(c, r) + 1 : nodes;
     }
     lr = local[me];
-    for (int p = 0; p < n; p++) {
+    for (int p = 0; p < n && phase != BEFORE_USE; p++) {
         if (p == me) continue;
         int nb = p == (me + 1) % n || p == (me + n - 1) % n, m = comm_node(c, me), pm = comm_node(c, p);
+        int sent = phase == AFTER_P2P ? nb : phase == AFTER_CHAIN && (p == me + 1 || p == me - 1); // pairs send/recv used
         if (!strcmp(algo, "fanin")) want++;
         else if (!strcmp(algo, "ring")) want += nb;
-        else want += pm == m || nb || (local[p] == lr && (pm == (m + 1) % nodes || pm == (m + nodes - 1) % nodes));
+        else want += pm == m || sent || (local[p] == lr && (pm == (m + 1) % nodes || pm == (m + nodes - 1) % nodes));
     }
+    static const char *const when[] = { "before its first operation", "after a collective", "after send/recv",
+                                        "after a pipeline step and a collective" };
     if (comm_connections(c) != want) {
-        printf("FAIL rank %d: --algo %s on %s holds %d connection(s), expected %d\n", comm_world_rank(c, me), algo, comm_name(c),
-               comm_connections(c), want);
+        printf("FAIL rank %d: --algo %s on %s holds %d connection(s) %s, expected %d\n", comm_world_rank(c, me), algo,
+               comm_name(c), comm_connections(c), when[phase], want);
         failures++;
     }
-    if (me == 0) printf("%s: %d rank(s) on %d node(s), algorithm %s, %d connection(s) at rank 0\n", comm_name(c), n, nodes, algo, want);
+    if (me == 0 && phase == AFTER_COLLECTIVE)
+        printf("%s: %d rank(s) on %d node(s), algorithm %s, %d connection(s) at rank 0\n", comm_name(c), n, nodes, algo, want);
+}
+
+// A pipeline's hand-offs on a fresh communicator (every member, rank order as stages): activations
+// forward r -> r+1, gradients back; each rank then holds its stage neighbours only, one or two, under
+// every algorithm, and the collectives' pairs once a collective has run.
+static void test_pipeline_connections(Comm *world) {
+    int n = comm_size(world), r = comm_rank(world);
+    Comm *c = comm_split(world, 0, r, "pipeline");
+    int32_t act = r, got = -1;
+    if (r > 0) comm_recv(c, &got, sizeof got, r - 1);
+    if (r > 0 && got != r - 1) printf("FAIL rank %d: pipeline activation %d from rank %d\n", r, (int)got, r - 1), failures++;
+    if (r < n - 1) comm_send(c, &act, sizeof act, r + 1);
+    int32_t grad = (r + 1) * 1000, back = -1;
+    if (r < n - 1) comm_recv(c, &back, sizeof back, r + 1);
+    if (r < n - 1 && back != (r + 2) * 1000) printf("FAIL rank %d: pipeline gradient %d from rank %d\n", r, (int)back, r + 1), failures++;
+    if (r > 0) comm_send(c, &grad, sizeof grad, r - 1);
+    int stages = (r > 0) + (r < n - 1);
+    if (comm_connections(c) != stages) {
+        printf("FAIL rank %d: pipeline communicator (--algo %s) holds %d connection(s) after a pipeline step, expected its %d neighbour(s)\n",
+               comm_world_rank(c, r), comm_algo(c), comm_connections(c), stages);
+        failures++;
+    }
+    if (r == 0) printf("pipeline: %d rank(s), algorithm %s, %d connection(s) at rank 0 after a pipeline step\n", n, comm_algo(c), stages);
+    comm_barrier(c);
+    check_connections(c, AFTER_CHAIN);
+    comm_destroy(c);
 }
 
 static void suite(Comm *c, int full, int quick) {
-    check_connections(c);
+    check_connections(c, BEFORE_USE);
+    int32_t one = 1, sum = 0; // the first collective opens the collectives' pairs
+    comm_all_reduce(c, &one, &sum, 1, CT_I32, OP_SUM);
+    if (sum != comm_size(c)) printf("FAIL rank %d: first all_reduce on %s counted %d\n", comm_rank(c), comm_name(c), (int)sum), failures++;
+    check_connections(c, AFTER_COLLECTIVE);
     static const size_t counts[] = { 0, 1, 7, 1000, 1048579 };
     for (int ci = 0; ci < (quick ? 4 : 5); ci++) {
         size_t count = counts[ci];
@@ -364,6 +403,7 @@ static void suite(Comm *c, int full, int quick) {
     }
     test_p2p(c);
     comm_barrier(c);
+    check_connections(c, AFTER_P2P);
 }
 
 int main(int argc, char **argv) {
@@ -374,11 +414,12 @@ int main(int argc, char **argv) {
     // --quick: the world suite up to 1000 elements (failure tests); --small: every suite up to 1000
     // elements (under emulation, where bandwidth is scarce)
     // --handoffs: only the hand-offs' counts (test_handoff_counts)
-    int quick = 0, small = 0, handoffs = 0;
+    int quick = 0, small = 0, handoffs = 0, exit_unused = -1;
     for (int i = 1; i < argc; i++)
         quick |= !strcmp(argv[i], "--quick"), small |= !strcmp(argv[i], "--small"), handoffs |= !strcmp(argv[i], "--handoffs");
     for (int i = 1; i + 1 < argc; i++) {
         if (!strcmp(argv[i], "--comm-timeout")) opt.timeout = atof(argv[i + 1]);
+        if (!strcmp(argv[i], "--exit-before-use")) exit_unused = atoi(argv[i + 1]);
         if (!strcmp(argv[i], "--transport") && (opt.transport = comm_parse_transport(argv[i + 1])) < 0)
             die("--transport must be auto, shm, tcp or verbs");
         if (!strcmp(argv[i], "--algo") && (opt.algo = comm_parse_algo(argv[i + 1])) < 0)
@@ -402,8 +443,10 @@ int main(int argc, char **argv) {
     Comm *world = comm_init(&env, &opt);
     comm_use_device(world, DEV);
     int r = comm_rank(world), n = comm_size(world);
+    if (r == exit_unused) exit(3); // a member gone before any pair of the world is open (comm_failures.sh)
     if (!handoffs) suite(world, 1, quick || small);
     test_handoff_counts(world);
+    if (!handoffs) test_pipeline_connections(world);
     if (!quick && !handoffs) {
         Comm *parity = comm_split(world, r % 2, r, "parity");
         Comm *reversed = comm_split(world, 0, n - r, "reversed"); // same members, opposite rank order
