@@ -148,6 +148,22 @@ wait_line() {
 BAD=0 # failures of the running case
 bad() { echo "    $*"; BAD=1; }
 
+# expect_noticed WHO PID T0 TIMEOUT WHY: the surviving rank PID fails (non-zero) within TIMEOUT s of T0
+# (plus SLACK), neither hanging nor exiting 0 although WHY.
+expect_noticed() {
+    local who=$1 pid=$2 t0=$3 timeout=$4 why=$5
+    await "$pid" "$t0" $((timeout + SLACK + 5))
+    if [ "$RC" -eq 124 ]; then
+        bad "$who still running after $AT s: hangs"
+    elif [ "$RC" -eq 0 ]; then
+        bad "$who exited 0 although $why"
+    elif ! le "$AT" $((timeout + SLACK)); then
+        bad "$who took $AT s to notice (timeout $timeout s)"
+    else
+        echo "    $who: exit status $RC after $AT s"
+    fi
+}
+
 # expect_one_error LOG WHO REGEX: exactly one "error: " line, matching REGEX; no sanitizer report.
 expect_one_error() {
     local log=$1 who=$2 re=$3 n line
@@ -466,16 +482,7 @@ SHIM
     await "${pid[2]}" "$t0" 30
     [ "$RC" -eq 137 ] || bad "rank 2 was to die by SIGKILL opening an inbox (137), got $RC"
     for r in 0 1; do
-        await "${pid[$r]}" "$t0" $((3 + SLACK + 5))
-        if [ "$RC" -eq 124 ]; then
-            bad "rank $r still running after $AT s: hangs"
-        elif [ "$RC" -eq 0 ]; then
-            bad "rank $r exited 0 although rank 2 died"
-        elif ! le "$AT" $((3 + SLACK)); then
-            bad "rank $r took $AT s to notice (timeout 3 s)"
-        else
-            echo "    rank $r: exit status $RC after $AT s"
-        fi
+        expect_noticed "rank $r" "${pid[$r]}" "$t0" 3 "rank 2 died"
         expect_one_error "$WORK/f.rank$r.log" "rank $r" "rank 2[^0-9]*$|rank 2 \(pid"
     done
     expect_gone "${pid[@]}"
@@ -503,16 +510,7 @@ case_gone_before_use() {
         await "${pid[2]}" "$t0" 30
         [ "$RC" -eq 3 ] || bad "$tr: rank 2 was to exit with status 3 before any operation, got $RC"
         for r in 0 1; do
-            await "${pid[$r]}" "$t0" $((3 + SLACK + 5))
-            if [ "$RC" -eq 124 ]; then
-                bad "$tr: rank $r still running after $AT s: hangs"
-            elif [ "$RC" -eq 0 ]; then
-                bad "$tr: rank $r exited 0 although rank 2 was gone"
-            elif ! le "$AT" $((3 + SLACK)); then
-                bad "$tr: rank $r took $AT s to notice (timeout 3 s)"
-            else
-                echo "    $tr: rank $r: exit status $RC after $AT s"
-            fi
+            expect_noticed "$tr: rank $r" "${pid[$r]}" "$t0" 3 "rank 2 was gone"
             expect_one_error "$WORK/f2.$tr.rank$r.log" "$tr: rank $r" "communicator world.*rank 2([^0-9]|$)"
         done
         expect_gone "${pid[@]}"
