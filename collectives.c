@@ -113,6 +113,10 @@ int comm_connections(const Comm *c) {
     return k;
 }
 
+const char *comm_pair_transport(const Comm *c, int r) {
+    return r < 0 || r >= c->a.size || c->pair_tr[r] < 0 ? NULL : NET_TRANSPORTS[(int)c->pair_tr[r]]->name;
+}
+
 static void *progress_main(void *arg);
 static int has_work_locked(const Comm *c) { return c->head || c->cur || c->p2p; }
 
