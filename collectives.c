@@ -273,6 +273,16 @@ static void transports_release(Transports *tr, double timeout_s) {
     free(tr);
 }
 
+// A connection to member r, told whose it is (what its errors name).
+static NetConn *attach_conn(Comm *c, int r, NetConn *pc) {
+    pc->peer = r;
+    pc->peer_world = c->world_ranks[r];
+    pc->comm = c->name;
+    pc->world = c->w;
+    pc->opname = &c->a.op;
+    return pc;
+}
+
 // Every pair's transport, then each transport's end of the communicator, in the table's order on
 // every rank: no connection yet, except where a transport has no connect (verbs: every pair now).
 // Returns 1 when every peer shares memory (the small collectives' slots may serve).
@@ -302,13 +312,7 @@ static int prepare_peers(Comm *c) {
             for (int i = 0; i < np[t]; i++) c->a.conn[peers[t][i]] = tmp[i];
     }
     for (int r = 0; r < c->a.size; r++)
-        if (c->a.conn[r]) {
-            c->a.conn[r]->peer = r;
-            c->a.conn[r]->peer_world = c->world_ranks[r];
-            c->a.conn[r]->comm = c->name;
-            c->a.conn[r]->world = w;
-            c->a.conn[r]->opname = &c->a.op;
-        }
+        if (c->a.conn[r]) attach_conn(c, r, c->a.conn[r]);
     free(tmp);
     for (int t = 0; t < NET_MAX_TRANSPORTS; t++) free(peers[t]);
     return slots;
@@ -318,13 +322,7 @@ static int prepare_peers(Comm *c) {
 static void connect_pair(Comm *c, int r) {
     if (c->a.conn[r] || c->pair_tr[r] < 0) return;
     const NetTransport *t = NET_TRANSPORTS[(int)c->pair_tr[r]];
-    NetConn *pc = t->connect(c->endpoint[c->pair_tr[r]], &c->setup, r);
-    pc->peer = r;
-    pc->peer_world = c->world_ranks[r];
-    pc->comm = c->name;
-    pc->world = c->w;
-    pc->opname = &c->a.op;
-    c->a.conn[r] = pc;
+    c->a.conn[r] = attach_conn(c, r, t->connect(c->endpoint[c->pair_tr[r]], &c->setup, r));
 }
 
 // Before an operation starts: the pair of a send or receive, or every pair of the collectives.
