@@ -34,7 +34,8 @@
 typedef struct {
     uint32_t magic, type, klen, vlen;
 } WireHdr;
-enum { MSG_HELLO = 1, MSG_TABLE, MSG_SET, MSG_GET, MSG_VALUE, MSG_ABANDON };
+// MSG_LOOK asks without waiting: the reply is MSG_VALUE, or MSG_ABSENT when the key is not set yet
+enum { MSG_HELLO = 1, MSG_TABLE, MSG_SET, MSG_GET, MSG_VALUE, MSG_ABANDON, MSG_LOOK, MSG_ABSENT };
 
 // ---------------------------------------------------------------------------------------------
 // the status board: one slot per world rank, in shared memory
@@ -409,7 +410,7 @@ static int store_serve_one(StoreConn *sc) {
     WireHdr h;
     if (tcp_read_all(sc->fd, &h, sizeof h, 1e18) != 0) return -1;
     if (h.magic != NET_MAGIC || h.klen == 0 || h.klen > 4096 || h.vlen > MAX_STORE_VALUE ||
-        (h.type != MSG_SET && h.type != MSG_GET)) {
+        (h.type != MSG_SET && h.type != MSG_GET && h.type != MSG_LOOK)) {
         warn("bootstrap: malformed request from rank %d; dropping its connection", sc->rank);
         return -1;
     }
@@ -435,11 +436,13 @@ static int store_serve_one(StoreConn *sc) {
     while (!found && !s->closing) {
         for (KV *kv = s->kv; kv; kv = kv->next)
             if (!strcmp(kv->key, key)) found = kv;
-        if (!found) pthread_cond_wait(&s->cv, &s->mu);
+        if (found || h.type == MSG_LOOK) break;
+        pthread_cond_wait(&s->cv, &s->mu);
     }
     free(key);
     if (!found) {
         pthread_mutex_unlock(&s->mu);
+        if (h.type == MSG_LOOK && !s->closing) return send_msg(sc->fd, MSG_ABSENT, NULL, 0, now_seconds() + s->timeout) ? -1 : 0;
         return -1;
     }
     uint32_t vlen = found->vlen;
@@ -555,8 +558,9 @@ void store_set(World *w, const char *key, const void *val, uint32_t vlen) {
     pthread_mutex_unlock(&w->store_mu);
 }
 
-char *store_get(World *w, const char *key, uint32_t *vlen, const char *what) {
-    WireHdr h = { NET_MAGIC, MSG_GET, (uint32_t)strlen(key), 0 };
+// One request for key: MSG_GET waits for it, MSG_LOOK does not (NULL when it is not set yet).
+static char *store_ask(World *w, uint32_t type, const char *key, uint32_t *vlen, const char *what) {
+    WireHdr h = { NET_MAGIC, type, (uint32_t)strlen(key), 0 };
     double dl = now_seconds() + w->timeout;
     pthread_mutex_lock(&w->store_mu);
     if (tcp_write_all(w->store_fd, &h, sizeof h, dl) || tcp_write_all(w->store_fd, key, h.klen, dl)) store_lost(w);
@@ -564,7 +568,12 @@ char *store_get(World *w, const char *key, uint32_t *vlen, const char *what) {
     if (rc == TCP_CLOSED)
         world_die_after(w, 0, "%s: rank 0 at %s:%d closed the bootstrap connection (it exited)", what, w->env.master_addr, w->env.master_port);
     if (rc != 0) die("timeout: %s: waited %.1f s for '%s' from the bootstrap store", what, w->timeout, key);
-    if (h.magic != NET_MAGIC || h.type != MSG_VALUE || h.vlen > MAX_STORE_VALUE) die("bootstrap store: malformed reply");
+    if (h.magic != NET_MAGIC || h.vlen > MAX_STORE_VALUE || !(h.type == MSG_VALUE || (type == MSG_LOOK && h.type == MSG_ABSENT && !h.vlen)))
+        die("bootstrap store: malformed reply");
+    if (h.type == MSG_ABSENT) {
+        pthread_mutex_unlock(&w->store_mu);
+        return NULL;
+    }
     char *v = xmalloc(h.vlen + 1);
     if (tcp_read_all(w->store_fd, v, h.vlen, dl) != 0) die("bootstrap store: truncated reply");
     pthread_mutex_unlock(&w->store_mu);
@@ -572,6 +581,10 @@ char *store_get(World *w, const char *key, uint32_t *vlen, const char *what) {
     *vlen = h.vlen;
     return v;
 }
+
+char *store_get(World *w, const char *key, uint32_t *vlen, const char *what) { return store_ask(w, MSG_GET, key, vlen, what); }
+
+char *store_peek(World *w, const char *key, uint32_t *vlen, const char *what) { return store_ask(w, MSG_LOOK, key, vlen, what); }
 
 // ---------------------------------------------------------------------------------------------
 // the data-port acceptor: greets every incoming connection at once, each with a short deadline, and

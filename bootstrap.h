@@ -60,6 +60,9 @@ const char *world_token(const World *w);
 void store_set(World *w, const char *key, const void *val, uint32_t vlen);
 // Waits (up to the timeout) for a key; returns its value (malloc'd) and length.
 char *store_get(World *w, const char *key, uint32_t *vlen, const char *what);
+// One look, no wait: the value (malloc'd) when the key is set, else NULL. A connection that must not
+// wait for its peer (net_verbs.c's lazy handshake) looks again later.
+char *store_peek(World *w, const char *key, uint32_t *vlen, const char *what);
 // An authenticated data connection from world rank src for communicator comm_id; -1 at the deadline
 // (a deadline already past: one look, no wait).
 int world_take_connection(World *w, uint64_t comm_id, int src, double deadline);

@@ -16,8 +16,8 @@
 // other end (net.h: shared memory maps the peer's inbox, TCP's higher end takes the lower one's
 // connection in progress), so no order between pairs or communicators is needed, and a peer that
 // never comes is an operation without progress: the timeout, or the peer seen dead, names it and the
-// communicator in one line. Verbs, whose handshake waits for the peer, still connects its pairs when
-// the communicator is made.
+// communicator in one line. Verbs does the same: its handshake's keys are looked for in the store
+// without waiting (net_verbs.c).
 #define _GNU_SOURCE
 #include "collectives.h"
 
@@ -111,10 +111,6 @@ int comm_connections(const Comm *c) {
     int k = 0;
     for (int r = 0; r < c->a.size; r++) k += c->a.conn[r] != NULL;
     return k;
-}
-
-const char *comm_pair_transport(const Comm *c, int r) {
-    return r < 0 || r >= c->a.size || c->pair_tr[r] < 0 ? NULL : NET_TRANSPORTS[(int)c->pair_tr[r]]->name;
 }
 
 static void *progress_main(void *arg);
@@ -284,7 +280,7 @@ static NetConn *attach_conn(Comm *c, int r, NetConn *pc) {
 }
 
 // Every pair's transport, then each transport's end of the communicator, in the table's order on
-// every rank: no connection yet, except where a transport has no connect (verbs: every pair now).
+// every rank: no connection yet, except where a transport has no connect (then every pair now).
 // Returns 1 when every peer shares memory (the small collectives' slots may serve).
 static int prepare_peers(Comm *c) {
     World *w = c->w;

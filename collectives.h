@@ -57,9 +57,6 @@ long long comm_algo_buffer_bytes(int algo, int size, const int *node, const char
 // first use: 0 before any operation).
 const char *comm_algo(const Comm *c);
 int comm_connections(const Comm *c);
-// The transport ("shm", "tcp", "verbs") of the pair with member r, chosen when c was made; NULL for
-// c's own rank and for pairs its algorithm never uses. Verbs connects its pairs then (no lazy open).
-const char *comm_pair_transport(const Comm *c, int r);
 // Member r's node, numbered by first appearance in rank order (the hierarchy's layout).
 int comm_node(const Comm *c, int r);
 

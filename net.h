@@ -241,8 +241,8 @@ extern const NetTransport NET_TCP;
 // RDMA verbs (net_verbs.c, built where <infiniband/verbs.h> is installed; libibverbs is opened at run
 // time): pairs whose ranks both have an RDMA device. Connection blobs (QP number, PSN, GID/LID,
 // receive buffer and rkey) go through the store, then a "ready" key per pair: no rank writes before
-// its peer's queue pair can receive. Every pair is connected at setup (no connect yet: its handshake
-// waits for the peer in the store).
+// its peer's queue pair can receive. Nothing is made at setup; connect makes the pair's endpoint and
+// publishes its address, and progress finishes the handshake as the peer's keys appear (store_peek).
 extern const NetTransport NET_VERBS;
 // The table (net.c): shm, verbs (where built), tcp; NULL-terminated.
 extern const NetTransport *const NET_TRANSPORTS[];

@@ -813,10 +813,19 @@ int verbs_print_gids(VerbsDev *d, FILE *out) {
 #include "bootstrap.h"
 #include "net.h"
 
+// Where a lazily opened pair stands: this rank's address is published (waiting for the peer's),
+// its queue pair is connected and "ready" published (waiting for the peer's), or both ends are.
+enum { VC_ADDRESS, VC_READY, VC_UP };
+#define HANDSHAKE_LOOK_S 1e-3 // between two looks into the store for a handshake's next key
+
 typedef struct VerbsConn {
     NetConn base;
     struct VerbsNet *vn;
     VerbsEp *e;
+    int state;        // VC_*: no byte moves before VC_UP
+    double next_look; // the handshake's next store look
+    const NetSetup *s;
+    int me_w;
     unsigned char part[16]; // a reducing receive's element that straddles two slots
     size_t held;
     NetStaging stage; // device memory's way through this connection (pinned host buffers)
@@ -870,9 +879,17 @@ static void verbs_lost(NetConn *c) {
     net_peer_lost(c, "%s on communicator %s: %s", opname(c), c->comm, verbs_ep_error(vc->e));
 }
 
+static int verbs_handshake(VerbsConn *vc, int wait);
+
 static void verbs_conn_progress(NetConn *c, int *moved) {
     VerbsConn *vc = (VerbsConn *)c;
     VerbsEp *e = vc->e;
+    if (vc->state != VC_UP) {
+        int was = vc->state;
+        verbs_handshake(vc, 0);
+        *moved |= vc->state != was;
+        if (vc->state != VC_UP) return;
+    }
     for (NetReq *q = c->sq; q; q = q->next) { // a byte stream: one request after the other
         if (q->done < q->bytes) {
             const char *from = q->dev ? net_stage_send(&vc->stage, q, "verbs") : q->buf;
@@ -956,6 +973,9 @@ static const char *verbs_conn_peer_state(NetConn *c, char *buf, size_t cap) {
 static void verbs_conn_close(NetConn *c) {
     VerbsConn *vc = (VerbsConn *)c;
     VerbsNet *vn = vc->vn;
+    // a pair opened but never used by a byte: both ends have opened it (the collectives open their pairs
+    // on every member alike), so the peer's keys come, and the goodbye below needs its queue pair ready
+    verbs_handshake(vc, 1);
     (void)verbs_ep_finish(vc->e); // a full send queue or an error: verbs_net_close tries again and reports
     net_staging_free(&vc->stage); // nothing is posted any more
     pthread_mutex_lock(&vn->mu);
@@ -966,57 +986,85 @@ static void verbs_conn_close(NetConn *c) {
 
 static const NetOps VERBS_OPS = { "verbs", verbs_conn_progress, verbs_conn_wait_hint, verbs_conn_peer_state, verbs_conn_close, NULL, NULL };
 
-// Each end creates its endpoints (receives posted), publishes one blob per peer, connects to the
-// peer's blob and then says so in the store; a rank sends only after the peer's "ready", so that no
-// write reaches a queue pair that is not yet ready to receive.
-static void *verbs_setup(const NetSetup *s, int npeers, const int *peers, NetConn **conns) {
+static void handshake_key(char *key, size_t cap, const char *what, const VerbsConn *vc, int from_w, int to_w) {
+    snprintf(key, cap, "%s/%016llx/%d/%d", what, (unsigned long long)vc->s->comm_id, from_w, to_w);
+}
+
+// The handshake's next steps, as far as the store has the peer's keys (wait: waits for them, up to the
+// timeout). The peer's address connects this rank's queue pair, and "ready" then says so; the pair is
+// up once the peer's "ready" is in too, so that no write reaches a queue pair not yet able to receive.
+// Without wait it looks into the store at most every HANDSHAKE_LOOK_S. 1 when the pair is up.
+static int verbs_handshake(VerbsConn *vc, int wait) {
+    if (vc->state == VC_UP) return 1;
+    double now = now_seconds();
+    if (!wait && now < vc->next_look) return 0;
+    vc->next_look = now + HANDSHAKE_LOOK_S;
+    const NetSetup *s = vc->s;
     World *w = s->w;
-    VerbsNet *vn = s->vn;
-    int me_w = s->world_ranks[s->rank];
-    unsigned slots = vn->slots ? vn->slots : VERBS_DEFAULT_SLOTS;
-    size_t slot_bytes = vn->slot_bytes ? vn->slot_bytes : verbs_staging_slot_bytes(s->connections); // net_verbs.h
-    char key[128], err[512], name[96];
-    for (int i = 0; i < npeers; i++) {
-        int pw = s->world_ranks[peers[i]];
-        const RankInfo *pi = world_rank_info(w, pw);
-        snprintf(name, sizeof name, "rank %d at %.64s", pw, pi->node_id);
-        VerbsEp *e = verbs_ep_create(vn->dev, slots, slot_bytes, name, err, sizeof err);
-        if (!e) die("communicator %s: %s", s->comm_name, err);
-        VerbsConn *vc = xcalloc(1, sizeof *vc);
-        net_conn_init(&vc->base, &VERBS_OPS);
-        vc->base.peer_pid = pi->pid;
-        vc->vn = vn;
-        vc->e = e;
-        conns[i] = &vc->base;
-        unsigned char blob[VERBS_BLOB_BYTES];
-        verbs_ep_blob(e, blob);
-        snprintf(key, sizeof key, "verbs/%016llx/%d/%d", (unsigned long long)s->comm_id, me_w, pw);
-        store_set(w, key, blob, sizeof blob);
-    }
-    for (int i = 0; i < npeers; i++) {
-        int pw = s->world_ranks[peers[i]];
-        VerbsConn *vc = (VerbsConn *)conns[i];
-        uint32_t n;
-        snprintf(key, sizeof key, "verbs/%016llx/%d/%d", (unsigned long long)s->comm_id, pw, me_w);
-        char *blob = store_get(w, key, &n, "connecting over verbs");
+    int pw = vc->base.peer_world;
+    char key[128];
+    uint32_t n;
+    if (vc->state == VC_ADDRESS) {
+        handshake_key(key, sizeof key, "verbs", vc, pw, vc->me_w);
+        char *blob = wait ? store_get(w, key, &n, "connecting over verbs") : store_peek(w, key, &n, "connecting over verbs");
+        if (!blob) return 0;
         if (n != VERBS_BLOB_BYTES) die("communicator %s: rank %d published a malformed verbs address", s->comm_name, pw);
         if (verbs_ep_connect(vc->e, (const unsigned char *)blob) != 0) die("communicator %s: %s", s->comm_name, verbs_ep_error(vc->e));
         free(blob);
-        snprintf(key, sizeof key, "verbs-ready/%016llx/%d/%d", (unsigned long long)s->comm_id, me_w, pw);
+        handshake_key(key, sizeof key, "verbs-ready", vc, vc->me_w, pw);
         store_set(w, key, "1", 1);
+        vc->state = VC_READY;
     }
-    for (int i = 0; i < npeers; i++) {
-        int pw = s->world_ranks[peers[i]];
-        uint32_t n;
-        snprintf(key, sizeof key, "verbs-ready/%016llx/%d/%d", (unsigned long long)s->comm_id, pw, me_w);
-        free(store_get(w, key, &n, "connecting over verbs"));
-    }
+    handshake_key(key, sizeof key, "verbs-ready", vc, pw, vc->me_w);
+    char *ready = wait ? store_get(w, key, &n, "connecting over verbs") : store_peek(w, key, &n, "connecting over verbs");
+    if (!ready) return 0;
+    free(ready);
+    vc->state = VC_UP;
+    return 1;
+}
+
+// Nothing is made until a pair is first used (connect): no queue pair, no registered staging.
+static void *verbs_setup(const NetSetup *s, int npeers, const int *peers, NetConn **conns) {
+    (void)s, (void)npeers, (void)peers, (void)conns;
     return NULL;
 }
 
+// On first use: this rank's endpoint for the pair (its receives posted), and its address published;
+// the handshake goes on in progress, so this never waits for the peer.
+static NetConn *verbs_connect(void *endpoint, const NetSetup *s, int p) {
+    (void)endpoint;
+    World *w = s->w;
+    VerbsNet *vn = s->vn;
+    unsigned slots = vn->slots ? vn->slots : VERBS_DEFAULT_SLOTS;
+    size_t slot_bytes = vn->slot_bytes ? vn->slot_bytes : verbs_staging_slot_bytes(s->connections); // net_verbs.h
+    int pw = s->world_ranks[p];
+    const RankInfo *pi = world_rank_info(w, pw);
+    char name[96], err[512], key[128];
+    snprintf(name, sizeof name, "rank %d at %.64s", pw, pi->node_id);
+    VerbsEp *e = verbs_ep_create(vn->dev, slots, slot_bytes, name, err, sizeof err);
+    if (!e) die("communicator %s: %s", s->comm_name, err);
+    VerbsConn *vc = xcalloc(1, sizeof *vc);
+    net_conn_init(&vc->base, &VERBS_OPS);
+    vc->base.peer_pid = pi->pid;
+    vc->base.peer_world = pw; // attach_conn sets it too; the handshake needs it first
+    vc->vn = vn;
+    vc->e = e;
+    vc->s = s;
+    vc->me_w = s->world_ranks[s->rank];
+    vc->state = VC_ADDRESS;
+    unsigned char blob[VERBS_BLOB_BYTES];
+    verbs_ep_blob(e, blob);
+    handshake_key(key, sizeof key, "verbs", vc, vc->me_w, pw);
+    store_set(w, key, blob, sizeof blob);
+    verbs_handshake(vc, 0); // the peer may have opened its end already
+    return &vc->base;
+}
+
+static void verbs_teardown(void *endpoint) { (void)endpoint; }
+
 static int verbs_can_connect(const NetReach *r, int a, int b) { return r->rdma(r->ctx, a) && r->rdma(r->ctx, b); }
 
-const NetTransport NET_VERBS = { "verbs", 0, verbs_can_connect, verbs_setup, NULL, NULL };
+const NetTransport NET_VERBS = { "verbs", 0, verbs_can_connect, verbs_setup, verbs_connect, verbs_teardown };
 
 // Arms every endpoint still closing and sleeps until one has a completion (at most 100 ms).
 static void wait_closing(VerbsNet *vn) {

@@ -9,6 +9,10 @@
 #             4 and 8 ranks, half on each, shared memory inside and TCP across: hier against fanin and
 #             OpenMPI (vader inside, btl tcp across; mpirun in the first namespace starts an orted in
 #             each through an rsh agent that is `ip netns exec`).
+#   soft-RoCE: the QEMU guest of test/verbs_vm.sh, ranks on two named nodes (test/fake_nodes.sh):
+#             4 and 8 ranks, shared memory inside and RDMA verbs (rxe) across: hier against fanin.
+#             The guest emulates its CPU (TCG), so only the ratio means anything; sizes VERBS_MIN_BYTES
+#             to VERBS_MAX_BYTES (256K-4M), VERBS_NPROCS ("4 8"; empty: no guest), VERBS_ITERS (3).
 # A figure, never pass/fail. The load average is printed at the start and after each table (the
 # machine may be shared). What cannot run is skipped, saying why: OpenMPI not installed (no MPI
 # columns), network namespaces unavailable (no two-node tables). Namespaces are removed on exit.
@@ -86,6 +90,39 @@ for n in ${NPROCS:-2 4}; do
     table $(for a in $ALGOS; do echo "$W/$a".[0-9]*; done; [ $HAVE_MPI = 1 ] && echo "$W"/mpi.[0-9]*)
     echo "load average: $(load)"
 done
+
+# soft-RoCE in the guest: one boot runs every configuration; rank 0's lines are the table's
+verbs_nodes() {
+    if [ -n "${VERBS_NPROCS+set}" ] && [ -z "$VERBS_NPROCS" ]; then echo; echo "soft-RoCE: skipped (VERBS_NPROCS is empty)"; return; fi
+    [ -x build/train-portable ] || make build/train-portable >/dev/null 2>&1 ||
+        { echo; echo "soft-RoCE: skipped (no build/train-portable: built without <infiniband/verbs.h>)"; return; }
+    mkdir -p "$W/verbs"
+    local rc=0 vb="--op $OP --min-bytes ${VERBS_MIN_BYTES:-256K} --max-bytes ${VERBS_MAX_BYTES:-4M} --warmup 1 --iters ${VERBS_ITERS:-3}"
+    bash test/verbs_vm.sh --timeout 1800 --share "$W" --bin build/train-portable -- sh -c '
+        V=$0 export FAKE_NODES_PORT=29400 OMP_WAIT_POLICY=passive
+        for n in '"${VERBS_NPROCS:-4 8}"'; do
+            half=$((n / 2)) nodes=""
+            for i in $(seq $n); do [ $i -le $half ] && nodes="$nodes n0" || nodes="$nodes n1"; done
+            for run in $(seq '"$RUNS"'); do
+                for a in fanin hier; do
+                    FAKE_NODES_PORT=$((FAKE_NODES_PORT + 1))
+                    sh test/fake_nodes.sh $nodes -- build/train-portable bench-comm '"$vb"' --algo $a --comm-timeout 600 >$V/out 2>&1 ||
+                        { cat $V/out; exit 1; }
+                    grep "^\[0\] " $V/out | sed "s/^\[0\] //" >$V/$n-$a.$run
+                done
+            done
+        done' "$W/verbs" >"$W/verbs.log" 2>&1 || rc=$?
+    if [ $rc -eq 77 ]; then echo; echo "soft-RoCE: skipped ($(tail -n 1 "$W/verbs.log"))"; return; fi
+    [ $rc -eq 0 ] || { tail -n 30 "$W/verbs.log" >&2; echo "error: the soft-RoCE guest failed (status $rc)" >&2; exit 1; }
+    for n in ${VERBS_NPROCS:-4 8}; do
+        echo
+        echo "== soft-RoCE guest (TCG), $n ranks on two named nodes ($((n / 2)) each; shared memory inside, verbs across) =="
+        mkdir -p "$W/verbs/t$n"
+        for f in "$W/verbs/$n"-*; do cp "$f" "$W/verbs/t$n/${f##*/$n-}"; done
+        table "$W/verbs/t$n"/fanin.[0-9]* "$W/verbs/t$n"/hier.[0-9]*
+    done
+}
+verbs_nodes
 
 if [ -n "${NODE_NPROCS+set}" ] && [ -z "$NODE_NPROCS" ]; then
     echo; echo "two simulated nodes: skipped (NODE_NPROCS is empty)"; exit 0

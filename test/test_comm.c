@@ -320,12 +320,11 @@ static void test_handoff_counts(Comm *world) {
 // open on first use: none before the first operation; after a collective the pairs the collectives
 // use (the fan-in every pair, the ring the two neighbours, the hierarchy the node's other members and
 // the same local rank on the neighbouring nodes); send/recv add the pairs they talk over (test_p2p:
-// the neighbours in rank order, round the ends; a pipeline's: without the wrap from n-1 to 0). Verbs
-// alone connects when the communicator is made, every pair the algorithm may use (the hierarchy's
-// rank-order neighbours too): those pairs count from the start.
+// the neighbours in rank order, round the ends; a pipeline's: without the wrap from n-1 to 0), over
+// every transport alike.
 enum { BEFORE_USE, AFTER_COLLECTIVE, AFTER_P2P, AFTER_CHAIN };
-// Whether member p is a pair of c's collectives (collective) or one its algorithm may use at all.
-static int algo_pair(Comm *c, int p, int collective) {
+// Whether member p is a pair of c's collectives.
+static int algo_pair(Comm *c, int p) {
     int n = comm_size(c), me = comm_rank(c), nodes = 0, lp = 0, lme = 0, m = comm_node(c, me), pm = comm_node(c, p);
     const char *algo = comm_algo(c);
     for (int r = 0; r < n; r++) nodes = comm_node(c, r) + 1 > nodes ? comm_node(c, r) + 1 : nodes;
@@ -334,11 +333,7 @@ static int algo_pair(Comm *c, int p, int collective) {
     int nb = p == (me + 1) % n || p == (me + n - 1) % n;
     if (!strcmp(algo, "fanin")) return 1;
     if (!strcmp(algo, "ring")) return nb;
-    return pm == m || (lp == lme && (pm == (m + 1) % nodes || pm == (m + nodes - 1) % nodes)) || (!collective && nb);
-}
-static int eager_pair(Comm *c, int p) {
-    const char *t = comm_pair_transport(c, p);
-    return t && !strcmp(t, "verbs") && algo_pair(c, p, 0);
+    return pm == m || (lp == lme && (pm == (m + 1) % nodes || pm == (m + nodes - 1) % nodes));
 }
 static void check_connections(Comm *c, int phase) {
     int n = comm_size(c), me = comm_rank(c), want = 0, nodes = 0;
@@ -348,7 +343,7 @@ static void check_connections(Comm *c, int phase) {
         if (p == me) continue;
         int nb = p == (me + 1) % n || p == (me + n - 1) % n;
         int sent = phase == AFTER_P2P ? nb : phase == AFTER_CHAIN && (p == me + 1 || p == me - 1); // pairs send/recv used
-        want += eager_pair(c, p) || (phase != BEFORE_USE && (algo_pair(c, p, 1) || sent));
+        want += phase != BEFORE_USE && (algo_pair(c, p) || sent);
     }
     static const char *const when[] = { "before its first operation", "after a collective", "after send/recv",
                                         "after a pipeline step and a collective" };
@@ -375,10 +370,9 @@ static void test_pipeline_connections(Comm *world) {
     if (r < n - 1) comm_recv(c, &back, sizeof back, r + 1);
     if (r < n - 1 && back != (r + 2) * 1000) printf("FAIL rank %d: pipeline gradient %d from rank %d\n", r, (int)back, r + 1), failures++;
     if (r > 0) comm_send(c, &grad, sizeof grad, r - 1);
-    int stages = 0; // the neighbours the step talked to, and the pairs verbs connected when c was made
-    for (int p = 0; p < n; p++) stages += p != r && (p == r - 1 || p == r + 1 || eager_pair(c, p));
+    int stages = (r > 0) + (r < n - 1); // the neighbours the step talked to
     if (comm_connections(c) != stages) {
-        printf("FAIL rank %d: pipeline communicator (--algo %s) holds %d connection(s) after a pipeline step, expected its %d neighbour(s) and any verbs pairs\n",
+        printf("FAIL rank %d: pipeline communicator (--algo %s) holds %d connection(s) after a pipeline step, expected its %d neighbour(s)\n",
                comm_world_rank(c, r), comm_algo(c), comm_connections(c), stages);
         failures++;
     }

@@ -13,6 +13,8 @@
 #   - DP 2 x ZeRO-1 (verbs) and DP 3 x ZeRO-3 (2 + 1 ranks per node: shared memory and verbs) training
 #     against the single-rank run of the same binary (test/compare_runs.py at 1e-5), and rank 0's line
 #     naming each pair's transport;
+#   - a rank that exits before the first operation, named by the rank across (verbs opens its pairs on
+#     first use, and its handshake never waits in the store);
 #   - ./train bench-comm over verbs (its check column), --transport verbs with a device that does not
 #     exist (one error line), and auto falling back to TCP with the reason in rank 0's line;
 #   - on the host (no RDMA device): the same fallback and error, and ./train not linking libibverbs.
@@ -70,6 +72,7 @@ out=$(bash test/verbs_vm.sh --timeout 400 --share "$WORK" --bin $TRAIN --bin $CO
     run comm-dev sh test/fake_nodes.sh n0 n1 -- '$COMM' --small --device cpu --comm-timeout 120
     run dp sh test/fake_nodes.sh n0 n1 -- '$TRAIN' "$@" --zero 1 --comm-timeout 120 --log $W/dp.jsonl --save-model $W/dp.bin
     run dp3 sh test/fake_nodes.sh n0 n0 n1 -- '$TRAIN' "$@" --zero 3 --comm-timeout 120 --log $W/dp3.jsonl --save-model $W/dp3.bin
+    run gone sh test/fake_nodes.sh n0 n1 -- '$COMM' --quick --comm-timeout 5 --exit-before-use 1
     run bench sh test/fake_nodes.sh n0 n1 -- '$TRAIN' bench-comm --min-bytes 4 --max-bytes 1M --warmup 1 --iters 2
     run forced-bad-dev sh test/fake_nodes.sh n0 n1 -- '$TRAIN' bench-comm --transport verbs --ib-dev mlx5_0 --max-bytes 8
     run auto-bad-dev sh test/fake_nodes.sh n0 n1 -- '$TRAIN' "$@" --steps 1 --ib-dev mlx5_0
@@ -90,6 +93,10 @@ expect comm-odd 0 '^\[0\] collectives on 2 rank\(s\): ok '
 expect comm-dev 0 '^\[0\] collectives on 2 rank\(s\), device memory: ok '
 expect dp 0 '^\[0\] collectives: 2 rank\(s\) on 2 node\(s\) \| .*RDMA verbs for 1 pair\(s\) \(rxe0 port 1, RoCE v2 GID index 1 .*; TCP for 0 pair'
 expect dp3 0 '^\[0\] collectives: 3 rank\(s\) on 2 node\(s\) \| .*single-copy, for 1 pair\(s\); RDMA verbs for 2 pair\(s\) '
+# verbs opens its pairs on first use too: rank 1 exits before any, and rank 0 names it in one line;
+# rank 1's keys never come, so the handshake must not wait in the store for them (rank 0's status)
+expect gone 1 '^\[0\] error: timeout: all_reduce on communicator world \(rank 0 of 2, world rank 0\): no progress with rank 1 for '
+[ "$(block gone | grep -c '^\[0\] ')" -eq 1 ] || { fail "gone: want one line from rank 0"; block gone | tail -n 10; }
 expect bench 0 '^\[0\] # bench-comm: allreduce, 2 rank\(s\), transport verbs,' '^\[0\] +allreduce +1048576 .* ok$'
 if block bench | grep -q 'WRONG'; then fail "bench-comm over verbs: a wrong result"; fi
 expect forced-bad-dev 1 '^\[[01]\] error: --transport verbs: rank 0 \(node n0\) has no RDMA device: --ib-dev mlx5_0: no such RDMA device \(found: rxe0\)$'
