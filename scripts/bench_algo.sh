@@ -17,7 +17,7 @@
 # machine may be shared). What cannot run is skipped, saying why: OpenMPI not installed (no MPI
 # columns), network namespaces unavailable (no two-node tables). Namespaces are removed on exit.
 # Environment: ALGOS (one node's, "fanin ring hier"), RUNS, MIN_BYTES, MAX_BYTES, NPROCS ("2 4"),
-# NODE_NPROCS ("4 8"; empty: no simulated nodes), OP (allreduce), ITERS (bench-comm's --iters per
+# NODE_NPROCS ("4 8"; empty: no simulated nodes; NPROCS empty: no one-node tables), OP (allreduce), ITERS (bench-comm's --iters per
 # size; unset: its own choice), WARMUP (5), MPI (0: leave OpenMPI out), QUICK (1: RUNS 3, 1M-16M,
 # 4 ranks one node, 8 ranks across: the configurations the goals name).
 set -euo pipefail
@@ -74,7 +74,7 @@ table() {
 echo "algorithms: $OP busbw (bench-comm ${BENCH[*]}), $(nproc) cores, load average $(load) at start; median of $RUNS runs"
 [ $HAVE_MPI = 1 ] && echo "MPI: $(mpirun --version 2>/dev/null | head -1)"
 MPIB=(build/mpi_bench --op "$OP" --min-bytes "$MIN" --max-bytes "$MAX" --warmup "${WARMUP:-5}" ${ITERS:+--iters "$ITERS"})
-for n in ${NPROCS:-2 4}; do
+for n in ${NPROCS-2 4}; do
     rm -f "$W"/*.[0-9]*
     for run in $(seq "$RUNS"); do
         for a in $ALGOS; do
@@ -116,7 +116,7 @@ verbs_nodes() {
     [ $rc -eq 0 ] || { tail -n 30 "$W/verbs.log" >&2; echo "error: the soft-RoCE guest failed (status $rc)" >&2; exit 1; }
     for n in ${VERBS_NPROCS:-4 8}; do
         echo
-        echo "== soft-RoCE guest (TCG), $n ranks on two named nodes ($((n / 2)) each; shared memory inside, verbs across) =="
+        echo "== soft-RoCE guest (TCG), $n ranks on two named nodes ($((n / 2)) each; shared memory inside, verbs across; bench-comm $vb) =="
         mkdir -p "$W/verbs/t$n"
         for f in "$W/verbs/$n"-*; do cp "$f" "$W/verbs/t$n/${f##*/$n-}"; done
         table "$W/verbs/t$n"/fanin.[0-9]* "$W/verbs/t$n"/hier.[0-9]*
