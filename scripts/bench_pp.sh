@@ -8,6 +8,10 @@
 # 1f1b and interleaved run B and W as one backward, so their B holds both and W is "-"; per stage, or per
 # chunk with two chunks): 1f1b and interleaved are the same either way; zb-h1's is (P-1)(F+B-W) over
 # M(F+B+W) plus that; zb-v's the first activation's walk down the ranks, (P-1)F over 2M(F+B+W) plus that.
+# Then the last step's mean bubble twice, from its dump (scripts/plot.py --replay): as measured, and
+# replayed, the same passes with their measured durations in the same order but hand-offs that cost
+# nothing; their difference is what the hand-offs and waking up cost, and the replayed one's distance
+# from the formula is the passes' own durations (stages of unequal cost, or cores of unequal speed).
 # Beside them what each hand-off cost, counted, not timed (the step record's pp_copies_per_handoff and
 # pp_wakeups_per_handoff: copies of the bytes and progress-thread wake-ups; the design is 1 and 0).
 # The formulas assume stages of equal cost, so the shape makes them equal: with C = 64 and T = 64 the LM
@@ -24,6 +28,7 @@
 # Quick mode (--quick, or QUICK=1): one run per row, M = 8 only, 3 steps (the median of steps 2-3):
 # a check that every row runs, not a measurement.
 source "$(dirname "$0")/bench_common.sh"
+PY=/usr/bin/python3
 [ "${1:-}" = --quick ] && QUICK=1
 CORES=$(nproc)
 if [ "${QUICK:-0}" = 1 ]; then RUNS=${RUNS:-1} MS=${MS:-8} STEPS=${STEPS:-3}; fi
@@ -32,8 +37,8 @@ MS=${MS:-8 16 64}                            # micro-batch counts (MS="8" for a 
 STEPS=${STEPS:-6}
 SCHEDULES=${SCHEDULES:-1f1b interleaved zb-h1 zb-v}
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg) on $CORES cores; $RUNS run(s) per row, $STEPS steps each"
-printf '%-4s %-12s %-4s %10s %11s %11s %8s %9s %7s %7s %7s %7s %7s\n' PP schedule M step_ms bubble_max bubble_mean formula formula_t \
-    F_ms B_ms W_ms copies wakeups
+printf '%-4s %-12s %-4s %10s %11s %11s %8s %9s %7s %7s %7s %9s %11s %7s %7s\n' PP schedule M step_ms bubble_max bubble_mean formula formula_t \
+    F_ms B_ms W_ms last_mean replay_mean copies wakeups
 median() { sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
 pct() { [ -n "$1" ] && awk -v x="$1" 'BEGIN { printf "%.1f%%", 100 * x }' || printf -- -; }
 for pp in 2 4; do
@@ -59,7 +64,9 @@ for pp in 2 4; do
                     awk -F'\t' -v k="$1" 'NR == 2 { split0 = $0 ~ / split 0 / } NR > 3 && $3 == k && !(k == "W" && split0) { print $8 - $7 }' \
                         "$W/d.tsv" | median
                 }
-                echo "$(med "$W/r.jsonl" ms) $(med "$W/r.jsonl" bubble_max) $(med "$W/r.jsonl" bubble_mean) $(med "$W/r.jsonl" bubble_formula) $(pass F) $(pass B) $(pass W) $(med "$W/r.jsonl" pp_copies_per_handoff) $(med "$W/r.jsonl" pp_wakeups_per_handoff)" >>"$W/runs.txt"
+                # the last step's mean bubble, measured and replayed with free hand-offs
+                rep=$($PY scripts/plot.py --replay "$W/d.tsv" | awk '{ for (i = 1; i < NF; i++) if ($i == "mean") m[++k] = $(i + 1) + 0 } END { print m[1] / 100, m[2] / 100 }')
+                echo "$(med "$W/r.jsonl" ms) $(med "$W/r.jsonl" bubble_max) $(med "$W/r.jsonl" bubble_mean) $(med "$W/r.jsonl" bubble_formula) $(pass F) $(pass B) $(pass W) $(med "$W/r.jsonl" pp_copies_per_handoff) $(med "$W/r.jsonl" pp_wakeups_per_handoff) $rep" >>"$W/runs.txt"
             done
             col() { cut -d' ' -f"$1" "$W/runs.txt" | median; }
             ms() { [ -n "$1" ] && printf '%.3f' "$1" || printf -- -; }
@@ -71,8 +78,9 @@ for pp in 2 4; do
                 else if (s == "zb-h1") { i = (p - 1) * (F + B - W); b = i / (m * (F + B + W) + i) }
                 else { i = (p - 1) * F; b = i / (2 * m * (F + B + W) + i) }
                 print b }')
-            printf '%-4s %-12s %-4s %10.1f %11s %11s %8s %9s %7s %7s %7s %7s %7s\n' $pp $sch $m "$(col 1)" "$(pct "$(col 2)")" \
-                "$(pct "$(col 3)")" "$(pct "$(col 4)")" "$(pct "$ft")" "$(ms "$F")" "$(ms "$B")" "$(ms "$Wt")" "$(col 8)" "$(col 9)"
+            printf '%-4s %-12s %-4s %10.1f %11s %11s %8s %9s %7s %7s %7s %9s %11s %7s %7s\n' $pp $sch $m "$(col 1)" "$(pct "$(col 2)")" \
+                "$(pct "$(col 3)")" "$(pct "$(col 4)")" "$(pct "$ft")" "$(ms "$F")" "$(ms "$B")" "$(ms "$Wt")" "$(pct "$(col 10)")" \
+                "$(pct "$(col 11)")" "$(col 8)" "$(col 9)"
         done
     done
 done

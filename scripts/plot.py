@@ -9,6 +9,14 @@
       memory per GPU by category for each layout the planner can run, stacked bars in its order, the
       GPU memory marked; ./train plan --plot OUT.png calls this.
 
+  scripts/plot.py --replay DUMP [MORE ...]
+      no picture: for each --pp-schedule-dump table with measured times, each rank's bubble as
+      measured (1 - its F, B and W time over the step's span) and as the same passes, in the same
+      order, would give it with hand-offs that cost nothing (each receive ends when its send was
+      posted; the hand-offs' own times may be '-', as in ./train schedule's unit-time dumps): the difference is what the hand-offs and waking up cost; the rest of the gap to the
+      schedule's formula is the passes' own durations (stages of unequal cost). One line per table:
+      "DUMP measured R0% R1% ... mean M% replayed R0% ... mean M%".
+
 Log records it reads: {"step","loss","tokens","tokens_per_s", "bubble_max","bubble_mean",
 "bubble_formula","comm_ms","exposed_comm_ms","tp_comm_ms","cp_comm_ms","cp_exposed_ms"} per step (and with PP
 the per-rank lists "pp_busy_ms","pp_idle_ms","pp_wfill_ms", drawn per rank over the steps), {"step","val_loss"} per
@@ -309,6 +317,53 @@ def read_schedule(path):
     return meta, rows
 
 
+def replay_schedule(rows):
+    """Each rank's bubble as measured and as replayed with free hand-offs: two lists, rank order.
+    A send is posted at its time in the rank's compute (the replayed clock); the k-th receive on r from
+    q of a kind ends no earlier than the k-th such send from q to r (one channel per direction and kind)."""
+    ranks = sorted({x[0] for x in rows})
+    acts = {r: sorted((x for x in rows if x[0] == r), key=lambda x: x[1]) for r in ranks}
+    compute = ("F", "B", "W")
+    busy = {r: sum(x[7] - x[6] for x in acts[r] if x[2] in compute) for r in ranks}
+    timed = [x for x in rows if x[6] is not None]
+    span = max(x[7] for x in timed) - min(x[6] for x in timed)
+    sent, taken = {}, {}
+    pos, clock = {r: 0 for r in ranks}, {r: 0.0 for r in ranks}
+    while any(pos[r] < len(acts[r]) for r in ranks):
+        moved = False
+        for r in ranks:
+            while pos[r] < len(acts[r]):
+                _, _, act, _, _, peer, t_start, t_end = acts[r][pos[r]]
+                if act.startswith("recv-"):
+                    key = (act[5:], peer, r)
+                    k = taken.get(key, 0)
+                    if len(sent.get(key, [])) <= k:
+                        break
+                    clock[r] = max(clock[r], sent[key][k])
+                    taken[key] = k + 1
+                elif act.startswith("send-"):
+                    sent.setdefault((act[5:], r, peer), []).append(clock[r])
+                else:
+                    clock[r] += t_end - t_start
+                pos[r] += 1
+                moved = True
+        if not moved:
+            fail("the schedule's receives wait for sends that never come (a deadlock in the dump)")
+    replay_span = max(clock.values())
+    return ([1 - busy[r] / span for r in ranks] if span > 0 else [0.0] * len(ranks),
+            [1 - busy[r] / replay_span for r in ranks] if replay_span > 0 else [0.0] * len(ranks))
+
+
+def replay_schedules(paths):
+    pct = lambda v: " ".join("%.2f%%" % (100 * x) for x in v) + " mean %.2f%%" % (100 * sum(v) / len(v))
+    for path in paths:
+        meta, rows = read_schedule(path)
+        if any(x[6] is None for x in rows if x[2] in ("F", "B", "W")):
+            fail("%s: untimed passes ('-'): --replay needs a dump with times" % path)
+        measured, replayed = replay_schedule(rows)
+        print("%s measured %s replayed %s" % (path, pct(measured), pct(replayed)))
+
+
 def plot_schedules(paths, out):
     plt = load_matplotlib()
     dumps = [(p, *read_schedule(p)) for p in paths]
@@ -347,7 +402,7 @@ def plot_schedules(paths, out):
 
 
 def main(argv):
-    out, plan, logs, schedules = None, None, [], False
+    out, plan, logs, schedules, replay = None, None, [], False, False
     i = 0
     while i < len(argv):
         a = argv[i]
@@ -367,10 +422,19 @@ def main(argv):
             schedules = True
             i += 1
             continue
+        if a == "--replay":
+            replay = True
+            i += 1
+            continue
         if a.startswith("-") and a != "-":
             fail("unknown flag %s (see scripts/plot.py --help)" % a)
         logs.append(a)
         i += 1
+    if replay:
+        if plan or out or schedules or not logs:
+            fail("--replay takes one or more --pp-schedule-dump tables and nothing else")
+        replay_schedules(logs)
+        return
     if not out:
         fail("-o OUT.png is required")
     if plan and logs:

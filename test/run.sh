@@ -1773,6 +1773,48 @@ EOF
     [ ! -e "$d/bad.png" ] || { echo "a PNG from a malformed dump"; return 1; }
 }
 
+# scripts/plot.py --replay: on ./train schedule's unit-time dumps (every pass one unit, hand-offs
+# free) the replayed and the measured bubble both equal each schedule's closed form with equal F, B
+# and W: 1f1b (P-1)/(M+P-1), interleaved (V 2) (P-1)/(2M+P-1), zb-h1 (P-1)/(3M+P-1), zb-v
+# (P-1)/(6M+P-1); on a real run's dump a replay with free hand-offs is never slower than what ran, so
+# no rank's replayed bubble is above its measured one.
+t_plot_replay() {
+    local d=$WORK/replay sch v p m out
+    mkdir -p "$d"
+    for sch in 1f1b interleaved zb-h1 zb-v; do
+        v=1
+        case $sch in interleaved | zb-v) v=2 ;; esac
+        for p in 2 4; do
+            for m in 4 8 16; do
+                $TRAIN schedule --pp $p --micro-batches $m --pp-schedule $sch --pp-virtual $v --pp-schedule-dump "$d/u.tsv" >/dev/null || return 1
+                out=$($PY scripts/plot.py --replay "$d/u.tsv") || return 1
+                awk -v s=$sch -v p=$p -v m=$m -v line="$out" 'BEGIN {
+                    k = s == "1f1b" ? 1 : s == "interleaved" ? 2 : s == "zb-h1" ? 3 : 6
+                    want = 100 * (p - 1) / (k * m + p - 1)
+                    n = split(line, f, " ")
+                    for (i = 1; i < n; i++) if (f[i] == "mean") { got[++j] = f[i + 1] + 0 }
+                    if (j != 2) { print s " P " p " M " m ": no two means in: " line; exit 1 }
+                    for (j = 1; j <= 2; j++) if (got[j] - want > 0.006 || want - got[j] > 0.006) {
+                        printf "%s P %d M %d: %s %.3f%%, want %.3f%%\n", s, p, m, j == 1 ? "measured" : "replayed", got[j], want; exit 1 }
+                }' || return 1
+            done
+        done
+    done
+    timeout 120 $TRAIN --nproc 2 --pp 2 --pp-schedule 1f1b "${TINY[@]}" --layers 4 --train "$DATA/train.bin" --micro-batch 1 \
+        --batch-tokens 512 --steps 2 --pp-schedule-dump "$d/run.tsv" >/dev/null || return 1
+    out=$($PY scripts/plot.py --replay "$d/run.tsv") || return 1
+    echo "$out"
+    awk -v line="$out" 'BEGIN {
+        n = split(line, f, " ")
+        for (i = 1; i <= n; i++) if (f[i] == "measured" || f[i] == "replayed") { w = f[i]; k = 0 } else if (f[i] == "mean") i++; else if (f[i] ~ /%$/) v[w, ++k] = f[i] + 0
+        if (k != 2) { print "want two ranks in: " line; exit 1 }
+        for (r = 1; r <= 2; r++) if (v["replayed", r] > v["measured", r] + 0.01) { print "rank " r - 1 ": replayed above measured"; exit 1 }
+    }' || return 1
+    sed '4s/\t[0-9.]*\t\([0-9.]*\)$/\t-\t-/' "$d/run.tsv" >"$d/bad.tsv"
+    out=$($PY scripts/plot.py --replay "$d/bad.tsv" 2>&1)
+    [ $? -ne 0 ] && [ "$out" = "error: $d/bad.tsv: untimed passes ('-'): --replay needs a dump with times" ] || { echo "an untimed F: $out"; return 1; }
+}
+
 # RDMA verbs where libibverbs is absent: ./train does not link it (it is opened at run time), the verbs
 # code says why in one line, and the trainer runs as before. Hidden by a bind mount in a private
 # mount namespace where the library is installed (needs root), used as is where it is not.
@@ -1936,6 +1978,7 @@ run_test memory  t_memory_formulas         "memory: every rank's peak activation
 run_test plan    t_plan_exact              "plan --exact predicts every rank's measured peak per category (DP x ZeRO, TP+SP, PP, interleaved, zb-h1 and zb-v with their W stashes, CP, recompute, --algo ring and hier's comm staging; llama3-tiny's DP x ZeRO, PP, TP+SP, TP 4 on 2 kv heads, CP, recompute)"
 run_test cli     t_plot_schedule           "scripts/plot.py --schedule: timelines from real --pp-schedule-dump tables (F, B, W coloured), the per-rank pipeline panel; a malformed dump, one line"
 run_test cli     t_plot                    "plot.py: training logs and the planner's memory bars as PNG"
+run_test cli     t_plot_replay             "plot.py --replay: unit-time schedules replay to each schedule's closed-form bubble; a real dump never replays slower than it ran"
 run_test verbs   t_verbs_absent            "RDMA verbs absent: ./train does not link libibverbs, runs as before; verbs say why in one line"
 run_test verbs   t_verbs_vm                "RDMA verbs on soft-RoCE in a QEMU guest: 1 B-64 MiB both ways checked, 8/3/1 slots, selection, dead peer"
 run_test verbs   t_verbs_transport         "verbs transport on soft-RoCE across two named nodes: collectives (bitwise), DP 2 and 3 equal one rank, bench-comm, fallback to TCP"
