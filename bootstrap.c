@@ -34,8 +34,9 @@
 typedef struct {
     uint32_t magic, type, klen, vlen;
 } WireHdr;
-// MSG_LOOK asks without waiting: the reply is MSG_VALUE, or MSG_ABSENT when the key is not set yet
-enum { MSG_HELLO = 1, MSG_TABLE, MSG_SET, MSG_GET, MSG_VALUE, MSG_ABANDON, MSG_LOOK, MSG_ABSENT };
+// MSG_LOOK never waits in the store: the reply is MSG_VALUE, or MSG_ABSENT when the key is not set yet
+// (a rank that waits for a key looks again; store_get)
+enum { MSG_HELLO = 1, MSG_TABLE, MSG_SET, MSG_LOOK, MSG_VALUE, MSG_ABANDON, MSG_ABSENT };
 
 // ---------------------------------------------------------------------------------------------
 // the status board: one slot per world rank, in shared memory
@@ -410,7 +411,7 @@ static int store_serve_one(StoreConn *sc) {
     WireHdr h;
     if (tcp_read_all(sc->fd, &h, sizeof h, 1e18) != 0) return -1;
     if (h.magic != NET_MAGIC || h.klen == 0 || h.klen > 4096 || h.vlen > MAX_STORE_VALUE ||
-        (h.type != MSG_SET && h.type != MSG_GET && h.type != MSG_LOOK)) {
+        (h.type != MSG_SET && h.type != MSG_LOOK)) {
         warn("bootstrap: malformed request from rank %d; dropping its connection", sc->rank);
         return -1;
     }
@@ -427,23 +428,18 @@ static int store_serve_one(StoreConn *sc) {
         KV *kv = xmalloc(sizeof *kv);
         *kv = (KV){ key, val, h.vlen, s->kv };
         s->kv = kv;
-        pthread_cond_broadcast(&s->cv);
         pthread_mutex_unlock(&s->mu);
         return 0;
     }
     free(val);
     KV *found = NULL;
-    while (!found && !s->closing) {
-        for (KV *kv = s->kv; kv; kv = kv->next)
-            if (!strcmp(kv->key, key)) found = kv;
-        if (found || h.type == MSG_LOOK) break;
-        pthread_cond_wait(&s->cv, &s->mu);
-    }
+    for (KV *kv = s->kv; kv && !found; kv = kv->next)
+        if (!strcmp(kv->key, key)) found = kv;
     free(key);
     if (!found) {
+        int closing = s->closing;
         pthread_mutex_unlock(&s->mu);
-        if (h.type == MSG_LOOK && !s->closing) return send_msg(sc->fd, MSG_ABSENT, NULL, 0, now_seconds() + s->timeout) ? -1 : 0;
-        return -1;
+        return closing || send_msg(sc->fd, MSG_ABSENT, NULL, 0, now_seconds() + s->timeout) ? -1 : 0;
     }
     uint32_t vlen = found->vlen;
     char *copy = xmalloc(vlen + 1);
@@ -558,17 +554,17 @@ void store_set(World *w, const char *key, const void *val, uint32_t vlen) {
     pthread_mutex_unlock(&w->store_mu);
 }
 
-// One request for key: MSG_GET waits for it, MSG_LOOK does not (NULL when it is not set yet).
-static char *store_ask(World *w, uint32_t type, const char *key, uint32_t *vlen, const char *what) {
-    WireHdr h = { NET_MAGIC, type, (uint32_t)strlen(key), 0 };
+// One look for key, under the store's lock only for the round trip: NULL when it is not set yet.
+char *store_peek(World *w, const char *key, uint32_t *vlen, const char *what) {
+    WireHdr h = { NET_MAGIC, MSG_LOOK, (uint32_t)strlen(key), 0 };
     double dl = now_seconds() + w->timeout;
     pthread_mutex_lock(&w->store_mu);
     if (tcp_write_all(w->store_fd, &h, sizeof h, dl) || tcp_write_all(w->store_fd, key, h.klen, dl)) store_lost(w);
     int rc = tcp_read_all(w->store_fd, &h, sizeof h, dl);
     if (rc == TCP_CLOSED)
         world_die_after(w, 0, "%s: rank 0 at %s:%d closed the bootstrap connection (it exited)", what, w->env.master_addr, w->env.master_port);
-    if (rc != 0) die("timeout: %s: waited %.1f s for '%s' from the bootstrap store", what, w->timeout, key);
-    if (h.magic != NET_MAGIC || h.vlen > MAX_STORE_VALUE || !(h.type == MSG_VALUE || (type == MSG_LOOK && h.type == MSG_ABSENT && !h.vlen)))
+    if (rc != 0) die("timeout: %s: rank 0's bootstrap store did not answer within %.1f s", what, w->timeout);
+    if (h.magic != NET_MAGIC || h.vlen > MAX_STORE_VALUE || !(h.type == MSG_VALUE || (h.type == MSG_ABSENT && !h.vlen)))
         die("bootstrap store: malformed reply");
     if (h.type == MSG_ABSENT) {
         pthread_mutex_unlock(&w->store_mu);
@@ -582,9 +578,20 @@ static char *store_ask(World *w, uint32_t type, const char *key, uint32_t *vlen,
     return v;
 }
 
-char *store_get(World *w, const char *key, uint32_t *vlen, const char *what) { return store_ask(w, MSG_GET, key, vlen, what); }
-
-char *store_peek(World *w, const char *key, uint32_t *vlen, const char *what) { return store_ask(w, MSG_LOOK, key, vlen, what); }
+// Looks until the key is set: the lock is free between looks (50 us apart, doubling to 2 ms), so that
+// another thread of this rank (a communicator's engine opening a verbs pair) is never held up by a wait
+// here, which may itself be for that thread's progress on some peer.
+char *store_get(World *w, const char *key, uint32_t *vlen, const char *what) {
+    double deadline = now_seconds() + w->timeout, pause = 50e-6;
+    for (;;) {
+        char *v = store_peek(w, key, vlen, what);
+        if (v) return v;
+        if (now_seconds() > deadline) die("timeout: %s: waited %.1f s for '%s' from the bootstrap store", what, w->timeout, key);
+        struct timespec ts = { 0, (long)(pause * 1e9) };
+        nanosleep(&ts, NULL);
+        pause = pause * 2 < 2e-3 ? pause * 2 : 2e-3;
+    }
+}
 
 // ---------------------------------------------------------------------------------------------
 // the data-port acceptor: greets every incoming connection at once, each with a short deadline, and

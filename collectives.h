@@ -15,7 +15,7 @@
 // layout alone: bitwise the same on every rank, every run, every bucket or chunk boundary. A
 // communicator connects only the pairs its algorithm uses (CommOptions.algo), and only on first use:
 // none until its first operation, then the pairs of its collectives at the first collective, and a
-// send/recv pair when that pair first talks (shared memory and TCP; verbs connects when it is made).
+// send/recv pair when that pair first talks (every transport).
 #ifndef LLM4D_COLLECTIVES_H
 #define LLM4D_COLLECTIVES_H
 
@@ -65,6 +65,9 @@ Comm *comm_init(const LaunchEnv *env, const CommOptions *opt);
 // Splits comm into sub-communicators: ranks passing the same colour form one, ordered by (key, rank).
 // Collective over comm. A negative colour returns NULL (the rank joins none). name shows in errors.
 Comm *comm_split(Comm *comm, int colour, int key, const char *name);
+// Once every member is done with comm: its operations over, and the pairs its first collective opened
+// open (a pair that carried no byte, as a broadcast's, may still be opening on a member that has
+// finished its part: a barrier on an enclosing communicator first, as test_comm's test_close_order).
 void comm_destroy(Comm *comm);
 int comm_rank(const Comm *comm);
 int comm_size(const Comm *comm);

@@ -824,8 +824,11 @@ typedef struct VerbsConn {
     VerbsEp *e;
     int state;        // VC_*: no byte moves before VC_UP
     double next_look; // the handshake's next store look
-    const NetSetup *s;
+    // the handshake's keys and error lines, which may outlive the communicator (verbs_net_close)
+    World *w;
+    uint64_t comm_id;
     int me_w;
+    char comm_name[96];
     unsigned char part[16]; // a reducing receive's element that straddles two slots
     size_t held;
     NetStaging stage; // device memory's way through this connection (pinned host buffers)
@@ -879,14 +882,14 @@ static void verbs_lost(NetConn *c) {
     net_peer_lost(c, "%s on communicator %s: %s", opname(c), c->comm, verbs_ep_error(vc->e));
 }
 
-static int verbs_handshake(VerbsConn *vc, int wait);
+static int verbs_handshake(VerbsConn *vc);
 
 static void verbs_conn_progress(NetConn *c, int *moved) {
     VerbsConn *vc = (VerbsConn *)c;
     VerbsEp *e = vc->e;
     if (vc->state != VC_UP) {
         int was = vc->state;
-        verbs_handshake(vc, 0);
+        verbs_handshake(vc);
         *moved |= vc->state != was;
         if (vc->state != VC_UP) return;
     }
@@ -973,10 +976,11 @@ static const char *verbs_conn_peer_state(NetConn *c, char *buf, size_t cap) {
 static void verbs_conn_close(NetConn *c) {
     VerbsConn *vc = (VerbsConn *)c;
     VerbsNet *vn = vc->vn;
-    // a pair opened but never used by a byte: both ends have opened it (the collectives open their pairs
-    // on every member alike), so the peer's keys come, and the goodbye below needs its queue pair ready
-    verbs_handshake(vc, 1);
-    (void)verbs_ep_finish(vc->e); // a full send queue or an error: verbs_net_close tries again and reports
+    // a pair opened but never used by a byte (a broadcast's non-root pairs) may not be up yet: one more
+    // look, and else its handshake ends in verbs_net_close, which waits for no one in particular (a wait
+    // here would make the order in which ranks close communicators matter); the goodbye needs it up
+    vc->next_look = 0;
+    if (verbs_handshake(vc)) (void)verbs_ep_finish(vc->e); // a full send queue or an error: verbs_net_close tries again and reports
     net_staging_free(&vc->stage); // nothing is posted any more
     pthread_mutex_lock(&vn->mu);
     vc->next_closing = vn->closing;
@@ -987,36 +991,34 @@ static void verbs_conn_close(NetConn *c) {
 static const NetOps VERBS_OPS = { "verbs", verbs_conn_progress, verbs_conn_wait_hint, verbs_conn_peer_state, verbs_conn_close, NULL, NULL };
 
 static void handshake_key(char *key, size_t cap, const char *what, const VerbsConn *vc, int from_w, int to_w) {
-    snprintf(key, cap, "%s/%016llx/%d/%d", what, (unsigned long long)vc->s->comm_id, from_w, to_w);
+    snprintf(key, cap, "%s/%016llx/%d/%d", what, (unsigned long long)vc->comm_id, from_w, to_w);
 }
 
-// The handshake's next steps, as far as the store has the peer's keys (wait: waits for them, up to the
-// timeout). The peer's address connects this rank's queue pair, and "ready" then says so; the pair is
-// up once the peer's "ready" is in too, so that no write reaches a queue pair not yet able to receive.
-// Without wait it looks into the store at most every HANDSHAKE_LOOK_S. 1 when the pair is up.
-static int verbs_handshake(VerbsConn *vc, int wait) {
+// The handshake's next steps, as far as the store has the peer's keys, looking at most every
+// HANDSHAKE_LOOK_S and never waiting: the peer's address connects this rank's queue pair, and "ready"
+// then says so; the pair is up once the peer's "ready" is in too, so that no write reaches a queue pair
+// not yet able to receive. 1 when the pair is up.
+static int verbs_handshake(VerbsConn *vc) {
     if (vc->state == VC_UP) return 1;
     double now = now_seconds();
-    if (!wait && now < vc->next_look) return 0;
+    if (now < vc->next_look) return 0;
     vc->next_look = now + HANDSHAKE_LOOK_S;
-    const NetSetup *s = vc->s;
-    World *w = s->w;
     int pw = vc->base.peer_world;
     char key[128];
     uint32_t n;
     if (vc->state == VC_ADDRESS) {
         handshake_key(key, sizeof key, "verbs", vc, pw, vc->me_w);
-        char *blob = wait ? store_get(w, key, &n, "connecting over verbs") : store_peek(w, key, &n, "connecting over verbs");
+        char *blob = store_peek(vc->w, key, &n, "connecting over verbs");
         if (!blob) return 0;
-        if (n != VERBS_BLOB_BYTES) die("communicator %s: rank %d published a malformed verbs address", s->comm_name, pw);
-        if (verbs_ep_connect(vc->e, (const unsigned char *)blob) != 0) die("communicator %s: %s", s->comm_name, verbs_ep_error(vc->e));
+        if (n != VERBS_BLOB_BYTES) die("communicator %s: rank %d published a malformed verbs address", vc->comm_name, pw);
+        if (verbs_ep_connect(vc->e, (const unsigned char *)blob) != 0) die("communicator %s: %s", vc->comm_name, verbs_ep_error(vc->e));
         free(blob);
         handshake_key(key, sizeof key, "verbs-ready", vc, vc->me_w, pw);
-        store_set(w, key, "1", 1);
+        store_set(vc->w, key, "1", 1);
         vc->state = VC_READY;
     }
     handshake_key(key, sizeof key, "verbs-ready", vc, pw, vc->me_w);
-    char *ready = wait ? store_get(w, key, &n, "connecting over verbs") : store_peek(w, key, &n, "connecting over verbs");
+    char *ready = store_peek(vc->w, key, &n, "connecting over verbs");
     if (!ready) return 0;
     free(ready);
     vc->state = VC_UP;
@@ -1049,14 +1051,16 @@ static NetConn *verbs_connect(void *endpoint, const NetSetup *s, int p) {
     vc->base.peer_world = pw; // attach_conn sets it too; the handshake needs it first
     vc->vn = vn;
     vc->e = e;
-    vc->s = s;
+    vc->w = w;
+    vc->comm_id = s->comm_id;
     vc->me_w = s->world_ranks[s->rank];
+    snprintf(vc->comm_name, sizeof vc->comm_name, "%s", s->comm_name);
     vc->state = VC_ADDRESS;
     unsigned char blob[VERBS_BLOB_BYTES];
     verbs_ep_blob(e, blob);
     handshake_key(key, sizeof key, "verbs", vc, vc->me_w, pw);
     store_set(w, key, blob, sizeof blob);
-    verbs_handshake(vc, 0); // the peer may have opened its end already
+    verbs_handshake(vc); // the peer may have opened its end already
     return &vc->base;
 }
 
@@ -1066,15 +1070,16 @@ static int verbs_can_connect(const NetReach *r, int a, int b) { return r->rdma(r
 
 const NetTransport NET_VERBS = { "verbs", 0, verbs_can_connect, verbs_setup, verbs_connect, verbs_teardown };
 
-// Arms every endpoint still closing and sleeps until one has a completion (at most 100 ms).
-static void wait_closing(VerbsNet *vn) {
+// Arms every endpoint still closing and sleeps until one has a completion (at most timeout_ms: 1 while
+// a handshake looks into the store).
+static void wait_closing(VerbsNet *vn, int timeout_ms) {
     struct pollfd pf[NET_MAX_POLL];
     int n = 0;
     for (VerbsConn *vc = vn->closing; vc && n < NET_MAX_POLL; vc = vc->next_closing) {
         if (verbs_ep_clear(vc->e) < 0 || verbs_ep_arm(vc->e) != 0) return; // completions or an error: look again at once
         pf[n++] = (struct pollfd){ .fd = verbs_ep_fd(vc->e), .events = POLLIN };
     }
-    if (poll(pf, (nfds_t)n, 100) < 0 && errno != EINTR) die("poll: %s", strerror(errno));
+    if (poll(pf, (nfds_t)n, timeout_ms) < 0 && errno != EINTR) die("poll: %s", strerror(errno));
 }
 
 void verbs_net_close(VerbsNet *vn, double timeout_s) {
@@ -1083,9 +1088,14 @@ void verbs_net_close(VerbsNet *vn, double timeout_s) {
     char err[512];
     pthread_mutex_lock(&vn->mu);
     while (vn->closing) {
-        int left = 0;
+        int left = 0, handshaking = 0;
         for (VerbsConn **pp = &vn->closing; *pp;) {
             VerbsConn *vc = *pp;
+            if (!verbs_handshake(vc)) { // a pair closed before it was up: its peer's keys, then the goodbye
+                left++, handshaking = 1;
+                pp = &vc->next_closing;
+                continue;
+            }
             int rc = verbs_ep_finish(vc->e);
             if (rc >= 0) rc = rc ? 0 : verbs_ep_finished(vc->e);
             if (rc < 0) die("closing the verbs connections: %s", verbs_ep_error(vc->e));
@@ -1101,7 +1111,7 @@ void verbs_net_close(VerbsNet *vn, double timeout_s) {
         if (!left) break;
         if (now_seconds() > deadline)
             die("timeout: closing the verbs connections: %d peer(s) did not close theirs within %.1f s", left, timeout_s);
-        wait_closing(vn);
+        wait_closing(vn, handshaking ? 1 : 100);
     }
     pthread_mutex_unlock(&vn->mu);
     pthread_mutex_destroy(&vn->mu);

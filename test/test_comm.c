@@ -217,6 +217,24 @@ static void test_gather_broadcast(Comm *c, size_t count, CommType t, int in_plac
 }
 
 // Two all-reduces in flight on two communicators, plus compute between start and wait.
+// Two communicators of the same members, each used by one broadcast only (under the fan-in its pairs
+// between non-roots are opened and never carry a byte), destroyed in opposite orders by even and odd
+// ranks: closing must not wait for one particular peer (over verbs such a pair is not up yet when it is
+// closed), and the broadcasts' values arrive.
+static void test_close_order(Comm *world) {
+    int r = comm_rank(world);
+    Comm *x = comm_split(world, 0, r, "close-x"), *y = comm_split(world, 0, r, "close-y");
+    comm_use_device(x, DEV);
+    comm_use_device(y, DEV);
+    int32_t vx = r == 0 ? 41 : -1, vy = r == 0 ? 42 : -1;
+    comm_broadcast(x, &vx, 1, CT_I32, 0);
+    comm_broadcast(y, &vy, 1, CT_I32, 0);
+    if (vx != 41 || vy != 42) printf("FAIL rank %d: broadcasts before closing gave %d and %d\n", r, (int)vx, (int)vy), failures++;
+    comm_barrier(world); // every member has opened x's and y's pairs (comm_destroy's condition)
+    comm_destroy(r % 2 ? y : x);
+    comm_destroy(r % 2 ? x : y);
+}
+
 static void test_concurrent(Comm *a, Comm *b) {
     size_t count = 300007;
     uint64_t ta = ++case_id, tb = ++case_id;
@@ -464,6 +482,7 @@ int main(int argc, char **argv) {
         test_concurrent(world, parity);
         comm_destroy(parity);
         comm_destroy(reversed);
+        test_close_order(world);
     }
     if (DEV == devmem_cpu()) { // every mark the collectives took was given back
         long marks, released;

@@ -5,8 +5,9 @@
 # through verbs (queue pairs on the guest's one rxe device) and ranks of one name through shared
 # memory. Checked:
 #   - the collective test suite (test/test_comm.c --small: every op, type, placement, split
-#     communicators, concurrent operations, point-to-point) on 3 ranks, 2 + 1 per node, bitwise
-#     against its serial reference; again on 2 ranks with 3 staging slots of 4099 bytes
+#     communicators, concurrent operations, point-to-point, communicators closed in opposite orders)
+#     on 3 ranks, 2 + 1 per node, bitwise against its serial reference; again under --algo fanin on 3
+#     nodes of one rank (every pair over verbs, a broadcast's non-root pairs never carrying a byte); again on 2 ranks with 3 staging slots of 4099 bytes
 #     (LLM4D_VERBS_STAGING), which wraps the staging ring constantly and cuts elements at slot
 #     boundaries; and on 2 ranks on device memory of the CPU stand-in (devmem.h: --device cpu), which
 #     verbs stages through pinned host buffers as TCP does;
@@ -68,6 +69,7 @@ out=$(bash test/verbs_vm.sh --timeout 400 --share "$WORK" --bin $TRAIN --bin $CO
     }
     export FAKE_NODES_PORT=29400 OMP_WAIT_POLICY=passive
     run comm3 sh test/fake_nodes.sh n0 n0 n1 -- '$COMM' --small --comm-timeout 120
+    run comm-fanin sh test/fake_nodes.sh n0 n1 n2 -- '$COMM' --small --algo fanin --comm-timeout 120
     LLM4D_VERBS_STAGING=3x4099 run comm-odd sh test/fake_nodes.sh n0 n1 -- '$COMM' --small --comm-timeout 120
     run comm-dev sh test/fake_nodes.sh n0 n1 -- '$COMM' --small --device cpu --comm-timeout 120
     run dp sh test/fake_nodes.sh n0 n1 -- '$TRAIN' "$@" --zero 1 --comm-timeout 120 --log $W/dp.jsonl --save-model $W/dp.bin
@@ -89,6 +91,7 @@ expect() { # NAME STATUS PATTERN...: the block exited STATUS and has a line matc
     for p in "$@"; do grep -qE -- "$p" <<<"$b" || { fail "$name: want a line matching '$p'"; echo "$b" | tail -n 20; }; done
 }
 expect comm3 0 '^\[0\] collectives on 3 rank\(s\): ok '
+expect comm-fanin 0 '^\[0\] collectives on 3 rank\(s\): ok '
 expect comm-odd 0 '^\[0\] collectives on 2 rank\(s\): ok '
 expect comm-dev 0 '^\[0\] collectives on 2 rank\(s\), device memory: ok '
 expect dp 0 '^\[0\] collectives: 2 rank\(s\) on 2 node\(s\) \| .*RDMA verbs for 1 pair\(s\) \(rxe0 port 1, RoCE v2 GID index 1 .*; TCP for 0 pair'
