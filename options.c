@@ -33,7 +33,8 @@ static const char SAMPLE_USAGE[] =
     "                             every layout\n"
     "  --tokenizer FILE           llm.c tokenizer file (default: tokenizer.bin beside the model file, or\n"
     "                             beside the checkpoint directory); without one, token ids are printed\n"
-    "  --seq-len T                the context window (default the model's maxT)\n"
+    "  --seq-len T                the context window (default the model's maxT, at most 1024: a Llama's\n"
+    "                             131072 would cost every token a forward over all of them)\n"
     "  and the layout and execution flags of training (./train --help): --device, --dtype, --threads,\n"
     "  --nproc, --tp, --sp, --pp, --cp, --zero, --transport ...\n";
 
@@ -48,7 +49,7 @@ static const char EVAL_USAGE[] =
     "  --val PATTERN              token shards (a glob)\n"
     "  --batches N                micro-batches of B x T tokens (default 10, as --val-steps)\n"
     "  --micro-batch B            sequences per batch (default 4)\n"
-    "  --seq-len T                tokens per sequence (default the model's maxT)\n"
+    "  --seq-len T                tokens per sequence (default the model's maxT, at most 1024)\n"
     "  and the layout and execution flags of training (./train --help)\n";
 
 static const char USAGE[] =
@@ -326,6 +327,7 @@ GPT2Config options_shape(const Options *o) {
 // The batch arithmetic, bounded so that no count overflows: accum micro-batches of B x T tokens on
 // each of the data-parallel ranks, G sequences per step, global sequence indices below 2^62.
 #define MAX_MICRO_TOKENS (1LL << 24)
+#define SAMPLE_EVAL_MAX_T 1024 // ./train sample and eval without --seq-len
 #define MAX_ACCUM (1LL << 16)
 #define MAX_STEP_TOKENS (1LL << 28) // one rank's tokens of a step (two int32 copies)
 
@@ -344,7 +346,10 @@ int check_layout(const Options *o, const GPT2Config *cfg, int nranks, BatchShape
         if (cfg->F % o->tp) return snprintf(err, cap, "--tp %d does not divide the model's SwiGLU size %d (--ffn)", o->tp, cfg->F), -1;
     }
     if (o->sp && o->tp == 1) return snprintf(err, cap, "--sp needs tensor parallelism (--tp 2 or more)"), -1;
-    *b = (BatchShape){ .T = o->seq_len ? o->seq_len : cfg->maxT, .B = o->micro_batch, .dp = nranks / (o->tp * o->cp * o->pp) };
+    // sample and eval default to at most SAMPLE_EVAL_MAX_T (GPT-2's maxT): a Llama's 131072 positions
+    // would make every sampled token a forward over all of them, and eval need shards that long
+    int T = o->seq_len ? o->seq_len : o->mode != MODE_TRAIN && cfg->maxT > SAMPLE_EVAL_MAX_T ? SAMPLE_EVAL_MAX_T : cfg->maxT;
+    *b = (BatchShape){ .T = T, .B = o->micro_batch, .dp = nranks / (o->tp * o->cp * o->pp) };
     if (b->T > cfg->maxT)
         return snprintf(err, cap, "--seq-len %d is above the model's maximum sequence length %d", b->T, cfg->maxT), -1;
     if (context_split_error(o, b->T, err, cap)) return -1; // the model's default T too

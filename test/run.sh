@@ -361,6 +361,20 @@ t_attention_torch() { have_torch || return $?; $PY test/attention_ref.py ./build
 # token shards of both llm.c headers (uint16 GPT-2, uint32 Llama 3) written with numpy, read by ./train (--dump)
 t_cli_ux() { bash test/cli_ux.sh $TRAIN "$WORK/ux"; }
 t_sample_eval() { have_torch || return $?; $PY test/sample_eval.py $TRAIN "$WORK/se"; }
+
+# sample without --seq-len on a Hugging Face Llama whose config allows 131072 positions (Llama 3.x's):
+# the window is 1024, not 131072 (a forward over every position for each token, and gigabytes of
+# activations); --seq-len still sets it
+t_sample_long_context() {
+    local d=$WORK/longctx out
+    $TRAIN --model llama3-tiny --steps 0 --save-hf "$d" >/dev/null || return 1
+    sed -i 's/"max_position_embeddings": [0-9]*/"max_position_embeddings": 131072/' "$d/config.json"
+    grep -q '"max_position_embeddings": 131072' "$d/config.json" || { echo "could not set max_position_embeddings"; return 1; }
+    out=$(timeout 120 $TRAIN sample --model "$d" --tokens 3 --threads 1 2>&1) || { echo "sample failed: $(tail -n 3 <<<"$out")"; return 1; }
+    grep -q '1 micro-batch(es) of 4 x 1024 on each' <<<"$out" || { echo "default window: want 4 x 1024, got: $(grep batch: <<<"$out")"; return 1; }
+    out=$(timeout 120 $TRAIN sample --model "$d" --tokens 3 --threads 1 --seq-len 96 2>&1) || { echo "sample --seq-len 96 failed"; return 1; }
+    grep -q '1 micro-batch(es) of 4 x 96 on each' <<<"$out" || { echo "--seq-len 96: got: $(grep batch: <<<"$out")"; return 1; }
+}
 t_shards_u32() { $PY -c 'import numpy' 2>/dev/null || { echo "python3-numpy is not installed"; return 77; }; $PY test/shards_u32.py $TRAIN "$WORK/u32"; }
 t_llama_kernels() { have_torch || return $?; $PY test/llama_ref.py ./build/llama_check; }
 # the Llama family end to end against a PyTorch Llama written from the published architecture (test/llama_model_ref.py)
@@ -1943,6 +1957,7 @@ run_test kernels t_attention_torch         "attention against PyTorch: whole seq
 run_test model   t_grad_accum              "gradient accumulation equals the large batch"
 run_test model   t_determinism             "bitwise determinism across reruns and thread counts (fp32 and bf16)"
 run_test cli     t_cli_ux                  "every subcommand's --help; llm.c's short flags; one number parser (trainer and planner); defaults from the data"
+run_test cli     t_sample_long_context     "sample on a Hugging Face Llama of 131072 positions: a 1024-token window unless --seq-len says otherwise"
 run_test cli     t_sample_eval             "sample and eval: the training run's validation loss on every layout, PyTorch's loss and greedy decoding, seeded samples"
 run_test cli     t_profile                 "--profile splits each step into matmuls, attention and the rest"
 run_test memory  t_activation_memory       "activation memory is linear in T (no T x T attention buffers)"
