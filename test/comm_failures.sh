@@ -188,6 +188,21 @@ expect_no_shm() { # TOKEN
     [ -z "$left" ] || bad "left behind in /dev/shm: $(echo $left)"
 }
 
+# expect_survivors STEM WHO T0 WHY REGEX TOKEN PID0 PID1 PID2: ranks 0 and 1 of a 3-rank job whose rank
+# 2 failed each notice within the 3 s timeout (expect_noticed) with one error line matching REGEX in
+# STEM.rankR.log; then no process of the job is left, nor its shared memory.
+expect_survivors() {
+    local stem=$1 who=$2 t0=$3 why=$4 re=$5 token=$6 r
+    shift 6
+    local -a pid=("$@")
+    for r in 0 1; do
+        expect_noticed "${who}rank $r" "${pid[$r]}" "$t0" 3 "$why"
+        expect_one_error "$stem.rank$r.log" "${who}rank $r" "$re"
+    done
+    expect_gone "${pid[@]}"
+    expect_no_shm "$token"
+}
+
 # Every process in $@ is gone, and so is any child it left (by pid: the ranks of a job are known).
 expect_gone() {
     local pid left=""
@@ -481,12 +496,7 @@ SHIM
     pid[2]=$STARTED
     await "${pid[2]}" "$t0" 30
     [ "$RC" -eq 137 ] || bad "rank 2 was to die by SIGKILL opening an inbox (137), got $RC"
-    for r in 0 1; do
-        expect_noticed "rank $r" "${pid[$r]}" "$t0" 3 "rank 2 died"
-        expect_one_error "$WORK/f.rank$r.log" "rank $r" "rank 2[^0-9]*$|rank 2 \(pid"
-    done
-    expect_gone "${pid[@]}"
-    expect_no_shm "$token"
+    expect_survivors "$WORK/f" "" "$t0" "rank 2 died" "rank 2[^0-9]*$|rank 2 \(pid" "$token" "${pid[@]}"
     [ $BAD -eq 0 ] || show_logs "$WORK"/f.rank*.log
 }
 
@@ -510,12 +520,8 @@ case_gone_before_use() {
         done
         await "${pid[2]}" "$t0" 30
         [ "$RC" -eq 3 ] || bad "$tr: rank 2 was to exit with status 3 before any operation, got $RC"
-        for r in 0 1; do
-            expect_noticed "$tr: rank $r" "${pid[$r]}" "$t0" 3 "rank 2 was gone"
-            expect_one_error "$WORK/f2.$tr.rank$r.log" "$tr: rank $r" "communicator world.*rank 2([^0-9]|$)|root cause: rank 2 died$"
-        done
-        expect_gone "${pid[@]}"
-        expect_no_shm "$token"
+        expect_survivors "$WORK/f2.$tr" "$tr: " "$t0" "rank 2 was gone" "communicator world.*rank 2([^0-9]|$)|root cause: rank 2 died$" \
+            "$token" "${pid[@]}"
     done
     [ $BAD -eq 0 ] || show_logs "$WORK"/f2.*.log
 }
