@@ -269,19 +269,9 @@ static void transports_release(Transports *tr, double timeout_s) {
     free(tr);
 }
 
-// A connection to member r, told whose it is (what its errors name).
-static NetConn *attach_conn(Comm *c, int r, NetConn *pc) {
-    pc->peer = r;
-    pc->peer_world = c->world_ranks[r];
-    pc->comm = c->name;
-    pc->world = c->w;
-    pc->opname = &c->a.op;
-    return pc;
-}
-
 // Every pair's transport, then each transport's end of the communicator, in the table's order on
-// every rank: no connection yet, except where a transport has no connect (then every pair now).
-// Returns 1 when every peer shares memory (the small collectives' slots may serve).
+// every rank: no connection yet (connect_pair opens them). Returns 1 when every peer shares memory (the
+// small collectives' slots may serve).
 static int prepare_peers(Comm *c) {
     World *w = c->w;
     int me_w = c->world_ranks[c->a.rank], slots = c->a.size > 1;
@@ -299,26 +289,25 @@ static int prepare_peers(Comm *c) {
     for (int r = 0; r < c->a.size; r++)
         if (r != c->a.rank && (c->pair_tr[r] < 0 || !NET_TRANSPORTS[(int)c->pair_tr[r]]->slots)) slots = 0;
     c->setup = (NetSetup){ w, c->id, c->name, c->a.rank, c->a.size, c->world_ranks, &c->a.op, algo_connections(&c->a), &c->bell, c->tr->vn };
-    NetConn **tmp = xcalloc((size_t)c->a.size, sizeof(NetConn *));
     c->bell = &c->private_bell;
-    for (int t = 0; NET_TRANSPORTS[t]; t++) {
-        if (!np[t]) continue;
-        c->endpoint[t] = NET_TRANSPORTS[t]->setup(&c->setup, np[t], peers[t], tmp);
-        if (!NET_TRANSPORTS[t]->connect)
-            for (int i = 0; i < np[t]; i++) c->a.conn[peers[t][i]] = tmp[i];
-    }
-    for (int r = 0; r < c->a.size; r++)
-        if (c->a.conn[r]) attach_conn(c, r, c->a.conn[r]);
-    free(tmp);
+    for (int t = 0; NET_TRANSPORTS[t]; t++)
+        if (np[t] && NET_TRANSPORTS[t]->setup) c->endpoint[t] = NET_TRANSPORTS[t]->setup(&c->setup, np[t], peers[t]);
     for (int t = 0; t < NET_MAX_TRANSPORTS; t++) free(peers[t]);
     return slots;
 }
 
-// Opens the pair with member r, where the algorithm may use it and it is not open yet (the driver's).
+// Opens the pair with member r, where the algorithm may use it and it is not open yet (the driver's),
+// and tells the connection whose it is (what its errors name).
 static void connect_pair(Comm *c, int r) {
     if (c->a.conn[r] || c->pair_tr[r] < 0) return;
     const NetTransport *t = NET_TRANSPORTS[(int)c->pair_tr[r]];
-    c->a.conn[r] = attach_conn(c, r, t->connect(c->endpoint[c->pair_tr[r]], &c->setup, r));
+    NetConn *pc = t->connect(c->endpoint[c->pair_tr[r]], &c->setup, r);
+    pc->peer = r;
+    pc->peer_world = c->world_ranks[r];
+    pc->comm = c->name;
+    pc->world = c->w;
+    pc->opname = &c->a.op;
+    c->a.conn[r] = pc;
 }
 
 // Before an operation starts: the pair of a send or receive, or every pair of the collectives.

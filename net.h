@@ -218,15 +218,14 @@ typedef struct {
     int slots;        // its connections offer the small collectives' slots (NetOps.slot)
     // 1 when this transport can carry world ranks a and b.
     int (*can_connect)(const NetReach *r, int a, int b);
-    // Prepares this rank's end for peers[] and returns the endpoint that teardown frees after the
-    // connections are closed (NULL: none). Without connect it also connects every peer, peers[i]
-    // through conns[i]; with connect it opens no connection and leaves conns alone.
-    void *(*setup)(const NetSetup *s, int npeers, const int *peers, NetConn **conns);
-    // Optional: opens the connection to peer (one of setup's peers) when this rank first needs it,
-    // without waiting for the peer to do the same; a connection whose other end is not there yet
-    // completes in progress (and a peer that never comes shows as no progress, or as died).
+    // Optional (NULL: nothing to prepare): prepares this rank's end for peers[], opening no connection,
+    // and returns the endpoint that teardown frees after the connections are closed (NULL: none).
+    void *(*setup)(const NetSetup *s, int npeers, const int *peers);
+    // Opens the connection to peer (one of setup's peers) when this rank first needs it, without
+    // waiting for the peer to do the same; a connection whose other end is not there yet completes in
+    // progress (and a peer that never comes shows as no progress, or as died).
     NetConn *(*connect)(void *endpoint, const NetSetup *s, int peer);
-    void (*teardown)(void *endpoint);
+    void (*teardown)(void *endpoint); // NULL where setup returns no endpoint
 } NetTransport;
 
 // Shared memory (net_shm.c): ranks of one node; the endpoint holds this rank's doorbell and rings,

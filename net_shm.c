@@ -431,8 +431,7 @@ static int shm_can_connect(const NetReach *r, int a, int b) {
 
 // This rank's inbox, published; then the peers' records (each member publishes its own before it
 // reads any, so nobody waits for a peer that waits for it). No peer's inbox is mapped yet.
-static void *shm_setup(const NetSetup *s, int npeers, const int *peers, NetConn **conns) {
-    (void)conns;
+static void *shm_setup(const NetSetup *s, int npeers, const int *peers) {
     World *w = s->w;
     int nl = npeers + 1;
     int *members = xmalloc(sizeof(int) * nl);

@@ -131,11 +131,6 @@ static const NetOps TCP_OPS = { "tcp", tcp_progress, tcp_wait_hint, tcp_peer_sta
 
 static int tcp_can_connect(const NetReach *r, int a, int b) { return (void)r, (void)a, (void)b, 1; } // any pair
 
-static void *tcp_setup(const NetSetup *s, int npeers, const int *peers, NetConn **conns) {
-    (void)s, (void)npeers, (void)peers, (void)conns;
-    return NULL; // nothing to prepare: each pair connects on first use
-}
-
 static NetConn *tcp_connect_peer(void *endpoint, const NetSetup *s, int peer) {
     (void)endpoint;
     World *w = s->w;
@@ -165,4 +160,4 @@ static NetConn *tcp_connect_peer(void *endpoint, const NetSetup *s, int peer) {
     return &tc->base;
 }
 
-const NetTransport NET_TCP = { "tcp", 0, tcp_can_connect, tcp_setup, tcp_connect_peer, NULL };
+const NetTransport NET_TCP = { "tcp", 0, tcp_can_connect, NULL, tcp_connect_peer, NULL }; // nothing to prepare

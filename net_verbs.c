@@ -1025,12 +1025,6 @@ static int verbs_handshake(VerbsConn *vc) {
     return 1;
 }
 
-// Nothing is made until a pair is first used (connect): no queue pair, no registered staging.
-static void *verbs_setup(const NetSetup *s, int npeers, const int *peers, NetConn **conns) {
-    (void)s, (void)npeers, (void)peers, (void)conns;
-    return NULL;
-}
-
 // On first use: this rank's endpoint for the pair (its receives posted), and its address published;
 // the handshake goes on in progress, so this never waits for the peer.
 static NetConn *verbs_connect(void *endpoint, const NetSetup *s, int p) {
@@ -1048,7 +1042,7 @@ static NetConn *verbs_connect(void *endpoint, const NetSetup *s, int p) {
     VerbsConn *vc = xcalloc(1, sizeof *vc);
     net_conn_init(&vc->base, &VERBS_OPS);
     vc->base.peer_pid = pi->pid;
-    vc->base.peer_world = pw; // attach_conn sets it too; the handshake needs it first
+    vc->base.peer_world = pw; // connect_pair sets it too; the handshake needs it first
     vc->vn = vn;
     vc->e = e;
     vc->w = w;
@@ -1064,11 +1058,10 @@ static NetConn *verbs_connect(void *endpoint, const NetSetup *s, int p) {
     return &vc->base;
 }
 
-static void verbs_teardown(void *endpoint) { (void)endpoint; }
-
 static int verbs_can_connect(const NetReach *r, int a, int b) { return r->rdma(r->ctx, a) && r->rdma(r->ctx, b); }
 
-const NetTransport NET_VERBS = { "verbs", 0, verbs_can_connect, verbs_setup, verbs_connect, verbs_teardown };
+// no setup: nothing is made until a pair is first used (connect), no queue pair, no registered staging
+const NetTransport NET_VERBS = { "verbs", 0, verbs_can_connect, NULL, verbs_connect, NULL };
 
 // Arms every endpoint still closing and sleeps until one has a completion (at most timeout_ms: 1 while
 // a handshake looks into the store).
