@@ -515,6 +515,12 @@ static Store *store_start(const LaunchEnv *env, double timeout, int *port) {
 
 static void store_stop(Store *s) {
     pthread_mutex_lock(&s->mu);
+    // the other ranks may still need the store as they close (net_verbs.c: a verbs pair finishing its
+    // handshake in verbs_net_close): it serves until every rank has said goodbye, or the timeout
+    struct timespec ts;
+    double deadline = now_seconds() + s->timeout;
+    timespec_at(&ts, deadline);
+    while (s->live > 0 && now_seconds() < deadline) pthread_cond_timedwait(&s->cv, &s->mu, &ts);
     s->closing = 1;
     for (StoreConn *c = s->conns; c; c = c->next) shutdown(c->fd, SHUT_RDWR);
     pthread_cond_broadcast(&s->cv);
