@@ -515,7 +515,13 @@ static void ring_plan_reduction(AlgoComm *c, AlgoOp *q) {
     int n = c->size, me = c->rank;
     RingOp *g = q->ring = xcalloc(1, sizeof *g);
     q->send = q->in_acc ? q->send : private_input(c, q);
+    // at least RING_FILL chunks a segment where chunks stay above RING_MIN_CHUNK: the chain's 2(n-1)
+    // hops wait for its first chunk, so a short operation in whole chunks is mostly filling (the
+    // chunking changes no bit: each element's order is the chain's)
     q->chunk = c->chunk_bytes / comm_acc_size(q->t);
+    size_t fill = (q->count + (size_t)(RING_FILL * n) - 1) / (size_t)(RING_FILL * n);
+    if (fill < RING_MIN_CHUNK) fill = RING_MIN_CHUNK;
+    if (fill < q->chunk) q->chunk = fill;
     ring_chunks(g, q->count, n, NULL, n, q->chunk, 0);
     Range own = segment(q->count, n, me);
     q->own_off = own.off, q->own_len = own.len;
@@ -871,7 +877,13 @@ static void op_start_on(AlgoComm *c, AlgoOp *q) {
         return;
     }
     if (c->algo == ALGO_HIER && c->size > 1) return hier_plan(c, q);
-    if (c->algo == ALGO_RING && c->size > 1) {
+    // Two ranks are each other's only neighbour, and the ring's reduction is then two chains, one
+    // ending at each segment's owner: the fan-in's reduce-scatter, whose first addition x0 + x1 is
+    // the chain's (commutative), so the same bits with each rank adding half, where one chain
+    // 0 -> 1 left every addition to rank 1. The hierarchy's cross-node ring (accumulators in or
+    // out) keeps the chain.
+    int pair = c->size == 2 && !q->in_acc && !q->acc_out && (q->kind == REQ_ALLREDUCE || q->kind == REQ_REDUCE_SCATTER);
+    if (c->algo == ALGO_RING && c->size > 1 && !pair) {
         switch (q->kind) {
         case REQ_BROADCAST: ring_plan_broadcast(c, q); break;
         case REQ_ALLGATHER: ring_plan_gather(c, q, c->to_parent && c->parent_size ? c->to_parent : NULL, c->parent_size ? c->parent_size : c->size); break;

@@ -23,6 +23,8 @@
 #define INLINE_REQS 16            // transfers an operation carries without allocating
 #define STREAM_BYTES (16u << 20)  // operations from this size copy past the cache (half this L3)
 #define RING_DEPTH 4              // a ring's chunks in flight per direction (its staging: 2 x this x a chunk)
+#define RING_FILL 8               // a ring reduction's chunks per segment at least, ...
+#define RING_MIN_CHUNK 4096       // ... of this many elements at least
 #define HIER_PIECE_BYTES (4u << 20) // the hierarchy reduces a vector in pieces of this many accumulator bytes
 
 // The algorithms (--algo): the owner fan-in (every pair connected), the ring (two neighbours), the
