@@ -101,6 +101,51 @@ static void write_raw(const char *dir, const char *name, const void *data, size_
     free(path);
 }
 
+// ---------------------------------------------------------------------------------------------
+// signals
+
+// SIGTERM (preemption, a launcher stopping its job), SIGUSR1 (Slurm's warning before the time limit)
+// and SIGINT (Ctrl-C on a single rank; the --nproc launcher turns it into SIGTERM for its ranks) ask for
+// a clean stop; the step loop reads this at every step boundary. A second one ends the process at once
+// (a step can be long). A rank that got SIGINT exits 130 after its checkpoint, as the launcher does.
+static volatile sig_atomic_t stop_signal;
+static void on_stop_signal(int sig) {
+    if (stop_signal) {
+        signal(sig, SIG_DFL);
+        raise(sig);
+    }
+    stop_signal = sig;
+}
+
+// The handlers go in first thing, in one place: the --nproc launcher starts ranks with SIGUSR1 blocked
+// (it passes SIGUSR1 on), so one sent while a rank starts waits for the handler instead of killing it.
+static void install_stop_signals(void) {
+    struct sigaction sa = { .sa_handler = on_stop_signal };
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(SIGTERM, &sa, NULL) != 0 || sigaction(SIGUSR1, &sa, NULL) != 0 || sigaction(SIGINT, &sa, NULL) != 0)
+        die("sigaction: %s", strerror(errno));
+    sigset_t m;
+    sigemptyset(&m);
+    sigaddset(&m, SIGUSR1);
+    if (sigprocmask(SIG_UNBLOCK, &m, NULL) != 0) die("sigprocmask: %s", strerror(errno));
+}
+
+// Whether any rank has been asked to stop (collective over the world: every rank gets the same answer,
+// so all stop after the same work).
+static int stop_agreed(const Layout *lay) {
+    int32_t mine = stop_signal != 0, any = mine;
+    if (lay->world) comm_all_reduce(lay->world, &mine, &any, 1, CT_I32, OP_MAX);
+    return any;
+}
+
+static const char *stop_name(void) {
+    return stop_signal == SIGUSR1 ? "SIGUSR1 (the job's time limit is near)" : stop_signal == SIGTERM ? "SIGTERM"
+           : stop_signal == SIGINT ? "SIGINT" : "a stop signal (on another rank)";
+}
+
+// ---------------------------------------------------------------------------------------------
+// sampling and validation
+
 static int sample_token(const Options *o, float *probs, int *order, int V, uint64_t *rng);
 
 // Sampling: the model continues the prompt (np tokens: ./train sample's --prompt, else the first token
@@ -123,7 +168,8 @@ static void sample(Pipeline *p, const Options *o, const Tokenizer *tk, const int
             printf("%d ", prompt[i]);
         }
     }
-    for (int t = np; t < np + n; t++) {
+    int t = np;
+    for (; t < np + n && !stop_agreed(m->lay); t++) {
         // the whole window each time: causal attention leaves positions < t untouched by the zeros after
         // them, and the shape stays divisible for sequence parallelism
         if (m->lay->cp.size > 1) cp_slice(ctx, local, 1, Tl, m->lay->cp.size, m->lay->cp.rank);
@@ -149,6 +195,7 @@ static void sample(Pipeline *p, const Options *o, const Tokenizer *tk, const int
     if (print) text_out_flush(&text, stdout);
     if (print) printf(o->mode == MODE_TRAIN ? "\n---\n" : "\n");
     fflush(stdout);
+    if (print && t < np + n) fprintf(stderr, "received %s: the sample stopped after %d of %d tokens\n", stop_name(), t - np, n);
     free(ctx);
     free(local);
     free(probs);
@@ -186,13 +233,17 @@ static int sample_token(const Options *o, float *probs, int *order, int V, uint6
     return order[k - 1];
 }
 
-static float validate(Pipeline *p, TokenSet *val, Comm *cp_comm, int B, int T, int steps) {
+// Returns the mean loss over `steps` batches. *done (when not NULL: ./train eval) gets the batches
+// done, fewer when a stop signal came (checked between batches); training's validation always
+// finishes, since its loss is logged as the run's.
+static float validate(Pipeline *p, TokenSet *val, Comm *cp_comm, int B, int T, int steps, int *done) {
     GPT2 *m = p->model;
     int cp = m->lay->cp.size, Tl = T / cp;
     int32_t *inp = xmalloc(sizeof(int32_t) * B * T), *tgt = xmalloc(sizeof(int32_t) * B * T);
     int32_t *linp = xmalloc(sizeof(int32_t) * B * Tl), *ltgt = xmalloc(sizeof(int32_t) * B * Tl);
     double sum = 0.0;
-    for (int s = 0; s < steps; s++) {
+    int s = 0;
+    for (; s < steps && !(done && stop_agreed(m->lay)); s++) {
         for (int b = 0; b < B; b++) tokenset_sequence(val, (uint64_t)s * B + b, inp + b * T, tgt + b * T);
         if (cp > 1) { // this rank's positions
             cp_slice(inp, linp, B, Tl, cp, m->lay->cp.rank);
@@ -205,37 +256,12 @@ static float validate(Pipeline *p, TokenSet *val, Comm *cp_comm, int B, int T, i
     free(linp);
     free(ltgt);
     // the loss lives on the head's stage; each context-parallel rank has the mean of its share of the tokens
-    return (float)(comm_sum_double(cp_comm, comm_sum_double(layout_group(&m->lay->pp), sum)) / ((double)steps * cp));
+    if (done) *done = s;
+    return (float)(comm_sum_double(cp_comm, comm_sum_double(layout_group(&m->lay->pp), sum)) / ((double)(s ? s : 1) * cp));
 }
 
 // ---------------------------------------------------------------------------------------------
-// signals and injected faults
-
-// SIGTERM (preemption, a launcher stopping its job), SIGUSR1 (Slurm's warning before the time limit)
-// and SIGINT (Ctrl-C on a single rank; the --nproc launcher turns it into SIGTERM for its ranks) ask for
-// a clean stop; the step loop reads this at every step boundary. A second one ends the process at once
-// (a step can be long). A rank that got SIGINT exits 130 after its checkpoint, as the launcher does.
-static volatile sig_atomic_t stop_signal;
-static void on_stop_signal(int sig) {
-    if (stop_signal) {
-        signal(sig, SIG_DFL);
-        raise(sig);
-    }
-    stop_signal = sig;
-}
-
-// The handlers go in first thing, in one place: the --nproc launcher starts ranks with SIGUSR1 blocked
-// (it passes SIGUSR1 on), so one sent while a rank starts waits for the handler instead of killing it.
-static void install_stop_signals(void) {
-    struct sigaction sa = { .sa_handler = on_stop_signal };
-    sigemptyset(&sa.sa_mask);
-    if (sigaction(SIGTERM, &sa, NULL) != 0 || sigaction(SIGUSR1, &sa, NULL) != 0 || sigaction(SIGINT, &sa, NULL) != 0)
-        die("sigaction: %s", strerror(errno));
-    sigset_t m;
-    sigemptyset(&m);
-    sigaddset(&m, SIGUSR1);
-    if (sigprocmask(SIG_UNBLOCK, &m, NULL) != 0) die("sigprocmask: %s", strerror(errno));
-}
+// injected faults
 
 // LLM4D_FAULT, a testing aid: faults injected into this process, items "rank=R,step=S[,at=WHAT]
 // [,ms=M][,launch=N]" separated by ';'. WHAT: kill (the default; rank R SIGKILLs itself as step S
@@ -837,8 +863,7 @@ static int step_boundary(Trainer *t, int step) {
     if (g[0] && step < t->end_step) {
         if (t->lay.lead)
             printf("received %s: stopping cleanly after %d of %d steps%s%s\n",
-                   stop_signal == SIGUSR1 ? "SIGUSR1 (the job's time limit is near)" : stop_signal == SIGTERM ? "SIGTERM"
-                   : stop_signal == SIGINT ? "SIGINT" : "a stop signal (on another rank)",
+                   stop_name(),
                    step, t->o.steps, t->ckpt && step > t->start_step ? ", with a checkpoint" : "",
                    t->o.save_model ? " and the model saved" : "");
         t->end_step = step;
@@ -861,8 +886,13 @@ static void evaluate(Trainer *t, int step, int last) {
     const Options *o = &t->o;
     if (t->resumed && step == t->start_step && o->mode == MODE_TRAIN) return;
     if (o->val && o->val_every > 0 && (step % o->val_every == 0 || last)) {
-        float vl = validate(&t->pipe, &t->val, t->lay.cp.comm, t->lay.B, t->lay.T, o->val_steps);
-        if (o->mode == MODE_EVAL && t->lay.lead)
+        int done = o->val_steps;
+        float vl = validate(&t->pipe, &t->val, t->lay.cp.comm, t->lay.B, t->lay.T, o->val_steps, o->mode == MODE_EVAL ? &done : NULL);
+        if (done < o->val_steps) {
+            if (t->lay.lead)
+                fprintf(stderr, "received %s: eval stopped after %d of %d batches (their mean loss %.6f)\n", stop_name(), done,
+                        o->val_steps, done ? vl : NAN);
+        } else if (o->mode == MODE_EVAL && t->lay.lead)
             printf("eval %s: loss %.6f | perplexity %.4f | %d batch(es) of %d x %d tokens from %s\n", o->model_path, vl,
                    exp(vl), o->val_steps, t->lay.B, t->lay.T, o->val);
         else
@@ -979,6 +1009,9 @@ static int train_main(int argc, char **argv) {
     }
     trainer_finish(&t);
     int status = trainer_status(&t);
+    // sample and eval stopped by a signal did not finish their one job; a training run that stops
+    // cleanly on SIGTERM or SIGUSR1 did (its checkpoint holds its work), and Ctrl-C gives 130
+    if (!status && stop_signal && t.o.mode != MODE_TRAIN) status = 128 + stop_signal;
     options_free(&t.o);
     return status ? status : stop_signal == SIGINT ? 128 + SIGINT : 0;
 }

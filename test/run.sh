@@ -375,6 +375,46 @@ t_sample_long_context() {
     out=$(timeout 120 $TRAIN sample --model "$d" --tokens 3 --threads 1 --seq-len 96 2>&1) || { echo "sample --seq-len 96 failed"; return 1; }
     grep -q '1 micro-batch(es) of 4 x 96 on each' <<<"$out" || { echo "--seq-len 96: got: $(grep batch: <<<"$out")"; return 1; }
 }
+# A stop signal ends sample and eval where they are (between tokens, between batches), on every rank
+# alike, with one line saying how far they got and exit 128 + the signal. The model's 1024-token window
+# makes each token a forward over 1024 positions, so the 1000 asked for would take minutes: a run that
+# ignored the signal would print them all and exit 0.
+t_sample_stop() {
+    local d=$WORK/sstop ok=0 pid st i
+    mkdir -p "$d"
+    $TRAIN --layers 4 --channels 256 --heads 4 --vocab 256 --max-seq-len 1024 --steps 0 --save-model "$d/m.bin" >/dev/null || return 1
+    stop_after_start() { # SIGNAL OUT CMD...: starts CMD, sends SIGNAL once its header is out, waits; st = its status
+        local sig=$1 out=$2
+        shift 2
+        "$@" >"$out" 2>"$out.err" &
+        pid=$!
+        for i in $(seq 1 600); do # until it has reported its shape (bounded: 60 s)
+            cat "$out" "$out.err" 2>/dev/null | grep -q 'micro-batch(es) of' && break
+            sleep 0.1
+        done
+        kill -"$sig" $pid
+        wait $pid
+        st=$?
+    }
+    stop_after_start TERM "$d/s1" $TRAIN sample --model "$d/m.bin" --tokens 1000 --threads 1
+    [ $st -eq 143 ] || { echo "FAIL: sample after SIGTERM: exit status $st (expected 143)"; ok=1; }
+    grep -Eq '^received SIGTERM: the sample stopped after [0-9]+ of 1000 tokens$' "$d/s1.err" ||
+        { echo "FAIL: sample: no stop line: $(tail -n 2 "$d/s1.err")"; ok=1; }
+    stop_after_start INT "$d/e1" $TRAIN eval --model "$d/m.bin" --val "$DATA/val.bin" --batches 1000 --threads 1
+    [ $st -eq 130 ] || { echo "FAIL: eval after SIGINT: exit status $st (expected 130)"; ok=1; }
+    grep -Eq '^received SIGINT: eval stopped after [0-9]+ of 1000 batches' "$d/e1.err" ||
+        { echo "FAIL: eval: no stop line: $(tail -n 2 "$d/e1.err")"; ok=1; }
+    grep -q '^eval ' "$d/e1" && { echo "FAIL: eval printed a loss line for the batches it did not run"; ok=1; }
+    # two pipeline stages: the launcher passes SIGTERM on, and both ranks stop at the same token (a
+    # rank that went on alone would wait for the other's activations until --comm-timeout). Not under
+    # timeout(1): it signals its child and its process group, and a second SIGTERM ends a rank at once.
+    stop_after_start TERM "$d/s2" $TRAIN sample --model "$d/m.bin" --tokens 1000 --threads 1 --nproc 2 --pp 2 --comm-timeout 100
+    [ $st -eq 143 ] || { echo "FAIL: sample --pp 2 after SIGTERM: exit status $st (expected 143)"; ok=1; }
+    [ "$(grep -Ec '^received SIGTERM: the sample stopped after [0-9]+ of 1000 tokens$' "$d/s2.err")" = 1 ] ||
+        { echo "FAIL: sample --pp 2: want one stop line: $(tail -n 3 "$d/s2.err")"; ok=1; }
+    grep -q 'timed out\|rank . failed' "$d/s2.err" && { echo "FAIL: sample --pp 2: $(grep -m1 'timed out\|failed' "$d/s2.err")"; ok=1; }
+    return $ok
+}
 t_shards_u32() { $PY -c 'import numpy' 2>/dev/null || { echo "python3-numpy is not installed"; return 77; }; $PY test/shards_u32.py $TRAIN "$WORK/u32"; }
 t_llama_kernels() { have_torch || return $?; $PY test/llama_ref.py ./build/llama_check; }
 # the Llama family end to end against a PyTorch Llama written from the published architecture (test/llama_model_ref.py)
@@ -1958,6 +1998,7 @@ run_test model   t_grad_accum              "gradient accumulation equals the lar
 run_test model   t_determinism             "bitwise determinism across reruns and thread counts (fp32 and bf16)"
 run_test cli     t_cli_ux                  "every subcommand's --help; llm.c's short flags; one number parser (trainer and planner); defaults from the data"
 run_test cli     t_sample_long_context     "sample on a Hugging Face Llama of 131072 positions: a 1024-token window unless --seq-len says otherwise"
+run_test cli     t_sample_stop             "SIGTERM and SIGINT stop sample and eval between tokens and batches, on every rank alike: one line, exit 128 + the signal"
 run_test cli     t_sample_eval             "sample and eval: the training run's validation loss on every layout, PyTorch's loss and greedy decoding, seeded samples"
 run_test cli     t_profile                 "--profile splits each step into matmuls, attention and the rest"
 run_test memory  t_activation_memory       "activation memory is linear in T (no T x T attention buffers)"
