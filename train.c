@@ -168,15 +168,19 @@ static void sample(Pipeline *p, const Options *o, const Tokenizer *tk, const int
             printf("%d ", prompt[i]);
         }
     }
+    // each token's forward runs over the shortest window holding the context that context and sequence
+    // parallelism can split (a multiple of 2·CP positions, and of TP under SP; T is one): causal
+    // attention leaves the positions before t untouched by the zeros after them, and every position's
+    // arithmetic is the same in any window, so the tokens are the full window's
+    int cp = m->lay->cp.size, align = (cp > 1 ? 2 * cp : 1) * (m->lay->sp ? m->lay->tp.size : 1);
     int t = np;
     for (; t < np + n && !stop_agreed(m->lay); t++) {
-        // the whole window each time: causal attention leaves positions < t untouched by the zeros after
-        // them, and the shape stays divisible for sequence parallelism
-        if (m->lay->cp.size > 1) cp_slice(ctx, local, 1, Tl, m->lay->cp.size, m->lay->cp.rank);
-        pipeline_forward(p, m->lay->cp.size > 1 ? local : ctx, NULL, 1, Tl);
+        int Tw = (t + align - 1) / align * align, Twl = Tw / cp;
+        if (cp > 1) cp_slice(ctx, local, 1, Twl, cp, m->lay->cp.rank);
+        pipeline_forward(p, cp > 1 ? local : ctx, NULL, 1, Twl);
         int V = m->cfg.V, next = 0;
         if (m->last) { // the head's stage holds the logits and samples; the others learn the token from it
-            gpt2_logits_at(m, 0, t - 1, Tl, probs);
+            gpt2_logits_at(m, 0, t - 1, Twl, probs);
             next = sample_token(o, probs, order, V, &rng);
         }
         if (m->lay->pp.size > 1) {

@@ -5,7 +5,7 @@ Trains a tiny byte-level model that validates at its end, then checks: eval's lo
 loss the training run printed (same model, same batches) on 1 rank, TP 2, PP 2, CP 2 and from the
 checkpoint directory (within 1e-5), and equals PyTorch's float64 loss of the saved model over the same
 windows; `--steps 0 --init-from` prints the validation and the sample; a seeded sample is bitwise the
-same twice and on TP 2 and PP 2, and decodes to the prompt and one piece per token; --top-k 1 equals
+same twice and on TP 2, PP 2, CP 2 and TP 2 + SP, and decodes to the prompt and one piece per token; --top-k 1 equals
 greedy decoding in PyTorch from the same weights. Exit status 0 means every check passed.
 Usage: test/sample_eval.py ./train WORKDIR
 """
@@ -102,7 +102,9 @@ check("--steps 0 samples", "sample at step 0:" in out, "a sample printed")
 NTOK = 20
 base = ["sample", "--model", model, "--seq-len", str(T), "--prompt", PROMPT, "--tokens", str(NTOK), "--seed", "7"]
 texts = {name: sample_text(run(base + extra)) for name, extra in
-         [("1 rank", []), ("again", []), ("TP 2", ["--nproc", "2", "--tp", "2"]), ("PP 2", ["--nproc", "2", "--pp", "2"])]}
+         [("1 rank", []), ("again", []), ("TP 2", ["--nproc", "2", "--tp", "2"]), ("PP 2", ["--nproc", "2", "--pp", "2"]),
+          # each token's window is the context rounded up to what the layout splits (4 positions, 2)
+          ("CP 2", ["--nproc", "2", "--cp", "2"]), ("TP 2 + SP", ["--nproc", "2", "--tp", "2", "--sp"])]}
 first = texts["1 rank"]
 for name, text in texts.items():
     check("sample " + name, text == first, repr(text))
