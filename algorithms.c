@@ -515,13 +515,15 @@ static void ring_plan_reduction(AlgoComm *c, AlgoOp *q) {
     int n = c->size, me = c->rank;
     RingOp *g = q->ring = xcalloc(1, sizeof *g);
     q->send = q->in_acc ? q->send : private_input(c, q);
-    // at least RING_FILL chunks a segment where chunks stay above RING_MIN_CHUNK: the chain's 2(n-1)
-    // hops wait for its first chunk, so a short operation in whole chunks is mostly filling (the
-    // chunking changes no bit: each element's order is the chain's)
+    // On one node, at least RING_FILL chunks a segment where chunks stay above RING_MIN_CHUNK: the
+    // chain's 2(n-1) hops wait for its first chunk, so a short operation in whole chunks is mostly
+    // filling. Across nodes (and in the hierarchy's cross-node ring, a view: nodes 0) whole chunks:
+    // there a chunk's fixed cost per message outweighs the filling (over TCP a quarter-size chunk
+    // halved the hierarchy's busbw). The chunking changes no bit: each element's order is the chain's.
     q->chunk = c->chunk_bytes / comm_acc_size(q->t);
     size_t fill = (q->count + (size_t)(RING_FILL * n) - 1) / (size_t)(RING_FILL * n);
     if (fill < RING_MIN_CHUNK) fill = RING_MIN_CHUNK;
-    if (fill < q->chunk) q->chunk = fill;
+    if (c->nodes == 1 && fill < q->chunk) q->chunk = fill;
     ring_chunks(g, q->count, n, NULL, n, q->chunk, 0);
     Range own = segment(q->count, n, me);
     q->own_off = own.off, q->own_len = own.len;
