@@ -13,8 +13,9 @@
       no picture: for each --pp-schedule-dump table with measured times, each rank's bubble as
       measured (1 - its F, B and W time over the step's span) and as the same passes, in the same
       order, would give it with hand-offs that cost nothing (each receive ends when its send was
-      posted; the hand-offs' own times may be '-', as in ./train schedule's unit-time dumps): the difference is what the hand-offs and waking up cost; the rest of the gap to the
-      schedule's formula is the passes' own durations (stages of unequal cost). One line per table:
+      posted; the hand-offs' own times may be '-', as in ./train schedule's unit-time dumps): the
+      difference is what the hand-offs and waking up cost; the rest of the gap to the schedule's
+      formula is the passes' own durations (stages of unequal cost). One line per table:
       "DUMP measured R0% R1% ... mean M% replayed R0% ... mean M%".
 
 Log records it reads: {"step","loss","tokens","tokens_per_s", "bubble_max","bubble_mean",
@@ -270,7 +271,8 @@ def plot_plan(path, out, max_bars=40):
 
 
 SCHEDULE_COLS = ["rank", "index", "action", "mb", "chunk", "peer", "start", "end"]
-SCHEDULE_ACTIONS = ("F", "B", "W", "send-act", "recv-act", "send-grad", "recv-grad")
+SCHEDULE_PASSES = ("F", "B", "W")  # the compute; the rest are hand-offs
+SCHEDULE_ACTIONS = SCHEDULE_PASSES + ("send-act", "recv-act", "send-grad", "recv-grad")
 SCHEDULE_COLORS = {"F": "#3b6fb6", "B": "#e08a2e", "W": "#3f9b57"}  # tests look for these pixels
 
 
@@ -323,8 +325,7 @@ def replay_schedule(rows):
     q of a kind ends no earlier than the k-th such send from q to r (one channel per direction and kind)."""
     ranks = sorted({x[0] for x in rows})
     acts = {r: sorted((x for x in rows if x[0] == r), key=lambda x: x[1]) for r in ranks}
-    compute = ("F", "B", "W")
-    busy = {r: sum(x[7] - x[6] for x in acts[r] if x[2] in compute) for r in ranks}
+    busy = {r: sum(x[7] - x[6] for x in acts[r] if x[2] in SCHEDULE_PASSES) for r in ranks}
     timed = [x for x in rows if x[6] is not None]
     span = max(x[7] for x in timed) - min(x[6] for x in timed)
     sent, taken = {}, {}
@@ -358,7 +359,7 @@ def replay_schedules(paths):
     pct = lambda v: " ".join("%.2f%%" % (100 * x) for x in v) + " mean %.2f%%" % (100 * sum(v) / len(v))
     for path in paths:
         meta, rows = read_schedule(path)
-        if any(x[6] is None for x in rows if x[2] in ("F", "B", "W")):
+        if any(x[6] is None for x in rows if x[2] in SCHEDULE_PASSES):
             fail("%s: untimed passes ('-'): --replay needs a dump with times" % path)
         measured, replayed = replay_schedule(rows)
         print("%s measured %s replayed %s" % (path, pct(measured), pct(replayed)))
