@@ -496,6 +496,22 @@ static void *store_main(void *arg) {
     }
 }
 
+// The --nproc launcher's listening socket for the store (LLM4D_STORE_FD), when it is one on `port`;
+// else -1 (rank 0 then binds the port itself, as under srun or torchrun).
+static int inherited_listener(int port) {
+    const char *v = getenv("LLM4D_STORE_FD");
+    if (!v) return -1;
+    int fd = atoi(v), listening = 0;
+    unsetenv("LLM4D_STORE_FD");
+    struct sockaddr_in a;
+    socklen_t len = sizeof a, ilen = sizeof listening;
+    if (fd < 0 || getsockname(fd, (struct sockaddr *)&a, &len) != 0 || a.sin_family != AF_INET || ntohs(a.sin_port) != port ||
+        getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &ilen) != 0 || !listening)
+        return -1;
+    if (fcntl(fd, F_SETFD, FD_CLOEXEC) != 0) die("fcntl: %s", strerror(errno));
+    return fd;
+}
+
 static Store *store_start(const LaunchEnv *env, double timeout, int *port) {
     Store *s = xcalloc(1, sizeof *s);
     s->env = *env;
@@ -507,7 +523,8 @@ static Store *store_start(const LaunchEnv *env, double timeout, int *port) {
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     if (pthread_mutex_init(&s->mu, NULL) || pthread_cond_init(&s->cv, &ca)) die("pthread init failed");
     pthread_condattr_destroy(&ca);
-    s->listen_fd = tcp_listen_any(port);
+    s->listen_fd = inherited_listener(*port);
+    if (s->listen_fd < 0) s->listen_fd = tcp_listen_any(port);
     if (s->listen_fd < 0) die("bootstrap: cannot listen on port %d (MASTER_PORT): %s", env->master_port, strerror(errno));
     if (pthread_create(&s->thread, NULL, store_main, s) != 0) die("pthread_create: %s", strerror(errno));
     return s;

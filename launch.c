@@ -223,7 +223,8 @@ typedef struct {
     int nproc;
     double grace_signal, grace_failure; // seconds before SIGKILL after an interrupt, after a failure
     char token[40];
-    int port;          // rank 0's store
+    int port;          // rank 0's store ...
+    int store_fd;      // ... listening already: rank 0 inherits it (-1 once handed over)
     char **argv;       // the ranks': ours minus "--nproc N"
     Board *board;      // NULL without memfd: root causes are then the ranks' own
     int board_fd;
@@ -239,7 +240,7 @@ typedef struct {
 // A fresh job token, a free port for rank 0, the ranks' argv, the board, the self-pipe and the signal
 // handlers, with the handled signals blocked.
 static void launcher_open(Launcher *L, int nproc, int argc, char **argv) {
-    *L = (Launcher){ .nproc = nproc, .board_fd = -1, .res = { LAUNCH_OK, -1, 0, 0 }, .alive = nproc };
+    *L = (Launcher){ .nproc = nproc, .board_fd = -1, .store_fd = -1, .res = { LAUNCH_OK, -1, 0, 0 }, .alive = nproc };
     L->grace_signal = env_seconds("LLM4D_KILL_GRACE", 30.0);
     L->grace_failure = L->grace_signal < 5.0 ? L->grace_signal : 5.0;
     unsigned char rnd[16];
@@ -247,9 +248,10 @@ static void launcher_open(Launcher *L, int nproc, int argc, char **argv) {
     if (ufd < 0 || read(ufd, rnd, sizeof rnd) != (ssize_t)sizeof rnd) die("cannot read /dev/urandom: %s", strerror(errno));
     close(ufd);
     for (int i = 0; i < 16; i++) snprintf(L->token + 2 * i, 3, "%02x", rnd[i]);
-    int lfd = tcp_listen_any(&L->port); // a free port for rank 0; released just before the ranks start
-    if (lfd < 0) die("cannot find a free TCP port: %s", strerror(errno));
-    close(lfd);
+    // rank 0's store socket, bound and listening here and inherited by rank 0: a port found free and
+    // closed again could be taken (by another rank's data listener, say) before rank 0 bound it
+    L->store_fd = tcp_listen_any(&L->port);
+    if (L->store_fd < 0) die("cannot find a free TCP port: %s", strerror(errno));
     L->argv = xcalloc((size_t)argc + 1, sizeof(char *));
     int k = 0;
     for (int i = 0; i < argc; i++) {
@@ -300,6 +302,14 @@ static void exec_rank(const Launcher *L, int r, pid_t launcher) {
         snprintf(buf, sizeof buf, "%d", L->board_fd);
         setenv("LLM4D_BOARD_FD", buf, 1);
     }
+    if (r == 0) { // the store's socket survives the exec in rank 0 only (it is close-on-exec elsewhere)
+        if (fcntl(L->store_fd, F_SETFD, 0) != 0) {
+            error_line("cannot hand rank 0 its store socket: %s", strerror(errno));
+            _exit(127);
+        }
+        snprintf(buf, sizeof buf, "%d", L->store_fd);
+        setenv("LLM4D_STORE_FD", buf, 1);
+    }
     execv("/proc/self/exe", L->argv); // this very program, even if its file was replaced since
     error_line("cannot start rank %d: %s", r, strerror(errno));
     _exit(127);
@@ -313,6 +323,8 @@ static void spawn_ranks(Launcher *L) {
         if (pid == 0) exec_rank(L, r, launcher);
         L->kid[r].pid = pid;
     }
+    close(L->store_fd); // rank 0 has it
+    L->store_fd = -1;
     sigprocmask(SIG_SETMASK, &L->orig, NULL); // from here on the handlers run, and only write the pipe
 }
 
@@ -411,6 +423,7 @@ static void launcher_close(Launcher *L) {
     close(L->pipe[1]);
     if (L->board) board_destroy(L->board, L->nproc);
     if (L->board_fd >= 0) close(L->board_fd);
+    if (L->store_fd >= 0) close(L->store_fd);
     free(L->kid);
     free(L->argv);
 }
