@@ -38,7 +38,7 @@ static const char SAMPLE_USAGE[] =
     "  and the layout and execution flags of training (./train --help): --device, --dtype, --threads,\n"
     "  --nproc, --tp, --sp, --pp, --cp, --zero, --transport ...\n"
     "  SIGTERM or SIGINT (Ctrl-C) stops it between tokens, on every rank alike: one line says how many\n"
-    "  it made, exit 128 + the signal (143, 130)\n";
+    "  it made, exit 128 + the signal (143, 130); SIGUSR1 is ignored\n";
 
 static const char EVAL_USAGE[] =
     "usage: ./train eval --model FILE|DIR --val PATTERN [--batches N] [--micro-batch B] [--seq-len T]\n"
@@ -54,7 +54,7 @@ static const char EVAL_USAGE[] =
     "  --seq-len T                tokens per sequence (default the model's maxT, at most 1024)\n"
     "  and the layout and execution flags of training (./train --help)\n"
     "  SIGTERM or SIGINT (Ctrl-C) stops it between batches, on every rank alike: one line says how many\n"
-    "  it ran and their mean loss, exit 128 + the signal (143, 130)\n";
+    "  it ran and their mean loss, exit 128 + the signal (143, 130); SIGUSR1 is ignored\n";
 
 static const char USAGE[] =
     "usage: ./train [flags]                      train a GPT-2 model\n"
@@ -242,8 +242,9 @@ static const char USAGE[] =
     "  SIGTERM or SIGUSR1 (Slurm's warning before the time limit) makes every rank stop at the next step\n"
     "  boundary, write a checkpoint (with --ckpt-dir), save the model (with --save-model, --save-hf) and\n"
     "  exit 0; SIGINT (Ctrl-C) does the same and exits 130. A run whose last checkpoint could not be\n"
-    "  written exits 1, saying so in its last line. ./train sample and eval stop between tokens or\n"
-    "  batches instead, saying how far they got, and exit 128 + the signal (143, 130).\n"
+    "  written exits 1, saying so in its last line. A --sample-every sample under way stops at its next\n"
+    "  token; a run stopping on a signal skips its last sample. ./train sample and eval stop between\n"
+    "  tokens or batches instead, saying how far they got, and exit 128 + the signal (143, 130).\n"
     "\n"
     "execution:\n"
     "  --device cpu|cuda          default cuda when a GPU is present, else cpu\n"

@@ -119,10 +119,13 @@ static void on_stop_signal(int sig) {
 
 // The handlers go in first thing, in one place: the --nproc launcher starts ranks with SIGUSR1 blocked
 // (it passes SIGUSR1 on), so one sent while a rank starts waits for the handler instead of killing it.
-static void install_stop_signals(void) {
-    struct sigaction sa = { .sa_handler = on_stop_signal };
+// sample and eval (ignore_usr1) have nothing to checkpoint before a time limit: Slurm's warning leaves
+// them running, and SIGTERM and SIGINT stop them.
+static void install_stop_signals(int ignore_usr1) {
+    struct sigaction sa = { .sa_handler = on_stop_signal }, ign = { .sa_handler = SIG_IGN };
     sigemptyset(&sa.sa_mask);
-    if (sigaction(SIGTERM, &sa, NULL) != 0 || sigaction(SIGUSR1, &sa, NULL) != 0 || sigaction(SIGINT, &sa, NULL) != 0)
+    sigemptyset(&ign.sa_mask);
+    if (sigaction(SIGTERM, &sa, NULL) != 0 || sigaction(SIGUSR1, ignore_usr1 ? &ign : &sa, NULL) != 0 || sigaction(SIGINT, &sa, NULL) != 0)
         die("sigaction: %s", strerror(errno));
     sigset_t m;
     sigemptyset(&m);
@@ -150,7 +153,8 @@ static int sample_token(const Options *o, float *probs, int *order, int V, uint6
 
 // Sampling: the model continues the prompt (np tokens: ./train sample's --prompt, else the first token
 // of the training data), one token per forward. Training prints a header; ./train sample the text only.
-static void sample(Pipeline *p, const Options *o, const Tokenizer *tk, const int *prompt, int np, int T, int step, int print) {
+// Returns 1 when a stop signal cut it short (every rank alike).
+static int sample(Pipeline *p, const Options *o, const Tokenizer *tk, const int *prompt, int np, int T, int step, int print) {
     GPT2 *m = p->model;
     int n = o->sample_tokens < T - np ? o->sample_tokens : T - np, Tl = T / m->lay->cp.size;
     int32_t *ctx = xcalloc((size_t)T, sizeof(int32_t)), *local = xcalloc((size_t)Tl, sizeof(int32_t));
@@ -168,14 +172,19 @@ static void sample(Pipeline *p, const Options *o, const Tokenizer *tk, const int
             printf("%d ", prompt[i]);
         }
     }
-    // each token's forward runs over the shortest window holding the context that context and sequence
-    // parallelism can split (a multiple of 2·CP positions, and of TP under SP; T is one): causal
-    // attention leaves the positions before t untouched by the zeros after them, and every position's
-    // arithmetic is the same in any window, so the tokens are the full window's
-    int cp = m->lay->cp.size, align = (cp > 1 ? 2 * cp : 1) * (m->lay->sp ? m->lay->tp.size : 1);
+    // Each token's forward runs over the shortest window holding the context that the layout can split
+    // (CP: an even number of positions per rank; SP: a multiple of TP per rank; T itself always can):
+    // causal attention leaves the positions before t untouched by the zeros after them. On the CPU
+    // without CP every position's arithmetic is the same in any window, so the tokens are the whole
+    // window's; under CP the ring's attention blocks, and on a GPU the matmuls' split-K, follow the
+    // window, so there they agree up to rounding, as CP's tokens agree with one rank's.
+    int cp = m->lay->cp.size, tps = m->lay->sp ? m->lay->tp.size : 1, even = cp > 1 ? 2 : 1;
+    int step_l = tps % even ? tps * even : tps; // lcm(even, tps): positions per rank come in these
     int t = np;
     for (; t < np + n && !stop_agreed(m->lay); t++) {
-        int Tw = (t + align - 1) / align * align, Twl = Tw / cp;
+        int unit = cp * step_l, Tw = (t + unit - 1) / unit * unit;
+        if (Tw > T) Tw = T;
+        int Twl = Tw / cp;
         if (cp > 1) cp_slice(ctx, local, 1, Twl, cp, m->lay->cp.rank);
         pipeline_forward(p, cp > 1 ? local : ctx, NULL, 1, Twl);
         int V = m->cfg.V, next = 0;
@@ -204,6 +213,7 @@ static void sample(Pipeline *p, const Options *o, const Tokenizer *tk, const int
     free(local);
     free(probs);
     free(order);
+    return t < np + n;
 }
 
 // Temperature and top-k sampling from the logits in probs (overwritten).
@@ -379,6 +389,8 @@ typedef struct {
     Ckpt *ckpt;
     int ckpt_lock; // rank 0: the descriptor holding --ckpt-dir's lock (-1: none)
     int start_step, end_step, resumed;
+    int stopping;  // a stop signal reached some rank: the run ends at this boundary
+    int cut_short; // sample or eval stopped early by a stop signal (every rank alike)
     int32_t *inputs, *targets; // this rank's tokens of a step (its positions of them under context parallelism)
     int32_t *full_in, *full_tgt; // context parallelism: the whole sequences they are cut from
     Report rep;
@@ -864,6 +876,7 @@ static int step_boundary(Trainer *t, int step) {
     if (t->lay.world) comm_all_reduce(t->lay.world, f, g, 2, CT_I32, OP_MAX);
     if (t->ckpt) ckpt_advance(t->ckpt, g[1]);
     log_checkpoints(t);
+    t->stopping = g[0];
     if (g[0] && step < t->end_step) {
         if (t->lay.lead)
             printf("received %s: stopping cleanly after %d of %d steps%s%s\n",
@@ -893,6 +906,7 @@ static void evaluate(Trainer *t, int step, int last) {
         int done = o->val_steps;
         float vl = validate(&t->pipe, &t->val, t->lay.cp.comm, t->lay.B, t->lay.T, o->val_steps, o->mode == MODE_EVAL ? &done : NULL);
         if (done < o->val_steps) {
+            t->cut_short = 1;
             if (t->lay.lead)
                 fprintf(stderr, "received %s: eval stopped after %d of %d batches (their mean loss %.6f)\n", stop_name(), done,
                         o->val_steps, done ? vl : NAN);
@@ -902,8 +916,10 @@ static void evaluate(Trainer *t, int step, int last) {
         else
             report_val(&t->rep, step, vl);
     }
-    if (o->sample_every > 0 && ((step > 0 && step % o->sample_every == 0) || last))
-        sample(&t->pipe, o, t->have_tk ? &t->tk : NULL, t->prompt, t->nprompt, t->lay.T, step, t->lay.lead);
+    // a training run that stops on a signal goes to its checkpoint without the last sample; a sample
+    // under way when the signal comes stops at its next token
+    if (o->sample_every > 0 && ((step > 0 && step % o->sample_every == 0) || last) && !(o->mode == MODE_TRAIN && t->stopping))
+        t->cut_short |= sample(&t->pipe, o, t->have_tk ? &t->tk : NULL, t->prompt, t->nprompt, t->lay.T, step, t->lay.lead);
 }
 
 // --dump, a testing aid (single rank): step 0's global batch tokens, the first micro-batch's logits
@@ -996,7 +1012,7 @@ static void trainer_finish(Trainer *t) {
 }
 
 static int train_main(int argc, char **argv) {
-    install_stop_signals();
+    install_stop_signals(argc >= 2 && (!strcmp(argv[1], "sample") || !strcmp(argv[1], "eval"))); // (parse_options' modes)
     Trainer t;
     trainer_init(&t, argc, argv); // layout, device, shapes, data, outputs, model and state, checkpoints
     if (t.o.dump) dump_step0(&t);
@@ -1015,7 +1031,7 @@ static int train_main(int argc, char **argv) {
     int status = trainer_status(&t);
     // sample and eval stopped by a signal did not finish their one job; a training run that stops
     // cleanly on SIGTERM or SIGUSR1 did (its checkpoint holds its work), and Ctrl-C gives 130
-    if (!status && stop_signal && t.o.mode != MODE_TRAIN) status = 128 + stop_signal;
+    if (!status && t.cut_short && t.o.mode != MODE_TRAIN) status = 128 + (stop_signal ? stop_signal : SIGTERM);
     options_free(&t.o);
     return status ? status : stop_signal == SIGINT ? 128 + SIGINT : 0;
 }

@@ -376,15 +376,15 @@ t_sample_long_context() {
     grep -q '1 micro-batch(es) of 4 x 96 on each' <<<"$out" || { echo "--seq-len 96: got: $(grep batch: <<<"$out")"; return 1; }
 }
 # A stop signal ends sample and eval where they are (between tokens, between batches), on every rank
-# alike, with one line saying how far they got and exit 128 + the signal. The model's 1024-token window
-# makes each token a forward over 1024 positions, so the 1000 asked for would take minutes: a run that
-# ignored the signal would print them all and exit 0.
+# alike, with one line saying how far they got and exit 128 + the signal; SIGUSR1 (nothing to
+# checkpoint) leaves them running. 1000 tokens of a 4-layer C 256 model (each a forward over the
+# context so far) take about a minute: a run that ignored the signal would print them all and exit 0.
 t_sample_stop() {
     local d=$WORK/sstop ok=0 pid st i
     mkdir -p "$d"
     $TRAIN --layers 4 --channels 256 --heads 4 --vocab 256 --max-seq-len 1024 --steps 0 --save-model "$d/m.bin" >/dev/null || return 1
-    stop_after_start() { # SIGNAL OUT CMD...: starts CMD, sends SIGNAL once its header is out, waits; st = its status
-        local sig=$1 out=$2
+    stop_after_start() { # SIGNALS OUT CMD...: starts CMD, sends SIGNALS (a,b: in turn) once its header is out, waits; st = its status
+        local sigs=$1 out=$2 sig
         shift 2
         "$@" >"$out" 2>"$out.err" &
         pid=$!
@@ -392,7 +392,7 @@ t_sample_stop() {
             cat "$out" "$out.err" 2>/dev/null | grep -q 'micro-batch(es) of' && break
             sleep 0.1
         done
-        kill -"$sig" $pid
+        for sig in ${sigs//,/ }; do kill -"$sig" $pid; done
         wait $pid
         st=$?
     }
@@ -405,10 +405,11 @@ t_sample_stop() {
     grep -Eq '^received SIGINT: eval stopped after [0-9]+ of 1000 batches' "$d/e1.err" ||
         { echo "FAIL: eval: no stop line: $(tail -n 2 "$d/e1.err")"; ok=1; }
     grep -q '^eval ' "$d/e1" && { echo "FAIL: eval printed a loss line for the batches it did not run"; ok=1; }
-    # two pipeline stages: the launcher passes SIGTERM on, and both ranks stop at the same token (a
-    # rank that went on alone would wait for the other's activations until --comm-timeout). Not under
-    # timeout(1): it signals its child and its process group, and a second SIGTERM ends a rank at once.
-    stop_after_start TERM "$d/s2" $TRAIN sample --model "$d/m.bin" --tokens 1000 --threads 1 --nproc 2 --pp 2 --comm-timeout 100
+    # two pipeline stages: the launcher passes SIGUSR1 and SIGTERM on, the ranks ignore the first and
+    # stop at the same token on the second (a rank that went on alone would wait for the other's
+    # activations until --comm-timeout; one that stopped on SIGUSR1 would say so and exit 138). Not
+    # under timeout(1): it signals its child and its process group, and a second signal ends a rank.
+    stop_after_start USR1,TERM "$d/s2" $TRAIN sample --model "$d/m.bin" --tokens 1000 --threads 1 --nproc 2 --pp 2 --comm-timeout 100
     [ $st -eq 143 ] || { echo "FAIL: sample --pp 2 after SIGTERM: exit status $st (expected 143)"; ok=1; }
     [ "$(grep -Ec '^received SIGTERM: the sample stopped after [0-9]+ of 1000 tokens$' "$d/s2.err")" = 1 ] ||
         { echo "FAIL: sample --pp 2: want one stop line: $(tail -n 3 "$d/s2.err")"; ok=1; }

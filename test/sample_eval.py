@@ -110,6 +110,12 @@ for name, text in texts.items():
     check("sample " + name, text == first, repr(text))
 piece = r"(\\x[0-9a-f]{2}|[^\x00-\x09\x0b-\x1f\x7f])"
 check("sample decodes", re.fullmatch(re.escape(PROMPT) + piece + "{1,%d}" % NTOK, first) is not None, repr(first))
+# CP 2 x TP 2 + SP on a window of 12 (6 positions a rank, not a multiple of 2 x 2): the windows round
+# up to what the layout splits and stop at T, to the window's last token
+short = ["sample", "--model", model, "--seq-len", "12", "--prompt", PROMPT, "--tokens", "5", "--seed", "7"]
+one = sample_text(run(short))
+check("sample to the end of a 12-token window", len(one) >= len(PROMPT) + 5, repr(one))
+check("sample CP 2 x TP 2 + SP, window 12", sample_text(run(short + ["--nproc", "4", "--cp", "2", "--tp", "2", "--sp"])) == one, repr(one))
 other = sample_text(run(base[:-1] + ["8"]))
 check("another seed, another sample", other != first, repr(other))
 
