@@ -65,10 +65,16 @@ const char *const ALGO_NAMES[] = { "auto", "fanin", "ring", "hier" };
 // one piece's output (a reduce-scatter's, whose own segment is copied out of it); see hier_next.
 static size_t hier_partial_bytes(int local) { return (HIER_PIECE_BYTES + (size_t)local - 1) / (size_t)local + 8; }
 
+// The ring's staging: its chains' (a communicator of two reduces as the fan-in, with none; the
+// hierarchy's cross-node ring keeps its chain at any size, see op_start_on).
+static size_t ring_staging_bytes(int size, int chain, size_t chunk_bytes) {
+    return size > 2 || (size == 2 && chain) ? 2 * RING_DEPTH * chunk_bytes : 0;
+}
+
 size_t algo_buffer_bytes(int algo, int size, int local, int nodes, size_t chunk_bytes) {
     if (size < 2) return 0;
-    if (algo == ALGO_RING) return 2 * RING_DEPTH * chunk_bytes;
-    if (algo == ALGO_HIER) return hier_partial_bytes(local) + HIER_PIECE_BYTES + algo_buffer_bytes(ALGO_RING, nodes, 1, 1, chunk_bytes);
+    if (algo == ALGO_RING) return ring_staging_bytes(size, 0, chunk_bytes);
+    if (algo == ALGO_HIER) return hier_partial_bytes(local) + HIER_PIECE_BYTES + ring_staging_bytes(nodes, 1, chunk_bytes);
     return 0;
 }
 
@@ -85,8 +91,9 @@ static void bufs_alloc(AlgoComm *c) {
     free_counted(c->bufs_acct, &c->rbuf), free_counted(c->bufs_acct, &c->hbuf), free_counted(c->bufs_acct, &c->hout);
     c->bufs_acct = c->work_acct;
     if (c->size < 2 || (c->algo != ALGO_RING && c->algo != ALGO_HIER)) return;
-    size_t bytes[2] = { 2 * RING_DEPTH * c->chunk_bytes, HIER_PIECE_BYTES };
+    size_t bytes[2] = { ring_staging_bytes(c->size, c->to_parent != NULL, c->chunk_bytes), HIER_PIECE_BYTES };
     if (c->algo == ALGO_HIER) bytes[0] = hier_partial_bytes(c->local);
+    if (!bytes[0]) return; // a ring of two
     unsigned char **buf[2] = { c->algo == ALGO_RING ? &c->rbuf : &c->hbuf, c->algo == ALGO_RING ? NULL : &c->hout };
     const char *what[2] = { c->algo == ALGO_RING ? "the ring's staging" : "the hierarchy's partial sums", "the hierarchy's output piece" };
     for (int i = 0; i < 2 && buf[i]; i++) {
