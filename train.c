@@ -162,6 +162,9 @@ static int sample(Pipeline *p, const Options *o, const Tokenizer *tk, const int 
     int *order = xmalloc(sizeof(int) * m->cfg.V);
     uint64_t rng = o->seed * 0x9e3779b97f4a7c15ULL + (uint64_t)step + 1;
     if (print && o->mode == MODE_TRAIN) printf("sample at step %d:\n", step);
+    if (print && o->mode == MODE_SAMPLE && n < o->sample_tokens)
+        fprintf(stderr, "note: --tokens %d and the %d-token prompt exceed the %d-token window (--seq-len): sampling %d\n",
+                o->sample_tokens, np, T, n);
     TextOut text = { { 0 }, 0 };
     for (int i = 0; i < np; i++) {
         ctx[i] = prompt[i];

@@ -116,6 +116,11 @@ short = ["sample", "--model", model, "--seq-len", "12", "--prompt", PROMPT, "--t
 one = sample_text(run(short))
 check("sample to the end of a 12-token window", len(one) >= len(PROMPT) + 5, repr(one))
 check("sample CP 2 x TP 2 + SP, window 12", sample_text(run(short + ["--nproc", "4", "--cp", "2", "--tp", "2", "--sp"])) == one, repr(one))
+# more tokens than the window holds: the window's worth, the same text, and a note saying so
+p = subprocess.run([TRAIN] + short[:-3] + ["50", "--seed", "7"], capture_output=True, text=True, timeout=600)
+check("--tokens past the window: its 5 tokens", p.returncode == 0 and sample_text(p.stdout) == one, repr(sample_text(p.stdout)))
+check("--tokens past the window: a note", "--tokens 50 and the 7-token prompt exceed the 12-token window (--seq-len): sampling 5"
+      in p.stderr, p.stderr.strip().splitlines()[-1] if p.stderr.strip() else "no stderr")
 other = sample_text(run(base[:-1] + ["8"]))
 check("another seed, another sample", other != first, repr(other))
 
