@@ -106,7 +106,8 @@ static void write_raw(const char *dir, const char *name, const void *data, size_
 
 // SIGTERM (preemption, a launcher stopping its job), SIGUSR1 (Slurm's warning before the time limit)
 // and SIGINT (Ctrl-C on a single rank; the --nproc launcher turns it into SIGTERM for its ranks) ask for
-// a clean stop; the step loop reads this at every step boundary. A second one ends the process at once
+// a clean stop; the step loop reads this at every step boundary, and sampling and ./train eval between
+// tokens and batches (stop_agreed). A second one ends the process at once
 // (a step can be long). A rank that got SIGINT exits 130 after its checkpoint, as the launcher does.
 static volatile sig_atomic_t stop_signal;
 static void on_stop_signal(int sig) {
@@ -182,10 +183,10 @@ static int sample(Pipeline *p, const Options *o, const Tokenizer *tk, const int 
     // window's; under CP the ring's attention blocks, and on a GPU the matmuls' split-K, follow the
     // window, so there they agree up to rounding, as CP's tokens agree with one rank's.
     int cp = m->lay->cp.size, tps = m->lay->sp ? m->lay->tp.size : 1, even = cp > 1 ? 2 : 1;
-    int step_l = tps % even ? tps * even : tps; // lcm(even, tps): positions per rank come in these
+    int unit = cp * (tps % even ? tps * even : tps); // CP x lcm(even, tps): a window comes in these
     int t = np;
     for (; t < np + n && !stop_agreed(m->lay); t++) {
-        int unit = cp * step_l, Tw = (t + unit - 1) / unit * unit;
+        int Tw = (t + unit - 1) / unit * unit;
         if (Tw > T) Tw = T;
         int Twl = Tw / cp;
         if (cp > 1) cp_slice(ctx, local, 1, Twl, cp, m->lay->cp.rank);
