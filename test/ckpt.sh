@@ -208,10 +208,7 @@ t_ckpt_sigterm() {
     local S=("${CK[@]}" --layers 2 --train "$DATA/train.bin" --batch-tokens 64 --schedule constant)
     $TRAIN --nproc 2 "${S[@]}" --steps 100000 --ckpt-dir "$d/c" --log "$d/log.jsonl" >"$d/out" 2>&1 &
     local launcher=$! i
-    for i in $(seq 1 600); do # until the run is training (bounded: 60 s)
-        grep -q '"step":3,' "$d/log.jsonl" 2>/dev/null && break
-        sleep 0.1
-    done
+    await_true grep -q '"step":3,' "$d/log.jsonl" # until the run is training
     pkill -TERM -P "$launcher" || { kill $launcher; return 1; }
     wait $launcher || { echo "FAIL: exit status $?"; return 1; }
     local s
@@ -234,10 +231,7 @@ t_ckpt_sigint() {
     local S=("${CK[@]}" --layers 2 --train "$DATA/train.bin" --batch-tokens 64 --schedule constant)
     $TRAIN "${S[@]}" --steps 100000 --ckpt-dir "$d/c" --log "$d/log.jsonl" >"$d/out" 2>&1 &
     local pid=$! i
-    for i in $(seq 1 600); do # until its first step is logged (bounded: 60 s)
-        grep -q '"step":1,' "$d/log.jsonl" 2>/dev/null && break
-        sleep 0.1
-    done
+    await_true grep -q '"step":1,' "$d/log.jsonl" # until its first step is logged
     kill -INT $pid
     wait $pid
     local st=$?
@@ -303,10 +297,7 @@ t_stragglers_stop() {
     timeout 300 $TRAIN --nproc 2 "${CK[@]}" --layers 2 --train "$DATA/train.bin" --batch-tokens 64 --steps 100000 \
         --straggler 0.5 --straggler-steps 1 --log "$d/log.jsonl" >"$d/out" 2>"$d/err" &
     local launcher=$! i p rank1=
-    for i in $(seq 1 600); do # until step 5 is logged (bounded: 60 s)
-        grep -q '"step":5,' "$d/log.jsonl" 2>/dev/null && break
-        sleep 0.1
-    done
+    await_true grep -q '"step":5,' "$d/log.jsonl" # until step 5 is logged
     local train_pid
     train_pid=$(pgrep -P "$launcher") || { echo "no launcher"; return 1; }
     for p in $(pgrep -P "$train_pid"); do
@@ -320,10 +311,7 @@ t_stragglers_stop() {
     t2=$(date +%s.%N)
     local last
     last=$(grep -o '"step":[0-9]*,' "$d/log.jsonl" | tail -n 1 | tr -dc 0-9)
-    for i in $(seq 1 600); do # until 5 more steps are logged (bounded: 60 s), then a clean stop
-        grep -q "\"step\":$((last + 5))," "$d/log.jsonl" 2>/dev/null && break
-        sleep 0.1
-    done
+    await_true grep -q "\"step\":$((last + 5))," "$d/log.jsonl" # until 5 more steps are logged, then a clean stop
     pkill -TERM -P "$train_pid" # the ranks: each stops at the next step boundary and exits 0
     wait "$launcher" || { echo "FAIL: exit status $?"; cat "$d/err"; return 1; }
     t3=$(date +%s.%N)
@@ -440,6 +428,14 @@ EOF
 # with --resume, and under --nproc 2) and a --resume PATH from it, each in one line naming the holder's
 # PID and host; its checkpoints stay byte for byte; killed with SIGKILL, it leaves the lock to a new
 # run (seed 33), which resumes from the newest of them and adds its own.
+# Every thread of process PID is stopped (state T in /proc/PID/task/*/stat, the field after the name).
+all_stopped() {
+    local f
+    for f in /proc/$1/task/*/stat; do
+        [ "$(sed 's/^.*) //' "$f" | cut -d' ' -f1)" = T ] || return 1
+    done
+}
+
 t_ckpt_lock() {
     local d=$WORK/cklock ok=0 i
     rm -rf "$d"
@@ -447,11 +443,11 @@ t_ckpt_lock() {
     local S=("${CK[@]}" --layers 2 --train "$DATA/train.bin" --batch-tokens 64)
     $TRAIN "${S[@]}" --seed 11 --steps 100000 --ckpt-every 2 --ckpt-dir "$d/c" >"$d/a.out" 2>&1 &
     local a=$!
-    for i in $(seq 1 600); do # until its first checkpoint is complete (bounded: 60 s)
-        compgen -G "$d/c/ckpt_*/manifest.json" >/dev/null && break
-        sleep 0.1
-    done
+    await_true compgen -G "$d/c/ckpt_*/manifest.json" # until its first checkpoint is complete
     kill -STOP $a || return 1
+    # kill returns before every thread has stopped: until then the checkpoint writer may still
+    # complete one more (which the new run below would then resume from instead)
+    await_true all_stopped $a || { kill -9 $a; echo "FAIL: the holder did not stop"; return 1; }
     local held=() c
     for c in "$d"/c/ckpt_*; do [ -f "$c/manifest.json" ] && held+=("$c"); done
     [ ${#held[@]} -gt 0 ] || { kill -9 $a; echo "FAIL: no checkpoint before the stop"; return 1; }

@@ -87,6 +87,17 @@ run_test() { # group function description
     fi
 }
 
+# Runs CMD every 0.1 s until it succeeds (CMD looks for the event itself: a log line, a file), for at
+# most 60 s, a bound for a run that never gets there; its output goes nowhere. Status 0 once it has.
+await_true() {
+    local i
+    for i in $(seq 1 600); do
+        "$@" >/dev/null 2>&1 && return 0
+        sleep 0.1
+    done
+    return 1
+}
+
 have_torch() { $PY -c 'import torch, numpy' 2>/dev/null || { echo "python3-torch is not installed (scripts/deps.sh as root installs it)"; return 77; }; }
 
 # a tiny model shape used by the command-line tests
@@ -380,7 +391,7 @@ t_sample_long_context() {
 # checkpoint) leaves them running. 1000 tokens of a 4-layer C 256 model (each a forward over the
 # context so far) take about a minute: a run that ignored the signal would print them all and exit 0.
 t_sample_stop() {
-    local d=$WORK/sstop ok=0 pid st i
+    local d=$WORK/sstop ok=0 pid st
     mkdir -p "$d"
     $TRAIN --layers 4 --channels 256 --heads 4 --vocab 256 --max-seq-len 1024 --steps 0 --save-model "$d/m.bin" >/dev/null || return 1
     stop_after_start() { # SIGNALS OUT CMD...: starts CMD, sends SIGNALS (a,b: in turn) once its header is out, waits; st = its status
@@ -388,10 +399,7 @@ t_sample_stop() {
         shift 2
         "$@" >"$out" 2>"$out.err" &
         pid=$!
-        for i in $(seq 1 600); do # until it has reported its shape (bounded: 60 s)
-            cat "$out" "$out.err" 2>/dev/null | grep -q 'micro-batch(es) of' && break
-            sleep 0.1
-        done
+        await_true grep -q 'micro-batch(es) of' "$out" "$out.err" # until it has reported its shape
         for sig in ${sigs//,/ }; do kill -"$sig" $pid; done
         wait $pid
         st=$?
@@ -902,10 +910,7 @@ t_usr1() {
     $TRAIN --nproc 2 "${TINY[@]}" --train "$DATA/train.bin" --steps 100000 --log "$d/log.jsonl" --save-model "$d/m.bin" \
         >"$d/out" 2>&1 &
     local launcher=$! i
-    for i in $(seq 1 600); do # until the run is training (bounded: 60 s)
-        grep -q '"step":2,' "$d/log.jsonl" 2>/dev/null && break
-        sleep 0.1
-    done
+    await_true grep -q '"step":2,' "$d/log.jsonl" # until the run is training
     pkill -USR1 -P "$launcher" || { kill $launcher; return 1; }
     local rc=0
     timeout 60 tail --pid=$launcher -f /dev/null || rc=1
