@@ -217,8 +217,8 @@ t_sbatch_usr1() {
     rc=1
     for i in $(seq 1 1200); do # until the requeued job completes (bounded: 120 s)
         [ "$i" -eq 1200 ] && echo "    still not complete: $info" >>"$log"
-        # a busy controller may not answer one query (then ask again, within the bound)
-        info=$("${IN_CLUSTER[@]}" scontrol -o show job "$id") || { sleep 0.1; continue; }
+        # a busy controller may not answer one query: it is asked again next time round, within the bound
+        info=$("${IN_CLUSTER[@]}" scontrol -o show job "$id") &&
         case $info in
         *JobState=COMPLETED*) rc=0; break ;;
         *JobState=FAILED* | *JobState=TIMEOUT*) echo "    $info" >>"$log"; break ;; # (CANCELLED passes by: the requeue)
