@@ -101,6 +101,7 @@ void layout_count_memory(const Layout *l, MemAccount *acct) {
     for (int i = 0; i < n; i++) comm_count_memory(all[i], acct);
 }
 
+const double *layout_pass_times(const Layout *l) { return l->pp_times[0] > 0 ? l->pp_times : NULL; }
 int layout_head_stage(const Layout *l) { return l->schedule == SCHED_ZBV ? 0 : l->pp.size - 1; }
 
 int layout_split_layers(int L, int P, int V, const char *counts, int *first, int *count, char *err, size_t cap) {
@@ -155,7 +156,7 @@ void layout_place_stages(Layout *l, int L, int V, const char *pp_layers) {
     if (P > 1 && l->schedule != SCHED_1F1B && l->schedule != SCHED_INTERLEAVED) { // what the action lists hold
         Schedule s;
         char why[256];
-        if (schedule_build(&s, l->schedule, P, M, V, why, sizeof why)) die("--pp-schedule %s: %s", SCHEDULE_NAMES[l->schedule], why);
+        if (schedule_build(&s, l->schedule, P, M, V, layout_pass_times(l), why, sizeof why)) die("--pp-schedule %s: %s", SCHEDULE_NAMES[l->schedule], why);
         l->nslots = s.slots[stage];
         l->nstash = s.split ? s.wpending[stage] : 0;
         if (l->schedule == SCHED_ZBV) { // a micro-batch's two chunks are in flight apart: a pool of chunk sets

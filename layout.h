@@ -48,6 +48,7 @@ typedef struct {
     int nheads;     // chunk_sets on the stage holding the head: sets of the head's buffers (final LayerNorm,
                     // logits, loss statistics), micro-batch mb's in mb % nheads
     int schedule; // the pipeline schedule (SCHED_*, schedule.h; 0 = 1f1b), set before layout_connect
+    double pp_times[3]; // --pp-times: the F, B, W times zb-v's lists are built for; zeros: unit times
 } Layout;
 
 // The rank at coordinates (dp, pp, cp, tp) of a TP x CP x PP model-parallel grid, and back.
@@ -69,6 +70,8 @@ void layout_count_memory(const Layout *l, MemAccount *acct);
 // The pipeline stage holding the head (the final LayerNorm, the LM head and the loss): the last, or
 // under zb-v the first, which then holds both ends of the model (schedule.h).
 int layout_head_stage(const Layout *l);
+// The F, B, W times zb-v's lists are built for (schedule_build), or NULL for unit times.
+const double *layout_pass_times(const Layout *l);
 // The group along an axis when it has other ranks, else NULL.
 static inline Comm *layout_group(const Axis *a) { return a->size > 1 ? a->comm : NULL; }
 // The pipeline stages of L blocks: V chunks per stage (the interleaved schedule or zb-v when V > 1; V is

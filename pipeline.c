@@ -232,7 +232,7 @@ double pipeline_step(Pipeline *p, const int32_t *inputs, const int32_t *targets,
         if (p->sched.n) schedule_free(&p->sched);
         char why[256];
         int kind = p->model->lay->schedule;
-        if (schedule_build(&p->sched, kind, p->stages, M, p->chunks, why, sizeof why))
+        if (schedule_build(&p->sched, kind, p->stages, M, p->chunks, layout_pass_times(p->model->lay), why, sizeof why))
             die("--pp-schedule %s: %s", SCHEDULE_NAMES[kind], why);
         free(p->set_of);
         p->set_of = xcalloc((size_t)M * p->chunks, sizeof(int));

@@ -182,6 +182,8 @@ static const char PLAN_USAGE[] =
     "                             min(PP, M) activation sets on every stage and stage s min(s+1, M)\n"
     "                             weight-gradient stashes (what B copies for W beyond its set), and zb-v\n"
     "                             (where 2PP <= L) the V placement with the sets and stashes its lists hold\n"
+    "  --pp-times F,B,W           zb-v with --exact: count the sets its lists hold when built for these pass\n"
+    "                             times (as ./train --pp-times); the bubble column keeps the formula\n"
     "  --zero 0|1|2|3             ZeRO stage (default 0)\n"
     "  --recompute none|selective|full\n"
     "                             activation checkpointing (default none): selective recomputes the\n"
@@ -227,6 +229,7 @@ typedef struct {
     double params;       // N
     int gpus, gpus_per_node, max_tp, micro_batches, pp_virtual, zero, top;
     int pp_schedule; // SCHED_* (schedule.h): whose formula the bubble column shows
+    double pp_times[3]; // --pp-times (zeros: unit times)
     int only_tp, only_cp, only_pp, only_dp; // 0, or the one value of that axis to list
     int recompute; // RECOMPUTE_* (model.h)
     int flash, fp32, json;
@@ -375,6 +378,7 @@ static void parse_plan(PlanInput *in, int argc, char **argv) {
             in->pp_schedule = schedule_parse(v);
             if (in->pp_schedule < 0) die("--pp-schedule must be 1f1b, interleaved, zb-h1 or zb-v, got '%s'", v);
         }
+        else if (IS("--pp-times")) schedule_parse_times(f, v, in->pp_times);
         else if (IS("--zero")) in->zero = INT(0, 3);
         else if (IS("--top")) in->top = INT(1, 1 << 30);
         else if (IS("--tp")) in->only_tp = INT(1, 1 << 24);
@@ -407,6 +411,8 @@ static void parse_plan(PlanInput *in, int argc, char **argv) {
 #undef INT
 #undef IS
     }
+    if (in->pp_times[0] > 0 && in->pp_schedule != SCHED_ZBV)
+        die("--pp-times: only zb-v's action lists are built for pass times (--pp-schedule zb-v)");
     resolve_plan(in, &g);
 }
 
@@ -626,6 +632,7 @@ static void estimate_exact(const PlanInput *in, Candidate *y) {
         l.accum = in->micro_batches;
         // zb-h1 and zb-v: the sets and stashes their action lists keep (layout_place_stages)
         l.schedule = zbv ? SCHED_ZBV : zbh1 ? SCHED_ZBH1 : SCHED_1F1B;
+        memcpy(l.pp_times, in->pp_times, sizeof l.pp_times);
         layout_place_stages(&l, in->cfg.L, zbv ? 2 : y->pp > 1 && interleave ? in->pp_virtual : 1, NULL);
         GPT2 m;
         Zero z;

@@ -89,29 +89,32 @@ static void order_zbh1(List *l, int p, int m, int r) {
     while (nextw < m) push(l, ACT_W, nextw++, 0, -1);
 }
 
-// zb-v by list scheduling in unit time steps (schedule.h): at step t a rank sees what finished by t.
-static void order_zbv(const Schedule *s, List *lists) {
+// zb-v by list scheduling (schedule.h), F, B and W taking times[0..2] (unit times: the paper's): at
+// time t each rank that is free (in rank order) sees what finished by t and starts one action; then
+// the clock moves to the next moment a rank becomes free.
+static void order_zbv(const Schedule *s, const double times[3], List *lists) {
     int p = s->p, m = s->m, V = 2 * p, cap = 2 * p;
-    // done[(mb·V + vs)·2 + 0/1]: step at which F / B of micro-batch mb at virtual stage vs finished
-    int *done = xmalloc(sizeof(int) * (size_t)m * V * 2);
+    // done[(mb·V + vs)·2 + 0/1]: when F / B of micro-batch mb at virtual stage vs finished (-1: not yet)
+    double *done = xmalloc(sizeof(double) * (size_t)m * V * 2), *free_at = xcalloc((size_t)p, sizeof(double));
     for (size_t i = 0; i < (size_t)m * V * 2; i++) done[i] = -1;
     int *nf = xcalloc((size_t)p * 2, sizeof(int)), *nb = xcalloc((size_t)p * 2, sizeof(int));
     int *nw = xcalloc((size_t)p * 2, sizeof(int)), *live = xcalloc((size_t)p, sizeof(int));
     int left = 6 * p * m;
 #define DONE(mb, vs, b) done[((size_t)(mb) * V + (vs)) * 2 + (b)]
-    for (int t = 0; left > 0; t++) {
+    for (double t = 0; left > 0;) {
         for (int r = 0; r < p; r++) {
+            if (free_at[r] > t) continue;
             int kind = -1, c = -1;
             for (int cc = 0; cc < 2 && kind < 0; cc++) { // B first, chunk 0 first: it ends a micro-batch
                 int mb = nb[r * 2 + cc], vs = schedule_vstage(s, r, cc);
                 if (mb >= m || nf[r * 2 + cc] <= mb) continue;
-                int d = vs == V - 1 ? DONE(mb, vs, 0) : DONE(mb, vs + 1, 1);
+                double d = vs == V - 1 ? DONE(mb, vs, 0) : DONE(mb, vs + 1, 1);
                 if (d >= 0 && d <= t) kind = ACT_B, c = cc;
             }
             for (int cc = 1; cc >= 0 && kind < 0 && live[r] < cap; cc--) { // F, chunk 1 first
                 int mb = nf[r * 2 + cc], vs = schedule_vstage(s, r, cc);
                 if (mb >= m) continue;
-                int d = vs == 0 ? 0 : DONE(mb, vs - 1, 0);
+                double d = vs == 0 ? 0 : DONE(mb, vs - 1, 0);
                 if (d >= 0 && d <= t) kind = ACT_F, c = cc;
             }
             if (kind < 0) { // the oldest pending W (chunk 1 on a tie: W in backward order, so each
@@ -122,12 +125,13 @@ static void order_zbv(const Schedule *s, List *lists) {
             }
             if (kind < 0) continue;
             int vs = schedule_vstage(s, r, c);
+            free_at[r] = t + times[kind]; // (the same double that DONE holds, so "finished by t" is exact)
             if (kind == ACT_F) {
-                DONE(nf[r * 2 + c], vs, 0) = t + 1;
+                DONE(nf[r * 2 + c], vs, 0) = free_at[r];
                 push(&lists[r], ACT_F, nf[r * 2 + c]++, c, -1);
                 live[r]++;
             } else if (kind == ACT_B) {
-                DONE(nb[r * 2 + c], vs, 1) = t + 1;
+                DONE(nb[r * 2 + c], vs, 1) = free_at[r];
                 push(&lists[r], ACT_B, nb[r * 2 + c]++, c, -1);
             } else {
                 push(&lists[r], ACT_W, nw[r * 2 + c]++, c, -1);
@@ -135,16 +139,22 @@ static void order_zbv(const Schedule *s, List *lists) {
             }
             left--;
         }
+        double next = -1; // the next moment a rank becomes free: only then can anything change
+        for (int r = 0; r < p; r++)
+            if (free_at[r] > t && (next < 0 || free_at[r] < next)) next = free_at[r];
+        if (next < 0 && left > 0) die("internal: zb-v list scheduling stalled with %d actions left", left);
+        t = next;
     }
 #undef DONE
     free(done);
+    free(free_at);
     free(nf);
     free(nb);
     free(nw);
     free(live);
 }
 
-int schedule_build(Schedule *s, int kind, int p, int m, int v, char *why, size_t cap) {
+static int build(Schedule *s, int kind, int p, int m, int v, const double t[3], char *why, size_t cap) {
     memset(s, 0, sizeof *s);
     if (kind < 0 || kind >= SCHED_COUNT) return snprintf(why, cap, "unknown pipeline schedule"), -1;
     const char *name = SCHEDULE_NAMES[kind];
@@ -157,7 +167,8 @@ int schedule_build(Schedule *s, int kind, int p, int m, int v, char *why, size_t
     s->kind = kind, s->p = p, s->m = m, s->v = v;
     s->split = kind == SCHED_ZBH1 || kind == SCHED_ZBV;
     List *lists = xcalloc((size_t)p, sizeof(List));
-    if (kind == SCHED_ZBV) order_zbv(s, lists);
+    memcpy(s->times, t, sizeof s->times);
+    if (kind == SCHED_ZBV) order_zbv(s, t, lists);
     for (int r = 0; r < p; r++) {
         if (kind == SCHED_1F1B || kind == SCHED_INTERLEAVED) order_1f1b(&lists[r], p, m, v, r);
         if (kind == SCHED_ZBH1) order_zbh1(&lists[r], p, m, r);
@@ -231,6 +242,28 @@ int schedule_build(Schedule *s, int kind, int p, int m, int v, char *why, size_t
     }
     free(inflight);
     free(lists);
+    return 0;
+}
+
+int schedule_build(Schedule *s, int kind, int p, int m, int v, const double *times, char *why, size_t cap) {
+    static const double unit[3] = { 1, 1, 1 };
+    const double *t = times ? times : unit;
+    if (!(t[0] > 0 && t[1] > 0 && t[2] > 0 && t[0] < 1e9 && t[1] < 1e9 && t[2] < 1e9))
+        return snprintf(why, cap, "--pp-times: F, B and W must be positive numbers"), -1;
+    if (build(s, kind, p, m, v, t, why, cap)) return -1;
+    if (kind == SCHED_ZBV && (t[0] != 1 || t[1] != 1 || t[2] != 1)) {
+        // the list scheduler is greedy: for a few times the unit-time lists run a little faster under
+        // them (about 1% at p 4 with F = 2B = 2W), so keep whichever is faster under the given times
+        Schedule u;
+        if (build(&u, kind, p, m, v, unit, why, cap)) return schedule_free(s), -1;
+        if (schedule_times(&u, t[0], t[1], t[2], NULL) < schedule_times(s, t[0], t[1], t[2], NULL)) {
+            schedule_free(s);
+            *s = u;
+            memcpy(s->times, t, sizeof s->times);
+        } else {
+            schedule_free(&u);
+        }
+    }
     return 0;
 }
 
@@ -352,6 +385,20 @@ void schedule_dump(FILE *f, const Schedule *s, int ascii_only) {
         free(row);
         fprintf(f, "bubble: %.1f%% of %d ranks x %d units idle\n", 100.0 * (1.0 - (double)busy / ((double)p * cells)), p, cells);
     }
+    if (!ascii_only && s->kind == SCHED_ZBV && (s->times[0] != 1 || s->times[1] != 1 || s->times[2] != 1)) {
+        // what building for the given times buys, under those times: against the unit-time lists
+        Schedule u;
+        char why[256];
+        double busy = (double)s->m * s->v * (s->times[0] + s->times[1] + s->times[2]);
+        double t = schedule_times(s, s->times[0], s->times[1], s->times[2], NULL), tu = -1;
+        if (!schedule_build(&u, s->kind, p, s->m, s->v, NULL, why, sizeof why)) {
+            tu = schedule_times(&u, s->times[0], s->times[1], s->times[2], NULL);
+            schedule_free(&u);
+        }
+        if (t > 0 && tu > 0)
+            fprintf(f, "lists built for F, B, W = %g, %g, %g (--pp-times); under those times bubble %.1f%%, the unit-time lists' %.1f%%\n",
+                    s->times[0], s->times[1], s->times[2], 100.0 * (1.0 - busy / t), 100.0 * (1.0 - busy / tu));
+    }
     for (int r = 0; r < p; r++) free(start[r]);
     free(start);
 }
@@ -387,6 +434,18 @@ static void write_unit_dump(const char *path, const Schedule *s) {
     free(end);
 }
 
+void schedule_parse_times(const char *flag, const char *v, double times[3]) {
+    char buf[128], *save = NULL, *tok;
+    if (strlen(v) >= sizeof buf) die("%s '%s': expected F,B,W, three positive numbers (e.g. 1,0.85,0.45)", flag, v);
+    strcpy(buf, v);
+    int k = 0;
+    for (tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        if (k == 3) die("%s '%s': expected F,B,W, three positive numbers (e.g. 1,0.85,0.45)", flag, v);
+        times[k++] = parse_float(flag, tok, 1e-6, 1e6);
+    }
+    if (k != 3) die("%s '%s': expected F,B,W, three positive numbers (e.g. 1,0.85,0.45)", flag, v);
+}
+
 // ./train schedule: one schedule's action lists and timeline, for a reader.
 static int flag_int(const char *flag, const char *v, int lo, int hi) {
     char *end;
@@ -397,13 +456,16 @@ static int flag_int(const char *flag, const char *v, int lo, int hi) {
 
 int schedule_main(int argc, char **argv) {
     int p = 0, m = 0, v = 0, kind = SCHED_1F1B, ascii = 0;
-    const char *dump = NULL;
+    const char *dump = NULL, *times_flag = NULL;
+    double times[3] = { 1, 1, 1 };
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
             printf("usage: ./train schedule --pp P --micro-batches M [--pp-virtual V] [--pp-schedule 1f1b|interleaved|zb-h1|zb-v]\n"
-                   "                        [--ascii] [--pp-schedule-dump FILE]\n"
+                   "                        [--pp-times F,B,W] [--ascii] [--pp-schedule-dump FILE]\n"
                    "prints each rank's actions (F, B, W, hand-offs) and a unit-time timeline of the schedule\n"
+                   "  --pp-times F,B,W         zb-v: build the lists for these relative pass times (as ./train\n"
+                   "                           --pp-times) and print their bubble under them beside the unit lists'\n"
                    "  --ascii                  the timeline alone, one narrow cell per unit (the README's pictures)\n"
                    "  --pp-schedule-dump FILE  also write the action lists with their unit-time start and end as a\n"
                    "                           tab-separated table (schedule.h; scripts/plot.py schedule draws it)\n");
@@ -421,14 +483,18 @@ int schedule_main(int argc, char **argv) {
             kind = schedule_parse(val);
             if (kind < 0) die("--pp-schedule '%s': expected 1f1b, interleaved, zb-h1 or zb-v", val);
         } else if (!strcmp(f, "--pp-schedule-dump")) dump = val;
+        else if (!strcmp(f, "--pp-times")) schedule_parse_times(f, val, times), times_flag = val;
         else die("unknown flag '%s' for ./train schedule (./train schedule --help)", f);
         i++;
     }
     if (!p || !m) die("./train schedule needs --pp P and --micro-batches M");
     if (!v) v = kind == SCHED_ZBV ? 2 : 1;
+    if (times_flag && kind != SCHED_ZBV)
+        die("--pp-times %s: only zb-v's lists are built for pass times (--pp-schedule zb-v); %s is a fixed order", times_flag,
+            SCHEDULE_NAMES[kind]);
     Schedule s;
     char why[256];
-    if (schedule_build(&s, kind, p, m, v, why, sizeof why)) die("%s", why);
+    if (schedule_build(&s, kind, p, m, v, times, why, sizeof why)) die("%s", why);
     schedule_dump(stdout, &s, ascii);
     if (dump) write_unit_dump(dump, &s);
     schedule_free(&s);

@@ -17,12 +17,14 @@
 //                the Ws fill the drain; bubble (p-1)(F+B-W) instead of 1f1b's (p-1)(F+B+W).
 //   zb-v         two chunks per rank in a V: chunk 0 of rank r is virtual stage r, chunk 1 is virtual
 //                stage 2p-1-r (the last rank turns the micro-batch round locally; rank 0 holds both
-//                ends of the model, embedding and head). Built by list scheduling with unit F, B and
-//                W times: an idle rank runs a ready B (chunk 0 first), else a ready F (chunk 1 first)
+//                ends of the model, embedding and head). Built by list scheduling with F, B and W
+//                times (unit times, the paper's, unless --pp-times gives others): an idle rank runs a ready B (chunk 0 first), else a ready F (chunk 1 first)
 //                while it holds fewer than 2p chunk activations (1f1b's memory: p micro-batches of a
 //                whole stage), else its oldest pending W (chunk 1's first on a tie: the blocks' gradients
 //                become final from the model's end down, as in every other schedule). Bubble: the first activation's walk down
-//                the ranks, (p-1) chunk-forwards, once per step.
+//                the ranks, (p-1) chunk-forwards, once per step, with unit times. With the times a
+//                run measures (W often well below F), lists built for those times keep the ranks busy
+//                where unit-time lists leave them waiting for a hand-off in the steady state.
 // A micro-batch's activations on a rank are in flight from its F to its W. W passes of a chunk run in
 // micro-batch order in every schedule (so the gradient sums are added in 1f1b's order).
 #ifndef LLM4D_SCHEDULE_H
@@ -45,6 +47,7 @@ typedef struct {
 
 typedef struct {
     int kind, p, m, v;
+    double times[3]; // the F, B and W times zb-v's lists were built for (1, 1, 1 unless --pp-times)
     int split;       // B and W are apart (zb-h1, zb-v); 0: each W directly follows its B
     int *n;          // [p] actions per rank
     Action **a;      // [p][n[r]]
@@ -62,9 +65,12 @@ typedef struct {
 int schedule_parse(const char *name);
 // Builds the action lists of schedule `kind` for p ranks, m micro-batches and v chunks per rank
 // (interleaved: v >= 1, m a multiple of p when v > 1; zb-v: v must be 2; 1f1b, zb-h1: v must be 1).
-// Returns 0 and fills s, or -1 with one line in why naming what does not fit.
-int schedule_build(Schedule *s, int kind, int p, int m, int v, char *why, size_t why_cap);
+// times: the relative F, B and W times that zb-v's list scheduling assumes (NULL: 1, 1, 1); the other
+// schedules are fixed orders. Returns 0 and fills s, or -1 with one line in why naming what does not fit.
+int schedule_build(Schedule *s, int kind, int p, int m, int v, const double *times, char *why, size_t why_cap);
 void schedule_free(Schedule *s);
+// --pp-times F,B,W: three positive numbers into times, or one line naming the flag and exit.
+void schedule_parse_times(const char *flag, const char *v, double times[3]);
 // Where chunk c of rank r sits in the model (its virtual stage, 0 .. p·v-1), and its neighbours: the rank
 // and chunk that feed it (prev) and that it feeds (next); -1 at the model's ends.
 int schedule_vstage(const Schedule *s, int r, int c);

@@ -350,6 +350,7 @@ static void layout_init(Layout *l, LaunchEnv *env, const Options *o) {
     // the schedule decides where the head sits, so which stages hold the tied embedding (layout_connect)
     int kind = o->pp_schedule >= 0 ? o->pp_schedule : o->pp > 1 && o->pp_virtual > 1 ? SCHED_INTERLEAVED : SCHED_1F1B;
     l->schedule = o->pp > 1 ? kind : SCHED_1F1B; // one stage: nothing to schedule
+    memcpy(l->pp_times, o->pp_times, sizeof l->pp_times);
     layout_connect(l, world);
 }
 

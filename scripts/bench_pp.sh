@@ -7,7 +7,9 @@
 # --pp-schedule-dump of each run's last step: the median over every rank's passes, then over the runs;
 # 1f1b and interleaved run B and W as one backward, so their B holds both and W is "-"; per stage, or per
 # chunk with two chunks): 1f1b and interleaved are the same either way; zb-h1's is (P-1)(F+B-W) over
-# M(F+B+W) plus that; zb-v's the first activation's walk down the ranks, (P-1)F over 2M(F+B+W) plus that.
+# M(F+B+W) plus that; for zb-v and zb-v-times the action lists' own bubble under the zb-v row's times (./train
+# schedule --pp-times: zb-v's unit-time lists, or those built for the times), which the closed form of the
+# first activation's walk down the ranks, (P-1)F over 2M(F+B+W) plus that, misses when W is below F.
 # Then the last step's mean bubble twice, from its dump (scripts/plot.py --replay): as measured, and
 # replayed, the same passes with their measured durations in the same order but hand-offs that cost
 # nothing; their difference is what the hand-offs and waking up cost, and the replayed one's distance
@@ -25,6 +27,13 @@
 # stage the kernel has not scheduled, and the "bubble" measures the scheduler. So PP 2 always, and
 # PP 4 only on a machine with at least 4 cores (this says so when it skips it). The load average is
 # printed first: on a loaded machine the bubble measures the other processes too.
+# zb-v-times is zb-v with its action lists built for the F, B and W times the zb-v row just measured at
+# the same M (--pp-times F,B,W; schedule.h): the list scheduler then fills the steady state for the
+# passes as they are here, not as unit times assume.
+# Then memory: each rank's measured peak (the run's memory_peak records, every category summed: what
+# its "memory of rank R, peak" line calls the total; allocation is fixed before step 1, so one run
+# gives it) and the ratio of the largest to 1f1b's largest on the same model and M (zb-v's deeper model
+# gets a one-step 1f1b run of its own for that): the goal is at most 1 for zb-h1 and zb-v.
 # Quick mode (--quick, or QUICK=1): one run per row, M = 8 only, 3 steps (the median of steps 2-3):
 # a check that every row runs, not a measurement.
 source "$(dirname "$0")/bench_common.sh"
@@ -35,27 +44,43 @@ if [ "${QUICK:-0}" = 1 ]; then RUNS=${RUNS:-1} MS=${MS:-8} STEPS=${STEPS:-3}; fi
 RUNS=${RUNS:-3}
 MS=${MS:-8 16 64}                            # micro-batch counts (MS="8" for a quick look)
 STEPS=${STEPS:-6}
-SCHEDULES=${SCHEDULES:-1f1b interleaved zb-h1 zb-v}
+SCHEDULES=${SCHEDULES:-1f1b interleaved zb-h1 zb-v zb-v-times}
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg) on $CORES cores; $RUNS run(s) per row, $STEPS steps each"
-printf '%-4s %-12s %-4s %10s %11s %11s %8s %9s %7s %7s %7s %9s %11s %7s %7s\n' PP schedule M step_ms bubble_max bubble_mean formula formula_t \
-    F_ms B_ms W_ms last_mean replay_mean copies wakeups
+printf '%-4s %-12s %-4s %10s %11s %11s %8s %9s %7s %7s %7s %9s %11s %7s %7s %22s %8s\n' PP schedule M step_ms bubble_max bubble_mean formula formula_t \
+    F_ms B_ms W_ms last_mean replay_mean copies wakeups "peak_MiB (rank 0/1/..)" "mem/1f1b"
 median() { sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
+# each rank's peak in MiB, "r0/r1/..", from a run's memory_peak records
+peaks() { $PY -c 'import json, sys
+p = {r["rank"]: sum(r["memory_peak"].values()) for r in map(json.loads, open(sys.argv[1])) if "memory_peak" in r}
+print("/".join("%.3f" % (p[k] / 1048576) for k in sorted(p)))' "$1"; }
+peakmax() { tr / '\n' <<<"$1" | sort -g | tail -1; }
+declare -A REF   # 1f1b's largest peak, by "layers M"
+declare -A TIMES # the zb-v row's measured F,B,W, by M: what the zb-v-times row builds its lists for
 pct() { [ -n "$1" ] && awk -v x="$1" 'BEGIN { printf "%.1f%%", 100 * x }' || printf -- -; }
+# run SCHEDULE V LAYERS STEPS [FLAGS]: one PP $pp run at $m micro-batches, logging to $W/r.jsonl
+run() {
+    ./train --nproc $pp --pp $pp --pp-schedule $1 --pp-virtual $2 --layers $3 --channels 64 --heads 4 --vocab 1280 --seq-len 64 \
+        --micro-batch 1 --threads 1 --batch-tokens $((m * 64)) --steps "$4" --train "$W/data/train.bin" --log "$W/r.jsonl" "${@:5}" \
+        >/dev/null 2>"$W/err.txt"
+}
 for pp in 2 4; do
     if [ "$pp" -gt "$CORES" ]; then
         echo "(PP $pp skipped: $pp ranks on $CORES cores would measure the scheduler, not the pipeline)"
         continue
     fi
     for sch in $SCHEDULES; do
-        v=1 layers=$((5 * pp - 1))
+        v=1 layers=$((5 * pp - 1)) name=$sch
         [ $sch = interleaved ] && v=2
-        [ $sch = zb-v ] && v=2 layers=$((6 * pp - 1))
+        [ $sch = zb-v ] || [ $sch = zb-v-times ] && v=2 layers=$((6 * pp - 1)) name=zb-v
         for m in $MS; do
             : >"$W/runs.txt"
+            extra=()
+            if [ $sch = zb-v-times ]; then
+                [ -n "${TIMES[$m]:-}" ] || { echo "$pp    $sch $m: not run: it builds zb-v's lists for the zb-v row's times (SCHEDULES needs zb-v before it)"; continue; }
+                extra=(--pp-times "${TIMES[$m]}")
+            fi
             for run in $(seq "$RUNS"); do
-                if ! ./train --nproc $pp --pp $pp --pp-schedule $sch --pp-virtual $v --layers $layers --channels 64 --heads 4 \
-                    --vocab 1280 --seq-len 64 --micro-batch 1 --threads 1 --batch-tokens $((m * 64)) --steps "$STEPS" \
-                    --train "$W/data/train.bin" --log "$W/r.jsonl" --pp-schedule-dump "$W/d.tsv" >/dev/null 2>"$W/err.txt"; then
+                if ! run $name $v $layers "$STEPS" --pp-schedule-dump "$W/d.tsv" "${extra[@]}"; then
                     echo "$pp    $sch: not run: $(tail -1 "$W/err.txt")"
                     continue 3
                 fi
@@ -68,9 +93,16 @@ for pp in 2 4; do
                 rep=$($PY scripts/plot.py --replay "$W/d.tsv" | awk '{ for (i = 1; i < NF; i++) if ($i == "mean") m[++k] = $(i + 1) + 0 } END { print m[1] / 100, m[2] / 100 }')
                 echo "$(med "$W/r.jsonl" ms) $(med "$W/r.jsonl" bubble_max) $(med "$W/r.jsonl" bubble_mean) $(med "$W/r.jsonl" bubble_formula) $(pass F) $(pass B) $(pass W) $(med "$W/r.jsonl" pp_copies_per_handoff) $(med "$W/r.jsonl" pp_wakeups_per_handoff) $rep" >>"$W/runs.txt"
             done
+            pk=$(peaks "$W/r.jsonl") # the last run's (the same in every run)
+            [ $sch = 1f1b ] && REF["$layers $m"]=$(peakmax "$pk")
+            if [ -z "${REF["$layers $m"]:-}" ]; then # no 1f1b row on this model yet: one step of it
+                run 1f1b 1 $layers 1 && REF["$layers $m"]=$(peakmax "$(peaks "$W/r.jsonl")")
+            fi
+            ratio=$(awk -v a="$(peakmax "$pk")" -v b="${REF["$layers $m"]:-}" 'BEGIN { if (b > 0) printf "%.3f", a / b; else printf "-" }')
             col() { cut -d' ' -f"$1" "$W/runs.txt" | median; }
             ms() { [ -n "$1" ] && printf '%.3f' "$1" || printf -- -; }
             F=$(col 5) B=$(col 6) Wt=$(col 7)
+            [ $sch = zb-v ] && TIMES[$m]="$F,$B,$Wt"
             # the formula with the measured times (W "-": inside B)
             ft=$(awk -v s=$sch -v p=$pp -v m=$m -v v=$v -v F="$F" -v B="$B" -v W="${Wt:-0}" 'BEGIN {
                 if (s == "1f1b") b = (p - 1) / (m + p - 1)
@@ -78,9 +110,16 @@ for pp in 2 4; do
                 else if (s == "zb-h1") { i = (p - 1) * (F + B - W); b = i / (m * (F + B + W) + i) }
                 else { i = (p - 1) * F; b = i / (2 * m * (F + B + W) + i) }
                 print b }')
-            printf '%-4s %-12s %-4s %10.1f %11s %11s %8s %9s %7s %7s %7s %9s %11s %7s %7s\n' $pp $sch $m "$(col 1)" "$(pct "$(col 2)")" \
+            if [ $name = zb-v ]; then # zb-v: the action lists' own bubble under the zb-v row's times, which
+                # the closed form above (the warm-up walk alone) misses when W is below F: the unit lists
+                # for zb-v, the lists built for those times for zb-v-times (./train schedule --pp-times)
+                ft=$(./train schedule --pp $pp --micro-batches $m --pp-schedule zb-v --pp-times "${TIMES[$m]}" | tail -1 |
+                    sed -E "s/.*under those times bubble ([0-9.]+)%, the unit-time lists' ([0-9.]+)%.*/\1 \2/" |
+                    awk -v s=$sch '{ print (s == "zb-v" ? $2 : $1) / 100 }')
+            fi
+            printf '%-4s %-12s %-4s %10.1f %11s %11s %8s %9s %7s %7s %7s %9s %11s %7s %7s %22s %8s\n' $pp $sch $m "$(col 1)" "$(pct "$(col 2)")" \
                 "$(pct "$(col 3)")" "$(pct "$(col 4)")" "$(pct "$ft")" "$(ms "$F")" "$(ms "$B")" "$(ms "$Wt")" "$(pct "$(col 10)")" \
-                "$(pct "$(col 11)")" "$(col 8)" "$(col 9)"
+                "$(pct "$(col 11)")" "$(col 8)" "$(col 9)" "$pk" "$ratio"
         done
     done
 done

@@ -1426,7 +1426,7 @@ PYEOF
 # the first stage runs the embedding and the head), each chunk's Ws once and in micro-batch order,
 # at most 2P chunk activations held; the refusals, one line each.
 t_pp_zero_bubble() {
-    local d=$WORK/zb ok=0
+    local d=$WORK/zb ok=0 ZBV_TIMES=1,0.85,0.44
     mkdir -p "$d"
     local shape=(--layers 4 --channels 32 --heads 4 --vocab 256 --seq-len 32 --micro-batch 1 --steps 3 --lr 1e-3
         --warmup 2 --weight-decay 0.1 --clip 1.0 --bucket-mb 0.02 --train "$DATA/train.bin" --comm-timeout 60)
@@ -1436,12 +1436,15 @@ t_pp_zero_bubble() {
         i=$((i + 1))
         local spec=${cfg%|*} tokens=${cfg#*|} args sch
         read -ra args <<<"--nproc $spec"
-        for sch in 1f1b zb-h1 zb-v; do
+        # zb-vt: zb-v's lists built for pass times where W is half of F (--pp-times, schedule.h)
+        for sch in 1f1b zb-h1 zb-v zb-vt; do
             rm -rf "$d/trace$i-$sch"
-            timeout 300 $TRAIN "${shape[@]}" "${args[@]}" --batch-tokens $tokens --pp-schedule $sch --pp-trace "$d/trace$i-$sch" \
+            local flags=(--pp-schedule $sch)
+            [ $sch = zb-vt ] && flags=(--pp-schedule zb-v --pp-times "$ZBV_TIMES")
+            timeout 300 $TRAIN "${shape[@]}" "${args[@]}" --batch-tokens $tokens "${flags[@]}" --pp-trace "$d/trace$i-$sch" \
                 --log "$d/m$i-$sch.jsonl" --save-model "$d/m$i-$sch.bin" >"$d/m$i-$sch.out" 2>&1 || { echo "'$spec' $sch failed"; tail -3 "$d/m$i-$sch.out"; return 1; }
         done
-        for sch in zb-h1 zb-v; do
+        for sch in zb-h1 zb-v zb-vt; do
             if cmp -s "$d/m$i-1f1b.bin" "$d/m$i-$sch.bin"; then echo "ok '$spec' batch $tokens tokens: $sch bitwise 1f1b"
             else echo "FAIL '$spec': $sch's model differs from 1f1b's"; ok=1; fi
         done
@@ -1471,8 +1474,11 @@ PYEOF
         local P M
         P=$(grep -o -- '--pp [0-9]*' <<<"$spec" | cut -d' ' -f2)
         M=$(sed -n 's/^batch: .* = \([0-9]*\) micro-batch(es).*/\1/p' "$d/m$i-zb-v.out")
-        $TRAIN schedule --pp-schedule zb-v --pp $P --micro-batches $M >"$d/sched$i.txt" || { echo "FAIL: ./train schedule zb-v"; ok=1; }
-        $PY - "$d/trace$i-zb-v" "$d/sched$i.txt" <<'PYEOF' || { echo "FAIL '$spec': zb-v trace"; ok=1; }
+        for sch in zb-v zb-vt; do # each runs the lists ./train schedule prints
+        local times=()
+        [ $sch = zb-vt ] && times=(--pp-times "$ZBV_TIMES")
+        $TRAIN schedule --pp-schedule zb-v --pp $P --micro-batches $M "${times[@]}" >"$d/sched$i.txt" || { echo "FAIL: ./train schedule zb-v"; ok=1; }
+        $PY - "$d/trace$i-$sch" "$d/sched$i.txt" <<'PYEOF' || { echo "FAIL '$spec': $sch trace"; ok=1; }
 import glob, re, sys
 files = sorted(glob.glob(sys.argv[1] + "/stage*.txt"), key=lambda f: int(re.findall(r"\d+", f.split("/")[-1])[0]))
 lists = {}
@@ -1495,6 +1501,7 @@ for s, f in enumerate(files):
                 assert ops.index(f"F{k}c{c}") < ops.index(f"B{k}c{c}") < ops.index(f"W{k}c{c}"), (s, k, c)
         assert int(m.group(1)) <= 2 * P, (s, m.group(1))  # zb-v's bound: 2P chunk activations
 PYEOF
+        done
     done
     # interleaved through the executor by name is the default with --pp-virtual 2
     local ishape=("${shape[@]}" --layers 8 --batch-tokens 256)

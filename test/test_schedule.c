@@ -193,7 +193,7 @@ static int run_all(void) {
             for (int m = 1; m <= 64; m++) {
                 int v = kind == SCHED_ZBV || (kind == SCHED_INTERLEAVED && m % p == 0) ? 2 : 1;
                 Schedule s;
-                if (schedule_build(&s, kind, p, m, v, why, sizeof why)) {
+                if (schedule_build(&s, kind, p, m, v, NULL, why, sizeof why)) {
                     fprintf(stderr, "FAIL %s p %d m %d v %d: %s\n", SCHEDULE_NAMES[kind], p, m, v, why);
                     bad++;
                     continue;
@@ -236,6 +236,57 @@ static int run_all(void) {
     return bad;
 }
 
+// zb-v's lists built for other pass times (--pp-times): the same definitions hold (order, hand-offs,
+// dependencies, bounds, W order, no deadlock under the build's times, unit times and random ones), and
+// under the build's times the lists are never slower than the unit-time lists (schedule_build keeps the
+// faster), and for the times this machine measures (F 1, B 0.85, W 0.44) with m >= 4p strictly faster:
+// the list scheduler used the times.
+static int run_timed(void) {
+    static const double T3[][3] = { { 1, 0.85, 0.44 }, { 1, 0.5, 0.5 }, { 2, 1, 1 }, { 1, 2, 0.5 }, { 0.5, 1, 2 }, { 1, 1, 0.1 } };
+    int bad = 0, checked = 0, faster = 0;
+    char why[256];
+    for (size_t k = 0; k < sizeof T3 / sizeof T3[0]; k++)
+        for (int p = 1; p <= 8; p++)
+            for (int m = 1; m <= 64; m++) {
+                const double *t = T3[k];
+                Schedule s, u;
+                if (schedule_build(&s, SCHED_ZBV, p, m, 2, t, why, sizeof why) || schedule_build(&u, SCHED_ZBV, p, m, 2, NULL, why, sizeof why)) {
+                    fprintf(stderr, "FAIL zb-v p %d m %d times %g,%g,%g: %s\n", p, m, t[0], t[1], t[2], why);
+                    bad++;
+                    continue;
+                }
+                double T, T1, Tu;
+                int err = check(&s, t[0], t[1], t[2], NULL, &T) | check(&s, 1, 1, 1, NULL, &T1);
+                double **dur = malloc(sizeof(double *) * (size_t)p);
+                for (int r = 0; r < p; r++) {
+                    dur[r] = malloc(sizeof(double) * (size_t)(s.n[r] + 1));
+                    for (int i = 0; i < s.n[r]; i++) dur[r][i] = 0.25 + urand();
+                }
+                err |= check(&s, 0, 0, 0, (const double *const *)dur, &T1);
+                for (int r = 0; r < p; r++) free(dur[r]);
+                free(dur);
+                err |= check(&u, t[0], t[1], t[2], NULL, &Tu) & ~E_BUBBLE;
+                if (schedule_times(&s, t[0], t[1], t[2], NULL) != T) err |= E_BUBBLE; // the timeline agrees
+                if (T > Tu) err |= E_BUBBLE;
+                if (k == 0 && p > 1 && m >= 4 * p && !(T < Tu)) err |= E_BUBBLE;
+                faster += T < Tu * (1 - 1e-9);
+                if (err) {
+                    fprintf(stderr, "FAIL zb-v p %d m %d times %g,%g,%g: errors 0x%x, makespan %g against the unit lists' %g\n", p, m, t[0],
+                            t[1], t[2], err, T, Tu);
+                    verbose = 1;
+                    check(&s, t[0], t[1], t[2], NULL, &T);
+                    verbose = 0;
+                    bad++;
+                }
+                checked++;
+                schedule_free(&s);
+                schedule_free(&u);
+            }
+    printf("%d zb-v schedules built for other pass times checked (%d faster than the unit-time lists under those times), %d failed\n",
+           checked, faster, bad);
+    return bad;
+}
+
 // A broken copy of a schedule: the actions at (rank, i) and (rank, j) swapped, or (j < 0) action i dropped.
 static int find(const Schedule *s, int r, int kind, int mb, int chunk) {
     for (int i = 0; i < s->n[r]; i++)
@@ -246,7 +297,7 @@ static int find(const Schedule *s, int r, int kind, int mb, int chunk) {
 static int broken(int kind, int p, int m, int v, int r, int ka, int mba, int ca, int kb, int mbb, int cb, int want) {
     Schedule s;
     char why[256];
-    if (schedule_build(&s, kind, p, m, v, why, sizeof why)) return fprintf(stderr, "%s\n", why), 1;
+    if (schedule_build(&s, kind, p, m, v, NULL, why, sizeof why)) return fprintf(stderr, "%s\n", why), 1;
     int i = find(&s, r, ka, mba, ca);
     if (kb < 0) {
         memmove(&s.a[r][i], &s.a[r][i + 1], sizeof(Action) * (size_t)(s.n[r] - i - 1));
@@ -268,6 +319,7 @@ static int broken(int kind, int p, int m, int v, int r, int ka, int mba, int ca,
 
 int main(void) {
     int bad = run_all();
+    bad += run_timed();
     // the checker fails broken schedules: B before its F; a W dropped; Ws of a chunk out of order; a receive
     // moved ahead of the send it needs (deadlock); a forward pulled ahead of a backward (over the bound);
     // a receive moved after its use; the zb-h1 bubble of a schedule that runs W before the next F
@@ -282,8 +334,8 @@ int main(void) {
     // what does not fit is refused, with a reason
     Schedule s;
     char why[256];
-    int refused = schedule_build(&s, SCHED_ZBV, 4, 8, 1, why, sizeof why) && schedule_build(&s, SCHED_INTERLEAVED, 4, 6, 2, why, sizeof why) &&
-                  schedule_build(&s, SCHED_ZBH1, 4, 8, 2, why, sizeof why) && schedule_parse("zb-h2") < 0 && schedule_parse("zb-v") == SCHED_ZBV;
+    int refused = schedule_build(&s, SCHED_ZBV, 4, 8, 1, NULL, why, sizeof why) && schedule_build(&s, SCHED_INTERLEAVED, 4, 6, 2, NULL, why, sizeof why) &&
+                  schedule_build(&s, SCHED_ZBH1, 4, 8, 2, NULL, why, sizeof why) && schedule_parse("zb-h2") < 0 && schedule_parse("zb-v") == SCHED_ZBV;
     printf("%s bad combinations refused (last: %s)\n", refused ? "ok" : "FAIL", why);
     bad += !refused;
     printf(bad ? "FAIL test_schedule\n" : "ok test_schedule\n");
