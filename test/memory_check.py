@@ -44,7 +44,8 @@ def load_runs(d):
                    sp="--sp" in flags, V=flag(flags, "--pp-virtual", 1) if pp > 1 else 1, M=batch // (dp * B * T),
                    e=2 if flag(flags, "--dtype", "fp32", str) == "bf16" else 4, zero=flag(flags, "--zero", 0),
                    bucket=flag(flags, "--bucket-mb", None, str), ckpt="--ckpt-every" in flags,
-                   schedule=flag(flags, "--pp-schedule", "1f1b", str), algo=flag(flags, "--algo", "auto", str))
+                   schedule=flag(flags, "--pp-schedule", "1f1b", str), algo=flag(flags, "--algo", "auto", str),
+                   times=flag(flags, "--pp-times", None, str))
         if sorted(peaks) != list(range(n)):
             sys.exit("%s-%s: memory_peak records for ranks %s, expected 0..%d" % (name, mode, sorted(peaks), n - 1))
         runs.append((lay, peaks))
@@ -207,6 +208,8 @@ def exact(d, train, shape):
             cmd += ["--pp-schedule", lay["schedule"]]
         if lay["algo"] != "auto":
             cmd += ["--algo", lay["algo"]]
+        if lay["times"]:  # zb-v's lists built for those pass times hold their own pool of sets
+            cmd += ["--pp-times", lay["times"]]
         plan = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
         (y,) = plan["layouts"]
         worst = 0.0

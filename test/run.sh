@@ -1541,7 +1541,10 @@ PYEOF
         "--pp-schedule zb-v --layers 3|--pp-schedule zb-v places two chunks per stage: --pp 2 needs 4 blocks, the model has 3" \
         "--pp-schedule zb-v --pp-layers 2,2|--pp-layers cannot be combined with --pp-schedule zb-v" "--pp-schedule zb-h2|--pp-schedule must be 1f1b, interleaved, zb-h1 or zb-v, got 'zb-h2'" \
         "--pp-schedule 1f1b --pp-virtual 2|--pp-schedule 1f1b runs one chunk per stage: --pp-virtual 2" \
-        "--pp-schedule zb-h1 --pp-virtual 2|--pp-schedule zb-h1 runs one chunk per stage"; do
+        "--pp-schedule zb-h1 --pp-virtual 2|--pp-schedule zb-h1 runs one chunk per stage" \
+        "--pp-schedule zb-h1 --pp-times 1,1,0.5|--pp-times 1,1,0.5: only zb-v's action lists are built for pass times" \
+        "--pp-schedule zb-v --pp-times 1,0.5|--pp-times '1,0.5': expected F,B,W, three positive numbers" \
+        "--pp-schedule zb-v --pp-times 1,0,1|--pp-times must be between 1e-06 and 1e+06, got '0'"; do
         err=$($TRAIN --nproc 2 --pp 2 "${shape[@]}" ${bad%%|*} --batch-tokens 256 --steps 1 2>&1 >/dev/null) && { echo "accepted: ${bad%%|*}"; ok=1; }
         [ "$(wc -l <<<"$err")" = 1 ] && grep -qF -- "${bad#*|}" <<<"$err" || { echo "bad error for ${bad%%|*}: $err"; ok=1; }
     done
@@ -2084,7 +2087,7 @@ run_test emu     t_emu_train               "emulated GPU: ./train --device cuda 
 run_test emu     t_emu_multirank           "emulated GPU: DP 2 x ZeRO 0-3 (bitwise), TP 2, PP 2 plain, interleaved and zb-v, CP 2, TP 2 x PP 2, TP 2 x PP 2 x DP 2 through CUDA IPC on one emulated GPU; DP 2 on two GPUs, a GPU each seen as device 0, TP 2 x DP 2 on four GPUs, DP 2 over TCP; equal one rank"
 run_test emu     t_emu_llama               "emulated GPU: Llama (llama3-tiny, GQA 4/2) --device cuda fp32 (losses, parameters) and bf16 (hs 16 and 64) against the CPU; recompute full bitwise"
 run_test emu     t_emu_llama_multirank     "emulated GPU: Llama TP 4 (kv heads shared by 2 ranks), PP 2, CP 2 through CUDA IPC on one emulated GPU: equal one rank"
-run_test pp      t_pp_schedules            "pipeline schedules (1f1b, interleaved, zb-h1, zb-v) as action lists: checker for p <= 8, m <= 64; ./train schedule"
+run_test pp      t_pp_schedules            "pipeline schedules (1f1b, interleaved, zb-h1, zb-v, and zb-v built for other pass times) as action lists: checker for p <= 8, m <= 64; ./train schedule"
 run_test pp      t_pp_handoffs             "pipeline hand-offs counted: one copy each (read in place), no progress-thread wake-up; test_comm's ping-pong and every schedule at PP 2"
 run_test pp      t_pp_schedule_dump        "--pp-schedule-dump: a training run's action lists with measured times, as defined, ordered and causal; no bit changed"
 run_test pp      t_pp_zero_bubble          "every schedule pipeline.c runs (zb-h1, zb-v, interleaved by name) ends bitwise at 1f1b's model: PP 2/4, TP, DP x ZeRO 1/3, CP, recompute, resume across schedules"
