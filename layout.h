@@ -49,6 +49,7 @@ typedef struct {
                     // logits, loss statistics), micro-batch mb's in mb % nheads
     int schedule; // the pipeline schedule (SCHED_*, schedule.h; 0 = 1f1b), set before layout_connect
     double pp_times[3]; // --pp-times: the F, B, W times zb-v's lists are built for; zeros: unit times
+    int pp_times_auto;  // --pp-times auto: zb-v measures them in the first step (pipeline.c)
 } Layout;
 
 // The rank at coordinates (dp, pp, cp, tp) of a TP x CP x PP model-parallel grid, and back.

@@ -183,10 +183,12 @@ static const char USAGE[] =
     "                             stage holds the embedding and the head; B and W apart; bubble about N-1\n"
     "                             chunk forwards a step; implies --pp-virtual 2; needs --layers >= 2N); the\n"
     "                             same final model, bitwise, whatever the schedule\n"
-    "  --pp-times F,B,W           zb-v: build its action lists for these relative times of one forward, input-\n"
+    "  --pp-times F,B,W|auto      zb-v: build its action lists for these relative times of one forward, input-\n"
     "                             and weight-gradient pass (default 1,1,1, the paper's unit times; a run's\n"
-    "                             --pp-schedule-dump measures them); where W is well below F, lists built for\n"
-    "                             the real times keep the stages busy that unit-time lists leave waiting\n"
+    "                             --pp-schedule-dump measures them), or auto: the times the first step\n"
+    "                             measures (the mean over every rank's passes), lists rebuilt from step 2;\n"
+    "                             where W is well below F, lists built for the real times keep the stages\n"
+    "                             busy that unit-time lists leave waiting\n"
     "  --pp-trace DIR             testing aid: each stage appends its per-step schedule to DIR/stageS.txt\n"
     "  --pp-schedule-dump FILE    write the schedule's per-rank action list with the measured start and end\n"
     "                             (ms) of each action of the run's last step, tab-separated (schedule.h;\n"
@@ -492,7 +494,11 @@ static void parse_valued_flag(Options *o, int argc, char **argv, int *ip) {
     }
     else if (IS("--pp-trace")) o->pp_trace = v;
     else if (IS("--pp-schedule-dump")) o->pp_schedule_dump = v;
-    else if (IS("--pp-times")) schedule_parse_times(f, v, o->pp_times), o->pp_times_flag = v;
+    else if (IS("--pp-times")) {
+        o->pp_times_flag = v;
+        if (!strcmp(v, "auto")) o->pp_times_auto = 1, memset(o->pp_times, 0, sizeof o->pp_times);
+        else schedule_parse_times(f, v, o->pp_times), o->pp_times_auto = 0;
+    }
     else if (IS("--cp")) o->cp = (int)parse_int(f, v, 1, 4096);
     else if (IS("--bucket-mb")) o->bucket_mb = parse_float(f, v, 0, 1e6);
     else if (IS("--recompute")) {

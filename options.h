@@ -28,6 +28,7 @@ typedef struct {
     int pp_schedule; // SCHED_* (schedule.h); -1: 1f1b, or interleaved with --pp-virtual > 1
     const char *pp_layers, *pp_trace, *pp_schedule_dump, *pp_times_flag;
     double pp_times[3]; // --pp-times (zeros: unit times)
+    int pp_times_auto;  // --pp-times auto: measured in the first step
     double bucket_mb, comm_timeout;
     const char *ckpt_dir, *resume_path;
     int ckpt_every, keep, resume, max_restarts, straggler_steps, allow_data_change;

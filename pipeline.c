@@ -220,6 +220,50 @@ static void count_handoffs(Pipeline *p, CommCounters before[2]) {
     }
 }
 
+// --pp-times auto, after the first step: zb-v's lists rebuilt for the F, B and W times it measured, the
+// mean over every rank's passes (sum[k] seconds over cnt[k] passes here; one all-reduce over the world,
+// so that every rank builds the same lists), where the new lists fit the chunk sets, weight-gradient
+// stashes and head buffers the model was given for the unit lists (layout_place_stages); rank 0 says
+// what it did in one line, with the times as a --pp-times value for later runs.
+static void adopt_measured_times(Pipeline *p, int M, const double sum[3], const double cnt[3]) {
+    const Layout *l = p->model->lay;
+    int64_t mine[6], all[6];
+    for (int k = 0; k < 3; k++) mine[k] = (int64_t)(sum[k] * 1e9), mine[3 + k] = (int64_t)cnt[k];
+    if (l->world) comm_all_reduce(l->world, mine, all, 6, CT_I64, OP_SUM);
+    else memcpy(all, mine, sizeof all);
+    p->times_measured = 1;
+    double t[3];
+    for (int k = 0; k < 3; k++) t[k] = all[3 + k] > 0 && all[k] > 0 ? (double)all[k] / (double)all[3 + k] / 1e6 : 0; // ms
+    if (!(t[0] > 0 && t[1] > 0 && t[2] > 0)) return;
+    Schedule s;
+    char why[256];
+    if (schedule_build(&s, l->schedule, p->stages, M, p->chunks, t, why, sizeof why)) die("--pp-times auto: %s", why);
+    const Schedule *u = &p->sched;
+    int V = p->chunks, fits = 1, same = 1;
+    for (int r = 0; r < p->stages; r++) {
+        int sets = s.live[r] > V ? s.live[r] : V, sets_u = u->live[r] > V ? u->live[r] : V;
+        if (sets > sets_u || s.cspan[r * V + V - 1] > u->cspan[r * V + V - 1] || s.wpending[r] > u->wpending[r]) fits = 0;
+        if (s.n[r] != u->n[r] || memcmp(s.a[r], u->a[r], sizeof(Action) * (size_t)s.n[r])) same = 0;
+    }
+    double work = (double)M * V * (t[0] + t[1] + t[2]);
+    double ts = schedule_times(&s, t[0], t[1], t[2], NULL), tu = schedule_times(u, t[0], t[1], t[2], NULL);
+    if (l->lead)
+        printf("zb-v: step 1 measured F, B, W = %.3f, %.3f, %.3f ms a chunk pass (--pp-times %.17g,%.17g,%.17g); %s\n", t[0], t[1], t[2],
+               t[0], t[1], t[2],
+               same    ? "the unit-time lists stay, the fastest under those times"
+               : !fits ? "the unit-time lists stay: the lists for those times need more activation sets than were allocated"
+                       : "lists built for them from step 2");
+    if (l->lead && fits && !same)
+        printf("zb-v: bubble under those times %.1f%%, the unit-time lists' %.1f%%\n", 100.0 * (1.0 - work / ts), 100.0 * (1.0 - work / tu));
+    fflush(stdout);
+    if (!fits || same) {
+        schedule_free(&s);
+        return;
+    }
+    schedule_free(&p->sched);
+    p->sched = s;
+}
+
 double pipeline_step(Pipeline *p, const int32_t *inputs, const int32_t *targets, int M, int B, int T, float dloss) {
     CommCounters before[2] = { 0 };
     for (int k = 0; k < 2; k++)
@@ -247,14 +291,24 @@ double pipeline_step(Pipeline *p, const int32_t *inputs, const int32_t *targets,
         p->act_cap = s->n[p->stage];
         p->act_t = xmalloc(sizeof(double) * 2 * (size_t)p->act_cap);
     }
+    // --pp-times auto: this step times each pass, from the end of its receive (device work waited for)
+    int measure = p->model->lay->pp_times_auto && s->kind == SCHED_ZBV && !p->times_measured;
+    double sum[3] = { 0 }, cnt[3] = { 0 };
     p->t0 = now_seconds();
     for (int i = 0; i < s->n[p->stage]; i++) {
         const Action *a = &s->a[p->stage][i];
-        double t0 = p->keep_times ? now_seconds() : 0;
+        int pass = a->kind == ACT_F || a->kind == ACT_B || a->kind == ACT_W;
+        if (measure && pass) p->model->be->sync();
+        double t0 = p->keep_times || measure ? now_seconds() : 0;
         p->recv_end = -1;
         if (a->kind == ACT_F) loss += forward_op(p, inputs, targets, a->mb, a->chunk, B, T, dloss);
         else if (a->kind == ACT_B) backward_op(p, a->mb, a->chunk, M, B, T, dloss, s->split);
         else if (a->kind == ACT_W && s->split) weight_op(p, a->mb, a->chunk, M);
+        if (measure && pass) {
+            p->model->be->sync();
+            sum[a->kind] += now_seconds() - (p->recv_end > t0 ? p->recv_end : t0);
+            cnt[a->kind] += 1;
+        }
         if (p->keep_times) keep_time(p, i, t0, now_seconds());
     }
     for (int k = 0; k < p->model->lay->nslots * p->chunks; k++) { // every hand-off of this step has left
@@ -262,6 +316,7 @@ double pipeline_step(Pipeline *p, const int32_t *inputs, const int32_t *targets,
         drain(&p->send_grad[k]);
     }
     count_handoffs(p, before);
+    if (measure) adopt_measured_times(p, M, sum, cnt);
     return loss;
 }
 

@@ -43,6 +43,7 @@ typedef struct {
     int keep_times;
     double t0, recv_end, send_at, *act_t;
     int act_cap;
+    int times_measured; // --pp-times auto: the first step measured F, B and W and the lists followed
 } Pipeline;
 
 void pipeline_init(Pipeline *p, GPT2 *model, Zero *zero, Comm *fwd, Comm *bwd);

@@ -182,8 +182,9 @@ static const char PLAN_USAGE[] =
     "                             min(PP, M) activation sets on every stage and stage s min(s+1, M)\n"
     "                             weight-gradient stashes (what B copies for W beyond its set), and zb-v\n"
     "                             (where 2PP <= L) the V placement with the sets and stashes its lists hold\n"
-    "  --pp-times F,B,W           zb-v with --exact: count the sets its lists hold when built for these pass\n"
-    "                             times (as ./train --pp-times); the bubble column keeps the formula\n"
+    "  --pp-times F,B,W|auto      zb-v with --exact: count the sets its lists hold when built for these pass\n"
+    "                             times (as ./train --pp-times; auto: the unit lists' sets, which a run's\n"
+    "                             measured lists never exceed); the bubble column keeps the formula\n"
     "  --zero 0|1|2|3             ZeRO stage (default 0)\n"
     "  --recompute none|selective|full\n"
     "                             activation checkpointing (default none): selective recomputes the\n"
@@ -229,7 +230,8 @@ typedef struct {
     double params;       // N
     int gpus, gpus_per_node, max_tp, micro_batches, pp_virtual, zero, top;
     int pp_schedule; // SCHED_* (schedule.h): whose formula the bubble column shows
-    double pp_times[3]; // --pp-times (zeros: unit times)
+    double pp_times[3]; // --pp-times (zeros: unit times, or auto)
+    int pp_times_given;
     int only_tp, only_cp, only_pp, only_dp; // 0, or the one value of that axis to list
     int recompute; // RECOMPUTE_* (model.h)
     int flash, fp32, json;
@@ -378,7 +380,10 @@ static void parse_plan(PlanInput *in, int argc, char **argv) {
             in->pp_schedule = schedule_parse(v);
             if (in->pp_schedule < 0) die("--pp-schedule must be 1f1b, interleaved, zb-h1 or zb-v, got '%s'", v);
         }
-        else if (IS("--pp-times")) schedule_parse_times(f, v, in->pp_times);
+        else if (IS("--pp-times")) { // auto: the run keeps its lists inside the unit lists' pool, which --exact counts
+            if (strcmp(v, "auto")) schedule_parse_times(f, v, in->pp_times);
+            in->pp_times_given = 1;
+        }
         else if (IS("--zero")) in->zero = INT(0, 3);
         else if (IS("--top")) in->top = INT(1, 1 << 30);
         else if (IS("--tp")) in->only_tp = INT(1, 1 << 24);
@@ -411,8 +416,8 @@ static void parse_plan(PlanInput *in, int argc, char **argv) {
 #undef INT
 #undef IS
     }
-    if (in->pp_times[0] > 0 && in->pp_schedule != SCHED_ZBV)
-        die("--pp-times: only zb-v's action lists are built for pass times (--pp-schedule zb-v)");
+    if (in->pp_times_given && in->pp_schedule != SCHED_ZBV)
+        die("--pp-times: only zb-v's action lists are built for pass times (--pp-schedule zb-v, not %s)", SCHEDULE_NAMES[in->pp_schedule < 0 ? 0 : in->pp_schedule]);
     resolve_plan(in, &g);
 }
 

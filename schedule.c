@@ -256,7 +256,8 @@ int schedule_build(Schedule *s, int kind, int p, int m, int v, const double *tim
         // them (about 1% at p 4 with F = 2B = 2W), so keep whichever is faster under the given times
         Schedule u;
         if (build(&u, kind, p, m, v, unit, why, cap)) return schedule_free(s), -1;
-        if (schedule_times(&u, t[0], t[1], t[2], NULL) < schedule_times(s, t[0], t[1], t[2], NULL)) {
+        double tu = schedule_times(&u, t[0], t[1], t[2], NULL), ts = schedule_times(s, t[0], t[1], t[2], NULL);
+        if (tu >= 0 && (ts < 0 || tu < ts)) { // (-1: lists that deadlock, which the scheduler never makes)
             schedule_free(s);
             *s = u;
             memcpy(s->times, t, sizeof s->times);
@@ -435,15 +436,21 @@ static void write_unit_dump(const char *path, const Schedule *s) {
 }
 
 void schedule_parse_times(const char *flag, const char *v, double times[3]) {
-    char buf[128], *save = NULL, *tok;
-    if (strlen(v) >= sizeof buf) die("%s '%s': expected F,B,W, three positive numbers (e.g. 1,0.85,0.45)", flag, v);
-    strcpy(buf, v);
-    int k = 0;
-    for (tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        if (k == 3) die("%s '%s': expected F,B,W, three positive numbers (e.g. 1,0.85,0.45)", flag, v);
-        times[k++] = parse_float(flag, tok, 1e-6, 1e6);
+    if (!strcmp(v, "auto")) die("%s auto measures the times in a training run (./train --pp-times auto); give F,B,W here", flag);
+    static const char *const names[3] = { "F", "B", "W" };
+    const char *p = v;
+    for (int k = 0; k < 3; k++) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        char part[64], label[96];
+        if (len == 0 || len >= sizeof part || (k < 2) != (end != NULL))
+            die("%s '%s': expected F,B,W, three positive numbers (e.g. 1,0.85,0.45)", flag, v);
+        memcpy(part, p, len);
+        part[len] = 0;
+        snprintf(label, sizeof label, "%s (%s)", flag, names[k]);
+        times[k] = parse_number(label, part, NO_UNITS, 1e-6, 1e6, 0);
+        p = end ? end + 1 : p + len;
     }
-    if (k != 3) die("%s '%s': expected F,B,W, three positive numbers (e.g. 1,0.85,0.45)", flag, v);
 }
 
 // ./train schedule: one schedule's action lists and timeline, for a reader.

@@ -351,6 +351,7 @@ static void layout_init(Layout *l, LaunchEnv *env, const Options *o) {
     int kind = o->pp_schedule >= 0 ? o->pp_schedule : o->pp > 1 && o->pp_virtual > 1 ? SCHED_INTERLEAVED : SCHED_1F1B;
     l->schedule = o->pp > 1 ? kind : SCHED_1F1B; // one stage: nothing to schedule
     memcpy(l->pp_times, o->pp_times, sizeof l->pp_times);
+    l->pp_times_auto = o->pp_times_auto;
     layout_connect(l, world);
 }
 

@@ -55,7 +55,7 @@ p = {r["rank"]: sum(r["memory_peak"].values()) for r in map(json.loads, open(sys
 print("/".join("%.3f" % (p[k] / 1048576) for k in sorted(p)))' "$1"; }
 peakmax() { tr / '\n' <<<"$1" | sort -g | tail -1; }
 declare -A REF   # 1f1b's largest peak, by "layers M"
-declare -A TIMES # the zb-v row's measured F,B,W, by M: what the zb-v-times row builds its lists for
+declare -A TIMES # the zb-v row's measured F,B,W, by "PP M": what the zb-v-times row builds its lists for
 pct() { [ -n "$1" ] && awk -v x="$1" 'BEGIN { printf "%.1f%%", 100 * x }' || printf -- -; }
 # run SCHEDULE V LAYERS STEPS [FLAGS]: one PP $pp run at $m micro-batches, logging to $W/r.jsonl
 run() {
@@ -76,8 +76,8 @@ for pp in 2 4; do
             : >"$W/runs.txt"
             extra=()
             if [ $sch = zb-v-times ]; then
-                [ -n "${TIMES[$m]:-}" ] || { echo "$pp    $sch $m: not run: it builds zb-v's lists for the zb-v row's times (SCHEDULES needs zb-v before it)"; continue; }
-                extra=(--pp-times "${TIMES[$m]}")
+                [ -n "${TIMES["$pp $m"]:-}" ] || { echo "$pp    $sch $m: not run: it builds zb-v's lists for the zb-v row's times (SCHEDULES needs zb-v before it)"; continue; }
+                extra=(--pp-times "${TIMES["$pp $m"]}")
             fi
             for run in $(seq "$RUNS"); do
                 if ! run $name $v $layers "$STEPS" --pp-schedule-dump "$W/d.tsv" "${extra[@]}"; then
@@ -102,7 +102,7 @@ for pp in 2 4; do
             col() { cut -d' ' -f"$1" "$W/runs.txt" | median; }
             ms() { [ -n "$1" ] && printf '%.3f' "$1" || printf -- -; }
             F=$(col 5) B=$(col 6) Wt=$(col 7)
-            [ $sch = zb-v ] && TIMES[$m]="$F,$B,$Wt"
+            [ $sch = zb-v ] && [ -n "$F" ] && [ -n "$B" ] && [ -n "$Wt" ] && TIMES["$pp $m"]="$F,$B,$Wt"
             # the formula with the measured times (W "-": inside B)
             ft=$(awk -v s=$sch -v p=$pp -v m=$m -v v=$v -v F="$F" -v B="$B" -v W="${Wt:-0}" 'BEGIN {
                 if (s == "1f1b") b = (p - 1) / (m + p - 1)
@@ -113,8 +113,8 @@ for pp in 2 4; do
             if [ $name = zb-v ]; then # zb-v: the action lists' own bubble under the zb-v row's times, which
                 # the closed form above (the warm-up walk alone) misses when W is below F: the unit lists
                 # for zb-v, the lists built for those times for zb-v-times (./train schedule --pp-times)
-                ft=$(./train schedule --pp $pp --micro-batches $m --pp-schedule zb-v --pp-times "${TIMES[$m]}" | tail -1 |
-                    sed -E "s/.*under those times bubble ([0-9.]+)%, the unit-time lists' ([0-9.]+)%.*/\1 \2/" |
+                ft=$( (./train schedule --pp $pp --micro-batches $m --pp-schedule zb-v --pp-times "${TIMES["$pp $m"]:-}" 2>/dev/null || true) |
+                    sed -nE "s/.*under those times bubble ([0-9.]+)%, the unit-time lists' ([0-9.]+)%.*/\1 \2/p" |
                     awk -v s=$sch '{ print (s == "zb-v" ? $2 : $1) / 100 }')
             fi
             printf '%-4s %-12s %-4s %10.1f %11s %11s %8s %9s %7s %7s %7s %9s %11s %7s %7s %22s %8s\n' $pp $sch $m "$(col 1)" "$(pct "$(col 2)")" \

@@ -1436,15 +1436,17 @@ t_pp_zero_bubble() {
         i=$((i + 1))
         local spec=${cfg%|*} tokens=${cfg#*|} args sch
         read -ra args <<<"--nproc $spec"
-        # zb-vt: zb-v's lists built for pass times where W is half of F (--pp-times, schedule.h)
-        for sch in 1f1b zb-h1 zb-v zb-vt; do
+        # zb-vt: zb-v's lists built for pass times where W is half of F (--pp-times, schedule.h); zb-va:
+        # for the times its first step measures (--pp-times auto)
+        for sch in 1f1b zb-h1 zb-v zb-vt zb-va; do
             rm -rf "$d/trace$i-$sch"
             local flags=(--pp-schedule $sch)
             [ $sch = zb-vt ] && flags=(--pp-schedule zb-v --pp-times "$ZBV_TIMES")
+            [ $sch = zb-va ] && flags=(--pp-schedule zb-v --pp-times auto)
             timeout 300 $TRAIN "${shape[@]}" "${args[@]}" --batch-tokens $tokens "${flags[@]}" --pp-trace "$d/trace$i-$sch" \
                 --log "$d/m$i-$sch.jsonl" --save-model "$d/m$i-$sch.bin" >"$d/m$i-$sch.out" 2>&1 || { echo "'$spec' $sch failed"; tail -3 "$d/m$i-$sch.out"; return 1; }
         done
-        for sch in zb-h1 zb-v zb-vt; do
+        for sch in zb-h1 zb-v zb-vt zb-va; do
             if cmp -s "$d/m$i-1f1b.bin" "$d/m$i-$sch.bin"; then echo "ok '$spec' batch $tokens tokens: $sch bitwise 1f1b"
             else echo "FAIL '$spec': $sch's model differs from 1f1b's"; ok=1; fi
         done
@@ -1474,32 +1476,46 @@ PYEOF
         local P M
         P=$(grep -o -- '--pp [0-9]*' <<<"$spec" | cut -d' ' -f2)
         M=$(sed -n 's/^batch: .* = \([0-9]*\) micro-batch(es).*/\1/p' "$d/m$i-zb-v.out")
-        for sch in zb-v zb-vt; do # each runs the lists ./train schedule prints
-        local times=()
-        [ $sch = zb-vt ] && times=(--pp-times "$ZBV_TIMES")
-        $TRAIN schedule --pp-schedule zb-v --pp $P --micro-batches $M "${times[@]}" >"$d/sched$i.txt" || { echo "FAIL: ./train schedule zb-v"; ok=1; }
-        $PY - "$d/trace$i-$sch" "$d/sched$i.txt" <<'PYEOF' || { echo "FAIL '$spec': $sch trace"; ok=1; }
+        # each runs the lists ./train schedule prints: zb-va the unit lists in step 1, then those for the
+        # times it printed if it said it built them
+        $TRAIN schedule --pp-schedule zb-v --pp $P --micro-batches $M >"$d/sched$i.txt" || { echo "FAIL: ./train schedule zb-v"; ok=1; }
+        $TRAIN schedule --pp-schedule zb-v --pp $P --micro-batches $M --pp-times "$ZBV_TIMES" >"$d/schedt$i.txt" || { echo "FAIL: ./train schedule zb-v --pp-times"; ok=1; }
+        local auto
+        auto=$(sed -n 's/^zb-v: step 1 measured .* (--pp-times \([0-9.e,+-]*\)); \(.*\)$/\1 \2/p' "$d/m$i-zb-va.out")
+        [ -n "$auto" ] || { echo "FAIL '$spec': zb-v --pp-times auto printed no measured times"; ok=1; auto="1,1,1 -"; }
+        $TRAIN schedule --pp-schedule zb-v --pp $P --micro-batches $M --pp-times "${auto%% *}" >"$d/scheda$i.txt" 2>/dev/null ||
+            cp "$d/sched$i.txt" "$d/scheda$i.txt" # (1,1,1: the unit lists)
+        [[ "$auto" == *"lists built for them from step 2" ]] || cp "$d/sched$i.txt" "$d/scheda$i.txt"
+        for sch in zb-v zb-vt zb-va; do
+        local first=$d/sched$i.txt rest=$d/sched$i.txt
+        [ $sch = zb-vt ] && first=$d/schedt$i.txt rest=$d/schedt$i.txt
+        [ $sch = zb-va ] && rest=$d/scheda$i.txt
+        $PY - "$d/trace$i-$sch" "$first" "$rest" <<'PYEOF' || { echo "FAIL '$spec': $sch trace"; ok=1; }
 import glob, re, sys
 files = sorted(glob.glob(sys.argv[1] + "/stage*.txt"), key=lambda f: int(re.findall(r"\d+", f.split("/")[-1])[0]))
-lists = {}
-for line in open(sys.argv[2]):
-    m = re.match(r"rank (\d+) \(bound", line)
-    if m:  # the compute actions of rank r, F0a -> F0c0
-        lists[int(m.group(1))] = [t[:-1] + "c" + str("ab".index(t[-1])) for t in line.split(":", 1)[1].split() if re.fullmatch(r"[FBW]\d+[ab]", t)]
+def read_lists(path):
+    lists = {}
+    for line in open(path):
+        m = re.match(r"rank (\d+) \(bound", line)
+        if m:  # the compute actions of rank r, F0a -> F0c0
+            lists[int(m.group(1))] = [t[:-1] + "c" + str("ab".index(t[-1])) for t in line.split(":", 1)[1].split() if re.fullmatch(r"[FBW]\d+[ab]", t)]
+    return lists
+first, rest = read_lists(sys.argv[2]), read_lists(sys.argv[3])
 P = len(files)
-assert sorted(lists) == list(range(P)), lists.keys()
+assert sorted(first) == list(range(P)) and sorted(rest) == list(range(P)), first.keys()
 for s, f in enumerate(files):
     for line in open(f).read().splitlines():
-        m = re.match(r"step \d+ peak (\d+): (.*)", line)
-        ops = m.group(2).split()
-        assert ops == lists[s], (s, ops, lists[s])
+        m = re.match(r"step (\d+) peak (\d+): (.*)", line)
+        ops = m.group(3).split()
+        lists = first if int(m.group(1)) == 1 else rest
+        assert ops == lists[s], (s, m.group(1), ops, lists[s])
         M = sum(o[0] == "F" for o in ops) // 2
         for c in (0, 1):
             ws = [int(o[1:-2]) for o in ops if o[0] == "W" and o.endswith(f"c{c}")]
             assert ws == list(range(M)), (s, c, ws)  # each W once, in micro-batch order
             for k in range(M):
                 assert ops.index(f"F{k}c{c}") < ops.index(f"B{k}c{c}") < ops.index(f"W{k}c{c}"), (s, k, c)
-        assert int(m.group(1)) <= 2 * P, (s, m.group(1))  # zb-v's bound: 2P chunk activations
+        assert int(m.group(2)) <= 2 * P, (s, m.group(2))  # zb-v's bound: 2P chunk activations
 PYEOF
         done
     done
@@ -1544,7 +1560,8 @@ PYEOF
         "--pp-schedule zb-h1 --pp-virtual 2|--pp-schedule zb-h1 runs one chunk per stage" \
         "--pp-schedule zb-h1 --pp-times 1,1,0.5|--pp-times 1,1,0.5: only zb-v's action lists are built for pass times" \
         "--pp-schedule zb-v --pp-times 1,0.5|--pp-times '1,0.5': expected F,B,W, three positive numbers" \
-        "--pp-schedule zb-v --pp-times 1,0,1|--pp-times must be between 1e-06 and 1e+06, got '0'"; do
+        "--pp-schedule zb-v --pp-times 1,0,1|--pp-times (B) must be between 1e-06 and 1e+06, got '0'" \
+        "--pp-schedule zb-v --pp-times 1,1,1,|--pp-times '1,1,1,': expected F,B,W"; do
         err=$($TRAIN --nproc 2 --pp 2 "${shape[@]}" ${bad%%|*} --batch-tokens 256 --steps 1 2>&1 >/dev/null) && { echo "accepted: ${bad%%|*}"; ok=1; }
         [ "$(wc -l <<<"$err")" = 1 ] && grep -qF -- "${bad#*|}" <<<"$err" || { echo "bad error for ${bad%%|*}: $err"; ok=1; }
     done
