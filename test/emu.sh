@@ -180,9 +180,10 @@ t_emu_multirank() {
     $EMU_TRAIN --nproc 8 --tp 2 --pp 2 --zero 1 "${deep[@]}" --log "$d/3d.jsonl" --save-model "$d/3d.bin" >"$d/3d.out" 2>&1 ||
         { echo "tp2 x pp2 x dp2 failed:"; tail -n 5 "$d/3d.out"; ok=1; }
     # zb-v: the first stage holds the embedding and the head (the tied gradients joined on the device),
-    # the last turns round in place (a device copy)
-    $EMU_TRAIN --nproc 2 --pp 2 --pp-schedule zb-v "${deep[@]}" --log "$d/zbv.jsonl" --save-model "$d/zbv.bin" >"$d/zbv.out" 2>&1 ||
+    # the last turns round in place (a device copy); --pp-times auto times its passes on the device
+    $EMU_TRAIN --nproc 2 --pp 2 --pp-schedule zb-v --pp-times auto "${deep[@]}" --log "$d/zbv.jsonl" --save-model "$d/zbv.bin" >"$d/zbv.out" 2>&1 ||
         { echo "zb-v pp2 failed:"; tail -n 5 "$d/zbv.out"; ok=1; }
+    grep -q '^zb-v: step 1 measured F, B, W = ' "$d/zbv.out" || { echo "FAIL: zb-v --pp-times auto measured nothing on the device"; ok=1; }
     $PY test/compare_runs.py 1e-4 "$d/one4" "$d/pp2v2" "$d/3d" "$d/zbv" || ok=1
     cmp "$d/dp2z1.bin" "$d/dp2own.bin" && echo "a GPU each (seen as device 0) bitwise one GPU" || ok=1
     return $ok
