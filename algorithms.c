@@ -65,10 +65,14 @@ const char *const ALGO_NAMES[] = { "auto", "fanin", "ring", "hier" };
 // one piece's output (a reduce-scatter's, whose own segment is copied out of it); see hier_next.
 static size_t hier_partial_bytes(int local) { return (HIER_PIECE_BYTES + (size_t)local - 1) / (size_t)local + 8; }
 
-// The ring's staging: its chains' (a communicator of two reduces as the fan-in, with none; the
-// hierarchy's cross-node ring keeps its chain at any size, see op_start_on).
-static size_t ring_staging_bytes(int size, int chain, size_t chunk_bytes) {
-    return size > 2 || (size == 2 && chain) ? 2 * RING_DEPTH * chunk_bytes : 0;
+// Whether a ring reduces as two chains, the fan-in's reduce-scatter (see op_start_on): a ring of two
+// that is a communicator of its own. The hierarchy's cross-node ring (a view, whose operations carry
+// accumulators in and out) keeps its chain at any size.
+static int ring_as_pair(int size, int view) { return size == 2 && !view; }
+
+// The ring's staging: its chains' (none for a ring that reduces as a pair).
+static size_t ring_staging_bytes(int size, int view, size_t chunk_bytes) {
+    return size > 1 && !ring_as_pair(size, view) ? 2 * RING_DEPTH * chunk_bytes : 0;
 }
 
 size_t algo_buffer_bytes(int algo, int size, int local, int nodes, size_t chunk_bytes) {
@@ -889,9 +893,9 @@ static void op_start_on(AlgoComm *c, AlgoOp *q) {
     // Two ranks are each other's only neighbour, and the ring's reduction is then two chains, one
     // ending at each segment's owner: the fan-in's reduce-scatter, whose first addition x0 + x1 is
     // the chain's (commutative), so the same bits with each rank adding half, where one chain
-    // 0 -> 1 left every addition to rank 1. The hierarchy's cross-node ring (accumulators in or
-    // out) keeps the chain.
-    int pair = c->size == 2 && !q->in_acc && !q->acc_out && (q->kind == REQ_ALLREDUCE || q->kind == REQ_REDUCE_SCATTER);
+    // 0 -> 1 left every addition to rank 1 (ring_as_pair).
+    int pair = ring_as_pair(c->size, c->to_parent != NULL) && (q->kind == REQ_ALLREDUCE || q->kind == REQ_REDUCE_SCATTER);
+    if (pair && (q->in_acc || q->acc_out)) die("internal: accumulators in a ring of two's reduction outside the hierarchy");
     if (c->algo == ALGO_RING && c->size > 1 && !pair) {
         switch (q->kind) {
         case REQ_BROADCAST: ring_plan_broadcast(c, q); break;
