@@ -146,7 +146,7 @@ CXX ?= g++
 ifneq ($(shell command -v $(CXX) 2>/dev/null),)
 EMU_SM90_TEST = build/test_emu_sm90
 endif
-build/test_emu_sm90: test/test_emu_sm90.cc emu/sm90.cc emu/sm90.h gemm.h test/check.h | build
+build/test_emu_sm90: test/test_emu_sm90.cc emu/sm90.cc emu/sm90.h emu/hooks.h gemm.h test/check.h | build
 	$(CXX) -std=c++17 -Wall -Wextra -Werror -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer \
 	    -fno-sanitize-recover=undefined -pthread test/test_emu_sm90.cc emu/sm90.cc -o $@
 

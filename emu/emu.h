@@ -5,8 +5,7 @@
 // intrinsics they call (__syncthreads, __shfl_xor_sync, ...), the launch (CUDA_LAUNCH in common.cuh
 // becomes emu_launcher), and the models of the inline PTX that common.cuh's wrappers call. A block's
 // threads are fibers (emu/exec.cc); the runtime API is emu/runtime.cc. The contract with the sm_90a
-// module (emu/sm90.h, another file's owner) is the "hooks" section below; it is written out in
-// /work/wt/EMU_CONTRACT.md.
+// module (emu/sm90.h) is emu/hooks.h: what the core gives the module.
 #ifndef LLM4D_EMU_H
 #define LLM4D_EMU_H
 
@@ -22,16 +21,7 @@
 #include <utility>
 
 // ---- the hooks (for the sm_90a module) ----
-[[noreturn]] void emu_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-void emu_yield(void);
-unsigned emu_thread_rank(void);
-unsigned emu_block_threads(void);
-unsigned char *emu_smem(uint32_t addr, size_t bytes);
-void emu_smem_pending(uint32_t addr, size_t bytes);
-void emu_smem_ready(uint32_t addr, size_t bytes);
-void emu_collective(unsigned width, const char *op, void *my_args, void (*exec)(void **args, unsigned n, void *ctx), void *ctx);
-void *emu_block_data(const char *key, size_t bytes, void (*fini)(void *));
-int emu_regs_per_thread_limit(void);
+#include "hooks.h"
 
 // ---- the sm_90a module: present when emu/sm90.h is ----
 #if __has_include("sm90.h")

@@ -14,29 +14,15 @@
 // State lives per block in emu_block_data("sm90"); each mbarrier's state is also kept, encoded, in its
 // 8 bytes of shared memory (an ordinary store to them is then caught at the next mbarrier operation).
 //
-// Hooks this module needs from emu-core (emu/emu.h; declared below when emu.h is not there yet, as
-// in the unit test's single-threaded mock): emu_fail, emu_yield, emu_thread_rank, emu_block_threads,
-// emu_smem, emu_smem_pending, emu_smem_ready, emu_collective, emu_block_data (which must return
-// zeroed bytes the first time a block asks for a key), emu_regs_per_thread_limit.
+// Hooks this module needs from emu-core: emu/hooks.h (the unit test's single-threaded mock defines
+// them itself).
 #ifndef LLM4D_EMU_SM90_H
 #define LLM4D_EMU_SM90_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-// The hooks, as emu/emu.h declares them (repeated here so that this header stands alone, as in the
-// unit test's mock; a mismatch with emu.h is a compile or link error).
-[[noreturn]] void emu_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-void emu_yield(void);
-unsigned emu_thread_rank(void);
-unsigned emu_block_threads(void);
-unsigned char *emu_smem(uint32_t addr, size_t bytes);
-void emu_smem_pending(uint32_t addr, size_t bytes);
-void emu_smem_ready(uint32_t addr, size_t bytes);
-void emu_collective(unsigned width, const char *op, void *my_args, void (*exec)(void **args, unsigned n, void *ctx),
-                    void *ctx);
-void *emu_block_data(const char *key, size_t bytes, void (*fini)(void *));
-int emu_regs_per_thread_limit(void);
+#include "hooks.h"
 
 // emu-core's driver types (emu/cuda.h), when this header sits next to them
 #if __has_include("emu.h") && __has_include("cuda.h")
