@@ -762,21 +762,28 @@ static void cu_encoder_bwd(DType dt, float *dwte, float *dwpe, const void *dout,
 // ---------------------------------------------------------------------------------------------
 // LayerNorm: one warp per row
 
-// With add not NULL it first forms the residual res = inp + add (stored, and normalised as stored);
-// res may alias inp or add: each element is read and written by the same lane.
+// The row a normalisation's warp takes (one warp per row, LayerNorm and RMSNorm) and its input: with add
+// not NULL the residual res = inp + add, formed first (stored, and normalised as stored; res may alias
+// inp or add: each element is read and written by the same lane). NULL past the last row.
+template <typename T>
+__device__ __forceinline__ const T *norm_row_input(const T *inp, T *res, const T *add, int N, int C, int *row, int *lane) {
+    *row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), *lane = threadIdx.x & 31;
+    if (*row >= N) return NULL;
+    const T *x = inp + (size_t)*row * C;
+    if (!add) return x;
+    T *r = res + (size_t)*row * C;
+    const T *a = add + (size_t)*row * C;
+    for (int c = *lane; c < C; c += 32) r[c] = fromf<T>(tof(x[c]) + tof(a[c]));
+    return r;
+}
+
 template <typename T>
 __global__ void layernorm_fwd_kernel(T *out, float *mean, float *rstd, const T *inp, const T *weight, const T *bias,
                                      int N, int C, T *res, const T *add) {
-    int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    if (row >= N) return;
-    const T *x = inp + (size_t)row * C;
+    int row, lane;
+    const T *x = norm_row_input(inp, res, add, N, C, &row, &lane);
+    if (!x) return;
     T *o = out + (size_t)row * C;
-    if (add) {
-        T *r = res + (size_t)row * C;
-        const T *a = add + (size_t)row * C;
-        for (int c = lane; c < C; c += 32) r[c] = fromf<T>(tof(x[c]) + tof(a[c]));
-        x = r;
-    }
     float s = 0.0f;
     for (int c = lane; c < C; c += 32) s += tof(x[c]);
     float m = warp_sum(s) / C;
@@ -901,21 +908,14 @@ static void cu_layernorm_bwd(DType dt, void *dinp, float *dweight, float *dbias,
 // ---------------------------------------------------------------------------------------------
 // The Llama family: RMSNorm (one warp per row, as LayerNorm), RoPE and SwiGLU (elementwise)
 
-// With add not NULL it first forms the residual res = inp + add (stored, and normalised as stored);
-// res may alias inp or add: each element is read and written by the same lane.
+// The residual with add as LayerNorm's (norm_row_input).
 template <typename T>
 __global__ void rmsnorm_fwd_kernel(T *out, float *rstd, const T *inp, const T *weight, int N, int C, float eps, T *res,
                                    const T *add) {
-    int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    if (row >= N) return;
-    const T *x = inp + (size_t)row * C;
+    int row, lane;
+    const T *x = norm_row_input(inp, res, add, N, C, &row, &lane);
+    if (!x) return;
     T *o = out + (size_t)row * C;
-    if (add) {
-        T *r = res + (size_t)row * C;
-        const T *a = add + (size_t)row * C;
-        for (int c = lane; c < C; c += 32) r[c] = fromf<T>(tof(x[c]) + tof(a[c]));
-        x = r;
-    }
     float ss = 0.0f;
     for (int c = lane; c < C; c += 32) ss += tof(x[c]) * tof(x[c]);
     float s = 1.0f / sqrtf(warp_sum(ss) / C + eps);
