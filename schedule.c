@@ -91,8 +91,11 @@ static void order_zbh1(List *l, int p, int m, int r) {
 
 // zb-v by list scheduling (schedule.h), F, B and W taking times[0..2] (unit times: the paper's): at
 // time t each rank that is free (in rank order) sees what finished by t and starts one action; then
-// the clock moves to the next moment a rank becomes free.
-static void order_zbv(const Schedule *s, const double times[3], List *lists) {
+// the clock moves to the next moment a rank becomes free. reserve 1 keeps the last of a rank's 2p
+// activation slots for a chunk-1 forward: with some times (B about twice F) a first stage can fill its
+// slots with chunk-0 forwards while the gradients it waits for need its chunk-1 forward, and the
+// greedy then stalls. -1 when it stalls (nothing runs and nothing will finish), else 0.
+static int order_zbv(const Schedule *s, const double times[3], int reserve, List *lists) {
     int p = s->p, m = s->m, V = 2 * p, cap = 2 * p;
     // done[(mb·V + vs)·2 + 0/1]: when F / B of micro-batch mb at virtual stage vs finished (-1: not yet)
     double *done = xmalloc(sizeof(double) * (size_t)m * V * 2), *free_at = xcalloc((size_t)p, sizeof(double));
@@ -113,7 +116,7 @@ static void order_zbv(const Schedule *s, const double times[3], List *lists) {
             }
             for (int cc = 1; cc >= 0 && kind < 0 && live[r] < cap; cc--) { // F, chunk 1 first
                 int mb = nf[r * 2 + cc], vs = schedule_vstage(s, r, cc);
-                if (mb >= m) continue;
+                if (mb >= m || (cc == 0 && live[r] >= cap - reserve)) continue;
                 double d = vs == 0 ? 0 : DONE(mb, vs - 1, 0);
                 if (d >= 0 && d <= t) kind = ACT_F, c = cc;
             }
@@ -142,7 +145,7 @@ static void order_zbv(const Schedule *s, const double times[3], List *lists) {
         double next = -1; // the next moment a rank becomes free: only then can anything change
         for (int r = 0; r < p; r++)
             if (free_at[r] > t && (next < 0 || free_at[r] < next)) next = free_at[r];
-        if (next < 0 && left > 0) die("internal: zb-v list scheduling stalled with %d actions left", left);
+        if (next < 0) break; // done, or stalled
         t = next;
     }
 #undef DONE
@@ -152,9 +155,12 @@ static void order_zbv(const Schedule *s, const double times[3], List *lists) {
     free(nb);
     free(nw);
     free(live);
+    return left > 0 ? -1 : 0;
 }
 
-static int build(Schedule *s, int kind, int p, int m, int v, const double t[3], char *why, size_t cap) {
+// The lists of one schedule for times t (reserve: order_zbv's); -1 with why for what does not fit, -2
+// when zb-v's list scheduling stalls for these times.
+static int build(Schedule *s, int kind, int p, int m, int v, const double t[3], int reserve, char *why, size_t cap) {
     memset(s, 0, sizeof *s);
     if (kind < 0 || kind >= SCHED_COUNT) return snprintf(why, cap, "unknown pipeline schedule"), -1;
     const char *name = SCHEDULE_NAMES[kind];
@@ -168,7 +174,12 @@ static int build(Schedule *s, int kind, int p, int m, int v, const double t[3], 
     s->split = kind == SCHED_ZBH1 || kind == SCHED_ZBV;
     List *lists = xcalloc((size_t)p, sizeof(List));
     memcpy(s->times, t, sizeof s->times);
-    if (kind == SCHED_ZBV) order_zbv(s, t, lists);
+    if (kind == SCHED_ZBV && order_zbv(s, t, reserve, lists)) {
+        for (int r = 0; r < p; r++) free(lists[r].a);
+        free(lists);
+        memset(s, 0, sizeof *s);
+        return snprintf(why, cap, "zb-v's list scheduling stalls for F, B, W = %g, %g, %g", t[0], t[1], t[2]), -2;
+    }
     for (int r = 0; r < p; r++) {
         if (kind == SCHED_1F1B || kind == SCHED_INTERLEAVED) order_1f1b(&lists[r], p, m, v, r);
         if (kind == SCHED_ZBH1) order_zbh1(&lists[r], p, m, r);
@@ -250,21 +261,37 @@ int schedule_build(Schedule *s, int kind, int p, int m, int v, const double *tim
     const double *t = times ? times : unit;
     if (!(t[0] > 0 && t[1] > 0 && t[2] > 0 && t[0] < 1e9 && t[1] < 1e9 && t[2] < 1e9))
         return snprintf(why, cap, "--pp-times: F, B and W must be positive numbers"), -1;
-    if (build(s, kind, p, m, v, t, why, cap)) return -1;
-    if (kind == SCHED_ZBV && (t[0] != 1 || t[1] != 1 || t[2] != 1)) {
-        // the list scheduler is greedy: for a few times the unit-time lists run a little faster under
-        // them (about 1% at p 4 with F = 2B = 2W), so keep whichever is faster under the given times
-        Schedule u;
-        if (build(&u, kind, p, m, v, unit, why, cap)) return schedule_free(s), -1;
-        double tu = schedule_times(&u, t[0], t[1], t[2], NULL), ts = schedule_times(s, t[0], t[1], t[2], NULL);
-        if (tu >= 0 && (ts < 0 || tu < ts)) { // (-1: lists that deadlock, which the scheduler never makes)
-            schedule_free(s);
-            *s = u;
-            memcpy(s->times, t, sizeof s->times);
+    int unit_times = t[0] == 1 && t[1] == 1 && t[2] == 1;
+    if (kind != SCHED_ZBV || unit_times) {
+        int rc = build(s, kind, p, m, v, t, 0, why, cap);
+        if (rc == -2) die("internal: %s", why); // (test_schedule: never with unit times, p <= 8, m <= 64)
+        return rc ? -1 : 0;
+    }
+    // other times: the list scheduler is greedy, so of its lists for these times (plain, and with a
+    // slot kept for chunk 1, which does not stall where the plain one can) and the unit-time lists
+    // (which for a few times run a little faster under them, about 1% at p 4 with F = 2B = 2W) keep
+    // the fastest under the given times
+    const double *cand_t[3] = { t, t, unit };
+    const int cand_reserve[3] = { 0, 1, 0 };
+    double best = -1;
+    for (int k = 0; k < 3; k++) {
+        Schedule c;
+        int rc = build(&c, kind, p, m, v, cand_t[k], cand_reserve[k], why, cap);
+        if (rc == -1) { // what does not fit (the same for every candidate)
+            if (best >= 0) schedule_free(s);
+            return -1;
+        }
+        if (rc == -2) continue;
+        double tc = schedule_times(&c, t[0], t[1], t[2], NULL);
+        if (tc >= 0 && (best < 0 || tc < best)) {
+            if (best >= 0) schedule_free(s);
+            *s = c, best = tc;
         } else {
-            schedule_free(&u);
+            schedule_free(&c);
         }
     }
+    if (best < 0) die("internal: no zb-v lists for F, B, W = %g, %g, %g", t[0], t[1], t[2]);
+    memcpy(s->times, t, sizeof s->times);
     return 0;
 }
 

@@ -185,6 +185,20 @@ static double urand(void) {
     return (double)(rng >> 11) / 9007199254740992.0;
 }
 
+// The checks with every compute action its own random time: the order alone must stay deadlock free
+// and correct.
+static int check_random_times(const Schedule *s) {
+    double **dur = malloc(sizeof(double *) * (size_t)s->p), T;
+    for (int r = 0; r < s->p; r++) {
+        dur[r] = malloc(sizeof(double) * (size_t)(s->n[r] + 1));
+        for (int i = 0; i < s->n[r]; i++) dur[r][i] = 0.25 + urand();
+    }
+    int err = check(s, 0, 0, 0, (const double *const *)dur, &T);
+    for (int r = 0; r < s->p; r++) free(dur[r]);
+    free(dur);
+    return err;
+}
+
 static int run_all(void) {
     int bad = 0, checked = 0;
     char why[256];
@@ -198,19 +212,11 @@ static int run_all(void) {
                     bad++;
                     continue;
                 }
-                double T, T2, T3;
+                double T, T2;
                 int err = check(&s, 1, 1, 1, NULL, &T);
                 if (!bubble_ok(&s, T)) err |= E_BUBBLE;
                 // other times, and every action its own: the order alone must stay deadlock free and correct
-                err |= check(&s, 1, 2, 1, NULL, &T2);
-                double **dur = malloc(sizeof(double *) * (size_t)p);
-                for (int r = 0; r < p; r++) {
-                    dur[r] = malloc(sizeof(double) * (size_t)(s.n[r] + 1));
-                    for (int i = 0; i < s.n[r]; i++) dur[r][i] = 0.25 + urand();
-                }
-                err |= check(&s, 0, 0, 0, (const double *const *)dur, &T3);
-                for (int r = 0; r < p; r++) free(dur[r]);
-                free(dur);
+                err |= check(&s, 1, 2, 1, NULL, &T2) | check_random_times(&s);
                 double T4 = schedule_times(&s, 1, 1, 1, NULL); // the dump's timeline agrees with this simulator
                 if (T4 != T) err |= E_BUBBLE;
                 for (int r = 0; r < p; r++) { // the stashes a split backward needs: zb-h1 min(r + 1, m); W after B: 1
@@ -236,18 +242,23 @@ static int run_all(void) {
     return bad;
 }
 
-// zb-v's lists built for other pass times (--pp-times; p <= 8, m to 24 and 32 ... 64): the same definitions hold (order, hand-offs,
+// zb-v's lists built for other pass times (--pp-times; p <= 8, m to 64): the same definitions hold (order, hand-offs,
 // dependencies, bounds, W order, no deadlock under the build's times, unit times and random ones), and
 // under the build's times the lists are never slower than the unit-time lists (schedule_build keeps the
 // faster), and for the times this machine measures (F 1, B 0.85, W 0.44) with m >= 4p strictly faster:
 // the list scheduler used the times.
 static int run_timed(void) {
-    static const double T3[][3] = { { 1, 0.85, 0.44 }, { 2, 1, 1 }, { 1, 2, 0.5 }, { 1, 1, 0.1 } };
+    // (B about twice F, the fifth, stalls the plain list scheduler at p 2, m 16: schedule_build falls
+    // back to its lists with a slot kept for chunk 1; then six random times, F, B, W in [0.05, 2))
+    enum { NT = 11 };
+    double T3[NT][3] = { { 1, 0.85, 0.44 }, { 2, 1, 1 }, { 1, 2, 0.5 }, { 1, 1, 0.1 }, { 0.651, 1.381, 0.354 } };
+    for (int k = 5; k < NT; k++)
+        for (int j = 0; j < 3; j++) T3[k][j] = 0.05 + 1.95 * urand();
     int bad = 0, checked = 0, faster = 0;
     char why[256];
-    for (size_t k = 0; k < sizeof T3 / sizeof T3[0]; k++)
+    for (int k = 0; k < NT; k++)
         for (int p = 1; p <= 8; p++)
-            for (int m = 1; m <= 64; m = m < 24 ? m + 1 : m + 8) { // every m to 24, then 32, 40, ..., 64
+            for (int m = 1; m <= 64; m = k < 5 ? (m < 24 ? m + 1 : m + 8) : m < 4 ? m + 1 : 2 * m) { // to 24, then every 8; random: 1-4, 8, 16, 32, 64
                 const double *t = T3[k];
                 Schedule s, u;
                 if (schedule_build(&s, SCHED_ZBV, p, m, 2, t, why, sizeof why) || schedule_build(&u, SCHED_ZBV, p, m, 2, NULL, why, sizeof why)) {
@@ -256,15 +267,7 @@ static int run_timed(void) {
                     continue;
                 }
                 double T, T1, Tu;
-                int err = check(&s, t[0], t[1], t[2], NULL, &T) | check(&s, 1, 1, 1, NULL, &T1);
-                double **dur = malloc(sizeof(double *) * (size_t)p);
-                for (int r = 0; r < p; r++) {
-                    dur[r] = malloc(sizeof(double) * (size_t)(s.n[r] + 1));
-                    for (int i = 0; i < s.n[r]; i++) dur[r][i] = 0.25 + urand();
-                }
-                err |= check(&s, 0, 0, 0, (const double *const *)dur, &T1);
-                for (int r = 0; r < p; r++) free(dur[r]);
-                free(dur);
+                int err = check(&s, t[0], t[1], t[2], NULL, &T) | check(&s, 1, 1, 1, NULL, &T1) | check_random_times(&s);
                 err |= check(&u, t[0], t[1], t[2], NULL, &Tu) & ~E_BUBBLE;
                 if (schedule_times(&s, t[0], t[1], t[2], NULL) != T) err |= E_BUBBLE; // the timeline agrees
                 if (T > Tu) err |= E_BUBBLE;
