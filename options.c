@@ -186,7 +186,7 @@ static const char USAGE[] =
     "  --pp-times F,B,W|auto      zb-v: build its action lists for these relative times of one forward, input-\n"
     "                             and weight-gradient pass (default 1,1,1, the paper's unit times; a run's\n"
     "                             --pp-schedule-dump measures them), or auto: the times the first step\n"
-    "                             measures (the mean over every rank's passes), lists rebuilt from step 2;\n"
+    "                             measures (the mean over every rank's passes), lists rebuilt from the next;\n"
     "                             where W is well below F, lists built for the real times keep the stages\n"
     "                             busy that unit-time lists leave waiting\n"
     "  --pp-trace DIR             testing aid: each stage appends its per-step schedule to DIR/stageS.txt\n"

@@ -50,6 +50,7 @@ void pipeline_free(Pipeline *p) {
     free(p->trace);
     free(p->act_t);
     if (p->sched.n) schedule_free(&p->sched);
+    if (p->next.n) schedule_free(&p->next);
     memset(p, 0, sizeof *p);
 }
 
@@ -248,11 +249,12 @@ static void adopt_measured_times(Pipeline *p, int M, const double sum[3], const 
     double work = (double)M * V * (t[0] + t[1] + t[2]);
     double ts = schedule_times(&s, t[0], t[1], t[2], NULL), tu = schedule_times(u, t[0], t[1], t[2], NULL);
     if (l->lead)
-        printf("zb-v: step 1 measured F, B, W = %.3f, %.3f, %.3f ms a chunk pass (--pp-times %.17g,%.17g,%.17g); %s\n", t[0], t[1], t[2],
-               t[0], t[1], t[2],
+        printf("zb-v: the first step measured F, B, W = %.3f, %.3f, %.3f ms a chunk pass (--pp-times %.17g,%.17g,%.17g); %s\n", t[0],
+               t[1], t[2], t[0], t[1], t[2],
                same    ? "the unit-time lists stay, the fastest under those times"
-               : !fits ? "the unit-time lists stay: the lists for those times need more activation sets than were allocated"
-                       : "lists built for them from step 2");
+               : !fits ? "the unit-time lists stay: the lists for those times need more activation sets, head buffers or weight-gradient "
+                         "stashes than were allocated"
+                       : "lists built for them from the next step");
     if (l->lead && fits && !same)
         printf("zb-v: bubble under those times %.1f%%, the unit-time lists' %.1f%%\n", 100.0 * (1.0 - work / ts), 100.0 * (1.0 - work / tu));
     fflush(stdout);
@@ -260,8 +262,7 @@ static void adopt_measured_times(Pipeline *p, int M, const double sum[3], const 
         schedule_free(&s);
         return;
     }
-    schedule_free(&p->sched);
-    p->sched = s;
+    p->next = s; // (this step's lists stay until it is reported: --pp-schedule-dump names their actions)
 }
 
 double pipeline_step(Pipeline *p, const int32_t *inputs, const int32_t *targets, int M, int B, int T, float dloss) {
@@ -272,8 +273,14 @@ double pipeline_step(Pipeline *p, const int32_t *inputs, const int32_t *targets,
     p->joins_left = p->chunks;
     p->trace_len = 0;
     if (p->trace) p->trace[0] = 0;
+    if (p->next.n && p->next.m == M) { // --pp-times auto: the lists for the measured times
+        schedule_free(&p->sched);
+        p->sched = p->next;
+        memset(&p->next, 0, sizeof p->next);
+    }
     if (!p->sched.n || p->sched.m != M) {
-        if (p->sched.n) schedule_free(&p->sched);
+        if (p->sched.n) schedule_free(&p->sched), p->times_measured = 0; // (another M: measured again)
+        if (p->next.n) schedule_free(&p->next);
         char why[256];
         int kind = p->model->lay->schedule;
         if (schedule_build(&p->sched, kind, p->stages, M, p->chunks, layout_pass_times(p->model->lay), why, sizeof why))

@@ -43,7 +43,8 @@ typedef struct {
     int keep_times;
     double t0, recv_end, send_at, *act_t;
     int act_cap;
-    int times_measured; // --pp-times auto: the first step measured F, B and W and the lists followed
+    int times_measured; // --pp-times auto: the first step (at this M) measured F, B and W
+    Schedule next;      // and the lists built for them, run from the next step (next.n: pending)
 } Pipeline;
 
 void pipeline_init(Pipeline *p, GPT2 *model, Zero *zero, Comm *fwd, Comm *bwd);

@@ -417,7 +417,7 @@ static void parse_plan(PlanInput *in, int argc, char **argv) {
 #undef IS
     }
     if (in->pp_times_given && in->pp_schedule != SCHED_ZBV)
-        die("--pp-times: only zb-v's action lists are built for pass times (--pp-schedule zb-v, not %s)", SCHEDULE_NAMES[in->pp_schedule < 0 ? 0 : in->pp_schedule]);
+        die("--pp-times: only zb-v's action lists are built for pass times (--pp-schedule zb-v)");
     resolve_plan(in, &g);
 }
 

@@ -258,6 +258,7 @@ static int build(Schedule *s, int kind, int p, int m, int v, const double t[3], 
 
 int schedule_build(Schedule *s, int kind, int p, int m, int v, const double *times, char *why, size_t cap) {
     static const double unit[3] = { 1, 1, 1 };
+    memset(s, 0, sizeof *s);
     const double *t = times ? times : unit;
     if (!(t[0] > 0 && t[1] > 0 && t[2] > 0 && t[0] < 1e9 && t[1] < 1e9 && t[2] < 1e9))
         return snprintf(why, cap, "--pp-times: F, B and W must be positive numbers"), -1;
@@ -268,7 +269,7 @@ int schedule_build(Schedule *s, int kind, int p, int m, int v, const double *tim
         return rc ? -1 : 0;
     }
     // other times: the list scheduler is greedy, so of its lists for these times (plain, and with a
-    // slot kept for chunk 1, which does not stall where the plain one can) and the unit-time lists
+    // slot kept for chunk 1, which stalled in none of the cases tried where the plain one did) and the unit-time lists
     // (which for a few times run a little faster under them, about 1% at p 4 with F = 2B = 2W) keep
     // the fastest under the given times
     const double *cand_t[3] = { t, t, unit };

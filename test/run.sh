@@ -1481,11 +1481,11 @@ PYEOF
         $TRAIN schedule --pp-schedule zb-v --pp $P --micro-batches $M >"$d/sched$i.txt" || { echo "FAIL: ./train schedule zb-v"; ok=1; }
         $TRAIN schedule --pp-schedule zb-v --pp $P --micro-batches $M --pp-times "$ZBV_TIMES" >"$d/schedt$i.txt" || { echo "FAIL: ./train schedule zb-v --pp-times"; ok=1; }
         local auto
-        auto=$(sed -n 's/^zb-v: step 1 measured .* (--pp-times \([0-9.e,+-]*\)); \(.*\)$/\1 \2/p' "$d/m$i-zb-va.out")
+        auto=$(sed -n 's/^zb-v: the first step measured .* (--pp-times \([0-9.e,+-]*\)); \(.*\)$/\1 \2/p' "$d/m$i-zb-va.out")
         [ -n "$auto" ] || { echo "FAIL '$spec': zb-v --pp-times auto printed no measured times"; ok=1; auto="1,1,1 -"; }
         $TRAIN schedule --pp-schedule zb-v --pp $P --micro-batches $M --pp-times "${auto%% *}" >"$d/scheda$i.txt" 2>/dev/null ||
             cp "$d/sched$i.txt" "$d/scheda$i.txt" # (1,1,1: the unit lists)
-        [[ "$auto" == *"lists built for them from step 2" ]] || cp "$d/sched$i.txt" "$d/scheda$i.txt"
+        [[ "$auto" == *"lists built for them from the next step" ]] || cp "$d/sched$i.txt" "$d/scheda$i.txt"
         for sch in zb-v zb-vt zb-va; do
         local first=$d/sched$i.txt rest=$d/sched$i.txt
         [ $sch = zb-vt ] && first=$d/schedt$i.txt rest=$d/schedt$i.txt
