@@ -256,6 +256,7 @@ static int build(Schedule *s, int kind, int p, int m, int v, const double t[3], 
     return 0;
 }
 
+#define ZBV_SEARCH_ACTIONS 49152 // (p 8 x m 1024; a build of that size takes about a millisecond)
 int schedule_build(Schedule *s, int kind, int p, int m, int v, const double *times, char *why, size_t cap) {
     static const double unit[3] = { 1, 1, 1 };
     memset(s, 0, sizeof *s);
@@ -268,16 +269,26 @@ int schedule_build(Schedule *s, int kind, int p, int m, int v, const double *tim
         if (rc == -2) die("internal: %s", why); // (test_schedule: never with unit times, p <= 8, m <= 64)
         return rc ? -1 : 0;
     }
-    // other times: the list scheduler is greedy, so of its lists for these times (plain, and with a
-    // slot kept for chunk 1, which stalled in none of the cases tried where the plain one did) and the unit-time lists
-    // (which for a few times run a little faster under them, about 1% at p 4 with F = 2B = 2W) keep
-    // the fastest under the given times
-    const double *cand_t[3] = { t, t, unit };
-    const int cand_reserve[3] = { 0, 1, 0 };
+    // other times: the list scheduler is greedy, and its lists depend on the times in ways no rule
+    // predicts (at PP 2, M 8 the lists for F, B, W = 1, 0.85, 0.44 leave 6.8% idle under those times,
+    // those for 1, 0.85 · 1.25, 0.44 · 0.6 only 2.7%, the least any zb-v list can: the first
+    // activation's walk). So it searches: lists for the given times with B and W scaled by the factors
+    // below, each plain and with a slot kept for chunk 1 (which stalled in none of the cases tried
+    // where the plain one did), and the unit-time lists; the fastest under the given times is kept
+    // (the first of equals). Lists of more than ZBV_SEARCH_ACTIONS compute actions try the given times
+    // and the unit lists alone.
+    static const double fw[] = { 1, 0.6, 0.8, 1.25, 1.6 }, fb[] = { 1, 0.8, 1.25 };
+    enum { NW = sizeof fw / sizeof fw[0], NB = sizeof fb / sizeof fb[0], NCAND = 2 * NW * NB + 1 };
+    double ct[NCAND][3];
+    int cres[NCAND], nc = 0, search = 6L * p * m <= ZBV_SEARCH_ACTIONS;
+    for (int a = 0; a < (search ? NW : 1); a++)
+        for (int b = 0; b < (search ? NB : 1); b++)
+            for (int r = 0; r < 2; r++) ct[nc][0] = t[0], ct[nc][1] = t[1] * fb[b], ct[nc][2] = t[2] * fw[a], cres[nc++] = r;
+    memcpy(ct[nc], unit, sizeof ct[nc]), cres[nc++] = 0;
     double best = -1;
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < nc; k++) {
         Schedule c;
-        int rc = build(&c, kind, p, m, v, cand_t[k], cand_reserve[k], why, cap);
+        int rc = build(&c, kind, p, m, v, ct[k], cres[k], why, cap);
         if (rc == -1) { // what does not fit (the same for every candidate)
             if (best >= 0) schedule_free(s);
             return -1;
