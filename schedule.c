@@ -271,7 +271,7 @@ int schedule_build(Schedule *s, int kind, int p, int m, int v, const double *tim
     }
     // other times: the list scheduler is greedy, and its lists depend on the times in ways no rule
     // predicts (at PP 2, M 8 the lists for F, B, W = 1, 0.85, 0.44 leave 6.8% idle under those times,
-    // those for 1, 0.85 · 1.25, 0.44 · 0.6 only 2.7%, the least any zb-v list can: the first
+    // lists for some of the scaled times below only 2.7%, the least any zb-v list can: the first
     // activation's walk). So it searches: lists for the given times with B and W scaled by the factors
     // below, each plain and with a slot kept for chunk 1 (which stalled in none of the cases tried
     // where the plain one did), and the unit-time lists; the fastest under the given times is kept

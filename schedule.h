@@ -24,7 +24,9 @@
 //                become final from the model's end down, as in every other schedule). Bubble: the first activation's walk down
 //                the ranks, (p-1) chunk-forwards, once per step, with unit times. With the times a
 //                run measures (W often well below F), lists built for those times keep the ranks busy
-//                where unit-time lists leave them waiting for a hand-off in the steady state.
+//                where unit-time lists leave them waiting for a hand-off in the steady state; for
+//                other times schedule_build searches a few scaled times (and a variant that keeps a
+//                slot for chunk 1, which the greedy can otherwise stall without) and keeps the fastest.
 // A micro-batch's activations on a rank are in flight from its F to its W. W passes of a chunk run in
 // micro-batch order in every schedule (so the gradient sums are added in 1f1b's order).
 #ifndef LLM4D_SCHEDULE_H
