@@ -157,13 +157,9 @@ void layout_place_stages(Layout *l, int L, int V, const char *pp_layers) {
         Schedule s;
         char why[256];
         if (schedule_build(&s, l->schedule, P, M, V, layout_pass_times(l), why, sizeof why)) die("--pp-schedule %s: %s", SCHEDULE_NAMES[l->schedule], why);
-        l->nslots = s.slots[stage];
-        l->nstash = s.split ? s.wpending[stage] : 0;
-        if (l->schedule == SCHED_ZBV) { // a micro-batch's two chunks are in flight apart: a pool of chunk sets
-            l->chunk_sets = 1;
-            l->nslots = s.live[stage] > V ? s.live[stage] : V; // (V: the validation forward's one of each)
-            l->nheads = s.cspan[stage * V + V - 1];
-        }
+        SchedulePool q = schedule_pool(&s, stage);
+        l->nslots = q.sets, l->nheads = q.heads, l->nstash = q.stashes;
+        l->chunk_sets = l->schedule == SCHED_ZBV;
         schedule_free(&s);
     }
     if (l->nslots < 1) l->nslots = 1;

@@ -738,8 +738,6 @@ void parse_options(Options *o, int argc_in, char **argv_in) {
         if (o->pp_virtual > 2) die("--pp-schedule zb-v runs two chunks per stage (a V): --pp-virtual %d does not apply", o->pp_virtual);
         o->pp_virtual = 2;
     }
-    if (o->pp_times_flag && o->pp_schedule != SCHED_ZBV)
-        die("--pp-times %s: only zb-v's action lists are built for pass times (--pp-schedule zb-v); the other schedules are fixed orders",
-            o->pp_times_flag);
+    schedule_check_times_kind(o->pp_schedule, o->pp_times_flag);
     check_options(o);
 }

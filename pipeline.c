@@ -239,15 +239,13 @@ static void adopt_measured_times(Pipeline *p, int M, const double sum[3], const 
     Schedule s;
     char why[256];
     if (schedule_build(&s, l->schedule, p->stages, M, p->chunks, t, why, sizeof why)) die("--pp-times auto: %s", why);
-    const Schedule *u = &p->sched;
-    int V = p->chunks, fits = 1, same = 1;
+    const Schedule *u = &p->sched; // the unit lists, for which the model was allocated
+    int fits = 1, same = 1;
     for (int r = 0; r < p->stages; r++) {
-        int sets = s.live[r] > V ? s.live[r] : V, sets_u = u->live[r] > V ? u->live[r] : V;
-        if (sets > sets_u || s.cspan[r * V + V - 1] > u->cspan[r * V + V - 1] || s.wpending[r] > u->wpending[r]) fits = 0;
+        SchedulePool need = schedule_pool(&s, r), have = schedule_pool(u, r);
+        if (need.sets > have.sets || need.heads > have.heads || need.stashes > have.stashes) fits = 0;
         if (s.n[r] != u->n[r] || memcmp(s.a[r], u->a[r], sizeof(Action) * (size_t)s.n[r])) same = 0;
     }
-    double work = (double)M * V * (t[0] + t[1] + t[2]);
-    double ts = schedule_times(&s, t[0], t[1], t[2], NULL), tu = schedule_times(u, t[0], t[1], t[2], NULL);
     if (l->lead)
         printf("zb-v: the first step measured F, B, W = %.3f, %.3f, %.3f ms a chunk pass (--pp-times %.17g,%.17g,%.17g); %s\n", t[0],
                t[1], t[2], t[0], t[1], t[2],
@@ -256,7 +254,7 @@ static void adopt_measured_times(Pipeline *p, int M, const double sum[3], const 
                          "stashes than were allocated"
                        : "lists built for them from the next step");
     if (l->lead && fits && !same)
-        printf("zb-v: bubble under those times %.1f%%, the unit-time lists' %.1f%%\n", 100.0 * (1.0 - work / ts), 100.0 * (1.0 - work / tu));
+        printf("zb-v: bubble under those times %.1f%%, the unit-time lists' %.1f%%\n", 100.0 * schedule_bubble(&s, t), 100.0 * schedule_bubble(u, t));
     fflush(stdout);
     if (!fits || same) {
         schedule_free(&s);

@@ -231,7 +231,7 @@ typedef struct {
     int gpus, gpus_per_node, max_tp, micro_batches, pp_virtual, zero, top;
     int pp_schedule; // SCHED_* (schedule.h): whose formula the bubble column shows
     double pp_times[3]; // --pp-times (zeros: unit times, or auto)
-    int pp_times_given;
+    const char *pp_times_flag;
     int only_tp, only_cp, only_pp, only_dp; // 0, or the one value of that axis to list
     int recompute; // RECOMPUTE_* (model.h)
     int flash, fp32, json;
@@ -382,7 +382,7 @@ static void parse_plan(PlanInput *in, int argc, char **argv) {
         }
         else if (IS("--pp-times")) { // auto: the run keeps its lists inside the unit lists' pool, which --exact counts
             if (strcmp(v, "auto")) schedule_parse_times(f, v, in->pp_times);
-            in->pp_times_given = 1;
+            in->pp_times_flag = v;
         }
         else if (IS("--zero")) in->zero = INT(0, 3);
         else if (IS("--top")) in->top = INT(1, 1 << 30);
@@ -416,8 +416,7 @@ static void parse_plan(PlanInput *in, int argc, char **argv) {
 #undef INT
 #undef IS
     }
-    if (in->pp_times_given && in->pp_schedule != SCHED_ZBV)
-        die("--pp-times: only zb-v's action lists are built for pass times (--pp-schedule zb-v)");
+    schedule_check_times_kind(in->pp_schedule, in->pp_times_flag);
     resolve_plan(in, &g);
 }
 

@@ -429,15 +429,14 @@ void schedule_dump(FILE *f, const Schedule *s, int ascii_only) {
         // what building for the given times buys, under those times: against the unit-time lists
         Schedule u;
         char why[256];
-        double busy = (double)s->m * s->v * (s->times[0] + s->times[1] + s->times[2]);
-        double t = schedule_times(s, s->times[0], s->times[1], s->times[2], NULL), tu = -1;
+        double b = schedule_bubble(s, s->times), bu = -1;
         if (!schedule_build(&u, s->kind, p, s->m, s->v, NULL, why, sizeof why)) {
-            tu = schedule_times(&u, s->times[0], s->times[1], s->times[2], NULL);
+            bu = schedule_bubble(&u, s->times);
             schedule_free(&u);
         }
-        if (t > 0 && tu > 0)
+        if (b >= 0 && bu >= 0)
             fprintf(f, "lists built for F, B, W = %g, %g, %g (--pp-times); under those times bubble %.1f%%, the unit-time lists' %.1f%%\n",
-                    s->times[0], s->times[1], s->times[2], 100.0 * (1.0 - busy / t), 100.0 * (1.0 - busy / tu));
+                    s->times[0], s->times[1], s->times[2], 100.0 * b, 100.0 * bu);
     }
     for (int r = 0; r < p; r++) free(start[r]);
     free(start);
@@ -472,6 +471,26 @@ static void write_unit_dump(const char *path, const Schedule *s) {
     for (int r = 0; r < s->p; r++) free(start[r]), free(end[r]);
     free(start);
     free(end);
+}
+
+void schedule_check_times_kind(int kind, const char *value) {
+    if (value && kind != SCHED_ZBV)
+        die("--pp-times %s: only zb-v's action lists are built for pass times (--pp-schedule zb-v); %s is a fixed order", value,
+            kind >= 0 ? SCHEDULE_NAMES[kind] : "the default schedule");
+}
+
+SchedulePool schedule_pool(const Schedule *s, int r) {
+    SchedulePool q = { s->slots[r], 0, s->split ? s->wpending[r] : 0 };
+    if (s->kind == SCHED_ZBV) { // a micro-batch's two chunks are in flight apart: a pool of chunk sets
+        q.sets = s->live[r] > s->v ? s->live[r] : s->v; // (v: the validation forward's one of each)
+        q.heads = s->cspan[r * s->v + s->v - 1];
+    }
+    return q;
+}
+
+double schedule_bubble(const Schedule *s, const double t[3]) {
+    double span = schedule_times(s, t[0], t[1], t[2], NULL);
+    return span > 0 ? 1.0 - (double)s->m * s->v * (t[0] + t[1] + t[2]) / span : -1;
 }
 
 void schedule_parse_times(const char *flag, const char *v, double times[3]) {
@@ -535,9 +554,7 @@ int schedule_main(int argc, char **argv) {
     }
     if (!p || !m) die("./train schedule needs --pp P and --micro-batches M");
     if (!v) v = kind == SCHED_ZBV ? 2 : 1;
-    if (times_flag && kind != SCHED_ZBV)
-        die("--pp-times %s: only zb-v's lists are built for pass times (--pp-schedule zb-v); %s is a fixed order", times_flag,
-            SCHEDULE_NAMES[kind]);
+    schedule_check_times_kind(kind, times_flag);
     Schedule s;
     char why[256];
     if (schedule_build(&s, kind, p, m, v, times, why, sizeof why)) die("%s", why);

@@ -73,6 +73,18 @@ int schedule_build(Schedule *s, int kind, int p, int m, int v, const double *tim
 void schedule_free(Schedule *s);
 // --pp-times F,B,W: three positive numbers into times, or one line naming the flag and exit.
 void schedule_parse_times(const char *flag, const char *v, double times[3]);
+// --pp-times VALUE (NULL: not given) with schedule kind (-1: the default): one line and exit unless zb-v.
+void schedule_check_times_kind(int kind, const char *value);
+// What a split schedule's lists need allocated on rank r (layout_place_stages allocates it): activation
+// sets (zb-v: its pool of chunk sets), the head's buffer sets (zb-v's head chunk; else 0) and the
+// weight-gradient stashes per chunk.
+typedef struct {
+    int sets, heads, stashes;
+} SchedulePool;
+SchedulePool schedule_pool(const Schedule *s, int r);
+// The share of the step every rank idles under F, B, W times t (each rank does m·v·(F + B + W)):
+// 1 - that work over the makespan, or -1 when the lists deadlock.
+double schedule_bubble(const Schedule *s, const double t[3]);
 // Where chunk c of rank r sits in the model (its virtual stage, 0 .. p·v-1), and its neighbours: the rank
 // and chunk that feed it (prev) and that it feeds (next); -1 at the model's ends.
 int schedule_vstage(const Schedule *s, int r, int c);
