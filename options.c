@@ -187,7 +187,7 @@ static const char USAGE[] =
     "                             and weight-gradient pass (default 1,1,1, the paper's unit times; a run's\n"
     "                             --pp-schedule-dump measures them), or auto: the times the first step\n"
     "                             measures (the mean over every rank's passes), lists rebuilt from the next;\n"
-    "                             where W is well below F, lists built for the real times keep the stages\n"
+    "                             where F, B and W differ, lists built for the real times keep the stages\n"
     "                             busy that unit-time lists leave waiting\n"
     "  --pp-trace DIR             testing aid: each stage appends its per-step schedule to DIR/stageS.txt\n"
     "  --pp-schedule-dump FILE    write the schedule's per-rank action list with the measured start and end\n"

@@ -23,7 +23,7 @@
 //                whole stage), else its oldest pending W (chunk 1's first on a tie: the blocks' gradients
 //                become final from the model's end down, as in every other schedule). Bubble: the first activation's walk down
 //                the ranks, (p-1) chunk-forwards, once per step, with unit times. With the times a
-//                run measures (W often well below F), lists built for those times keep the ranks busy
+//                run measures (rarely equal), lists built for those times keep the ranks busy
 //                where unit-time lists leave them waiting for a hand-off in the steady state; for
 //                other times schedule_build searches a few scaled times (and a variant that keeps a
 //                slot for chunk 1, which the greedy can otherwise stall without) and keeps the fastest.

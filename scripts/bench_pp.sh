@@ -9,7 +9,7 @@
 # chunk with two chunks): 1f1b and interleaved are the same either way; zb-h1's is (P-1)(F+B-W) over
 # M(F+B+W) plus that; for zb-v and zb-v-times the action lists' own bubble under the zb-v row's times (./train
 # schedule --pp-times: zb-v's unit-time lists, or those built for the times), which the closed form of the
-# first activation's walk down the ranks, (P-1)F over 2M(F+B+W) plus that, misses when W is below F.
+# first activation's walk down the ranks, (P-1)F over 2M(F+B+W) plus that, misses when F, B and W differ.
 # Then the last step's mean bubble twice, from its dump (scripts/plot.py --replay): as measured, and
 # replayed, the same passes with their measured durations in the same order but hand-offs that cost
 # nothing; their difference is what the hand-offs and waking up cost, and the replayed one's distance
@@ -111,7 +111,7 @@ for pp in 2 4; do
                 else { i = (p - 1) * F; b = i / (2 * m * (F + B + W) + i) }
                 print b }')
             if [ $name = zb-v ]; then # zb-v: the action lists' own bubble under the zb-v row's times, which
-                # the closed form above (the warm-up walk alone) misses when W is below F: the unit lists
+                # the closed form above (the warm-up walk alone) misses when F, B and W differ: the unit lists
                 # for zb-v, the lists built for those times for zb-v-times (./train schedule --pp-times)
                 ft=$( (./train schedule --pp $pp --micro-batches $m --pp-schedule zb-v --pp-times "${TIMES["$pp $m"]:-}" 2>/dev/null || true) |
                     sed -nE "s/.*under those times bubble ([0-9.]+)%, the unit-time lists' ([0-9.]+)%.*/\1 \2/p" |
