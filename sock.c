@@ -46,7 +46,7 @@ int tcp_listen_any(int *port) {
     return fd;
 }
 
-int tcp_connect(const char *host, int port, double deadline_s) {
+int tcp_connect(const char *host, int port, double deadline_s, int refused_is_final) {
     char portstr[16];
     snprintf(portstr, sizeof portstr, "%d", port);
     for (;;) {
@@ -60,8 +60,10 @@ int tcp_connect(const char *host, int port, double deadline_s) {
                 tcp_set_options(fd);
                 return fd;
             }
+            int e = errno;
             close(fd);
             freeaddrinfo(res);
+            if (refused_is_final && e == ECONNREFUSED) return errno = e, -1;
         }
         if (now_seconds() > deadline_s) return -1;
         struct timespec ts = { 0, 20 * 1000000L }; // the listener is not up yet: retry shortly
