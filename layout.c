@@ -149,17 +149,20 @@ void layout_place_stages(Layout *l, int L, int V, const char *pp_layers) {
         l->chunk_first[c] = first[k];
         l->chunk_len[c] = count[k];
     }
-    // micro-batches whose activations a stage holds at once: at most P - stage with 1F1B; every one
-    // interleaved; what the action lists hold for the zero-bubble schedules
-    l->nslots = V > 1 ? M : (P - stage < M ? P - stage : M);
-    l->nstash = l->chunk_sets = l->nheads = 0;
-    if (P > 1 && l->schedule != SCHED_1F1B && l->schedule != SCHED_INTERLEAVED) { // what the action lists hold
+    // what the action lists hold at once: activation sets (1F1B: min(P - stage, M); with more than one
+    // chunk a stage a pool of chunk sets), the head's buffers (a ring of their own, as B frees them: 1F1B
+    // runs the last stage's B right after its F, test_schedule checks it) and the split backward's
+    // stashes; one stage holds one set and its head
+    l->nslots = P - stage < M ? P - stage : M;
+    l->nheads = P > 1;
+    l->nstash = l->chunk_sets = 0;
+    if (P > 1 && (V > 1 || l->schedule != SCHED_1F1B)) { // (1F1B's closed form: plan builds many layouts)
         Schedule s;
         char why[256];
         if (schedule_build(&s, l->schedule, P, M, V, layout_pass_times(l), why, sizeof why)) die("--pp-schedule %s: %s", SCHEDULE_NAMES[l->schedule], why);
         SchedulePool q = schedule_pool(&s, stage);
         l->nslots = q.sets, l->nheads = q.heads, l->nstash = q.stashes;
-        l->chunk_sets = l->schedule == SCHED_ZBV;
+        l->chunk_sets = V > 1;
         schedule_free(&s);
     }
     if (l->nslots < 1) l->nslots = 1;

@@ -578,7 +578,8 @@ static void place(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, c
 
 // Activation set s: what a micro-batch keeps from its forward to its backward, and (set 0, shared by
 // the others) the scratch that lives only inside one forward or backward.
-// The head's buffers (the last stage's): in each activation set, or with chunk sets in GPT2's heads.
+// The head's buffers (the last stage's): in the activation set with one stage, else in GPT2's heads, a
+// ring of the layout's nheads (micro-batch mb's in mb % nheads, from its F to its B: gpt2_bind_set).
 static void alloc_head(GPT2 *m, Activations *x) {
     size_t C = m->cfg.C, BT = (size_t)m->B * m->T, R = m->lay->sp ? BT / m->lay->tp.size : BT, ds = dtype_size(m->dt);
     MemAccount *a = &m->mem;
@@ -634,7 +635,7 @@ static void alloc_slot(GPT2 *m, int s) {
         ACT(ln2, L * R * C, ds);
         ACT(fch_gelu, L * BT * MLP, ds);
     }
-    if (m->last && !m->lay->chunk_sets) alloc_head(m, x); // (chunk sets borrow GPT2's heads)
+    if (m->last && !m->lay->nheads) alloc_head(m, x); // (else the set borrows one of GPT2's heads)
     if (m->first) ACT(inputs, BT, 4);
     ACT(dresidual, R * C, ds); // also what a pipeline stage sends back, so one per micro-batch
     if (s > 0) { // scratch lives only inside one forward or backward: shared
@@ -717,8 +718,7 @@ void gpt2_build(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, con
 
     m->slots = xcalloc((size_t)lay->nslots, sizeof(Activations));
     for (int s = 0; s < lay->nslots; s++) alloc_slot(m, s);
-    if (m->last && lay->chunk_sets) {
-        if (lay->nheads < 1) die("internal: chunk sets without head buffers");
+    if (m->last && lay->nheads > 0) {
         m->heads = xcalloc((size_t)lay->nheads, sizeof(Activations));
         for (int h = 0; h < lay->nheads; h++) alloc_head(m, &m->heads[h]);
     }
@@ -743,7 +743,7 @@ void gpt2_free(GPT2 *m) {
     free(m->heads);
     for (int s = 0; s < m->lay->nslots; s++) {
         Activations *x = &m->slots[s];
-        if (m->lay->chunk_sets) // the head's buffers it borrowed are freed above
+        if (m->heads) // the head's buffers it borrowed are freed above
             x->lnf = x->lnf_mean = x->lnf_rstd = x->logits = NULL, x->ce_max = x->ce_sum = x->ce_target = NULL, x->targets = NULL;
         void *own[] = { x->encoded, x->ln1, x->ln1_mean, x->ln1_rstd, x->qkv, x->atty, x->lse, x->residual2, x->ln2,
                         x->ln2_mean, x->ln2_rstd, x->fch, x->fch_gelu, x->residual3, x->lnf, x->lnf_mean, x->lnf_rstd,
@@ -793,11 +793,10 @@ static void fetch(GPT2 *m, int unit) {
 void gpt2_use_slot(GPT2 *m, int slot) { m->act = &m->slots[slot % m->lay->nslots]; }
 void gpt2_bind_set(GPT2 *m, int slot, int chunk, int mb) {
     gpt2_use_slot(m, slot);
-    if (!m->lay->chunk_sets) return;
     if (chunk < 0 || chunk >= m->lay->chunks) die("internal: chunk %d out of range", chunk);
     Activations *x = m->act;
-    x->c0 = chunk, x->l0 = m->chunk_l0[chunk];
-    if (m->last && chunk == m->lay->chunks - 1) { // the head's buffers of this micro-batch
+    if (m->lay->chunk_sets) x->c0 = chunk, x->l0 = m->chunk_l0[chunk];
+    if (m->heads && chunk == m->lay->chunks - 1) { // the head's buffers of this micro-batch
         const Activations *h = &m->heads[mb % m->lay->nheads];
         x->lnf = h->lnf, x->lnf_mean = h->lnf_mean, x->lnf_rstd = h->lnf_rstd, x->logits = h->logits;
         x->ce_max = h->ce_max, x->ce_sum = h->ce_sum, x->ce_target = h->ce_target, x->targets = h->targets;
@@ -1200,9 +1199,11 @@ void gpt2_backward(GPT2 *m, float dloss_scale) { gpt2_backward_chunk(m, 0, dloss
 // with their input gradient as in the one-piece backward: they are reductions over the rows, a small
 // share of the work, and adding them in B frees the rows they read (a block's residual2, its input and
 // their statistics), which is where B leaves W's output gradients. B runs a chunk's micro-batches in the
-// order W does, so each parameter still adds them in 1F1B's order. What a WOp reads:
+// order W does, so each parameter still adds them in 1F1B's order. So does the LM head's matmul: its
+// weight gradient reads the logits (dlogits in place), the largest buffer of a stage, and added in B it
+// frees the head's buffers at B instead of W. What a WOp reads:
 //   - left in place: what stays in the activation set untouched until the set's next forward (the
-//     layer inputs recompute does not rebuild into scratch, rows not gathered into scratch, the logits);
+//     layer inputs recompute does not rebuild into scratch, rows not gathered into scratch);
 //   - copied into a region of the same set that B has consumed and nothing reads again before the set's
 //     next forward (WPlan below): the gradient of residual3 into residual3, of residual2 into residual2
 //     (the LayerNorms that read them ran in B), the pre-GELU gradient into fch (GELU's backward ran),
@@ -1250,7 +1251,6 @@ static size_t wstash_bytes(const GPT2 *m, int chunk, size_t N) {
     block += w.sets ? 0 : piece(N * m->qkv_tp * ds);                  // dqkv
     block += w.norms ? 0 : piece(NC);                                 // LayerNorm 1's output
     n = (size_t)m->lay->chunk_len[chunk] * block;
-    if (m->last && chunk == m->lay->chunks - 1 && !w.rows) n += piece(NC); // the head's input, gathered
     if (m->first && chunk == 0 && !w.rows) n += piece(NC);                 // the embedding's gradient
     return n;
 }
@@ -1384,16 +1384,17 @@ static void backward_input(GPT2 *m, int chunk, float dloss_scale, struct WStash 
         x->dlogits_scale = 0.0f;
         fetch(m, gpt2_unit_of(m, m->head_k, 0));
         in = tp_full_rows(m, x->lnf, BTC);
-        bwd_matmul(m, st, x->partial, m->head_k, -1, 0, x->logits, 1, NULL, in, w.rows, gpt2_param(m, m->head_k, 0), NULL, N,
-                   C, m->Vp_tp);
+        // the head's weight gradient too, split or not: then nothing reads the head's buffers after B,
+        // which frees them for the next micro-batch (a ring of its own, gpt2_bind_set) where a pending W
+        // would hold a micro-batch's logits until its W
+        bwd_matmul(m, NULL, x->partial, m->head_k, -1, 0, x->logits, 1, NULL, in, 1, gpt2_param(m, m->head_k, 0), NULL, N, C,
+                   m->Vp_tp);
         dln = tp_finish_partial(m, x->dshard, BTC);
         be->zero(x->dresidual, RC * ds);
         fetch(m, m->nl + 1);
         bwd_layernorm(m, x->dresidual, P_LNFW, 0, dln, block_acts(m, m->nl - 1).r3, gpt2_param(m, P_LNFW, 0), x->lnf_mean,
                       x->lnf_rstd, R);
-        // the final LayerNorm's unit (the untied head's too) is complete once the head's matmul has run
-        if (st) st->ops[st->nops - 1].ready_after = m->nl + 1;
-        else ready(m, m->nl + 1);
+        ready(m, m->nl + 1); // the final LayerNorm's unit (the untied head's too) is complete
     }
     int l0 = m->chunk_l0[chunk];
     for (int l = l0 + m->lay->chunk_len[chunk] - 1; l >= l0; l--) {
@@ -1478,7 +1479,7 @@ static void wstash_alloc(GPT2 *m) {
             struct WStash *st = &m->wstash[s * m->lay->chunks + c];
             st->cap = wstash_bytes(m, c, (size_t)m->B * m->T);
             st->arena = st->cap ? mem_alloc(&m->mem, MEM_ACTIVATIONS, st->cap, "weight-gradient stash") : NULL;
-            st->cap_ops = 4 * m->lay->chunk_len[c] + 2; // four matmuls a block; the head's, the embedding's
+            st->cap_ops = 4 * m->lay->chunk_len[c] + 1; // four matmuls a block; the embedding's
             st->ops = xcalloc((size_t)st->cap_ops, sizeof(WOp));
         }
 }

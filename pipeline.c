@@ -117,11 +117,12 @@ static void take_input(Pipeline *p, int chunk, int slot, int prev, size_t bytes,
     }
 }
 
-// Chunk sets: the lowest free set, for micro-batch mb's chunk, its previous holder's hand-offs gone.
+// Chunk sets: the set the schedule assigns micro-batch mb's chunk (schedule.h's cset: its previous
+// holder's W has run and its hand-offs are known received, so draining them cannot wait for a rank
+// that waits for this one).
 static int take_set(Pipeline *p, int mb, int chunk) {
-    int n = p->model->lay->nslots, k = 0;
-    while (k < n && p->set_busy[k]) k++;
-    if (k == n) die("internal: all %d chunk activation sets are taken (the schedule's bound)", n);
+    int n = p->model->lay->nslots, k = p->sched.cset[((size_t)p->stage * p->sched.m + mb) * p->chunks + chunk];
+    if (k >= n || p->set_busy[k]) die("internal: chunk activation set %d of %d is taken or missing (the schedule's assignment)", k, n);
     p->set_busy[k] = 1;
     p->set_of[mb * p->chunks + chunk] = k;
     return k;
@@ -131,15 +132,17 @@ static double forward_op(Pipeline *p, const int32_t *inputs, const int32_t *targ
                          float dloss) {
     GPT2 *m = p->model;
     int sets = m->lay->chunk_sets, slot = sets ? take_set(p, mb, chunk) : mb % m->lay->nslots, sc = slot * p->chunks + chunk;
-    if (chunk == 0 || sets) // the set's previous micro-batch has left
+    gpt2_bind_set(m, slot, chunk, mb);
+    size_t bytes = gpt2_stage_bytes(m, B, T), tokens = (size_t)B * T;
+    int from = prev_stage(p, chunk), to = next_stage(p, chunk);
+    // the input first: the set's input is never a send's source, and what the receive tells of the
+    // previous stage is what the schedule's chunk sets count on (schedule.h, cset)
+    if (from >= 0) take_input(p, chunk, slot, from == p->stage ? set_of(p, mb, chunk - 1) : slot, bytes, from);
+    if (chunk == 0 || sets) // the set's previous micro-batch has left: its output and input gradient
         for (int c = 0; c < p->chunks; c++) {
             drain(&p->send_out[slot * p->chunks + c]);
             drain(&p->send_grad[slot * p->chunks + c]);
         }
-    gpt2_bind_set(m, slot, chunk, mb);
-    size_t bytes = gpt2_stage_bytes(m, B, T), tokens = (size_t)B * T;
-    int from = prev_stage(p, chunk), to = next_stage(p, chunk);
-    if (from >= 0) take_input(p, chunk, slot, from == p->stage ? set_of(p, mb, chunk - 1) : slot, bytes, from);
     zero_begin_forward(p->zero);
     float loss = gpt2_forward_chunk(m, chunk, inputs + mb * tokens, targets ? targets + mb * tokens : NULL, B, T, dloss);
     if (to >= 0 && to != p->stage) p->send_out[sc] = send_from(p, p->fwd, gpt2_stage_output(m, chunk), bytes, to);

@@ -102,9 +102,9 @@
 // rank (tensor-, context- and data-parallel rank 0, which hold the most) with the trainer's own code
 // (layout_build_model and layout_build_state in pipeline.c) on a dry backend whose account only counts
 // (mem.h), and reports the fullest stage: weights, gradients (fp32), optimizer state, activations (the
-// activation sets the schedule keeps: 1F1B, or every micro-batch with --interleaved, of the rank's T/CP
-// positions, with --pp-schedule zb-h1 or zb-v the sets their action lists hold and the split backward's
-// weight-gradient stashes, and the CP ring's accumulators), recompute scratch, comm buffers (ZeRO buckets,
+// activation sets the schedule's action lists hold, of the rank's T/CP positions: 1F1B's, with
+// --interleaved or --pp-schedule zb-v a pool of chunk sets, with zb-h1 its sets; the head's buffers; the
+// split backward's weight-gradient stashes; the CP ring's accumulators), recompute scratch, comm buffers (ZeRO buckets,
 // gathered units and the CP ring's blocks; on --device cpu every communicator's algorithm staging under
 // --algo, exact_comm_bytes), other (checkpoint staging with --ckpt, on --device cpu). Fits and the order
 // use its total.
@@ -634,8 +634,8 @@ static void estimate_exact(const PlanInput *in, Candidate *y) {
         l.B = (int)B;
         l.T = in->T;
         l.accum = in->micro_batches;
-        // zb-h1 and zb-v: the sets and stashes their action lists keep (layout_place_stages)
-        l.schedule = zbv ? SCHED_ZBV : zbh1 ? SCHED_ZBH1 : SCHED_1F1B;
+        // the sets, head buffers and stashes the schedule's action lists keep (layout_place_stages)
+        l.schedule = zbv ? SCHED_ZBV : zbh1 ? SCHED_ZBH1 : y->pp > 1 && interleave ? SCHED_INTERLEAVED : SCHED_1F1B;
         memcpy(l.pp_times, in->pp_times, sizeof l.pp_times);
         layout_place_stages(&l, in->cfg.L, zbv ? 2 : y->pp > 1 && interleave ? in->pp_virtual : 1, NULL);
         GPT2 m;

@@ -158,6 +158,74 @@ static int order_zbv(const Schedule *s, const double times[3], int reserve, List
     return left > 0 ? -1 : 0;
 }
 
+// Chunk sets (v > 1): each F takes a set that its chunk's activations hold until its W and, since a
+// hand-off is read in place from the set (the receiver copies it out), until this rank knows that every
+// send from the set has been received: a message from that receiver, sent after its receive, has
+// arrived here (direct knowledge only, which is sound if not the least). Then the drain that precedes
+// the set's reuse cannot wait for a rank that waits for this one, whatever the timing; a set freed at W
+// alone did (interleaved: a B's input gradient, sent from its set, not yet taken by the previous
+// stage, which was waiting for this rank's next forward). Each F takes the lowest set released before
+// it; the pool is the most sets in use at once.
+static void assign_chunk_sets(Schedule *s) {
+    int p = s->p, m = s->m, v = s->v, nv = p * v;
+    size_t nmsg = (size_t)m * nv * 2; // (micro-batch, producing virtual stage, direction)
+    int *send_at = xmalloc(sizeof(int) * nmsg), *recv_at = xmalloc(sizeof(int) * nmsg), *recv_by = xmalloc(sizeof(int) * nmsg);
+    for (size_t k = 0; k < nmsg; k++) send_at[k] = recv_at[k] = recv_by[k] = -1;
+    for (int r = 0; r < p; r++)
+        for (int i = 0; i < s->n[r]; i++) {
+            const Action *a = &s->a[r][i];
+            int vs = schedule_vstage(s, r, a->chunk);
+            if (a->kind == ACT_SEND_ACT || a->kind == ACT_SEND_GRAD) send_at[((size_t)a->mb * nv + vs) * 2 + (a->kind == ACT_SEND_GRAD)] = i;
+            if (a->kind == ACT_RECV_ACT) recv_at[((size_t)a->mb * nv + vs - 1) * 2] = i, recv_by[((size_t)a->mb * nv + vs - 1) * 2] = r;
+            if (a->kind == ACT_RECV_GRAD) recv_at[((size_t)a->mb * nv + vs + 1) * 2 + 1] = i, recv_by[((size_t)a->mb * nv + vs + 1) * 2 + 1] = r;
+        }
+    s->cset = xmalloc(sizeof(int) * (size_t)p * m * v);
+    s->csets = xcalloc((size_t)p, sizeof(int));
+    for (int r = 0; r < p; r++) {
+        int n = s->n[r];
+        // known[q * n + i]: the latest action of rank q this rank knows done after its action i
+        int *known = xmalloc(sizeof(int) * (size_t)p * (n ? n : 1)), *last = xmalloc(sizeof(int) * (size_t)p);
+        for (int q = 0; q < p; q++) last[q] = -1;
+        for (int i = 0; i < n; i++) {
+            const Action *a = &s->a[r][i];
+            if (a->kind == ACT_RECV_ACT || a->kind == ACT_RECV_GRAD) {
+                int vs = schedule_vstage(s, r, a->chunk), g = a->kind == ACT_RECV_GRAD, q, c;
+                owner_of(s, g ? vs + 1 : vs - 1, &q, &c);
+                int at = send_at[((size_t)a->mb * nv + (g ? vs + 1 : vs - 1)) * 2 + g];
+                if (q >= 0 && at > last[q]) last[q] = at;
+            }
+            for (int q = 0; q < p; q++) known[q * n + i] = last[q];
+        }
+        // release[mb * v + c]: the action after which (mb, c)'s set is free (n: not in this step)
+        int *release = xmalloc(sizeof(int) * (size_t)m * v);
+        for (int i = 0; i < n; i++) {
+            const Action *a = &s->a[r][i];
+            size_t k = (size_t)a->mb * v + a->chunk;
+            if (a->kind == ACT_W) release[k] = release[k] > i ? release[k] : i;
+            if (a->kind == ACT_F) release[k] = i;
+            if (a->kind != ACT_SEND_ACT && a->kind != ACT_SEND_GRAD) continue;
+            size_t msg = ((size_t)a->mb * nv + schedule_vstage(s, r, a->chunk)) * 2 + (a->kind == ACT_SEND_GRAD);
+            int q = recv_by[msg], j = i + 1;
+            while (j < n && known[q * n + j] <= recv_at[msg]) j++; // q sent something after its receive
+            if (j > release[k]) release[k] = j;
+        }
+        // the sets in use, each with the action after which it is free
+        int *free_after = xmalloc(sizeof(int) * (size_t)m * v), nsets = 0;
+        for (int i = 0; i < n; i++) {
+            const Action *a = &s->a[r][i];
+            if (a->kind != ACT_F) continue;
+            int k = 0;
+            while (k < nsets && free_after[k] >= i) k++;
+            if (k == nsets) nsets++;
+            free_after[k] = release[(size_t)a->mb * v + a->chunk];
+            s->cset[((size_t)r * m + a->mb) * v + a->chunk] = k;
+        }
+        s->csets[r] = nsets;
+        free(known), free(last), free(release), free(free_after);
+    }
+    free(send_at), free(recv_at), free(recv_by);
+}
+
 // The lists of one schedule for times t (reserve: order_zbv's); -1 with why for what does not fit, -2
 // when zb-v's list scheduling stalls for these times.
 static int build(Schedule *s, int kind, int p, int m, int v, const double t[3], int reserve, char *why, size_t cap) {
@@ -190,7 +258,7 @@ static int build(Schedule *s, int kind, int p, int m, int v, const double t[3], 
     s->slots = xcalloc((size_t)p, sizeof(int));
     s->wpending = xcalloc((size_t)p, sizeof(int));
     s->live = xcalloc((size_t)p, sizeof(int));
-    s->cspan = xcalloc((size_t)p * v, sizeof(int));
+    s->hspan = xcalloc((size_t)p, sizeof(int));
     int *inflight = xcalloc((size_t)m, sizeof(int)); // chunks of each micro-batch between F and W
     for (int r = 0; r < p; r++) {
         List out = { 0 };
@@ -227,17 +295,15 @@ static int build(Schedule *s, int kind, int p, int m, int v, const double t[3], 
             while (lo < m && lo <= hi && inflight[lo] == 0) lo++;
             if (hi - lo + 1 > s->slots[r]) s->slots[r] = hi - lo + 1;
         }
-        for (int c = 0; c < v; c++) { // the same span, one chunk at a time
-            memset(inflight, 0, sizeof(int) * (size_t)m);
-            lo = 0, hi = -1;
-            for (int i = 0; i < out.n; i++) {
-                Action a = out.a[i];
-                if (a.chunk != c) continue;
-                if (a.kind == ACT_F) inflight[a.mb]++, hi = a.mb > hi ? a.mb : hi;
-                if (a.kind == ACT_W) inflight[a.mb]--;
-                while (lo < m && lo <= hi && inflight[lo] == 0) lo++;
-                if (hi - lo + 1 > s->cspan[r * v + c]) s->cspan[r * v + c] = hi - lo + 1;
-            }
+        memset(inflight, 0, sizeof(int) * (size_t)m); // the last chunk's span from F to B
+        lo = 0, hi = -1;
+        for (int i = 0; i < out.n; i++) {
+            Action a = out.a[i];
+            if (a.chunk != v - 1 || (a.kind != ACT_F && a.kind != ACT_B)) continue;
+            if (a.kind == ACT_F) inflight[a.mb] = 1, hi = a.mb > hi ? a.mb : hi;
+            else inflight[a.mb] = 0;
+            while (lo < m && lo <= hi && inflight[lo] == 0) lo++;
+            if (hi - lo + 1 > s->hspan[r]) s->hspan[r] = hi - lo + 1;
         }
         for (int i = 0, n = 0; i < out.n; i++) {
             if (out.a[i].kind == ACT_F && ++n > s->live[r]) s->live[r] = n;
@@ -253,6 +319,7 @@ static int build(Schedule *s, int kind, int p, int m, int v, const double t[3], 
     }
     free(inflight);
     free(lists);
+    if (v > 1) assign_chunk_sets(s);
     return 0;
 }
 
@@ -315,7 +382,9 @@ void schedule_free(Schedule *s) {
     free(s->slots);
     free(s->wpending);
     free(s->live);
-    free(s->cspan);
+    free(s->hspan);
+    free(s->cset);
+    free(s->csets);
     memset(s, 0, sizeof *s);
 }
 
@@ -385,7 +454,10 @@ void schedule_dump(FILE *f, const Schedule *s, int ascii_only) {
     }
     char buf[64];
     for (int r = 0; r < p && !ascii_only; r++) {
-        fprintf(f, "rank %d (bound %d chunk activations, %d activation sets):", r, s->bound[r], s->slots[r]);
+        SchedulePool q = schedule_pool(s, r);
+        fprintf(f, "rank %d (bound %d chunk activations, %d activation sets", r, s->bound[r], q.sets);
+        if (schedule_vstage(s, r, s->v - 1) == p * s->v - 1) fprintf(f, ", %d head buffer%s", q.heads, q.heads > 1 ? "s" : "");
+        fprintf(f, "):");
         for (int i = 0; i < s->n[r]; i++) {
             label(buf, sizeof buf, s, &s->a[r][i], 0);
             fprintf(f, " %s", buf);
@@ -480,11 +552,9 @@ void schedule_check_times_kind(int kind, const char *value) {
 }
 
 SchedulePool schedule_pool(const Schedule *s, int r) {
-    SchedulePool q = { s->slots[r], 0, s->split ? s->wpending[r] : 0 };
-    if (s->kind == SCHED_ZBV) { // a micro-batch's two chunks are in flight apart: a pool of chunk sets
-        q.sets = s->live[r] > s->v ? s->live[r] : s->v; // (v: the validation forward's one of each)
-        q.heads = s->cspan[r * s->v + s->v - 1];
-    }
+    SchedulePool q = { s->slots[r], s->hspan[r], s->split ? s->wpending[r] : 0 };
+    if (s->v > 1) // a micro-batch's chunks are in flight apart: a pool of chunk sets
+        q.sets = s->csets[r] > s->v ? s->csets[r] : s->v; // (v: the validation forward's one of each)
     return q;
 }
 

@@ -60,7 +60,12 @@ typedef struct {
                      // stashes a split backward keeps per chunk (zb-h1: min(r + 1, m) on rank r)
     int *live;       // [p] the most chunk activations in flight at once (F done, W not): the chunk sets a
                      // rank needs when each takes a free one at F and frees it after W (zb-v's pool)
-    int *cspan;      // [p·v] per rank and chunk, the widest span of that chunk's micro-batches in flight
+    int *hspan;      // [p] per rank, the widest span of its last chunk's micro-batches between F and B: on
+                     // the rank holding the head, the head's buffers it needs (B adds the head's weight
+                     // gradient too, so nothing reads them after it), micro-batch mb's in mb % hspan
+    int *cset;       // [p·m·v] with v > 1: the chunk set (r, mb, c)'s F takes, held until its W and until the
+                     // rank knows every send from it received (schedule.c, assign_chunk_sets)
+    int *csets;      // [p] with v > 1: the chunk sets a rank needs (at least live)
 } Schedule;
 
 // The schedule named on a command line (--pp-schedule), or -1.
@@ -75,9 +80,10 @@ void schedule_free(Schedule *s);
 void schedule_parse_times(const char *flag, const char *v, double times[3]);
 // --pp-times VALUE (NULL: not given) with schedule kind (-1: the default): one line and exit unless zb-v.
 void schedule_check_times_kind(int kind, const char *value);
-// What a split schedule's lists need allocated on rank r (layout_place_stages allocates it): activation
-// sets (zb-v: its pool of chunk sets), the head's buffer sets (zb-v's head chunk; else 0) and the
-// weight-gradient stashes per chunk.
+// What a schedule's lists need allocated on rank r (layout_place_stages allocates it): activation sets
+// (interleaved and zb-v: a pool of chunk sets, one taken at each F and freed after its W), the head's
+// buffer sets (a ring apart from the sets, used where r holds the head) and the weight-gradient
+// stashes per chunk (split schedules; else 0).
 typedef struct {
     int sets, heads, stashes;
 } SchedulePool;

@@ -58,10 +58,24 @@ def stage_of(lay, r):
 
 
 def stage_blocks(L, P, V, s):
-    """Blocks and chunks of stage s: P·V equal chunks (earlier ones one longer), stage s holds s, s+P, ..."""
+    """Blocks and chunks of stage s: P·V equal chunks (earlier ones one longer), stage s holds s, s+P, ...;
+    and its longest chunk's blocks."""
     n = P * V
     count = [L // n + (i < L % n) for i in range(n)]
-    return sum(count[c * P + s] for c in range(V)), V
+    return sum(count[c * P + s] for c in range(V)), V, max(count[c * P + s] for c in range(V))
+
+
+def activation_sets(lay, stage):
+    """Activation sets of stage s and the chunks each holds: 1F1B min(P - s, M); zb-h1 min(P, M) (a set is
+    busy from F to W); interleaved a pool of one-chunk sets, min(b + 2, V·M) with V = 2 where b is
+    Megatron's warm-up bound (P - s - 1)·2 + (V - 1)·P + 1 (a set is held until its W and until the
+    stage knows its input gradient received: two more than the bound, test_schedule checks it)."""
+    P, M, V = lay["pp"], lay["M"], lay["V"]
+    if V > 1:
+        return min((P - stage - 1) * 2 + (V - 1) * P + 1 + 2, V * M), 1
+    if lay["schedule"] == "zb-h1" and P > 1:
+        return min(P, M), V
+    return min(P - stage, M), V
 
 
 def inventory(lay, stage):
@@ -71,23 +85,28 @@ def inventory(lay, stage):
     BT = B * T
     R = BT // tp if lay["sp"] else BT  # rows of the residual stream on this rank
     Ct, Ht, Vt = C // tp, H // tp, -(-Vp // tp)
-    Ls, nch = stage_blocks(L, lay["pp"], lay["V"], stage)
+    Ls, nch, Lc = stage_blocks(L, lay["pp"], lay["V"], stage)
     first, last = stage == 0, stage == lay["pp"] - 1
-    slots = lay["M"] if lay["V"] > 1 else min(lay["pp"] - stage, lay["M"])
-    if lay["schedule"] == "zb-h1" and lay["pp"] > 1:  # every stage holds 1f1b's first-stage peak
-        slots = min(lay["pp"], lay["M"])
+    slots, nch = activation_sets(lay, stage)
+    if nch == 1:  # one-chunk sets: room for the longest chunk
+        Ls = Lc
     stats = 2 * R * 4  # a LayerNorm's mean and 1/std per row, fp32
     slot = nch * R * C * e + Ls * R * C * e  # each chunk's input, each block's output
     if mode != "full":  # the LayerNorm statistics, QKV, attention output and lse, residual2, GELU's input
         slot += Ls * (2 * stats + BT * 3 * Ct * e + BT * Ct * e + B * Ht * T * 4 + R * C * e + BT * 4 * Ct * e)
     if mode == "none":  # the two LayerNorm outputs and GELU's output
         slot += Ls * (2 * R * C * e + BT * 4 * Ct * e)
-    if last:  # final LayerNorm, logits, cross-entropy statistics, targets
-        slot += R * C * e + stats + BT * Vt * e + 3 * BT * 4 + BT * 4
+    # final LayerNorm, logits, cross-entropy statistics, targets: in the set with one stage, else in a
+    # ring of their own, which B frees (1F1B, zb-h1 and interleaved run the last chunk's B right after
+    # its F on the last stage: one)
+    head = R * C * e + stats + BT * Vt * e + 3 * BT * 4 + BT * 4 if last else 0
+    if lay["pp"] == 1:
+        slot += head
+        head = 0
     if first:  # token ids
         slot += BT * 4
     slot += R * C * e  # the residual gradient handed back
-    shared = 2 * BT * C * e + BT * 4 * Ct * e + BT * 3 * Ct * e  # partial sums, gradients of C, 4C and QKV
+    shared = head + 2 * BT * C * e + BT * 4 * Ct * e + BT * 3 * Ct * e  # partial sums, gradients of C, 4C and QKV
     if lay["sp"]:
         shared += BT * C * e + R * C * e + 2 * C * 4
     if lay["cp"] > 1:  # the ring's fp32 accumulators: attention output (or dq), and this rank's dK/dV share
@@ -111,7 +130,7 @@ def stashes(lay, stage, Ls, first, last, N, R, C, Ct, e):
     256-byte pieces, per block: GELU's output unless recompute none; the two LayerNorm outputs unless
     recompute none without SP; under full recompute also the pre-GELU gradient, attention's output and
     its gradient, and dqkv (their regions are scratch then); under SP the two residual-stream gradients
-    (gathered), the head's gathered input and the embedding's gradient."""
+    (gathered) and the embedding's gradient (the head's weight gradient is added in B)."""
     mode, sp = lay["mode"], lay["sp"]
     piece = lambda b: -(-b // 256) * 256
     NC = N * C * e
@@ -126,7 +145,7 @@ def stashes(lay, stage, Ls, first, last, N, R, C, Ct, e):
         block += piece(N * 4 * Ct * e) + piece(N * Ct * e) + piece(N * 3 * Ct * e)  # pre-GELU grad, atty, dqkv
     if mode == "full" or sp:
         block += piece(NC)  # attention's output gradient
-    one = Ls * block + (piece(NC) if sp and last else 0) + (piece(NC) if sp and first else 0)
+    one = Ls * block + (piece(NC) if sp and first else 0)
     return min(stage + 1, lay["M"]) * one
 
 

@@ -6,7 +6,9 @@
 // F before B before W; every hand-off received once, sent after the tensor was computed and received
 // before it is used; every cross-stage dependency honoured in time; no deadlock; chunk activations in
 // flight (F done, W not) never above the stated bound and at most `live` (which is reached), activation
-// sets mb % slots never shared, nor per chunk sets mb % cspan (zb-v's pool of chunk sets, its head); W
+// sets mb % slots never shared, nor the head's buffers mb % hspan from F to B of a rank's last chunk,
+// and a chunk set (v > 1: the schedule's cset) taken only once its last holder's W has run and each of
+// its sends is known received (a message sent after the receive has arrived); W
 // of a chunk in micro-batch order, and the last micro-batch's Ws of a rank from its later chunk down (a
 // unit's gradient final before those of the units below it, as ZeRO's buckets need); the unit-time
 // bubble against the paper's formulas; the weight passes pending at once (wpending, the split
@@ -51,9 +53,18 @@ static int check(const Schedule *s, double tf, double tb, double tw, const doubl
     for (size_t i = 0; i < n3 * 2; i++) sent[i] = -1;
     // per rank: position, clock, chunk activations in flight, which set each micro-batch holds
     int *at = calloc((size_t)p, sizeof(int)), *live = calloc((size_t)p, sizeof(int)), *maxlive = calloc((size_t)p, sizeof(int));
-    // per rank and chunk: which micro-batch holds chunk set mb % cspan (zb-v's head buffers)
-    int *cholder = malloc(sizeof(int) * (size_t)p * v * m);
-    for (int i = 0; i < p * v * m; i++) cholder[i] = -1;
+    // per rank: which micro-batch holds head buffer mb % hspan (its last chunk, from F to B)
+    int *hholder = malloc(sizeof(int) * (size_t)p * m);
+    for (int i = 0; i < p * m; i++) hholder[i] = -1;
+    // a set's reuse: per rank and set its last holder (mb * v + chunk), per message who sent it and at
+    // which action, who received it and at which, and per rank the latest action of each other rank it
+    // knows done (the sending action of a message it received)
+    int *prevholder = malloc(sizeof(int) * (size_t)p * m * v), *know = malloc(sizeof(int) * (size_t)p * p);
+    int *sby = malloc(sizeof(int) * n3 * 2), *sidx = malloc(sizeof(int) * n3 * 2), *rby = malloc(sizeof(int) * n3 * 2),
+        *ridx = malloc(sizeof(int) * n3 * 2);
+    for (int i = 0; i < p * m * v; i++) prevholder[i] = -1;
+    for (int i = 0; i < p * p; i++) know[i] = -1;
+    for (size_t i = 0; i < n3 * 2; i++) sby[i] = sidx[i] = rby[i] = ridx[i] = -1;
     double *clock = calloc((size_t)p, sizeof(double));
     int *setholder = malloc(sizeof(int) * (size_t)p * m), *mbchunks = calloc((size_t)p * m, sizeof(int));
     int *lastw = malloc(sizeof(int) * (size_t)nv), *recvd = calloc(n3 * 2, sizeof(int));
@@ -80,6 +91,7 @@ static int check(const Schedule *s, double tf, double tb, double tw, const doubl
                     if (to < 0 || to >= nv) FAIL(E_HANDOFF, "rank %d: sends past the model's end\n", r);
                     if (nsent[i * 2 + g]++) FAIL(E_HANDOFF, "rank %d: sends mb %d stage %d twice\n", r, a->mb, vs);
                     sent[i * 2 + g] = clock[r];
+                    sby[i * 2 + g] = r, sidx[i * 2 + g] = at[r];
                     continue;
                 }
                 if (a->kind == ACT_RECV_ACT || a->kind == ACT_RECV_GRAD) {
@@ -93,6 +105,8 @@ static int check(const Schedule *s, double tf, double tb, double tw, const doubl
                     if (sent[j] > clock[r]) clock[r] = sent[j];
                     if (nrecv[j]++) FAIL(E_HANDOFF, "rank %d: receives mb %d twice\n", r, a->mb);
                     recvd[j] = r + 1;
+                    rby[j] = r, ridx[j] = at[r];
+                    if (sidx[j] > know[r * p + sby[j]]) know[r * p + sby[j]] = sidx[j];
                     continue;
                 }
                 double d = dur ? dur[r][at[r]] : a->kind == ACT_F ? tf : a->kind == ACT_B ? tb : tw;
@@ -111,9 +125,26 @@ static int check(const Schedule *s, double tf, double tb, double tw, const doubl
                     if (++live[r] > bound_of(s->kind, p, m, v, r) || live[r] > s->bound[r])
                         FAIL(E_BOUND, "rank %d: %d chunk activations in flight, bound %d\n", r, live[r], s->bound[r]);
                     if (live[r] > maxlive[r]) maxlive[r] = live[r];
-                    int cs = s->cspan[r * v + a->chunk], *ch = &cholder[(r * v + a->chunk) * m + a->mb % cs];
-                    if (*ch >= 0) FAIL(E_BOUND, "rank %d: chunk %d of mb %d and %d share set %d\n", r, a->chunk, a->mb, *ch, a->mb % cs);
-                    *ch = a->mb;
+                    if (a->chunk == v - 1) {
+                        int hs = s->hspan[r], *hh = &hholder[r * m + a->mb % hs];
+                        if (*hh >= 0) FAIL(E_BOUND, "rank %d: mb %d and %d share head buffer %d\n", r, a->mb, *hh, a->mb % hs);
+                        *hh = a->mb;
+                    }
+                    // chunk sets: the set the schedule assigns, whose last holder's W has run and each of whose
+                    // sends is known received (after this F's own receive), so the drain before reuse never
+                    // waits (1f1b and zb-h1, sets mb % slots, drain their sends when they reuse the set)
+                    int take = v > 1 ? s->cset[((size_t)r * m + a->mb) * v + a->chunk] : 0;
+                    int *ph = &prevholder[((size_t)r * m) * v + take];
+                    if (v > 1 && (take < 0 || take >= s->csets[r])) FAIL(E_BOUND, "rank %d: chunk set %d of %d\n", r, take, s->csets[r]);
+                    if (v > 1 && *ph >= 0) {
+                        size_t pi = (size_t)(*ph / v) * nv + schedule_vstage(s, r, *ph % v);
+                        if (endW[pi] < 0) FAIL(E_BOUND, "rank %d: mb %d takes set %d before mb %d's W\n", r, a->mb, take, *ph / v);
+                        for (size_t j = pi * 2; j < pi * 2 + 2; j++)
+                            if (sby[j] == r && (ridx[j] < 0 || know[r * p + rby[j]] <= ridx[j]))
+                                FAIL(E_BOUND, "rank %d: mb %d chunk %d takes set %d before knowing mb %d's %s received\n", r, a->mb,
+                                     a->chunk, take, *ph / v, j % 2 ? "gradient" : "activation");
+                    }
+                    *ph = a->mb * v + a->chunk;
                     int set = a->mb % s->slots[r], *h = &setholder[r * m + set];
                     if (*h >= 0 && *h != a->mb) FAIL(E_BOUND, "rank %d: mb %d and %d share set %d\n", r, a->mb, *h, set);
                     *h = a->mb;
@@ -129,6 +160,7 @@ static int check(const Schedule *s, double tf, double tb, double tw, const doubl
                             FAIL(E_HANDOFF, "rank %d: B mb %d without receiving its gradient\n", r, a->mb);
                     }
                     endB[i] = t1;
+                    if (a->chunk == v - 1) hholder[r * m + a->mb % s->hspan[r]] = -1;
                 } else {
                     if (endB[i] < 0) FAIL(E_ORDER, "rank %d: W mb %d stage %d before its B\n", r, a->mb, vs);
                     if (a->mb != lastw[vs] + 1) FAIL(E_WORDER, "rank %d: W mb %d of stage %d after W mb %d\n", r, a->mb, vs, lastw[vs]);
@@ -139,7 +171,6 @@ static int check(const Schedule *s, double tf, double tb, double tw, const doubl
                     }
                     endW[i] = t1;
                     live[r]--;
-                    cholder[(r * v + a->chunk) * m + a->mb % s->cspan[r * v + a->chunk]] = -1;
                     if (--mbchunks[r * m + a->mb] == 0) setholder[r * m + a->mb % s->slots[r]] = -1;
                 }
             }
@@ -160,7 +191,7 @@ static int check(const Schedule *s, double tf, double tb, double tw, const doubl
     *makespan = 0;
     for (int r = 0; r < p; r++)
         if (clock[r] > *makespan) *makespan = clock[r];
-    free(endF), free(endB), free(endW), free(cnt), free(sent), free(nsent), free(nrecv), free(at), free(live), free(maxlive), free(cholder);
+    free(endF), free(endB), free(endW), free(cnt), free(sent), free(nsent), free(nrecv), free(at), free(live), free(maxlive), free(hholder), free(prevholder), free(know), free(sby), free(sidx), free(rby), free(ridx);
     free(clock), free(setholder), free(mbchunks), free(lastw), free(recvd), free(finalw);
     return err;
 }
@@ -227,6 +258,20 @@ static int run_all(void) {
                                 want, s.bound[r]);
                         err |= E_BOUND;
                     }
+                }
+                // interleaved's pool of chunk sets (p > 1): two more than the bound (a B's input gradient leaves
+                // from its set, which stays taken until a later message of the previous stage arrives)
+                for (int r = 0; kind == SCHED_INTERLEAVED && v == 2 && p > 1 && r < p; r++) {
+                    int want = s.bound[r] + 2 < 2 * m ? s.bound[r] + 2 : 2 * m;
+                    if (s.csets[r] != want) {
+                        fprintf(stderr, "rank %d: %d chunk sets, expected %d\n", r, s.csets[r], want);
+                        err |= E_BOUND;
+                    }
+                }
+                // the head's buffers: 1f1b, zb-h1 and interleaved run the last stage's last B right after its F
+                if ((kind == SCHED_1F1B || kind == SCHED_ZBH1 || kind == SCHED_INTERLEAVED) && s.hspan[p - 1] != 1) {
+                    fprintf(stderr, "the last rank needs %d head buffers, expected 1\n", s.hspan[p - 1]);
+                    err |= E_BOUND;
                 }
                 if (err) {
                     fprintf(stderr, "FAIL %s p %d m %d v %d: errors 0x%x, unit-time makespan %g (schedule_times %g)\n",
@@ -331,6 +376,37 @@ static int broken(int kind, int p, int m, int v, int r, int ka, int mba, int ca,
     return !ok;
 }
 
+// Chunk sets freed at W alone (each F taking the lowest set whose W has run): the rule that hung an
+// interleaved run, its B's input gradient still in a set the next F took. The checker must say so.
+static int broken_sets(int kind, int p, int m) {
+    Schedule s;
+    char why[256];
+    if (schedule_build(&s, kind, p, m, 2, NULL, why, sizeof why)) return fprintf(stderr, "%s\n", why), 1;
+    int *busy = calloc((size_t)m * 2, sizeof(int));
+    for (int r = 0; r < p; r++) {
+        memset(busy, 0, sizeof(int) * (size_t)m * 2);
+        for (int i = 0; i < s.n[r]; i++) {
+            const Action *a = &s.a[r][i];
+            int *c = &s.cset[((size_t)r * m + a->mb) * 2 + a->chunk];
+            if (a->kind == ACT_F) {
+                *c = 0;
+                while (busy[*c]) ++*c;
+                busy[*c] = 1;
+                if (*c >= s.csets[r]) s.csets[r] = *c + 1;
+            }
+            if (a->kind == ACT_W) busy[*c] = 0;
+        }
+    }
+    free(busy);
+    double T;
+    int err = check(&s, 1, 1, 1, NULL, &T);
+    schedule_free(&s);
+    int ok = (err & E_BOUND) != 0;
+    printf("%s %s p %d m %d with chunk sets freed at W alone: errors 0x%x (want 0x%x)\n", ok ? "ok" : "FAIL", SCHEDULE_NAMES[kind], p,
+           m, err, E_BOUND);
+    return !ok;
+}
+
 int main(void) {
     int bad = run_all();
     bad += run_timed();
@@ -345,6 +421,7 @@ int main(void) {
     bad += broken(SCHED_1F1B, 4, 8, 1, 0, ACT_F, 4, 0, ACT_B, 0, 0, E_BOUND);
     bad += broken(SCHED_INTERLEAVED, 4, 8, 2, 1, ACT_RECV_ACT, 2, 0, ACT_F, 2, 0, E_HANDOFF | E_DEP);
     bad += broken(SCHED_ZBH1, 4, 8, 1, 0, ACT_W, 0, 0, ACT_F, 4, 0, E_BUBBLE | E_BOUND);
+    bad += broken_sets(SCHED_INTERLEAVED, 2, 4);
     // what does not fit is refused, with a reason
     Schedule s;
     char why[256];
