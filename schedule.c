@@ -158,60 +158,80 @@ static int order_zbv(const Schedule *s, const double times[3], int reserve, List
     return left > 0 ? -1 : 0;
 }
 
-// Chunk sets (v > 1): each F takes a set that its chunk's activations hold until its W and, since a
-// hand-off is read in place from the set (the receiver copies it out), until this rank knows that every
-// send from the set has been received: a message from that receiver, sent after its receive, has
-// arrived here (direct knowledge only, which is sound if not the least). Then the drain that precedes
-// the set's reuse cannot wait for a rank that waits for this one, whatever the timing; a set freed at W
-// alone did (interleaved: a B's input gradient, sent from its set, not yet taken by the previous
-// stage, which was waiting for this rank's next forward). Each F takes the lowest set released before
-// it; the pool is the most sets in use at once.
-static void assign_chunk_sets(Schedule *s) {
-    int p = s->p, m = s->m, v = s->v, nv = p * v;
-    size_t nmsg = (size_t)m * nv * 2; // (micro-batch, producing virtual stage, direction)
-    int *send_at = xmalloc(sizeof(int) * nmsg), *recv_at = xmalloc(sizeof(int) * nmsg), *recv_by = xmalloc(sizeof(int) * nmsg);
-    for (size_t k = 0; k < nmsg; k++) send_at[k] = recv_at[k] = recv_by[k] = -1;
-    for (int r = 0; r < p; r++)
+// Chunk sets (v > 1): each F takes the lowest free set, which its chunk's activations hold until their
+// W. A hand-off is read in place from the set (the receiver copies it out), so before the set's next F
+// the rank drains the set's sends, waiting until each has been received. Freed at W alone, an
+// interleaved set still held its B's input gradient when the next F took it, and that drain waited for
+// a previous stage that waited for this rank's next forward: a deadlock; zb-v's drains, freed so, ran
+// to the end but waited for busy receivers under unequal F, B, W times. So a set is also held until
+// the rank knows each of its sends received (a message the receiver sent after its receive has
+// arrived: direct knowledge only, sound if not the least), and no drain waits, whatever the timing
+// (test_schedule's simulation checks both). The pool is the most sets in use at once: interleaved's
+// bound + 2, zb-v's about its 2p + 1.
+typedef struct {
+    int *send_at, *recv_at, *recv_by; // per message (micro-batch, producing virtual stage, direction): -1 none
+} Messages;
+static size_t msg_id(const Schedule *s, int mb, int producer_vs, int grad) { return ((size_t)mb * s->p * s->v + producer_vs) * 2 + grad; }
+// The message an action sends or receives (-1: a compute action).
+static long action_msg(const Schedule *s, int r, const Action *a) {
+    int vs = schedule_vstage(s, r, a->chunk);
+    if (a->kind == ACT_SEND_ACT || a->kind == ACT_SEND_GRAD) return (long)msg_id(s, a->mb, vs, a->kind == ACT_SEND_GRAD);
+    if (a->kind == ACT_RECV_ACT) return (long)msg_id(s, a->mb, vs - 1, 0);
+    if (a->kind == ACT_RECV_GRAD) return (long)msg_id(s, a->mb, vs + 1, 1);
+    return -1;
+}
+static Messages messages(const Schedule *s) {
+    size_t n = (size_t)s->m * s->p * s->v * 2;
+    Messages g = { xmalloc(sizeof(int) * n), xmalloc(sizeof(int) * n), xmalloc(sizeof(int) * n) };
+    for (size_t k = 0; k < n; k++) g.send_at[k] = g.recv_at[k] = g.recv_by[k] = -1;
+    for (int r = 0; r < s->p; r++)
         for (int i = 0; i < s->n[r]; i++) {
             const Action *a = &s->a[r][i];
-            int vs = schedule_vstage(s, r, a->chunk);
-            if (a->kind == ACT_SEND_ACT || a->kind == ACT_SEND_GRAD) send_at[((size_t)a->mb * nv + vs) * 2 + (a->kind == ACT_SEND_GRAD)] = i;
-            if (a->kind == ACT_RECV_ACT) recv_at[((size_t)a->mb * nv + vs - 1) * 2] = i, recv_by[((size_t)a->mb * nv + vs - 1) * 2] = r;
-            if (a->kind == ACT_RECV_GRAD) recv_at[((size_t)a->mb * nv + vs + 1) * 2 + 1] = i, recv_by[((size_t)a->mb * nv + vs + 1) * 2 + 1] = r;
+            long k = action_msg(s, r, a);
+            if (k < 0) continue;
+            if (a->kind == ACT_SEND_ACT || a->kind == ACT_SEND_GRAD) g.send_at[k] = i;
+            else g.recv_at[k] = i, g.recv_by[k] = r;
         }
-    s->cset = xmalloc(sizeof(int) * (size_t)p * m * v);
-    s->csets = xcalloc((size_t)p, sizeof(int));
+    return g;
+}
+
+// Per rank r, release[mb·v + c]: the action after which the set of (mb, c) is free: its W, and each of
+// its sends known received.
+static void release_points(const Schedule *s, const Messages *g, int r, int *release) {
+    int n = s->n[r], p = s->p, v = s->v;
+    int *known = xmalloc(sizeof(int) * (size_t)p * (n ? n : 1)), *last = xmalloc(sizeof(int) * (size_t)p);
+    for (int q = 0; q < p; q++) last[q] = -1;
+    for (int i = 0; i < n; i++) { // known[q·n + i]: the latest action of q known done after action i
+        const Action *a = &s->a[r][i];
+        long k = action_msg(s, r, a);
+        if (k >= 0 && (a->kind == ACT_RECV_ACT || a->kind == ACT_RECV_GRAD)) {
+            int q, c;
+            owner_of(s, a->kind == ACT_RECV_GRAD ? schedule_vstage(s, r, a->chunk) + 1 : schedule_vstage(s, r, a->chunk) - 1, &q, &c);
+            if (q >= 0 && g->send_at[k] > last[q]) last[q] = g->send_at[k];
+        }
+        for (int q = 0; q < p; q++) known[q * n + i] = last[q];
+    }
+    for (int i = 0; i < n; i++) {
+        const Action *a = &s->a[r][i];
+        size_t k = (size_t)a->mb * v + a->chunk;
+        if (a->kind == ACT_F) release[k] = i;
+        if (a->kind == ACT_W) release[k] = release[k] > i ? release[k] : i;
+        if (a->kind != ACT_SEND_ACT && a->kind != ACT_SEND_GRAD) continue;
+        long msg = action_msg(s, r, a);
+        int q = g->recv_by[msg], j = i + 1;
+        while (j < n && known[q * n + j] <= g->recv_at[msg]) j++; // q sent something after its receive
+        if (j > release[k]) release[k] = j;
+    }
+    free(known), free(last);
+}
+
+static void take_sets(Schedule *s, const Messages *g) {
+    int p = s->p, m = s->m, v = s->v;
+    int *release = xmalloc(sizeof(int) * (size_t)m * v), *free_after = xmalloc(sizeof(int) * (size_t)m * v);
     for (int r = 0; r < p; r++) {
-        int n = s->n[r];
-        // known[q * n + i]: the latest action of rank q this rank knows done after its action i
-        int *known = xmalloc(sizeof(int) * (size_t)p * (n ? n : 1)), *last = xmalloc(sizeof(int) * (size_t)p);
-        for (int q = 0; q < p; q++) last[q] = -1;
-        for (int i = 0; i < n; i++) {
-            const Action *a = &s->a[r][i];
-            if (a->kind == ACT_RECV_ACT || a->kind == ACT_RECV_GRAD) {
-                int vs = schedule_vstage(s, r, a->chunk), g = a->kind == ACT_RECV_GRAD, q, c;
-                owner_of(s, g ? vs + 1 : vs - 1, &q, &c);
-                int at = send_at[((size_t)a->mb * nv + (g ? vs + 1 : vs - 1)) * 2 + g];
-                if (q >= 0 && at > last[q]) last[q] = at;
-            }
-            for (int q = 0; q < p; q++) known[q * n + i] = last[q];
-        }
-        // release[mb * v + c]: the action after which (mb, c)'s set is free (n: not in this step)
-        int *release = xmalloc(sizeof(int) * (size_t)m * v);
-        for (int i = 0; i < n; i++) {
-            const Action *a = &s->a[r][i];
-            size_t k = (size_t)a->mb * v + a->chunk;
-            if (a->kind == ACT_W) release[k] = release[k] > i ? release[k] : i;
-            if (a->kind == ACT_F) release[k] = i;
-            if (a->kind != ACT_SEND_ACT && a->kind != ACT_SEND_GRAD) continue;
-            size_t msg = ((size_t)a->mb * nv + schedule_vstage(s, r, a->chunk)) * 2 + (a->kind == ACT_SEND_GRAD);
-            int q = recv_by[msg], j = i + 1;
-            while (j < n && known[q * n + j] <= recv_at[msg]) j++; // q sent something after its receive
-            if (j > release[k]) release[k] = j;
-        }
-        // the sets in use, each with the action after which it is free
-        int *free_after = xmalloc(sizeof(int) * (size_t)m * v), nsets = 0;
-        for (int i = 0; i < n; i++) {
+        release_points(s, g, r, release);
+        int nsets = 0;
+        for (int i = 0; i < s->n[r]; i++) {
             const Action *a = &s->a[r][i];
             if (a->kind != ACT_F) continue;
             int k = 0;
@@ -221,9 +241,16 @@ static void assign_chunk_sets(Schedule *s) {
             s->cset[((size_t)r * m + a->mb) * v + a->chunk] = k;
         }
         s->csets[r] = nsets;
-        free(known), free(last), free(release), free(free_after);
     }
-    free(send_at), free(recv_at), free(recv_by);
+    free(release), free(free_after);
+}
+
+static void assign_chunk_sets(Schedule *s) {
+    s->cset = xmalloc(sizeof(int) * (size_t)s->p * s->m * s->v);
+    s->csets = xcalloc((size_t)s->p, sizeof(int));
+    Messages g = messages(s);
+    take_sets(s, &g);
+    free(g.send_at), free(g.recv_at), free(g.recv_by);
 }
 
 // The lists of one schedule for times t (reserve: order_zbv's); -1 with why for what does not fit, -2
