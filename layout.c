@@ -155,13 +155,13 @@ void layout_place_stages(Layout *l, int L, int V, const char *pp_layers) {
     // stashes; one stage holds one set and its head
     l->nslots = P - stage < M ? P - stage : M;
     l->nheads = P > 1;
-    l->nstash = l->chunk_sets = 0;
+    l->nstash = l->chunk_sets = l->ngrads = 0;
     if (P > 1 && (V > 1 || l->schedule != SCHED_1F1B)) { // (1F1B's closed form: plan builds many layouts)
         Schedule s;
         char why[256];
         if (schedule_build(&s, l->schedule, P, M, V, layout_pass_times(l), why, sizeof why)) die("--pp-schedule %s: %s", SCHEDULE_NAMES[l->schedule], why);
         SchedulePool q = schedule_pool(&s, stage);
-        l->nslots = q.sets, l->nheads = q.heads, l->nstash = q.stashes;
+        l->nslots = q.sets, l->nheads = q.heads, l->nstash = q.stashes, l->ngrads = q.grads;
         l->chunk_sets = V > 1;
         schedule_free(&s);
     }

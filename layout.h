@@ -43,10 +43,12 @@ typedef struct {
     int chunks, chunk_first[MAX_CHUNKS], chunk_len[MAX_CHUNKS], nslots;
     int nstash; // a split schedule's weight-gradient stashes per chunk (its B passes awaiting W at once,
                 // schedule.h's wpending), allocated with the model; 0: B and W together, none up front
-    int chunk_sets; // 1 (zb-v): each activation set holds one chunk's blocks, taken free at its F and freed
-                    // after its W (pipeline.c), nslots of them; 0: each holds every chunk of a micro-batch
-    int nheads;     // chunk_sets on the stage holding the head: sets of the head's buffers (final LayerNorm,
-                    // logits, loss statistics), micro-batch mb's in mb % nheads
+    int chunk_sets; // 1 (interleaved, zb-v): each activation set holds one chunk's blocks, the one the
+                    // schedule assigns at its F, free after its W (pipeline.c), nslots of them; 0: each
+                    // holds every chunk of a micro-batch
+    int nheads;     // with PP > 1, on the stage holding the head: sets of the head's buffers (final
+                    // LayerNorm, logits, loss statistics), micro-batch mb's in mb % nheads; 0: in the set
+    int ngrads;     // with chunk sets: the buffers input gradients are sent back from (schedule.h, gbuf)
     int schedule; // the pipeline schedule (SCHED_*, schedule.h; 0 = 1f1b), set before layout_connect
     double pp_times[3]; // --pp-times: the F, B, W times zb-v's lists are built for; zeros: unit times
     int pp_times_auto;  // --pp-times auto: zb-v measures them in the first step (pipeline.c)

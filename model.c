@@ -722,6 +722,9 @@ void gpt2_build(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, con
         m->heads = xcalloc((size_t)lay->nheads, sizeof(Activations));
         for (int h = 0; h < lay->nheads; h++) alloc_head(m, &m->heads[h]);
     }
+    m->grad_bufs = xcalloc((size_t)lay->ngrads + 1, sizeof(void *));
+    for (int g = 0; g < lay->ngrads; g++)
+        m->grad_bufs[g] = mem_alloc(a, MEM_ACTIVATIONS, gpt2_stage_bytes(m, m->B, m->T), "input gradient sent back");
     alloc_recompute(m);
     layout_count_memory(m->lay, a); // every communicator's staging (the ring's, the hierarchy's) is comm buffers
     m->act = &m->slots[0];
@@ -741,6 +744,8 @@ void gpt2_free(GPT2 *m) {
         for (size_t i = 0; i < sizeof own / sizeof own[0]; i++) mem_free(a, own[i]);
     }
     free(m->heads);
+    for (int g = 0; m->grad_bufs && g < m->lay->ngrads; g++) mem_free(a, m->grad_bufs[g]);
+    free(m->grad_bufs);
     for (int s = 0; s < m->lay->nslots; s++) {
         Activations *x = &m->slots[s];
         if (m->heads) // the head's buffers it borrowed are freed above
@@ -817,6 +822,10 @@ void *gpt2_stage_output(const GPT2 *m, int chunk) {
     return at(m->act->residual3, (size_t)(m->chunk_l0[chunk] + m->lay->chunk_len[chunk] - 1 - m->act->l0) * sRC, m->dt);
 }
 void *gpt2_stage_grad(const GPT2 *m) { return m->act->dresidual; }
+void *gpt2_grad_buffer(const GPT2 *m, int k) {
+    if (k < 0 || k >= m->lay->ngrads) die("internal: gradient buffer %d of %d", k, m->lay->ngrads);
+    return m->grad_bufs[k];
+}
 size_t gpt2_stage_bytes(const GPT2 *m, int B, int T) {
     return (size_t)B * T / (m->lay->sp ? m->lay->tp.size : 1) * m->cfg.C * dtype_size(m->dt);
 }

@@ -144,7 +144,8 @@ typedef struct {
     // pipelining), or with chunk sets one per chunk activation; act is the one forward and backward use
     // now (gpt2_use_slot).
     Activations *slots, *act;
-    Activations *heads; // with chunk sets on the stage holding the head: lay->nheads sets of the head's buffers
+    Activations *heads; // with PP > 1 on the stage holding the head: lay->nheads sets of the head's buffers
+    void **grad_bufs;   // lay->ngrads buffers of a stage's input gradient, sent back from (chunk sets)
     BlockScratch rc; // the block being rebuilt
     MemAccount mem;  // every buffer of this rank (zero.c, pipeline.c and ckpt.c allocate through it too)
     StepTimes *times; // the trainer's (timing.h): the model adds its op times and attention FLOPs
@@ -220,13 +221,14 @@ void gpt2_build(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, con
 // stages (this rank's rows of the residual stream): the input a stage receives, the output it sends,
 // and the gradient of its input that its backward leaves for the previous stage.
 void gpt2_use_slot(GPT2 *m, int slot);
-// With chunk sets (the layout's chunk_sets): set `slot` holds micro-batch mb's chunk `chunk` from now
-// (its forward comes next) and is the one in use; gpt2_use_slot(slot) returns to it later. Without
-// chunk sets: gpt2_use_slot.
+// Set `slot` holds micro-batch mb's chunk `chunk` from now (its forward comes next) and is the one in
+// use, with the head's buffers of mb (the ring of them) where the chunk holds the head;
+// gpt2_use_slot(slot) returns to it later.
 void gpt2_bind_set(GPT2 *m, int slot, int chunk, int mb);
 void *gpt2_stage_input(const GPT2 *m, int chunk);
 void *gpt2_stage_output(const GPT2 *m, int chunk);
 void *gpt2_stage_grad(const GPT2 *m);
+void *gpt2_grad_buffer(const GPT2 *m, int k); // gradient buffer k of the layout's ngrads
 size_t gpt2_stage_bytes(const GPT2 *m, int B, int T);
 void gpt2_free(GPT2 *m);
 int gpt2_unit_of(const GPT2 *m, int tensor, int layer);

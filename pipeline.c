@@ -20,6 +20,7 @@ void pipeline_init(Pipeline *p, GPT2 *m, Zero *z, Comm *fwd, Comm *bwd) {
     int n = m->lay->nslots;
     p->send_out = xcalloc((size_t)n * p->chunks, sizeof(CommRequest *));
     p->send_grad = xcalloc((size_t)n * p->chunks, sizeof(CommRequest *));
+    p->send_gbuf = xcalloc((size_t)m->lay->ngrads + 1, sizeof(CommRequest *));
     p->set_busy = xcalloc((size_t)n, sizeof(int));
 }
 
@@ -43,8 +44,10 @@ void pipeline_free(Pipeline *p) {
         drain(&p->send_out[s]);
         drain(&p->send_grad[s]);
     }
+    for (int g = 0; g < p->model->lay->ngrads; g++) drain(&p->send_gbuf[g]);
     free(p->send_out);
     free(p->send_grad);
+    free(p->send_gbuf);
     free(p->set_of);
     free(p->set_busy);
     free(p->trace);
@@ -167,7 +170,17 @@ static void backward_op(Pipeline *p, int mb, int chunk, int M, int B, int T, flo
     zero_begin_backward(p->zero, mb == M - 1);
     if (split) gpt2_backward_input_chunk(m, chunk, slot, dloss);
     else gpt2_backward_chunk(m, chunk, dloss);
-    if (to >= 0 && to != p->stage) p->send_grad[slot * p->chunks + chunk] = send_from(p, p->bwd, gpt2_stage_grad(m), bytes, to);
+    if (to >= 0 && to != p->stage && m->lay->chunk_sets) {
+        // from the gradient buffer the schedule assigns, so that the set is free at its W: its last
+        // send is known received (schedule.h, gbuf), and the drain does not wait
+        int g = p->sched.gbuf[((size_t)p->stage * p->sched.m + mb) * p->chunks + chunk];
+        drain(&p->send_gbuf[g]);
+        void *buf = gpt2_grad_buffer(m, g);
+        m->be->copy(buf, gpt2_stage_grad(m), bytes);
+        p->send_gbuf[g] = send_from(p, p->bwd, buf, bytes, to);
+    } else if (to >= 0 && to != p->stage) {
+        p->send_grad[slot * p->chunks + chunk] = send_from(p, p->bwd, gpt2_stage_grad(m), bytes, to);
+    }
     if (to == p->stage && m->lay->chunk_sets) { // zb-v's turn: the gradient into the previous chunk's set
         const void *g = gpt2_stage_grad(m);
         gpt2_use_slot(m, set_of(p, mb, chunk - 1));
@@ -246,15 +259,15 @@ static void adopt_measured_times(Pipeline *p, int M, const double sum[3], const 
     int fits = 1, same = 1;
     for (int r = 0; r < p->stages; r++) {
         SchedulePool need = schedule_pool(&s, r), have = schedule_pool(u, r);
-        if (need.sets > have.sets || need.heads > have.heads || need.stashes > have.stashes) fits = 0;
+        if (need.sets > have.sets || need.heads > have.heads || need.stashes > have.stashes || need.grads > have.grads) fits = 0;
         if (s.n[r] != u->n[r] || memcmp(s.a[r], u->a[r], sizeof(Action) * (size_t)s.n[r])) same = 0;
     }
     if (l->lead)
         printf("zb-v: the first step measured F, B, W = %.3f, %.3f, %.3f ms a chunk pass (--pp-times %.17g,%.17g,%.17g); %s\n", t[0],
                t[1], t[2], t[0], t[1], t[2],
                same    ? "the unit-time lists stay, the fastest under those times"
-               : !fits ? "the unit-time lists stay: the lists for those times need more activation sets, head buffers or weight-gradient "
-                         "stashes than were allocated"
+               : !fits ? "the unit-time lists stay: the lists for those times need more activation sets, head buffers, weight-gradient "
+                         "stashes or gradient buffers than were allocated"
                        : "lists built for them from the next step");
     if (l->lead && fits && !same)
         printf("zb-v: bubble under those times %.1f%%, the unit-time lists' %.1f%%\n", 100.0 * schedule_bubble(&s, t), 100.0 * schedule_bubble(u, t));
@@ -323,6 +336,7 @@ double pipeline_step(Pipeline *p, const int32_t *inputs, const int32_t *targets,
         drain(&p->send_out[k]);
         drain(&p->send_grad[k]);
     }
+    for (int g = 0; g < p->model->lay->ngrads; g++) drain(&p->send_gbuf[g]);
     count_handoffs(p, before);
     if (measure) adopt_measured_times(p, M, sum, cnt);
     return loss;

@@ -28,6 +28,7 @@ typedef struct {
                      // so each direction of each channel carries one kind of message in schedule order
     int stages, stage, chunks;
     CommRequest **send_out, **send_grad; // sends still in flight, per activation set and chunk
+    CommRequest **send_gbuf;             // with chunk sets: per gradient buffer (the layout's ngrads)
     // with chunk sets (the layout's chunk_sets, zb-v): the set each (micro-batch, chunk) took at its F,
     // set_of[mb · chunks + chunk], and which sets are taken (F done, W not)
     int *set_of, *set_busy;

@@ -200,7 +200,7 @@ static const char PLAN_USAGE[] =
     "                             buffers, pipeline slots); fits and the order use it\n"
     "  --sp                       with --exact: sequence parallelism (the seed's model always assumes it)\n"
     "  --interleaved              with --exact: the interleaved schedule (V = --pp-virtual) where it applies,\n"
-    "                             which keeps every micro-batch's activations\n"
+    "                             its pool of one-chunk activation sets\n"
     "  --bucket-mb F              with --exact: gradient bucket size, as for training (default 25)\n"
     "  --device gpu|cpu           with --exact: what the ranks run on (default gpu); on cpu the host buffers\n"
     "                             (checkpoint staging) are the device's memory too\n"

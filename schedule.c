@@ -159,15 +159,19 @@ static int order_zbv(const Schedule *s, const double times[3], int reserve, List
 }
 
 // Chunk sets (v > 1): each F takes the lowest free set, which its chunk's activations hold until their
-// W. A hand-off is read in place from the set (the receiver copies it out), so before the set's next F
-// the rank drains the set's sends, waiting until each has been received. Freed at W alone, an
-// interleaved set still held its B's input gradient when the next F took it, and that drain waited for
-// a previous stage that waited for this rank's next forward: a deadlock; zb-v's drains, freed so, ran
-// to the end but waited for busy receivers under unequal F, B, W times. So a set is also held until
-// the rank knows each of its sends received (a message the receiver sent after its receive has
-// arrived: direct knowledge only, sound if not the least), and no drain waits, whatever the timing
-// (test_schedule's simulation checks both). The pool is the most sets in use at once: interleaved's
-// bound + 2, zb-v's about its 2p + 1.
+// W. A hand-off is read in place from where it was sent (the receiver copies it out), so before that
+// memory is written again the rank drains the send, waiting until it has been received; such a drain
+// must never wait for a rank that waits for this one. Freed at W alone, an interleaved set still held
+// its B's input gradient when the next F took it, and that drain waited for a previous stage that was
+// waiting for that F: a deadlock; zb-v's drains, freed so, ran to the end but waited for busy receivers
+// under unequal F, B, W times. So memory is reused only once the rank knows each send from it received
+// (a message the receiver sent after its receive has arrived: direct knowledge only, sound if not the
+// least), and no drain waits, whatever the timing (test_schedule's simulation checks both):
+//   - the activation a chunk sends on is known received by its W (the gradient that came back was sent
+//     after it): a set is free after its W;
+//   - the input gradient a B sends back leaves from a gradient buffer of its own (pipeline.c copies it
+//     there, R·C elements), taken at the send and free once it is known received: a ring beside the
+//     sets, where the set itself would have stayed taken (a whole chunk's activations) as long.
 typedef struct {
     int *send_at, *recv_at, *recv_by; // per message (micro-batch, producing virtual stage, direction): -1 none
 } Messages;
@@ -195,9 +199,10 @@ static Messages messages(const Schedule *s) {
     return g;
 }
 
-// Per rank r, release[mb·v + c]: the action after which the set of (mb, c) is free: its W, and each of
-// its sends known received.
-static void release_points(const Schedule *s, const Messages *g, int r, int *release) {
+// Per rank r, for each (mb, c) at mb·v + c: the action after which its set is free (its W; its
+// activation's send known received) and after which its gradient buffer is (its input gradient's send
+// known received).
+static void release_points(const Schedule *s, const Messages *g, int r, int *set_free, int *grad_free) {
     int n = s->n[r], p = s->p, v = s->v;
     int *known = xmalloc(sizeof(int) * (size_t)p * (n ? n : 1)), *last = xmalloc(sizeof(int) * (size_t)p);
     for (int q = 0; q < p; q++) last[q] = -1;
@@ -214,40 +219,53 @@ static void release_points(const Schedule *s, const Messages *g, int r, int *rel
     for (int i = 0; i < n; i++) {
         const Action *a = &s->a[r][i];
         size_t k = (size_t)a->mb * v + a->chunk;
-        if (a->kind == ACT_F) release[k] = i;
-        if (a->kind == ACT_W) release[k] = release[k] > i ? release[k] : i;
+        if (a->kind == ACT_F) set_free[k] = i;
+        if (a->kind == ACT_W) set_free[k] = set_free[k] > i ? set_free[k] : i;
         if (a->kind != ACT_SEND_ACT && a->kind != ACT_SEND_GRAD) continue;
         long msg = action_msg(s, r, a);
         int q = g->recv_by[msg], j = i + 1;
         while (j < n && known[q * n + j] <= g->recv_at[msg]) j++; // q sent something after its receive
-        if (j > release[k]) release[k] = j;
+        int *at = a->kind == ACT_SEND_GRAD ? &grad_free[k] : &set_free[k];
+        if (a->kind == ACT_SEND_GRAD || j > *at) *at = j;
     }
     free(known), free(last);
 }
 
+// The lowest of *count buffers free before action i (free_after[b] < i), taken until `until`.
+static int take_lowest(int *free_after, int *count, int i, int until) {
+    int b = 0;
+    while (b < *count && free_after[b] >= i) b++;
+    if (b == *count) ++*count;
+    free_after[b] = until;
+    return b;
+}
+
 static void take_sets(Schedule *s, const Messages *g) {
     int p = s->p, m = s->m, v = s->v;
-    int *release = xmalloc(sizeof(int) * (size_t)m * v), *free_after = xmalloc(sizeof(int) * (size_t)m * v);
+    size_t mv = (size_t)m * v;
+    int *set_free = xmalloc(sizeof(int) * mv), *grad_free = xmalloc(sizeof(int) * mv);
+    int *sets = xmalloc(sizeof(int) * mv), *grads = xmalloc(sizeof(int) * mv);
     for (int r = 0; r < p; r++) {
-        release_points(s, g, r, release);
-        int nsets = 0;
+        release_points(s, g, r, set_free, grad_free);
+        int nsets = 0, ngrads = 0;
         for (int i = 0; i < s->n[r]; i++) {
             const Action *a = &s->a[r][i];
-            if (a->kind != ACT_F) continue;
-            int k = 0;
-            while (k < nsets && free_after[k] >= i) k++;
-            if (k == nsets) nsets++;
-            free_after[k] = release[(size_t)a->mb * v + a->chunk];
-            s->cset[((size_t)r * m + a->mb) * v + a->chunk] = k;
+            size_t k = (size_t)a->mb * v + a->chunk, at = (size_t)r * mv + k;
+            if (a->kind == ACT_F) s->cset[at] = take_lowest(sets, &nsets, i, set_free[k]);
+            if (a->kind == ACT_SEND_GRAD) s->gbuf[at] = take_lowest(grads, &ngrads, i, grad_free[k]);
         }
         s->csets[r] = nsets;
+        s->gbufs[r] = ngrads;
     }
-    free(release), free(free_after);
+    free(set_free), free(grad_free), free(sets), free(grads);
 }
 
 static void assign_chunk_sets(Schedule *s) {
     s->cset = xmalloc(sizeof(int) * (size_t)s->p * s->m * s->v);
+    s->gbuf = xmalloc(sizeof(int) * (size_t)s->p * s->m * s->v);
+    for (size_t i = 0; i < (size_t)s->p * s->m * s->v; i++) s->gbuf[i] = -1;
     s->csets = xcalloc((size_t)s->p, sizeof(int));
+    s->gbufs = xcalloc((size_t)s->p, sizeof(int));
     Messages g = messages(s);
     take_sets(s, &g);
     free(g.send_at), free(g.recv_at), free(g.recv_by);
@@ -412,6 +430,8 @@ void schedule_free(Schedule *s) {
     free(s->hspan);
     free(s->cset);
     free(s->csets);
+    free(s->gbuf);
+    free(s->gbufs);
     memset(s, 0, sizeof *s);
 }
 
@@ -483,6 +503,7 @@ void schedule_dump(FILE *f, const Schedule *s, int ascii_only) {
     for (int r = 0; r < p && !ascii_only; r++) {
         SchedulePool q = schedule_pool(s, r);
         fprintf(f, "rank %d (bound %d chunk activations, %d activation sets", r, s->bound[r], q.sets);
+        if (q.grads) fprintf(f, ", %d gradient buffer%s", q.grads, q.grads > 1 ? "s" : "");
         if (schedule_vstage(s, r, s->v - 1) == p * s->v - 1) fprintf(f, ", %d head buffer%s", q.heads, q.heads > 1 ? "s" : "");
         fprintf(f, "):");
         for (int i = 0; i < s->n[r]; i++) {
@@ -579,9 +600,11 @@ void schedule_check_times_kind(int kind, const char *value) {
 }
 
 SchedulePool schedule_pool(const Schedule *s, int r) {
-    SchedulePool q = { s->slots[r], s->hspan[r], s->split ? s->wpending[r] : 0 };
-    if (s->v > 1) // a micro-batch's chunks are in flight apart: a pool of chunk sets
+    SchedulePool q = { s->slots[r], s->hspan[r], s->split ? s->wpending[r] : 0, 0 };
+    if (s->v > 1) { // a micro-batch's chunks are in flight apart: a pool of chunk sets, gradient buffers
         q.sets = s->csets[r] > s->v ? s->csets[r] : s->v; // (v: the validation forward's one of each)
+        q.grads = s->gbufs[r];
+    }
     return q;
 }
 

@@ -63,9 +63,12 @@ typedef struct {
     int *hspan;      // [p] per rank, the widest span of its last chunk's micro-batches between F and B: on
                      // the rank holding the head, the head's buffers it needs (B adds the head's weight
                      // gradient too, so nothing reads them after it), micro-batch mb's in mb % hspan
-    int *cset;       // [p·m·v] with v > 1: the chunk set (r, mb, c)'s F takes, held until its W and until the
-                     // rank knows every send from it received (schedule.c, assign_chunk_sets)
-    int *csets;      // [p] with v > 1: the chunk sets a rank needs (at least live)
+    int *cset;       // [p·m·v] with v > 1: the chunk set (r, mb, c)'s F takes, held until its W (schedule.c,
+                     // assign_chunk_sets: the activation it sent on is known received by then)
+    int *csets;      // [p] with v > 1: the chunk sets a rank needs (live)
+    int *gbuf;       // [p·m·v] with v > 1: the gradient buffer (r, mb, c)'s B sends its input gradient from
+                     // (-1: none sent), held until the rank knows it received
+    int *gbufs;      // [p] with v > 1: the gradient buffers a rank needs
 } Schedule;
 
 // The schedule named on a command line (--pp-schedule), or -1.
@@ -82,10 +85,11 @@ void schedule_parse_times(const char *flag, const char *v, double times[3]);
 void schedule_check_times_kind(int kind, const char *value);
 // What a schedule's lists need allocated on rank r (layout_place_stages allocates it): activation sets
 // (interleaved and zb-v: a pool of chunk sets, one taken at each F and freed after its W), the head's
-// buffer sets (a ring apart from the sets, used where r holds the head) and the weight-gradient
-// stashes per chunk (split schedules; else 0).
+// buffer sets (a ring apart from the sets, used where r holds the head), the weight-gradient stashes
+// per chunk (split schedules; else 0) and the gradient buffers input gradients leave from (with chunk
+// sets; else 0: the set's own).
 typedef struct {
-    int sets, heads, stashes;
+    int sets, heads, stashes, grads;
 } SchedulePool;
 SchedulePool schedule_pool(const Schedule *s, int r);
 // The share of the step every rank idles under F, B, W times t (each rank does m·v·(F + B + W)):

@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """Checks the per-rank peak memory that training runs logged ({"memory_peak":{...},"rank":R} records).
 
-  memory_check.py formulas DIR          activations and recompute scratch of every rank against llm4d's
+  memory_check.py formulas DIR [TRAIN]  activations and recompute scratch of every rank against llm4d's
                                         activation inventory, written out here from the shapes (the
                                         README's table), and how they fall with recompute, TP, SP, PP, CP,
-                                        the micro-batch size and the sequence length
+                                        the micro-batch size and the sequence length (TRAIN, default
+                                        ./train: the interleaved schedule's gradient buffers, which
+                                        test_schedule checks, from ./train schedule)
   memory_check.py exact DIR TRAIN [SHAPE FLAGS...]
                                         every category of every rank against ./train plan --exact (the
                                         runs' model: the shape flags given, default test/recompute.sh's
@@ -65,14 +67,27 @@ def stage_blocks(L, P, V, s):
     return sum(count[c * P + s] for c in range(V)), V, max(count[c * P + s] for c in range(V))
 
 
+TRAIN = "./train"
+
+
+def gradient_buffers(lay, stage):
+    """Interleaved: the buffers stage s sends its input gradients back from (each held until the stage
+    knows it received), as ./train schedule prints them."""
+    out = subprocess.run([TRAIN, "schedule", "--pp", str(lay["pp"]), "--micro-batches", str(lay["M"]), "--pp-schedule",
+                          "interleaved", "--pp-virtual", str(lay["V"])], capture_output=True, text=True, check=True).stdout
+    for line in out.splitlines():
+        if line.startswith("rank %d (" % stage):
+            return int(line.split(" gradient buffer")[0].rsplit(" ", 1)[1]) if "gradient buffer" in line else 0
+    sys.exit("./train schedule printed no line for rank %d" % stage)
+
+
 def activation_sets(lay, stage):
     """Activation sets of stage s and the chunks each holds: 1F1B min(P - s, M); zb-h1 min(P, M) (a set is
-    busy from F to W); interleaved a pool of one-chunk sets, min(b + 2, V·M) with V = 2 where b is
-    Megatron's warm-up bound (P - s - 1)·2 + (V - 1)·P + 1 (a set is held until its W and until the
-    stage knows its input gradient received: two more than the bound, test_schedule checks it)."""
+    busy from F to W); interleaved a pool of one-chunk sets, min(b, V·M) with V = 2 where b is
+    Megatron's warm-up bound (P - s - 1)·2 + (V - 1)·P + 1 (test_schedule checks it)."""
     P, M, V = lay["pp"], lay["M"], lay["V"]
     if V > 1:
-        return min((P - stage - 1) * 2 + (V - 1) * P + 1 + 2, V * M), 1
+        return min((P - stage - 1) * 2 + (V - 1) * P + 1, V * M), 1
     if lay["schedule"] == "zb-h1" and P > 1:
         return min(P, M), V
     return min(P - stage, M), V
@@ -106,7 +121,8 @@ def inventory(lay, stage):
     if first:  # token ids
         slot += BT * 4
     slot += R * C * e  # the residual gradient handed back
-    shared = head + 2 * BT * C * e + BT * 4 * Ct * e + BT * 3 * Ct * e  # partial sums, gradients of C, 4C and QKV
+    grads = gradient_buffers(lay, stage) * R * C * e if lay["V"] > 1 else 0  # and the buffers it is sent back from
+    shared = head + grads + 2 * BT * C * e + BT * 4 * Ct * e + BT * 3 * Ct * e  # partial sums, gradients of C, 4C and QKV
     if lay["sp"]:
         shared += BT * C * e + R * C * e + 2 * C * 4
     if lay["cp"] > 1:  # the ring's fp32 accumulators: attention output (or dq), and this rank's dK/dV share
@@ -248,6 +264,7 @@ def exact(d, train, shape):
 
 if __name__ == "__main__":
     if sys.argv[1] == "formulas":
+        TRAIN = sys.argv[3] if len(sys.argv) > 3 else TRAIN
         formulas(sys.argv[2])
     else:
         exact(sys.argv[2], sys.argv[3], sys.argv[4:] or SHAPE_FLAGS)

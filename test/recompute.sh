@@ -135,7 +135,7 @@ t_recompute() {
 # with recompute, TP, SP, PP, the micro-batch size and the sequence length.
 t_memory_formulas() {
     rc_runs || return 1
-    $PY test/memory_check.py formulas "$RC_DIR"
+    $PY test/memory_check.py formulas "$RC_DIR" "$TRAIN"
 }
 
 # ./train plan --exact (llm4d's buffers built dry for the layout) predicts every rank's measured peak per
