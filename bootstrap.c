@@ -256,6 +256,22 @@ void world_set_waiting(World *w, int peer, const char *op, const char *comm) {
     atomic_store_explicit(&s->waiting_on, peer, memory_order_release);
 }
 
+int world_begin_wait(World *w, int peer, const char *op, const char *comm) {
+    if (!w->board || peer < 0) return 0;
+    BoardSlot *s = &w->board->slot[w->env.rank];
+    int32_t none = -1;
+    if (!atomic_compare_exchange_strong(&s->waiting_on, &none, (int32_t)peer)) return 0;
+    snprintf(s->op, sizeof s->op, "%s", op ? op : "?"); // (diagnostics: read after the wait is seen)
+    snprintf(s->comm, sizeof s->comm, "%s", comm ? comm : "?");
+    return 1;
+}
+
+void world_end_wait(World *w, int peer) {
+    if (!w->board) return;
+    int32_t mine = peer;
+    atomic_compare_exchange_strong(&w->board->slot[w->env.rank].waiting_on, &mine, -1);
+}
+
 void world_set_failed(World *w) {
     if (w->board) atomic_store(&w->board->slot[w->env.rank].failed, 1);
 }
@@ -853,6 +869,24 @@ World *world_create(const LaunchEnv *env, double timeout_s) {
     if (h.type != MSG_TABLE || h.vlen != sizeof(RankInfo) * env->world) die("bootstrap: malformed rank table from rank 0");
     w->ranks = (RankInfo *)body;
     board_attach(w);
+    // No rank goes on before every rank has its board: one that fails at once (and rank 0 with it, whose
+    // store goes then) would leave a slower rank still asking the store for its board, with no board to
+    // follow to the root cause. Rank 0 waits for every rank's mark, the others for rank 0's.
+    if (env->world > 1) {
+        char key[32];
+        uint32_t n;
+        if (env->rank == 0) {
+            for (int r = 1; r < env->world; r++) {
+                snprintf(key, sizeof key, "attached/%d", r);
+                free(store_get(w, key, &n, "bootstrap"));
+            }
+            store_set(w, "attached/all", "1", 1);
+        } else {
+            snprintf(key, sizeof key, "attached/%d", env->rank);
+            store_set(w, key, "1", 1);
+            free(store_get(w, "attached/all", &n, "bootstrap"));
+        }
+    }
     return w;
 }
 

@@ -528,6 +528,11 @@ void gpt2_gather_full(const GPT2 *m, const float *local, float *file) {
 // is added apart (head_wte_grad) and joined once per step (gpt2_join_tied_grads), as the all-reduce of
 // the two stages that hold them under 1f1b adds it: the same sums, the same bits.
 static int tied_apart(const GPT2 *m) { return m->first && m->last && m->lay->pp.size > 1 && m->head_k == P_WTE; }
+// Where the head's weight gradient waits for W: on one stage holding both ends with the tied embedding
+// (a split backward there is test_split's alone; training splits only with PP > 1, where such a stage
+// adds the head's part apart, tied_apart), whose embedding gradient, added in W, goes into the same
+// tensor: the head's in W too keeps the fused backward's order (head, embedding, per micro-batch).
+static int head_in_w(const GPT2 *m) { return m->first && m->last && m->head_k == P_WTE && !tied_apart(m); }
 
 // The shape of this rank's slice and stage, from the layout.
 static void place(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, const Layout *lay, StepTimes *times) {
@@ -1260,6 +1265,7 @@ static size_t wstash_bytes(const GPT2 *m, int chunk, size_t N) {
     block += w.sets ? 0 : piece(N * m->qkv_tp * ds);                  // dqkv
     block += w.norms ? 0 : piece(NC);                                 // LayerNorm 1's output
     n = (size_t)m->lay->chunk_len[chunk] * block;
+    if (head_in_w(m) && chunk == m->lay->chunks - 1 && !w.rows) n += piece(NC); // the head's input, gathered
     if (m->first && chunk == 0 && !w.rows) n += piece(NC);                 // the embedding's gradient
     return n;
 }
@@ -1395,15 +1401,18 @@ static void backward_input(GPT2 *m, int chunk, float dloss_scale, struct WStash 
         in = tp_full_rows(m, x->lnf, BTC);
         // the head's weight gradient too, split or not: then nothing reads the head's buffers after B,
         // which frees them for the next micro-batch (a ring of its own, gpt2_bind_set) where a pending W
-        // would hold a micro-batch's logits until its W
-        bwd_matmul(m, NULL, x->partial, m->head_k, -1, 0, x->logits, 1, NULL, in, 1, gpt2_param(m, m->head_k, 0), NULL, N, C,
-                   m->Vp_tp);
+        // would hold a micro-batch's logits until its W (head_in_w: below)
+        struct WStash *hst = head_in_w(m) ? st : NULL;
+        bwd_matmul(m, hst, x->partial, m->head_k, -1, 0, x->logits, 1, NULL, in, w.rows, gpt2_param(m, m->head_k, 0), NULL, N,
+                   C, m->Vp_tp);
         dln = tp_finish_partial(m, x->dshard, BTC);
         be->zero(x->dresidual, RC * ds);
         fetch(m, m->nl + 1);
         bwd_layernorm(m, x->dresidual, P_LNFW, 0, dln, block_acts(m, m->nl - 1).r3, gpt2_param(m, P_LNFW, 0), x->lnf_mean,
                       x->lnf_rstd, R);
-        ready(m, m->nl + 1); // the final LayerNorm's unit (the untied head's too) is complete
+        // the final LayerNorm's unit (the untied head's too) is complete once the head's matmul has run
+        if (hst) hst->ops[hst->nops - 1].ready_after = m->nl + 1;
+        else ready(m, m->nl + 1);
     }
     int l0 = m->chunk_l0[chunk];
     for (int l = l0 + m->lay->chunk_len[chunk] - 1; l >= l0; l--) {
@@ -1488,7 +1497,7 @@ static void wstash_alloc(GPT2 *m) {
             struct WStash *st = &m->wstash[s * m->lay->chunks + c];
             st->cap = wstash_bytes(m, c, (size_t)m->B * m->T);
             st->arena = st->cap ? mem_alloc(&m->mem, MEM_ACTIVATIONS, st->cap, "weight-gradient stash") : NULL;
-            st->cap_ops = 4 * m->lay->chunk_len[c] + 1; // four matmuls a block; the embedding's
+            st->cap_ops = 4 * m->lay->chunk_len[c] + 2; // four matmuls a block; the head's (head_in_w), the embedding's
             st->ops = xcalloc((size_t)st->cap_ops, sizeof(WOp));
         }
 }

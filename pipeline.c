@@ -259,7 +259,8 @@ static void adopt_measured_times(Pipeline *p, int M, const double sum[3], const 
     int fits = 1, same = 1;
     for (int r = 0; r < p->stages; r++) {
         SchedulePool need = schedule_pool(&s, r), have = schedule_pool(u, r);
-        if (need.sets > have.sets || need.heads > have.heads || need.stashes > have.stashes || need.grads > have.grads) fits = 0;
+        int head = schedule_vstage(u, r, u->v - 1) == u->p * u->v - 1; // (only the rank holding the head has its buffers)
+        if (need.sets > have.sets || (head && need.heads > have.heads) || need.stashes > have.stashes || need.grads > have.grads) fits = 0;
         if (s.n[r] != u->n[r] || memcmp(s.a[r], u->a[r], sizeof(Action) * (size_t)s.n[r])) same = 0;
     }
     if (l->lead)
