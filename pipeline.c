@@ -300,6 +300,16 @@ double pipeline_step(Pipeline *p, const int32_t *inputs, const int32_t *targets,
         int kind = p->model->lay->schedule;
         if (schedule_build(&p->sched, kind, p->stages, M, p->chunks, layout_pass_times(p->model->lay), why, sizeof why))
             die("--pp-schedule %s: %s", SCHEDULE_NAMES[kind], why);
+        // the model was allocated for the layout's M (layout_place_stages): these lists must fit it, or
+        // sets mb % nslots and the head's ring would be shared by micro-batches in flight together
+        const Layout *l = p->model->lay;
+        SchedulePool need = schedule_pool(&p->sched, p->stage);
+        int head = schedule_vstage(&p->sched, p->stage, p->chunks - 1) == p->stages * p->chunks - 1;
+        if (need.sets > l->nslots || (head && l->nheads && need.heads > l->nheads) || (p->sched.split && need.stashes > l->nstash) ||
+            need.grads > l->ngrads) // (nheads 0: one stage, the head in its set)
+            die("internal: %s's lists for %d micro-batches need more activation sets, head buffers, stashes or gradient buffers "
+                "than were allocated for %d",
+                SCHEDULE_NAMES[kind], M, l->accum);
         free(p->set_of);
         p->set_of = xcalloc((size_t)M * p->chunks, sizeof(int));
     }
