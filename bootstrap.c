@@ -50,7 +50,8 @@ typedef struct {
     _Atomic int32_t stopped;    // launcher: the signal that stopped it (0: running)
     _Atomic int32_t terminated; // launcher: it was told to stop because the job failed
     _Atomic int32_t reported;   // it printed an error line
-    int32_t pad[3];
+    _Atomic int32_t connecting_to; // world rank this rank opens a connection to (its progress thread may); -1: none
+    int32_t pad[2];
     char op[48], comm[48];      // informational; written before waiting_on
 } BoardSlot;
 
@@ -81,7 +82,7 @@ static Board *board_new(int world, int *fd, int cloexec) {
         return NULL;
     }
     b->world = world;
-    for (int r = 0; r < world; r++) atomic_store(&b->slot[r].waiting_on, -1);
+    for (int r = 0; r < world; r++) atomic_store(&b->slot[r].waiting_on, -1), atomic_store(&b->slot[r].connecting_to, -1);
     b->magic = BOARD_MAGIC;
     return b;
 }
@@ -116,6 +117,12 @@ const char *process_state(pid_t pid, char *buf, size_t cap) {
     }
 }
 
+// Whom a rank waits for: in an operation, else the peer it is connecting to (-1: none).
+static int slot_waits_for(BoardSlot *s) {
+    int y = atomic_load_explicit(&s->waiting_on, memory_order_acquire);
+    return y >= 0 ? y : atomic_load_explicit(&s->connecting_to, memory_order_acquire);
+}
+
 // From `peer`, follow who waits for whom to the rank that stopped answering: one that is stopped,
 // died on its own, or is alive but waits for nobody. Ranks that gave up or that the launcher stopped
 // after the failure are passed through along what they were waiting for.
@@ -132,7 +139,7 @@ static int board_chain(Board *b, int world, int peer, const RankInfo *ranks, con
         }
         char st[96];
         const char *state = process_state(pid, st, sizeof st);
-        int y = atomic_load_explicit(&s->waiting_on, memory_order_acquire);
+        int y = slot_waits_for(s);
         int passed_on = atomic_load(&s->failed) || atomic_load(&s->terminated);
         if (state && (strcmp(state, "died") || !passed_on || y < 0)) {
             snprintf(why, cap, "%s", state);
@@ -162,7 +169,7 @@ void board_note(Board *b, int rank, int stopped_sig, int terminated) {
 }
 
 int board_root_cause(Board *b, int world, int first_failed, char *why, size_t cap) {
-    int y = atomic_load(&b->slot[first_failed].waiting_on);
+    int y = slot_waits_for(&b->slot[first_failed]);
     if (y < 0 || y >= world) {
         snprintf(why, cap, "failed");
         return first_failed;
@@ -256,20 +263,8 @@ void world_set_waiting(World *w, int peer, const char *op, const char *comm) {
     atomic_store_explicit(&s->waiting_on, peer, memory_order_release);
 }
 
-int world_begin_wait(World *w, int peer, const char *op, const char *comm) {
-    if (!w->board || peer < 0) return 0;
-    BoardSlot *s = &w->board->slot[w->env.rank];
-    int32_t none = -1;
-    if (!atomic_compare_exchange_strong(&s->waiting_on, &none, (int32_t)peer)) return 0;
-    snprintf(s->op, sizeof s->op, "%s", op ? op : "?"); // (diagnostics: read after the wait is seen)
-    snprintf(s->comm, sizeof s->comm, "%s", comm ? comm : "?");
-    return 1;
-}
-
-void world_end_wait(World *w, int peer) {
-    if (!w->board) return;
-    int32_t mine = peer;
-    atomic_compare_exchange_strong(&w->board->slot[w->env.rank].waiting_on, &mine, -1);
+void world_set_connecting(World *w, int peer) {
+    if (w->board) atomic_store_explicit(&w->board->slot[w->env.rank].connecting_to, peer, memory_order_release);
 }
 
 void world_set_failed(World *w) {
@@ -324,6 +319,15 @@ static void store_conn_end(StoreConn *sc) {
     s->live--;
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
+}
+
+// Whether rank r's connection to the store is open (it joined and has not closed it).
+static int store_has_rank(Store *s, int r) {
+    pthread_mutex_lock(&s->mu);
+    int found = 0;
+    for (StoreConn *c = s->conns; c && !found; c = c->next) found = c->rank == r;
+    pthread_mutex_unlock(&s->mu);
+    return found;
 }
 
 static int send_msg(int fd, uint32_t type, const void *v, uint32_t vlen, double deadline) {
@@ -821,6 +825,37 @@ attached:
     if (w->board) atomic_store(&w->board->slot[w->env.rank].pid, (int32_t)getpid());
 }
 
+// Rank 0, at the end of world_create: until rank r has marked itself attached. A rank gone before it
+// did (its process dead on this node, or its store connection closed) is named at once; one alive but
+// late, at the timeout.
+static void await_attached(World *w, int r) {
+    char key[32], st[96];
+    uint32_t n;
+    snprintf(key, sizeof key, "attached/%d", r);
+    const RankInfo *ri = &w->ranks[r];
+    int here = !strcmp(ri->node_id, w->env.node_id);
+    double deadline = now_seconds() + w->timeout, pause = 50e-6;
+    world_set_waiting(w, r, "start-up", "world");
+    for (;;) {
+        char *v = store_peek(w, key, &n, "bootstrap");
+        if (v) {
+            free(v);
+            break;
+        }
+        const char *state = here ? process_state(ri->pid, st, sizeof st) : NULL;
+        int gone = (state && !strcmp(state, "died")) || !store_has_rank(w->store, r);
+        if (gone || now_seconds() > deadline) {
+            world_set_failed(w);
+            if (gone) world_die_after(w, r, "bootstrap: rank %d (pid %d) exited before every rank had started", r, (int)ri->pid);
+            world_die_after(w, r, "timeout: bootstrap: rank %d did not finish starting within %.1f s", r, w->timeout);
+        }
+        struct timespec ts = { 0, (long)(pause * 1e9) };
+        nanosleep(&ts, NULL);
+        pause = pause * 2 < 2e-3 ? pause * 2 : 2e-3;
+    }
+    world_set_waiting(w, -1, NULL, NULL);
+}
+
 World *world_create(const LaunchEnv *env, double timeout_s) {
     name_process(env->rank);
     World *w = xcalloc(1, sizeof *w);
@@ -876,10 +911,7 @@ World *world_create(const LaunchEnv *env, double timeout_s) {
         char key[32];
         uint32_t n;
         if (env->rank == 0) {
-            for (int r = 1; r < env->world; r++) {
-                snprintf(key, sizeof key, "attached/%d", r);
-                free(store_get(w, key, &n, "bootstrap"));
-            }
+            for (int r = 1; r < env->world; r++) await_attached(w, r);
             store_set(w, "attached/all", "1", 1);
         } else {
             snprintf(key, sizeof key, "attached/%d", env->rank);

@@ -78,11 +78,10 @@ const char *process_state(pid_t pid, char *buf, size_t cap);
 // This rank waits for world rank `peer` in operation op on communicator comm (peer -1: it does not
 // wait any more). Cheap: a few stores into shared memory.
 void world_set_waiting(World *w, int peer, const char *op, const char *comm);
-// The same where this rank publishes no wait (another thread of it may: a communicator's progress
-// thread connecting while the caller waits elsewhere); 1 when it did. world_end_wait(w, peer) takes
-// back only that wait.
-int world_begin_wait(World *w, int peer, const char *op, const char *comm);
-void world_end_wait(World *w, int peer);
+// This rank opens a connection to world rank `peer` (-1: done): what a rank waiting for it follows
+// where it waits in no operation (a communicator's progress thread may connect while the caller waits
+// elsewhere, so this is a field of its own).
+void world_set_connecting(World *w, int peer);
 void world_set_failed(World *w);
 // A failure caused by world rank `peer` (it died, closed its connection, stopped answering): dies
 // with the message, plus "; root cause: rank R ..." when the status board traces it further, to

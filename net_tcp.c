@@ -146,24 +146,23 @@ static NetConn *tcp_connect_peer(void *endpoint, const NetSetup *s, int peer) {
     tc->fd = -1;
     if (me_w < pw) { // the peer's acceptor answers whatever the peer is doing
         double deadline = now_seconds() + world_timeout(w);
-        // published where nothing else of this rank is (so that a rank waiting on this one follows the
-        // chain to the peer while we connect)
-        int waits = world_begin_wait(w, pw, "connect", s->comm_name);
+        world_set_connecting(w, pw); // (a rank waiting on this one follows the chain to the peer)
         tc->fd = tcp_connect(pi->ip, pi->port, deadline, 1); // the peer listened before it published its port
         if (tc->fd < 0 && errno == ECONNREFUSED) {
             char st[96];
             const char *state = tc->same_node ? process_state(pi->pid, st, sizeof st) : NULL;
-            if (!waits) world_set_waiting(w, pw, "connect", s->comm_name); // (the root cause: it, not us)
             world_set_failed(w);
             if (state && !strcmp(state, "died"))
                 world_die_after(w, pw, "communicator %s: rank %d (pid %d) died before it was connected", s->comm_name, pw, (int)pi->pid);
             world_die_after(w, pw, "communicator %s: rank %d at %s:%d refuses connections: it has exited, or that address does not reach it from here",
                             s->comm_name, pw, pi->ip, pi->port);
         }
-        if (tc->fd < 0)
-            die("timeout: communicator %s: cannot connect to rank %d at %s:%d within %.1f s", s->comm_name, pw, pi->ip,
-                pi->port, world_timeout(w));
-        if (waits) world_end_wait(w, pw);
+        if (tc->fd < 0) {
+            world_set_failed(w);
+            world_die_after(w, pw, "timeout: communicator %s: cannot connect to rank %d at %s:%d within %.1f s", s->comm_name, pw,
+                            pi->ip, pi->port, world_timeout(w));
+        }
+        world_set_connecting(w, -1);
         ConnectHello hello = { .magic = NET_MAGIC, .comm_id = s->comm_id, .src = me_w };
         snprintf(hello.token, sizeof hello.token, "%s", world_token(w));
         if (tcp_write_all(tc->fd, &hello, sizeof hello, deadline) != 0) die("communicator %s: cannot greet rank %d", s->comm_name, pw);
