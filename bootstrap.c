@@ -623,18 +623,22 @@ char *store_peek(World *w, const char *key, uint32_t *vlen, const char *what) {
 
 // Looks until the key is set: the lock is free between looks (50 us apart, doubling to 2 ms), so that
 // another thread of this rank (a communicator's engine opening a verbs pair) is never held up by a wait
-// here, which may itself be for that thread's progress on some peer.
-char *store_get(World *w, const char *key, uint32_t *vlen, const char *what) {
+// here, which may itself be for that thread's progress on some peer. Between looks check (when not
+// NULL) may die with a better reason than the timeout's, and is told when the timeout has passed (late).
+static char *store_wait(World *w, const char *key, uint32_t *vlen, const char *what, void (*check)(World *, int r, int late), int r) {
     double deadline = now_seconds() + w->timeout, pause = 50e-6;
     for (;;) {
         char *v = store_peek(w, key, vlen, what);
         if (v) return v;
-        if (now_seconds() > deadline) die("timeout: %s: waited %.1f s for '%s' from the bootstrap store", what, w->timeout, key);
+        int late = now_seconds() > deadline;
+        if (check) check(w, r, late);
+        if (late) die("timeout: %s: waited %.1f s for '%s' from the bootstrap store", what, w->timeout, key);
         struct timespec ts = { 0, (long)(pause * 1e9) };
         nanosleep(&ts, NULL);
         pause = pause * 2 < 2e-3 ? pause * 2 : 2e-3;
     }
 }
+char *store_get(World *w, const char *key, uint32_t *vlen, const char *what) { return store_wait(w, key, vlen, what, NULL, -1); }
 
 // ---------------------------------------------------------------------------------------------
 // the data-port acceptor: greets every incoming connection at once, each with a short deadline, and
@@ -825,35 +829,18 @@ attached:
     if (w->board) atomic_store(&w->board->slot[w->env.rank].pid, (int32_t)getpid());
 }
 
-// Rank 0, at the end of world_create: until rank r has marked itself attached. A rank gone before it
-// did (its process dead on this node, or its store connection closed) is named at once; one alive but
-// late, at the timeout.
-static void await_attached(World *w, int r) {
-    char key[32], st[96];
-    uint32_t n;
-    snprintf(key, sizeof key, "attached/%d", r);
+// Rank 0, at the end of world_create, while it waits for rank r to mark itself attached: a rank gone
+// before it did (its process dead on this node, or its store connection closed) is named at once; one
+// alive but late, at the timeout.
+static void attach_check(World *w, int r, int late) {
+    char st[96];
     const RankInfo *ri = &w->ranks[r];
-    int here = !strcmp(ri->node_id, w->env.node_id);
-    double deadline = now_seconds() + w->timeout, pause = 50e-6;
-    world_set_waiting(w, r, "start-up", "world");
-    for (;;) {
-        char *v = store_peek(w, key, &n, "bootstrap");
-        if (v) {
-            free(v);
-            break;
-        }
-        const char *state = here ? process_state(ri->pid, st, sizeof st) : NULL;
-        int gone = (state && !strcmp(state, "died")) || !store_has_rank(w->store, r);
-        if (gone || now_seconds() > deadline) {
-            world_set_failed(w);
-            if (gone) world_die_after(w, r, "bootstrap: rank %d (pid %d) exited before every rank had started", r, (int)ri->pid);
-            world_die_after(w, r, "timeout: bootstrap: rank %d did not finish starting within %.1f s", r, w->timeout);
-        }
-        struct timespec ts = { 0, (long)(pause * 1e9) };
-        nanosleep(&ts, NULL);
-        pause = pause * 2 < 2e-3 ? pause * 2 : 2e-3;
-    }
-    world_set_waiting(w, -1, NULL, NULL);
+    const char *state = !strcmp(ri->node_id, w->env.node_id) ? process_state(ri->pid, st, sizeof st) : NULL;
+    int gone = (state && !strcmp(state, "died")) || !store_has_rank(w->store, r);
+    if (!gone && !late) return;
+    world_set_failed(w);
+    if (gone) world_die_after(w, r, "bootstrap: rank %d (pid %d) exited before every rank had started", r, (int)ri->pid);
+    world_die_after(w, r, "timeout: bootstrap: rank %d did not finish starting within %.1f s", r, w->timeout);
 }
 
 World *world_create(const LaunchEnv *env, double timeout_s) {
@@ -911,7 +898,12 @@ World *world_create(const LaunchEnv *env, double timeout_s) {
         char key[32];
         uint32_t n;
         if (env->rank == 0) {
-            for (int r = 1; r < env->world; r++) await_attached(w, r);
+            for (int r = 1; r < env->world; r++) {
+                snprintf(key, sizeof key, "attached/%d", r);
+                world_set_waiting(w, r, "start-up", "world");
+                free(store_wait(w, key, &n, "bootstrap", attach_check, r));
+            }
+            world_set_waiting(w, -1, NULL, NULL);
             store_set(w, "attached/all", "1", 1);
         } else {
             snprintf(key, sizeof key, "attached/%d", env->rank);

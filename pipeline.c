@@ -48,7 +48,6 @@ void pipeline_free(Pipeline *p) {
     free(p->send_out);
     free(p->send_grad);
     free(p->send_gbuf);
-    free(p->set_of);
     free(p->set_busy);
     free(p->trace);
     free(p->act_t);
@@ -100,10 +99,11 @@ static int prev_stage(const Pipeline *p, int chunk) { return neighbour(p, chunk,
 static int next_stage(const Pipeline *p, int chunk) { return neighbour(p, chunk, 1); }
 
 // The activation set of micro-batch mb's chunk: set mb mod nslots (every chunk of it), or with chunk sets
-// the one its F took.
+// the one the schedule assigns it (schedule.h's cset: its previous holder's W has run and its hand-offs
+// are known received, so draining them cannot wait for a rank that waits for this one).
 static int set_of(const Pipeline *p, int mb, int chunk) {
     const Layout *l = p->model->lay;
-    return l->chunk_sets ? p->set_of[mb * p->chunks + chunk] : mb % l->nslots;
+    return l->chunk_sets ? p->sched.cset[((size_t)p->stage * p->sched.m + mb) * p->chunks + chunk] : mb % l->nslots;
 }
 
 // A chunk's input, into set `slot`: received from the stage before it, or (zb-v's turn on the last stage)
@@ -120,14 +120,11 @@ static void take_input(Pipeline *p, int chunk, int slot, int prev, size_t bytes,
     }
 }
 
-// Chunk sets: the set the schedule assigns micro-batch mb's chunk (schedule.h's cset: its previous
-// holder's W has run and its hand-offs are known received, so draining them cannot wait for a rank
-// that waits for this one).
+// Chunk sets: the set of micro-batch mb's chunk, taken at its F.
 static int take_set(Pipeline *p, int mb, int chunk) {
-    int n = p->model->lay->nslots, k = p->sched.cset[((size_t)p->stage * p->sched.m + mb) * p->chunks + chunk];
+    int n = p->model->lay->nslots, k = set_of(p, mb, chunk);
     if (k >= n || p->set_busy[k]) die("internal: chunk activation set %d of %d is taken or missing (the schedule's assignment)", k, n);
     p->set_busy[k] = 1;
-    p->set_of[mb * p->chunks + chunk] = k;
     return k;
 }
 
@@ -237,6 +234,14 @@ static void count_handoffs(Pipeline *p, CommCounters before[2]) {
     }
 }
 
+// Whether lists needing `need` on a rank run in what `have` allocated there: the head's buffers count on
+// the rank holding the head, where a ring of them is apart from the sets (have.heads 0: one stage, the
+// head in its set).
+static int pool_fits(SchedulePool need, SchedulePool have, int head) {
+    return need.sets <= have.sets && (!head || !have.heads || need.heads <= have.heads) && need.stashes <= have.stashes &&
+           need.grads <= have.grads;
+}
+
 // --pp-times auto, after the first step: zb-v's lists rebuilt for the F, B and W times it measured, the
 // mean over every rank's passes (sum[k] seconds over cnt[k] passes here; one all-reduce over the world,
 // so that every rank builds the same lists), where the new lists fit the chunk sets, weight-gradient
@@ -258,9 +263,7 @@ static void adopt_measured_times(Pipeline *p, int M, const double sum[3], const 
     const Schedule *u = &p->sched; // the unit lists, for which the model was allocated
     int fits = 1, same = 1;
     for (int r = 0; r < p->stages; r++) {
-        SchedulePool need = schedule_pool(&s, r), have = schedule_pool(u, r);
-        int head = schedule_vstage(u, r, u->v - 1) == u->p * u->v - 1; // (only the rank holding the head has its buffers)
-        if (need.sets > have.sets || (head && need.heads > have.heads) || need.stashes > have.stashes || need.grads > have.grads) fits = 0;
+        if (!pool_fits(schedule_pool(&s, r), schedule_pool(u, r), schedule_holds_head(u, r))) fits = 0;
         if (s.n[r] != u->n[r] || memcmp(s.a[r], u->a[r], sizeof(Action) * (size_t)s.n[r])) same = 0;
     }
     if (l->lead)
@@ -303,15 +306,11 @@ double pipeline_step(Pipeline *p, const int32_t *inputs, const int32_t *targets,
         // the model was allocated for the layout's M (layout_place_stages): these lists must fit it, or
         // sets mb % nslots and the head's ring would be shared by micro-batches in flight together
         const Layout *l = p->model->lay;
-        SchedulePool need = schedule_pool(&p->sched, p->stage);
-        int head = schedule_vstage(&p->sched, p->stage, p->chunks - 1) == p->stages * p->chunks - 1;
-        if (need.sets > l->nslots || (head && l->nheads && need.heads > l->nheads) || (p->sched.split && need.stashes > l->nstash) ||
-            need.grads > l->ngrads) // (nheads 0: one stage, the head in its set)
+        SchedulePool have = { l->nslots, l->nheads, l->nstash, l->ngrads };
+        if (!pool_fits(schedule_pool(&p->sched, p->stage), have, schedule_holds_head(&p->sched, p->stage)))
             die("internal: %s's lists for %d micro-batches need more activation sets, head buffers, stashes or gradient buffers "
                 "than were allocated for %d",
                 SCHEDULE_NAMES[kind], M, l->accum);
-        free(p->set_of);
-        p->set_of = xcalloc((size_t)M * p->chunks, sizeof(int));
     }
     memset(p->set_busy, 0, sizeof(int) * (size_t)p->model->lay->nslots); // every W of the last step has run
     // hand-offs travel with the compute: an F receives its input just before and sends its output just

@@ -29,9 +29,9 @@ typedef struct {
     int stages, stage, chunks;
     CommRequest **send_out, **send_grad; // sends still in flight, per activation set and chunk
     CommRequest **send_gbuf;             // with chunk sets: per gradient buffer (the layout's ngrads)
-    // with chunk sets (the layout's chunk_sets, zb-v): the set each (micro-batch, chunk) took at its F,
-    // set_of[mb · chunks + chunk], and which sets are taken (F done, W not)
-    int *set_of, *set_busy;
+    // with chunk sets (the layout's chunk_sets: interleaved, zb-v): which sets are taken (F done, W not);
+    // the schedule's cset says which set each (micro-batch, chunk) takes
+    int *set_busy;
     StepTimes *times; // the model's: the pipeline adds its waits for activations and gradients
     int live, peak_live; // micro-batches whose activations this stage holds (F done, W not)
     int joins_left;      // chunks whose last W of the step is still to run (gpt2_join_tied_grads)

@@ -28,6 +28,7 @@ static void owner_of(const Schedule *s, int vs, int *r, int *c) {
         for (int cc = 0; cc < s->v; cc++)
             if (schedule_vstage(s, rr, cc) == vs) *r = rr, *c = cc;
 }
+int schedule_holds_head(const Schedule *s, int r) { return schedule_vstage(s, r, s->v - 1) == s->p * s->v - 1; }
 void schedule_prev(const Schedule *s, int r, int c, int *pr, int *pc) { owner_of(s, schedule_vstage(s, r, c) - 1, pr, pc); }
 void schedule_next(const Schedule *s, int r, int c, int *nr, int *nc) { owner_of(s, schedule_vstage(s, r, c) + 1, nr, nc); }
 
@@ -173,7 +174,7 @@ static int order_zbv(const Schedule *s, const double times[3], int reserve, List
 //     there, R·C elements), taken at the send and free once it is known received: a ring beside the
 //     sets, where the set itself would have stayed taken (a whole chunk's activations) as long.
 typedef struct {
-    int *send_at, *recv_at, *recv_by; // per message (micro-batch, producing virtual stage, direction): -1 none
+    int *send_at, *recv_at; // per message (micro-batch, producing virtual stage, direction): the action index, -1 none
 } Messages;
 static size_t msg_id(const Schedule *s, int mb, int producer_vs, int grad) { return ((size_t)mb * s->p * s->v + producer_vs) * 2 + grad; }
 // The message an action sends or receives (-1: a compute action).
@@ -186,15 +187,15 @@ static long action_msg(const Schedule *s, int r, const Action *a) {
 }
 static Messages messages(const Schedule *s) {
     size_t n = (size_t)s->m * s->p * s->v * 2;
-    Messages g = { xmalloc(sizeof(int) * n), xmalloc(sizeof(int) * n), xmalloc(sizeof(int) * n) };
-    for (size_t k = 0; k < n; k++) g.send_at[k] = g.recv_at[k] = g.recv_by[k] = -1;
+    Messages g = { xmalloc(sizeof(int) * n), xmalloc(sizeof(int) * n) };
+    for (size_t k = 0; k < n; k++) g.send_at[k] = g.recv_at[k] = -1;
     for (int r = 0; r < s->p; r++)
         for (int i = 0; i < s->n[r]; i++) {
             const Action *a = &s->a[r][i];
             long k = action_msg(s, r, a);
             if (k < 0) continue;
             if (a->kind == ACT_SEND_ACT || a->kind == ACT_SEND_GRAD) g.send_at[k] = i;
-            else g.recv_at[k] = i, g.recv_by[k] = r;
+            else g.recv_at[k] = i;
         }
     return g;
 }
@@ -208,12 +209,8 @@ static void release_points(const Schedule *s, const Messages *g, int r, int *set
     for (int q = 0; q < p; q++) last[q] = -1;
     for (int i = 0; i < n; i++) { // known[q·n + i]: the latest action of q known done after action i
         const Action *a = &s->a[r][i];
-        long k = action_msg(s, r, a);
-        if (k >= 0 && (a->kind == ACT_RECV_ACT || a->kind == ACT_RECV_GRAD)) {
-            int q, c;
-            owner_of(s, a->kind == ACT_RECV_GRAD ? schedule_vstage(s, r, a->chunk) + 1 : schedule_vstage(s, r, a->chunk) - 1, &q, &c);
-            if (q >= 0 && g->send_at[k] > last[q]) last[q] = g->send_at[k];
-        }
+        long k = action_msg(s, r, a); // (a hand-off's peer: the rank that sent it)
+        if (k >= 0 && (a->kind == ACT_RECV_ACT || a->kind == ACT_RECV_GRAD) && g->send_at[k] > last[a->peer]) last[a->peer] = g->send_at[k];
         for (int q = 0; q < p; q++) known[q * n + i] = last[q];
     }
     for (int i = 0; i < n; i++) {
@@ -223,7 +220,7 @@ static void release_points(const Schedule *s, const Messages *g, int r, int *set
         if (a->kind == ACT_W) set_free[k] = set_free[k] > i ? set_free[k] : i;
         if (a->kind != ACT_SEND_ACT && a->kind != ACT_SEND_GRAD) continue;
         long msg = action_msg(s, r, a);
-        int q = g->recv_by[msg], j = i + 1;
+        int q = a->peer, j = i + 1; // (the receiver)
         while (j < n && known[q * n + j] <= g->recv_at[msg]) j++; // q sent something after its receive
         int *at = a->kind == ACT_SEND_GRAD ? &grad_free[k] : &set_free[k];
         if (a->kind == ACT_SEND_GRAD || j > *at) *at = j;
@@ -268,7 +265,7 @@ static void assign_chunk_sets(Schedule *s) {
     s->gbufs = xcalloc((size_t)s->p, sizeof(int));
     Messages g = messages(s);
     take_sets(s, &g);
-    free(g.send_at), free(g.recv_at), free(g.recv_by);
+    free(g.send_at), free(g.recv_at);
 }
 
 // The lists of one schedule for times t (reserve: order_zbv's); -1 with why for what does not fit, -2
@@ -504,7 +501,7 @@ void schedule_dump(FILE *f, const Schedule *s, int ascii_only) {
         SchedulePool q = schedule_pool(s, r);
         fprintf(f, "rank %d (bound %d chunk activations, %d activation sets", r, s->bound[r], q.sets);
         if (q.grads) fprintf(f, ", %d gradient buffer%s", q.grads, q.grads > 1 ? "s" : "");
-        if (schedule_vstage(s, r, s->v - 1) == p * s->v - 1) fprintf(f, ", %d head buffer%s", q.heads, q.heads > 1 ? "s" : "");
+        if (schedule_holds_head(s, r)) fprintf(f, ", %d head buffer%s", q.heads, q.heads > 1 ? "s" : "");
         fprintf(f, "):");
         for (int i = 0; i < s->n[r]; i++) {
             label(buf, sizeof buf, s, &s->a[r][i], 0);

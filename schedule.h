@@ -99,6 +99,7 @@ double schedule_bubble(const Schedule *s, const double t[3]);
 // and chunk that feed it (prev) and that it feeds (next); -1 at the model's ends.
 int schedule_vstage(const Schedule *s, int r, int c);
 void schedule_prev(const Schedule *s, int r, int c, int *pr, int *pc);
+int schedule_holds_head(const Schedule *s, int r); // rank r holds the last virtual stage (the head)
 void schedule_next(const Schedule *s, int r, int c, int *nr, int *nc);
 // Start times of every compute action with F, B and W taking tf, tb and tw and hand-offs free (a
 // receive waits for its send; sends never wait): start[r][i] for action i of rank r (-1 for hand-offs).

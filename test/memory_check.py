@@ -60,11 +60,11 @@ def stage_of(lay, r):
 
 
 def stage_blocks(L, P, V, s):
-    """Blocks and chunks of stage s: P·V equal chunks (earlier ones one longer), stage s holds s, s+P, ...;
-    and its longest chunk's blocks."""
+    """Blocks of stage s and of its longest chunk: P·V equal chunks (earlier ones one longer), stage s holds
+    s, s+P, ..."""
     n = P * V
     count = [L // n + (i < L % n) for i in range(n)]
-    return sum(count[c * P + s] for c in range(V)), V, max(count[c * P + s] for c in range(V))
+    return sum(count[c * P + s] for c in range(V)), max(count[c * P + s] for c in range(V))
 
 
 TRAIN = "./train"
@@ -100,10 +100,10 @@ def inventory(lay, stage):
     BT = B * T
     R = BT // tp if lay["sp"] else BT  # rows of the residual stream on this rank
     Ct, Ht, Vt = C // tp, H // tp, -(-Vp // tp)
-    Ls, nch, Lc = stage_blocks(L, lay["pp"], lay["V"], stage)
+    Ls, Lc = stage_blocks(L, lay["pp"], lay["V"], stage)
     first, last = stage == 0, stage == lay["pp"] - 1
     slots, nch = activation_sets(lay, stage)
-    if nch == 1:  # one-chunk sets: room for the longest chunk
+    if nch < lay["V"]:  # one-chunk sets: room for the longest chunk
         Ls = Lc
     stats = 2 * R * 4  # a LayerNorm's mean and 1/std per row, fp32
     slot = nch * R * C * e + Ls * R * C * e  # each chunk's input, each block's output

@@ -58,13 +58,13 @@ static int check(const Schedule *s, double tf, double tb, double tw, const doubl
     // per rank: which micro-batch holds head buffer mb % hspan (its last chunk, from F to B)
     int *hholder = malloc(sizeof(int) * (size_t)p * m);
     for (int i = 0; i < p * m; i++) hholder[i] = -1;
-    // a chunk set's reuse: per rank and set its last holder (mb * v + chunk); per message who sent it
-    // and when it was received (-1: not yet)
-    int *prevholder = malloc(sizeof(int) * (size_t)p * m * v), *sby = malloc(sizeof(int) * n3 * 2);
+    // a chunk set's reuse: per rank and set its last holder (mb * v + chunk); per message when it was
+    // received (-1: not yet)
+    int *prevholder = malloc(sizeof(int) * (size_t)p * m * v);
     long *gholder = malloc(sizeof(long) * (size_t)p * m * v); // per rank and gradient buffer: the message last sent from it
     double *rtime = malloc(sizeof(double) * n3 * 2);
     for (int i = 0; i < p * m * v; i++) prevholder[i] = -1, gholder[i] = -1;
-    for (size_t i = 0; i < n3 * 2; i++) sby[i] = -1, rtime[i] = -1;
+    for (size_t i = 0; i < n3 * 2; i++) rtime[i] = -1;
     double *clock = calloc((size_t)p, sizeof(double));
     int *setholder = malloc(sizeof(int) * (size_t)p * m), *mbchunks = calloc((size_t)p * m, sizeof(int));
     int *lastw = malloc(sizeof(int) * (size_t)nv), *recvd = calloc(n3 * 2, sizeof(int));
@@ -102,7 +102,6 @@ static int check(const Schedule *s, double tf, double tb, double tw, const doubl
                     if (to < 0 || to >= nv) FAIL(E_HANDOFF, "rank %d: sends past the model's end\n", r);
                     if (nsent[i * 2 + g]++) FAIL(E_HANDOFF, "rank %d: sends mb %d stage %d twice\n", r, a->mb, vs);
                     sent[i * 2 + g] = clock[r];
-                    sby[i * 2 + g] = r;
                     continue;
                 }
                 if (a->kind == ACT_RECV_ACT || a->kind == ACT_RECV_GRAD) {
@@ -127,8 +126,8 @@ static int check(const Schedule *s, double tf, double tb, double tw, const doubl
                 if (take >= 0 && prevholder[((size_t)r * m) * v + take] >= 0) {
                     int ph = prevholder[((size_t)r * m) * v + take];
                     size_t j = ((size_t)(ph / v) * nv + schedule_vstage(s, r, ph % v)) * 2; // its activation
-                    if (sby[j] == r && rtime[j] < 0) break;
-                    if (sby[j] == r && rtime[j] > clock[r]) clock[r] = rtime[j];
+                    if (nsent[j] && rtime[j] < 0) break; // (a message its stage produced: sent by this rank)
+                    if (nsent[j] && rtime[j] > clock[r]) clock[r] = rtime[j];
                 }
                 double d = dur ? dur[r][at[r]] : a->kind == ACT_F ? tf : a->kind == ACT_B ? tb : tw;
                 double t0 = clock[r], t1 = t0 + d;
@@ -204,7 +203,7 @@ static int check(const Schedule *s, double tf, double tb, double tw, const doubl
     *makespan = 0;
     for (int r = 0; r < p; r++)
         if (clock[r] > *makespan) *makespan = clock[r];
-    free(endF), free(endB), free(endW), free(cnt), free(sent), free(nsent), free(nrecv), free(at), free(live), free(maxlive), free(hholder), free(prevholder), free(gholder), free(sby), free(rtime);
+    free(endF), free(endB), free(endW), free(cnt), free(sent), free(nsent), free(nrecv), free(at), free(live), free(maxlive), free(hholder), free(prevholder), free(gholder), free(rtime);
     free(clock), free(setholder), free(mbchunks), free(lastw), free(recvd), free(finalw);
     return err;
 }
