@@ -185,7 +185,12 @@ static void grads_ready(void *ctx, int unit) {
         z->embed_bucket = complete && z->dp ? b : -1;
         return;
     }
-    if (z->dp && complete) launch_bucket(z, b);
+    if (!z->dp || !complete) return;
+    // the embedding's bucket completed by another unit (interleaved's last stage runs the head's chunk
+    // first) still waits for that sum: its reduction would read the embedding's gradients while the
+    // end stages' all-reduce is still writing them in place
+    if (z->embed_req && b == z->unit_bucket[UNIT_EMBED]) z->embed_bucket = b;
+    else launch_bucket(z, b);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1327,6 +1327,15 @@ t_pipeline() {
     timeout 300 $TRAIN --nproc 8 --tp 2 --pp 2 --pp-virtual 2 --zero 1 "${ishape[@]}" --batch-tokens 256 --comm-timeout 60 \
         --log "$d/i3d.jsonl" --save-model "$d/i3d.bin" >/dev/null || { echo "interleaved 3D failed"; return 1; }
     $PY test/compare_runs.py 1e-5 "$d/iref4" "$d/i3d" || ok=1
+    # interleaved with the tied embedding in one bucket with other units (the default 25 MiB: every
+    # unit), data or context parallel: the last stage's head chunk runs first, so another unit
+    # completes the embedding's bucket, whose reduction must still wait for the end stages' sum
+    for cfg in "--zero 1" "--cp 2"; do
+        local name=ib25$(echo "$cfg" | tr -d ' -')
+        timeout 300 $TRAIN --nproc 4 --pp 2 --pp-virtual 2 $cfg "${ishape[@]}" --bucket-mb 25 --batch-tokens 256 --comm-timeout 60 \
+            --log "$d/$name.jsonl" --save-model "$d/$name.bin" >/dev/null || { echo "interleaved $cfg, one bucket, failed"; return 1; }
+        $PY test/compare_runs.py 1e-5 "$d/iref4" "$d/$name" || { echo "interleaved $cfg, one bucket: not the single rank's"; ok=1; }
+    done
     # 3D layouts (M = 5 micro-batches per data-parallel rank) and an uneven split
     $TRAIN "${shape[@]}" --batch-tokens 640 --log "$d/ref3d.jsonl" --save-model "$d/ref3d.bin" >/dev/null || return 1
     local runs=()
