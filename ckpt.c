@@ -121,7 +121,7 @@ static void parent_dir(const char *path, char *out, size_t cap) {
     else *s = 0;
 }
 
-int ckpt_lock(const char *dir, const char *resume, int *fd, char *err, size_t cap) {
+int ckpt_lock(const char *dir, const char *resume, const char *flag, int *fd, char *err, size_t cap) {
     char path[SAFE_PATH_MAX + 32], who[320];
     *fd = -1;
     if (resume) { // tested, not taken: F_OFD_GETLK reports a conflicting lock without acquiring one
@@ -135,8 +135,8 @@ int ckpt_lock(const char *dir, const char *resume, int *fd, char *err, size_t ca
             close(pfd);
             if (r == 0 && fl.l_type != F_UNLCK) {
                 lock_holder(path, who, sizeof who);
-                return snprintf(err, cap, "--resume %s: its directory %s is in use by another run (%s holds %s): wait for "
-                                "it to end, or copy the checkpoint elsewhere", resume, parent, who, path), -1;
+                return snprintf(err, cap, "%s %s: its directory %s is in use by another run (%s holds %s): wait for "
+                                "it to end, or copy the checkpoint elsewhere", flag, resume, parent, who, path), -1;
             }
         }
     }
@@ -982,8 +982,9 @@ static int compatible(const char *d, const CkptMeta *a, const CkptMeta *now, cha
     if (x->V != y->V)
         return snprintf(why, cap, "checkpoint %s holds a model with a vocabulary of %d, this run's has %d", d, x->V, y->V), 0;
     if (x->L != y->L || x->C != y->C || x->NH != y->NH || x->maxT != y->maxT || x->Vp != y->Vp)
-        return snprintf(why, cap, "checkpoint %s holds another model shape (layers %d, channels %d, heads %d, max seq len %d; "
-                        "this run: %d, %d, %d, %d)", d, x->L, x->C, x->NH, x->maxT, y->L, y->C, y->NH, y->maxT), 0;
+        return snprintf(why, cap, "checkpoint %s holds another model shape (layers %d, channels %d, heads %d, max seq len %d, "
+                        "padded vocabulary %d; this run: %d, %d, %d, %d, %d)", d, x->L, x->C, x->NH, x->maxT, x->Vp, y->L, y->C,
+                        y->NH, y->maxT, y->Vp), 0;
     if (x->arch != y->arch || x->NKV != y->NKV || x->F != y->F || x->tie != y->tie || x->norm_eps != y->norm_eps ||
         x->rope.theta != y->rope.theta || x->rope.factor != y->rope.factor || x->rope.low_freq_factor != y->rope.low_freq_factor ||
         x->rope.high_freq_factor != y->rope.high_freq_factor || x->rope.original_max_pos != y->rope.original_max_pos)
@@ -1330,10 +1331,21 @@ static void move_aside(const char *d) {
     fprintf(stderr, "warning: the unusable checkpoint %s stays: %s.bad to .bad.999 all exist\n", d, d);
 }
 
-int ckpt_resume(const char *dir, const char *path, const GPT2 *model, Comm *world, const CkptMeta *now, CkptMeta *meta,
+int ckpt_resume(const char *dir, const char *path, const char *flag, const GPT2 *model, Comm *world, const CkptMeta *now, CkptMeta *meta,
                 float *master, float *m, float *v, char *from, size_t from_cap) {
     int rank = world ? comm_rank(world) : 0;
     int64_t *steps = NULL, n = 1;
+    if (path) { // a checkpoint named: it must be a directory (what is in it, load_one checks)
+        struct stat st;
+        const char *bad = stat(path, &st) != 0 ? (errno == ENOENT ? "does not exist" : strerror(errno))
+                          : !S_ISDIR(st.st_mode)  ? "is not a directory (a checkpoint is one)"
+                                                  : NULL;
+        int32_t lowest = reduce_i32(world, bad ? -rank : INT32_MIN, OP_MAX); // minus the lowest such rank
+        if (lowest != INT32_MIN) {
+            if (rank == -lowest) die("%s %s: %s", flag, path, bad);
+            exit(1);
+        }
+    }
     if (!path) { // rank 0 lists, so that every rank tries the same checkpoints in the same order
         int cnt = rank == 0 ? list_steps(dir, &steps) : 0;
         n = cnt;
@@ -1367,7 +1379,7 @@ int ckpt_resume(const char *dir, const char *path, const GPT2 *model, Comm *worl
         int lowest = -reduce_i32(world, code == worst ? -rank : INT32_MIN, OP_MAX); // there is no OP_MIN
         any_complete |= worst != LOAD_INCOMPLETE;
         if (worst == LOAD_INCOMPATIBLE || path) {
-            if (rank == lowest) die("%s%s", worst == LOAD_INCOMPATIBLE ? "" : "--resume: ", why);
+            if (rank == lowest) die("%s%s%s", worst == LOAD_INCOMPATIBLE ? "" : flag, worst == LOAD_INCOMPATIBLE ? "" : ": ", why);
             exit(1);
         }
         if (rank == lowest) fprintf(stderr, "warning: checkpoint unusable: %s; trying the one before it\n", why);

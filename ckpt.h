@@ -68,7 +68,8 @@ int ckpt_read_meta(const char *d, CkptMeta *meta, char *why, size_t cap);
 // the kernel releases it when the process ends in any way, SIGKILL included). resume (a --resume PATH, or
 // NULL) must not lie in a directory another run holds either. Returns -1 with one line naming the
 // holder's PID and host when another process holds either lock. dir NULL: only the check of resume.
-int ckpt_lock(const char *dir, const char *resume, int *fd, char *err, size_t cap);
+// flag: the option that named resume, for the message ("--resume"; sample and eval: "--model").
+int ckpt_lock(const char *dir, const char *resume, const char *flag, int *fd, char *err, size_t cap);
 
 // Path of the checkpoint of step `step` in dir.
 void ckpt_path(const char *dir, int64_t step, char *out, size_t cap);
@@ -84,9 +85,9 @@ int ckpt_newest_complete(const char *dir, int64_t *step);
 // that exists) with one line saying so, and the one before it is tried. A checkpoint that `now` cannot continue (another model shape or vocabulary, another data
 // order) is refused with one line. Fills meta and this rank's slice of the fp32 master weights and the
 // AdamW moments (internal order, model->num_params floats each) and returns 1; returns 0 when dir holds
-// no complete checkpoint (a fresh start).
-int ckpt_resume(const char *dir, const char *path, const GPT2 *model, Comm *world, const CkptMeta *now, CkptMeta *meta,
-                float *master, float *m, float *v, char *from, size_t from_cap);
+// no complete checkpoint (a fresh start). flag: the option that named path, as for ckpt_lock.
+int ckpt_resume(const char *dir, const char *path, const char *flag, const GPT2 *model, Comm *world, const CkptMeta *now,
+                CkptMeta *meta, float *master, float *m, float *v, char *from, size_t from_cap);
 
 // Before the first step, on rank 0: makes dir a place where a run starting at step `start` writes its
 // checkpoints: removes incomplete checkpoints and stale temporaries, and checkpoints newer than start

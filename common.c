@@ -97,8 +97,7 @@ void xfclose(FILE *f, const char *path) {
 // ---------------------------------------------------------------------------------------------
 // the safe-write path
 
-// The directory part of path ("." when there is none).
-static void dir_of(const char *path, char *out, size_t cap) {
+void dir_of(const char *path, char *out, size_t cap) {
     const char *slash = strrchr(path, '/');
     if (!slash) snprintf(out, cap, ".");
     else if (slash == path) snprintf(out, cap, "/");
@@ -111,6 +110,7 @@ static const char *file_kind(mode_t m) {
     if (S_ISBLK(m)) return "a block device";
     if (S_ISFIFO(m)) return "a FIFO";
     if (S_ISSOCK(m)) return "a socket";
+    if (S_ISREG(m)) return "a file";
     return "not a regular file";
 }
 

@@ -67,6 +67,8 @@ int safe_clean_stale(const char *path);
 int ensure_dir(const char *what, const char *dir, char *err, size_t err_cap);
 // fsync of a directory, so that a rename or unlink inside it is durable.
 int fsync_dir(const char *dir);
+// The directory part of PATH ("." when it has none, "/" for a file in the root), in out.
+void dir_of(const char *path, char *out, size_t cap);
 double now_seconds(void); // monotonic clock
 
 // Number parsing, the one parser of every flag (the trainer's, the planner's): a decimal number

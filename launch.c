@@ -74,6 +74,9 @@ int launch_env_read(LaunchEnv *e) {
     int have_torchrun = getenv("RANK") && getenv("WORLD_SIZE");
     // only a job step (srun) is a launch: a batch script's own shell carries SLURM_PROCID too
     int have_slurm = getenv("SLURM_PROCID") && getenv("SLURM_NTASKS") && getenv("SLURM_STEP_ID");
+    if (!have_torchrun && !have_slurm && (getenv("RANK") || getenv("WORLD_SIZE"))) // half a launch is no world of one
+        die("launch environment: %s is set but %s is not (a torchrun-style launch sets both; unset it for one rank)",
+            getenv("RANK") ? "RANK" : "WORLD_SIZE", getenv("RANK") ? "WORLD_SIZE" : "RANK");
     if (!have_torchrun && !have_slurm) { // a world of one: rank 0 serves itself on any free port
         *e = (LaunchEnv){ .rank = 0, .world = 1, .local_world = 1, .master_port = 0 };
         snprintf(e->master_addr, sizeof e->master_addr, "127.0.0.1");
@@ -110,6 +113,9 @@ int launch_env_read(LaunchEnv *e) {
     }
     if (e->world < 1 || e->rank >= e->world)
         die("launch environment: rank %d is not inside a world of %d", e->rank, e->world);
+    if (e->local_world < 1 || e->local_world > e->world || e->local_rank >= e->local_world)
+        die("launch environment: local rank %d is not inside a node of %d rank(s) (of a world of %d)", e->local_rank,
+            e->local_world, e->world);
     // job and step ids are large numbers, not counts: parsed without a bound, mixed into port and token
     unsigned long long job = 0, step = 0;
     if (have_slurm) {

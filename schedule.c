@@ -629,15 +629,8 @@ void schedule_parse_times(const char *flag, const char *v, double times[3]) {
 }
 
 // ./train schedule: one schedule's action lists and timeline, for a reader.
-static int flag_int(const char *flag, const char *v, int lo, int hi) {
-    char *end;
-    long x = v ? strtol(v, &end, 10) : 0;
-    if (!v || !*v || *end || x < lo || x > hi) die("%s '%s': expected an integer from %d to %d", flag, v ? v : "", lo, hi);
-    return (int)x;
-}
-
 int schedule_main(int argc, char **argv) {
-    int p = 0, m = 0, v = 0, kind = SCHED_1F1B, ascii = 0;
+    int p = 0, m = 0, v = 0, kind = -1, ascii = 0;
     const char *dump = NULL, *times_flag = NULL;
     double times[3] = { 1, 1, 1 };
     for (int i = 1; i < argc; i++) {
@@ -646,6 +639,7 @@ int schedule_main(int argc, char **argv) {
             printf("usage: ./train schedule --pp P --micro-batches M [--pp-virtual V] [--pp-schedule 1f1b|interleaved|zb-h1|zb-v]\n"
                    "                        [--pp-times F,B,W] [--ascii] [--pp-schedule-dump FILE]\n"
                    "prints each rank's actions (F, B, W, hand-offs) and a unit-time timeline of the schedule\n"
+                   "  --pp-schedule S          as for training: 1f1b, or interleaved when --pp-virtual is above 1\n"
                    "  --pp-times F,B,W         zb-v: build the lists for these relative pass times (as ./train\n"
                    "                           --pp-times) and print their bubble under them beside the unit lists'\n"
                    "  --ascii                  the timeline alone, one narrow cell per unit (the README's pictures)\n"
@@ -657,19 +651,24 @@ int schedule_main(int argc, char **argv) {
             ascii = 1;
             continue;
         }
+        static const char *const valued[] = { "--pp", "--micro-batches", "--pp-virtual", "--pp-schedule", "--pp-schedule-dump", "--pp-times" };
+        int known = 0;
+        for (size_t k = 0; k < sizeof valued / sizeof *valued; k++) known |= !strcmp(f, valued[k]);
+        if (!known && strncmp(f, "--", 2) != 0) die("unexpected argument '%s' for ./train schedule (./train schedule --help)", f);
+        if (!known) die("unknown flag '%s' for ./train schedule (./train schedule --help)", f);
         if (!val) die("%s needs a value (./train schedule --help)", f);
-        if (!strcmp(f, "--pp")) p = flag_int(f, val, 1, 64);
-        else if (!strcmp(f, "--micro-batches")) m = flag_int(f, val, 1, 4096);
-        else if (!strcmp(f, "--pp-virtual")) v = flag_int(f, val, 1, 16);
+        if (!strcmp(f, "--pp")) p = (int)parse_int(f, val, 1, 64);
+        else if (!strcmp(f, "--micro-batches")) m = (int)parse_int(f, val, 1, 4096);
+        else if (!strcmp(f, "--pp-virtual")) v = (int)parse_int(f, val, 1, 16);
         else if (!strcmp(f, "--pp-schedule")) {
             kind = schedule_parse(val);
             if (kind < 0) die("--pp-schedule '%s': expected 1f1b, interleaved, zb-h1 or zb-v", val);
         } else if (!strcmp(f, "--pp-schedule-dump")) dump = val;
-        else if (!strcmp(f, "--pp-times")) schedule_parse_times(f, val, times), times_flag = val;
-        else die("unknown flag '%s' for ./train schedule (./train schedule --help)", f);
+        else schedule_parse_times(f, val, times), times_flag = val; // --pp-times
         i++;
     }
     if (!p || !m) die("./train schedule needs --pp P and --micro-batches M");
+    if (kind < 0) kind = v > 1 ? SCHED_INTERLEAVED : SCHED_1F1B; // as training chooses
     if (!v) v = kind == SCHED_ZBV ? 2 : 1;
     schedule_check_times_kind(kind, times_flag);
     Schedule s;

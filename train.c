@@ -464,13 +464,6 @@ static void setup_batch(Trainer *t) {
     t->G = b.G;
 }
 
-// The directory part of path ("." when it has none), in out.
-static void dir_of(const char *path, char *out, size_t cap) {
-    const char *slash = strrchr(path, '/');
-    if (!slash) snprintf(out, cap, ".");
-    else snprintf(out, cap, "%.*s", (int)(slash - path), path);
-}
-
 // The tokenizer that prints samples and encodes --prompt: --tokenizer, else tokenizer.bin beside the
 // first training shard, the model file, the checkpoint's directory or the first --val shard.
 static void open_tokenizer(Trainer *t) {
@@ -559,14 +552,55 @@ static int check_log(const char *path, char *err, size_t cap) {
     return safe_check("--log", path, target, sizeof target, err, cap) < 0 ? -1 : 0;
 }
 
+// Whether the existing regular file at path is one of the files the glob pattern `input` names (by
+// device and inode, whatever the paths look like).
+static int is_input(const char *path, const char *input) {
+    struct stat out, in;
+    glob_t g;
+    if (!input || stat(path, &out) != 0 || !S_ISREG(out.st_mode) || glob(input, 0, NULL, &g) != 0) return 0;
+    int same = 0;
+    for (size_t i = 0; i < g.gl_pathc && !same; i++)
+        same = stat(g.gl_pathv[i], &in) == 0 && in.st_dev == out.st_dev && in.st_ino == out.st_ino;
+    globfree(&g);
+    return same;
+}
+
+// An output file that is an input or part of a checkpoint: the log is opened before the data is read
+// (emptying a shard it names), and every output replaces what is there. The trained model may take
+// --init-from's place (training on in place); it may not take data's.
+static int output_clash(const Options *o, char *err, size_t cap) {
+    const char *out[3][2] = { { "--log", o->log }, { "--save-model", o->save_model }, { "--pp-schedule-dump", o->pp_schedule_dump } };
+    const char *in[4][2] = { { "--train", o->train }, { "--val", o->val }, { "--tokenizer", o->tokenizer }, { "--init-from", o->init_from } };
+    char manifest[SAFE_PATH_MAX + 16];
+    struct stat st;
+    snprintf(manifest, sizeof manifest, "%s/manifest.json", o->ckpt_dir ? o->ckpt_dir : "");
+    if (o->ckpt_dir && stat(manifest, &st) == 0)
+        return snprintf(err, cap, "--ckpt-dir %s is a checkpoint (it holds manifest.json): give the directory that holds the checkpoints",
+                        o->ckpt_dir), -1;
+    for (int i = 0; i < 3; i++) {
+        if (!out[i][1]) continue;
+        for (int j = 0; j < 4; j++)
+            if (!(i == 1 && j == 3) && is_input(out[i][1], in[j][1]))
+                return snprintf(err, cap, "%s %s is a file of %s %s: writing it would destroy that input", out[i][0], out[i][1], in[j][0],
+                                in[j][1]), -1;
+        char dir[SAFE_PATH_MAX];
+        dir_of(out[i][1], dir, sizeof dir);
+        snprintf(manifest, sizeof manifest, "%s/manifest.json", dir);
+        if (stat(manifest, &st) == 0)
+            return snprintf(err, cap, "%s %s is inside the checkpoint %s (it holds manifest.json): write it elsewhere", out[i][0],
+                            out[i][1], dir), -1;
+    }
+    return 0;
+}
+
 // Every output location is checked before any work: a missing directory or a device node at a model
 // path is found now, not after the run.
 static void check_outputs(const Trainer *t) {
     const Options *o = &t->o;
     const Layout *l = &t->lay;
     char err[2 * SAFE_PATH_MAX] = "", target[SAFE_PATH_MAX];
-    int bad = 0;
-    if (l->lead && o->save_model) {
+    int bad = l->lead && output_clash(o, err, sizeof err) < 0;
+    if (!bad && l->lead && o->save_model) {
         int link = safe_check("--save-model", o->save_model, target, sizeof target, err, sizeof err);
         bad = link < 0;
         if (link == 1) printf("note: --save-model %s is a symlink: the model goes to its target, %s\n", o->save_model, target);
@@ -623,6 +657,9 @@ static void fill_meta(const Trainer *t, int step, CkptMeta *m) {
     memcpy(m->hist_norm, t->spikes.norm, sizeof m->hist_norm);
 }
 
+// The option that named the checkpoint read: sample and eval take it as --model DIR.
+static const char *resume_flag(const Options *o) { return o->mode == MODE_TRAIN ? "--resume" : "--model"; }
+
 // The model, the optimizer state and the pipeline: from a checkpoint (--resume), else from the seed or
 // --init-from (host_params, the full model in file order).
 static void build_model(Trainer *t, float *host_params) {
@@ -652,7 +689,7 @@ static void build_model(Trainer *t, float *host_params) {
         }
         if (o->allow_data_change) now.train_tokens = 0; // another token count too
         char from[SAFE_PATH_MAX];
-        t->resumed = ckpt_resume(o->ckpt_dir, o->resume_path, &t->model, l->world, &now, &saved, master, m, v, from, sizeof from);
+        t->resumed = ckpt_resume(o->ckpt_dir, o->resume_path, resume_flag(o), &t->model, l->world, &now, &saved, master, m, v, from, sizeof from);
         if (t->resumed && t->have_train) { // the same data as the checkpoint's, by content
             char why[2 * SAFE_PATH_MAX], msg[3 * SAFE_PATH_MAX + 128];
             int same = tokenset_fingerprint_check(&t->train, saved.train_fp, why, sizeof why);
@@ -742,7 +779,7 @@ static void trainer_init(Trainer *t, int argc, char **argv) {
     char err[2 * SAFE_PATH_MAX] = ""; // the checkpoint directory locked before anything in it is read or changed
     t->ckpt_lock = -1;
     t->last_ckpt.step = -1;
-    agree_or_exit(l, l->lead && ckpt_lock(o->ckpt_dir, o->resume_path, &t->ckpt_lock, err, sizeof err) < 0 ? err : NULL);
+    agree_or_exit(l, l->lead && ckpt_lock(o->ckpt_dir, o->resume_path, resume_flag(o), &t->ckpt_lock, err, sizeof err) < 0 ? err : NULL);
     parse_faults(&t->faults, l->rank, l->nranks);
     setup_device(t);
     float *host_params;
@@ -908,7 +945,10 @@ static void checkpoint(Trainer *t, int step) {
 static void evaluate(Trainer *t, int step, int last) {
     const Options *o = &t->o;
     if (t->resumed && step == t->start_step && o->mode == MODE_TRAIN) return;
-    if (o->val && o->val_every > 0 && (step % o->val_every == 0 || last)) {
+    // a training run stopping on a signal evaluates only what the boundary would have without it, so
+    // the resumed run's log reads as the uninterrupted run's (and the checkpoint comes sooner)
+    int end = last && !(o->mode == MODE_TRAIN && t->stopping);
+    if (o->val && o->val_every > 0 && (step % o->val_every == 0 || end)) {
         int done = o->val_steps;
         float vl = validate(&t->pipe, &t->val, t->lay.cp.comm, t->lay.B, t->lay.T, o->val_steps, o->mode == MODE_EVAL ? &done : NULL);
         if (done < o->val_steps) {
@@ -924,7 +964,7 @@ static void evaluate(Trainer *t, int step, int last) {
     }
     // a training run that stops on a signal goes to its checkpoint without the last sample; a sample
     // under way when the signal comes stops at its next token
-    if (o->sample_every > 0 && ((step > 0 && step % o->sample_every == 0) || last) && !(o->mode == MODE_TRAIN && t->stopping))
+    if (o->sample_every > 0 && ((step > 0 && step % o->sample_every == 0) || end) && !(o->mode == MODE_TRAIN && t->stopping))
         t->cut_short |= sample(&t->pipe, o, t->have_tk ? &t->tk : NULL, t->prompt, t->nprompt, t->lay.T, step, t->lay.lead);
 }
 
@@ -1076,7 +1116,8 @@ static int launch_with_restarts(const Options *o, int nproc, int argc, char **ar
                 if (i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0) i++;
                 continue;
             }
-            if (!strcmp(argv[i], "--init-from")) { // its weights are the checkpoint's now; its shape stays
+            // --init-from (or llm.c's -e FILE): its weights are the checkpoint's now; its shape stays
+            if (i + 1 < argc && (!strcmp(argv[i], "--init-from") || (!strcmp(argv[i], "-e") && o->init_from && !strcmp(argv[i + 1], o->init_from)))) {
                 i++;
                 continue;
             }

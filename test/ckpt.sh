@@ -118,6 +118,15 @@ EOF
         same_losses "$d/ref$i.jsonl" "$d/f$i.jsonl" || { echo "FAIL: the losses differ"; ok=1; }
         [ -z "$(find "$d/c$i" -name '*.tmp.*')" ] || { echo "FAIL: temporaries left: $(find "$d/c$i" -name '*.tmp.*')"; ok=1; }
     done <<<"$plan"
+    # llm.c's -e FILE is --init-from: the relaunch that resumes drops it as it drops --init-from (it
+    # kept it, and the resumed launch refused --init-from with --resume)
+    $TRAIN "${CK[@]}" --steps 0 --save-model "$d/init.bin" >/dev/null || return 1
+    local E=(--nproc 2 -e "$d/init.bin" --seq-len 32 --micro-batch 1 --lr 1e-3 --train "$DATA/train.bin" --batch-tokens 128 --steps 8
+        --comm-timeout 20)
+    timeout 300 $TRAIN "${E[@]}" --save-model "$d/eref.bin" >/dev/null 2>&1 || return 1
+    LLM4D_FAULT="rank=1,step=6" timeout 600 $TRAIN "${E[@]}" --ckpt-dir "$d/ce" --ckpt-every 2 --max-restarts 1 --save-model "$d/e.bin" \
+        >"$d/e.out" 2>&1 || { echo "FAIL: -e FILE under --max-restarts: exit status $?"; tail -3 "$d/e.out"; ok=1; }
+    cmp "$d/eref.bin" "$d/e.bin" || { echo "FAIL: -e FILE restarted: the model differs from the uninterrupted run's"; ok=1; }
     return $ok
 }
 
@@ -151,7 +160,7 @@ t_ckpt_bad() {
             ok=1
         fi
     done
-    expect_error "holds another model shape (layers 2, channels 32, heads 4, max seq len 32; this run: 3," "${S[@]:2}" \
+    expect_error "holds another model shape (layers 2, channels 32, heads 4, max seq len 32, padded vocabulary 256; this run: 3," "${S[@]:2}" \
         --layers 3 --resume "$d/c/ckpt_00000004" || ok=1
     expect_error "holds a model with a vocabulary of 256, this run's has 300" "${S[@]:2}" --vocab 300 --resume "$d/c/ckpt_00000004" || ok=1
     expect_error "trained with --seq-len 32 --batch-tokens 64, this run has 32 and 128" "${S[@]:2}" --batch-tokens 128 \
@@ -206,7 +215,9 @@ t_ckpt_sigterm() {
     local d=$WORK/ckterm
     mkdir -p "$d"
     local S=("${CK[@]}" --layers 2 --train "$DATA/train.bin" --batch-tokens 64 --schedule constant)
-    $TRAIN --nproc 2 "${S[@]}" --steps 100000 --ckpt-dir "$d/c" --log "$d/log.jsonl" >"$d/out" 2>&1 &
+    # (validation every 1000 steps: the run stopping at boundary s < 1000 validates at 0 only, as the
+    # uninterrupted run does there, not a last time at s)
+    $TRAIN --nproc 2 "${S[@]}" --steps 100000 --val "$DATA/val.bin" --val-every 1000 --ckpt-dir "$d/c" --log "$d/log.jsonl" >"$d/out" 2>&1 &
     local launcher=$! i
     await_true grep -q '"step":3,' "$d/log.jsonl" # until the run is training
     pkill -TERM -P "$launcher" || { kill $launcher; return 1; }
@@ -216,6 +227,9 @@ t_ckpt_sigterm() {
     [ -n "$s" ] || { echo "FAIL: no stop message"; tail -5 "$d/out"; return 1; }
     echo "stopped after $s steps"
     [ -f "$d/c/$(printf 'ckpt_%08d' "$s")/manifest.json" ] || { echo "FAIL: no complete checkpoint of step $s"; return 1; }
+    local vals
+    vals=$(grep -c '"val_loss"' "$d/log.jsonl")
+    [ "$vals" = 1 ] || { echo "FAIL: $vals validation records, expected the one of step 0"; grep '"val_loss"' "$d/log.jsonl"; return 1; }
     $TRAIN --nproc 2 "${S[@]}" --steps $((s + 3)) --save-model "$d/ref.bin" >/dev/null 2>&1 || return 1
     $TRAIN --nproc 2 "${S[@]}" --steps $((s + 3)) --resume "$d/c/$(printf 'ckpt_%08d' "$s")" --save-model "$d/resumed.bin" \
         >/dev/null 2>&1 || return 1

@@ -812,10 +812,40 @@ t_bad_input() {
     expect_error "channels (30) must be divisible by heads (4)" --layers 1 --channels 30 --heads 4 --steps 0 || ok=1
     expect_error "no training data" "${base[@]}" || ok=1
     LLM4D_CPU_ISA=avx2 expect_error "LLM4D_CPU_ISA must be generic or avx512bf16, got 'avx2'" "${base[@]}" || ok=1
+    # half a torchrun-style launch is refused, not run as one rank; a local rank outside its node too
+    RANK=1 expect_error "launch environment: RANK is set but WORLD_SIZE is not" "${base[@]}" --train "$DATA/train.bin" || ok=1
+    WORLD_SIZE=2 expect_error "launch environment: WORLD_SIZE is set but RANK is not" "${base[@]}" --train "$DATA/train.bin" || ok=1
+    RANK=0 WORLD_SIZE=2 LOCAL_RANK=5 LOCAL_WORLD_SIZE=2 expect_error "launch environment: local rank 5 is not inside a node of 2" \
+        "${base[@]}" --train "$DATA/train.bin" || ok=1
     # a failing run leaves an existing output file untouched
     cp "$d/m.bin" "$d/keep.bin"
     expect_error "not below the vocabulary size 100" --layers 2 --channels 32 --heads 4 --vocab 100 --seq-len 32 --steps 2 --train "$DATA/train.bin" --save-model "$d/keep.bin" || ok=1
     cmp "$d/m.bin" "$d/keep.bin" || ok=1
+    # an output that is an input (the log is opened before the data is read) or inside a checkpoint is
+    # refused before anything is written: the shard, the model and the checkpoint stay as they were
+    cp "$DATA/train.bin" "$d/shard.bin"
+    expect_error "--log $d/shard.bin is a file of --train $d/shard.bin: writing it would destroy that input" \
+        "${base[@]}" --train "$d/shard.bin" --log "$d/shard.bin" || ok=1
+    expect_error "--save-model $d/./shard.bin is a file of --train $d/sh\*.bin" "${base[@]}" --train "$d/sh*.bin" --save-model "$d/./shard.bin" || ok=1
+    expect_error "--pp-schedule-dump $d/shard.bin is a file of --val" "${base[@]}" --train "$DATA/train.bin" --val "$d/shard.bin" \
+        --pp-schedule-dump "$d/shard.bin" || ok=1
+    cmp "$DATA/train.bin" "$d/shard.bin" || { echo "a refused run changed the --train shard"; ok=1; }
+    expect_error "--log $d/keep.bin is a file of --init-from $d/keep.bin" --init-from "$d/keep.bin" --steps 0 --log "$d/keep.bin" || ok=1
+    cmp "$d/m.bin" "$d/keep.bin" || { echo "a refused run changed the --init-from model"; ok=1; }
+    $ASAN "${base[@]}" --train "$DATA/train.bin" --ckpt-dir "$d/ck" --ckpt-every 2 >/dev/null || ok=1
+    cp "$d/ck/ckpt_00000002/manifest.json" "$d/manifest.keep"
+    expect_error "--log $d/ck/ckpt_00000002/manifest.json is inside the checkpoint $d/ck/ckpt_00000002" "${base[@]}" \
+        --train "$DATA/train.bin" --ckpt-dir "$d/ck" --resume --log "$d/ck/ckpt_00000002/manifest.json" || ok=1
+    cmp "$d/manifest.keep" "$d/ck/ckpt_00000002/manifest.json" || { echo "a refused run changed the checkpoint's manifest"; ok=1; }
+    expect_error "--ckpt-dir $d/ck/ckpt_00000002 is a checkpoint (it holds manifest.json)" "${base[@]}" --train "$DATA/train.bin" \
+        --ckpt-dir "$d/ck/ckpt_00000002" || ok=1
+    expect_error "--ckpt-dir $d/m.bin is a file, not a directory" "${base[@]}" --train "$DATA/train.bin" --ckpt-dir "$d/m.bin" || ok=1
+    expect_error "--resume $d/none: does not exist" "${base[@]}" --train "$DATA/train.bin" --resume "$d/none" || ok=1
+    expect_error "--resume $d/m.bin: is not a directory" "${base[@]}" --train "$DATA/train.bin" --resume "$d/m.bin" || ok=1
+    # sample and eval name the flag that gave them the checkpoint
+    cp -r "$d/ck/ckpt_00000002" "$d/cut"
+    truncate -s 100 "$d/cut/rank_00000.safetensors"
+    expect_error "--model: $d/cut/rank_00000.safetensors: truncated" sample --model "$d/cut" --tokens 2 || ok=1
     return $ok
 }
 
@@ -1419,10 +1449,17 @@ PYEOF
     for bad in "--pp 4 --micro-batches 6 --pp-virtual 2 --pp-schedule interleaved|--micro-batches 6 must be a multiple of --pp 4" \
         "--pp 4 --micro-batches 8 --pp-schedule zb-h2|--pp-schedule 'zb-h2': expected 1f1b, interleaved, zb-h1 or zb-v" \
         "--pp 4 --micro-batches 8 --pp-schedule zb-v --pp-virtual 1|zb-v runs two chunks per rank" \
-        "--pp 0 --micro-batches 8|--pp '0': expected an integer from 1 to 64" "--pp 2|needs --pp P and --micro-batches M"; do
+        "--pp 0 --micro-batches 8|--pp must be between 1 and 64, got '0'" "--pp 2|needs --pp P and --micro-batches M" \
+        "--pp 2 --micro-batches 8 --bogus 1|unknown flag '--bogus' for ./train schedule" \
+        "--pp 2 --micro-batches 8 --ascii extra|unexpected argument 'extra' for ./train schedule"; do
         err=$($ASAN schedule ${bad%%|*} 2>&1 >/dev/null) && { echo "accepted: ${bad%%|*}"; ok=1; }
         [ "$(wc -l <<<"$err")" = 1 ] && grep -qF -- "${bad#*|}" <<<"$err" || { echo "bad error for ${bad%%|*}: $err"; ok=1; }
     done
+    # the schedule training would run: interleaved where --pp-virtual is above 1; counts take K (1024)
+    $TRAIN schedule --pp 4 --micro-batches 8 --pp-virtual 2 | head -1 | grep -q '^schedule interleaved: 4 ranks, 8 micro-batches, 2 chunks' ||
+        { echo "./train schedule --pp-virtual 2 without --pp-schedule is not interleaved"; ok=1; }
+    $TRAIN schedule --pp 2 --micro-batches 1K >"$WORK/schedule1k.txt" && head -1 "$WORK/schedule1k.txt" | grep -q '^schedule 1f1b: 2 ranks, 1024 micro-batches' ||
+        { echo "./train schedule --micro-batches 1K is not 1024"; ok=1; }
     return $ok
 }
 
