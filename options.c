@@ -182,7 +182,7 @@ static const char USAGE[] =
     "                             chunks per stage in a V: stage s holds chunks s and 2N-1-s, so the first\n"
     "                             stage holds the embedding and the head; B and W apart; bubble about N-1\n"
     "                             chunk forwards a step; implies --pp-virtual 2; needs --layers >= 2N); the\n"
-    "                             same final model, bitwise, whatever the schedule\n"
+    "                             same final model, bitwise, whatever the schedule; all but 1f1b need --pp 2+\n"
     "  --pp-times F,B,W|auto      zb-v: build its action lists for these relative times of one forward, input-\n"
     "                             and weight-gradient pass (default 1,1,1, the paper's unit times; a run's\n"
     "                             --pp-schedule-dump measures them), or auto: the times the first step\n"
@@ -414,7 +414,9 @@ static int is_training_only(const char *f) {
                                         "--keep", "--max-restarts", "--log", "--dump", "--layers", "--channels", "--heads",
                                         "--vocab", "--max-seq-len", "--arch", "--kv-heads", "--ffn", "--rope-theta", "--rope-scaling",
                                         "--norm-eps", "--tie-embeddings", "--val-every", "--sample-every", "--val-steps",
-                                        "--sample-tokens", "--batch-tokens", NULL };
+                                        "--sample-tokens", "--batch-tokens", "--lr", "--warmup", "--schedule", "--lr-min-frac",
+                                        "--beta1", "--beta2", "--eps", "--weight-decay", "--clip", "--skip-spikes", "--straggler",
+                                        "--straggler-steps", "--bucket-mb", NULL };
     for (int i = 0; only[i]; i++)
         if (!strcmp(f, only[i])) return 1;
     return 0;
@@ -430,6 +432,8 @@ static void parse_valued_flag(Options *o, int argc, char **argv, int *ip) {
     else if (o->mode == MODE_SAMPLE && IS("--prompt")) o->prompt = v;
     else if (o->mode == MODE_SAMPLE && IS("--tokens")) o->sample_tokens = (int)parse_int(f, v, 1, 1 << 20);
     else if (o->mode == MODE_EVAL && IS("--batches")) o->val_steps = (int)parse_int(f, v, 1, INT32_MAX);
+    else if (o->mode == MODE_EVAL && (!strcmp(f, "--temperature") || !strcmp(f, "--top-k")))
+        die("./train eval: %s is a sampling flag (eval scores the tokens of --val; see ./train eval --help)", f);
     else if (o->mode != MODE_TRAIN && is_training_only(f))
         die("./train %s: %s is a training flag (see ./train %s --help)", o->mode == MODE_SAMPLE ? "sample" : "eval", f,
             o->mode == MODE_SAMPLE ? "sample" : "eval");
@@ -552,6 +556,8 @@ static void check_options(const Options *o) {
         die("%s needs --ckpt-dir DIR", o->ckpt_every ? "--ckpt-every" : o->keep ? "--keep" : "--max-restarts");
     if (o->pp_virtual > 1 && o->pp == 1)
         die("--pp-virtual %d interleaves pipeline stages: it needs --pp 2 or more", o->pp_virtual);
+    if (o->pp_schedule >= 0 && o->pp_schedule != SCHED_1F1B && o->pp == 1)
+        die("--pp-schedule %s orders pipeline stages: it needs --pp 2 or more", SCHEDULE_NAMES[o->pp_schedule]);
     if (o->init_from && o->resume)
         die("--init-from and --resume both give the starting weights: drop one (--resume continues a checkpoint, "
             "--init-from starts from a model file)");
@@ -712,6 +718,8 @@ void parse_options(Options *o, int argc_in, char **argv_in) {
             fputs(o->mode == MODE_SAMPLE ? SAMPLE_USAGE : o->mode == MODE_EVAL ? EVAL_USAGE : USAGE, stdout);
             exit(0);
         }
+        if (o->mode != MODE_TRAIN && (!strcmp(f, "--shuffle") || !strcmp(f, "--allow-data-change")))
+            die("./train %s: %s is a training flag (see ./train %s --help)", argv[1], f, argv[1]);
         if (!strcmp(f, "--shuffle")) {
             o->shuffle = 1;
             continue;

@@ -758,6 +758,7 @@ t_prefork_checks() {
         --nproc 2 "${S[@]}" --batch-tokens 100
     refused "--pp-virtual 16 interleaves pipeline stages: it needs --pp 2 or more" --nproc 2 --pp-virtual 16 "${S[@]}"
     refused "--pp-virtual 16 interleaves pipeline stages: it needs --pp 2 or more" --pp-virtual 16 "${S[@]}"
+    refused "--pp-schedule zb-v orders pipeline stages: it needs --pp 2 or more" --pp-schedule zb-v "${S[@]}"
     LLM4D_FAULT="rank=9,step=1" refused "LLM4D_FAULT: rank=9 is not a rank of this 2-rank job" --nproc 2 "${S[@]}"
     LLM4D_FAULT="rank=1,step=1" refused "LLM4D_FAULT: rank=1 is not a rank of this 1-rank job" "${S[@]}"
     refused "--init-from and --resume both give the starting weights" --nproc 2 --init-from "$d/m.bin" --seq-len 32 \
@@ -842,6 +843,10 @@ t_bad_input() {
     expect_error "--ckpt-dir $d/m.bin is a file, not a directory" "${base[@]}" --train "$DATA/train.bin" --ckpt-dir "$d/m.bin" || ok=1
     expect_error "--resume $d/none: does not exist" "${base[@]}" --train "$DATA/train.bin" --resume "$d/none" || ok=1
     expect_error "--resume $d/m.bin: is not a directory" "${base[@]}" --train "$DATA/train.bin" --resume "$d/m.bin" || ok=1
+    # sample and eval refuse what only training reads, eval what only sampling reads
+    expect_error "./train sample: --lr is a training flag" sample --model "$d/m.bin" --lr 1e-3 || ok=1
+    expect_error "./train eval: --shuffle is a training flag" eval --model "$d/m.bin" --val "$DATA/val.bin" --shuffle || ok=1
+    expect_error "./train eval: --top-k is a sampling flag" eval --model "$d/m.bin" --val "$DATA/val.bin" --top-k 5 || ok=1
     # sample and eval name the flag that gave them the checkpoint
     cp -r "$d/ck/ckpt_00000002" "$d/cut"
     truncate -s 100 "$d/cut/rank_00000.safetensors"
