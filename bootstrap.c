@@ -866,10 +866,11 @@ World *world_create(const LaunchEnv *env, double timeout_s) {
     if (pipe2(w->wake, O_CLOEXEC) != 0) die("pipe: %s", strerror(errno));
     if (pthread_create(&w->acceptor, NULL, acceptor_main, w) != 0) die("pthread_create: %s", strerror(errno));
     double deadline = now_seconds() + timeout_s;
-    w->store_fd = tcp_connect(env->master_addr, w->env.master_port, deadline, 0); // rank 0 may not listen yet
+    char why[320] = "";
+    w->store_fd = tcp_connect(env->master_addr, w->env.master_port, deadline, 0, why, sizeof why); // rank 0 may not listen yet
     if (w->store_fd < 0)
-        die("timeout: rank %d cannot reach rank 0 at %s:%d (MASTER_ADDR:MASTER_PORT) within %.1f s", env->rank,
-            env->master_addr, w->env.master_port, timeout_s);
+        die("timeout: rank %d cannot reach rank 0 at %s:%d (MASTER_ADDR:MASTER_PORT) within %.1f s: %s", env->rank,
+            env->master_addr, w->env.master_port, timeout_s, why);
     RankInfo me = { .rank = env->rank, .world = env->world, .pid = getpid(), .port = port };
     snprintf(me.token, sizeof me.token, "%s", env->token);
     snprintf(me.node_id, sizeof me.node_id, "%s", env->node_id);

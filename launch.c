@@ -85,6 +85,7 @@ int launch_env_read(LaunchEnv *e) {
         return 0;
     }
     const char *addr = getenv("MASTER_ADDR");
+    if (addr && !*addr) die("launch environment: MASTER_ADDR is empty (rank 0's host name or address, or unset it)");
     if (have_torchrun) {
         env_int("RANK", &e->rank);
         env_int("WORLD_SIZE", &e->world);

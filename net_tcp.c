@@ -147,7 +147,7 @@ static NetConn *tcp_connect_peer(void *endpoint, const NetSetup *s, int peer) {
     if (me_w < pw) { // the peer's acceptor answers whatever the peer is doing
         double deadline = now_seconds() + world_timeout(w);
         world_set_connecting(w, pw); // (a rank waiting on this one follows the chain to the peer)
-        tc->fd = tcp_connect(pi->ip, pi->port, deadline, 1); // the peer listened before it published its port
+        tc->fd = tcp_connect(pi->ip, pi->port, deadline, 1, NULL, 0); // the peer listened before it published its port
         if (tc->fd < 0 && errno == ECONNREFUSED) {
             char st[96];
             const char *state = tc->same_node ? process_state(pi->pid, st, sizeof st) : NULL;

@@ -46,12 +46,12 @@ int tcp_listen_any(int *port) {
     return fd;
 }
 
-int tcp_connect(const char *host, int port, double deadline_s, int refused_is_final) {
+int tcp_connect(const char *host, int port, double deadline_s, int refused_is_final, char *why, size_t cap) {
     char portstr[16];
     snprintf(portstr, sizeof portstr, "%d", port);
     for (;;) {
         struct addrinfo hints = { .ai_family = AF_INET, .ai_socktype = SOCK_STREAM }, *res = NULL;
-        int rc = getaddrinfo(host, portstr, &hints, &res);
+        int rc = getaddrinfo(host, portstr, &hints, &res), e = 0;
         if (rc == 0) {
             int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
             if (fd < 0) die("socket: %s", strerror(errno));
@@ -60,13 +60,18 @@ int tcp_connect(const char *host, int port, double deadline_s, int refused_is_fi
                 tcp_set_options(fd);
                 return fd;
             }
-            int e = errno;
+            e = errno;
             close(fd);
             freeaddrinfo(res);
             if (refused_is_final && e == ECONNREFUSED) return errno = e, -1;
         }
-        if (now_seconds() > deadline_s) return -1;
-        struct timespec ts = { 0, 20 * 1000000L }; // the listener is not up yet: retry shortly
+        if (now_seconds() > deadline_s) { // the last attempt's failure: a name that never resolved, or the connect's
+            if (why && rc) snprintf(why, cap, "%s does not resolve (%s)", host, gai_strerror(rc));
+            else if (why) snprintf(why, cap, "%s", strerror(e));
+            return -1;
+        }
+        // the listener is not up yet, or the name not yet known (a cluster's DNS may lag its hosts): retry
+        struct timespec ts = { 0, 20 * 1000000L };
         nanosleep(&ts, NULL);
     }
 }

@@ -8,9 +8,10 @@
 #include <stddef.h>
 
 int tcp_listen_any(int *port);                                  // listening socket; *port 0 = any
-// retries until the deadline; -1 on failure. With refused_is_final a refusal ends it at once (-1, errno
-// ECONNREFUSED): for a port its owner published only once it listened, a refusal means the owner is gone.
-int tcp_connect(const char *host, int port, double deadline_s, int refused_is_final);
+// retries until the deadline; -1 on failure, the last attempt's reason in why (NULL: none wanted). With
+// refused_is_final a refusal ends it at once (-1, errno ECONNREFUSED): for a port its owner published
+// only once it listened, a refusal means the owner is gone.
+int tcp_connect(const char *host, int port, double deadline_s, int refused_is_final, char *why, size_t cap);
 void tcp_set_options(int fd);                                   // TCP_NODELAY and large buffers
 int tcp_write_all(int fd, const void *buf, size_t n, double deadline_s); // 0 on success
 // 0 on success, TCP_TIMEOUT when the deadline passed, TCP_CLOSED when the peer closed or reset

@@ -816,6 +816,7 @@ t_bad_input() {
     # half a torchrun-style launch is refused, not run as one rank; a local rank outside its node too
     RANK=1 expect_error "launch environment: RANK is set but WORLD_SIZE is not" "${base[@]}" --train "$DATA/train.bin" || ok=1
     WORLD_SIZE=2 expect_error "launch environment: WORLD_SIZE is set but RANK is not" "${base[@]}" --train "$DATA/train.bin" || ok=1
+    RANK=0 WORLD_SIZE=1 MASTER_ADDR= expect_error "launch environment: MASTER_ADDR is empty" "${base[@]}" --train "$DATA/train.bin" || ok=1
     RANK=0 WORLD_SIZE=2 LOCAL_RANK=5 LOCAL_WORLD_SIZE=2 expect_error "launch environment: local rank 5 is not inside a node of 2" \
         "${base[@]}" --train "$DATA/train.bin" || ok=1
     # a failing run leaves an existing output file untouched
