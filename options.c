@@ -118,7 +118,7 @@ static const char USAGE[] =
     "\n"
     "data (llm.c token shards: 256 x int32 header, magic 20240520, version 1, count; uint16 tokens):\n"
     "  --train PATTERN            training shards (a glob; matches are concatenated in sorted order)\n"
-    "  --val PATTERN              validation shards\n"
+    "  --val PATTERN              validation shards (read with --val-every; each needs the other)\n"
     "  --tokenizer FILE           llm.c tokenizer for printing samples (default: tokenizer.bin next to\n"
     "                             the first training shard, if present; a warning when its vocabulary is\n"
     "                             not the model's)\n"
@@ -554,6 +554,9 @@ static void check_options(const Options *o) {
             o->ib_dev ? "--ib-dev" : "--ib-gid-index", o->transport == TRANSPORT_SHM ? "shm" : "tcp");
     if (!o->ckpt_dir && (o->ckpt_every || o->keep || o->max_restarts))
         die("%s needs --ckpt-dir DIR", o->ckpt_every ? "--ckpt-every" : o->keep ? "--keep" : "--max-restarts");
+    if (o->mode == MODE_TRAIN && o->val_every > 0 && !o->val) die("--val-every %d needs --val PATTERN (the validation shards)", o->val_every);
+    if (o->mode == MODE_TRAIN && o->val && o->val_every == 0)
+        die("--val %s is read only with --val-every N (validation every N steps and at the end)", o->val);
     if (o->pp_virtual > 1 && o->pp == 1)
         die("--pp-virtual %d interleaves pipeline stages: it needs --pp 2 or more", o->pp_virtual);
     if (o->pp_schedule >= 0 && o->pp_schedule != SCHED_1F1B && o->pp == 1)

@@ -752,6 +752,11 @@ static void warn_defaults(const Trainer *t) {
         fprintf(stderr, "warning: the model's vocabulary is %d but the tokenizer's is %d: samples print the ids the "
                 "tokenizer lacks as <id>%s\n", t->cfg.V, t->tk.vocab, o->vocab ? " (drop --vocab to take the tokenizer's)" : "");
     if (o->mode != MODE_TRAIN) return;
+    if (o->sample_every > 0 && o->sample_tokens > t->lay.T - t->nprompt)
+        printf("note: --sample-tokens %d: the %d-token window (--seq-len) leaves %d after the prompt; samples have %d\n",
+               o->sample_tokens, t->lay.T, t->lay.T - t->nprompt, t->lay.T - t->nprompt);
+    if (t->resumed && t->start_step >= o->steps)
+        printf("note: the checkpoint resumed is at step %d, --steps %d: nothing left to train\n", t->start_step, o->steps);
     int default_shape = !o->init_from && !o->init_from_hf && !o->preset && !o->layers && !o->channels && !o->heads;
     if (!o->vocab && !o->init_from && !o->init_from_hf && !t->resumed && o->train && o->steps > 0 && t->have_tk && t->cfg.V == t->tk.vocab)
         printf("note: vocabulary %d from the tokenizer beside the training data (--vocab V overrides it)\n", t->cfg.V);

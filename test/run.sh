@@ -830,7 +830,9 @@ t_bad_input() {
         "${base[@]}" --train "$d/shard.bin" --log "$d/shard.bin" || ok=1
     expect_error "--save-model $d/./shard.bin is a file of --train $d/sh\*.bin" "${base[@]}" --train "$d/sh*.bin" --save-model "$d/./shard.bin" || ok=1
     expect_error "--pp-schedule-dump $d/shard.bin is a file of --val" "${base[@]}" --train "$DATA/train.bin" --val "$d/shard.bin" \
-        --pp-schedule-dump "$d/shard.bin" || ok=1
+        --val-every 1 --pp-schedule-dump "$d/shard.bin" || ok=1
+    expect_error "--val-every 2 needs --val PATTERN" "${base[@]}" --train "$DATA/train.bin" --val-every 2 || ok=1
+    expect_error "--val $DATA/val.bin is read only with --val-every N" "${base[@]}" --train "$DATA/train.bin" --val "$DATA/val.bin" || ok=1
     cmp "$DATA/train.bin" "$d/shard.bin" || { echo "a refused run changed the --train shard"; ok=1; }
     expect_error "--log $d/keep.bin is a file of --init-from $d/keep.bin" --init-from "$d/keep.bin" --steps 0 --log "$d/keep.bin" || ok=1
     cmp "$d/m.bin" "$d/keep.bin" || { echo "a refused run changed the --init-from model"; ok=1; }
