@@ -1251,7 +1251,7 @@ static int read_manifest(const char *d, CkptMeta *mt, json_t **root, char *why, 
     for (const char *p = (const char *)buf; (p = strstr(p, CRC_KEY)); p++) key = p;
     if (!key) {
         free(buf);
-        return snprintf(why, cap, "%s: no manifest_crc32", path), LOAD_UNUSABLE;
+        return snprintf(why, cap, "%s: no manifest_crc32 (%s)", path, len ? "truncated, or not a manifest" : "empty"), LOAD_UNUSABLE;
     }
     uint32_t crc = crc_of(buf, (size_t)(key - (const char *)buf));
     json_error_t jerr;

@@ -428,6 +428,10 @@ static void parse_valued_flag(Options *o, int argc, char **argv, int *ip) {
     const char *f = argv[i];
     const char *v = i + 1 < argc ? argv[i + 1] : NULL;
 #define IS(name) (!strcmp(f, name) && (v ? (i++, 1) : (die("%s needs a value", name), 0)))
+    static const char *const paths[] = { "--train", "--val", "--tokenizer", "--log", "--dump", "--init-from", "--save-model",
+                                         "--ckpt-dir", "--pp-trace", "--pp-schedule-dump", "--init-from-hf", "--save-hf" };
+    for (size_t k = 0; v && !*v && k < sizeof paths / sizeof *paths; k++)
+        if (!strcmp(f, paths[k]) || (o->mode != MODE_TRAIN && !strcmp(f, "--model"))) die("%s: the path is empty", f);
     if (o->mode != MODE_TRAIN && IS("--model")) o->model_path = v;
     else if (o->mode == MODE_SAMPLE && IS("--prompt")) o->prompt = v;
     else if (o->mode == MODE_SAMPLE && IS("--tokens")) o->sample_tokens = (int)parse_int(f, v, 1, 1 << 20);

@@ -192,7 +192,8 @@ Bpe *bpe_load_gpt2(const char *encoder_json, const char *merges, char *err, size
     json_error_t je;
     json_t *root = json_load_file(encoder_json, JSON_REJECT_DUPLICATES, &je);
     if (!root) {
-        snprintf(err, cap, "--bpe-encoder %s: line %d, column %d: %s", encoder_json, je.line, je.column, je.text);
+        if (je.line < 1) snprintf(err, cap, "--bpe-encoder %s: %s", encoder_json, je.text); // (no position: not opened)
+        else snprintf(err, cap, "--bpe-encoder %s: line %d, column %d: %s", encoder_json, je.line, je.column, je.text);
         return NULL;
     }
     Bpe *b = NULL;

@@ -831,6 +831,7 @@ t_bad_input() {
     expect_error "--save-model $d/./shard.bin is a file of --train $d/sh\*.bin" "${base[@]}" --train "$d/sh*.bin" --save-model "$d/./shard.bin" || ok=1
     expect_error "--pp-schedule-dump $d/shard.bin is a file of --val" "${base[@]}" --train "$DATA/train.bin" --val "$d/shard.bin" \
         --val-every 1 --pp-schedule-dump "$d/shard.bin" || ok=1
+    expect_error "--log: the path is empty" "${base[@]}" --train "$DATA/train.bin" --log "" || ok=1
     expect_error "--val-every 2 needs --val PATTERN" "${base[@]}" --train "$DATA/train.bin" --val-every 2 || ok=1
     expect_error "--val $DATA/val.bin is read only with --val-every N" "${base[@]}" --train "$DATA/train.bin" --val "$DATA/val.bin" || ok=1
     cmp "$DATA/train.bin" "$d/shard.bin" || { echo "a refused run changed the --train shard"; ok=1; }
