@@ -34,6 +34,8 @@
 # its "memory of rank R, peak" line calls the total; allocation is fixed before step 1, so one run
 # gives it) and the ratio of the largest to 1f1b's largest on the same model and M (zb-v's deeper model
 # gets a one-step 1f1b run of its own for that): the goal is at most 1 for zb-h1 and zb-v.
+# CHANNELS and VOCAB (64 and 1280) change the shape, keeping the stages about equal where the head over
+# VOCAB words costs about one block of CHANNELS (C 128 with 2560 measured so on one machine).
 # Quick mode (--quick, or QUICK=1): one run per row, M = 8 only, 3 steps (the median of steps 2-3):
 # a check that every row runs, not a measurement.
 source "$(dirname "$0")/bench_common.sh"
@@ -59,7 +61,7 @@ declare -A TIMES # the zb-v row's measured F,B,W, by "PP M": what the zb-v-times
 pct() { [ -n "$1" ] && awk -v x="$1" 'BEGIN { printf "%.1f%%", 100 * x }' || printf -- -; }
 # run SCHEDULE V LAYERS STEPS [FLAGS]: one PP $pp run at $m micro-batches, logging to $W/r.jsonl
 run() {
-    ./train --nproc $pp --pp $pp --pp-schedule $1 --pp-virtual $2 --layers $3 --channels 64 --heads 4 --vocab 1280 --seq-len 64 \
+    ./train --nproc $pp --pp $pp --pp-schedule $1 --pp-virtual $2 --layers $3 --channels ${CHANNELS:-64} --heads 4 --vocab ${VOCAB:-1280} --seq-len 64 \
         --micro-batch 1 --threads 1 --batch-tokens $((m * 64)) --steps "$4" --train "$W/data/train.bin" --log "$W/r.jsonl" "${@:5}" \
         >/dev/null 2>"$W/err.txt"
 }
