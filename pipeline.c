@@ -26,7 +26,7 @@ void pipeline_init(Pipeline *p, GPT2 *m, Zero *z, Comm *fwd, Comm *bwd) {
 
 void layout_build_model(const Layout *l, const GPT2Config *cfg, DType dt, const Backend *be, StepTimes *times, GPT2 *m) {
     int stage = l->replicas.size > 1 ? l->zero : 0; // one replica: every stage is stage 0
-    gpt2_build(m, cfg, dt, be, l, times, stage != 3, !zero_streams_gradients(stage, l->replicas.size, l->accum));
+    gpt2_build(m, cfg, dt, be, l, times, stage != 3, !zero_streams_gradients(stage, l));
 }
 
 void layout_build_state(const Layout *l, GPT2 *m, Zero *z, Pipeline *p, const float *host_params, const AdamWConfig *acfg) {

@@ -195,7 +195,11 @@ static void grads_ready(void *ctx, int unit) {
 
 // ---------------------------------------------------------------------------------------------
 
-int zero_streams_gradients(int stage, int dp_size, int accum) { return stage >= 2 && dp_size > 1 && accum == 1; }
+int zero_streams_gradients(int stage, const Layout *l) {
+    // B and W apart (a split schedule's stashes) keep each unit's bucket from its B (the LayerNorms' and
+    // the head's gradients) to its W: the stage's every bucket at once, past any small pool
+    return stage >= 2 && l->replicas.size > 1 && l->accum == 1 && l->nstash == 0;
+}
 
 // The reduced gradient of this rank's segment of bucket b.
 static float *reduced_grad(const Zero *z, int b) {
@@ -212,7 +216,7 @@ void zero_init(Zero *z, GPT2 *model, const float *host, const AdamWConfig *cfg) 
     z->dp_rank = l->replicas.rank;
     z->dp = layout_group(&l->replicas);
     int stage = z->stage = z->dp_size > 1 ? l->zero : 0; // one data-parallel rank: nothing to shard, gather or scatter
-    int accum = l->accum, fetch = 0; // fetch: the model asks for each unit's weights before reading them
+    int fetch = 0; // fetch: the model asks for each unit's weights before reading them
     build_buckets(z, l->bucket_mb);
     const Backend *be = model->be;
     MemAccount *a = &model->mem;
@@ -236,7 +240,7 @@ void zero_init(Zero *z, GPT2 *model, const float *host, const AdamWConfig *cfg) 
     for (int b = 0; b < z->nbuckets; b++)
         if (z->blen[b] > biggest) biggest = z->blen[b];
     if (stage >= 2) z->gshard = mem_alloc(a, MEM_GRADS, (z->shard_elems + 1) * sizeof(float), "gradient shard");
-    z->stream = zero_streams_gradients(stage, z->dp_size, accum);
+    z->stream = zero_streams_gradients(stage, l);
     z->bucket_buf = xcalloc((size_t)z->nbuckets, sizeof(float *));
     if (z->stream) {
         // the bucket holding the embeddings lives through the whole backward (the head writes it first,

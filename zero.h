@@ -77,10 +77,11 @@ typedef struct {
 
 // Sets up buckets and shards for the model, installs the model's hooks, and initialises the state
 // from host fp32 parameters in the internal order (under ZeRO-3 this also fills the weight shards).
-// Whether ZeRO stage `stage` streams gradients with this many micro-batches (then the model is built
-// without a full gradient buffer). With several micro-batches the gradients accumulate locally and are
-// reduced once, after the last, so that every stage computes bitwise the same step.
-int zero_streams_gradients(int stage, int dp_size, int accum);
+// Whether ZeRO stage `stage` streams gradients under layout l (then the model is built without a full
+// gradient buffer): one micro-batch, several data-parallel ranks, B and W together. With several
+// micro-batches the gradients accumulate locally and are reduced once, after the last, so that every
+// stage computes bitwise the same step; a split schedule (zb-h1, zb-v) holds them all from B to W.
+int zero_streams_gradients(int stage, const Layout *l);
 // The group, the stage, the bucket size and the micro-batches per step come from the model's layout
 // (model->lay->replicas: NULL communicator for one rank, or in a dry build, which only counts the
 // buffers: see mem.h; host_params may then be NULL).

@@ -1465,7 +1465,8 @@ PYEOF
         [ "$(wc -l <<<"$err")" = 1 ] && grep -qF -- "${bad#*|}" <<<"$err" || { echo "bad error for ${bad%%|*}: $err"; ok=1; }
     done
     # the schedule training would run: interleaved where --pp-virtual is above 1; counts take K (1024)
-    $TRAIN schedule --pp 4 --micro-batches 8 --pp-virtual 2 | head -1 | grep -q '^schedule interleaved: 4 ranks, 8 micro-batches, 2 chunks' ||
+    $TRAIN schedule --pp 4 --micro-batches 8 --pp-virtual 2 >"$WORK/schedule_v2.txt" &&
+        head -1 "$WORK/schedule_v2.txt" | grep -q '^schedule interleaved: 4 ranks, 8 micro-batches, 2 chunks' ||
         { echo "./train schedule --pp-virtual 2 without --pp-schedule is not interleaved"; ok=1; }
     $TRAIN schedule --pp 2 --micro-batches 1K >"$WORK/schedule1k.txt" && head -1 "$WORK/schedule1k.txt" | grep -q '^schedule 1f1b: 2 ranks, 1024 micro-batches' ||
         { echo "./train schedule --micro-batches 1K is not 1024"; ok=1; }
@@ -1473,7 +1474,8 @@ PYEOF
 }
 
 # Every schedule pipeline.c executes against 1F1B on the same layout: the final model bitwise (cmp of
-# --save-model) for PP 2 and 4, TP 2, DP 2 x ZeRO 1 and 3 (and ZeRO-2/3 streaming at one micro-batch),
+# --save-model) for PP 2 and 4, TP 2, DP 2 x ZeRO 1 and 3 (and ZeRO-2/3 at one micro-batch, where 1f1b
+# streams the gradients and the split schedules hold them all: 4 blocks a stage outgrew the stream's pool),
 # CP 2, recompute selective and full, and resumes across schedules (zb-h1 and zb-v from a 1f1b
 # checkpoint, 1f1b from a zb-v one), zb-h1 with as many ZeRO-3 gathers (none in W, which reads no
 # weights); zb-h1's trace against 1F1B computed by pp_schedule.py with each W after its B, in
@@ -1487,7 +1489,8 @@ t_pp_zero_bubble() {
         --warmup 2 --weight-decay 0.1 --clip 1.0 --bucket-mb 0.02 --train "$DATA/train.bin" --comm-timeout 60)
     local cfg i=0
     for cfg in "2 --pp 2|256" "4 --pp 4 --layers 8|256" "4 --pp 2 --tp 2|256" "4 --pp 2 --zero 1|256" "4 --pp 2 --zero 1 --bucket-mb 100|256" "4 --pp 2 --zero 3|256" \
-        "4 --pp 2 --zero 3|64" "4 --pp 2 --cp 2|256" "2 --pp 2 --recompute selective|256" "2 --pp 2 --recompute full|256"; do
+        "4 --pp 2 --zero 3|64" "4 --pp 2 --zero 3 --layers 8|64" "4 --pp 2 --zero 2 --layers 8|64" "4 --pp 2 --cp 2|256" \
+        "2 --pp 2 --recompute selective|256" "2 --pp 2 --recompute full|256"; do
         i=$((i + 1))
         local spec=${cfg%|*} tokens=${cfg#*|} args sch
         read -ra args <<<"--nproc $spec"
