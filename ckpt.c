@@ -203,7 +203,7 @@ static int list_steps(const char *dir, int64_t **out) {
     return n;
 }
 
-static int is_complete(const char *ckdir) {
+int ckpt_is_complete(const char *ckdir) {
     char p[SAFE_PATH_MAX + 32];
     snprintf(p, sizeof p, "%s/" MANIFEST, ckdir);
     struct stat st;
@@ -216,7 +216,7 @@ int ckpt_newest_complete(const char *dir, int64_t *step) {
     for (int i = 0; i < n && !found; i++) {
         char d[SAFE_PATH_MAX];
         ckpt_path(dir, steps[i], d, sizeof d);
-        if ((found = is_complete(d))) *step = steps[i];
+        if ((found = ckpt_is_complete(d))) *step = steps[i];
     }
     free(steps);
     return found;
@@ -260,7 +260,7 @@ int ckpt_prepare_dir(const char *dir, int64_t start, int resumed, int remove_new
     for (int i = 0; i < n && rc == 0; i++) {
         char d[SAFE_PATH_MAX];
         ckpt_path(dir, steps[i], d, sizeof d);
-        if (!is_complete(d)) {
+        if (!ckpt_is_complete(d)) {
             if (remove_dir(d) == 0) printf("removed the incomplete checkpoint %s\n", d);
             continue;
         }
@@ -443,7 +443,7 @@ static void prune(Ckpt *c) {
     for (int i = 0; i < n; i++) {
         char d[SAFE_PATH_MAX];
         ckpt_path(c->dir, steps[i], d, sizeof d);
-        if (!is_complete(d)) continue;
+        if (!ckpt_is_complete(d)) continue;
         if (++kept > c->keep && remove_dir(d) != 0)
             fprintf(stderr, "warning: --keep: cannot remove %s: %s\n", d, strerror(errno));
     }

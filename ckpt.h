@@ -74,6 +74,9 @@ int ckpt_lock(const char *dir, const char *resume, const char *flag, int *fd, ch
 // Path of the checkpoint of step `step` in dir.
 void ckpt_path(const char *dir, int64_t step, char *out, size_t cap);
 
+// Whether directory ckdir is a complete checkpoint: it holds a manifest (a regular file), not verified.
+int ckpt_is_complete(const char *ckdir);
+
 // The step of the newest checkpoint in dir that has a manifest (1), or 0 when there is none. It is not
 // verified: ckpt_resume does that.
 int ckpt_newest_complete(const char *dir, int64_t *step);

@@ -416,7 +416,7 @@ static int is_training_only(const char *f) {
                                         "--norm-eps", "--tie-embeddings", "--val-every", "--sample-every", "--val-steps",
                                         "--sample-tokens", "--batch-tokens", "--lr", "--warmup", "--schedule", "--lr-min-frac",
                                         "--beta1", "--beta2", "--eps", "--weight-decay", "--clip", "--skip-spikes", "--straggler",
-                                        "--straggler-steps", "--bucket-mb", NULL };
+                                        "--straggler-steps", "--bucket-mb", "--shuffle", "--allow-data-change", "--resume", NULL };
     for (int i = 0; only[i]; i++)
         if (!strcmp(f, only[i])) return 1;
     return 0;
@@ -430,17 +430,13 @@ static void parse_valued_flag(Options *o, int argc, char **argv, int *ip) {
 #define IS(name) (!strcmp(f, name) && (v ? (i++, 1) : (die("%s needs a value", name), 0)))
     static const char *const paths[] = { "--train", "--val", "--tokenizer", "--log", "--dump", "--init-from", "--save-model",
                                          "--ckpt-dir", "--pp-trace", "--pp-schedule-dump", "--init-from-hf", "--save-hf" };
-    for (size_t k = 0; v && !*v && k < sizeof paths / sizeof *paths; k++)
-        if (!strcmp(f, paths[k]) || (o->mode != MODE_TRAIN && !strcmp(f, "--model"))) die("%s: the path is empty", f);
+    int path = o->mode != MODE_TRAIN && !strcmp(f, "--model"); // (training's --model names a preset)
+    for (size_t k = 0; k < sizeof paths / sizeof *paths; k++) path |= !strcmp(f, paths[k]);
+    if (path && v && !*v) die("%s: the path is empty", f);
     if (o->mode != MODE_TRAIN && IS("--model")) o->model_path = v;
     else if (o->mode == MODE_SAMPLE && IS("--prompt")) o->prompt = v;
     else if (o->mode == MODE_SAMPLE && IS("--tokens")) o->sample_tokens = (int)parse_int(f, v, 1, 1 << 20);
     else if (o->mode == MODE_EVAL && IS("--batches")) o->val_steps = (int)parse_int(f, v, 1, INT32_MAX);
-    else if (o->mode == MODE_EVAL && (!strcmp(f, "--temperature") || !strcmp(f, "--top-k")))
-        die("./train eval: %s is a sampling flag (eval scores the tokens of --val; see ./train eval --help)", f);
-    else if (o->mode != MODE_TRAIN && is_training_only(f))
-        die("./train %s: %s is a training flag (see ./train %s --help)", o->mode == MODE_SAMPLE ? "sample" : "eval", f,
-            o->mode == MODE_SAMPLE ? "sample" : "eval");
     else if (IS("--model")) o->preset = v;
     else if (IS("--layers")) o->layers = (int)parse_int(f, v, 1, 4096);
     else if (IS("--channels")) o->channels = (int)parse_int(f, v, 1, 65536);
@@ -677,17 +673,16 @@ static void model_source(Options *o) {
         return;
     }
     size_t n = strlen(o->model_path) + 32;
-    char *manifest = xmalloc(n);
-    snprintf(manifest, n, "%s/config.json", o->model_path);
-    int hf = stat(manifest, &st) == 0;
-    snprintf(manifest, n, "%s/manifest.json", o->model_path);
-    if (hf && stat(manifest, &st) != 0) { // a Hugging Face checkpoint (config.json, no manifest)
+    char *config = xmalloc(n);
+    snprintf(config, n, "%s/config.json", o->model_path);
+    int hf = stat(config, &st) == 0, ckpt = ckpt_is_complete(o->model_path);
+    free(config);
+    if (hf && !ckpt) { // a Hugging Face checkpoint (config.json, no manifest)
         o->init_from_hf = o->model_path;
-        free(manifest);
         return;
     }
     o->resume = 1;
-    if (stat(manifest, &st) == 0) {
+    if (ckpt) {
         o->resume_path = o->model_path;
     } else { // a --ckpt-dir: its newest complete checkpoint
         int64_t step;
@@ -698,7 +693,6 @@ static void model_source(Options *o) {
         ckpt_path(o->model_path, step, path, SAFE_PATH_MAX);
         o->resume_path = o->owned_path = path; // lives for the run (options_free)
     }
-    free(manifest);
 }
 
 void options_free(Options *o) {
@@ -725,8 +719,9 @@ void parse_options(Options *o, int argc_in, char **argv_in) {
             fputs(o->mode == MODE_SAMPLE ? SAMPLE_USAGE : o->mode == MODE_EVAL ? EVAL_USAGE : USAGE, stdout);
             exit(0);
         }
-        if (o->mode != MODE_TRAIN && (!strcmp(f, "--shuffle") || !strcmp(f, "--allow-data-change")))
-            die("./train %s: %s is a training flag (see ./train %s --help)", argv[1], f, argv[1]);
+        if (o->mode != MODE_TRAIN && is_training_only(f)) die("./train %s: %s is a training flag (see ./train %s --help)", argv[1], f, argv[1]);
+        if (o->mode == MODE_EVAL && (!strcmp(f, "--temperature") || !strcmp(f, "--top-k")))
+            die("./train eval: %s is a sampling flag (eval scores the tokens of --val; see ./train eval --help)", f);
         if (!strcmp(f, "--shuffle")) {
             o->shuffle = 1;
             continue;
@@ -739,7 +734,6 @@ void parse_options(Options *o, int argc_in, char **argv_in) {
             o->allow_data_change = 1;
             continue;
         }
-        if (!strcmp(f, "--resume") && o->mode != MODE_TRAIN) die("./train %s: --resume is a training flag", argv[1]);
         if (!strcmp(f, "--resume")) { // an optional value: a checkpoint directory
             o->resume = 1;
             if (i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0) o->resume_path = argv[++i];

@@ -571,10 +571,7 @@ static int is_input(const char *path, const char *input) {
 static int output_clash(const Options *o, char *err, size_t cap) {
     const char *out[3][2] = { { "--log", o->log }, { "--save-model", o->save_model }, { "--pp-schedule-dump", o->pp_schedule_dump } };
     const char *in[4][2] = { { "--train", o->train }, { "--val", o->val }, { "--tokenizer", o->tokenizer }, { "--init-from", o->init_from } };
-    char manifest[SAFE_PATH_MAX + 16];
-    struct stat st;
-    snprintf(manifest, sizeof manifest, "%s/manifest.json", o->ckpt_dir ? o->ckpt_dir : "");
-    if (o->ckpt_dir && stat(manifest, &st) == 0)
+    if (o->ckpt_dir && ckpt_is_complete(o->ckpt_dir))
         return snprintf(err, cap, "--ckpt-dir %s is a checkpoint (it holds manifest.json): give the directory that holds the checkpoints",
                         o->ckpt_dir), -1;
     for (int i = 0; i < 3; i++) {
@@ -585,8 +582,7 @@ static int output_clash(const Options *o, char *err, size_t cap) {
                                 in[j][1]), -1;
         char dir[SAFE_PATH_MAX];
         dir_of(out[i][1], dir, sizeof dir);
-        snprintf(manifest, sizeof manifest, "%s/manifest.json", dir);
-        if (stat(manifest, &st) == 0)
+        if (ckpt_is_complete(dir))
             return snprintf(err, cap, "%s %s is inside the checkpoint %s (it holds manifest.json): write it elsewhere", out[i][0],
                             out[i][1], dir), -1;
     }
