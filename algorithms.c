@@ -264,9 +264,10 @@ static const void *private_input(AlgoComm *c, AlgoOp *q) {
         q->hold_finish = overlaps(out, own.len * es, in, bytes);
         return in;
     }
+    // A reduce-scatter's output shifted inside its own segment is not safe either: the owner writes
+    // output chunk j while its own input's chunk j + 1 is still to be read.
     if (q->kind == REQ_ALLREDUCE) copy = in != (const char *)q->recv && overlaps(q->recv, bytes, in, bytes);
-    else copy = overlaps(out, own.len * es, in, own.off * es) ||
-                overlaps(out, own.len * es, in + (own.off + own.len) * es, bytes - (own.off + own.len) * es);
+    else copy = out != in + own.off * es && overlaps(out, own.len * es, in, bytes);
     if (!copy) return in;
     if (q->dev) { // on the device; the peers read it only once the copy has finished
         if (c->dwork_bytes < bytes) {
@@ -850,6 +851,8 @@ static void hier_next(AlgoComm *c, AlgoOp *q) {
 }
 
 static void hier_plan(AlgoComm *c, AlgoOp *q) {
+    // piece P's output may land on the input of a piece still to be read
+    if (q->kind == REQ_ALLREDUCE || q->kind == REQ_REDUCE_SCATTER) q->send = private_input(c, q);
     q->hier = 1;
     q->phase = 0;
     alloc_reqs(q, 0);

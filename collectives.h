@@ -96,7 +96,7 @@ struct DevMem;
 void comm_use_device(Comm *comm, const struct DevMem *dev);
 
 // An all-reduce or reduce-scatter whose output overlaps its input otherwise than exactly in place (or,
-// for a reduce-scatter, in this rank's own segment) reduces from a private copy of the input: the
+// for a reduce-scatter, exactly on this rank's own segment) reduces from a private copy of the input: the
 // communicator's work area, registered host memory that grows and is kept. comm_count_memory(c, acct)
 // makes it, and the algorithm's own buffers (the ring's staging, the hierarchy's partial sums and
 // output piece: algo_buffer_bytes) come from acct from now on (the rank's memory account, as comm

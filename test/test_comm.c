@@ -177,6 +177,40 @@ static void test_reductions(Comm *c, size_t count, CommType t, CommOp op, int in
     tfree(recv);
 }
 
+// Outputs that overlap the input otherwise than exactly in place (collectives.h: reduced from a
+// private copy): an all-reduce's output shifted forward and back by an odd count, and a
+// reduce-scatter's output shifted by one element inside this rank's own segment, either way, and by a
+// whole segment. Counts cross a chunk (64 Ki elements) and, above 1 Mi, the hierarchy's piece.
+static void test_overlapping(Comm *c, size_t count) {
+    int n = comm_size(c), r = comm_rank(c);
+    size_t es = 4, seg = (count + n - 1) / n, k = count / 3 + 1;
+    size_t off = (size_t)r * seg < count ? (size_t)r * seg : count, len = off + seg < count ? seg : count - off;
+    uint64_t tc = ++case_id;
+    char what[160];
+    unsigned char *want = reference_reduce(c, count, CT_F32, OP_SUM, tc);
+    unsigned char *buf = tbuf(c, 2 * count * es + es, tc); // room for every placement below
+    for (int dir = 0; dir < 2; dir++) { // all-reduce: output k elements after the input, then before it
+        unsigned char *send = buf + (dir ? k : 0) * es, *recv = buf + (dir ? 0 : k) * es;
+        fill(send, count, CT_F32, comm_world_rank(c, r), tc);
+        comm_all_reduce(c, send, recv, count, CT_F32, OP_SUM);
+        snprintf(what, sizeof what, "all_reduce f32 count %zu, output %s%zu elements from the input", count, dir ? "-" : "+", k);
+        expect_equal(c, what, recv, want, count * es);
+    }
+    // reduce-scatter: the output at the own segment's start plus a shift (elements)
+    const long shifts[] = { 1, -1, (long)seg };
+    for (int i = 0; i < 3; i++) {
+        long at = (long)off + shifts[i];
+        size_t base = at < 0 ? (size_t)-at : 0; // where the input starts in buf
+        unsigned char *send = buf + base * es, *recv = buf + (size_t)((long)base + at) * es;
+        fill(send, count, CT_F32, comm_world_rank(c, r), tc);
+        comm_reduce_scatter(c, send, recv, count, CT_F32, OP_SUM);
+        snprintf(what, sizeof what, "reduce_scatter f32 count %zu, output at the own segment %+ld elements", count, shifts[i]);
+        expect_equal(c, what, recv, want + off * es, len * es);
+    }
+    free(want);
+    tfree(buf);
+}
+
 static void test_gather_broadcast(Comm *c, size_t count, CommType t, int in_place) {
     int n = comm_size(c), r = comm_rank(c);
     size_t es = comm_type_size(t), seg = (count + n - 1) / n;
@@ -424,6 +458,10 @@ static void suite(Comm *c, int full, int quick) {
         test_reductions(c, big, CT_F32, OP_SUM, 0);
         test_reductions(c, big, CT_F32, OP_SUM, 1);
         test_gather_broadcast(c, big, CT_F32, 0);
+    }
+    if (full) { // across a chunk; above the hierarchy's 4 MiB piece unless --small or --quick
+        test_overlapping(c, 140001);
+        if (!quick) test_overlapping(c, (4u << 20) / 4 + 4099);
     }
     test_p2p(c);
     comm_barrier(c);
