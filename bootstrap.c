@@ -51,7 +51,8 @@ typedef struct {
     _Atomic int32_t terminated; // launcher: it was told to stop because the job failed
     _Atomic int32_t reported;   // it printed an error line
     _Atomic int32_t connecting_to; // world rank this rank opens a connection to (its progress thread may); -1: none
-    int32_t pad[2];
+    _Atomic int32_t blamed;     // 1 + the world rank its error named as the cause (0: none yet)
+    int32_t pad[1];
     char op[48], comm[48];      // informational; written before waiting_on
 } BoardSlot;
 
@@ -140,7 +141,10 @@ static int board_chain(Board *b, int world, int peer, const RankInfo *ranks, con
         char st[96];
         const char *state = process_state(pid, st, sizeof st);
         int y = slot_waits_for(s);
-        int passed_on = atomic_load(&s->failed) || atomic_load(&s->terminated);
+        int passed_on = atomic_load(&s->failed) || atomic_load(&s->terminated), named = atomic_load(&s->blamed) - 1;
+        // a rank that gave up named its cause; what it waited for last may be another rank that waits
+        // for it, or nobody once it has stopped waiting
+        if (passed_on && named >= 0 && named < world && named != x) y = named;
         if (state && (strcmp(state, "died") || !passed_on || y < 0)) {
             snprintf(why, cap, "%s", state);
             return x;
@@ -240,6 +244,7 @@ void world_die_after(World *w, int peer, const char *fmt, ...) {
     int n = vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
     int root = peer >= 0 && peer < w->env.world ? world_root_cause(w, peer, why, sizeof why) : -1;
+    if (w->board && root >= 0 && root != w->env.rank) atomic_store(&w->board->slot[w->env.rank].blamed, root + 1);
     if (w->board && w->board->shared_stderr && root >= 0 && root != w->env.rank &&
         (atomic_load(&w->board->slot[root].reported) || atomic_load(&w->board->slot[peer].reported)))
         exit(1); // the rank that failed first said why, on the same stderr: this is only its consequence

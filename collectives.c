@@ -633,6 +633,21 @@ static int waiter_spin(Comm *c, Waiter *wt, double *now) {
     return 0;
 }
 
+// A connected member of c other than `except` whose process has died or is stopped, as far as its
+// transport can tell (-1: none), its state in st. A wait that times out names it: the peer waited for
+// may itself be waiting, not for this rank's dead member, but for one of its own operations that
+// member holds up (two live ranks each waiting for the other's part, neither for the dead one).
+static int lost_member(Comm *c, int except, char *st, size_t cap) {
+    for (int r = 0; r < c->a.size; r++) {
+        NetConn *pc = c->a.conn[r];
+        const char *state = pc && r != except ? pc->ops->peer_state(pc, st, cap) : NULL;
+        if (!state) continue;
+        if (state != st) snprintf(st, cap, "%s", state);
+        return r;
+    }
+    return -1;
+}
+
 // Publishes whom this rank waits for, and dies when that peer has died or the wait has timed out.
 // 1 when one more look found progress after all.
 static int waiter_check_peer(Comm *c, Waiter *wt, int peer, double now) {
@@ -657,6 +672,10 @@ static int waiter_check_peer(Comm *c, Waiter *wt, int peer, double now) {
         snprintf(head, sizeof head, "timeout: %s on communicator %s (rank %d of %d, world rank %d): no progress with rank %d for %.1f s",
                  c->a.op, c->name, c->a.rank, c->a.size, c->world_ranks[c->a.rank], peer_w, now - wt->last_progress);
         if (peer_w < 0) die("%s", head);
+        int lost = lost_member(c, peer, st, sizeof st);
+        if (lost >= 0)
+            world_die_after(c->w, c->world_ranks[lost], "%s; rank %d (pid %d) of the communicator %s", head, c->world_ranks[lost],
+                            (int)c->a.conn[lost]->peer_pid, st);
         if (world_root_cause(c->w, peer_w, why, sizeof why) == peer_w) world_die_after(c->w, peer_w, "%s: rank %d %s", head, peer_w, why);
         world_die_after(c->w, peer_w, "%s", head);
     }

@@ -14,6 +14,7 @@
 #   j. rank 0 killed at once, 3 times (--nproc 4 --tp 2 --pp 2): nothing in /dev/shm
 #   k. an error every rank detects is printed once, whole; ranks show as "<program> rN" in ps
 #   l. a clean --nproc 2 training under AddressSanitizer with leak detection: no leak
+#   m. a dead member nobody waits for: ranks waiting on each other name it at their timeout
 #
 # Prints "ok NAME" or "FAIL NAME" (with the evidence) per case; exits non-zero when any failed.
 # Run from the repository root after `make train build/train-asan build/test_comm`:  bash test/comm_failures.sh
@@ -305,6 +306,38 @@ case_killed_rank() {
     expect_gone "${pid[@]}"
     expect_no_shm "$token"
     [ $BAD -eq 0 ] || show_logs "$WORK"/b.rank*.log
+}
+
+# ---------------------------------------------------------------------------------------------
+# m. a dead member that nobody waits for: rank 1 exits, then ranks 0 and 2 each wait to receive from
+#    the other (test_comm --lost-member). Each waits for a live rank that waits in turn; the timeout
+#    must name the dead rank 1, not the cycle between the live ones (the first to give up names it;
+#    the other may name it as the root cause of the first one's exit).
+
+case_lost_member() {
+    local token port t0 r
+    local -a pid
+    new_token
+    port=$(free_port) || { bad "no free port"; return; }
+    for r in 0 1 2; do
+        start_rank "$WORK/m.rank$r.log" "$r" 3 "$port" "$token" --comm-timeout 3 --lost-member
+        pid[$r]=$STARTED
+    done
+    t0=$(now)
+    await "${pid[1]}" "$t0" 60
+    [ "$RC" -eq 3 ] || bad "rank 1: expected its own exit (3), got $RC"
+    for r in 0 2; do
+        await "${pid[$r]}" "$t0" $((60 + 3 + SLACK))
+        if [ "$RC" -eq 124 ]; then
+            bad "rank $r still running $AT s after rank 1 exited: hangs"
+        elif [ "$RC" -eq 0 ]; then
+            bad "rank $r exited 0"
+        fi
+        expect_one_error "$WORK/m.rank$r.log" "rank $r" "rank 1 (\\(pid [0-9]+\\) of the communicator )?died$"
+    done
+    expect_gone "${pid[@]}"
+    expect_no_shm "$token"
+    [ $BAD -eq 0 ] || show_logs "$WORK"/m.rank*.log
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -783,6 +816,7 @@ run_case() { # name function
 
 run_case "a rank that never joins: every rank reports it, within the bootstrap timeout" case_never_joins
 run_case "a rank killed mid-collective: every other rank fails naming it" case_killed_rank
+run_case "a dead member nobody waits for: the timeout of the live ones names it" case_lost_member
 run_case "a wrong job token is rejected and the job goes on" case_wrong_token
 run_case "random bytes and a silent client on the bootstrap port are survived" case_random_bytes
 run_case "SIGTERM to a --nproc launcher stops every rank and leaves nothing" case_launcher_sigterm

@@ -2,7 +2,7 @@
 // count and placement, on the world and on split communicators, two in flight at once, async overlap
 // and point-to-point; the connections each communicator holds before and after its first use. Run as
 // `test_comm --nproc N [--transport auto|shm|tcp|verbs] [--algo A] [--quick|--small] [--device cpu|cuda]
-// [--exit-before-use R]` (or under a torchrun/Slurm environment; --exit-before-use: rank R exits once
+// [--exit-before-use R] [--lost-member]` (or under a torchrun/Slurm environment; --exit-before-use: rank R exits once
 // the world communicator is made, before any operation, for the failure tests).
 //
 // Every rank can compute every rank's input (a function of the world rank and the index), so each rank
@@ -16,9 +16,11 @@
 #define _GNU_SOURCE
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "collectives.h"
 #include "launch.h"
+#include "bootstrap.h"
 #include "common.h"
 #include "devmem.h"
 #include "hostmem.h"
@@ -468,6 +470,29 @@ static void suite(Comm *c, int full, int quick) {
     check_connections(c, AFTER_P2P);
 }
 
+// --lost-member (3 ranks, comm_failures.sh): rank 1 exits once every pair is open; when it is gone,
+// ranks 0 and 2 each wait to receive from the other, which never sends. Neither waits for rank 1,
+// and each waits for a live rank that waits in turn: the timeout must still name the dead rank 1.
+static void test_lost_member(Comm *world) {
+    int r = comm_rank(world);
+    if (comm_size(world) != 3) die("--lost-member runs on 3 ranks");
+    int32_t pid = (int32_t)getpid(), pids[3];
+    comm_all_gather(world, &pid, pids, 3, CT_I32);
+    comm_barrier(world);
+    if (r == 1) _exit(3);
+    char st[96];
+    const char *state;
+    double t0 = now_seconds();
+    while (!(state = process_state(pids[1], st, sizeof st)) || strcmp(state, "died")) {
+        if (now_seconds() - t0 > 120) die("rank 1 (pid %d) is still there 120 s after it exited", (int)pids[1]);
+        usleep(1000); // waiting for the condition, not standing in for it
+    }
+    int32_t never;
+    comm_recv(world, &never, sizeof never, r == 0 ? 2 : 0);
+    printf("FAIL rank %d: a receive nobody sends completed\n", r);
+    exit(1);
+}
+
 int main(int argc, char **argv) {
     for (int i = 1; i + 1 < argc; i++)
         if (!strcmp(argv[i], "--nproc")) return launch_local(atoi(argv[i + 1]), argc, argv, NULL);
@@ -476,9 +501,10 @@ int main(int argc, char **argv) {
     // --quick: the world suite up to 1000 elements (failure tests); --small: every suite up to 1000
     // elements (under emulation, where bandwidth is scarce)
     // --handoffs: only the hand-offs' counts (test_handoff_counts)
-    int quick = 0, small = 0, handoffs = 0, exit_unused = -1;
+    int quick = 0, small = 0, handoffs = 0, exit_unused = -1, lost = 0;
     for (int i = 1; i < argc; i++)
-        quick |= !strcmp(argv[i], "--quick"), small |= !strcmp(argv[i], "--small"), handoffs |= !strcmp(argv[i], "--handoffs");
+        quick |= !strcmp(argv[i], "--quick"), small |= !strcmp(argv[i], "--small"), handoffs |= !strcmp(argv[i], "--handoffs"),
+        lost |= !strcmp(argv[i], "--lost-member");
     for (int i = 1; i + 1 < argc; i++) {
         if (!strcmp(argv[i], "--comm-timeout")) opt.timeout = atof(argv[i + 1]);
         if (!strcmp(argv[i], "--exit-before-use")) exit_unused = atoi(argv[i + 1]);
@@ -506,6 +532,7 @@ int main(int argc, char **argv) {
     comm_use_device(world, DEV);
     int r = comm_rank(world), n = comm_size(world);
     if (r == exit_unused) exit(3); // a member gone before any pair of the world is open (comm_failures.sh)
+    if (lost) test_lost_member(world);
     if (!handoffs) suite(world, 1, quick || small);
     test_handoff_counts(world);
     if (!handoffs) test_pipeline_connections(world);
