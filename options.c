@@ -176,13 +176,15 @@ static const char USAGE[] =
     "  --pp-layers a,b,...        blocks per stage (default: equal, earlier stages one longer)\n"
     "  --pp-virtual V             interleaved 1F1B: each stage holds V chunks of blocks (stage s: chunks s,\n"
     "                             s+N, ...); bubble (N-1)/(V*M+N-1); M must be a multiple of N\n"
-    "  --pp-schedule S            1f1b (default), interleaved (default with --pp-virtual V > 1), zb-h1 (1F1B\n"
-    "                             with each backward split into input (B) and weight (W) halves, the Ws\n"
-    "                             filling the drain: bubble (N-1)(F+B-W) against (N-1)(F+B+W)), zb-v (two\n"
+    "  --pp-schedule S            1f1b (default), interleaved (needs --pp-virtual V > 1, its default there),\n"
+    "                             zb-h1 (1F1B with each backward split into input (B) and weight (W)\n"
+    "                             halves, the Ws filling the drain: bubble (N-1)(F+B-W) against\n"
+    "                             (N-1)(F+B+W)), zb-v (two\n"
     "                             chunks per stage in a V: stage s holds chunks s and 2N-1-s, so the first\n"
     "                             stage holds the embedding and the head; B and W apart; bubble about N-1\n"
-    "                             chunk forwards a step; implies --pp-virtual 2; needs --layers >= 2N); the\n"
-    "                             same final model, bitwise, whatever the schedule; all but 1f1b need --pp 2+\n"
+    "                             chunk forwards a step; implies --pp-virtual 2, takes no other; needs\n"
+    "                             --layers >= 2N); the same final model, bitwise, whatever the schedule;\n"
+    "                             all but 1f1b need --pp 2+\n"
     "  --pp-times F,B,W|auto      zb-v: build its action lists for these relative times of one forward, input-\n"
     "                             and weight-gradient pass (default 1,1,1, the paper's unit times; a run's\n"
     "                             --pp-schedule-dump measures them), or auto: the times the first step\n"
@@ -707,7 +709,7 @@ void parse_options(Options *o, int argc_in, char **argv_in) {
     *o = (Options){ .micro_batch = 4, .steps = 20, .val_steps = 10, .sample_tokens = 64, .lr = 3e-4f,
                     .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .clip = 1.0f, .temperature = 1.0f,
                     .seed = 1337, .dtype = -1, .schedule = "cosine", .bucket_mb = 25,
-                    .comm_timeout = 300, .tp = 1, .pp = 1, .pp_virtual = 1, .pp_schedule = -1, .cp = 1, .straggler = 0.5f,
+                    .comm_timeout = 300, .tp = 1, .pp = 1, .pp_virtual = 0, .pp_schedule = -1, .cp = 1, .straggler = 0.5f,
                     .straggler_steps = 5, .ib_gid_index = -1, .arch = -1, .tie = -1 };
     o->argv_store = argv;
     int first = 1;
@@ -744,9 +746,13 @@ void parse_options(Options *o, int argc_in, char **argv_in) {
     }
     if (o->mode != MODE_TRAIN) model_source(o);
     if (o->pp_schedule == SCHED_ZBV && o->pp > 1) { // two chunks per stage in a V (schedule.h)
-        if (o->pp_virtual > 2) die("--pp-schedule zb-v runs two chunks per stage (a V): --pp-virtual %d does not apply", o->pp_virtual);
+        if (o->pp_virtual && o->pp_virtual != 2)
+            die("--pp-schedule zb-v runs two chunks per stage (a V): --pp-virtual %d does not apply", o->pp_virtual);
         o->pp_virtual = 2;
     }
+    if (o->pp_schedule == SCHED_INTERLEAVED && o->pp > 1 && o->pp_virtual < 2) // (it would run 1F1B's order)
+        die("--pp-schedule interleaved needs --pp-virtual V of 2 or more chunks per stage%s", o->pp_virtual ? "" : " (default 1)");
+    if (!o->pp_virtual) o->pp_virtual = 1; // (0 until here: not given)
     schedule_check_times_kind(o->pp_schedule, o->pp_times_flag);
     check_options(o);
 }

@@ -669,6 +669,7 @@ int schedule_main(int argc, char **argv) {
     }
     if (!p || !m) die("./train schedule needs --pp P and --micro-batches M");
     if (kind < 0) kind = v > 1 ? SCHED_INTERLEAVED : SCHED_1F1B; // as training chooses
+    if (kind == SCHED_INTERLEAVED && v < 2) die("--pp-schedule interleaved needs --pp-virtual V of 2 or more chunks per rank");
     if (!v) v = kind == SCHED_ZBV ? 2 : 1;
     schedule_check_times_kind(kind, times_flag);
     Schedule s;

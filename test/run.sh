@@ -1458,6 +1458,7 @@ PYEOF
     for bad in "--pp 4 --micro-batches 6 --pp-virtual 2 --pp-schedule interleaved|--micro-batches 6 must be a multiple of --pp 4" \
         "--pp 4 --micro-batches 8 --pp-schedule zb-h2|--pp-schedule 'zb-h2': expected 1f1b, interleaved, zb-h1 or zb-v" \
         "--pp 4 --micro-batches 8 --pp-schedule zb-v --pp-virtual 1|zb-v runs two chunks per rank" \
+        "--pp 4 --micro-batches 8 --pp-schedule interleaved|--pp-schedule interleaved needs --pp-virtual V of 2 or more" \
         "--pp 0 --micro-batches 8|--pp must be between 1 and 64, got '0'" "--pp 2|needs --pp P and --micro-batches M" \
         "--pp 2 --micro-batches 8 --bogus 1|unknown flag '--bogus' for ./train schedule" \
         "--pp 2 --micro-batches 8 --ascii extra|unexpected argument 'extra' for ./train schedule"; do
@@ -1612,6 +1613,9 @@ PYEOF
     done
     local bad err
     for bad in "--pp-schedule zb-v --pp-virtual 3|--pp-schedule zb-v runs two chunks per stage (a V): --pp-virtual 3" \
+        "--pp-schedule zb-v --pp-virtual 1|--pp-schedule zb-v runs two chunks per stage (a V): --pp-virtual 1" \
+        "--pp-schedule interleaved|--pp-schedule interleaved needs --pp-virtual V of 2 or more chunks per stage (default 1)" \
+        "--pp-schedule interleaved --pp-virtual 1|--pp-schedule interleaved needs --pp-virtual V of 2 or more" \
         "--pp-schedule zb-v --layers 3|--pp-schedule zb-v places two chunks per stage: --pp 2 needs 4 blocks, the model has 3" \
         "--pp-schedule zb-v --pp-layers 2,2|--pp-layers cannot be combined with --pp-schedule zb-v" "--pp-schedule zb-h2|--pp-schedule must be 1f1b, interleaved, zb-h1 or zb-v, got 'zb-h2'" \
         "--pp-schedule 1f1b --pp-virtual 2|--pp-schedule 1f1b runs one chunk per stage: --pp-virtual 2" \
