@@ -145,9 +145,10 @@ static const char USAGE[] =
     "\n"
     "evaluation and output:\n"
     "  --val-every N              validation loss every N steps and at the end; 0 disables (default 0)\n"
-    "  --val-steps N              micro-batches per validation (default 10)\n"
+    "  --val-steps N              micro-batches per validation (default 10; with --val-every)\n"
     "  --sample-every N           print a sample every N steps and at the end; 0 disables (default 0)\n"
-    "  --sample-tokens N          tokens per sample (default 64, at most T - 1)\n"
+    "  --sample-tokens N          tokens per sample (default 64, at most T - 1; this and the next two\n"
+    "                             refine --sample-every and need it)\n"
     "  --temperature F            sampling temperature (default 1.0)\n"
     "  --top-k N                  sample among the N most likely tokens; 0 = all (default 0)\n"
     "  --log FILE                 JSON Lines: {\"step\",\"tokens\",\"loss\",\"lr\",\"grad_norm\",\"ms\",\"wall_ms\",...}\n"
@@ -715,8 +716,13 @@ void parse_options(Options *o, int argc_in, char **argv_in) {
     int first = 1;
     if (argc >= 2 && !strcmp(argv[1], "sample")) o->mode = MODE_SAMPLE, first = 2;
     else if (argc >= 2 && !strcmp(argv[1], "eval")) o->mode = MODE_EVAL, first = 2;
+    // flags that only refine another one (checked once all are read): the last of each given
+    const char *sampling = NULL, *val_steps = NULL, *hf_dtype = NULL;
     for (int i = first; i < argc; i++) {
         const char *f = argv[i];
+        if (!strcmp(f, "--sample-tokens") || !strcmp(f, "--temperature") || !strcmp(f, "--top-k")) sampling = f;
+        if (!strcmp(f, "--val-steps")) val_steps = f;
+        if (!strcmp(f, "--save-hf-dtype")) hf_dtype = f;
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
             fputs(o->mode == MODE_SAMPLE ? SAMPLE_USAGE : o->mode == MODE_EVAL ? EVAL_USAGE : USAGE, stdout);
             exit(0);
@@ -744,6 +750,11 @@ void parse_options(Options *o, int argc_in, char **argv_in) {
         if (strncmp(f, "--", 2) != 0) die("unexpected argument '%s' (see --help)", f);
         parse_valued_flag(o, argc, argv, &i);
     }
+    if (o->mode == MODE_TRAIN && sampling && !o->sample_every)
+        die("%s shapes the samples --sample-every N prints: it needs --sample-every (or ./train sample)", sampling);
+    if (o->mode == MODE_TRAIN && val_steps && !o->val_every)
+        die("--val-steps sets each validation's micro-batches: it needs --val PATTERN and --val-every N");
+    if (hf_dtype && !o->save_hf) die("--save-hf-dtype sets --save-hf's element type: it needs --save-hf DIR");
     if (o->mode != MODE_TRAIN) model_source(o);
     if (o->pp_schedule == SCHED_ZBV && o->pp > 1) { // two chunks per stage in a V (schedule.h)
         if (o->pp_virtual && o->pp_virtual != 2)

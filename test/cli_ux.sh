@@ -124,7 +124,7 @@ train --steps -1 --steps must be between 0 and 2147483647, got '-1'
 train --batch-tokens 2000G --batch-tokens must be between 1 and 1099511627776, got '2000G'
 train --seed 9223372036854775807 ok
 train --seed 9223372036854775808 --seed must be between 0 and 9223372036854775807
-train --val-steps 1e2 ok
+train --warmup 1e2 ok
 plan --gpus 99999999999 --gpus must be between 1 and 16777216, got '99999999999'
 plan --gpus 0x10 --gpus: unknown unit 'x10'
 plan --batch-tokens 0x10 --batch-tokens: unknown unit 'x10'

@@ -801,6 +801,11 @@ t_bad_input() {
     expect_error "hdr.bin: inconsistent model header" --init-from "$d/hdr.bin" --steps 0 || ok=1
     expect_error "heads.bin: inconsistent model header" --init-from "$d/heads.bin" --steps 0 || ok=1
     expect_error "unknown flag --bogus" "${base[@]}" --bogus 3 || ok=1
+    # a flag that refines another is refused alone (it would do nothing)
+    expect_error "--top-k shapes the samples --sample-every N prints: it needs --sample-every" "${base[@]}" --top-k 3 || ok=1
+    expect_error "--sample-tokens shapes the samples" "${base[@]}" -g 16 || ok=1
+    expect_error "--val-steps sets each validation's micro-batches: it needs --val PATTERN and --val-every N" "${base[@]}" --val-steps 2 || ok=1
+    expect_error "--save-hf-dtype sets --save-hf's element type: it needs --save-hf DIR" "${base[@]}" --save-hf-dtype bf16 || ok=1
     expect_error "--recompute must be none, selective or full, got 'some'" "${base[@]}" --recompute some || ok=1
     expect_error "steps expects an integer, got 'ten'" "${TINY[@]}" --steps ten || ok=1
     expect_error "lr expects a number" "${base[@]}" --lr 1e-3x || ok=1
