@@ -210,6 +210,14 @@ int ckpt_is_complete(const char *ckdir) {
     return stat(p, &st) == 0 && S_ISREG(st.st_mode);
 }
 
+const char *ckpt_named_problem(const char *path, char *buf, size_t cap) {
+    struct stat st;
+    if (stat(path, &st) != 0) return errno == ENOENT ? "does not exist" : strerror(errno);
+    if (!S_ISDIR(st.st_mode)) return "is not a directory (a checkpoint is one)";
+    if (!ckpt_is_complete(path)) return snprintf(buf, cap, "%s/" MANIFEST ": missing (an incomplete checkpoint)", path), buf;
+    return NULL;
+}
+
 int ckpt_newest_complete(const char *dir, int64_t *step) {
     int64_t *steps;
     int n = list_steps(dir, &steps), found = 0;
@@ -1336,10 +1344,8 @@ int ckpt_resume(const char *dir, const char *path, const char *flag, const GPT2 
     int rank = world ? comm_rank(world) : 0;
     int64_t *steps = NULL, n = 1;
     if (path) { // a checkpoint named: it must be a directory (what is in it, load_one checks)
-        struct stat st;
-        const char *bad = stat(path, &st) != 0 ? (errno == ENOENT ? "does not exist" : strerror(errno))
-                          : !S_ISDIR(st.st_mode)  ? "is not a directory (a checkpoint is one)"
-                                                  : NULL;
+        char buf[SAFE_PATH_MAX + 64];
+        const char *bad = ckpt_named_problem(path, buf, sizeof buf);
         int32_t lowest = reduce_i32(world, bad ? -rank : INT32_MIN, OP_MAX); // minus the lowest such rank
         if (lowest != INT32_MIN) {
             if (rank == -lowest) die("%s %s: %s", flag, path, bad);

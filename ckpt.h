@@ -76,6 +76,9 @@ void ckpt_path(const char *dir, int64_t step, char *out, size_t cap);
 
 // Whether directory ckdir is a complete checkpoint: it holds a manifest (a regular file), not verified.
 int ckpt_is_complete(const char *ckdir);
+// What makes `path`, named as a checkpoint to read, unusable at a first look (it does not exist, is
+// not a directory, has no manifest), in buf or a constant; NULL when it may be one.
+const char *ckpt_named_problem(const char *path, char *buf, size_t cap);
 
 // The step of the newest checkpoint in dir that has a manifest (1), or 0 when there is none. It is not
 // verified: ckpt_resume does that.

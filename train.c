@@ -596,6 +596,11 @@ static void check_outputs(const Trainer *t) {
     const Layout *l = &t->lay;
     char err[2 * SAFE_PATH_MAX] = "", target[SAFE_PATH_MAX];
     int bad = l->lead && output_clash(o, err, sizeof err) < 0;
+    if (!bad && l->lead && o->mode == MODE_TRAIN && o->resume_path) { // before any directory is made or locked
+        char buf[SAFE_PATH_MAX + 64];
+        const char *why = ckpt_named_problem(o->resume_path, buf, sizeof buf);
+        if (why) bad = snprintf(err, sizeof err, "--resume %s: %s", o->resume_path, why) > 0;
+    }
     if (!bad && l->lead && o->save_model) {
         int link = safe_check("--save-model", o->save_model, target, sizeof target, err, sizeof err);
         bad = link < 0;

@@ -852,6 +852,11 @@ t_bad_input() {
     expect_error "--ckpt-dir $d/m.bin is a file, not a directory" "${base[@]}" --train "$DATA/train.bin" --ckpt-dir "$d/m.bin" || ok=1
     expect_error "--resume $d/none: does not exist" "${base[@]}" --train "$DATA/train.bin" --resume "$d/none" || ok=1
     expect_error "--resume $d/m.bin: is not a directory" "${base[@]}" --train "$DATA/train.bin" --resume "$d/m.bin" || ok=1
+    # a --resume that cannot be read is refused before --ckpt-dir (or anything else) is made or locked
+    mkdir -p "$d/notckpt"
+    expect_error "--resume $d/notckpt: $d/notckpt/manifest.json: missing (an incomplete checkpoint)" "${base[@]}" --train "$DATA/train.bin" \
+        --resume "$d/notckpt" --ckpt-dir "$d/fresh" --save-hf "$d/fresh-hf" || ok=1
+    [ ! -e "$d/fresh" ] && [ ! -e "$d/fresh-hf" ] || { echo "a refused --resume left $(ls -d "$d"/fresh*)"; ok=1; }
     # sample and eval refuse what only training reads, eval what only sampling reads
     expect_error "./train sample: --lr is a training flag" sample --model "$d/m.bin" --lr 1e-3 || ok=1
     expect_error "./train eval: --shuffle is a training flag" eval --model "$d/m.bin" --val "$DATA/val.bin" --shuffle || ok=1
