@@ -52,7 +52,7 @@ typedef struct {
     _Atomic int32_t reported;   // it printed an error line
     _Atomic int32_t connecting_to; // world rank this rank opens a connection to (its progress thread may); -1: none
     _Atomic int32_t blamed;     // 1 + the world rank its error named as the cause (0: none yet)
-    int32_t pad[1];
+    _Atomic int32_t finished;   // it left the job cleanly (its last communicator destroyed)
     char op[48], comm[48];      // informational; written before waiting_on
 } BoardSlot;
 
@@ -275,6 +275,8 @@ void world_set_connecting(World *w, int peer) {
 void world_set_failed(World *w) {
     if (w->board) atomic_store(&w->board->slot[w->env.rank].failed, 1);
 }
+
+int world_rank_finished(const World *w, int rank) { return w->board && atomic_load(&w->board->slot[rank].finished); }
 
 int world_root_cause(World *w, int peer, char *why, size_t cap) {
     return board_chain(w->board, w->env.world, peer, w->ranks, w->env.node_id, why, cap);
@@ -935,6 +937,7 @@ void world_destroy(World *w) {
     if (w->store) store_stop(w->store);
     if (w->board) {
         atomic_store(&w->board->slot[w->env.rank].waiting_on, -1);
+        atomic_store(&w->board->slot[w->env.rank].finished, 1);
         die_set_filter(NULL);
         board_destroy(w->board, w->env.world);
     }

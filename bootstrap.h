@@ -92,6 +92,8 @@ void world_die_after(World *w, int peer, const char *fmt, ...) __attribute__((no
 // its world rank and writes what is known about it into why ("is stopped (by SIGSTOP ...)", "died",
 // "is not waiting for any rank", "is on another node").
 int world_root_cause(World *w, int peer, char *why, size_t cap);
+// Whether world rank `rank` has left the job cleanly (0 when there is no status board).
+int world_rank_finished(const World *w, int rank);
 
 // The launcher's side: a board for `world` ranks in a memfd the ranks inherit (its descriptor is
 // passed as LLM4D_BOARD_FD). Errors every rank prints alike are then printed once.

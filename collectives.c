@@ -633,14 +633,16 @@ static int waiter_spin(Comm *c, Waiter *wt, double *now) {
     return 0;
 }
 
-// A connected member of c other than `except` whose process has died or is stopped, as far as its
-// transport can tell (-1: none), its state in st. A wait that times out names it: the peer waited for
-// may itself be waiting, not for this rank's dead member, but for one of its own operations that
-// member holds up (two live ranks each waiting for the other's part, neither for the dead one).
+// A connected member of c other than `except` whose process has died (without leaving the job
+// cleanly) or is stopped, as far as its transport can tell (-1: none), its state in st. A wait that
+// times out names it: the peer waited for may itself be waiting, not for this rank's dead member, but
+// for one of its own operations that member holds up (two live ranks each waiting for the other's
+// part, neither for the dead one).
 static int lost_member(Comm *c, int except, char *st, size_t cap) {
     for (int r = 0; r < c->a.size; r++) {
         NetConn *pc = c->a.conn[r];
-        const char *state = pc && r != except ? pc->ops->peer_state(pc, st, cap) : NULL;
+        if (!pc || r == except || world_rank_finished(c->w, c->world_ranks[r])) continue;
+        const char *state = pc->ops->peer_state(pc, st, cap);
         if (!state) continue;
         if (state != st) snprintf(st, cap, "%s", state);
         return r;

@@ -312,7 +312,8 @@ case_killed_rank() {
 # m. a dead member that nobody waits for: rank 1 exits, then ranks 0 and 2 each wait to receive from
 #    the other (test_comm --lost-member). Each waits for a live rank that waits in turn; the timeout
 #    must name the dead rank 1, not the cycle between the live ones (the first to give up names it;
-#    the other may name it as the root cause of the first one's exit).
+#    the other may name it as the root cause of the first one's exit). Then rank 1 leaving cleanly
+#    instead: no error names it.
 
 case_lost_member() {
     local token port t0 r
@@ -338,6 +339,26 @@ case_lost_member() {
     expect_gone "${pid[@]}"
     expect_no_shm "$token"
     [ $BAD -eq 0 ] || show_logs "$WORK"/m.rank*.log
+    # rank 1 leaving cleanly instead (--lost-member clean: its world destroyed, exit 0) is no cause:
+    # the live ranks' errors do not name it
+    new_token
+    port=$(free_port) || { bad "no free port"; return; }
+    for r in 0 1 2; do
+        start_rank "$WORK/m2.rank$r.log" "$r" 3 "$port" "$token" --comm-timeout 3 --lost-member clean
+        pid[$r]=$STARTED
+    done
+    t0=$(now)
+    await "${pid[1]}" "$t0" 60
+    [ "$RC" -eq 0 ] || bad "rank 1 (clean): expected exit 0, got $RC"
+    for r in 0 2; do
+        await "${pid[$r]}" "$t0" $((60 + 3 + SLACK))
+        [ "$RC" -ne 0 ] && [ "$RC" -ne 124 ] || bad "rank $r (clean): exit status $RC"
+        expect_one_error "$WORK/m2.rank$r.log" "rank $r (clean)" "rank [02]"
+        if grep -q 'rank 1 ' "$WORK/m2.rank$r.log"; then bad "rank $r blames rank 1, which left cleanly"; fi
+    done
+    expect_gone "${pid[@]}"
+    expect_no_shm "$token"
+    [ $BAD -eq 0 ] || show_logs "$WORK"/m2.rank*.log
 }
 
 # ---------------------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 // count and placement, on the world and on split communicators, two in flight at once, async overlap
 // and point-to-point; the connections each communicator holds before and after its first use. Run as
 // `test_comm --nproc N [--transport auto|shm|tcp|verbs] [--algo A] [--quick|--small] [--device cpu|cuda]
-// [--exit-before-use R] [--lost-member]` (or under a torchrun/Slurm environment; --exit-before-use: rank R exits once
+// [--exit-before-use R] [--lost-member [clean]]` (or under a torchrun/Slurm environment; --exit-before-use: rank R exits once
 // the world communicator is made, before any operation, for the failure tests).
 //
 // Every rank can compute every rank's input (a function of the world rank and the index), so each rank
@@ -473,12 +473,15 @@ static void suite(Comm *c, int full, int quick) {
 // --lost-member (3 ranks, comm_failures.sh): rank 1 exits once every pair is open; when it is gone,
 // ranks 0 and 2 each wait to receive from the other, which never sends. Neither waits for rank 1,
 // and each waits for a live rank that waits in turn: the timeout must still name the dead rank 1.
-static void test_lost_member(Comm *world) {
+// --lost-member clean: rank 1 leaves the job cleanly instead (destroys the world, exits 0): then it is
+// not the cause, and the timeout names the cycle between the live ranks.
+static void test_lost_member(Comm *world, int clean) {
     int r = comm_rank(world);
     if (comm_size(world) != 3) die("--lost-member runs on 3 ranks");
     int32_t pid = (int32_t)getpid(), pids[3];
     comm_all_gather(world, &pid, pids, 3, CT_I32);
     comm_barrier(world);
+    if (r == 1 && clean) comm_destroy(world), exit(0);
     if (r == 1) _exit(3);
     char st[96];
     const char *state;
@@ -504,7 +507,7 @@ int main(int argc, char **argv) {
     int quick = 0, small = 0, handoffs = 0, exit_unused = -1, lost = 0;
     for (int i = 1; i < argc; i++)
         quick |= !strcmp(argv[i], "--quick"), small |= !strcmp(argv[i], "--small"), handoffs |= !strcmp(argv[i], "--handoffs"),
-        lost |= !strcmp(argv[i], "--lost-member");
+        lost |= !strcmp(argv[i], "--lost-member") ? 1 + (i + 1 < argc && !strcmp(argv[i + 1], "clean")) : 0;
     for (int i = 1; i + 1 < argc; i++) {
         if (!strcmp(argv[i], "--comm-timeout")) opt.timeout = atof(argv[i + 1]);
         if (!strcmp(argv[i], "--exit-before-use")) exit_unused = atoi(argv[i + 1]);
@@ -532,7 +535,7 @@ int main(int argc, char **argv) {
     comm_use_device(world, DEV);
     int r = comm_rank(world), n = comm_size(world);
     if (r == exit_unused) exit(3); // a member gone before any pair of the world is open (comm_failures.sh)
-    if (lost) test_lost_member(world);
+    if (lost) test_lost_member(world, lost == 2);
     if (!handoffs) suite(world, 1, quick || small);
     test_handoff_counts(world);
     if (!handoffs) test_pipeline_connections(world);
