@@ -288,11 +288,11 @@ static float validate(Pipeline *p, TokenSet *val, Comm *cp_comm, int B, int T, i
 // (every step from S on computes M ms longer). An item applies to launch N of --max-restarts (0, the
 // first launch, by default; the launcher sets LLM4D_LAUNCH).
 typedef struct {
-    int kill_step, ckpt_kill_step, nan_step, spike_step, slow_from, slow_ms;
+    int kill_step, ckpt_kill_step, nan_step, spike_step, slow_from, slow_ms, term_step, int_step;
 } Faults;
 
 static void parse_faults(Faults *f, int rank, int nranks) {
-    *f = (Faults){ -1, -1, -1, -1, -1, 0 };
+    *f = (Faults){ -1, -1, -1, -1, -1, 0, -1, -1 };
     const char *spec = getenv("LLM4D_FAULT"), *l = getenv("LLM4D_LAUNCH");
     if (!spec || !*spec) return;
     int launch = l ? (int)parse_int("LLM4D_LAUNCH", l, 0, INT32_MAX) : 0;
@@ -318,8 +318,9 @@ static void parse_faults(Faults *f, int rank, int nranks) {
         if (r >= nranks) die("LLM4D_FAULT: rank=%d is not a rank of this %d-rank job", r, nranks);
         int *slot = !strcmp(at, "kill") ? &f->kill_step : !strcmp(at, "ckpt-write") ? &f->ckpt_kill_step
                   : !strcmp(at, "nan") ? &f->nan_step : !strcmp(at, "spike") ? &f->spike_step
-                  : !strcmp(at, "slow") ? &f->slow_from : NULL;
-        if (!slot) die("LLM4D_FAULT: at=%s is not kill, ckpt-write, nan, spike or slow", at);
+                  : !strcmp(at, "slow") ? &f->slow_from : !strcmp(at, "sigterm") ? &f->term_step
+                  : !strcmp(at, "sigint") ? &f->int_step : NULL;
+        if (!slot) die("LLM4D_FAULT: at=%s is not kill, ckpt-write, nan, spike, slow, sigterm or sigint", at);
         if (r != rank || when != launch) continue;
         *slot = s;
         if (slot == &f->slow_from) f->slow_ms = ms;
@@ -395,7 +396,7 @@ typedef struct {
     Ckpt *ckpt;
     int ckpt_lock; // rank 0: the descriptor holding --ckpt-dir's lock (-1: none)
     int start_step, end_step, resumed;
-    int stopping;  // a stop signal reached some rank: the run ends at this boundary
+    int stopping;  // a stop signal reached some rank: the run ends at this boundary (or ended there anyway)
     int cut_short; // sample or eval stopped early by a stop signal (every rank alike)
     int32_t *inputs, *targets; // this rank's tokens of a step (its positions of them under context parallelism)
     int32_t *full_in, *full_tgt; // context parallelism: the whole sequences they are cut from
@@ -866,6 +867,8 @@ static int spike(Trainer *t, float loss, float norm) {
 static void train_step(Trainer *t, int step, StepResult *r) {
     Layout *l = &t->lay;
     if (step + 1 == t->faults.kill_step) raise(SIGKILL);
+    if (step + 1 == t->faults.term_step) raise(SIGTERM); // (a stop signal that comes during step S, for the tests)
+    if (step + 1 == t->faults.int_step) raise(SIGINT);
     double t0 = now_seconds(), tp_busy0 = l->tp.size > 1 ? comm_busy_seconds(l->tp.comm) : 0;
     double cp_busy0 = l->cp.comm ? comm_busy_seconds(l->cp.comm) + comm_busy_seconds(l->cp_grad) : 0;
     step_times_reset(&t->times);
@@ -933,6 +936,9 @@ static int step_boundary(Trainer *t, int step) {
                    step, t->o.steps, t->ckpt && step > t->start_step ? ", with a checkpoint" : "",
                    t->o.save_model ? " and the model saved" : "");
         t->end_step = step;
+    } else if (g[0] && step > t->start_step && t->lay.lead && t->o.mode == MODE_TRAIN) {
+        printf("received %s during the last step: the run ends as it would have (its last validation; no last sample)\n",
+               stop_name());
     }
     return step >= t->end_step;
 }
@@ -953,7 +959,8 @@ static void evaluate(Trainer *t, int step, int last) {
     if (t->resumed && step == t->start_step && o->mode == MODE_TRAIN) return;
     // a training run stopping on a signal evaluates only what the boundary would have without it, so
     // the resumed run's log reads as the uninterrupted run's (and the checkpoint comes sooner)
-    int end = last && !(o->mode == MODE_TRAIN && t->stopping);
+    // (a signal during the last step cuts nothing short: that end is evaluated as the run's end)
+    int end = last && !(o->mode == MODE_TRAIN && t->end_step < o->steps);
     if (o->val && o->val_every > 0 && (step % o->val_every == 0 || end)) {
         int done = o->val_steps;
         float vl = validate(&t->pipe, &t->val, t->lay.cp.comm, t->lay.B, t->lay.T, o->val_steps, o->mode == MODE_EVAL ? &done : NULL);

@@ -261,6 +261,36 @@ t_ckpt_sigint() {
     cmp "$d/ref.bin" "$d/resumed.bin"
 }
 
+# A stop signal that lands during the last step (LLM4D_FAULT at=sigterm / at=sigint: no clock) cuts
+# nothing short: the run ends as the uninterrupted one does, its last validation included (the resumed
+# run would have nothing left to train, so a skipped one would be lost), with the last checkpoint
+# written and the same model; SIGINT under --nproc 2 on rank 1 alike, exit 130 as for Ctrl-C.
+t_ckpt_signal_last_step() {
+    local d=$WORK/cklast ok=0
+    mkdir -p "$d"
+    local S=("${CK[@]}" --layers 2 --train "$DATA/train.bin" --batch-tokens 64 --steps 4 --val "$DATA/val.bin" --val-every 3)
+    local spec run st np
+    for np in 1 2; do # the uninterrupted runs
+        $TRAIN --nproc $np "${S[@]}" --log "$d/ref$np.jsonl" --save-model "$d/ref$np.bin" >/dev/null 2>&1 || return 1
+        grep '"val_loss"' "$d/ref$np.jsonl" >"$d/ref$np.val"
+        [ "$(wc -l <"$d/ref$np.val")" = 3 ] || { echo "FAIL: the reference validates $(wc -l <"$d/ref$np.val") times, expected 3 (steps 0, 3, 4)"; return 1; }
+    done
+    for spec in "sigterm|1|0" "sigint|2|130"; do
+        IFS='|' read -r sig np want <<<"$spec"
+        run=$d/$sig
+        LLM4D_FAULT="rank=$((np - 1)),step=4,at=$sig" $TRAIN --nproc $np "${S[@]}" --ckpt-dir "$run.ck" --log "$run.jsonl" \
+            --save-model "$run.bin" >"$run.out" 2>&1
+        st=$?
+        [ $st -eq $want ] || { echo "FAIL: $sig: exit status $st, expected $want"; tail -3 "$run.out"; ok=1; continue; }
+        grep -q "^received .* during the last step: the run ends as it would have" "$run.out" ||
+            { echo "FAIL: $sig: no line saying the signal came during the last step"; ok=1; }
+        grep '"val_loss"' "$run.jsonl" | cmp -s - "$d/ref$np.val" || { echo "FAIL: $sig: validation records differ:"; grep '"val_loss"' "$run.jsonl"; ok=1; }
+        [ -f "$run.ck/ckpt_00000004/manifest.json" ] || { echo "FAIL: $sig: no checkpoint of step 4"; ok=1; }
+        cmp -s "$run.bin" "$d/ref$np.bin" || { echo "FAIL: $sig: the model differs from the uninterrupted run's"; ok=1; }
+    done
+    return $ok
+}
+
 # --skip-spikes: a NaN loss on one rank (a silent data corruption) in the last step is skipped on every
 # rank, so the model equals the run one step shorter (constant learning rate); a 1000-fold loss spike
 # is skipped and counted; without --skip-spikes a NaN ends the run with one line.
