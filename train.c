@@ -12,6 +12,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <glob.h>
+#include <limits.h>
 #include <math.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -566,21 +567,62 @@ static int is_input(const char *path, const char *input) {
     return same;
 }
 
-// An output file that is an input or part of a checkpoint: the log is opened before the data is read
-// (emptying a shard it names), and every output replaces what is there. The trained model may take
-// --init-from's place (training on in place); it may not take data's.
+// tokenizer.bin beside the first file `pattern` matches (the tokenizer a run reads without
+// --tokenizer: open_tokenizer, vocab_of_data), in out; NULL when nothing matches.
+static const char *tokenizer_beside(const char *pattern, char *out, size_t cap) {
+    glob_t g;
+    if (!pattern || glob(pattern, 0, NULL, &g) != 0) return NULL;
+    char d[SAFE_PATH_MAX];
+    dir_of(g.gl_pathv[0], d, sizeof d);
+    globfree(&g);
+    snprintf(out, cap, "%s/tokenizer.bin", d);
+    return out;
+}
+
+// Where output file `path` will be: its directory resolved, then its name (empty when the directory
+// does not resolve: safe_check reports that).
+static void output_target(const char *path, char *out, size_t cap) {
+    char d[SAFE_PATH_MAX], real[PATH_MAX];
+    if (realpath(path, real)) { // there already (a symlink: its target, where the output goes)
+        snprintf(out, cap, "%s", real);
+        return;
+    }
+    dir_of(path, d, sizeof d);
+    const char *slash = strrchr(path, '/');
+    if (realpath(d, real)) snprintf(out, cap, "%s/%s", real, slash ? slash + 1 : path);
+    else out[0] = 0;
+}
+
+// An output file that is an input, another output or part of a checkpoint: the log is opened before
+// the data is read (emptying a shard it names), and every output replaces what is there. The trained
+// model may take --init-from's place (training on in place); it may not take data's.
 static int output_clash(const Options *o, char *err, size_t cap) {
     const char *out[3][2] = { { "--log", o->log }, { "--save-model", o->save_model }, { "--pp-schedule-dump", o->pp_schedule_dump } };
-    const char *in[4][2] = { { "--train", o->train }, { "--val", o->val }, { "--tokenizer", o->tokenizer }, { "--init-from", o->init_from } };
+    char tk[3][SAFE_PATH_MAX + 16];
+    const char *in[7][2] = { { "--train", o->train }, { "--val", o->val }, { "--tokenizer", o->tokenizer }, { "--init-from", o->init_from },
+                             // the tokenizers read without --tokenizer
+                             { "the tokenizer beside --train", o->tokenizer ? NULL : tokenizer_beside(o->train, tk[0], sizeof tk[0]) },
+                             { "the tokenizer beside --val", o->tokenizer ? NULL : tokenizer_beside(o->val, tk[1], sizeof tk[1]) },
+                             { "the tokenizer beside --init-from", o->tokenizer ? NULL : tokenizer_beside(o->init_from, tk[2], sizeof tk[2]) } };
     if (o->ckpt_dir && ckpt_is_complete(o->ckpt_dir))
         return snprintf(err, cap, "--ckpt-dir %s is a checkpoint (it holds manifest.json): give the directory that holds the checkpoints",
                         o->ckpt_dir), -1;
     for (int i = 0; i < 3; i++) {
         if (!out[i][1]) continue;
-        for (int j = 0; j < 4; j++)
+        for (int j = 0; j < 7; j++)
             if (!(i == 1 && j == 3) && is_input(out[i][1], in[j][1]))
-                return snprintf(err, cap, "%s %s is a file of %s %s: writing it would destroy that input", out[i][0], out[i][1], in[j][0],
-                                in[j][1]), -1;
+                return snprintf(err, cap, j < 4 ? "%s %s is a file of %s %s: writing it would destroy that input"
+                                                : "%s %s is %s (%s), which this run reads: writing it would destroy it",
+                                out[i][0], out[i][1], in[j][0], in[j][1]), -1;
+        char a[SAFE_PATH_MAX + PATH_MAX], b[SAFE_PATH_MAX + PATH_MAX];
+        output_target(out[i][1], a, sizeof a);
+        for (int j = 0; j < i && a[0]; j++) {
+            if (!out[j][1]) continue;
+            output_target(out[j][1], b, sizeof b);
+            if (!strcmp(a, b))
+                return snprintf(err, cap, "%s %s and %s %s are the same file: each would overwrite the other", out[j][0], out[j][1],
+                                out[i][0], out[i][1]), -1;
+        }
         char dir[SAFE_PATH_MAX];
         dir_of(out[i][1], dir, sizeof dir);
         if (ckpt_is_complete(dir))

@@ -840,6 +840,19 @@ t_bad_input() {
     expect_error "--val-every 2 needs --val PATTERN" "${base[@]}" --train "$DATA/train.bin" --val-every 2 || ok=1
     expect_error "--val $DATA/val.bin is read only with --val-every N" "${base[@]}" --train "$DATA/train.bin" --val "$DATA/val.bin" || ok=1
     cmp "$DATA/train.bin" "$d/shard.bin" || { echo "a refused run changed the --train shard"; ok=1; }
+    # the tokenizer a run reads beside its data without --tokenizer is an input too; two outputs on one file are refused
+    mkdir -p "$d/withtk"
+    cp "$DATA/train.bin" "$d/withtk/train.bin"
+    printf 'not a real tokenizer, but one this run would read' >"$d/withtk/tokenizer.bin"
+    cp "$d/withtk/tokenizer.bin" "$d/tk.keep"
+    expect_error "--log $d/withtk/tokenizer.bin is the tokenizer beside --train ($d/withtk/tokenizer.bin), which this run reads" \
+        "${base[@]}" --vocab 256 --train "$d/withtk/train.bin" --log "$d/withtk/tokenizer.bin" || ok=1
+    expect_error "--save-model $d/withtk/tokenizer.bin is the tokenizer beside --val" "${base[@]}" --train "$DATA/train.bin" \
+        --val "$d/withtk/train.bin" --val-every 1 --save-model "$d/withtk/tokenizer.bin" || ok=1
+    cmp "$d/tk.keep" "$d/withtk/tokenizer.bin" || { echo "a refused run changed the tokenizer beside the data"; ok=1; }
+    expect_error "--log $d/both and --save-model $d/./both are the same file" "${base[@]}" --train "$DATA/train.bin" \
+        --log "$d/both" --save-model "$d/./both" || ok=1
+    [ ! -e "$d/both" ] || { echo "a refused run wrote $d/both"; ok=1; }
     expect_error "--log $d/keep.bin is a file of --init-from $d/keep.bin" --init-from "$d/keep.bin" --steps 0 --log "$d/keep.bin" || ok=1
     cmp "$d/m.bin" "$d/keep.bin" || { echo "a refused run changed the --init-from model"; ok=1; }
     $ASAN "${base[@]}" --train "$DATA/train.bin" --ckpt-dir "$d/ck" --ckpt-every 2 >/dev/null || ok=1
