@@ -139,6 +139,12 @@ body = tok[1024:]
 assert all(body[2 * i] == 1 and body[2 * i + 1] == i for i in range(256)), "tokenizer is not byte-level"
 print("prepare round trip ok")
 EOF
+    # into a directory whose parents do not exist yet (the README's data/mine in a fresh checkout): the same files
+    $TRAIN prepare "$CORPUS" "$WORK/fresh/data/mine" >/dev/null || { echo "prepare into new parent directories failed"; return 1; }
+    local f
+    for f in train.bin val.bin tokenizer.bin; do
+        cmp "$DATA/$f" "$WORK/fresh/data/mine/$f" || { echo "prepare into new parent directories: $f differs"; return 1; }
+    done
 }
 
 # ---- tokenizers (prepare.c, tokenizer.c): ids against tiktoken and HF tokenizers (test/tokenizer_ref.py)
@@ -2087,7 +2093,7 @@ source test/emu.sh
 run_test kernels t_unit                    "unit tests (ASan+UBSan): kernels, formats, init"
 run_test kernels t_gemm_host               "tensor-core GEMM index arithmetic: tile order, split-K, swizzle, wgmma descriptors, TMA boxes (ASan+UBSan)"
 run_test kernels t_attention_host          "flash-attention kernels emulated on a model of ldmatrix and mma against double-precision attention (ASan+UBSan)"
-run_test cli     t_prepare_roundtrip       "prepare writes the bytes as shards and a byte tokenizer"
+run_test cli     t_prepare_roundtrip       "prepare writes the bytes as shards and a byte tokenizer, into new parent directories too"
 run_test data    t_token_gpt2_ids          "tokenizer gpt2: ids equal tiktoken and HF tokenizers on tinyshakespeare, license texts, stress text (invalid UTF-8, NUL); --tokenizer FILE the same"
 run_test data    t_token_threads           "tokenizer gpt2: --threads 1 and 2 bitwise, many chunks and one long line, equal tiktoken"
 run_test data    t_token_inputs            "tokenizer inputs: JSON Lines, stdin, directories, globs, --val-tokens, shard names, --skip-bad-lines"
