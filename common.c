@@ -288,20 +288,23 @@ int safe_check(const char *what, const char *path, char *target, size_t tcap, ch
     return link;
 }
 
+int make_parents(const char *what, const char *dir, char *err, size_t ecap) {
+    char part[SAFE_PATH_MAX];
+    if (snprintf(part, sizeof part, "%s", dir) >= (int)sizeof part) return snprintf(err, ecap, "%s: the path is too long", what), -1;
+    for (char *p = part + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(part, 0755) != 0 && errno != EEXIST)
+            return snprintf(err, ecap, "%s %s: cannot create the directory %s: %s", what, dir, part, strerror(errno)), -1;
+        *p = '/';
+    }
+    return 0;
+}
+
 int ensure_dir(const char *what, const char *dir, char *err, size_t ecap) {
     struct stat st;
     if (stat(dir, &st) != 0) {
         if (errno != ENOENT) return snprintf(err, ecap, "%s %s: %s", what, dir, strerror(errno)), -1;
-        // the missing parents first, as mkdir -p (data/mine in a fresh checkout)
-        char part[SAFE_PATH_MAX];
-        if (snprintf(part, sizeof part, "%s", dir) >= (int)sizeof part) return snprintf(err, ecap, "%s: the path is too long", what), -1;
-        for (char *p = part + 1; *p; p++) {
-            if (*p != '/') continue;
-            *p = 0;
-            if (mkdir(part, 0755) != 0 && errno != EEXIST)
-                return snprintf(err, ecap, "%s %s: cannot create the directory %s: %s", what, dir, part, strerror(errno)), -1;
-            *p = '/';
-        }
         if (mkdir(dir, 0755) != 0 && errno != EEXIST)
             return snprintf(err, ecap, "%s %s: cannot create the directory: %s", what, dir, strerror(errno)), -1;
         if (stat(dir, &st) != 0) return snprintf(err, ecap, "%s %s: %s", what, dir, strerror(errno)), -1;

@@ -63,6 +63,8 @@ int safe_check(const char *what, const char *path, char *target, size_t target_c
 // Removes PATH.tmp.PID files left by processes that no longer run (kill -9 or a crash mid-write);
 // returns how many. Temporaries of live processes are left alone.
 int safe_clean_stale(const char *path);
+// Creates the missing directories above dir (mkdir -p of its parents); -1 with err naming `what`.
+int make_parents(const char *what, const char *dir, char *err, size_t err_cap);
 // Makes directory DIR when missing (its parent must exist) and checks that it accepts new files.
 int ensure_dir(const char *what, const char *dir, char *err, size_t err_cap);
 // fsync of a directory, so that a rename or unlink inside it is durable.
