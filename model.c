@@ -83,7 +83,7 @@ GPT2Config gpt2_shape(const char *preset, int L, int C, int NH, int V, int max_s
     else if (!strcmp(name, "d24")) depth = 24;
     else if (!strcmp(name, "d36")) depth = 36;
     else if (!strcmp(name, "d48")) depth = 48;
-    else die("--model must be d12, d24, d36 or d48, got '%s'", name);
+    else die("--model must be d12, d24, d36 or d48 (GPT-2), or llama3-tiny, llama3.2-1b, llama3-8b, llama3-70b or llama3-405b, got '%s'", name);
     static const int channels[] = { 768, 1024, 1280, 1600 }, heads[] = { 12, 16, 20, 25 };
     cfg.L = L ? L : depth;
     cfg.C = C ? C : channels[depth / 12 - 1];

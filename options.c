@@ -33,7 +33,8 @@ static const char SAMPLE_USAGE[] =
     "  --seed S                   the sampling seed (default 1337): the same seed gives the same text on\n"
     "                             every layout\n"
     "  --tokenizer FILE           llm.c tokenizer file (default: tokenizer.bin beside the model file, or\n"
-    "                             beside the checkpoint directory); without one, token ids are printed\n"
+    "                             beside the checkpoint directory, or beside the training data its\n"
+    "                             manifest records); without one, token ids are printed\n"
     "  --seq-len T                the context window (default the model's maxT, at most 1024: a Llama's\n"
     "                             131072 would cost every token a forward over all of them)\n"
     "  and the layout and execution flags of training (./train --help): --device, --dtype, --threads,\n"
@@ -58,7 +59,7 @@ static const char EVAL_USAGE[] =
     "  it ran and their mean loss, exit 128 + the signal (143, 130); SIGUSR1 is ignored\n";
 
 static const char USAGE[] =
-    "usage: ./train [flags]                      train a GPT-2 model\n"
+    "usage: ./train [flags]                      train a GPT-2 or Llama model\n"
     "       ./train sample --model FILE|DIR [--prompt TEXT] [--tokens N --temperature F --top-k K --seed S]\n"
     "                                            text from a saved model or checkpoint (./train sample --help)\n"
     "       ./train eval --model FILE|DIR --val PATTERN [--batches N]\n"
@@ -135,7 +136,8 @@ static const char USAGE[] =
     "  --lr F                     peak learning rate (default 3e-4)\n"
     "  --warmup N                 linear warm-up steps: lr*(s+1)/N for s < N (default 0)\n"
     "  --schedule cosine|linear|constant\n"
-    "                             decay after warm-up from lr to lr*lr-min-frac at the last step\n"
+    "                             decay after warm-up from lr towards lr*lr-min-frac, reached one step\n"
+    "                             after the last (llm.c's formula)\n"
     "                             (default cosine)\n"
     "  --lr-min-frac F            final learning rate as a fraction of --lr (default 0.0)\n"
     "  --beta1 F --beta2 F --eps F\n"
@@ -177,11 +179,11 @@ static const char USAGE[] =
     "  --pp-layers a,b,...        blocks per stage (default: equal, earlier stages one longer)\n"
     "  --pp-virtual V             interleaved 1F1B: each stage holds V chunks of blocks (stage s: chunks s,\n"
     "                             s+N, ...); bubble (N-1)/(V*M+N-1); M must be a multiple of N\n"
-    "  --pp-schedule S            1f1b (default), interleaved (needs --pp-virtual V > 1, its default there),\n"
-    "                             zb-h1 (1F1B with each backward split into input (B) and weight (W)\n"
-    "                             halves, the Ws filling the drain: bubble (N-1)(F+B-W) against\n"
-    "                             (N-1)(F+B+W)), zb-v (two\n"
-    "                             chunks per stage in a V: stage s holds chunks s and 2N-1-s, so the first\n"
+    "  --pp-schedule S            1f1b (default at --pp-virtual 1), interleaved (needs --pp-virtual V > 1;\n"
+    "                             the default there), zb-h1 (1F1B with each backward split into input\n"
+    "                             (B) and weight (W) halves, the Ws filling the drain: bubble\n"
+    "                             (N-1)(F+B-W) against (N-1)(F+B+W)), zb-v (two chunks per stage in a V:\n"
+    "                             stage s holds chunks s and 2N-1-s, so the first\n"
     "                             stage holds the embedding and the head; B and W apart; bubble about N-1\n"
     "                             chunk forwards a step; implies --pp-virtual 2, takes no other; needs\n"
     "                             --layers >= 2N); the same final model, bitwise, whatever the schedule;\n"
@@ -242,8 +244,8 @@ static const char USAGE[] =
     "                             before it tried)\n"
     "  --allow-data-change        with --resume: continue on training data other than the checkpoint's\n"
     "                             (another content fingerprint or token count; refused without it)\n"
-    "  --max-restarts R           with --nproc: when a rank dies, relaunch the job from the newest complete\n"
-    "                             checkpoint, up to R times (default 0)\n"
+    "  --max-restarts R           with --nproc and --ckpt-dir: when a rank dies, relaunch the job from the\n"
+    "                             newest complete checkpoint, up to R times (default 0)\n"
     "  --skip-spikes F            skip (and count) the update of a step whose loss or gradient norm is not\n"
     "                             finite or above F times its mean over the last 20 applied steps (0: off)\n"
     "  --straggler F              report a rank whose busy time (compute, and time it did not run, e.g.\n"
@@ -538,6 +540,7 @@ static void parse_valued_flag(Options *o, int argc, char **argv, int *ip) {
         else if (!strcmp(v, "bf16")) o->save_hf_dtype = DT_BF16;
         else die("--save-hf-dtype must be fp32 or bf16, got '%s'", v);
     }
+    else if (strchr(f, '=')) die("%s: flags take their value as the next argument (--flag VALUE, not --flag=VALUE; see --help)", f);
     else die("unknown flag %s (see --help)", f);
 #undef IS
     *ip = i;

@@ -644,7 +644,7 @@ int schedule_main(int argc, char **argv) {
                    "                           --pp-times) and print their bubble under them beside the unit lists'\n"
                    "  --ascii                  the timeline alone, one narrow cell per unit (the README's pictures)\n"
                    "  --pp-schedule-dump FILE  also write the action lists with their unit-time start and end as a\n"
-                   "                           tab-separated table (schedule.h; scripts/plot.py schedule draws it)\n");
+                   "                           tab-separated table (schedule.h; scripts/plot.py --schedule FILE draws it)\n");
             return 0;
         }
         if (!strcmp(f, "--ascii")) {

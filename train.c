@@ -38,17 +38,23 @@
 #include "prepare.h"
 #include "zero.h"
 
+// tokenizer.bin beside the first file `pattern` matches (the tokenizer a run reads without
+// --tokenizer: open_tokenizer, vocab_of_data), in out; NULL when nothing matches.
+static const char *tokenizer_beside(const char *pattern, char *out, size_t cap) {
+    glob_t g;
+    if (!pattern || glob(pattern, 0, NULL, &g) != 0) return NULL;
+    char d[SAFE_PATH_MAX];
+    dir_of(g.gl_pathv[0], d, sizeof d);
+    globfree(&g);
+    snprintf(out, cap, "%s/tokenizer.bin", d);
+    return out;
+}
+
 // The vocabulary of the tokenizer file beside the first training shard (tokenizer.bin, as ./train
 // prepare writes it), when --vocab is not given: 0 when there is none.
 static int vocab_of_data(const Options *o) {
-    if (!o->train || o->steps == 0) return 0;
-    glob_t g;
-    if (glob(o->train, 0, NULL, &g) != 0) return 0; // no match: tokenset_open reports it
-    char dir[SAFE_PATH_MAX], path[SAFE_PATH_MAX + 16];
-    const char *first = g.gl_pathv[0], *slash = strrchr(first, '/');
-    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - first) : 1, slash ? first : ".");
-    globfree(&g);
-    snprintf(path, sizeof path, "%s/tokenizer.bin", dir);
+    char path[SAFE_PATH_MAX + 16];
+    if (!o->train || o->steps == 0 || !tokenizer_beside(o->train, path, sizeof path)) return 0; // no match: tokenset_open reports it
     struct stat st;
     if (stat(path, &st) != 0) return 0;
     Tokenizer tk;
@@ -467,21 +473,24 @@ static void setup_batch(Trainer *t) {
 }
 
 // The tokenizer that prints samples and encodes --prompt: --tokenizer, else tokenizer.bin beside the
-// first training shard, the model file, the checkpoint's directory or the first --val shard.
+// first training shard, the model file, the checkpoint's directory, the first --val shard or the
+// training data a checkpoint records.
 static void open_tokenizer(Trainer *t) {
     const Options *o = &t->o;
     if (o->tokenizer) {
         tokenizer_load(&t->tk, o->tokenizer);
         t->have_tk = 1;
     } else {
-        char dir[SAFE_PATH_MAX], path[SAFE_PATH_MAX + 16];
-        const char *near[4] = { t->have_train ? t->train.shards[0].path : NULL, o->init_from, NULL,
-                                o->val ? t->val.shards[0].path : NULL };
+        char dir[SAFE_PATH_MAX], path[SAFE_PATH_MAX + 16], recorded[SAFE_PATH_MAX + 16];
+        const char *near[5] = { t->have_train ? t->train.shards[0].path : NULL, o->init_from, NULL,
+                                o->val ? t->val.shards[0].path : NULL, NULL };
         if (o->resume_path && o->mode != MODE_TRAIN) { // DIR/ckpt_X: beside DIR (where the shards or the model were)
             dir_of(o->resume_path, dir, sizeof dir);
             near[2] = dir;
+            // (the manifest's --train, as the training run named it: from where that run started)
+            near[4] = t->src.train[0] ? tokenizer_beside(t->src.train, recorded, sizeof recorded) : NULL;
         }
-        for (int i = 0; i < 4 && !t->have_tk; i++) {
+        for (int i = 0; i < 5 && !t->have_tk; i++) {
             if (!near[i]) continue;
             char d[SAFE_PATH_MAX];
             dir_of(near[i], d, sizeof d);
@@ -565,18 +574,6 @@ static int is_input(const char *path, const char *input) {
         same = stat(g.gl_pathv[i], &in) == 0 && in.st_dev == out.st_dev && in.st_ino == out.st_ino;
     globfree(&g);
     return same;
-}
-
-// tokenizer.bin beside the first file `pattern` matches (the tokenizer a run reads without
-// --tokenizer: open_tokenizer, vocab_of_data), in out; NULL when nothing matches.
-static const char *tokenizer_beside(const char *pattern, char *out, size_t cap) {
-    glob_t g;
-    if (!pattern || glob(pattern, 0, NULL, &g) != 0) return NULL;
-    char d[SAFE_PATH_MAX];
-    dir_of(g.gl_pathv[0], d, sizeof d);
-    globfree(&g);
-    snprintf(out, cap, "%s/tokenizer.bin", d);
-    return out;
 }
 
 // Where output file `path` will be: its directory resolved, then its name (empty when the directory

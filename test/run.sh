@@ -392,6 +392,21 @@ t_sample_long_context() {
     out=$(timeout 120 $TRAIN sample --model "$d" --tokens 3 --threads 1 --seq-len 96 2>&1) || { echo "sample --seq-len 96 failed"; return 1; }
     grep -q '1 micro-batch(es) of 4 x 96 on each' <<<"$out" || { echo "--seq-len 96: got: $(grep batch: <<<"$out")"; return 1; }
 }
+# sample from a checkpoint kept away from its data finds the tokenizer beside the training data the
+# manifest records: the same text as with that --tokenizer named (and not the ids printed without one)
+t_sample_recorded_tokenizer() {
+    local d=$WORK/rectk a b
+    mkdir -p "$d/data"
+    cp "$DATA/train.bin" "$DATA/tokenizer.bin" "$d/data/"
+    $TRAIN --train "$d/data/train.bin" --layers 1 --channels 32 --heads 2 --seq-len 32 --micro-batch 2 --batch-tokens 64 --steps 1 \
+        --ckpt-dir "$d/ck" --ckpt-every 1 >/dev/null || return 1
+    a=$($TRAIN sample --model "$d/ck/ckpt_00000001" --tokens 8 --seed 3 2>&1 | tail -n 1)
+    b=$($TRAIN sample --model "$d/ck/ckpt_00000001" --tokens 8 --seed 3 --tokenizer "$d/data/tokenizer.bin" 2>&1 | tail -n 1)
+    [ -n "$a" ] && [ "$a" = "$b" ] || { echo "FAIL: without --tokenizer '$a', with it '$b'"; return 1; }
+    mv "$d/data/tokenizer.bin" "$d/tk"
+    b=$($TRAIN sample --model "$d/ck/ckpt_00000001" --tokens 8 --seed 3 2>&1 | tail -n 1)
+    [ "$a" != "$b" ] || { echo "FAIL: the same output without any tokenizer: '$b'"; return 1; }
+}
 # A stop signal ends sample and eval where they are (between tokens, between batches), on every rank
 # alike, with one line saying how far they got and exit 128 + the signal; SIGUSR1 (nothing to
 # checkpoint) leaves them running. 1000 tokens of a 4-layer C 256 model (each a forward over the
@@ -1802,7 +1817,7 @@ t_plan_bad_input() {
     expect_error "--attention must be flash or full" "${p[@]}" --attention paged || ok=1
     expect_error "--dtype must be bf16 or fp32, got 'fp16'" "${p[@]}" --dtype fp16 || ok=1
     expect_error "--zero must be between 0 and 3, got '4'" "${p[@]}" --zero 4 || ok=1
-    expect_error "--model must be d12, d24, d36 or d48, got 'd13'" "${p[@]}" --model d13 || ok=1
+    expect_error "--model must be d12, d24, d36 or d48 (GPT-2), or llama3-tiny, llama3.2-1b, llama3-8b, llama3-70b or llama3-405b, got 'd13'" "${p[@]}" --model d13 || ok=1
     expect_error "channels (768) must be divisible by heads (5)" "${p[@]}" --heads 5 || ok=1
     expect_error "--seq-len 2048 is above the model's maximum sequence length 1024" "${p[@]}" --seq-len 2048 || ok=1
     expect_error "--params needs --layers and --channels" "${p[@]}" --params 70B || ok=1
@@ -2122,6 +2137,7 @@ run_test model   t_grad_accum              "gradient accumulation equals the lar
 run_test model   t_determinism             "bitwise determinism across reruns and thread counts (fp32 and bf16)"
 run_test cli     t_cli_ux                  "every subcommand's --help; llm.c's short flags; one number parser (trainer and planner); defaults from the data"
 run_test cli     t_sample_long_context     "sample on a Hugging Face Llama of 131072 positions: a 1024-token window unless --seq-len says otherwise"
+run_test cli     t_sample_recorded_tokenizer "sample from a checkpoint away from its data decodes with the tokenizer beside the training data its manifest records"
 run_test cli     t_sample_stop             "SIGTERM and SIGINT stop sample and eval between tokens and batches, on every rank alike: one line, exit 128 + the signal"
 run_test cli     t_sample_eval             "sample and eval: the training run's validation loss on every layout, PyTorch's loss and greedy decoding, seeded samples"
 run_test cli     t_profile                 "--profile splits each step into matmuls, attention and the rest"
