@@ -403,6 +403,7 @@ typedef struct {
     Ckpt *ckpt;
     int ckpt_lock; // rank 0: the descriptor holding --ckpt-dir's lock (-1: none)
     int start_step, end_step, resumed;
+    int val_batches; // --val-steps (eval's --batches), at most the batches of distinct windows --val holds
     int stopping;  // a stop signal reached some rank: the run ends at this boundary (or ended there anyway)
     int cut_short; // sample or eval stopped early by a stop signal (every rank alike)
     int32_t *inputs, *targets; // this rank's tokens of a step (its positions of them under context parallelism)
@@ -532,7 +533,16 @@ static void open_data(Trainer *t) {
         tokenset_open(&t->train, o->train, "--train", t->cfg.V, t->lay.T, o->shuffle, o->seed);
         tokenset_read(&t->train, 0, 1, &t0);
     }
-    if (o->val) tokenset_open(&t->val, o->val, "--val", t->cfg.V, t->lay.T, 0, o->seed);
+    if (o->val) {
+        tokenset_open(&t->val, o->val, "--val", t->cfg.V, t->lay.T, 0, o->seed);
+        // batches of distinct windows only, as llm.c caps its validation: more would repeat them
+        uint64_t fit = t->val.windows / (uint64_t)t->lay.B;
+        t->val_batches = fit < (uint64_t)o->val_steps ? (fit ? (int)fit : 1) : o->val_steps;
+        if (t->val_batches < o->val_steps && t->lay.lead && (o->mode == MODE_EVAL || o->val_every > 0))
+            printf("note: --val holds %llu window(s) of %d tokens: %d batch(es) of %d, not the %d %s asks for (more would "
+                   "repeat windows)\n", (unsigned long long)t->val.windows, t->lay.T, t->val_batches, t->lay.B, o->val_steps,
+                   o->mode == MODE_EVAL ? "--batches" : "--val-steps");
+    }
     open_tokenizer(t);
     // what samples continue: --prompt, else the first training token, else the end-of-text token
     if (o->prompt) {
@@ -1001,16 +1011,16 @@ static void evaluate(Trainer *t, int step, int last) {
     // (a signal during the last step cuts nothing short: that end is evaluated as the run's end)
     int end = last && !(o->mode == MODE_TRAIN && t->end_step < o->steps);
     if (o->val && o->val_every > 0 && (step % o->val_every == 0 || end)) {
-        int done = o->val_steps;
-        float vl = validate(&t->pipe, &t->val, t->lay.cp.comm, t->lay.B, t->lay.T, o->val_steps, o->mode == MODE_EVAL ? &done : NULL);
-        if (done < o->val_steps) {
+        int done = t->val_batches;
+        float vl = validate(&t->pipe, &t->val, t->lay.cp.comm, t->lay.B, t->lay.T, t->val_batches, o->mode == MODE_EVAL ? &done : NULL);
+        if (done < t->val_batches) {
             t->cut_short = 1;
             if (t->lay.lead)
                 fprintf(stderr, "received %s: eval stopped after %d of %d batches (their mean loss %.6f)\n", stop_name(), done,
-                        o->val_steps, done ? vl : NAN);
+                        t->val_batches, done ? vl : NAN);
         } else if (o->mode == MODE_EVAL && t->lay.lead)
             printf("eval %s: loss %.6f | perplexity %.4f | %d batch(es) of %d x %d tokens from %s\n", o->model_path, vl,
-                   exp(vl), o->val_steps, t->lay.B, t->lay.T, o->val);
+                   exp(vl), t->val_batches, t->lay.B, t->lay.T, o->val);
         else
             report_val(&t->rep, step, vl);
     }

@@ -407,6 +407,25 @@ t_sample_recorded_tokenizer() {
     b=$($TRAIN sample --model "$d/ck/ckpt_00000001" --tokens 8 --seed 3 2>&1 | tail -n 1)
     [ "$a" != "$b" ] || { echo "FAIL: the same output without any tokenizer: '$b'"; return 1; }
 }
+# eval (and validation) reads batches of distinct windows only: --batches beyond what --val holds is
+# capped, with a note, to W / B batches (W = (tokens - 1) / T, from the shard's header), the same loss
+t_eval_batches_cap() {
+    local d=$WORK/evcap a b n w cap
+    mkdir -p "$d"
+    head -c $((1024 + 2 * 2001)) "$DATA/val.bin" >"$d/val.bin" # 2001 tokens: the header's count must say so
+    $PY -c 'import sys, numpy as np
+b = bytearray(open(sys.argv[1], "rb").read()); h = np.frombuffer(b[:1024], dtype=np.int32).copy(); h[2] = 2001
+b[:1024] = h.tobytes(); open(sys.argv[1], "wb").write(b)' "$d/val.bin" || return 1
+    $TRAIN --train "$DATA/train.bin" --layers 1 --channels 32 --heads 2 --seq-len 32 --micro-batch 4 --batch-tokens 128 --steps 1 \
+        --save-model "$d/m.bin" >/dev/null || return 1
+    w=$(( (2001 - 1) / 32 )) cap=$(( w / 4 )) # 62 windows, 15 batches of 4
+    a=$($TRAIN eval --model "$d/m.bin" --val "$d/val.bin" --batches $((cap + 40)) 2>&1) || { echo "eval failed: $a"; return 1; }
+    b=$($TRAIN eval --model "$d/m.bin" --val "$d/val.bin" --batches $cap 2>&1) || return 1
+    grep -q "^note: --val holds $w window(s) of 32 tokens: $cap batch(es) of 4, not the $((cap + 40)) --batches asks for" <<<"$a" ||
+        { echo "FAIL: no note of the cap: $(grep -E 'note|eval' <<<"$a")"; return 1; }
+    [ "$(grep '^eval' <<<"$a")" = "$(grep '^eval' <<<"$b")" ] || { echo "FAIL: capped '$(grep '^eval' <<<"$a")' vs '$(grep '^eval' <<<"$b")'"; return 1; }
+    grep -q "| $cap batch(es) of 4 x 32" <<<"$a" || { echo "FAIL: $(grep '^eval' <<<"$a")"; return 1; }
+}
 # A stop signal ends sample and eval where they are (between tokens, between batches), on every rank
 # alike, with one line saying how far they got and exit 128 + the signal; SIGUSR1 (nothing to
 # checkpoint) leaves them running. 1000 tokens of a 4-layer C 256 model (each a forward over the
@@ -2138,6 +2157,7 @@ run_test model   t_determinism             "bitwise determinism across reruns an
 run_test cli     t_cli_ux                  "every subcommand's --help; llm.c's short flags; one number parser (trainer and planner); defaults from the data"
 run_test cli     t_sample_long_context     "sample on a Hugging Face Llama of 131072 positions: a 1024-token window unless --seq-len says otherwise"
 run_test cli     t_sample_recorded_tokenizer "sample from a checkpoint away from its data decodes with the tokenizer beside the training data its manifest records"
+run_test cli     t_eval_batches_cap        "eval --batches beyond the --val data's distinct windows is capped to them, with a note: the same loss"
 run_test cli     t_sample_stop             "SIGTERM and SIGINT stop sample and eval between tokens and batches, on every rank alike: one line, exit 128 + the signal"
 run_test cli     t_sample_eval             "sample and eval: the training run's validation loss on every layout, PyTorch's loss and greedy decoding, seeded samples"
 run_test cli     t_profile                 "--profile splits each step into matmuls, attention and the rest"
