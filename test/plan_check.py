@@ -13,6 +13,7 @@ usage: plan_check.py TRAIN_BINARY README.md
 import json
 import math
 import re
+import shlex
 import subprocess
 import sys
 
@@ -377,6 +378,38 @@ def check_published():
         print("ok: %s: %d parameters (published %.4g B)" % (name, got, published / 1e9))
 
 
+def check_readme_commands():
+    """Every README block that shows `$ ./train plan FLAGS` with its output shows what the command
+    prints today: each of its lines (but `...` and the lines after a `$ ./train plan ...` variant)
+    is a line of the command's output."""
+    text = open(README).read()
+    blocks = 0
+    for m in re.finditer(r"```\n(\$ \./train plan .*?)```", text, re.S):
+        lines = m.group(1).split("\n")
+        cmd, i = [], 0
+        while True:  # the command, with its continuation lines
+            part = lines[i][2:] if i == 0 else lines[i].strip()
+            cmd.append(part.rstrip("\\").strip())
+            i += 1
+            if not part.endswith("\\"):
+                break
+        if "..." in " ".join(cmd):
+            continue
+        body = []
+        for line in lines[i:]:
+            if line.startswith("$ "):
+                break
+            if line.strip() and line.strip() != "..." and not line.startswith("... "):
+                body.append(line)
+        args = shlex.split(" ".join(cmd))[1:]
+        out = subprocess.run([TRAIN] + args, capture_output=True, text=True, check=True).stdout.split("\n")
+        missing = [line for line in body if line not in out]
+        assert not missing, "README's `./train %s` shows a line the command no longer prints:\n%s" % (" ".join(args), missing[0])
+        blocks += 1
+    assert blocks >= 4, "found %d README plan examples" % blocks
+    print("ok: the README's %d `./train plan` examples show what the commands print" % blocks)
+
+
 def main():
     for args, case in CASES:
         check_case(args, case)
@@ -387,6 +420,7 @@ def main():
                                "--recompute full"])
     check_published()
     check_ranking()
+    check_readme_commands()
 
 
 main()
