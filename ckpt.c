@@ -214,7 +214,16 @@ const char *ckpt_named_problem(const char *path, char *buf, size_t cap) {
     struct stat st;
     if (stat(path, &st) != 0) return errno == ENOENT ? "does not exist" : strerror(errno);
     if (!S_ISDIR(st.st_mode)) return "is not a directory (a checkpoint is one)";
-    if (!ckpt_is_complete(path)) return snprintf(buf, cap, "%s/" MANIFEST ": missing (an incomplete checkpoint)", path), buf;
+    if (!ckpt_is_complete(path)) {
+        int64_t *steps, newest;
+        int n = list_steps(path, &steps);
+        newest = n ? steps[0] : 0;
+        free(steps);
+        if (n) // the directory of them (a --ckpt-dir), not one
+            return snprintf(buf, cap, "is a directory of %d checkpoint(s), not one: name one (%s/ckpt_%08lld is the newest), or "
+                            "pass --ckpt-dir %s --resume", n, path, (long long)newest, path), buf;
+        return snprintf(buf, cap, "%s/" MANIFEST ": missing (an incomplete checkpoint)", path), buf;
+    }
     return NULL;
 }
 

@@ -910,6 +910,8 @@ t_bad_input() {
     expect_error "--resume $d/notckpt: $d/notckpt/manifest.json: missing (an incomplete checkpoint)" "${base[@]}" --train "$DATA/train.bin" \
         --resume "$d/notckpt" --ckpt-dir "$d/fresh" --save-hf "$d/fresh-hf" || ok=1
     [ ! -e "$d/fresh" ] && [ ! -e "$d/fresh-hf" ] || { echo "a refused --resume left $(ls -d "$d"/fresh*)"; ok=1; }
+    expect_error "--resume $d/ck: is a directory of 1 checkpoint(s), not one: name one ($d/ck/ckpt_00000002 is the newest), or pass --ckpt-dir $d/ck --resume" \
+        "${base[@]}" --train "$DATA/train.bin" --resume "$d/ck" || ok=1
     # sample and eval refuse what only training reads, eval what only sampling reads
     expect_error "./train sample: --lr is a training flag" sample --model "$d/m.bin" --lr 1e-3 || ok=1
     expect_error "./train eval: --shuffle is a training flag" eval --model "$d/m.bin" --val "$DATA/val.bin" --shuffle || ok=1
