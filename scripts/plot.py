@@ -62,7 +62,7 @@ def load_matplotlib():
 def read_log(path):
     steps, vals, mems = [], [], []
     try:
-        f = open(path)
+        f = open(path, encoding="utf-8", errors="replace")  # (a binary file: not a JSON line, below)
     except OSError as e:
         fail("cannot open %s: %s" % (path, e.strerror))
     with f:
