@@ -1921,7 +1921,7 @@ EOF
     local err
     err=$($PY scripts/plot.py "$d/bad.jsonl" -o "$d/bad.png" 2>&1)
     [ $? -ne 0 ] && [ "$err" = "error: $d/bad.jsonl:2: not a JSON line" ] || { echo "bad log: $err"; return 1; }
-    head -c 4096 /dev/urandom | tr '\n' x >"$d/binary.jsonl" # (not UTF-8: one line of error, no traceback)
+    printf '\xc6\xd7\x34\x01\xff\xfe\x80 a model, not a log' >"$d/binary.jsonl" # (not UTF-8: one line of error, no traceback)
     err=$($PY scripts/plot.py "$d/binary.jsonl" -o "$d/bad.png" 2>&1)
     [ $? -ne 0 ] && [ "$err" = "error: $d/binary.jsonl:1: not a JSON line" ] || { echo "binary log: $err"; return 1; }
     err=$($PY scripts/plot.py "$d/one.jsonl" -o "$d/missing/x.png" 2>&1)
