@@ -367,7 +367,11 @@ static void parse_plan(PlanInput *in, int argc, char **argv) {
         else if (IS("--gpus")) in->gpus = INT(1, 1 << 24);
         else if (IS("--gpus-per-node")) in->gpus_per_node = INT(1, 1 << 16);
         else if (IS("--max-tp")) in->max_tp = INT(1, 1 << 16);
-        else if (IS("--gpu-mem")) in->gpu_mem = parse_number(f, v, BYTE_UNITS, 1, 1e18, 0);
+        else if (IS("--gpu-mem")) {
+            in->gpu_mem = parse_number(f, v, BYTE_UNITS, 1, 1e18, 0);
+            if (in->gpu_mem < 1 << 20) // no GPU has less: a unit left out (80 for 80GB)
+                die("plan: --gpu-mem %s is %.0f bytes: give a unit, e.g. %sGB (1e9) or %sGiB (2^30)", v, in->gpu_mem, v, v);
+        }
         else if (IS("--intra-bw")) in->intra_bw = 1e9 * parse_number(f, v, NO_UNITS, 1e-6, 1e9, 0);
         else if (IS("--inter-bw")) in->inter_bw = 1e9 * parse_number(f, v, NO_UNITS, 1e-6, 1e9, 0);
         else if (IS("--intra-lat")) in->intra_lat = 1e-6 * parse_number(f, v, NO_UNITS, 0, 1e6, 0), g.lat_given = "--intra-lat";

@@ -1831,6 +1831,7 @@ t_plan_bad_input() {
     expect_error "--gpus must be between 1 and" plan --gpus 0 --batch-tokens 4M || ok=1
     expect_error "--gpus expects a whole number, got '8.5'" plan --gpus 8.5 --batch-tokens 4M || ok=1
     expect_error "--gpu-mem: unknown unit 'XB' in '80XB'" "${p[@]}" --gpu-mem 80XB || ok=1
+    expect_error "plan: --gpu-mem 80 is 80 bytes: give a unit, e.g. 80GB (1e9) or 80GiB (2^30)" "${p[@]}" --gpu-mem 80 || ok=1
     expect_error "--batch-tokens: unknown unit 'm'" plan --gpus 8 --batch-tokens 4m || ok=1
     expect_error "--flops expects a number, got 'fast'" "${p[@]}" --flops fast || ok=1
     expect_error "--intra-bw must be between" "${p[@]}" --intra-bw 0 || ok=1
