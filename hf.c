@@ -383,7 +383,9 @@ void hf_read(const HFCheckpoint *h, const char *name, int ndim, const int64_t *s
 // writing
 
 static void write_json(const char *path, json_t *j) {
-    char *text = json_dumps(j, JSON_INDENT(2) | JSON_SORT_KEYS);
+    // 9 significant digits: every real written comes from a float (shortest_float: 1e-05, not jansson's
+    // 17-digit 1.0000000000000001e-05), and 9 read back to the same float
+    char *text = json_dumps(j, JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(9));
     if (!text) die("out of memory");
     SafeFile sf;
     safe_open_or_die(&sf, path);

@@ -15,6 +15,7 @@ sharded, from F32, BF16 and F16 input, tied and untied. Usage: hf_check.py ./tra
 """
 import json
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -220,6 +221,10 @@ def via_model(case, src, cfg, expect, w, shard=None):
     keys = [k for k in cfg if k not in ("torch_dtype", "architectures")]
     report(all(cfg2.get(k) == cfg[k] for k in keys), f"{case}: the written config.json has the source's values " +
            str({k: (cfg.get(k), cfg2.get(k)) for k in keys if cfg2.get(k) != cfg[k]}))
+    # its reals as short as the floats they hold: no 17-digit 1.0000000000000001e-05 for 1e-5
+    reals = re.findall(r'": (-?[0-9]+\.[0-9]*(?:e[-+]?[0-9]+)?|-?[0-9]+e[-+]?[0-9]+)', open(os.path.join(out, "config.json")).read())
+    report(reals and all(len(re.sub(r"e.*|[-.]|^0+", "", x).rstrip("0")) <= 9 for x in reals),
+           f"{case}: the written config.json's reals have at most 9 significant digits: {reals}")
     raw2 = raw + "2"
     r = inspect(out, "--via-model", raw2)
     report(r.returncode == 0 and np.array_equal(np.fromfile(raw2, np.float32), vec),
