@@ -349,7 +349,10 @@ static void handle_signals(Launcher *L) {
                 continue;
             }
             if (L->res.cause == LAUNCH_OK) {
-                error_line("interrupted by %s; stopping the %d rank(s)", signame(sig), L->alive);
+                // not an error: a stop asked for, which the ranks make cleanly (a checkpoint, the model)
+                fflush(stdout);
+                fprintf(stderr, "received %s: stopping the %d rank(s) cleanly (a second signal kills them)\n",
+                        signame(sig), L->alive);
                 L->res = (LaunchResult){ LAUNCH_SIGNALLED, -1, sig, 128 + sig };
                 L->kill_at = now_seconds() + L->grace_signal;
             }

@@ -10,7 +10,8 @@
 #   d. random bytes (and a silent connection) on the bootstrap port
 #   g. a rank stopped with SIGSTOP under --nproc 4: every rank ends, one line names it
 #   h. silent connections to the ranks' data ports before the job forms (TCP transport)
-#   i. SIGUSR1 to the launcher, to its process group, and to ranks still starting: a clean stop
+#   i. SIGUSR1 to the launcher, to its process group, and to ranks still starting: a clean stop; SIGINT
+#      to the launcher: a clean stop, exit 130, no error line
 #   j. rank 0 killed at once, 3 times (--nproc 4 --tp 2 --pp 2): nothing in /dev/shm
 #   k. an error every rank detects is printed once, whole; ranks show as "<program> rN" in ps
 #   l. a clean --nproc 2 training under AddressSanitizer with leak detection: no leak
@@ -752,6 +753,18 @@ case_sigusr1() {
         le "$(since "$t0")" 30 || { bad "i3: the ranks did not start within 30 s"; return; }
     done
     usr1_verdict i3
+    # i4: SIGINT (Ctrl-C) to the launcher: the ranks stop cleanly, the model saved; the launcher says so
+    # in a line that is no error and exits 130
+    usr1_job i4
+    wait_step "$WORK/i4.jsonl" 2 60 || { bad "i4: no step 2 within 60 s"; return; }
+    kill -INT "$JOB"
+    t0=$(now)
+    await "$JOB" "$t0" 60
+    [ "$RC" -eq 130 ] || bad "i4: exit status $RC after SIGINT, expected 130"
+    grep -q "^received SIGINT: stopping the 2 rank(s) cleanly" "$WORK/i4.out" || bad "i4: no line saying the launcher stops the ranks"
+    grep -q "^saved $WORK/i4.bin" "$WORK/i4.out" || bad "i4: the model was not saved"
+    grep -q '^error: ' "$WORK/i4.out" && bad "i4: an error line after a clean stop: $(grep '^error: ' "$WORK/i4.out")"
+    [ $BAD -eq 0 ] || show_logs "$WORK/i4.out"
 }
 
 # ---------------------------------------------------------------------------------------------
