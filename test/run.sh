@@ -448,9 +448,14 @@ t_sample_stop() {
     [ $st -eq 143 ] || { echo "FAIL: sample after SIGTERM: exit status $st (expected 143)"; ok=1; }
     grep -Eq '^received SIGTERM: the sample stopped after [0-9]+ of 1000 tokens$' "$d/s1.err" ||
         { echo "FAIL: sample: no stop line: $(tail -n 2 "$d/s1.err")"; ok=1; }
-    stop_after_start INT "$d/e1" $TRAIN eval --model "$d/m.bin" --val "$DATA/val.bin" --batches 1000 --threads 1
+    # (eval reads distinct windows only: a shard of 400,000 tokens holds 97 batches of 4 x 1024)
+    $PY -c 'import sys, numpy as np
+b = open(sys.argv[1], "rb").read(); h = np.frombuffer(b[:1024], dtype=np.int32).copy()
+t = np.resize(np.frombuffer(b[1024:], dtype=np.uint16), 400000); h[2] = len(t)
+open(sys.argv[2], "wb").write(h.tobytes() + t.tobytes())' "$DATA/val.bin" "$d/val.bin" || return 1
+    stop_after_start INT "$d/e1" $TRAIN eval --model "$d/m.bin" --val "$d/val.bin" --batches 1000 --threads 1
     [ $st -eq 130 ] || { echo "FAIL: eval after SIGINT: exit status $st (expected 130)"; ok=1; }
-    grep -Eq '^received SIGINT: eval stopped after [0-9]+ of 1000 batches' "$d/e1.err" ||
+    grep -Eq '^received SIGINT: eval stopped after [0-9]+ of 97 batches' "$d/e1.err" ||
         { echo "FAIL: eval: no stop line: $(tail -n 2 "$d/e1.err")"; ok=1; }
     grep -q '^eval ' "$d/e1" && { echo "FAIL: eval printed a loss line for the batches it did not run"; ok=1; }
     # two pipeline stages: the launcher passes SIGUSR1 and SIGTERM on, the ranks ignore the first and
