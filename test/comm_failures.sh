@@ -316,20 +316,27 @@ case_killed_rank() {
 #    the other may name it as the root cause of the first one's exit). Then rank 1 leaving cleanly
 #    instead: no error names it.
 
-case_lost_member() {
-    local token port t0 r
-    local -a pid
+# lost_job TAG [clean]: ranks 0-2 of test_comm --lost-member [clean], logs $WORK/TAG.rankR.log; waits
+# for rank 1 (its status in RC) and leaves the pids in LOST
+lost_job() {
+    local r t0
     new_token
-    port=$(free_port) || { bad "no free port"; return; }
+    port=$(free_port) || { bad "no free port"; return 1; }
     for r in 0 1 2; do
-        start_rank "$WORK/m.rank$r.log" "$r" 3 "$port" "$token" --comm-timeout 3 --lost-member
-        pid[$r]=$STARTED
+        start_rank "$WORK/$1.rank$r.log" "$r" 3 "$port" "$token" --comm-timeout 3 --lost-member ${2:-}
+        LOST[$r]=$STARTED
     done
-    t0=$(now)
-    await "${pid[1]}" "$t0" 60
+    await "${LOST[1]}" "$(now)" 60
+}
+
+case_lost_member() {
+    local token port r t0
+    local -a LOST
+    lost_job m || return
     [ "$RC" -eq 3 ] || bad "rank 1: expected its own exit (3), got $RC"
+    t0=$(now)
     for r in 0 2; do
-        await "${pid[$r]}" "$t0" $((60 + 3 + SLACK))
+        await "${LOST[$r]}" "$t0" $((3 + SLACK + 5))
         if [ "$RC" -eq 124 ]; then
             bad "rank $r still running $AT s after rank 1 exited: hangs"
         elif [ "$RC" -eq 0 ]; then
@@ -337,27 +344,21 @@ case_lost_member() {
         fi
         expect_one_error "$WORK/m.rank$r.log" "rank $r" "rank 1 (\\(pid [0-9]+\\) of the communicator )?died$"
     done
-    expect_gone "${pid[@]}"
+    expect_gone "${LOST[@]}"
     expect_no_shm "$token"
     [ $BAD -eq 0 ] || show_logs "$WORK"/m.rank*.log
     # rank 1 leaving cleanly instead (--lost-member clean: its world destroyed, exit 0) is no cause:
     # the live ranks' errors do not name it
-    new_token
-    port=$(free_port) || { bad "no free port"; return; }
-    for r in 0 1 2; do
-        start_rank "$WORK/m2.rank$r.log" "$r" 3 "$port" "$token" --comm-timeout 3 --lost-member clean
-        pid[$r]=$STARTED
-    done
-    t0=$(now)
-    await "${pid[1]}" "$t0" 60
+    lost_job m2 clean || return
     [ "$RC" -eq 0 ] || bad "rank 1 (clean): expected exit 0, got $RC"
+    t0=$(now)
     for r in 0 2; do
-        await "${pid[$r]}" "$t0" $((60 + 3 + SLACK))
+        await "${LOST[$r]}" "$t0" $((3 + SLACK + 5))
         [ "$RC" -ne 0 ] && [ "$RC" -ne 124 ] || bad "rank $r (clean): exit status $RC"
         expect_one_error "$WORK/m2.rank$r.log" "rank $r (clean)" "rank [02]"
         if grep -q 'rank 1 ' "$WORK/m2.rank$r.log"; then bad "rank $r blames rank 1, which left cleanly"; fi
     done
-    expect_gone "${pid[@]}"
+    expect_gone "${LOST[@]}"
     expect_no_shm "$token"
     [ $BAD -eq 0 ] || show_logs "$WORK"/m2.rank*.log
 }
