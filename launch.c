@@ -241,6 +241,7 @@ typedef struct {
     Child *kid;
     int alive;
     double kill_at;    // when stopping: the end of the grace period, then SIGKILL
+    double signalled_at; // when the interrupt that stops the job came
     LaunchResult res;
 } Launcher;
 
@@ -345,7 +346,9 @@ static void handle_signals(Launcher *L) {
             signal_all(L->kid, L->nproc, SIGUSR1);
         } else if (sig != SIGCHLD) {
             if (L->res.cause == LAUNCH_SIGNALLED) { // a second interrupt: no more grace
-                signal_all(L->kid, L->nproc, SIGKILL);
+                // (one within a second of the first is that one delivered twice: timeout(1) signals
+                // its child, then its process group)
+                if (now_seconds() - L->signalled_at >= 1.0) signal_all(L->kid, L->nproc, SIGKILL);
                 continue;
             }
             if (L->res.cause == LAUNCH_OK) {
@@ -354,7 +357,8 @@ static void handle_signals(Launcher *L) {
                 fprintf(stderr, "received %s: stopping the %d rank(s) cleanly (a second signal kills them)\n",
                         signame(sig), L->alive);
                 L->res = (LaunchResult){ LAUNCH_SIGNALLED, -1, sig, 128 + sig };
-                L->kill_at = now_seconds() + L->grace_signal;
+                L->signalled_at = now_seconds();
+                L->kill_at = L->signalled_at + L->grace_signal;
             }
             terminate_all(L->kid, L->nproc, L->board);
         }

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "collectives.h"
@@ -114,14 +115,20 @@ static void write_raw(const char *dir, const char *name, const void *data, size_
 // SIGTERM (preemption, a launcher stopping its job), SIGUSR1 (Slurm's warning before the time limit)
 // and SIGINT (Ctrl-C on a single rank; the --nproc launcher turns it into SIGTERM for its ranks) ask for
 // a clean stop; the step loop reads this at every step boundary, and sampling and ./train eval between
-// tokens and batches (stop_agreed). A second one ends the process at once
-// (a step can be long). A rank that got SIGINT exits 130 after its checkpoint, as the launcher does.
+// tokens and batches (stop_agreed). A second one a second or more later ends the process at once (a
+// step can be long); one sooner is the same stop delivered twice (timeout(1) signals its child, then
+// its process group). A rank that got SIGINT exits 130 after its checkpoint, as the launcher does.
 static volatile sig_atomic_t stop_signal;
+static struct timespec stop_first; // when the first came (clock_gettime is async-signal-safe)
 static void on_stop_signal(int sig) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
     if (stop_signal) {
+        if ((double)(now.tv_sec - stop_first.tv_sec) + (double)(now.tv_nsec - stop_first.tv_nsec) * 1e-9 < 1.0) return;
         signal(sig, SIG_DFL);
         raise(sig);
     }
+    stop_first = now;
     stop_signal = sig;
 }
 
@@ -295,11 +302,11 @@ static float validate(Pipeline *p, TokenSet *val, Comm *cp_comm, int B, int T, i
 // (every step from S on computes M ms longer). An item applies to launch N of --max-restarts (0, the
 // first launch, by default; the launcher sets LLM4D_LAUNCH).
 typedef struct {
-    int kill_step, ckpt_kill_step, nan_step, spike_step, slow_from, slow_ms, term_step, int_step;
+    int kill_step, ckpt_kill_step, nan_step, spike_step, slow_from, slow_ms, term_step, int_step, term2_step;
 } Faults;
 
 static void parse_faults(Faults *f, int rank, int nranks) {
-    *f = (Faults){ -1, -1, -1, -1, -1, 0, -1, -1 };
+    *f = (Faults){ -1, -1, -1, -1, -1, 0, -1, -1, -1 };
     const char *spec = getenv("LLM4D_FAULT"), *l = getenv("LLM4D_LAUNCH");
     if (!spec || !*spec) return;
     int launch = l ? (int)parse_int("LLM4D_LAUNCH", l, 0, INT32_MAX) : 0;
@@ -326,8 +333,8 @@ static void parse_faults(Faults *f, int rank, int nranks) {
         int *slot = !strcmp(at, "kill") ? &f->kill_step : !strcmp(at, "ckpt-write") ? &f->ckpt_kill_step
                   : !strcmp(at, "nan") ? &f->nan_step : !strcmp(at, "spike") ? &f->spike_step
                   : !strcmp(at, "slow") ? &f->slow_from : !strcmp(at, "sigterm") ? &f->term_step
-                  : !strcmp(at, "sigint") ? &f->int_step : NULL;
-        if (!slot) die("LLM4D_FAULT: at=%s is not kill, ckpt-write, nan, spike, slow, sigterm or sigint", at);
+                  : !strcmp(at, "sigint") ? &f->int_step : !strcmp(at, "sigterm-twice") ? &f->term2_step : NULL;
+        if (!slot) die("LLM4D_FAULT: at=%s is not kill, ckpt-write, nan, spike, slow, sigterm, sigterm-twice or sigint", at);
         if (r != rank || when != launch) continue;
         *slot = s;
         if (slot == &f->slow_from) f->slow_ms = ms;
@@ -918,6 +925,7 @@ static void train_step(Trainer *t, int step, StepResult *r) {
     if (step + 1 == t->faults.kill_step) raise(SIGKILL);
     if (step + 1 == t->faults.term_step) raise(SIGTERM); // (a stop signal that comes during step S, for the tests)
     if (step + 1 == t->faults.int_step) raise(SIGINT);
+    if (step + 1 == t->faults.term2_step) raise(SIGTERM), raise(SIGTERM); // (each handled before raise returns)
     double t0 = now_seconds(), tp_busy0 = l->tp.size > 1 ? comm_busy_seconds(l->tp.comm) : 0;
     double cp_busy0 = l->cp.comm ? comm_busy_seconds(l->cp.comm) + comm_busy_seconds(l->cp_grad) : 0;
     step_times_reset(&t->times);

@@ -291,6 +291,22 @@ t_ckpt_signal_last_step() {
     return $ok
 }
 
+# One stop delivered twice at once (timeout(1) signals its child, then its process group) is one clean
+# stop: LLM4D_FAULT at=sigterm-twice raises SIGTERM twice in a row, each handled before the next (two
+# kill(1)s would merge into one pending signal): a checkpoint, the model saved, exit 0, not the end at
+# once that a second signal brings.
+t_ckpt_signal_twice() {
+    local d=$WORK/cktwice st
+    mkdir -p "$d"
+    LLM4D_FAULT="rank=0,step=3,at=sigterm-twice" $TRAIN "${CK[@]}" --layers 2 --train "$DATA/train.bin" --batch-tokens 64 \
+        --steps 100 --ckpt-dir "$d/c" --save-model "$d/m.bin" >"$d/out" 2>&1
+    st=$?
+    [ $st -eq 0 ] || { echo "FAIL: exit status $st after one doubled SIGTERM (expected 0)"; tail -3 "$d/out"; return 1; }
+    grep -q '^received SIGTERM: stopping cleanly after 3 of 100 steps, with a checkpoint and the model saved' "$d/out" ||
+        { echo "FAIL: no clean stop after step 3"; tail -3 "$d/out"; return 1; }
+    [ -f "$d/c/ckpt_00000003/manifest.json" ] && [ -f "$d/m.bin" ] || { echo "FAIL: no checkpoint of step 3 or no model"; return 1; }
+}
+
 # --skip-spikes: a NaN loss on one rank (a silent data corruption) in the last step is skipped on every
 # rank, so the model equals the run one step shorter (constant learning rate); a 1000-fold loss spike
 # is skipped and counted; without --skip-spikes a NaN ends the run with one line.

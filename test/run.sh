@@ -2216,6 +2216,7 @@ run_test ckpt    t_ckpt_restarts           "restarts: 10 injected rank deaths un
 run_test ckpt    t_ckpt_bad                "checkpoints: flipped byte, truncated or missing shard, missing manifest, incompatible, --keep"
 run_test ckpt    t_ckpt_full_disk          "checkpoints: a full disk leaves the previous checkpoint and the run going; a failed last checkpoint exits 1"
 run_test ckpt    t_ckpt_sigint             "SIGINT (Ctrl-C) on a single rank: checkpoint, exit 130; resuming is bitwise"
+run_test ckpt    t_ckpt_signal_twice       "one SIGTERM delivered twice at once (as timeout(1) does) is one clean stop: checkpoint, model, exit 0"
 run_test ckpt    t_ckpt_signal_last_step   "a stop signal during the last step (SIGTERM on one rank, SIGINT under --nproc 2): the last validation, checkpoint and model as without it"
 run_test ckpt    t_ckpt_sigterm            "SIGTERM: every rank checkpoints and exits 0; resuming is bitwise"
 run_test ckpt    t_ckpt_lock               "checkpoints: a second run into a held --ckpt-dir is refused naming the holder; its checkpoints stay"
