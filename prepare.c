@@ -545,10 +545,9 @@ static void prepare_dir(const Prep *p, Outputs *o) {
     if (stat(p->dir, &st) == 0) {
         if (!S_ISDIR(st.st_mode)) die("prepare: the output directory %s is a file", p->dir);
     } else if (errno == ENOENT) {
-        char err[2 * SAFE_PATH_MAX + 256]; // (its missing parents too: a new data directory, data/mine in a fresh checkout)
-        if (make_parents("prepare: output directory", p->dir, err, sizeof err) < 0 ||
-            ensure_dir("prepare: output directory", p->dir, err, sizeof err) < 0)
-            die("%s", err);
+        char err[2 * SAFE_PATH_MAX + 256]; // its missing parents first: a new data directory, data/mine in a fresh checkout
+        if (make_parents("prepare: output directory", p->dir, err, sizeof err) < 0) die("%s", err);
+        if (mkdir(p->dir, 0755) != 0) die("prepare: cannot create the output directory %s: %s", p->dir, strerror(errno));
         o->made_dir = 1;
     } else {
         die("prepare: %s: %s", p->dir, strerror(errno));
