@@ -819,8 +819,11 @@ static void warn_defaults(const Trainer *t) {
     if (!o->vocab && !o->init_from && !o->init_from_hf && !t->resumed && o->train && o->steps > 0 && t->have_tk && t->cfg.V == t->tk.vocab)
         printf("note: vocabulary %d from the tokenizer beside the training data (--vocab V overrides it)\n", t->cfg.V);
     if (!default_shape || o->steps == 0 || t->be != backend_cpu()) return;
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    double s = t->flops_per_token * (double)t->batch_tokens / ((double)(cores > 0 ? cores : 1) * CPU_CORE_FLOPS);
+    // the cores the step runs on: every core, unless --threads holds the node's ranks to fewer
+    long cores = sysconf(_SC_NPROCESSORS_ONLN), ranks = t->env.local_world > 1 ? t->env.local_world : 1;
+    if (cores < 1) cores = 1;
+    if (o->threads && o->threads * ranks < cores) cores = o->threads * ranks;
+    double s = t->flops_per_token * (double)t->batch_tokens / ((double)cores * CPU_CORE_FLOPS);
     if (s > 10)
         fprintf(stderr, "warning: the default model (d12, %zu parameters) needs about %.0f s a step here (%.3g FLOPs a step "
                 "on %ld core(s) at a stated %.0f GFLOP/s each): give a smaller shape, e.g. --layers 4 --channels 128 --heads "

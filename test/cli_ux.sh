@@ -151,6 +151,12 @@ grep -q "V=50257" <<<"$out" && ! grep -q "^note: vocabulary" <<<"$out" || bad "b
 out=$(LLM4D_FAULT=rank=0,step=1 $TRAIN --train "$D/train.bin" --steps 1 2>&1)
 grep -q "^warning: the default model (d12, .* parameters) needs about [0-9]* s a step here" <<<"$out" || bad "no warning on the default model: $out"
 grep -q '^step ' <<<"$out" && bad "the default model's warning came after a step"
+grep -q "on $(nproc) core(s)" <<<"$out" || bad "the default model's warning does not count this machine's $(nproc) cores: $out"
+# --threads 1 holds the step to one core: the estimate says so
+if [ "$(nproc)" -gt 1 ]; then
+    out=$(LLM4D_FAULT=rank=0,step=1 $TRAIN --train "$D/train.bin" --steps 1 --threads 1 2>&1)
+    grep -q "needs about [0-9]* s a step here .* on 1 core(s)" <<<"$out" || bad "--threads 1: the warning counts other cores: $out"
+fi
 out=$($TRAIN --layers 1 --channels 32 --heads 4 --seq-len 16 --micro-batch 1 --steps 1 --train "$D/train.bin" 2>&1)
 grep -q "default model" <<<"$out" && bad "a small model is warned about"
 exit $fail
