@@ -767,6 +767,10 @@ static void build_model(Trainer *t, float *host_params) {
             if (l->lead)
                 printf("resumed from %s: step %lld (written by %d rank(s): DP %d x PP %d x CP %d x TP %d, ZeRO-%d)\n", from,
                        (long long)saved.step, saved.ranks, saved.dp, saved.pp, saved.cp, saved.tp, saved.zero);
+            // unshuffled (a shuffled run refuses another seed), a seed moves only the samples from here
+            if (l->lead && o->mode == MODE_TRAIN && saved.seed != o->seed)
+                printf("note: --seed %llu, the checkpoint's %llu: the samples from here follow this run's seed (the data "
+                       "order is unshuffled, the same either way)\n", (unsigned long long)o->seed, (unsigned long long)saved.seed);
         } else if (l->lead) {
             printf("note: --resume: no complete checkpoint in %s, starting from step 0\n", o->ckpt_dir);
         }

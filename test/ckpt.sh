@@ -27,6 +27,7 @@ t_ckpt_resume() {
         timeout 300 $TRAIN "${args[@]}" --resume "$a.c1/ckpt_00000002" --ckpt-dir "$a.c2" --log "$a.b.jsonl" \
             --save-model "$a.b.bin" >>"$a.out" 2>&1 || { echo "'$layout': the resumed run failed"; tail -5 "$a.out"; return 1; }
         grep -q "^resumed from $a.c1/ckpt_00000002: step 2" "$a.out" || { echo "'$layout': did not resume"; ok=1; }
+        grep -q "^note: --seed" "$a.out" && { echo "'$layout': a note on the seed, which did not change"; ok=1; }
         if cmp -s "$a.a.bin" "$a.b.bin" && same_losses "$a.a.jsonl" "$a.b.jsonl"; then
             echo "ok '${layout:-one rank}': resumed bitwise"
         else
@@ -529,6 +530,8 @@ t_ckpt_lock() {
     local n=$!
     wait $n || { echo "FAIL: the run after the holder's death: $(tail -3 "$d/c.out")"; return 1; }
     grep -q "^resumed from ${held[-1]}: step $((10#$newest))" "$d/c.out" || { echo "FAIL: did not resume"; ok=1; }
+    grep -q "^note: --seed 33, the checkpoint's 11: the samples from here follow this run's seed" "$d/c.out" ||
+        { echo "FAIL: no note on the new seed"; ok=1; }
     grep -q "^pid $n host $(hostname)$" "$d/c/llm4d.lock" || { echo "FAIL: the lock file names $(cat "$d/c/llm4d.lock")"; ok=1; }
     md5sum -c --quiet "$d/held.md5" || { echo "FAIL: the first run's checkpoints changed"; ok=1; }
     for c in "${held[@]}"; do
