@@ -1329,6 +1329,11 @@ static int32_t reduce_i32(Comm *world, int32_t x, CommOp op) {
     comm_all_reduce(world, &x, &y, 1, CT_I32, op);
     return y;
 }
+// The lowest rank for which `yes` holds, -1 for none: the one that reports, in one line (no OP_MIN).
+static int lowest_rank_where(Comm *world, int rank, int yes) {
+    int32_t minus = reduce_i32(world, yes ? -rank : INT32_MIN, OP_MAX);
+    return minus == INT32_MIN ? -1 : -minus;
+}
 
 // Moves an unusable checkpoint out of the way (ckpt_S to ckpt_S.bad, or .bad.1, .bad.2, ... when that
 // exists), so that the resumed run can write its own checkpoint of step S; kept, not removed: it is
@@ -1355,9 +1360,9 @@ int ckpt_resume(const char *dir, const char *path, const char *flag, const GPT2 
     if (path) { // a checkpoint named: it must be a directory (what is in it, load_one checks)
         char buf[SAFE_PATH_MAX + 64];
         const char *bad = ckpt_named_problem(path, buf, sizeof buf);
-        int32_t lowest = reduce_i32(world, bad ? -rank : INT32_MIN, OP_MAX); // minus the lowest such rank
-        if (lowest != INT32_MIN) {
-            if (rank == -lowest) die("%s %s: %s", flag, path, bad);
+        int lowest = lowest_rank_where(world, rank, bad != NULL);
+        if (lowest >= 0) {
+            if (rank == lowest) die("%s %s: %s", flag, path, bad);
             exit(1);
         }
     }
@@ -1390,8 +1395,7 @@ int ckpt_resume(const char *dir, const char *path, const char *flag, const GPT2 
             found = 1;
             break;
         }
-        // the lowest rank that saw the worst says why, in one line
-        int lowest = -reduce_i32(world, code == worst ? -rank : INT32_MIN, OP_MAX); // there is no OP_MIN
+        int lowest = lowest_rank_where(world, rank, code == worst); // it says why
         any_complete |= worst != LOAD_INCOMPLETE;
         if (worst == LOAD_INCOMPATIBLE || path) {
             if (rank == lowest) die("%s%s%s", worst == LOAD_INCOMPATIBLE ? "" : flag, worst == LOAD_INCOMPATIBLE ? "" : ": ", why);
