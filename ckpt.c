@@ -619,6 +619,9 @@ static const MetaField META_FIELDS[] = {
     MF("optimizer", "eps", MF_REAL, eps), MF("optimizer", "weight_decay", MF_REAL, weight_decay),
     MF("optimizer", "clip", MF_REAL, clip),
     MF("skip_spikes", "threshold", MF_REAL, skip_spikes), MF("skip_spikes", "skipped", MF_INT, skipped),
+    // before these were written a resumed run took its first boundary as evaluated: 1
+    { "boundary", "validated", MF_BOOL, offsetof(CkptMeta, validated), sizeof(int), 1, 1 },
+    { "boundary", "sampled", MF_BOOL, offsetof(CkptMeta, sampled), sizeof(int), 1, 1 },
 };
 #undef MF
 #define N_META_FIELDS (sizeof META_FIELDS / sizeof META_FIELDS[0])

@@ -57,6 +57,8 @@ typedef struct {
     int64_t skipped;
     int nhist;
     float hist_loss[SPIKE_WINDOW], hist_norm[SPIKE_WINDOW];
+    // what the writing run did at this step's boundary before writing: the resumed run does the rest
+    int validated, sampled;
 } CkptMeta;
 
 // Reads and verifies checkpoint d's manifest (checksum, every field's type and range) into meta:

@@ -410,6 +410,8 @@ typedef struct {
     Ckpt *ckpt;
     int ckpt_lock; // rank 0: the descriptor holding --ckpt-dir's lock (-1: none)
     int start_step, end_step, resumed;
+    int resumed_validated, resumed_sampled; // what the checkpoint's run did at start_step's boundary
+    int eval_step, validated, sampled;      // the last boundary evaluate() ran at, and what it did there
     int val_batches; // --val-steps (eval's --batches), at most the batches of distinct windows --val holds
     int stopping;  // a stop signal reached some rank: the run ends at this boundary (or ended there anyway)
     int cut_short; // sample or eval stopped early by a stop signal (every rank alike)
@@ -713,6 +715,8 @@ static void fill_meta(const Trainer *t, int step, CkptMeta *m) {
     m->nhist = t->spikes.n;
     memcpy(m->hist_loss, t->spikes.loss, sizeof m->hist_loss);
     memcpy(m->hist_norm, t->spikes.norm, sizeof m->hist_norm);
+    m->validated = t->eval_step == step && t->validated;
+    m->sampled = t->eval_step == step && t->sampled;
 }
 
 // The option that named the checkpoint read: sample and eval take it as --model DIR.
@@ -760,6 +764,7 @@ static void build_model(Trainer *t, float *host_params) {
         }
         if (t->resumed) {
             t->start_step = (int)saved.step;
+            t->resumed_validated = saved.validated, t->resumed_sampled = saved.sampled;
             t->spikes.n = saved.nhist;
             t->spikes.skipped = saved.skipped;
             memcpy(t->spikes.loss, saved.hist_loss, sizeof saved.hist_loss);
@@ -1017,15 +1022,18 @@ static void checkpoint(Trainer *t, int step) {
 }
 
 // Validation and sampling run on every rank alike (ZeRO-3 gathers need every rank); rank 0 reports.
-// A resumed run skips its first boundary: that was evaluated before the checkpoint was written.
+// A resumed run's first boundary does what the checkpoint's run did not do there before writing it
+// (its manifest says): with the same flags nothing, so the log reads as the uninterrupted run's.
 static void evaluate(Trainer *t, int step, int last) {
     const Options *o = &t->o;
-    if (t->resumed && step == t->start_step && o->mode == MODE_TRAIN) return;
+    int first = t->resumed && step == t->start_step && o->mode == MODE_TRAIN;
+    t->eval_step = step, t->validated = t->sampled = 0;
     // a training run stopping on a signal evaluates only what the boundary would have without it, so
     // the resumed run's log reads as the uninterrupted run's (and the checkpoint comes sooner)
     // (a signal during the last step cuts nothing short: that end is evaluated as the run's end)
     int end = last && !(o->mode == MODE_TRAIN && t->end_step < o->steps);
-    if (o->val && o->val_every > 0 && (step % o->val_every == 0 || end)) {
+    if (o->val && o->val_every > 0 && (step % o->val_every == 0 || end) && !(first && t->resumed_validated)) {
+        t->validated = 1;
         int done = t->val_batches;
         float vl = validate(&t->pipe, &t->val, t->lay.cp.comm, t->lay.B, t->lay.T, t->val_batches, o->mode == MODE_EVAL ? &done : NULL);
         if (done < t->val_batches) {
@@ -1041,8 +1049,11 @@ static void evaluate(Trainer *t, int step, int last) {
     }
     // a training run that stops on a signal goes to its checkpoint without the last sample; a sample
     // under way when the signal comes stops at its next token
-    if (o->sample_every > 0 && ((step > 0 && step % o->sample_every == 0) || end) && !(o->mode == MODE_TRAIN && t->stopping))
-        t->cut_short |= sample(&t->pipe, o, t->have_tk ? &t->tk : NULL, t->prompt, t->nprompt, t->lay.T, step, t->lay.lead);
+    if (o->sample_every > 0 && ((step > 0 && step % o->sample_every == 0) || end) && !(o->mode == MODE_TRAIN && t->stopping) &&
+        !(first && t->resumed_sampled)) {
+        int cut = sample(&t->pipe, o, t->have_tk ? &t->tk : NULL, t->prompt, t->nprompt, t->lay.T, step, t->lay.lead);
+        t->cut_short |= cut, t->sampled = !cut;
+    }
 }
 
 // --dump, a testing aid (single rank): step 0's global batch tokens, the first micro-batch's logits

@@ -38,6 +38,40 @@ t_ckpt_resume() {
     return $ok
 }
 
+# The first boundary of a resumed run: it validates and samples where the checkpoint's run did not
+# before writing (the manifest's boundary.validated and boundary.sampled), and not again where it did.
+# Reference: an uninterrupted run with the resumed run's flags, whose step-2 validation and sample the
+# resumed run must print bitwise (the same model at step 2, the same data, the sampler a function of
+# seed and step).
+t_ckpt_boundary() {
+    local d=$WORK/ckb ok=0
+    rm -rf "$d" && mkdir -p "$d"
+    local S=("${CK[@]}" --train "$DATA/train.bin" --batch-tokens 64 --steps 4)
+    local E=(--val "$DATA/val.bin" --val-every 2 --val-steps 2 --sample-every 2 --sample-tokens 6)
+    timeout 300 $TRAIN "${S[@]}" "${E[@]}" --log "$d/ref.jsonl" >"$d/ref.out" 2>&1 || { echo "FAIL: the reference run"; return 1; }
+    # written without --val or --sample-every, resumed with them: step 2 is validated and sampled now
+    timeout 300 $TRAIN "${S[@]}" --ckpt-dir "$d/a" --ckpt-every 2 >/dev/null 2>&1 || { echo "FAIL: the first run"; return 1; }
+    grep -q '"validated": false' "$d/a/ckpt_00000002/manifest.json" && grep -q '"sampled": false' "$d/a/ckpt_00000002/manifest.json" ||
+        { echo "FAIL: the manifest of a run without --val says it validated: $(grep -A3 boundary "$d/a/ckpt_00000002/manifest.json")"; ok=1; }
+    timeout 300 $TRAIN "${S[@]}" "${E[@]}" --resume "$d/a/ckpt_00000002" --ckpt-dir "$d/a2" --log "$d/a.jsonl" >"$d/a.out" 2>&1 ||
+        { echo "FAIL: the resumed run"; return 1; }
+    diff <(grep val_loss "$d/ref.jsonl" | grep -v '"step":0,') <(grep val_loss "$d/a.jsonl") >/dev/null ||
+        { echo "FAIL: the resumed run's validations differ from the reference's:"; grep val_loss "$d/ref.jsonl" "$d/a.jsonl"; ok=1; }
+    local want got
+    want=$(sed -n '/^sample at step 2:/,/^---$/p' "$d/ref.out") got=$(sed -n '/^sample at step 2:/,/^---$/p' "$d/a.out")
+    [ -n "$want" ] && [ "$want" = "$got" ] || { echo "FAIL: the step-2 sample: '$got', the reference's '$want'"; ok=1; }
+    # written with them, resumed with them: step 2 is not done twice
+    timeout 300 $TRAIN "${S[@]}" "${E[@]}" --ckpt-dir "$d/b" --ckpt-every 2 --log "$d/b.jsonl" >/dev/null 2>&1 || { echo "FAIL: run b"; return 1; }
+    grep -q '"validated": true' "$d/b/ckpt_00000002/manifest.json" && grep -q '"sampled": true' "$d/b/ckpt_00000002/manifest.json" ||
+        { echo "FAIL: the manifest does not say step 2 was validated and sampled"; ok=1; }
+    timeout 300 $TRAIN "${S[@]}" "${E[@]}" --resume "$d/b/ckpt_00000002" --ckpt-dir "$d/b2" --log "$d/b.jsonl" >"$d/b.out" 2>&1 ||
+        { echo "FAIL: resumed run b"; return 1; }
+    grep -q "^sample at step 2:" "$d/b.out" && { echo "FAIL: step 2 sampled again"; ok=1; }
+    diff <(grep val_loss "$d/ref.jsonl") <(grep val_loss "$d/b.jsonl") >/dev/null ||
+        { echo "FAIL: run b's log (resumed into it) differs from the reference's:"; grep val_loss "$d/b.jsonl"; ok=1; }
+    return $ok
+}
+
 # Re-sharding: a checkpoint of step 4 written under one layout, continued under another to step 8, equals
 # the uninterrupted single-rank run (losses of all 8 steps and final parameters within 1e-5).
 t_ckpt_reshard() {

@@ -2210,6 +2210,7 @@ run_test verbs   t_verbs_absent            "RDMA verbs absent: ./train does not 
 run_test verbs   t_verbs_vm                "RDMA verbs on soft-RoCE in a QEMU guest: 1 B-64 MiB both ways checked, 8/3/1 slots, selection, dead peer"
 run_test verbs   t_verbs_transport         "verbs transport on soft-RoCE across two named nodes: collectives (bitwise), DP 2 and 3 equal one rank, bench-comm, fallback to TCP"
 run_test ckpt    t_ckpt_resume             "checkpoints: resume is bitwise (one rank, DP x ZeRO 0-3, TP, PP, interleaved, CP, 3D)"
+run_test ckpt    t_ckpt_boundary           "checkpoints: a resumed run validates and samples its first step where the checkpoint's run did not (another --val-every), never twice"
 run_test ckpt    t_ckpt_reshard            "checkpoints: re-sharded to another layout (CP 2 to 1 and 1 to 2 among them) equals one rank"
 run_test ckpt    t_ckpt_reader             "checkpoints: the format read with numpy equals --save-model"
 run_test ckpt    t_ckpt_restarts           "restarts: 10 injected rank deaths under --max-restarts end bitwise as the uninterrupted runs"
