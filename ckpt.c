@@ -271,7 +271,7 @@ static void clean_stale_in(const char *ckdir) {
     closedir(d);
 }
 
-int ckpt_prepare_dir(const char *dir, int64_t start, int resumed, int remove_newer, char *err, size_t cap) {
+int ckpt_prepare_dir(const char *dir, int64_t start, int resumed, int remove_newer, const char *resume_how, char *err, size_t cap) {
     int64_t *steps;
     int n = list_steps(dir, &steps), rc = 0;
     for (int i = 0; i < n && rc == 0; i++) {
@@ -282,8 +282,8 @@ int ckpt_prepare_dir(const char *dir, int64_t start, int resumed, int remove_new
             continue;
         }
         if (!resumed) {
-            snprintf(err, cap, "--ckpt-dir %s already holds checkpoints (the newest of step %lld): pass --resume to continue "
-                     "from it, or choose another directory", dir, (long long)steps[0]);
+            snprintf(err, cap, "--ckpt-dir %s already holds checkpoints (the newest of step %lld): %s to continue from it, or "
+                     "choose another directory", dir, (long long)steps[0], resume_how ? resume_how : "pass --resume");
             rc = -1;
         } else if (steps[i] > start) {
             if (!remove_newer) {
@@ -999,6 +999,7 @@ static int validate_meta(const CkptMeta *mt, char *why, size_t cap) {
 // What a run cannot change and still continue the checkpoint: the model and the data order.
 static int compatible(const char *d, const CkptMeta *a, const CkptMeta *now, char *why, size_t cap) {
     const GPT2Config *x = &a->model, *y = &now->model;
+    char sx[96], sy[96];
     if (x->V != y->V)
         return snprintf(why, cap, "checkpoint %s holds a model with a vocabulary of %d, this run's has %d", d, x->V, y->V), 0;
     if (x->L != y->L || x->C != y->C || x->NH != y->NH || x->maxT != y->maxT || x->Vp != y->Vp)
@@ -1009,8 +1010,9 @@ static int compatible(const char *d, const CkptMeta *a, const CkptMeta *now, cha
         x->rope.theta != y->rope.theta || x->rope.factor != y->rope.factor || x->rope.low_freq_factor != y->rope.low_freq_factor ||
         x->rope.high_freq_factor != y->rope.high_freq_factor || x->rope.original_max_pos != y->rope.original_max_pos)
         return snprintf(why, cap, "checkpoint %s holds another model (%s, kv heads %d, ffn %d, tied %d, norm eps %g, rope theta "
-                        "%g; this run: %s, %d, %d, %d, %g, %g)", d, ARCH_NAMES[x->arch], x->NKV, x->F, x->tie, x->norm_eps,
-                        x->rope.theta, ARCH_NAMES[y->arch], y->NKV, y->F, y->tie, y->norm_eps, y->rope.theta), 0;
+                        "%g, rope scaling %s; this run: %s, %d, %d, %d, %g, %g, %s)", d, ARCH_NAMES[x->arch], x->NKV, x->F, x->tie,
+                        x->norm_eps, x->rope.theta, rope_scaling_text(&x->rope, sx, sizeof sx), ARCH_NAMES[y->arch], y->NKV, y->F,
+                        y->tie, y->norm_eps, y->rope.theta, rope_scaling_text(&y->rope, sy, sizeof sy)), 0;
     if (a->seq_len != now->seq_len || a->batch_tokens != now->batch_tokens)
         return snprintf(why, cap, "checkpoint %s was trained with --seq-len %d --batch-tokens %lld, this run has %d and %lld: "
                         "the data position would not carry over", d, a->seq_len, a->batch_tokens, now->seq_len,

@@ -101,7 +101,8 @@ int ckpt_resume(const char *dir, const char *path, const char *flag, const GPT2 
 // checkpoints: removes incomplete checkpoints and stale temporaries, and checkpoints newer than start
 // when remove_newer (they failed verification). Returns -1 with the reason when dir holds a complete
 // checkpoint the run would overwrite or mix with (a fresh start, or an older --resume PATH).
-int ckpt_prepare_dir(const char *dir, int64_t start, int resumed, int remove_newer, char *err, size_t cap);
+// resume_how: how a fresh start would continue from them instead (NULL: "pass --resume").
+int ckpt_prepare_dir(const char *dir, int64_t start, int resumed, int remove_newer, const char *resume_how, char *err, size_t cap);
 
 typedef struct Ckpt Ckpt;
 

@@ -131,6 +131,12 @@ int llama_preset(const char *name, GPT2Config *cfg) {
     return 0;
 }
 
+const char *rope_scaling_text(const RopeConfig *r, char *buf, size_t cap) {
+    if (r->factor == 0) snprintf(buf, cap, "none");
+    else snprintf(buf, cap, "%.17g,%.17g,%.17g,%d", r->factor, r->low_freq_factor, r->high_freq_factor, r->original_max_pos);
+    return buf;
+}
+
 int rope_scaling_parse(const char *s, RopeConfig *r, char *why, size_t cap) {
     double theta = r->theta;
     if (!strcmp(s, "none")) {

@@ -185,6 +185,8 @@ typedef struct {
 // >= 1, low_freq_factor LOW (default 1) < high_freq_factor HIGH (default 4), original context ORIG
 // (default 8192), as HF's rope_type "llama3"; "none" turns it off. 0, or -1 with one line in why.
 int rope_scaling_parse(const char *s, RopeConfig *r, char *why, size_t cap);
+// r's scaling as --rope-scaling reads it back exactly ("none", or FACTOR,LOW,HIGH,ORIG); returns buf.
+const char *rope_scaling_text(const RopeConfig *r, char *buf, size_t cap);
 // The shape of either architecture: preset (a GPT-2 d12..d48 or a Llama name; NULL: d12, or llama3.2-1b
 // with arch ARCH_LLAMA), each given flag overriding it. A custom Llama shape (no preset) has plain RoPE (no
 // Llama 3.1 frequency scaling; a preset keeps its own). One that sets --heads

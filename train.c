@@ -796,11 +796,27 @@ static void build_model(Trainer *t, float *host_params) {
     t->end_step = o->steps;
 }
 
+// The model's shape as flags that give it exactly (what --resume takes in place of --init-from-hf).
+static void shape_flags(const GPT2Config *c, char *buf, size_t cap) {
+    int n = snprintf(buf, cap, "%s--layers %d --channels %d --heads %d --vocab %d --max-seq-len %d", c->arch == ARCH_LLAMA ? "--arch llama " : "",
+                     c->L, c->C, c->NH, c->V, c->maxT);
+    char rs[96], eps[32];
+    snprintf(eps, sizeof eps, "%g", c->norm_eps); // the shortest that reads back as the same float
+    if ((float)strtod(eps, NULL) != c->norm_eps) snprintf(eps, sizeof eps, "%.9g", c->norm_eps);
+    if (c->arch == ARCH_LLAMA && n > 0 && (size_t)n < cap)
+        snprintf(buf + n, cap - (size_t)n, " --kv-heads %d --ffn %d --tie-embeddings %d --norm-eps %s --rope-theta %.17g --rope-scaling %s",
+                 c->NKV, c->F, c->tie, eps, c->rope.theta, rope_scaling_text(&c->rope, rs, sizeof rs));
+}
+
 static void setup_checkpoints(Trainer *t) {
     const Options *o = &t->o;
     if (!o->ckpt_dir) return;
-    char err[2 * SAFE_PATH_MAX] = "";
-    int bad = t->lay.lead && ckpt_prepare_dir(o->ckpt_dir, t->start_step, o->resume, !o->resume_path, err, sizeof err) < 0;
+    char err[3 * SAFE_PATH_MAX] = "", how[SAFE_PATH_MAX] = "", shape[512];
+    if (o->init_from || o->init_from_hf) { // --resume refuses them: it takes the checkpoint's weights, the shape from flags
+        shape_flags(&t->cfg, shape, sizeof shape);
+        snprintf(how, sizeof how, "pass --resume in place of %s, with its shape as flags (%s),", o->init_from ? "--init-from" : "--init-from-hf", shape);
+    }
+    int bad = t->lay.lead && ckpt_prepare_dir(o->ckpt_dir, t->start_step, o->resume, !o->resume_path, *how ? how : NULL, err, sizeof err) < 0;
     agree_or_exit(&t->lay, bad ? err : NULL); // also: nobody writes before rank 0 has cleaned up
     t->ckpt = ckpt_open(o->ckpt_dir, &t->model, &t->zero, t->lay.world, o->keep);
     if (t->faults.ckpt_kill_step >= 0) ckpt_kill_during_write(t->ckpt, t->faults.ckpt_kill_step);

@@ -528,6 +528,20 @@ PY
     done
     out=$($TRAIN --layers 2 --channels 32 --heads 4 --vocab 256 --rope-scaling 8 --steps 0 2>&1) && { echo "FAIL GPT-2 took it"; return 1; }
     grep -q "Llama family" <<<"$out" || { echo "FAIL GPT-2: $out"; return 1; }
+    # a checkpoint of another scaling: refused, naming both scalings
+    $TRAIN "${base[@]}" --rope-scaling 8,1,4,16 --ckpt-dir "$d/ck" >/dev/null || return 1
+    out=$($TRAIN "${base[@]}" --steps 2 --ckpt-dir "$d/ck" --resume 2>&1) && { echo "FAIL: resumed without the scaling"; return 1; }
+    grep -q "rope scaling 8,1,4,16; this run: .*, none)" <<<"$out" || { echo "FAIL: the refusal does not name the scalings: $out"; return 1; }
+    # a second --init-from-hf run into that run's --ckpt-dir: told the flags that resume it, which do
+    local hf=(--train "$DATA/train.bin" --micro-batch 2 --seq-len 64)
+    $TRAIN --init-from-hf "$d/sc" "${hf[@]}" --steps 1 --ckpt-dir "$d/ck2" >/dev/null || return 1
+    out=$($TRAIN --init-from-hf "$d/sc" "${hf[@]}" --steps 2 --ckpt-dir "$d/ck2" 2>&1) && { echo "FAIL: a fresh start over checkpoints"; return 1; }
+    local flags
+    flags=$(sed -n 's/.*pass --resume in place of --init-from-hf, with its shape as flags (\(.*\)), to continue.*/\1/p' <<<"$out")
+    [ -n "$flags" ] || { echo "FAIL: no shape flags in: $out"; return 1; }
+    read -ra flags <<<"$flags"
+    out=$($TRAIN "${flags[@]}" "${hf[@]}" --steps 2 --ckpt-dir "$d/ck2" --resume 2>&1) || { echo "FAIL: resuming with ${flags[*]}: $out"; return 1; }
+    grep -q "^resumed from $d/ck2/ckpt_00000001: step 1" <<<"$out" || { echo "FAIL: did not resume: $out"; return 1; }
 }
 t_llama_layouts() {
     have_torch || return $?
