@@ -186,6 +186,13 @@ static int list_steps(const char *dir, int64_t **out) {
         errno = 0;
         long long v = strtoll(s, &end, 10);
         if (end == s || *end || errno || v < 0) continue;
+        // only what ckpt_path names, and a directory of its own: never a link (removing an incomplete
+        // one would empty the directory it points to)
+        char name[64], p[2 * SAFE_PATH_MAX];
+        snprintf(name, sizeof name, "%08lld", v);
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        struct stat st;
+        if (strcmp(name, s) != 0 || lstat(p, &st) != 0 || !S_ISDIR(st.st_mode)) continue;
         if (n == cap) {
             cap = cap ? 2 * cap : 16;
             *out = realloc(*out, sizeof(int64_t) * cap);
@@ -241,6 +248,9 @@ int ckpt_newest_complete(const char *dir, int64_t *step) {
 
 // Removes a checkpoint directory and the files in it.
 static int remove_dir(const char *path) {
+    struct stat st; // a link is not followed: its target is not ours to empty
+    if (lstat(path, &st) != 0) return errno == ENOENT ? 0 : -1;
+    if (!S_ISDIR(st.st_mode)) return errno = ENOTDIR, -1;
     DIR *d = opendir(path);
     if (!d) return errno == ENOENT ? 0 : -1;
     struct dirent *e;

@@ -204,6 +204,14 @@ t_ckpt_bad() {
     printf '\xff' | dd of="$d/given/rank_00000.safetensors" bs=1 seek=1000 conv=notrunc 2>/dev/null
     expect_error "resume: $d/given/rank_00000.safetensors: checksum mismatch" "${S[@]:2}" --resume "$d/given" || ok=1
     expect_error "ckpt-dir $d/c already holds checkpoints (the newest of step 6): pass --resume" "${S[@]:2}" --ckpt-dir "$d/c" || ok=1
+    # what only looks like a checkpoint is left alone: a link named as a newer one (to a directory
+    # without a manifest: removing it as incomplete emptied its target) and a name ckpt_path never writes
+    rm -rf "$d/links" "$d/precious" && cp -r "$d/c" "$d/links" && mkdir "$d/precious" "$d/links/ckpt_+0000009" &&
+        echo notes >"$d/precious/notes.txt" && ln -s ../precious "$d/links/ckpt_00000008" || return 1
+    timeout 300 $TRAIN "${S[@]}" --steps 7 --ckpt-dir "$d/links" --resume >"$d/links.out" 2>&1 || { echo "FAIL links: $(tail -3 "$d/links.out")"; ok=1; }
+    grep -q "^resumed from $d/links/ckpt_00000006: step 6" "$d/links.out" || { echo "FAIL links: did not resume from step 6"; ok=1; }
+    [ "$(cat "$d/precious/notes.txt" 2>/dev/null)" = notes ] && [ -L "$d/links/ckpt_00000008" ] && [ -d "$d/links/ckpt_+0000009" ] ||
+        { echo "FAIL: the link's target or the odd name was touched: $(grep removed "$d/links.out")"; ok=1; }
     return $ok
 }
 
