@@ -309,6 +309,8 @@ void tokenizer_load(Tokenizer *tk, const char *path) {
     if (h[2] <= 0 || h[2] > 1 << 20) die("%s: bad vocabulary size %d", path, h[2]);
     tk->vocab = h[2];
     tk->eot = h[1] == 2 ? h[3] : -1;
+    if (tk->eot < -1 || tk->eot >= tk->vocab) // -1: none recorded
+        die("%s: the end-of-text id %d is not a token of its vocabulary of %d", path, tk->eot, tk->vocab);
     tk->pieces = xcalloc((size_t)tk->vocab, sizeof(char *));
     tk->lengths = xcalloc((size_t)tk->vocab, sizeof(int));
     for (int i = 0; i < tk->vocab; i++) {

@@ -526,9 +526,17 @@ static void read_inputs(Pipe *P) {
 // ---------------------------------------------------------------------------------------------
 // outputs
 
-static void check_output(const char *path) {
+// An output must be a safe place to write (safe_check) and none of the text inputs: prepare DIR DIR a
+// second time, or prepare DIR/train.bin DIR, would read the earlier outputs as text and replace them.
+static void check_output(const Prep *p, const char *path) {
     char target[SAFE_PATH_MAX], err[2 * SAFE_PATH_MAX + 256];
     if (safe_check("prepare:", path, target, sizeof target, err, sizeof err) < 0) die("%s", err);
+    struct stat out, in;
+    if (stat(path, &out) != 0) return;
+    for (int i = 0; i < p->ninputs; i++)
+        if (strcmp(p->inputs[i], "-") && stat(p->inputs[i], &in) == 0 && in.st_dev == out.st_dev && in.st_ino == out.st_ino)
+            die("prepare: the input %s is %s, an output of this run: writing it would destroy that input (give the text "
+                "files, or another output directory)", p->inputs[i], path);
 }
 
 static char *out_path(const char *dir, const char *name) {
@@ -560,7 +568,7 @@ static void prepare_dir(const Prep *p, Outputs *o) {
     if (!p->shard_tokens) fixed[nfixed++] = "train.bin", fixed[nfixed++] = "val.bin";
     for (int i = 0; i < nfixed; i++) {
         char *s = out_path(p->dir, fixed[i]);
-        check_output(s);
+        check_output(p, s);
         free(s);
     }
     if (p->shard_tokens) { // shards of an earlier run past this run's last would be read with it

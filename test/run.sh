@@ -322,6 +322,18 @@ PY
     # into an existing directory: nothing new in it either
     expect_error "prepare: $d/late.jsonl:60001: not JSON" prepare "${G2[@]}" --text-field text "$d/late.jsonl" "$d/out_existing" || ok=1
     [ -z "$(ls -A "$d/out_existing")" ] || { echo "FAIL a failed prepare left files: $(ls -A "$d/out_existing")"; ok=1; }
+    # an output that is also an input: prepare DIR DIR again, or DIR/train.bin into DIR; DIR stays as it was
+    mkdir -p "$d/self" && cp "$CORPUS" "$d/self/corpus.txt" && $TRAIN prepare "$d/self" "$d/self" >/dev/null || { echo "FAIL prepare self"; ok=1; }
+    local before
+    before=$(cd "$d/self" && md5sum *)
+    expect_error "prepare: the input $d/self/tokenizer.bin is $d/self/tokenizer.bin, an output of this run: writing it would destroy that input" \
+        prepare "$d/self" "$d/self" || ok=1
+    expect_error "prepare: the input $d/self/train.bin is $d/self/train.bin, an output of this run" prepare "$d/self/train.bin" "$d/self" || ok=1
+    [ "$(cd "$d/self" && md5sum *)" = "$before" ] || { echo "FAIL: a refused prepare changed its inputs"; ok=1; }
+    # a tokenizer file whose end-of-text id is no token of it (each document would start with another)
+    $PY -c 'import struct,sys; b=bytearray(open(sys.argv[1],"rb").read()); b[12:16]=struct.pack("<i",65536+65); open(sys.argv[2],"wb").write(b)' \
+        "$d/self/tokenizer.bin" "$d/eot.bin" || ok=1
+    expect_error "$d/eot.bin: the end-of-text id 65601 is not a token of its vocabulary of 256" prepare --tokenizer "$d/eot.bin" "$d/t.txt" "$o" || ok=1
     $TRAIN prepare --help | grep -q -- '--tokenizer byte|gpt2|bpe:N' || { echo "FAIL prepare --help"; ok=1; }
     return $ok
 }
