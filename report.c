@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <jansson.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -368,17 +369,27 @@ static void print_step(const Report *r, int step, const StepResult *s, const Ste
     fflush(stdout);
 }
 
+// A loss or norm as a JSON number: null where it is not finite (JSON has no NaN; a skipped spike's
+// loss is one).
+typedef struct { char s[32]; } JsonReal;
+static JsonReal json_real9(double v) {
+    JsonReal j;
+    if (isfinite(v)) snprintf(j.s, sizeof j.s, "%.9g", v);
+    else snprintf(j.s, sizeof j.s, "null");
+    return j;
+}
+
 static void log_step(const Report *r, int step, const StepResult *s, const StepTimes *tm, const StepSpread *g) {
     double tps = r->batch_tokens / (s->ms / 1e3);
     fprintf(r->logf,
-            "{\"step\":%d,\"tokens\":%lld,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"ms\":%.3f,\"wall_ms\":%.3f,"
+            "{\"step\":%d,\"tokens\":%lld,\"loss\":%s,\"lr\":%.9g,\"grad_norm\":%s,\"ms\":%.3f,\"wall_ms\":%.3f,"
             "\"t_s\":%.6f,\"tokens_per_s\":%.1f,"
             "\"comm_ms\":%.3f,\"exposed_comm_ms\":%.3f,\"tp_comm_ms\":%.3f,\"cp_comm_ms\":%.3f,\"cp_exposed_ms\":%.3f,"
             "\"bubble_max\":%.4f,\"bubble_mean\":%.4f,\"bubble_formula\":%.4f,\"attn_flops_min\":%.0f,"
             "\"attn_flops_max\":%.0f,\"attn_flops_total\":%.0f,\"compute_ms_max\":%.3f,\"compute_ms_median\":%.3f,"
             "\"slowest_rank\":%d,\"stopped_ms_max\":%.3f,\"stopped_rank\":%d,\"ckpt_stall_ms\":%.3f,\"skipped\":%d,"
             "\"skipped_total\":%lld",
-            step + 1, (step + 1) * r->batch_tokens, s->loss, s->lr, s->norm, s->ms, g->wall_ms, g->t_s, tps, s->comm_ms, s->exposed_ms, s->tp_ms,
+            step + 1, (step + 1) * r->batch_tokens, json_real9(s->loss).s, s->lr, json_real9(s->norm).s, s->ms, g->wall_ms, g->t_s, tps, s->comm_ms, s->exposed_ms, s->tp_ms,
             s->cp_ms, tm->ring_wait_s * 1e3, g->bubble_max, g->bubble_mean, g->bubble_formula, g->attn.min, g->attn.max,
             g->attn.sum, g->compute_max, g->compute_median, g->slowest, g->stopped_max, g->stopped_rank, s->stall_ms, s->skipped,
             s->skipped_total);
@@ -492,7 +503,7 @@ void report_start(Report *r) { r->t0 = r->mark = now_seconds(); }
 void report_val(Report *r, int step, float val_loss) {
     if (!r->lay->lead) return;
     printf("step %d | val loss %.6f\n", step, val_loss);
-    if (r->logf) fprintf(r->logf, "{\"step\":%d,\"val_loss\":%.9g}\n", step, val_loss);
+    if (r->logf) fprintf(r->logf, "{\"step\":%d,\"val_loss\":%s}\n", step, json_real9(val_loss).s);
 }
 
 void report_checkpoint(Report *r, const CkptEvent *ev, double stall) {

@@ -75,6 +75,9 @@ def read_log(path):
                 fail("%s:%d: not a JSON line" % (path, n))
             if not isinstance(r, dict):
                 fail("%s:%d: not a JSON object" % (path, n))
+            for k in ("loss", "val_loss", "grad_norm"):  # null: not finite (a skipped spike's NaN), a gap
+                if k in r and r[k] is None:
+                    r[k] = float("nan")
             if "loss" in r and "step" in r:
                 steps.append(r)
             elif "val_loss" in r and "step" in r:

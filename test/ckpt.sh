@@ -362,6 +362,17 @@ t_skip_spikes() {
         --save-model "$d/nan.bin" >/dev/null 2>&1 || { echo "FAIL: the run with a NaN stopped"; return 1; }
     cmp "$d/ref.bin" "$d/nan.bin" || { echo "FAIL: the NaN step was applied"; ok=1; }
     grep -q '"step":8,.*"skipped":1,"skipped_total":1}' "$d/nan.jsonl" || { echo "FAIL: step 8 not logged as skipped"; ok=1; }
+    # the log stays JSON (which has no NaN): a skipped step's NaN loss is null, and plot.py draws the log
+    LLM4D_FAULT="rank=0,step=3,at=nan" timeout 300 $TRAIN "${CK[@]}" --layers 2 --train "$DATA/train.bin" --batch-tokens 32 \
+        --steps 4 --skip-spikes 3 --log "$d/nan1.jsonl" >/dev/null 2>&1 || { echo "FAIL: the one-rank run with a NaN"; ok=1; }
+    $PY - "$d/nan1.jsonl" <<'PY' || ok=1
+import json, sys
+def refuse(c): raise ValueError("not JSON: " + c)
+recs = [json.loads(l, parse_constant=refuse) for l in open(sys.argv[1])]
+s3 = [r for r in recs if r.get("step") == 3 and "loss" in r]
+assert s3 and s3[0]["loss"] is None and s3[0]["skipped"] == 1, "step 3: %r" % (s3[0] if s3 else "no record")
+PY
+    $PY scripts/plot.py "$d/nan1.jsonl" -o "$d/nan.png" >/dev/null && [ -s "$d/nan.png" ] || { echo "FAIL: plot.py on the log"; ok=1; }
     LLM4D_FAULT="rank=3,step=7,at=spike" timeout 300 $TRAIN "${S[@]}" --steps 8 --skip-spikes 3 --log "$d/spike.jsonl" \
         >/dev/null 2>&1 || { echo "FAIL: the run with a spike stopped"; return 1; }
     grep -q '"step":7,.*"skipped":1,"skipped_total":1}' "$d/spike.jsonl" || { echo "FAIL: step 7 not skipped"; ok=1; }
