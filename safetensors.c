@@ -38,6 +38,41 @@ int st_read_file(const char *path, unsigned char **buf, size_t *len, size_t limi
     return 0;
 }
 
+typedef struct {
+    json_int_t begin, end;
+    const char *name;
+} Span;
+static int by_begin(const void *a, const void *b) {
+    const Span *x = a, *y = b;
+    return x->begin < y->begin ? -1 : x->begin > y->begin;
+}
+// No two tensors share a byte of the data (each tensor's own offsets st_tensor checks when it is read):
+// one tensor's bytes read as another's is a damaged file, as the safetensors package says.
+static int no_overlap(StFile *st, const char *file, char *why, size_t cap) {
+    if (!json_is_object(st->header)) return 0; // st_tensor finds no tensor in it
+    size_t n = 0, cap_n = json_object_size(st->header);
+    Span *sp = xmalloc(sizeof(Span) * (cap_n ? cap_n : 1));
+    const char *k;
+    json_t *e;
+    json_object_foreach(st->header, k, e) {
+        json_t *off = json_object_get(e, "data_offsets");
+        if (!strcmp(k, "__metadata__") || !json_is_array(off) || json_array_size(off) != 2) continue;
+        json_t *a = json_array_get(off, 0), *b = json_array_get(off, 1);
+        if (json_is_integer(a) && json_is_integer(b) && json_integer_value(b) > json_integer_value(a))
+            sp[n++] = (Span){ json_integer_value(a), json_integer_value(b), k };
+    }
+    qsort(sp, n, sizeof(Span), by_begin);
+    int rc = 0;
+    for (size_t i = 1; i < n && !rc; i++)
+        if (sp[i].begin < sp[i - 1].end)
+            rc = -1, snprintf(why, cap, "%s: tensors %s and %s overlap in the data (data_offsets [%lld, %lld] and [%lld, %lld])", file,
+                          sp[i - 1].name, sp[i].name, (long long)sp[i - 1].begin, (long long)sp[i - 1].end, (long long)sp[i].begin,
+                          (long long)sp[i].end);
+    free(sp);
+    if (rc) st_free(st);
+    return rc;
+}
+
 int st_parse(const char *file, const unsigned char *buf, size_t len, StFile *st, char *why, size_t cap) {
     memset(st, 0, sizeof *st);
     uint64_t hl;
@@ -45,12 +80,13 @@ int st_parse(const char *file, const unsigned char *buf, size_t len, StFile *st,
     memcpy(&hl, buf, 8);
     if (hl > len - 8) return snprintf(why, cap, "%s: header length %llu past the end of the file", file, (unsigned long long)hl), -1;
     json_error_t jerr;
-    json_t *h = json_loadb((const char *)buf + 8, (size_t)hl, 0, &jerr);
+    // a name given twice would leave which tensor counts to the reader (the safetensors package refuses it)
+    json_t *h = json_loadb((const char *)buf + 8, (size_t)hl, JSON_REJECT_DUPLICATES, &jerr);
     if (!h) return snprintf(why, cap, "%s: malformed header: %s", file, jerr.text), -1;
     st->header = h;
     st->data = buf + 8 + hl;
     st->data_len = len - 8 - hl;
-    return 0;
+    return no_overlap(st, file, why, cap);
 }
 
 void st_free(StFile *st) {

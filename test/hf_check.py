@@ -96,7 +96,20 @@ def np_write(path, tensors, dtypes=None, corrupt=None):
         header[name] = {"dtype": dt, "shape": list(raw.shape), "data_offsets": [off, off + len(b)]}
         blobs.append(b)
         off += len(b)
+    if corrupt == "overlap":  # a tensor's offsets on another's bytes of the same size
+        seen = {}
+        for name, e in header.items():
+            if name == "__metadata__":
+                continue
+            size = e["data_offsets"][1] - e["data_offsets"][0]
+            if size in seen:
+                e["data_offsets"] = list(header[seen[size]]["data_offsets"])
+                break
+            seen[size] = name
     h = json.dumps(header).encode()
+    if corrupt == "duplicate":  # the last tensor's entry given twice (json.dumps cannot write that)
+        last = [k for k in header if k != "__metadata__"][-1]
+        h = h[:-1] + b", " + json.dumps(last).encode() + b": " + json.dumps(header[last]).encode() + b"}"
     h += b" " * (-len(h) % 8)
     data = struct.pack("<Q", len(h)) + h + b"".join(blobs)
     if corrupt == "truncate":
@@ -346,6 +359,8 @@ def main():
             return d
         expect_error("truncated file", case_dir("trunc", corrupt="truncate"), "outside the")
         expect_error("header length past the end", case_dir("hlen", corrupt="header_len"), "header length")
+        expect_error("a tensor named twice", case_dir("dup", corrupt="duplicate"), "malformed header: duplicate object key")
+        expect_error("two tensors on the same bytes", case_dir("overlap", corrupt="overlap"), "overlap in the data (data_offsets")
         expect_error("unknown dtype", case_dir("dtype", dtypes={"model.norm.weight": "X9"}), "dtype X9")
         expect_error("I64 tensor", case_dir("i64", tensors=dict(arr, **{"model.norm.weight": np.zeros(24, np.int64)})),
                      "dtype I64 is not F32, BF16 or F16")
