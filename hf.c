@@ -122,6 +122,8 @@ void hf_config_read(const char *dir, HFConfig *c) {
         c->rope_factor = cfg_num(rs, rpath, "factor", 0, 1e6, 0, 0);
         c->rope_low_freq_factor = cfg_num(rs, rpath, "low_freq_factor", 0, 1e6, 0, 0);
         c->rope_high_freq_factor = cfg_num(rs, rpath, "high_freq_factor", 0, 1e6, 0, 0);
+        if (c->rope_factor < 1) // as --rope-scaling: the scaling divides the low frequencies by it
+            die("%s: rope_scaling: factor %g is below 1", path, c->rope_factor);
         if (c->rope_high_freq_factor <= c->rope_low_freq_factor)
             die("%s: rope_scaling: high_freq_factor %g must exceed low_freq_factor %g", path, c->rope_high_freq_factor,
                 c->rope_low_freq_factor);

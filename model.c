@@ -64,8 +64,17 @@ int gpt2_config_valid(const GPT2Config *cfg, char *why, size_t cap) {
         if ((cfg->C / cfg->NH) % 2)
             return snprintf(why, cap, "rotary embeddings need an even head size (channels %d / heads %d)", cfg->C, cfg->NH), 0;
         if (cfg->F <= 0) return snprintf(why, cap, "the SwiGLU size (--ffn) must be positive, got %d", cfg->F), 0;
-        if (!(cfg->norm_eps > 0) || !(cfg->rope.theta > 1))
-            return snprintf(why, cap, "--norm-eps must be positive and --rope-theta above 1"), 0;
+        // the flags' ranges (options.c, rope_scaling_parse), for every source of a shape: flags, config.json,
+        // a checkpoint's manifest
+        if (!(cfg->norm_eps >= 1e-12 && cfg->norm_eps <= 1) || !(cfg->rope.theta > 1 && cfg->rope.theta <= 1e12))
+            return snprintf(why, cap, "the norm epsilon (%g) must be from 1e-12 to 1 and the rope theta (%g) above 1 and at most "
+                            "1e12", cfg->norm_eps, cfg->rope.theta), 0;
+        const RopeConfig *r = &cfg->rope;
+        if (r->factor != 0 && (!(r->factor >= 1 && r->factor <= 1e6) || !(r->low_freq_factor > 0) ||
+                               !(r->high_freq_factor > r->low_freq_factor) || r->original_max_pos < 1 || r->original_max_pos > 1000000000))
+            return snprintf(why, cap, "rope scaling (factor %g, low %g, high %g, original context %d) needs a factor from 1 to 1e6, "
+                            "0 < low < high and a context of at least 1", r->factor, r->low_freq_factor, r->high_freq_factor,
+                            r->original_max_pos), 0;
     } else if (cfg->arch != ARCH_GPT2) {
         return snprintf(why, cap, "unknown architecture %d", cfg->arch), 0;
     }

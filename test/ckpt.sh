@@ -683,6 +683,15 @@ t_ckpt_fields() {
     where=$($PY test/ckpt_craft.py "$ck" "$d/overlap" overlap) || return 1
     expect_error "resume: $d/overlap: the runs of ${where% *} overlap: element ${where#* } is in rank_0000[01].safetensors and in rank_00001.safetensors" \
         "${S[@]}" --steps 4 --resume "$d/overlap" || ok=1
+    # a Llama's fields, in the ranges their flags have (what no writer could have produced)
+    local L=(--model llama3-tiny --train "$DATA/train.bin" --seq-len 32 --micro-batch 1 --batch-tokens 32)
+    timeout 300 $TRAIN "${L[@]}" --steps 1 --ckpt-dir "$d/l" >"$d/l.out" 2>&1 || { tail -3 "$d/l.out"; return 1; }
+    for e in "model.rope_factor=1e-300|model: rope scaling (factor 1e-300" "model.norm_eps=1e300|model: the norm epsilon (inf) must be from 1e-12 to 1" \
+        "model.rope_theta=1e308|model: the norm epsilon (1e-05) must be from 1e-12 to 1 and the rope theta (1e+308) above 1"; do
+        i=$((i + 1))
+        $PY test/ckpt_craft.py "$d/l/ckpt_00000001" "$d/x$i" "${e%%|*}" || return 1
+        expect_error "resume: $d/x$i/manifest.json: ${e#*|}" "${L[@]}" --steps 2 --resume "$d/x$i" || ok=1
+    done
     return $ok
 }
 

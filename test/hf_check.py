@@ -384,6 +384,7 @@ def main():
             ("max_position_embeddings", dict(cfg, max_position_embeddings=0), "max_position_embeddings: 0 is outside"),
             ("rope_scaling type", dict(cfg, rope_scaling={"rope_type": "yarn", "factor": 4.0}), "rope_scaling: rope_type \"yarn\""),
             ("rope_scaling factors", dict(cfg, rope_scaling=dict(cfg["rope_scaling"], high_freq_factor=0.5)), "rope_scaling: high_freq_factor 0.5"),
+            ("rope_scaling factor below 1", dict(cfg, rope_scaling=dict(cfg["rope_scaling"], factor=0.5)), "rope_scaling: factor 0.5 is below 1"),
             ("rope_scaling original", dict(cfg, rope_scaling={k: v for k, v in cfg["rope_scaling"].items()
                                                               if k != "original_max_position_embeddings"}),
              "rope_scaling: original_max_position_embeddings: missing"),
