@@ -560,6 +560,36 @@ size_t hf_model_offset(const GPT2Config *m, int i) {
     }
 }
 
+// Tensors config.json has no place for would be left unread: a disagreement between the two, refused.
+// A layer past num_hidden_layers; an lm_head.weight under tie_word_embeddings that is not the embedding
+// (written tied, it is; transformers would drop it). Other names (such as rotary_emb.inv_freq buffers)
+// are not weights llm4d has, and are left as transformers leaves unexpected keys.
+static void check_unplaced(const HFCheckpoint *h, const HFConfig *c, const GPT2Config *cfg, const float *wte) {
+    for (int i = 0; i < h->nfiles; i++) {
+        const char *key;
+        json_t *v;
+        json_object_foreach(h->files[i].st.header, key, v) {
+            int k;
+            if (sscanf(key, "model.layers.%d.", &k) == 1 && k >= c->num_hidden_layers)
+                die("%s/%s holds %s, but config.json's num_hidden_layers is %d: the two disagree", h->dir, h->files[i].name, key,
+                    c->num_hidden_layers);
+        }
+    }
+    StTensor t;
+    const HFFile *f;
+    if (!c->tie_word_embeddings || find(h, "lm_head.weight", &t, &f) != 0) return;
+    size_t n = (size_t)cfg->V * (size_t)cfg->C;
+    float *head = xmalloc(sizeof(float) * n);
+    int64_t shape[2];
+    int nd = hf_tensor_shape(c, "model.embed_tokens.weight", shape);
+    hf_read(h, "lm_head.weight", nd, shape, head);
+    int same = !memcmp(head, wte, sizeof(float) * n);
+    free(head);
+    if (!same)
+        die("%s: config.json ties the embeddings (tie_word_embeddings true), but lm_head.weight differs from "
+            "model.embed_tokens.weight: the two disagree", h->dir);
+}
+
 float *hf_load_model(const char *dir, GPT2Config *cfg) {
     HFConfig c;
     hf_config_read(dir, &c);
@@ -575,6 +605,7 @@ float *hf_load_model(const char *dir, GPT2Config *cfg) {
         int nd = hf_tensor_shape(&c, name, shape);
         hf_read(h, name, nd, shape, p + hf_model_offset(cfg, i));
     }
+    check_unplaced(h, &c, cfg, p + hf_model_offset(cfg, 0));
     hf_close(h);
     return p;
 }

@@ -371,6 +371,15 @@ def main():
         expect_error("missing tensor", case_dir("missing", tensors=missing), "model.layers.0.mlp.up_proj.weight is missing")
         tied = {k: v for k, v in arr.items() if k != "lm_head.weight"}
         read_back("tied embeddings: no lm_head.weight", case_dir("tied", dict(cfg, tie_word_embeddings=True), tied), tied, cfg)
+        # tensors config.json has no place for: refused where the model is built from them (--via-model, as --init-from-hf)
+        raw = os.path.join(w, "unplaced.raw")
+        expect_error("a layer past num_hidden_layers", case_dir("fewer", dict(cfg, num_hidden_layers=cfg["num_hidden_layers"] - 1)),
+                     "but config.json's num_hidden_layers is %d: the two disagree" % (cfg["num_hidden_layers"] - 1), "--via-model", raw)
+        expect_error("tied, with an lm_head.weight of its own", case_dir("tiedhead", dict(cfg, tie_word_embeddings=True)),
+                     "lm_head.weight differs from model.embed_tokens.weight", "--via-model", raw)
+        same = dict(arr, **{"lm_head.weight": arr["model.embed_tokens.weight"]})
+        r = inspect(case_dir("tiedsame", dict(cfg, tie_word_embeddings=True), same), "--via-model", raw)
+        report(r.returncode == 0, "tied, with lm_head.weight the embedding (as written tied): read (%s)" % r.stderr.strip()[:200])
         bads = [
             ("num_key_value_heads", dict(cfg, num_key_value_heads=3), "num_key_value_heads: 3 does not divide"),
             ("num_key_value_heads above heads", dict(cfg, num_key_value_heads=8), "num_key_value_heads: 8 is outside"),
