@@ -282,6 +282,13 @@ Bpe *bpe_load_gpt2(const char *encoder_json, const char *merges, char *err, size
         else if (!m) FAIL("--bpe-merges %s: line %d merges \"%s\" and \"%s\" into \"%s\", which --bpe-encoder %s does not have (the two files disagree)",
                           merges, lineno, line, sp + 1, cat, encoder_json);
         else if (b->nmerges >= (int)V) FAIL("--bpe-merges %s: more merges than --bpe-encoder %s has tokens", merges, encoder_json);
+        // tokenizer.bin (llm.c's file, ids and bytes only) gives the merges back by the order of the ids
+        // (bpe_from_tokenizer): with ids out of merge order it would encode otherwise than these files
+        else if (b->nmerges && json_integer_value(m) <= b->merge[b->nmerges - 1][2])
+            FAIL("--bpe-merges %s: line %d makes \"%s\", id %lld in --bpe-encoder %s, not above the id %d the merge before it "
+                 "makes: the ids must follow the merge order (GPT-2's merge r makes id 256 + r), which the tokenizer.bin "
+                 "written with the shards records", merges, lineno, cat, (long long)json_integer_value(m), encoder_json,
+                 b->merge[b->nmerges - 1][2]);
         else {
             b->merge[b->nmerges][0] = (int32_t)json_integer_value(l);
             b->merge[b->nmerges][1] = (int32_t)json_integer_value(r);

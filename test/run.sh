@@ -330,6 +330,11 @@ PY
         prepare "$d/self" "$d/self" || ok=1
     expect_error "prepare: the input $d/self/train.bin is $d/self/train.bin, an output of this run" prepare "$d/self/train.bin" "$d/self" || ok=1
     [ "$(cd "$d/self" && md5sum *)" = "$before" ] || { echo "FAIL: a refused prepare changed its inputs"; ok=1; }
+    # GPT-2's files with two merged tokens' ids swapped: consistent with each other, but not in merge order
+    $PY -c 'import json,sys; e=json.load(open(sys.argv[1])); inv={v:k for k,v in e.items()}; e[inv[256]],e[inv[300]]=300,256; json.dump(e,open(sys.argv[2],"w"))' \
+        "$GPT2/encoder.json" "$d/swap.json" || ok=1
+    expect_error "prepare: --bpe-merges $GPT2/vocab.bpe: line 3 makes .*, id 257 in --bpe-encoder $d/swap.json, not above the id 300 the merge before it makes: the ids must follow the merge order" \
+        prepare --tokenizer gpt2 --bpe-encoder "$d/swap.json" --bpe-merges "$GPT2/vocab.bpe" "$d/t.txt" "$o" || ok=1
     # a tokenizer file whose end-of-text id is no token of it (each document would start with another)
     $PY -c 'import struct,sys; b=bytearray(open(sys.argv[1],"rb").read()); b[12:16]=struct.pack("<i",65536+65); open(sys.argv[2],"wb").write(b)' \
         "$d/self/tokenizer.bin" "$d/eot.bin" || ok=1
