@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <float.h>
 #include <jansson.h>
+#include <math.h>
 #include <limits.h>
 #include <stddef.h>
 #include <pthread.h>
@@ -1331,6 +1332,15 @@ static int load_one(const char *d, const GPT2 *model, const Runs need[NUM_PARAM_
         goto out;
     }
     if (load_shards(d, path, shards, mt, model, need, dst, tiles, why, cap) != 0) goto out;
+    // a crc that verifies says the bytes are the writer's, not that they are a state to train on
+    const char *what[3] = { "master weight", "first moment", "second moment" };
+    for (int q = 0; q < 3; q++)
+        for (size_t i = 0; i < model->num_params; i++)
+            if (!isfinite(dst[q][i]) || (q == 2 && dst[q][i] < 0)) {
+                snprintf(why, cap, "%s: a %s of this rank's state is %g (element %zu of %zu): not a state to train from", d, what[q],
+                         (double)dst[q][i], i, model->num_params);
+                goto out;
+            }
     code = LOAD_OK;
 out:
     for (int k = 0; k < NUM_PARAM_TENSORS; k++) free(tiles[k].t);

@@ -606,6 +606,7 @@ float *hf_load_model(const char *dir, GPT2Config *cfg) {
         hf_read(h, name, nd, shape, p + hf_model_offset(cfg, i));
     }
     check_unplaced(h, &c, cfg, p + hf_model_offset(cfg, 0));
+    gpt2_check_finite(cfg, p, dir);
     hf_close(h);
     return p;
 }

@@ -296,6 +296,16 @@ void gpt2_file_shape(const char *path, GPT2Config *cfg) {
     fclose(open_model_file(path, cfg, &version));
 }
 
+void gpt2_check_finite(const GPT2Config *cfg, const float *p, const char *source) {
+    size_t sizes[NUM_PARAM_TENSORS], off[NUM_PARAM_TENSORS];
+    gpt2_param_layout(cfg, sizes, off);
+    for (int k = 0; k < NUM_PARAM_TENSORS; k++)
+        for (size_t i = 0; i < sizes[k]; i++)
+            if (!isfinite(p[off[k] + i]))
+                die("%s: %s element %zu of %zu is %g: not a model to start from", source, PARAM_NAMES[k], i, sizes[k],
+                    (double)p[off[k] + i]);
+}
+
 float *gpt2_load_file(const char *path, GPT2Config *cfg) {
     int version;
     FILE *f = open_model_file(path, cfg, &version);
@@ -313,6 +323,7 @@ float *gpt2_load_file(const char *path, GPT2Config *cfg) {
         free(tmp);
     }
     fclose(f);
+    gpt2_check_finite(cfg, p, path);
     return p;
 }
 

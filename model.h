@@ -206,6 +206,8 @@ int gpt2_param_decays(int tensor);
 // shard of the model sees exactly these values.
 float *gpt2_init_params(const GPT2Config *cfg, uint64_t seed);
 // llm.c model files. Load returns host fp32 parameters and fills cfg; errors name the file.
+// Dies naming source, the tensor and the element when a value of the full vector p is NaN or infinite.
+void gpt2_check_finite(const GPT2Config *cfg, const float *p, const char *source);
 float *gpt2_load_file(const char *path, GPT2Config *cfg);
 // The shape alone (the header, checked against the file's size), without reading the weights.
 void gpt2_file_shape(const char *path, GPT2Config *cfg);

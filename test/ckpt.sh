@@ -683,6 +683,13 @@ t_ckpt_fields() {
     where=$($PY test/ckpt_craft.py "$ck" "$d/overlap" overlap) || return 1
     expect_error "resume: $d/overlap: the runs of ${where% *} overlap: element ${where#* } is in rank_0000[01].safetensors and in rank_00001.safetensors" \
         "${S[@]}" --steps 4 --resume "$d/overlap" || ok=1
+    # a state no run trains from: a NaN master weight, an infinite moment, a negative second moment
+    for e in "wte.master=nan|a master weight of this rank's state is nan" "wte.m=inf|a first moment of this rank's state is inf" \
+        "wte.v=-1|a second moment of this rank's state is -1"; do
+        i=$((i + 1))
+        $PY test/ckpt_craft.py "$ck" "$d/x$i" "value:${e%%|*}" || return 1
+        expect_error "resume: $d/x$i: ${e#*|} (element" "${S[@]}" --steps 4 --resume "$d/x$i" || ok=1
+    done
     # a Llama's fields, in the ranges their flags have (what no writer could have produced)
     local L=(--model llama3-tiny --train "$DATA/train.bin" --seq-len 32 --micro-batch 1 --batch-tokens 32)
     timeout 300 $TRAIN "${L[@]}" --steps 1 --ckpt-dir "$d/l" >"$d/l.out" 2>&1 || { tail -3 "$d/l.out"; return 1; }

@@ -7,6 +7,7 @@ Usage: ckpt_craft.py SRC DST EDIT...
   overlap      moves the first run of rank 1's shard that starts after element 0 of its tensor one element
                back, onto an element another run holds (one element then in no run): prints
                'TENSOR START', START the element now held twice
+  value:KEY=X  sets the first element of rank 0's shard tensor KEY (e.g. wte.v, a float32) to X (nan, inf, -1)
 Then recomputes the shards' crc32 in the manifest and the manifest's own."""
 import json
 import shutil
@@ -42,6 +43,17 @@ for e in edits:
         assert done, "rank 1 holds no run that starts after element 0"
         open(path, "wb").write(b)
         man["shards"][1]["crc32"] = zlib.crc32(bytes(b))
+        continue
+    if e.startswith("value:"):
+        key, x = e[len("value:"):].split("=", 1)
+        path = f"{dst}/rank_00000.safetensors"
+        b = bytearray(open(path, "rb").read())
+        n = struct.unpack("<Q", b[:8])[0]
+        t = json.loads(b[8:8 + n])[key]
+        assert t["dtype"] == "F32", t
+        b[8 + n + t["data_offsets"][0]:8 + n + t["data_offsets"][0] + 4] = struct.pack("<f", float(x))
+        open(path, "wb").write(b)
+        man["shards"][0]["crc32"] = zlib.crc32(bytes(b))
         continue
     remove = e.startswith("-")
     keys, value = (e[1:], None) if remove else e.split("=", 1)

@@ -889,6 +889,10 @@ t_bad_input() {
     expect_error "batch-tokens 100 is not a multiple" "${base[@]}" --train "$DATA/train.bin" --batch-tokens 100 || ok=1
     expect_error "--train: no file matches $d/missing" "${base[@]}" --train "$d/missing*.bin" || ok=1
     expect_error "cannot open $d/nofile.bin" --init-from "$d/nofile.bin" --steps 0 || ok=1
+    # a model file holding an infinity (the first float after the 256-int header: wte's first)
+    $PY -c 'import struct,sys; b=bytearray(open(sys.argv[1],"rb").read()); b[1024:1028]=struct.pack("<f",float("inf")); open(sys.argv[2],"wb").write(b)' \
+        "$d/m.bin" "$d/inf.bin" || ok=1
+    expect_error "$d/inf.bin: wte element 0 of [0-9]* is inf: not a model to start from" --init-from "$d/inf.bin" --steps 0 || ok=1
     expect_error "--model needs a value" --model || ok=1
     expect_error "--model must be d12" --model d13 --steps 0 || ok=1
     expect_error "channels (30) must be divisible by heads (4)" --layers 1 --channels 30 --heads 4 --steps 0 || ok=1
