@@ -574,6 +574,8 @@ void schedule_write_dump(FILE *f, const Schedule *s, const char *times, double *
 
 // The dump of the schedule's own unit-time timeline (./train schedule --pp-schedule-dump).
 static void write_unit_dump(const char *path, const Schedule *s) {
+    char target[SAFE_PATH_MAX], err[2 * SAFE_PATH_MAX + 256]; // as training checks it: no data file, no missing directory
+    if (safe_check("--pp-schedule-dump", path, target, sizeof target, err, sizeof err) < 0) die("%s", err);
     double **start = xmalloc(sizeof(double *) * (size_t)s->p), **end = xmalloc(sizeof(double *) * (size_t)s->p);
     for (int r = 0; r < s->p; r++) {
         start[r] = xmalloc(sizeof(double) * (size_t)(s->n[r] ? s->n[r] : 1));
