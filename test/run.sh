@@ -1965,6 +1965,10 @@ EOF
     printf '\xc6\xd7\x34\x01\xff\xfe\x80 a model, not a log' >"$d/binary.jsonl" # (not UTF-8: one line of error, no traceback)
     err=$($PY scripts/plot.py "$d/binary.jsonl" -o "$d/bad.png" 2>&1)
     [ $? -ne 0 ] && [ "$err" = "error: $d/binary.jsonl:1: not a JSON line" ] || { echo "binary log: $err"; return 1; }
+    printf '{"step":1,"loss":2,"tokens":64,"pp_busy_ms":5}\n{"step":2,"loss":1,"tokens":128,"pp_busy_ms":5}\n' >"$d/shape.jsonl"
+    err=$($PY scripts/plot.py "$d/shape.jsonl" -o "$d/bad.png" 2>&1) # (a hand-edited record: pp_busy_ms not a list)
+    [ $? -ne 0 ] && [ "$(printf '%s\n' "$err" | wc -l)" -eq 1 ] && grep -q "^error: a record of an unexpected shape in the input" <<<"$err" ||
+        { echo "a record of another shape: $err"; return 1; }
     err=$($PY scripts/plot.py "$d/one.jsonl" -o "$d/missing/x.png" 2>&1)
     [ $? -ne 0 ] && [ "$(printf '%s\n' "$err" | wc -l)" -eq 1 ] && grep -q "^error: cannot write $d/missing/x.png" <<<"$err" ||
         { echo "unwritable output: $err"; return 1; }
