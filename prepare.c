@@ -684,10 +684,16 @@ int prepare_main(int argc, char **argv) {
     } else if (p.kind == TK_FILE) {
         Tokenizer tk;
         tokenizer_load(&tk, p.tokenizer_file);
-        bpe = bpe_from_tokenizer(&tk, err, sizeof err);
+        int bytes = tk.vocab == 256; // the byte tokenizer's file (token i is byte i): its documents have no eot
+        for (int i = 0; i < tk.vocab && bytes; i++) bytes = tk.lengths[i] == 1 && (unsigned char)tk.pieces[i][0] == i;
+        if (bytes) {
+            p.kind = TK_BYTE;
+        } else {
+            bpe = bpe_from_tokenizer(&tk, err, sizeof err);
+            if (!bpe) die("prepare: --tokenizer %s: %s", p.tokenizer_file, err);
+            if (bpe_eot(bpe) < 0) die("prepare: --tokenizer %s records no end-of-text id to start documents with", p.tokenizer_file);
+        }
         tokenizer_free(&tk);
-        if (!bpe) die("prepare: --tokenizer %s: %s", p.tokenizer_file, err);
-        if (bpe_eot(bpe) < 0) die("prepare: --tokenizer %s records no end-of-text id to start documents with", p.tokenizer_file);
     }
     Outputs out; // lives until exit: die() leaves this frame in place for remove_pending
     memset(&out, 0, sizeof out);

@@ -272,6 +272,11 @@ t_bpe_train() {
     for f in train.bin val.bin tokenizer.bin; do
         cmp "$d/sh/$f" "$d/again/$f" || { echo "bpe:1000's tokenizer file as --tokenizer FILE gives another $f"; return 1; }
     done
+    # and the byte tokenizer's file: the bytes, without an end-of-text token before each document
+    $TRAIN prepare "$SHAKES" "$d/by" >/dev/null && $TRAIN prepare --tokenizer "$d/by/tokenizer.bin" "$SHAKES" "$d/by2" >/dev/null || return 1
+    for f in train.bin val.bin tokenizer.bin; do
+        cmp "$d/by/$f" "$d/by2/$f" || { echo "the byte tokenizer's file as --tokenizer FILE gives another $f"; return 1; }
+    done
     $PY $TOKREF hfload "$d/sh" "$SHAKES"
 }
 
