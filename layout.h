@@ -13,6 +13,12 @@
 
 #include "collectives.h"
 
+// The trainer's bounds on a step, so that no batch count overflows (options.c's check_layout; the planner
+// refuses the same): tokens of a micro-batch, micro-batches a step accumulates, one rank's tokens a step.
+#define MAX_MICRO_TOKENS (1LL << 24)
+#define MAX_ACCUM (1LL << 16)
+#define MAX_STEP_TOKENS (1LL << 28) // (two int32 copies)
+
 #define MAX_CHUNKS 16
 
 // One axis: how many ranks it has, this rank's coordinate on it, and the group along it (NULL in one

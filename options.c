@@ -344,10 +344,8 @@ GPT2Config options_shape(const Options *o) {
 
 // The batch arithmetic, bounded so that no count overflows: accum micro-batches of B x T tokens on
 // each of the data-parallel ranks, G sequences per step, global sequence indices below 2^62.
-#define MAX_MICRO_TOKENS (1LL << 24)
+// (MAX_MICRO_TOKENS, MAX_ACCUM, MAX_STEP_TOKENS: layout.h, which the planner checks too)
 #define SAMPLE_EVAL_MAX_T 1024 // ./train sample and eval without --seq-len
-#define MAX_ACCUM (1LL << 16)
-#define MAX_STEP_TOKENS (1LL << 28) // one rank's tokens of a step (two int32 copies)
 
 int check_layout(const Options *o, const GPT2Config *cfg, int nranks, BatchShape *b, char *err, size_t cap) {
     if (layout_error(o->tp, o->cp, o->pp, nranks, err, cap)) return -1;

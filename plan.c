@@ -291,6 +291,10 @@ static void resolve_plan(PlanInput *in, const PlanFlags *g) {
     if (in->comm && (in->exact || in->plot || in->top))
         die("plan comm: %s is for the layout search (./train plan)", in->exact ? "--exact" : in->plot ? "--plot" : "--top");
     if (in->exact && !in->flash) die("--exact counts llm4d's buffers, and its attention is flash: drop --attention full");
+    // --interleaved is a schedule: the bubble column's too, and no other beside it
+    if (in->interleaved && in->pp_schedule != SCHED_1F1B && in->pp_schedule != SCHED_INTERLEAVED) // (1f1b: the default)
+        die("--interleaved counts the interleaved schedule: drop --pp-schedule %s, or --interleaved", SCHEDULE_NAMES[in->pp_schedule]);
+    if (in->interleaved) in->pp_schedule = SCHED_INTERLEAVED;
     if (in->exact && in->params > 0)
         die("--exact counts llm4d's buffers, which need the whole shape (--model, or --layers --channels --heads --vocab), "
             "not --params");
@@ -369,8 +373,10 @@ static void parse_plan(PlanInput *in, int argc, char **argv) {
         else if (IS("--max-tp")) in->max_tp = INT(1, 1 << 16);
         else if (IS("--gpu-mem")) {
             in->gpu_mem = parse_number(f, v, BYTE_UNITS, 1, 1e18, 0);
-            if (in->gpu_mem < 1 << 20) // no GPU has less: a unit left out (80 for 80GB)
+            int digits = (int)strspn(v, "0123456789.eE+-"); // no GPU has less than 1 MiB: a unit left out (80 for 80GB)
+            if (in->gpu_mem < 1 << 20 && !v[digits])
                 die("plan: --gpu-mem %s is %.0f bytes: give a unit, e.g. %sGB (1e9) or %sGiB (2^30)", v, in->gpu_mem, v, v);
+            if (in->gpu_mem < 1 << 20) die("plan: --gpu-mem %s is %.0f bytes, below the 1 MiB of any GPU", v, in->gpu_mem);
         }
         else if (IS("--intra-bw")) in->intra_bw = 1e9 * parse_number(f, v, NO_UNITS, 1e-6, 1e9, 0);
         else if (IS("--inter-bw")) in->inter_bw = 1e9 * parse_number(f, v, NO_UNITS, 1e-6, 1e9, 0);
@@ -507,9 +513,15 @@ static void estimate_seed(const PlanInput *in, Candidate *y) {
     else if (c->arch == ARCH_LLAMA && c->NKV % tp && tp % c->NKV) y->why = "TP and the kv heads do not divide one another";
     else if (c->arch == ARCH_LLAMA && c->F % tp) y->why = "TP does not divide the SwiGLU size";
     else if (pp > c->L) y->why = "more stages than layers";
-    else if (in->T % (2 * cp)) y->why = "the sequence does not cut into 2·CP equal chunks";
+    else if (in->pp_schedule == SCHED_ZBV && pp > 1 && 2 * pp > c->L) y->why = "zb-v's two chunks a stage need 2·PP layers";
+    else if (cp > 1 && in->T % (2 * cp)) y->why = "the sequence does not cut into 2·CP equal chunks";
     else if (fmod(in->batch_tokens, (double)dp * M * T) != 0)
         y->why = "the batch does not split into whole sequences per micro-batch";
+    // the trainer's bounds on a step (options.c, check_layout): tokens of a micro-batch, micro-batches, tokens per rank
+    else if (in->batch_tokens / ((double)dp * M) > (double)MAX_MICRO_TOKENS)
+        y->why = "more tokens in a micro-batch than llm4d takes (2^24)";
+    else if (M > MAX_ACCUM || in->batch_tokens / dp > (double)MAX_STEP_TOKENS)
+        y->why = "more micro-batches (2^16) or tokens (2^28) a rank and step than llm4d takes";
 
     // a Llama with more TP ranks than kv heads replicates each kv head's K and V weights on TP/NKV ranks
     double kv_extra = 0;
@@ -619,8 +631,9 @@ static void estimate_exact(const PlanInput *in, Candidate *y) {
     y->exact_total = NAN;
     if (y->why) return;
     double B = y->sequences_per_micro;
-    if (in->sp && fmod(B * in->T / y->cp, y->tp) != 0) {
-        y->why = "sequence parallelism needs B x T / CP divisible by TP";
+    // as the trainer checks (options.c, context_split_error): each sequence's positions, and a CP rank's
+    if (in->sp && (in->T % y->tp || (y->cp > 1 && (in->T / y->cp) % y->tp))) {
+        y->why = "sequence parallelism needs T (and T / CP) divisible by TP";
         return;
     }
     int interleave = in->interleaved && !isnan(y->bubble_interleaved);

@@ -1869,6 +1869,35 @@ t_comm_model() {
     $ASAN "${beacon[@]}" --json | $PY -c 'import json, sys; json.load(sys.stdin)'
 }
 
+# The planner takes a layout where the trainer does, and refuses it (a reason in its row) where the
+# trainer refuses it: each case runs both. (A helper's sweep found these five apart.)
+t_plan_trainer_agree() {
+    local ok=0 S=(--layers 4 --channels 64 --heads 4 --vocab 256) c trainer planner reason
+    while IFS='|' read -r c reason trainer planner; do
+        read -ra trainer <<<"$trainer"
+        read -ra planner <<<"$planner"
+        local tout pout trc=0
+        tout=$(timeout 120 $TRAIN "${S[@]}" --train "$DATA/train.bin" --threads 1 --steps 1 "${trainer[@]}" 2>&1) || trc=1
+        pout=$($TRAIN plan "${S[@]}" "${planner[@]}" 2>&1 | tail -1) || { echo "FAIL $c: plan failed: $pout"; ok=1; continue; }
+        if [ -z "$reason" ]; then
+            [ $trc -eq 0 ] && ! grep -q '(' <<<"$pout" || { echo "FAIL $c: trainer rc $trc, plan row: $pout"; ok=1; }
+        else
+            [ $trc -ne 0 ] && grep -qF "($reason)" <<<"$pout" || { echo "FAIL $c: trainer: $(tail -1 <<<"$tout"); plan: $pout"; ok=1; }
+        fi
+        echo "ok $c"
+    done <<'CASES'
+odd T without CP||--seq-len 63 --micro-batch 2 --batch-tokens 126|--seq-len 63 --gpus 1 --batch-tokens 126 --micro-batches 1
+SP with T not divisible by TP|sequence parallelism needs T (and T / CP) divisible by TP|--seq-len 6 --micro-batch 2 --batch-tokens 12 --nproc 4 --tp 4 --sp|--exact --device cpu --dtype fp32 --seq-len 6 --gpus 4 --tp 4 --sp --batch-tokens 12 --micro-batches 1
+zb-v on fewer than 2 PP layers|zb-v's two chunks a stage need 2·PP layers|--layers 2 --seq-len 64 --micro-batch 1 --batch-tokens 128 --nproc 2 --pp 2 --pp-schedule zb-v|--layers 2 --seq-len 64 --gpus 2 --pp 2 --pp-schedule zb-v --batch-tokens 128 --micro-batches 2
+70000 micro-batches|more micro-batches (2^16) or tokens (2^28) a rank and step than llm4d takes|--seq-len 16 --micro-batch 1 --batch-tokens 1120000|--seq-len 16 --gpus 1 --batch-tokens 1120000 --micro-batches 70000
+CASES
+    expect_error "--interleaved counts the interleaved schedule: drop --pp-schedule zb-v" plan "${S[@]}" --gpus 2 --batch-tokens 1024 \
+        --seq-len 64 --exact --interleaved --pp-schedule zb-v || ok=1
+    expect_error "plan: --gpu-mem 0.000001GB is 1000 bytes, below the 1 MiB of any GPU" plan "${S[@]}" --gpus 1 --batch-tokens 1024 \
+        --gpu-mem 0.000001GB || ok=1
+    return $ok
+}
+
 t_plan_bad_input() {
     local ok=0 p=(plan --gpus 8 --batch-tokens 64K)
     expect_error "plan: --gpus is required" plan --batch-tokens 4M || ok=1
@@ -2243,6 +2272,7 @@ run_test memory  t_context_parallel_memory "context parallel activation memory p
 run_test cp      t_context_parallel_errors "context parallel: one-line errors (sequence split, layout, --sp)"
 run_test plan    t_plan                    "plan: every layout's bytes, bubble, communication and compute against the formulas, GPT-2 and Llama; README's 70B and Beacon tables"
 run_test plan    t_comm_model              "plan comm: each traffic class's time, connections, staging and incast per algorithm against closed forms; the seed's Beacon figures"
+run_test plan    t_plan_trainer_agree      "plan takes and refuses the layouts the trainer takes and refuses (odd T, SP, zb-v depth, a step's bounds)"
 run_test plan    t_plan_bad_input          "plan: bad input, one-line errors naming the flag (ASan)"
 run_test memory  t_recompute               "recompute selective and full are bitwise --recompute none: 1 rank fp32/bf16, DP x ZeRO 1-3, TP+SP, PP plain/interleaved, 3D bf16, CP alone and with TP+SP x ZeRO-3, resume; no extra ZeRO-3 gathers"
 run_test memory  t_memory_formulas         "memory: every rank's peak activations and recompute scratch equal the inventory; fall with recompute, TP, SP, PP, CP, B, T"
