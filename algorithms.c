@@ -112,12 +112,13 @@ static void view_free(AlgoComm *v);
 const char *algo_choose(AlgoComm *c, int requested) {
     int n = c->size, nodes = 0, local = 0, uniform = 1;
     for (int r = 0; r < n; r++) nodes = c->node_of[r] + 1 > nodes ? c->node_of[r] + 1 : nodes;
+    int *members = xcalloc((size_t)nodes + 1, sizeof(int)); // one pass: the planner asks this of 16384 ranks
+    for (int r = 0; r < n; r++) members[c->node_of[r]]++;
     for (int m = 0; m < nodes; m++) {
-        int k = 0;
-        for (int r = 0; r < n; r++) k += c->node_of[r] == m;
-        if (m == 0) local = k;
-        uniform &= k == local;
+        if (m == 0) local = members[m];
+        uniform &= members[m] == local;
     }
+    free(members);
     c->nodes = nodes, c->local = local;
     if (requested == ALGO_AUTO) requested = n == 1 || nodes == 1 ? ALGO_FANIN : uniform ? ALGO_HIER : ALGO_RING;
     if (requested == ALGO_HIER && !uniform) return "--algo hier needs as many members of the communicator on each node";

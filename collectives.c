@@ -93,15 +93,46 @@ int comm_parse_algo(const char *s) {
 }
 const char *comm_algo(const Comm *c) { return ALGO_NAMES[c->a.algo]; }
 
+typedef struct {
+    int node, rank;
+} NodeRank;
+static int by_node_then_rank(const void *x, const void *y) {
+    const NodeRank *a = x, *b = y;
+    if (a->node != b->node) return a->node < b->node ? -1 : 1;
+    return a->rank < b->rank ? -1 : a->rank > b->rank;
+}
+static int by_int(const void *x, const void *y) {
+    int a = *(const int *)x, b = *(const int *)y;
+    return a < b ? -1 : a > b;
+}
+
 long long comm_algo_buffer_bytes(int algo, int size, const int *node, const char **why) {
     AlgoComm a = { .size = size };
     a.node_of = xmalloc(sizeof(int) * (size_t)size);
-    for (int r = 0, nodes = 0; r < size; r++) { // nodes numbered by first appearance, as choose_algo does
-        a.node_of[r] = -1;
-        for (int q = 0; q < r && a.node_of[r] < 0; q++)
-            if (node[q] == node[r]) a.node_of[r] = a.node_of[q];
-        if (a.node_of[r] < 0) a.node_of[r] = nodes++;
+    // nodes numbered by first appearance, as choose_algo does: the ranks sorted by (node, rank), each
+    // node's first rank then gives its number in rank order (n log n: the planner asks of 16384 ranks)
+    NodeRank *by = xmalloc(sizeof(NodeRank) * (size_t)size);
+    int *first = xmalloc(sizeof(int) * (size_t)size);
+    for (int r = 0; r < size; r++) by[r] = (NodeRank){ node[r], r };
+    qsort(by, (size_t)size, sizeof(NodeRank), by_node_then_rank);
+    int groups = 0;
+    for (int i = 0; i < size; i++)
+        if (i == 0 || by[i].node != by[i - 1].node) first[groups++] = by[i].rank;
+    qsort(first, (size_t)groups, sizeof(int), by_int);
+    for (int i = 0, g = -1; i < size; i++) { // each rank gets its node's number: its first rank's place in first[]
+        if (i == 0 || by[i].node != by[i - 1].node) {
+            int lo = 0, hi = groups - 1;
+            while (lo < hi) { // first[] holds by[i].rank, the node's lowest rank
+                int mid = (lo + hi) / 2;
+                if (first[mid] < by[i].rank) lo = mid + 1;
+                else hi = mid;
+            }
+            g = lo;
+        }
+        a.node_of[by[i].rank] = g;
     }
+    free(by);
+    free(first);
     *why = algo_choose(&a, algo);
     free(a.node_of);
     return *why ? -1 : (long long)algo_buffer_bytes(a.algo, size, a.local, a.nodes, CHUNK_BYTES);
