@@ -1426,7 +1426,8 @@ int ckpt_resume(const char *dir, const char *path, const char *flag, const GPT2 
             if (rank == lowest) die("%s%s%s", worst == LOAD_INCOMPATIBLE ? "" : flag, worst == LOAD_INCOMPATIBLE ? "" : ": ", why);
             exit(1);
         }
-        if (rank == lowest) fprintf(stderr, "warning: checkpoint unusable: %s; trying the one before it\n", why);
+        if (rank == lowest)
+            fprintf(stderr, "warning: checkpoint unusable: %s; %s\n", why, i + 1 < n ? "trying the one before it" : "there is none before it");
         if (worst == LOAD_UNUSABLE && rank == 0) move_aside(d); // every rank has finished reading it
     }
     runs_free(need);

@@ -204,6 +204,11 @@ t_ckpt_bad() {
     printf '\xff' | dd of="$d/given/rank_00000.safetensors" bs=1 seek=1000 conv=notrunc 2>/dev/null
     expect_error "resume: $d/given/rank_00000.safetensors: checksum mismatch" "${S[@]:2}" --resume "$d/given" || ok=1
     expect_error "ckpt-dir $d/c already holds checkpoints (the newest of step 6): pass --resume" "${S[@]:2}" --ckpt-dir "$d/c" || ok=1
+    # the only checkpoint unusable: said so, not "trying the one before it"; refused, exit 1
+    rm -rf "$d/only" && mkdir "$d/only" && cp -r "$d/c/ckpt_00000006" "$d/only/" || return 1
+    truncate -s 1000 "$d/only/ckpt_00000006/rank_00000.safetensors"
+    timeout 300 $TRAIN "${S[@]}" --ckpt-dir "$d/only" --resume >/dev/null 2>"$d/only.err" && { echo "FAIL: resumed from nothing"; ok=1; }
+    grep -q "^warning: checkpoint unusable: .*; there is none before it$" "$d/only.err" || { echo "FAIL only: $(cat "$d/only.err")"; ok=1; }
     # what only looks like a checkpoint is left alone: a link named as a newer one (to a directory
     # without a manifest: removing it as incomplete emptied its target) and a name ckpt_path never writes
     rm -rf "$d/links" "$d/precious" && cp -r "$d/c" "$d/links" && mkdir "$d/precious" "$d/links/ckpt_+0000009" &&
