@@ -31,10 +31,12 @@ static void pread_all(int fd, void *dst, size_t n, off_t off, const char *path) 
 static void shard_open(Shard *s, const char *path) {
     s->path = strdup(path);
     if (!s->path) die("out of memory");
-    s->fd = open(path, O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: a FIFO or device named here would otherwise block the open until a writer comes
+    s->fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (s->fd < 0) die("cannot open %s: %s", path, strerror(errno));
     struct stat st;
     if (fstat(s->fd, &st) != 0) die("cannot stat %s: %s", path, strerror(errno));
+    if (!S_ISREG(st.st_mode)) die("%s is not a regular file: a token shard is read at offsets", path);
     if (st.st_size < 1024) die("%s is truncated: %lld bytes is shorter than the 1024-byte shard header", path, (long long)st.st_size);
     int32_t h[256];
     pread_all(s->fd, h, sizeof h, 0, path);

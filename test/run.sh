@@ -894,6 +894,8 @@ t_bad_input() {
     expect_error "batch-tokens 100 is not a multiple" "${base[@]}" --train "$DATA/train.bin" --batch-tokens 100 || ok=1
     expect_error "--train: no file matches $d/missing" "${base[@]}" --train "$d/missing*.bin" || ok=1
     expect_error "cannot open $d/nofile.bin" --init-from "$d/nofile.bin" --steps 0 || ok=1
+    mkfifo "$d/fifo.bin" # (its open blocked until a writer came, past any timeout a user would wait)
+    expect_error "$d/fifo.bin is not a regular file: a token shard is read at offsets" "${base[@]}" --train "$d/fifo.bin" || ok=1
     # a model file holding an infinity (the first float after the 256-int header: wte's first)
     $PY -c 'import struct,sys; b=bytearray(open(sys.argv[1],"rb").read()); b[1024:1028]=struct.pack("<f",float("inf")); open(sys.argv[2],"wb").write(b)' \
         "$d/m.bin" "$d/inf.bin" || ok=1
