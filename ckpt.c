@@ -187,13 +187,13 @@ static int list_steps(const char *dir, int64_t **out) {
         errno = 0;
         long long v = strtoll(s, &end, 10);
         if (end == s || *end || errno || v < 0) continue;
-        // only what ckpt_path names, and a directory of its own: never a link (removing an incomplete
-        // one would empty the directory it points to)
+        // only what ckpt_path names, and a directory (or a link to one: a checkpoint moved to other
+        // storage and linked back is read; remove_dir removes such a link, never what it points to)
         char name[64], p[2 * SAFE_PATH_MAX];
         snprintf(name, sizeof name, "%08lld", v);
         snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
         struct stat st;
-        if (strcmp(name, s) != 0 || lstat(p, &st) != 0 || !S_ISDIR(st.st_mode)) continue;
+        if (strcmp(name, s) != 0 || stat(p, &st) != 0 || !S_ISDIR(st.st_mode)) continue;
         if (n == cap) {
             cap = cap ? 2 * cap : 16;
             *out = realloc(*out, sizeof(int64_t) * cap);
@@ -249,8 +249,9 @@ int ckpt_newest_complete(const char *dir, int64_t *step) {
 
 // Removes a checkpoint directory and the files in it.
 static int remove_dir(const char *path) {
-    struct stat st; // a link is not followed: its target is not ours to empty
+    struct stat st; // a link is removed, not followed: what it points to is not ours to empty
     if (lstat(path, &st) != 0) return errno == ENOENT ? 0 : -1;
+    if (S_ISLNK(st.st_mode)) return unlink(path);
     if (!S_ISDIR(st.st_mode)) return errno = ENOTDIR, -1;
     DIR *d = opendir(path);
     if (!d) return errno == ENOENT ? 0 : -1;
@@ -862,7 +863,7 @@ static int meta_field(json_t *o, const MetaField *f, CkptMeta *mt) {
     case MF_BOOL: { // written as a boolean; missing reads as false, anything else is refused
         json_t *v = json_object_get(o, f->key);
         if (v && !json_is_boolean(v)) return 0;
-        *(int *)p = json_is_true(v);
+        *(int *)p = !v && f->optional ? (int)f->dflt : json_is_true(v); // optional: dflt when written before it
         return 1;
     }
     case MF_INT:
@@ -926,8 +927,8 @@ static const char *parse_meta(json_t *r, CkptMeta *mt) {
     if (!get_int(r, "version", &i) || i != FORMAT_VERSION) return "version";
     for (size_t k = 0; k < N_META_FIELDS; k++)
         if (!META_FIELDS[k].section && !meta_field(r, &META_FIELDS[k], mt)) return META_FIELDS[k].key;
-    for (size_t k = 0; k < N_META_FIELDS; k++)
-        if (META_FIELDS[k].section && !json_is_object(json_object_get(r, META_FIELDS[k].section)))
+    for (size_t k = 0; k < N_META_FIELDS; k++) // (a section of optional members alone may be missing: older manifests)
+        if (META_FIELDS[k].section && !META_FIELDS[k].optional && !json_is_object(json_object_get(r, META_FIELDS[k].section)))
             return META_FIELDS[k].section;
     for (size_t k = 0; k < N_META_FIELDS; k++) {
         const MetaField *f = &META_FIELDS[k];

@@ -66,7 +66,8 @@ int gpt2_config_valid(const GPT2Config *cfg, char *why, size_t cap) {
         if (cfg->F <= 0) return snprintf(why, cap, "the SwiGLU size (--ffn) must be positive, got %d", cfg->F), 0;
         // the flags' ranges (options.c, rope_scaling_parse), for every source of a shape: flags, config.json,
         // a checkpoint's manifest
-        if (!(cfg->norm_eps >= 1e-12 && cfg->norm_eps <= 1) || !(cfg->rope.theta > 1 && cfg->rope.theta <= 1e12))
+        // (norm_eps is a float: 1e-12f, which is just below the double 1e-12)
+        if (!(cfg->norm_eps >= 1e-12f && cfg->norm_eps <= 1) || !(cfg->rope.theta > 1 && cfg->rope.theta <= 1e12))
             return snprintf(why, cap, "the norm epsilon (%g) must be from 1e-12 to 1 and the rope theta (%g) above 1 and at most "
                             "1e12", cfg->norm_eps, cfg->rope.theta), 0;
         const RopeConfig *r = &cfg->rope;

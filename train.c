@@ -1044,6 +1044,7 @@ static void evaluate(Trainer *t, int step, int last) {
     const Options *o = &t->o;
     int first = t->resumed && step == t->start_step && o->mode == MODE_TRAIN;
     t->eval_step = step, t->validated = t->sampled = 0;
+    if (first && t->stopping) return; // no checkpoint follows to record it: the next resume does it
     // a training run stopping on a signal evaluates only what the boundary would have without it, so
     // the resumed run's log reads as the uninterrupted run's (and the checkpoint comes sooner)
     // (a signal during the last step cuts nothing short: that end is evaluated as the run's end)

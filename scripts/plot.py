@@ -459,5 +459,5 @@ if __name__ == "__main__":
     try:
         main(sys.argv[1:])
     except (TypeError, KeyError, IndexError, ValueError, RecursionError) as e:
-        # a record of the right keys with values of another shape (a hand-edited log): one line, not a traceback
-        fail("a record of an unexpected shape in the input (%s: %s)" % (type(e).__name__, e))
+        # mostly a record of the right keys with values of another shape (a hand-edited log): one line
+        fail("cannot plot the input, a record of an unexpected shape? (%s: %s)" % (type(e).__name__, e))

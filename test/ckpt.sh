@@ -67,6 +67,11 @@ t_ckpt_boundary() {
     timeout 300 $TRAIN "${S[@]}" "${E[@]}" --resume "$d/b/ckpt_00000002" --ckpt-dir "$d/b2" --log "$d/b.jsonl" >"$d/b.out" 2>&1 ||
         { echo "FAIL: resumed run b"; return 1; }
     grep -q "^sample at step 2:" "$d/b.out" && { echo "FAIL: step 2 sampled again"; ok=1; }
+    # a manifest written before the boundary section: read as both done (the behaviour then), not refused
+    $PY test/ckpt_craft.py "$d/b/ckpt_00000002" "$d/old/ckpt_00000002" -boundary || return 1
+    timeout 300 $TRAIN "${S[@]}" "${E[@]}" --resume "$d/old/ckpt_00000002" --ckpt-dir "$d/old2" >"$d/old.out" 2>&1 ||
+        { echo "FAIL: a manifest without the boundary section: $(tail -2 "$d/old.out")"; return 1; }
+    grep -q "^sample at step 2:\|^step 2 | val loss" "$d/old.out" && { echo "FAIL: an older manifest's step 2 done again"; ok=1; }
     diff <(grep val_loss "$d/ref.jsonl") <(grep val_loss "$d/b.jsonl") >/dev/null ||
         { echo "FAIL: run b's log (resumed into it) differs from the reference's:"; grep val_loss "$d/b.jsonl"; ok=1; }
     return $ok
@@ -209,13 +214,15 @@ t_ckpt_bad() {
     truncate -s 1000 "$d/only/ckpt_00000006/rank_00000.safetensors"
     timeout 300 $TRAIN "${S[@]}" --ckpt-dir "$d/only" --resume >/dev/null 2>"$d/only.err" && { echo "FAIL: resumed from nothing"; ok=1; }
     grep -q "^warning: checkpoint unusable: .*; there is none before it$" "$d/only.err" || { echo "FAIL only: $(cat "$d/only.err")"; ok=1; }
-    # what only looks like a checkpoint is left alone: a link named as a newer one (to a directory
-    # without a manifest: removing it as incomplete emptied its target) and a name ckpt_path never writes
-    rm -rf "$d/links" "$d/precious" && cp -r "$d/c" "$d/links" && mkdir "$d/precious" "$d/links/ckpt_+0000009" &&
-        echo notes >"$d/precious/notes.txt" && ln -s ../precious "$d/links/ckpt_00000008" || return 1
+    # links: a checkpoint moved to other storage and linked back is resumed from; a link named as a newer
+    # one to a directory without a manifest (an incomplete one) is removed, never what it points to (that
+    # emptied the directory); a name ckpt_path never writes is left alone
+    rm -rf "$d/links" "$d/precious" "$d/store" && cp -r "$d/c" "$d/links" && mkdir "$d/precious" "$d/store" "$d/links/ckpt_+0000009" &&
+        echo notes >"$d/precious/notes.txt" && ln -s ../precious "$d/links/ckpt_00000008" &&
+        mv "$d/links/ckpt_00000006" "$d/store/" && ln -s ../store/ckpt_00000006 "$d/links/ckpt_00000006" || return 1
     timeout 300 $TRAIN "${S[@]}" --steps 7 --ckpt-dir "$d/links" --resume >"$d/links.out" 2>&1 || { echo "FAIL links: $(tail -3 "$d/links.out")"; ok=1; }
-    grep -q "^resumed from $d/links/ckpt_00000006: step 6" "$d/links.out" || { echo "FAIL links: did not resume from step 6"; ok=1; }
-    [ "$(cat "$d/precious/notes.txt" 2>/dev/null)" = notes ] && [ -L "$d/links/ckpt_00000008" ] && [ -d "$d/links/ckpt_+0000009" ] ||
+    grep -q "^resumed from $d/links/ckpt_00000006: step 6" "$d/links.out" || { echo "FAIL links: did not resume from the linked step 6"; ok=1; }
+    [ "$(cat "$d/precious/notes.txt" 2>/dev/null)" = notes ] && [ ! -e "$d/links/ckpt_00000008" ] && [ -d "$d/links/ckpt_+0000009" ] ||
         { echo "FAIL: the link's target or the odd name was touched: $(grep removed "$d/links.out")"; ok=1; }
     return $ok
 }

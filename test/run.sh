@@ -550,6 +550,9 @@ PY
     done
     out=$($TRAIN --layers 2 --channels 32 --heads 4 --vocab 256 --rope-scaling 8 --steps 0 2>&1) && { echo "FAIL GPT-2 took it"; return 1; }
     grep -q "Llama family" <<<"$out" || { echo "FAIL GPT-2: $out"; return 1; }
+    # the ends of --norm-eps's range are taken (1e-12 is a float just below the double 1e-12)
+    $TRAIN "${base[@]}" --norm-eps 1e-12 >/dev/null 2>&1 && $TRAIN "${base[@]}" --norm-eps 1 >/dev/null 2>&1 ||
+        { echo "FAIL: --norm-eps 1e-12 or 1 refused: $($TRAIN "${base[@]}" --norm-eps 1e-12 2>&1 | tail -1)"; return 1; }
     # a checkpoint of another scaling: refused, naming both scalings
     $TRAIN "${base[@]}" --rope-scaling 8,1,4,16 --ckpt-dir "$d/ck" >/dev/null || return 1
     out=$($TRAIN "${base[@]}" --steps 2 --ckpt-dir "$d/ck" --resume 2>&1) && { echo "FAIL: resumed without the scaling"; return 1; }
@@ -2003,7 +2006,7 @@ EOF
     [ $? -ne 0 ] && [ "$err" = "error: $d/binary.jsonl:1: not a JSON line" ] || { echo "binary log: $err"; return 1; }
     printf '{"step":1,"loss":2,"tokens":64,"pp_busy_ms":5}\n{"step":2,"loss":1,"tokens":128,"pp_busy_ms":5}\n' >"$d/shape.jsonl"
     err=$($PY scripts/plot.py "$d/shape.jsonl" -o "$d/bad.png" 2>&1) # (a hand-edited record: pp_busy_ms not a list)
-    [ $? -ne 0 ] && [ "$(printf '%s\n' "$err" | wc -l)" -eq 1 ] && grep -q "^error: a record of an unexpected shape in the input" <<<"$err" ||
+    [ $? -ne 0 ] && [ "$(printf '%s\n' "$err" | wc -l)" -eq 1 ] && grep -q "^error: cannot plot the input, a record of an unexpected shape? (" <<<"$err" ||
         { echo "a record of another shape: $err"; return 1; }
     err=$($PY scripts/plot.py "$d/one.jsonl" -o "$d/missing/x.png" 2>&1)
     [ $? -ne 0 ] && [ "$(printf '%s\n' "$err" | wc -l)" -eq 1 ] && grep -q "^error: cannot write $d/missing/x.png" <<<"$err" ||
