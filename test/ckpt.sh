@@ -673,6 +673,14 @@ EOF2
 # The manifest's fields are checked for range and type after its crc32 verifies (test/ckpt_craft.py
 # recomputes it): each damage is refused in one line naming the field; a shard whose run overlaps
 # another's (one element then in no run, which the count of copied elements misses) names both shards.
+# crafted_refused SRC EDIT MESSAGE FLAGS...: a copy of checkpoint SRC with ckpt_craft.py's EDIT is
+# refused by --resume in one line, "resume: COPY" then MESSAGE (t_ckpt_fields' $d and counter $i)
+crafted_refused() {
+    i=$((i + 1))
+    $PY test/ckpt_craft.py "$1" "$d/x$i" "$2" || return 1
+    expect_error "resume: $d/x$i$3" "${@:4}" --resume "$d/x$i"
+}
+
 t_ckpt_fields() {
     local d=$WORK/ckfld ok=0 e
     rm -rf "$d"
@@ -687,9 +695,7 @@ t_ckpt_fields() {
         "layout.ranks=3|layout: dp x tp x pp x cp = 2 x 1 x 1 x 1 is not layout.ranks = 3" \
         'data.fingerprint="xyz"|data.fingerprint is not 8 hexadecimal digits per shard' "layout.cp=4294967297|missing or malformed 'cp'" \
         "data.tokens=-1|data.tokens = -1 is negative"; do
-        i=$((i + 1))
-        $PY test/ckpt_craft.py "$ck" "$d/x$i" "${e%%|*}" || return 1
-        expect_error "resume: $d/x$i/manifest.json: ${e#*|}" "${S[@]}" --steps 4 --resume "$d/x$i" || ok=1
+        crafted_refused "$ck" "${e%%|*}" "/manifest.json: ${e#*|}" "${S[@]}" --steps 4 || ok=1
     done
     local where
     where=$($PY test/ckpt_craft.py "$ck" "$d/overlap" overlap) || return 1
@@ -698,18 +704,14 @@ t_ckpt_fields() {
     # a state no run trains from: a NaN master weight, an infinite moment, a negative second moment
     for e in "wte.master=nan|a master weight of this rank's state is nan" "wte.m=inf|a first moment of this rank's state is inf" \
         "wte.v=-1|a second moment of this rank's state is -1"; do
-        i=$((i + 1))
-        $PY test/ckpt_craft.py "$ck" "$d/x$i" "value:${e%%|*}" || return 1
-        expect_error "resume: $d/x$i: ${e#*|} (element" "${S[@]}" --steps 4 --resume "$d/x$i" || ok=1
+        crafted_refused "$ck" "value:${e%%|*}" ": ${e#*|} (element" "${S[@]}" --steps 4 || ok=1
     done
     # a Llama's fields, in the ranges their flags have (what no writer could have produced)
     local L=(--model llama3-tiny --train "$DATA/train.bin" --seq-len 32 --micro-batch 1 --batch-tokens 32)
     timeout 300 $TRAIN "${L[@]}" --steps 1 --ckpt-dir "$d/l" >"$d/l.out" 2>&1 || { tail -3 "$d/l.out"; return 1; }
     for e in "model.rope_factor=1e-300|model: rope scaling (factor 1e-300" "model.norm_eps=1e300|model: the norm epsilon (inf) must be from 1e-12 to 1" \
         "model.rope_theta=1e308|model: the norm epsilon (1e-05) must be from 1e-12 to 1 and the rope theta (1e+308) above 1"; do
-        i=$((i + 1))
-        $PY test/ckpt_craft.py "$d/l/ckpt_00000001" "$d/x$i" "${e%%|*}" || return 1
-        expect_error "resume: $d/x$i/manifest.json: ${e#*|}" "${L[@]}" --steps 2 --resume "$d/x$i" || ok=1
+        crafted_refused "$d/l/ckpt_00000001" "${e%%|*}" "/manifest.json: ${e#*|}" "${L[@]}" --steps 2 || ok=1
     done
     return $ok
 }
