@@ -302,11 +302,11 @@ static float validate(Pipeline *p, TokenSet *val, Comm *cp_comm, int B, int T, i
 // (every step from S on computes M ms longer). An item applies to launch N of --max-restarts (0, the
 // first launch, by default; the launcher sets LLM4D_LAUNCH).
 typedef struct {
-    int kill_step, ckpt_kill_step, nan_step, spike_step, slow_from, slow_ms, term_step, int_step, term2_step;
+    int kill_step, ckpt_kill_step, nan_step, spike_step, slow_from, slow_ms, term_step, int_step, term2_step, sample_term_step;
 } Faults;
 
 static void parse_faults(Faults *f, int rank, int nranks) {
-    *f = (Faults){ -1, -1, -1, -1, -1, 0, -1, -1, -1 };
+    *f = (Faults){ -1, -1, -1, -1, -1, 0, -1, -1, -1, -1 };
     const char *spec = getenv("LLM4D_FAULT"), *l = getenv("LLM4D_LAUNCH");
     if (!spec || !*spec) return;
     int launch = l ? (int)parse_int("LLM4D_LAUNCH", l, 0, INT32_MAX) : 0;
@@ -333,8 +333,10 @@ static void parse_faults(Faults *f, int rank, int nranks) {
         int *slot = !strcmp(at, "kill") ? &f->kill_step : !strcmp(at, "ckpt-write") ? &f->ckpt_kill_step
                   : !strcmp(at, "nan") ? &f->nan_step : !strcmp(at, "spike") ? &f->spike_step
                   : !strcmp(at, "slow") ? &f->slow_from : !strcmp(at, "sigterm") ? &f->term_step
-                  : !strcmp(at, "sigint") ? &f->int_step : !strcmp(at, "sigterm-twice") ? &f->term2_step : NULL;
-        if (!slot) die("LLM4D_FAULT: at=%s is not kill, ckpt-write, nan, spike, slow, sigterm, sigterm-twice or sigint", at);
+                  : !strcmp(at, "sigint") ? &f->int_step : !strcmp(at, "sigterm-twice") ? &f->term2_step
+                  : !strcmp(at, "sigterm-sample") ? &f->sample_term_step : NULL;
+        if (!slot)
+            die("LLM4D_FAULT: at=%s is not kill, ckpt-write, nan, spike, slow, sigterm, sigterm-twice, sigterm-sample or sigint", at);
         if (r != rank || when != launch) continue;
         *slot = s;
         if (slot == &f->slow_from) f->slow_ms = ms;
@@ -1068,8 +1070,18 @@ static void evaluate(Trainer *t, int step, int last) {
     // under way when the signal comes stops at its next token
     if (o->sample_every > 0 && ((step > 0 && step % o->sample_every == 0) || end) && !(o->mode == MODE_TRAIN && t->stopping) &&
         !(first && t->resumed_sampled)) {
+        if (step == t->faults.sample_term_step) raise(SIGTERM); // (a stop signal during the sample, for the tests)
         int cut = sample(&t->pipe, o, t->have_tk ? &t->tk : NULL, t->prompt, t->nprompt, t->lay.T, step, t->lay.lead);
         t->cut_short |= cut, t->sampled = !cut;
+        // a training run stops at this boundary: its checkpoint records the sample as not done, and the
+        // resumed run prints it whole (stopping at the next one would lose it)
+        if (cut && o->mode == MODE_TRAIN && step < t->end_step) {
+            t->stopping = 1;
+            if (t->lay.lead)
+                printf("received %s during the sample: stopping cleanly after %d of %d steps%s; the resumed run prints the "
+                       "sample\n", stop_name(), step, o->steps, t->ckpt && step > t->start_step ? ", with a checkpoint" : "");
+            t->end_step = step;
+        }
     }
 }
 
@@ -1171,6 +1183,7 @@ static int train_main(int argc, char **argv) {
     for (int step = t.start_step;; step++) {
         int last = step_boundary(&t, step);
         evaluate(&t, step, last);
+        last |= step >= t.end_step; // (a sample a signal cut short ends the run here)
         if (t.ckpt && step > t.start_step && (last || (t.o.ckpt_every && step % t.o.ckpt_every == 0))) checkpoint(&t, step);
         if (last) break;
         StepResult r;

@@ -67,6 +67,17 @@ t_ckpt_boundary() {
     timeout 300 $TRAIN "${S[@]}" "${E[@]}" --resume "$d/b/ckpt_00000002" --ckpt-dir "$d/b2" --log "$d/b.jsonl" >"$d/b.out" 2>&1 ||
         { echo "FAIL: resumed run b"; return 1; }
     grep -q "^sample at step 2:" "$d/b.out" && { echo "FAIL: step 2 sampled again"; ok=1; }
+    # a stop signal during the sample of step 2: the run stops there (exit 0, a checkpoint recording the
+    # sample as not done), and the resumed run prints that sample whole, ending as the reference did
+    LLM4D_FAULT="rank=0,step=2,at=sigterm-sample" timeout 300 $TRAIN "${S[@]}" "${E[@]}" --ckpt-dir "$d/s" --log "$d/s.jsonl" \
+        >"$d/s.out" 2>&1 || { echo "FAIL: the run stopped during its sample: exit $?: $(tail -2 "$d/s.out")"; return 1; }
+    grep -q "^received SIGTERM during the sample: stopping cleanly after 2 of 4 steps, with a checkpoint; the resumed run prints the sample" \
+        "$d/s.out" && grep -q '"sampled": false' "$d/s/ckpt_00000002/manifest.json" || { echo "FAIL: $(grep -i 'received\|stopping' "$d/s.out")"; ok=1; }
+    timeout 300 $TRAIN "${S[@]}" "${E[@]}" --ckpt-dir "$d/s" --resume --log "$d/s.jsonl" >"$d/s2.out" 2>&1 || { echo "FAIL: its resume"; return 1; }
+    got=$(sed -n '/^sample at step 2:/,/^---$/p' "$d/s2.out")
+    [ "$want" = "$got" ] || { echo "FAIL: the resumed step-2 sample: '$got', the reference's '$want'"; ok=1; }
+    same_losses "$d/ref.jsonl" "$d/s.jsonl" && diff <(grep val_loss "$d/ref.jsonl") <(grep val_loss "$d/s.jsonl") >/dev/null ||
+        { echo "FAIL: the stopped and resumed run's log differs from the reference's"; ok=1; }
     # a manifest written before the boundary section: read as both done (the behaviour then), not refused
     $PY test/ckpt_craft.py "$d/b/ckpt_00000002" "$d/old/ckpt_00000002" -boundary || return 1
     timeout 300 $TRAIN "${S[@]}" "${E[@]}" --resume "$d/old/ckpt_00000002" --ckpt-dir "$d/old2" >"$d/old.out" 2>&1 ||
