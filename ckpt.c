@@ -9,8 +9,8 @@
 #include <fcntl.h>
 #include <float.h>
 #include <jansson.h>
-#include <math.h>
 #include <limits.h>
+#include <math.h>
 #include <stddef.h>
 #include <pthread.h>
 #include <signal.h>

@@ -119,16 +119,9 @@ long long comm_algo_buffer_bytes(int algo, int size, const int *node, const char
     for (int i = 0; i < size; i++)
         if (i == 0 || by[i].node != by[i - 1].node) first[groups++] = by[i].rank;
     qsort(first, (size_t)groups, sizeof(int), by_int);
-    for (int i = 0, g = -1; i < size; i++) { // each rank gets its node's number: its first rank's place in first[]
-        if (i == 0 || by[i].node != by[i - 1].node) {
-            int lo = 0, hi = groups - 1;
-            while (lo < hi) { // first[] holds by[i].rank, the node's lowest rank
-                int mid = (lo + hi) / 2;
-                if (first[mid] < by[i].rank) lo = mid + 1;
-                else hi = mid;
-            }
-            g = lo;
-        }
+    for (int k = 0; k < groups; k++) a.node_of[first[k]] = k; // a node's number: its first rank's place among the firsts
+    for (int i = 0, g = 0; i < size; i++) {
+        if (i == 0 || by[i].node != by[i - 1].node) g = a.node_of[by[i].rank]; // (by[i]: the node's first rank)
         a.node_of[by[i].rank] = g;
     }
     free(by);

@@ -346,9 +346,7 @@ static void handle_signals(Launcher *L) {
             signal_all(L->kid, L->nproc, SIGUSR1);
         } else if (sig != SIGCHLD) {
             if (L->res.cause == LAUNCH_SIGNALLED) { // a second interrupt: no more grace
-                // (one within a second of the first is that one delivered twice: timeout(1) signals
-                // its child, then its process group)
-                if (now_seconds() - L->signalled_at >= 1.0) signal_all(L->kid, L->nproc, SIGKILL);
+                if (now_seconds() - L->signalled_at >= SAME_STOP_S) signal_all(L->kid, L->nproc, SIGKILL);
                 continue;
             }
             if (L->res.cause == LAUNCH_OK) {

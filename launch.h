@@ -5,6 +5,10 @@
 #ifndef LLM4D_LAUNCH_H
 #define LLM4D_LAUNCH_H
 
+// A second stop signal sooner than this after the first is that one delivered twice (timeout(1) signals
+// its child, then its process group), not a second stop: the rank's handler and the launcher both wait.
+#define SAME_STOP_S 1.0
+
 #include <stddef.h>
 
 #include "bootstrap.h"

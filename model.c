@@ -51,6 +51,12 @@ size_t gpt2_param_layout(const GPT2Config *cfg, size_t sizes[NUM_PARAM_TENSORS],
     return total;
 }
 
+// Llama 3.1's frequency scaling as --rope-scaling takes it: factor 1 to 1e6, 0 < low < high, an original
+// context of 1 to 1e9 (one place for the flag, config.json and a checkpoint's manifest).
+static int rope_scaling_in_range(double factor, double low, double high, double orig) {
+    return factor >= 1 && factor <= 1e6 && low > 0 && high > low && orig >= 1 && orig <= 1e9;
+}
+
 int gpt2_config_valid(const GPT2Config *cfg, char *why, size_t cap) {
     if (cfg->L <= 0 || cfg->C <= 0 || cfg->NH <= 0 || cfg->V <= 0 || cfg->maxT <= 0)
         return snprintf(why, cap, "layers, channels, heads, vocab and max sequence length must be positive"), 0;
@@ -71,8 +77,7 @@ int gpt2_config_valid(const GPT2Config *cfg, char *why, size_t cap) {
             return snprintf(why, cap, "the norm epsilon (%g) must be from 1e-12 to 1 and the rope theta (%g) above 1 and at most "
                             "1e12", cfg->norm_eps, cfg->rope.theta), 0;
         const RopeConfig *r = &cfg->rope;
-        if (r->factor != 0 && (!(r->factor >= 1 && r->factor <= 1e6) || !(r->low_freq_factor > 0) ||
-                               !(r->high_freq_factor > r->low_freq_factor) || r->original_max_pos < 1 || r->original_max_pos > 1000000000))
+        if (r->factor != 0 && !rope_scaling_in_range(r->factor, r->low_freq_factor, r->high_freq_factor, r->original_max_pos))
             return snprintf(why, cap, "rope scaling (factor %g, low %g, high %g, original context %d) needs a factor from 1 to 1e6, "
                             "0 < low < high and a context of at least 1", r->factor, r->low_freq_factor, r->high_freq_factor,
                             r->original_max_pos), 0;
@@ -172,7 +177,7 @@ int rope_scaling_parse(const char *s, RopeConfig *r, char *why, size_t cap) {
     }
     if (*p || n == 0)
         return snprintf(why, cap, "'%s': expected none or FACTOR[,LOW,HIGH,ORIG] (e.g. 8 or 32,1,4,8192)", s), -1;
-    if (!(v[0] >= 1 && v[0] <= 1e6) || !(v[1] > 0) || !(v[2] > v[1]) || !(v[3] >= 1 && v[3] <= 1e9) || v[3] != (int)v[3])
+    if (!rope_scaling_in_range(v[0], v[1], v[2], v[3]) || v[3] != (int)v[3])
         return snprintf(why, cap, "'%s': needs FACTOR >= 1, 0 < LOW < HIGH and a whole ORIG context >= 1", s), -1;
     *r = (RopeConfig){ .theta = theta, .factor = v[0], .low_freq_factor = v[1], .high_freq_factor = v[2],
                        .original_max_pos = (int)v[3] };

@@ -124,7 +124,7 @@ static void on_stop_signal(int sig) {
     struct timespec now;
     clock_gettime(CLOCK_MONOTONIC, &now);
     if (stop_signal) {
-        if ((double)(now.tv_sec - stop_first.tv_sec) + (double)(now.tv_nsec - stop_first.tv_nsec) * 1e-9 < 1.0) return;
+        if ((double)(now.tv_sec - stop_first.tv_sec) + (double)(now.tv_nsec - stop_first.tv_nsec) * 1e-9 < SAME_STOP_S) return;
         signal(sig, SIG_DFL);
         raise(sig);
     }
@@ -413,7 +413,7 @@ typedef struct {
     int ckpt_lock; // rank 0: the descriptor holding --ckpt-dir's lock (-1: none)
     int start_step, end_step, resumed;
     int resumed_validated, resumed_sampled; // what the checkpoint's run did at start_step's boundary
-    int eval_step, validated, sampled;      // the last boundary evaluate() ran at, and what it did there
+    int validated, sampled;                 // what evaluate() did at this boundary (the checkpoint after it records it)
     int val_batches; // --val-steps (eval's --batches), at most the batches of distinct windows --val holds
     int stopping;  // a stop signal reached some rank: the run ends at this boundary (or ended there anyway)
     int cut_short; // sample or eval stopped early by a stop signal (every rank alike)
@@ -717,8 +717,7 @@ static void fill_meta(const Trainer *t, int step, CkptMeta *m) {
     m->nhist = t->spikes.n;
     memcpy(m->hist_loss, t->spikes.loss, sizeof m->hist_loss);
     memcpy(m->hist_norm, t->spikes.norm, sizeof m->hist_norm);
-    m->validated = t->eval_step == step && t->validated;
-    m->sampled = t->eval_step == step && t->sampled;
+    m->validated = t->validated, m->sampled = t->sampled; // (a checkpoint is written right after its boundary's evaluate)
 }
 
 // The option that named the checkpoint read: sample and eval take it as --model DIR.
@@ -1010,6 +1009,15 @@ static void log_checkpoints(Trainer *t) {
 
 // What every rank agrees on at each step boundary: whether to stop (a signal reached any rank), and
 // whether every rank's shard of the checkpoint in flight is written. Returns 1 when the run ends here.
+// A stop signal ends the run at this boundary (its checkpoint and model follow), said once. during and
+// after: what the line adds about where the signal came.
+static void stop_here(Trainer *t, int step, const char *during, const char *after) {
+    if (t->lay.lead)
+        printf("received %s%s: stopping cleanly after %d of %d steps%s%s%s\n", stop_name(), during, step, t->o.steps,
+               t->ckpt && step > t->start_step ? ", with a checkpoint" : "", t->o.save_model ? " and the model saved" : "", after);
+    t->end_step = step;
+}
+
 static int step_boundary(Trainer *t, int step) {
     int32_t f[2] = { stop_signal != 0, t->ckpt ? ckpt_writing(t->ckpt) : 0 }, g[2] = { f[0], f[1] };
     if (t->lay.world) comm_all_reduce(t->lay.world, f, g, 2, CT_I32, OP_MAX);
@@ -1017,12 +1025,7 @@ static int step_boundary(Trainer *t, int step) {
     log_checkpoints(t);
     t->stopping = g[0];
     if (g[0] && step < t->end_step) {
-        if (t->lay.lead)
-            printf("received %s: stopping cleanly after %d of %d steps%s%s\n",
-                   stop_name(),
-                   step, t->o.steps, t->ckpt && step > t->start_step ? ", with a checkpoint" : "",
-                   t->o.save_model ? " and the model saved" : "");
-        t->end_step = step;
+        stop_here(t, step, "", "");
     } else if (g[0] && step > t->start_step && t->lay.lead && t->o.mode == MODE_TRAIN) {
         printf("received %s during the last step: the run ends as it would have (its last validation; no last sample)\n",
                stop_name());
@@ -1045,7 +1048,7 @@ static void checkpoint(Trainer *t, int step) {
 static void evaluate(Trainer *t, int step, int last) {
     const Options *o = &t->o;
     int first = t->resumed && step == t->start_step && o->mode == MODE_TRAIN;
-    t->eval_step = step, t->validated = t->sampled = 0;
+    t->validated = t->sampled = 0;
     if (first && t->stopping) return; // no checkpoint follows to record it: the next resume does it
     // a training run stopping on a signal evaluates only what the boundary would have without it, so
     // the resumed run's log reads as the uninterrupted run's (and the checkpoint comes sooner)
@@ -1077,10 +1080,7 @@ static void evaluate(Trainer *t, int step, int last) {
         // resumed run prints it whole (stopping at the next one would lose it)
         if (cut && o->mode == MODE_TRAIN && step < t->end_step) {
             t->stopping = 1;
-            if (t->lay.lead)
-                printf("received %s during the sample: stopping cleanly after %d of %d steps%s; the resumed run prints the "
-                       "sample\n", stop_name(), step, o->steps, t->ckpt && step > t->start_step ? ", with a checkpoint" : "");
-            t->end_step = step;
+            stop_here(t, step, " during the sample", "; the resumed run prints the sample");
         }
     }
 }
