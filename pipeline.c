@@ -342,6 +342,7 @@ double pipeline_step(Pipeline *p, const int32_t *inputs, const int32_t *targets,
         }
         if (p->keep_times) keep_time(p, i, t0, now_seconds());
     }
+    p->times->pipe_span_s = now_seconds() - p->t0;
     for (int k = 0; k < p->model->lay->nslots * p->chunks; k++) { // every hand-off of this step has left
         drain(&p->send_out[k]);
         drain(&p->send_grad[k]);

@@ -334,9 +334,9 @@ static void write_trace(const char *dir, int stage, int step, const Pipeline *p)
 }
 
 typedef struct { // what the ranks' gathers say about a step
-    double bubble_max, bubble_mean, bubble_formula; // the share of the step each stage waited, and the schedule's
+    double bubble_max, bubble_mean, bubble_formula; // the share of the pipeline's span each stage was idle, and the schedule's
     double handoff[6]; // summed over the pipeline ranks: receives (hand-offs), copies, bytes copied, wake-ups, sleeps, condition waits
-    double *idle, *wfill;                           // [P] per pipeline rank: seconds waited, seconds in W apart
+    double *busy, *idle, *wfill;                    // [P] per pipeline rank: seconds in its passes, idle, in W apart
     Spread attn;                                    // attention FLOPs of every rank
     double compute_max, compute_median; // busy times (stragglers)
     int slowest;
@@ -401,12 +401,12 @@ static void log_step(const Report *r, int step, const StepResult *s, const StepT
                 "\"pp_wakeups_per_handoff\":%.4g,\"pp_sleeps_per_handoff\":%.4g,\"pp_cond_waits_per_handoff\":%.4g",
                 h[0], h[1] / h[0], h[2] / h[0], h[3] / h[0], h[4] / h[0], h[5] / h[0]);
     }
-    if (g->idle) { // per pipeline rank: busy (the step less its waits), idle (waits), W-fill (W apart from B)
+    if (g->idle) { // per pipeline rank: busy (its span less its waits), idle (the pipeline's span less busy), W-fill
         const char *key[3] = { "pp_busy_ms", "pp_idle_ms", "pp_wfill_ms" };
         for (int k = 0; k < 3; k++) {
             fprintf(r->logf, ",\"%s\":[", key[k]);
             for (int i = 0; i < r->lay->pp.size; i++)
-                fprintf(r->logf, "%s%.3f", i ? "," : "", k == 0 ? s->ms - g->idle[i] * 1e3 : (k == 1 ? g->idle[i] : g->wfill[i]) * 1e3);
+                fprintf(r->logf, "%s%.3f", i ? "," : "", (k == 0 ? g->busy[i] : k == 1 ? g->idle[i] : g->wfill[i]) * 1e3);
             fputc(']', r->logf);
         }
     }
@@ -424,12 +424,27 @@ void report_step(Report *r, int step, const StepResult *s, const StepTimes *tm, 
     double units = l->schedule == SCHED_ZBH1 ? 3.0 * l->accum : l->schedule == SCHED_ZBV ? 6.0 * l->accum
                                                                                           : (double)l->chunks * l->accum;
     StepSpread g = { .bubble_formula = (P - 1.0) / (units + P - 1.0) };
-    if (P > 1) { // the bubble: the share of the step each stage waited for activations or gradients
+    if (P > 1) {
+        // The bubble: the share of the pipeline's span each stage was idle. The span is the longest any stage
+        // spent in the schedule (a local time on each: no clock shared across nodes), and a stage is busy for
+        // its own span less its waits for activations and gradients. So the last stage's drain counts, the
+        // wait after its last pass for the first stage's last backward (it waits for that in the step's
+        // reductions, not in a receive), and the optimizer and the reductions after the schedule do not.
+        g.busy = xmalloc(sizeof(double) * P);
         g.idle = xmalloc(sizeof(double) * P);
         g.wfill = xmalloc(sizeof(double) * P);
-        Spread b = gather_spread(l->pp.comm, P, tm->pipe_wait_s / (s->ms / 1e3), NULL);
+        double span = gather_spread(l->pp.comm, P, tm->pipe_span_s, g.busy).max;
         gather_spread(l->pp.comm, P, tm->pipe_wait_s, g.idle);
         gather_spread(l->pp.comm, P, tm->pipe_w_s, g.wfill);
+        Spread b = { 1, 0, 0, 0 };
+        for (int i = 0; i < P; i++) {
+            g.busy[i] -= g.idle[i];
+            g.idle[i] = span - g.busy[i];
+            double share = span > 0 ? g.idle[i] / span : 0;
+            b.min = share < b.min ? share : b.min;
+            b.max = share > b.max ? share : b.max;
+            b.mean += share / P;
+        }
         const double mine[6] = { tm->pipe_recvs, tm->pipe_copies, tm->pipe_copied_bytes, tm->pipe_wakeups, tm->pipe_sleeps, tm->pipe_cond_waits };
         for (int k = 0; k < 6; k++) g.handoff[k] = gather_spread(l->pp.comm, P, mine[k], NULL).sum;
         g.bubble_max = b.max > 0 ? b.max : 0;
@@ -459,6 +474,7 @@ void report_step(Report *r, int step, const StepResult *s, const StepTimes *tm, 
     if (r->logf) log_step(r, step, s, tm, &g);
     free(g.idle);
     free(g.wfill);
+    free(g.busy);
 }
 
 void report_schedule_dump(Report *r, const Pipeline *p, const char *path) {

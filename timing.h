@@ -18,6 +18,7 @@ typedef struct {
     // 4·hs per pair forward (scores and the weighted sum), 10·hs backward (the scores again, dV, dP, dQ, dK)
     double attention_flops;
     double pipe_wait_s;      // pipeline.c: waiting for activations or gradients from the neighbour stages
+    double pipe_span_s;      // pipeline.c: from the schedule's first action to the end of its last (waits included)
     double pipe_w_s;         // pipeline.c: W passes run apart from their B (zb-h1), what fills the bubble
     // pipeline.c: what this rank's hand-offs cost in the step's schedule, counted, not timed: receives
     // (one per hand-off), and on the two pipeline communicators (CommCounters) the copies and bytes

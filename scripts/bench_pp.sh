@@ -16,8 +16,8 @@
 # from the formula is the passes' own durations (stages of unequal cost, or cores of unequal speed).
 # Beside them what each hand-off cost, counted, not timed (the step record's pp_copies_per_handoff and
 # pp_wakeups_per_handoff: copies of the bytes and progress-thread wake-ups; the design is 1 and 0).
-# The formulas assume stages of equal cost, so the shape makes them equal: with C = 64 and T = 64 the LM
-# head and loss over 1280 words cost about one block, and 5P - 1 blocks (the first stages, or chunks,
+# The formulas assume stages of equal cost, so the shape makes them equal: with C = 256 and T = 64 the LM
+# head and loss over 3456 words cost about one block, and 5P - 1 blocks (the first stages, or chunks,
 # one block longer) give every stage five blocks' work, plain or interleaved. What the measurement adds
 # to the formula is the pipeline's own overhead: hand-offs and waking up. zb-v's 2P chunks end with the
 # head on the first stage: 6P - 1 blocks give each chunk three blocks' work (the last one two and the
@@ -34,8 +34,12 @@
 # its "memory of rank R, peak" line calls the total; allocation is fixed before step 1, so one run
 # gives it) and the ratio of the largest to 1f1b's largest on the same model and M (zb-v's deeper model
 # gets a one-step 1f1b run of its own for that): the goal is at most 1 for zb-h1 and zb-v.
-# CHANNELS and VOCAB (64 and 1280) change the shape, keeping the stages about equal where the head over
-# VOCAB words costs about one block of CHANNELS (C 128 with 2560 measured so on one machine).
+# CHANNELS and VOCAB (256 and 3456) change the shape, keeping the stages about equal where the head over
+# VOCAB words costs about one block of CHANNELS: at C 256, 1f1b dumps' F + B summed per stage came within
+# 1-2% of each other (stage 0 4% heavier at 3072 words, stage 1 2-3% at 3840); C 64 with 1280 and C 128
+# with 2560 measured so once. C 256 is also where the matmuls are most of a pass, as on real models, so
+# F : B : W is nearer the paper's equal times than at C 64, where attention and the element-wise passes
+# make B three times W.
 # Quick mode (--quick, or QUICK=1): one run per row, M = 8 only, 3 steps (the median of steps 2-3):
 # a check that every row runs, not a measurement.
 source "$(dirname "$0")/bench_common.sh"
@@ -61,7 +65,7 @@ declare -A TIMES # the zb-v row's measured F,B,W, by "PP M": what the zb-v-times
 pct() { [ -n "$1" ] && awk -v x="$1" 'BEGIN { printf "%.1f%%", 100 * x }' || printf -- -; }
 # run SCHEDULE V LAYERS STEPS [FLAGS]: one PP $pp run at $m micro-batches, logging to $W/r.jsonl
 run() {
-    ./train --nproc $pp --pp $pp --pp-schedule $1 --pp-virtual $2 --layers $3 --channels ${CHANNELS:-64} --heads 4 --vocab ${VOCAB:-1280} --seq-len 64 \
+    ./train --nproc $pp --pp $pp --pp-schedule $1 --pp-virtual $2 --layers $3 --channels ${CHANNELS:-256} --heads 4 --vocab ${VOCAB:-3456} --seq-len 64 \
         --micro-batch 1 --threads 1 --batch-tokens $((m * 64)) --steps "$4" --train "$W/data/train.bin" --log "$W/r.jsonl" "${@:5}" \
         >/dev/null 2>"$W/err.txt"
 }

@@ -1799,6 +1799,49 @@ PYEOF
     return $ok
 }
 
+# The measured bubble counts every stage's idle time in the pipeline, the last stage's drain included
+# (after its last pass it waits for the first stage's last backward in the step's reductions, not in a
+# receive: the bubble left that out, and divided by the whole step, optimizer included). The reference is
+# the run's own --pp-schedule-dump, timed apart from the step record: on each rank its span (first action's
+# start to last action's end) and its passes' time (F, B, W); the pipeline's span the longest of the
+# ranks'; a rank's bubble 1 - passes / span. The record's bubble per rank (pp_idle_ms over busy + idle)
+# must be within 0.03 of it (the two differ by the instants between a pass's timer and the next action's,
+# microseconds), and its lists agree with bubble_mean and bubble_max.
+t_pp_bubble() {
+    local d=$WORK/ppbubble ok=0 sch
+    mkdir -p "$d"
+    for sch in 1f1b zb-h1; do
+        timeout 300 $TRAIN --nproc 2 --pp 2 --pp-schedule $sch --layers 4 --channels 64 --heads 4 --vocab 256 --seq-len 64 \
+            --micro-batch 1 --batch-tokens 256 --steps 2 --threads 1 --train "$DATA/train.bin" --comm-timeout 60 \
+            --log "$d/$sch.jsonl" --pp-schedule-dump "$d/$sch.tsv" >"$d/$sch.out" 2>&1 || { echo "$sch run failed"; tail -3 "$d/$sch.out"; return 1; }
+        $PY - "$sch" "$d/$sch.jsonl" "$d/$sch.tsv" <<'PYEOF' || ok=1
+import json, sys
+sch = sys.argv[1]
+r = [r for r in map(json.loads, open(sys.argv[2])) if r.get("step") == 2][0]
+busy, idle = r["pp_busy_ms"], r["pp_idle_ms"]
+spans = [b + i for b, i in zip(busy, idle)]
+assert len(spans) == 2 and max(spans) - min(spans) < 0.01, "busy + idle differ between the stages: %s" % spans
+got = [i / spans[0] for i in idle]
+assert abs(sum(got) / 2 - r["bubble_mean"]) < 2e-3 and abs(max(got) - r["bubble_max"]) < 2e-3, (got, r)
+first, last, passes = {}, {}, {}
+for line in open(sys.argv[3]):
+    f = line.rstrip("\n").split("\t")
+    if line.startswith("#") or f[0] == "rank":
+        continue
+    rank, act, t0, t1 = int(f[0]), f[2], float(f[6]), float(f[7])
+    first[rank] = min(first.get(rank, t0), t0)
+    last[rank] = max(last.get(rank, t1), t1)
+    passes[rank] = passes.get(rank, 0.0) + (t1 - t0 if act in ("F", "B", "W") else 0.0)
+span = max(last[q] - first[q] for q in (0, 1))
+want = [1 - passes[q] / span for q in (0, 1)]
+print("%s, PP 2, M 4: bubble per rank %s, from the dump %s" % (sch, " ".join("%.3f" % x for x in got), " ".join("%.3f" % x for x in want)))
+bad = [q for q in (0, 1) if abs(got[q] - want[q]) > 0.03]
+assert not bad, "rank(s) %s: the step record's bubble is not the dump's" % bad
+PYEOF
+    done
+    return $ok
+}
+
 # The backward's input and weight halves (model.h) against the fused backward, bitwise: recompute none,
 # selective, full; whole model, first and last stage, one or two chunks; fp32 and bf16; TP 2 (with and
 # without SP) and CP 2 on two ranks.
@@ -2326,6 +2369,7 @@ run_test emu     t_emu_llama               "emulated GPU: Llama (llama3-tiny, GQ
 run_test emu     t_emu_llama_multirank     "emulated GPU: Llama TP 4 (kv heads shared by 2 ranks), PP 2, CP 2 through CUDA IPC on one emulated GPU: equal one rank"
 run_test pp      t_pp_schedules            "pipeline schedules (1f1b, interleaved, zb-h1, zb-v, and zb-v built for other pass times) as action lists: checker for p <= 8, m <= 64; ./train schedule"
 run_test pp      t_pp_handoffs             "pipeline hand-offs counted: one copy each (read in place), no progress-thread wake-up; test_comm's ping-pong and every schedule at PP 2"
+run_test pp      t_pp_bubble               "the measured bubble: each stage's idle share of the pipeline's span, the last stage's drain included, against the run's --pp-schedule-dump (1f1b, zb-h1)"
 run_test pp      t_pp_schedule_dump        "--pp-schedule-dump: a training run's action lists with measured times, as defined, ordered and causal; no bit changed"
 run_test pp      t_pp_zero_bubble          "every schedule pipeline.c runs (zb-h1, zb-v, interleaved by name) ends bitwise at 1f1b's model: PP 2/4, TP, DP x ZeRO 1/3, CP, recompute, resume across schedules"
 run_test model   t_split_backward          "backward split into input (B) and weight (W) halves equals the fused backward bitwise (recompute, PP stages, TP, SP, CP)"
