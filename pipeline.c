@@ -39,6 +39,10 @@ static void drain(CommRequest **r) {
     *r = NULL;
 }
 
+// A drain inside the schedule, before a pass reuses a buffer: a wait for the neighbour stage (a send on
+// shared memory completes once the peer has read it), so it counts as the bubble, as receives do.
+static void drain_waiting(Pipeline *p, CommRequest **r) { wait_timed(r, &p->times->pipe_wait_s); }
+
 void pipeline_free(Pipeline *p) {
     for (int s = 0; s < p->model->lay->nslots * p->chunks; s++) {
         drain(&p->send_out[s]);
@@ -140,8 +144,8 @@ static double forward_op(Pipeline *p, const int32_t *inputs, const int32_t *targ
     if (from >= 0) take_input(p, chunk, slot, from == p->stage ? set_of(p, mb, chunk - 1) : slot, bytes, from);
     if (chunk == 0 || sets) // the set's previous micro-batch has left: its output and input gradient
         for (int c = 0; c < p->chunks; c++) {
-            drain(&p->send_out[slot * p->chunks + c]);
-            drain(&p->send_grad[slot * p->chunks + c]);
+            drain_waiting(p, &p->send_out[slot * p->chunks + c]);
+            drain_waiting(p, &p->send_grad[slot * p->chunks + c]);
         }
     zero_begin_forward(p->zero);
     float loss = gpt2_forward_chunk(m, chunk, inputs + mb * tokens, targets ? targets + mb * tokens : NULL, B, T, dloss);
@@ -157,8 +161,8 @@ static double forward_op(Pipeline *p, const int32_t *inputs, const int32_t *targ
 static void backward_op(Pipeline *p, int mb, int chunk, int M, int B, int T, float dloss, int split) {
     GPT2 *m = p->model;
     int slot = set_of(p, mb, chunk);
-    for (int c = 0; c < p->chunks; c++) drain(&p->send_grad[slot * p->chunks + c]); // dresidual is reused
-    drain(&p->send_out[slot * p->chunks + chunk]); // (complete: its gradient came back) B leaves W's inputs there
+    for (int c = 0; c < p->chunks; c++) drain_waiting(p, &p->send_grad[slot * p->chunks + c]); // dresidual is reused
+    drain_waiting(p, &p->send_out[slot * p->chunks + chunk]); // (complete: its gradient came back) B leaves W's inputs there
     gpt2_use_slot(m, slot);
     size_t bytes = gpt2_stage_bytes(m, B, T);
     int from = next_stage(p, chunk), to = prev_stage(p, chunk);
@@ -171,7 +175,7 @@ static void backward_op(Pipeline *p, int mb, int chunk, int M, int B, int T, flo
         // from the gradient buffer the schedule assigns, so that the set is free at its W: its last
         // send is known received (schedule.h, gbuf), and the drain does not wait
         int g = p->sched.gbuf[((size_t)p->stage * p->sched.m + mb) * p->chunks + chunk];
-        drain(&p->send_gbuf[g]);
+        drain_waiting(p, &p->send_gbuf[g]);
         void *buf = gpt2_grad_buffer(m, g);
         m->be->copy(buf, gpt2_stage_grad(m), bytes);
         p->send_gbuf[g] = send_from(p, p->bwd, buf, bytes, to);
