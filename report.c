@@ -87,13 +87,8 @@ typedef struct {
     double min, max, sum, mean;
 } Spread;
 
-// One double from every rank of c (n ranks; c NULL: this process alone, n 1) into all[n], and their
-// spread, reduced here in rank order. The gather only moves bits: the doubles travel as 64-bit integers
-// (the collectives have no fp64 type, and nothing adds them on the way). all may be NULL.
-static Spread gather_spread(Comm *c, int n, double mine, double *all) {
-    double *v = all ? all : xmalloc(sizeof(double) * n);
-    if (c) comm_all_gather(c, &mine, v, (size_t)n, CT_I64);
-    else v[0] = mine;
+// The spread of v[0..n), reduced in index order.
+static Spread spread_of(const double *v, int n) {
     Spread s = { v[0], v[0], 0, 0 };
     for (int i = 0; i < n; i++) {
         s.sum += v[i];
@@ -101,6 +96,17 @@ static Spread gather_spread(Comm *c, int n, double mine, double *all) {
         s.min = v[i] < s.min ? v[i] : s.min;
         s.max = v[i] > s.max ? v[i] : s.max;
     }
+    return s;
+}
+
+// One double from every rank of c (n ranks; c NULL: this process alone, n 1) into all[n], and their
+// spread, reduced here in rank order. The gather only moves bits: the doubles travel as 64-bit integers
+// (the collectives have no fp64 type, and nothing adds them on the way). all may be NULL.
+static Spread gather_spread(Comm *c, int n, double mine, double *all) {
+    double *v = all ? all : xmalloc(sizeof(double) * n);
+    if (c) comm_all_gather(c, &mine, v, (size_t)n, CT_I64);
+    else v[0] = mine;
+    Spread s = spread_of(v, n);
     if (!all) free(v);
     return s;
 }
@@ -427,7 +433,7 @@ void report_step(Report *r, int step, const StepResult *s, const StepTimes *tm, 
     if (P > 1) {
         // The bubble: the share of the pipeline's span each stage was idle. The span is the longest any stage
         // spent in the schedule (a local time on each: no clock shared across nodes), and a stage is busy for
-        // its own span less its waits for activations and gradients. So the last stage's drain counts, the
+        // its own span less its waits for the neighbour stages. So the last stage's drain counts, the
         // wait after its last pass for the first stage's last backward (it waits for that in the step's
         // reductions, not in a receive), and the optimizer and the reductions after the schedule do not.
         g.busy = xmalloc(sizeof(double) * P);
@@ -436,19 +442,15 @@ void report_step(Report *r, int step, const StepResult *s, const StepTimes *tm, 
         double span = gather_spread(l->pp.comm, P, tm->pipe_span_s, g.busy).max;
         gather_spread(l->pp.comm, P, tm->pipe_wait_s, g.idle);
         gather_spread(l->pp.comm, P, tm->pipe_w_s, g.wfill);
-        Spread b = { 1, 0, 0, 0 };
         for (int i = 0; i < P; i++) {
             g.busy[i] -= g.idle[i];
             g.idle[i] = span - g.busy[i];
-            double share = span > 0 ? g.idle[i] / span : 0;
-            b.min = share < b.min ? share : b.min;
-            b.max = share > b.max ? share : b.max;
-            b.mean += share / P;
         }
+        Spread b = spread_of(g.idle, P);
         const double mine[6] = { tm->pipe_recvs, tm->pipe_copies, tm->pipe_copied_bytes, tm->pipe_wakeups, tm->pipe_sleeps, tm->pipe_cond_waits };
         for (int k = 0; k < 6; k++) g.handoff[k] = gather_spread(l->pp.comm, P, mine[k], NULL).sum;
-        g.bubble_max = b.max > 0 ? b.max : 0;
-        g.bubble_mean = b.mean;
+        g.bubble_max = span > 0 && b.max > 0 ? b.max / span : 0;
+        g.bubble_mean = span > 0 ? b.mean / span : 0;
         if (r->o->pp_trace && l->dp.rank == 0 && l->cp.rank == 0 && l->tp.rank == 0)
             write_trace(r->o->pp_trace, l->pp.rank, step + 1, p);
     }

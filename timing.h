@@ -17,7 +17,8 @@ typedef struct {
     // model.c, always: the FLOPs of the causally visible query-key pairs this rank's attention computed:
     // 4·hs per pair forward (scores and the weighted sum), 10·hs backward (the scores again, dV, dP, dQ, dK)
     double attention_flops;
-    double pipe_wait_s;      // pipeline.c: waiting for activations or gradients from the neighbour stages
+    double pipe_wait_s;      // pipeline.c: waiting for the neighbour stages: their activations or gradients, or
+                             // their reading a send whose buffer a pass reuses
     double pipe_span_s;      // pipeline.c: from the schedule's first action to the end of its last (waits included)
     double pipe_w_s;         // pipeline.c: W passes run apart from their B (zb-h1), what fills the bubble
     // pipeline.c: what this rank's hand-offs cost in the step's schedule, counted, not timed: receives
