@@ -565,6 +565,8 @@ static int tied_apart(const GPT2 *m) { return m->first && m->last && m->lay->pp.
 // adds the head's part apart, tied_apart), whose embedding gradient, added in W, goes into the same
 // tensor: the head's in W too keeps the fused backward's order (head, embedding, per micro-batch).
 static int head_in_w(const GPT2 *m) { return m->first && m->last && m->head_k == P_WTE && !tied_apart(m); }
+// Dies if the head's weight gradient of the last split B has not run (gpt2_backward_head_weight).
+static void head_weight_done(const GPT2 *m);
 
 // The shape of this rank's slice and stage, from the layout.
 static void place(GPT2 *m, const GPT2Config *cfg, DType dt, const Backend *be, const Layout *lay, StepTimes *times) {
@@ -1163,6 +1165,7 @@ float gpt2_forward_chunk(GPT2 *m, int chunk, const int32_t *inputs, const int32_
         die("internal: micro-batch %dx%d exceeds the allocated %dx%d", B, T, m->B, m->T);
     if (m->lay->sp && ((size_t)B * T) % m->lay->tp.size) die("internal: sequence parallelism needs B*T divisible by %d", m->lay->tp.size);
     check_holds(m, chunk);
+    head_weight_done(m);
     const Backend *be = m->be;
     const GPT2Config *cfg = &m->cfg;
     DType dt = m->dt;
@@ -1431,10 +1434,13 @@ static void backward_input(GPT2 *m, int chunk, float dloss_scale, struct WStash 
         x->dlogits_scale = 0.0f;
         fetch(m, gpt2_unit_of(m, m->head_k, 0));
         in = tp_full_rows(m, x->lnf, BTC);
-        // the head's weight gradient too, split or not: then nothing reads the head's buffers after B,
+        // the head's weight gradient in B, split or not: then nothing reads the head's buffers after B,
         // which frees them for the next micro-batch (a ring of its own, gpt2_bind_set) where a pending W
-        // would hold a micro-batch's logits until its W (head_in_w: below)
-        struct WStash *hst = head_in_w(m) ? st : NULL;
+        // would hold a micro-batch's logits until its W (head_in_w: below). Split, it runs just after B's
+        // input gradient has been sent (head_now, gpt2_backward_head_weight) where its input is in place
+        // (under SP the gathered rows are scratch the blocks' backward reuses)
+        struct WStash *hst = head_in_w(m) ? st : st && w.rows ? m->head_now : NULL;
+        if (hst == m->head_now && hst) hst->nops = 0;
         bwd_matmul(m, hst, x->partial, m->head_k, -1, 0, x->logits, 1, NULL, in, w.rows, gpt2_param(m, m->head_k, 0), NULL, N,
                    C, m->Vp_tp);
         dln = tp_finish_partial(m, x->dshard, BTC);
@@ -1532,12 +1538,18 @@ static void wstash_alloc(GPT2 *m) {
             st->cap_ops = 4 * m->lay->chunk_len[c] + 2; // four matmuls a block; the head's (head_in_w), the embedding's
             st->ops = xcalloc((size_t)st->cap_ops, sizeof(WOp));
         }
+    if (m->last) { // the head's op alone, its inputs in place: no arena
+        m->head_now = xcalloc(1, sizeof *m->head_now);
+        m->head_now->cap_ops = 1;
+        m->head_now->ops = xcalloc(1, sizeof(WOp));
+    }
 }
 
 void gpt2_backward_input_chunk(GPT2 *m, int chunk, int slot, float dloss_scale) {
     if (!m->wstash) wstash_alloc(m);
     if (slot < 0 || slot >= m->lay->nslots || chunk < 0 || chunk >= m->lay->chunks)
         die("internal: activation set %d, chunk %d out of range", slot, chunk);
+    head_weight_done(m);
     int n = wstash_count(m);
     struct WQueue *q = &m->wqueue[chunk];
     for (int i = 0; i < q->n; i++)
@@ -1555,14 +1567,8 @@ void gpt2_backward_input_chunk(GPT2 *m, int chunk, int slot, float dloss_scale) 
     q->n++;
 }
 
-void gpt2_backward_weight_chunk(GPT2 *m, int chunk, int slot) {
-    if (!m->wstash) wstash_alloc(m);
-    if (chunk < 0 || chunk >= m->lay->chunks) die("internal: chunk %d out of range", chunk);
-    struct WQueue *q = &m->wqueue[chunk];
-    if (q->n == 0 || q->q[q->head] != slot)
-        die("internal: W of activation set %d, chunk %d out of B's order (next: set %d)", slot, chunk, q->n ? q->q[q->head] : -1);
-    struct WStash *st = &m->wstash[q->head * m->lay->chunks + chunk];
-    gpt2_use_slot(m, slot);
+// What a stash's ops add, in order, each unit told "ready" where B marked it.
+static void wops_run(GPT2 *m, struct WStash *st) {
     int unit = -1;
     for (int i = 0; i < st->nops; i++) {
         const WOp *w = &st->ops[i];
@@ -1570,6 +1576,27 @@ void gpt2_backward_weight_chunk(GPT2 *m, int chunk, int slot) {
         wop_run(m, w, m->act->B, m->act->T);
         if (w->ready_after >= 0) ready(m, w->ready_after);
     }
+    st->nops = 0;
+}
+
+static void head_weight_done(const GPT2 *m) {
+    if (m->head_now && m->head_now->nops) die("internal: the LM head's weight gradient of the last B is pending (gpt2_backward_head_weight)");
+}
+
+void gpt2_backward_head_weight(GPT2 *m) {
+    if (m->head_now) wops_run(m, m->head_now);
+}
+
+void gpt2_backward_weight_chunk(GPT2 *m, int chunk, int slot) {
+    if (!m->wstash) wstash_alloc(m);
+    head_weight_done(m);
+    if (chunk < 0 || chunk >= m->lay->chunks) die("internal: chunk %d out of range", chunk);
+    struct WQueue *q = &m->wqueue[chunk];
+    if (q->n == 0 || q->q[q->head] != slot)
+        die("internal: W of activation set %d, chunk %d out of B's order (next: set %d)", slot, chunk, q->n ? q->q[q->head] : -1);
+    struct WStash *st = &m->wstash[q->head * m->lay->chunks + chunk];
+    gpt2_use_slot(m, slot);
+    wops_run(m, st);
     if (embed_done(m, chunk) && !tied_apart(m)) ready(m, UNIT_EMBED);
     q->head = (q->head + 1) % wstash_count(m);
     q->n--;
@@ -1583,8 +1610,11 @@ static void wstash_free(GPT2 *m) {
     for (int c = 0; m->wqueue && c < m->lay->chunks; c++) free(m->wqueue[c].q);
     free(m->wstash);
     free(m->wqueue);
+    if (m->head_now) free(m->head_now->ops);
+    free(m->head_now);
     m->wstash = NULL;
     m->wqueue = NULL;
+    m->head_now = NULL;
 }
 
 void gpt2_zero_grad(GPT2 *m) {

@@ -158,6 +158,8 @@ typedef struct {
     // schedule splits the backward, else on first use)
     struct WStash *wstash;
     struct WQueue *wqueue;
+    // the LM head's weight gradient of the last B, pending until gpt2_backward_head_weight (model.c)
+    struct WStash *head_now;
     // a rank holding both ends of a pipeline (zb-v's first stage): the head's gradient of its slice of the
     // tied embedding, kept apart until gpt2_join_tied_grads (NULL elsewhere)
     float *head_wte_grad;
@@ -303,7 +305,13 @@ void gpt2_backward_chunk(GPT2 *m, int chunk, float dloss_scale);
 // micro-batches in 1F1B's order, whatever the schedule puts between B and W. An activation set is busy
 // from its forward to its W: its next forward must wait for W (and B of a set may not run twice
 // before its W). The fetch hook runs in both halves (B reads weights, W places streamed gradients).
+// On the chunk holding the LM head (where its input is in place: no SP, and not one stage holding both
+// ends of a tied embedding, whose head waits for W), B leaves the head's weight gradient pending:
+// gpt2_backward_head_weight adds it, after the caller has sent B's input gradient and before anything
+// else uses the model, so that the previous stage's wait for that gradient does not include the
+// head's matmul (the largest of a stage), while the head's buffers are still free by the next F.
 void gpt2_backward_input_chunk(GPT2 *m, int chunk, int slot, float dloss_scale);
+void gpt2_backward_head_weight(GPT2 *m);
 void gpt2_backward_weight_chunk(GPT2 *m, int chunk, int slot);
 // Backward of the last forward; adds the parameter gradients of loss·dloss_scale into m->grads
 // (dloss_scale = 1/(tokens in the global batch), so accumulated micro-batches sum to the batch mean).

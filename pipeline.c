@@ -156,8 +156,9 @@ static double forward_op(Pipeline *p, const int32_t *inputs, const int32_t *targ
 }
 
 // B: the input gradient of one micro-batch's chunk, sent back to the previous stage at once; with
-// split, its weight gradients wait in the model's stash for weight_op, else they are added here too
-// (one fused backward, as 1f1b and interleaved run).
+// split, its weight gradients wait in the model's stash for weight_op (the LM head's, which B keeps
+// no buffer for, run here once the gradient has been sent), else they are added here too (one fused
+// backward, as 1f1b and interleaved run).
 static void backward_op(Pipeline *p, int mb, int chunk, int M, int B, int T, float dloss, int split) {
     GPT2 *m = p->model;
     int slot = set_of(p, mb, chunk);
@@ -186,6 +187,10 @@ static void backward_op(Pipeline *p, int mb, int chunk, int M, int B, int T, flo
         const void *g = gpt2_stage_grad(m);
         gpt2_use_slot(m, set_of(p, mb, chunk - 1));
         m->be->copy(gpt2_stage_grad(m), g, bytes);
+    }
+    if (split) { // the head's weight gradient, after its input gradient has left (model.h); gradients only
+        zero_begin_weights(p->zero, mb == M - 1);
+        gpt2_backward_head_weight(m);
     }
     trace_op(p, 'B', mb, chunk);
     if (!split) p->live--;

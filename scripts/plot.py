@@ -324,8 +324,10 @@ def read_schedule(path):
 
 def replay_schedule(rows):
     """Each rank's bubble as measured and as replayed with free hand-offs: two lists, rank order.
-    A send is posted at its time in the rank's compute (the replayed clock); the k-th receive on r from
-    q of a kind ends no earlier than the k-th such send from q to r (one channel per direction and kind)."""
+    A send is posted at its time in the rank's compute (the replayed clock: as far before the end of the
+    pass that posted it as it was measured, since a B on the head's chunk sends before the head's weight
+    gradient); the k-th receive on r from q of a kind ends no earlier than the k-th such send from q to r
+    (one channel per direction and kind)."""
     ranks = sorted({x[0] for x in rows})
     acts = {r: sorted((x for x in rows if x[0] == r), key=lambda x: x[1]) for r in ranks}
     busy = {r: sum(x[7] - x[6] for x in acts[r] if x[2] in SCHEDULE_PASSES) for r in ranks}
@@ -333,6 +335,7 @@ def replay_schedule(rows):
     span = max(x[7] for x in timed) - min(x[6] for x in timed)
     sent, taken = {}, {}
     pos, clock = {r: 0 for r in ranks}, {r: 0.0 for r in ranks}
+    pass_end = {r: None for r in ranks}  # the measured end of the rank's last pass
     while any(pos[r] < len(acts[r]) for r in ranks):
         moved = False
         for r in ranks:
@@ -346,9 +349,11 @@ def replay_schedule(rows):
                     clock[r] = max(clock[r], sent[key][k])
                     taken[key] = k + 1
                 elif act.startswith("send-"):
-                    sent.setdefault((act[5:], r, peer), []).append(clock[r])
+                    early = pass_end[r] - t_start if t_start is not None and pass_end[r] is not None else 0.0
+                    sent.setdefault((act[5:], r, peer), []).append(clock[r] - max(early, 0.0))
                 else:
                     clock[r] += t_end - t_start
+                    pass_end[r] = t_end
                 pos[r] += 1
                 moved = True
         if not moved:

@@ -43,9 +43,20 @@ typedef struct {
 
 enum { M = 2, B = 2, T = 16 };
 
+// The LM head's weight gradient (a stage holding the head), host bytes into dst.
+static void head_grad(const GPT2 *m, unsigned char *dst) {
+    m->be->to_host(dst, gpt2_grad(m, m->head_k, 0), m->param_sizes[m->head_k] * sizeof(float));
+}
+
+// On a stage holding the LM head, split: the B passes whose head weight gradient was checked, and those
+// that added it before gpt2_backward_head_weight (B's input gradient sent first; model.h).
+typedef struct {
+    int checked, early;
+} HeadWeight;
+
 // Runs two micro-batches in `order` (0: fused backward; 1: F0 F1 B0 B1 W0 W1; 2: F0 B0 F1 B1 W0 W1) and
 // returns the gradients followed by the input gradients sent back (host bytes, *n of them).
-static unsigned char *run(const Case *k, Comm *world, Comm *cp_grad, int order, size_t *n) {
+static unsigned char *run(const Case *k, Comm *world, Comm *cp_grad, int order, size_t *n, HeadWeight *hw) {
     GPT2Config cfg = gpt2_shape(NULL, 4, 32, 4, 256, 0, T * k->cp);
     Layout lay; // one stage of the pipeline, alone (its neighbours' tensors are drawn at random)
     memset(&lay, 0, sizeof lay);
@@ -78,6 +89,8 @@ static unsigned char *run(const Case *k, Comm *world, Comm *cp_grad, int order, 
     size_t selems = sbytes / dtype_size(k->dt);
     // the same random stage inputs and gradients in every order: drawn per (micro-batch, chunk)
     uint64_t seed0 = 12345 + (uint64_t)comm_rank(world) * 1000003;
+    size_t hbytes = m.last ? m.param_sizes[m.head_k] * sizeof(float) : 0;
+    unsigned char *hbefore = xmalloc(hbytes + 1), *hafter = xmalloc(hbytes + 1), *hlast = xmalloc(hbytes + 1);
 #define FWD(mb)                                                                                            \
     do {                                                                                                   \
         gpt2_use_slot(&m, mb);                                                                             \
@@ -93,9 +106,18 @@ static unsigned char *run(const Case *k, Comm *world, Comm *cp_grad, int order, 
         for (int c = k->V - 1, s = sends - 1; c >= 0; c--) {                                               \
             rng_state = seed0 + 5000 + (uint64_t)(mb) * 97 + (uint64_t)c;                                  \
             if (!(m.last && c == k->V - 1)) fill(&m, gpt2_stage_grad(&m), selems);                          \
+            int head_now = split && m.last && !m.first && c == k->V - 1 && !k->sp; /* model.h */            \
+            if (head_now) head_grad(&m, hbefore);                                                          \
             if (split) gpt2_backward_input_chunk(&m, c, mb, dloss);                                        \
             else gpt2_backward_chunk(&m, c, dloss);                                                        \
             if (!(m.first && c == 0)) m.be->to_host(sent + ((size_t)(mb) * sends + s--) * sbytes, gpt2_stage_grad(&m), sbytes); \
+            if (head_now) head_grad(&m, hafter);                                                           \
+            if (split) gpt2_backward_head_weight(&m);                                                      \
+            if (head_now) { /* the head's weight gradient waits until B's input gradient has been sent */  \
+                head_grad(&m, hlast);                                                                      \
+                hw->checked++;                                                                             \
+                if (memcmp(hbefore, hafter, hbytes) || !memcmp(hafter, hlast, hbytes)) hw->early++;        \
+            }                                                                                              \
         }                                                                                                  \
     } while (0)
 #define WGT(mb)                                                                                            \
@@ -121,6 +143,7 @@ static unsigned char *run(const Case *k, Comm *world, Comm *cp_grad, int order, 
         WGT(1);
     }
     m.be->to_host(out, m.grads, gbytes);
+    free(hbefore), free(hafter), free(hlast);
     free(full);
     free(local);
     gpt2_free(&m);
@@ -129,10 +152,18 @@ static unsigned char *run(const Case *k, Comm *world, Comm *cp_grad, int order, 
 
 static int check(const Case *k, Comm *world, Comm *cp_grad) {
     size_t n0, n1, n2;
-    unsigned char *a = run(k, world, cp_grad, 0, &n0), *b = run(k, world, cp_grad, 1, &n1), *c = run(k, world, cp_grad, 2, &n2);
+    HeadWeight hw = { 0, 0 };
+    unsigned char *a = run(k, world, cp_grad, 0, &n0, &hw), *b = run(k, world, cp_grad, 1, &n1, &hw), *c = run(k, world, cp_grad, 2, &n2, &hw);
     int nonzero = 0;
     for (size_t i = 0; i < n0; i++) nonzero |= a[i];
     int ok = nonzero && n0 == n1 && n0 == n2 && !memcmp(a, b, n0) && !memcmp(a, c, n0);
+    // the last of several stages, rows in place: every split B's head weight gradient waits for the send
+    int want = k->pp > 1 && k->pp_rank == k->pp - 1 && !k->sp ? 2 * M : 0;
+    if (hw.early || hw.checked != want) {
+        printf("FAIL split backward: the LM head's weight gradient: %d of %d B passes checked, %d added it before "
+               "gpt2_backward_head_weight\n", hw.checked, want, hw.early);
+        ok = 0;
+    }
     if (comm_rank(world) == 0 || !ok)
         printf("%s split backward: recompute %s, stage %d of %d, %d chunk(s), tp %d%s, cp %d, %s\n", ok ? "ok" : "FAIL",
                RECOMPUTE_NAMES[k->recompute], k->pp_rank, k->pp, k->V, k->tp, k->sp ? " sp" : "", k->cp,
