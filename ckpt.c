@@ -1407,6 +1407,11 @@ int ckpt_resume(const char *dir, const char *path, const char *flag, const GPT2 
     }
     int found = 0, any_complete = 0;
     char why[2 * SAFE_PATH_MAX], d[SAFE_PATH_MAX];
+    // the unusable ones, moved aside only once one before them is usable: with none usable they stay
+    // where they are, so that a relaunch (--max-restarts, a Slurm job step's --resume) finds them and
+    // refuses again, where with them moved it would find nothing and start from step 0
+    int64_t *unusable = xmalloc(sizeof(int64_t) * (size_t)(n + 1));
+    int nunusable = 0;
     for (int64_t i = 0; i < n && !found; i++) {
         if (path) snprintf(d, sizeof d, "%s", path);
         else ckpt_path(dir, steps[i], d, sizeof d);
@@ -1429,13 +1434,20 @@ int ckpt_resume(const char *dir, const char *path, const char *flag, const GPT2 
         }
         if (rank == lowest)
             fprintf(stderr, "warning: checkpoint unusable: %s; %s\n", why, i + 1 < n ? "trying the one before it" : "there is none before it");
-        if (worst == LOAD_UNUSABLE && rank == 0) move_aside(d); // every rank has finished reading it
+        if (worst == LOAD_UNUSABLE) unusable[nunusable++] = steps[i];
     }
     runs_free(need);
     if (!found && any_complete) {
-        if (rank == 0) die("--resume: none of the %lld checkpoint(s) in %s is usable (see above)", (long long)n, dir);
+        if (rank == 0)
+            die("--resume: none of the %lld checkpoint(s) in %s is usable (see above); they stay where they are", (long long)n, dir);
         exit(1);
     }
+    for (int k = 0; found && rank == 0 && k < nunusable; k++) { // every rank has finished reading them
+        char u[SAFE_PATH_MAX];
+        ckpt_path(dir, unusable[k], u, sizeof u);
+        move_aside(u);
+    }
+    free(unusable);
     if (found) snprintf(from, from_cap, "%s", d);
     free(steps);
     return found;

@@ -730,7 +730,8 @@ t_ckpt_fields() {
 # An unusable checkpoint found by --resume's search (its manifest.json a directory; a manifest field out
 # of range) is moved aside, to ckpt_<step>.bad or, when that exists, .bad.1, with one line saying so; the
 # run resumes from the one before it and writes its own checkpoint of that step; the model equals the
-# uninterrupted run's.
+# uninterrupted run's. With every checkpoint unusable, --resume is refused and they all stay, under
+# --max-restarts at the relaunch too.
 t_ckpt_move_aside() {
     local d=$WORK/ckbadmv ok=0 case
     rm -rf "$d"
@@ -758,5 +759,17 @@ t_ckpt_move_aside() {
             { echo "FAIL $case: expected the new checkpoint of step 4 and the old one aside: $(ls "$c")"; ok=1; }
         cmp "$d/ref.bin" "$d/$case.bin" || { echo "FAIL $case: the model differs"; ok=1; }
     done
+    # every checkpoint unusable: refused, and they stay, so that a relaunch refuses again instead of
+    # finding none and starting from step 0 (as it did when they were moved aside first)
+    local c=$d/all s
+    mkdir -p "$c"
+    for s in 00000002 00000004; do $PY test/ckpt_craft.py "$d/ref/ckpt_$s" "$c/ckpt_$s" layout.zero=99 || return 1; done
+    timeout 300 $TRAIN --nproc 1 --max-restarts 1 "${S[@]}" --ckpt-dir "$c" --resume >"$d/all.out" 2>"$d/all.err" &&
+        { echo "FAIL all: the run succeeded: $(tail -2 "$d/all.out")"; ok=1; }
+    [ "$(grep -c "none of the 2 checkpoint(s) in $c is usable" "$d/all.err")" = 2 ] ||
+        { echo "FAIL all: expected the refusal at the launch and at its relaunch: $(cat "$d/all.err")"; ok=1; }
+    grep -q "starting from step 0" "$d/all.out" && { echo "FAIL all: the relaunch started from step 0"; ok=1; }
+    [ "$(ls "$c" | grep -v '^llm4d.lock$')" = "$(printf 'ckpt_00000002\nckpt_00000004')" ] ||
+        { echo "FAIL all: the checkpoints moved: $(ls "$c")"; ok=1; }
     return $ok
 }
