@@ -1249,8 +1249,9 @@ void gpt2_backward(GPT2 *m, float dloss_scale) { gpt2_backward_chunk(m, 0, dloss
 // share of the work, and adding them in B frees the rows they read (a block's residual2, its input and
 // their statistics), which is where B leaves W's output gradients. B runs a chunk's micro-batches in the
 // order W does, so each parameter still adds them in 1F1B's order. So does the LM head's matmul: its
-// weight gradient reads the logits (dlogits in place), the largest buffer of a stage, and added in B it
-// frees the head's buffers at B instead of W. What a WOp reads:
+// weight gradient reads the logits (dlogits in place), the largest buffer of a stage, and added by B
+// (just after B's send: gpt2_backward_head_weight) it frees the head's buffers at B instead of W.
+// What a WOp reads:
 //   - left in place: what stays in the activation set untouched until the set's next forward (the
 //     layer inputs recompute does not rebuild into scratch, rows not gathered into scratch);
 //   - copied into a region of the same set that B has consumed and nothing reads again before the set's

@@ -297,7 +297,7 @@ void gpt2_backward_chunk(GPT2 *m, int chunk, float dloss_scale);
 // into regions of the set B has consumed, the rest copied into model.c's stash (the layout's nstash per
 // chunk, else one per activation set); the LayerNorms' dgamma and dbeta it adds itself (they free the
 // rows they read). gpt2_backward_weight_chunk (W) then adds that micro-batch's matmul weight and bias
-// gradients of the chunk (the LM head's and the embeddings' too) and tells the data-parallel hooks the
+// gradients of the chunk (the embeddings' too) and tells the data-parallel hooks the
 // units are ready. B then W gives bitwise gpt2_backward_chunk's gradients (the same kernels on the same
 // inputs, each parameter's additions in the same order). Order: W of a
 // chunk must take the activation sets in the order their B ran (it dies otherwise), so as long as B
@@ -305,8 +305,9 @@ void gpt2_backward_chunk(GPT2 *m, int chunk, float dloss_scale);
 // micro-batches in 1F1B's order, whatever the schedule puts between B and W. An activation set is busy
 // from its forward to its W: its next forward must wait for W (and B of a set may not run twice
 // before its W). The fetch hook runs in both halves (B reads weights, W places streamed gradients).
-// On the chunk holding the LM head (where its input is in place: no SP, and not one stage holding both
-// ends of a tied embedding, whose head waits for W), B leaves the head's weight gradient pending:
+// The LM head's weight gradient is B's, not W's (it frees the head's buffers, the largest of a stage):
+// under SP B adds it before the blocks; otherwise B leaves it pending (only a whole model on one rank,
+// test_split's case, keeps it for W, before its tied embedding's):
 // gpt2_backward_head_weight adds it, after the caller has sent B's input gradient and before anything
 // else uses the model, so that the previous stage's wait for that gradient does not include the
 // head's matmul (the largest of a stage), while the head's buffers are still free by the next F.

@@ -156,9 +156,9 @@ static double forward_op(Pipeline *p, const int32_t *inputs, const int32_t *targ
 }
 
 // B: the input gradient of one micro-batch's chunk, sent back to the previous stage at once; with
-// split, its weight gradients wait in the model's stash for weight_op (the LM head's, which B keeps
-// no buffer for, run here once the gradient has been sent), else they are added here too (one fused
-// backward, as 1f1b and interleaved run).
+// split, its weight gradients wait in the model's stash for weight_op (the LM head's, which nothing
+// keeps for W, run here once the gradient has been sent, or inside B under SP: model.h), else they are
+// added here too (one fused backward, as 1f1b and interleaved run).
 static void backward_op(Pipeline *p, int mb, int chunk, int M, int B, int T, float dloss, int split) {
     GPT2 *m = p->model;
     int slot = set_of(p, mb, chunk);

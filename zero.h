@@ -91,7 +91,8 @@ void zero_free(Zero *z);
 void zero_begin_step(Zero *z);
 void zero_begin_forward(Zero *z);
 void zero_begin_backward(Zero *z, int last_micro);
-// A W pass (gpt2_backward_weight_chunk) apart from its B: gradients only, no weights to gather.
+// A W pass (gpt2_backward_weight_chunk) apart from its B, or the LM head's weight gradient after B's send
+// (gpt2_backward_head_weight): gradients only, no weights to gather.
 void zero_begin_weights(Zero *z, int last_micro);
 // After the last backward: waits for the reductions; returns ‖g‖₂ of the reduced gradient.
 float zero_finish_grads(Zero *z);
