@@ -3,8 +3,10 @@
 // parameter gradients after two micro-batches and every input gradient a stage sends back. The split
 // runs in two zero-bubble orders: F0 F1 B0 B1 W0 W1 (every W after both Bs) and F0 B0 F1 B1 W0 W1.
 // Cases: recompute none, selective and full; a whole model, the first and the last of two pipeline
-// stages, each with one or two chunks (interleaved); fp32 and bf16. With --nproc 2: tensor parallelism
-// (with and without sequence parallelism) and context parallelism (ring attention) over the two ranks.
+// stages, each with one or two chunks (interleaved), zb-v's first stage (two chunks in a V, both ends of
+// the model); fp32 and bf16. With --nproc 2: tensor parallelism (with and without sequence parallelism)
+// and context parallelism (ring attention) over the two ranks. On a stage holding the head (not under
+// SP), also that B leaves the head's weight gradient untouched until gpt2_backward_head_weight.
 // Usage: test_split [--nproc 2]
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +16,7 @@
 #include "launch.h"
 #include "common.h"
 #include "model.h"
+#include "schedule.h"
 
 static uint64_t rng_state;
 static float frand(void) {
@@ -37,7 +40,7 @@ static void fill(const GPT2 *m, void *dst, size_t n) {
 }
 
 typedef struct {
-    int recompute, pp_rank, pp, V, tp, sp, cp;
+    int recompute, pp_rank, pp, V, tp, sp, cp, zbv; // zbv: chunks in a V (zb-v), the head on stage 0
     DType dt;
 } Case;
 
@@ -45,7 +48,8 @@ enum { M = 2, B = 2, T = 16 };
 
 // The LM head's weight gradient (a stage holding the head), host bytes into dst.
 static void head_grad(const GPT2 *m, unsigned char *dst) {
-    m->be->to_host(dst, gpt2_grad(m, m->head_k, 0), m->param_sizes[m->head_k] * sizeof(float));
+    const float *g = m->head_wte_grad ? m->head_wte_grad : gpt2_grad(m, m->head_k, 0); // (both ends on one stage)
+    m->be->to_host(dst, g, m->param_sizes[m->head_k] * sizeof(float));
 }
 
 // On a stage holding the LM head, split: the B passes whose head weight gradient was checked, and those
@@ -68,8 +72,10 @@ static unsigned char *run(const Case *k, Comm *world, Comm *cp_grad, int order, 
     lay.cp_grad = k->cp > 1 ? cp_grad : NULL;
     lay.sp = k->sp, lay.recompute = k->recompute, lay.B = B, lay.T = T * k->cp, lay.accum = M;
     lay.chunks = k->V, lay.nslots = M;
-    int per = 4 / (k->pp * k->V); // blocks per chunk; chunk c of stage s is global chunk c·pp + s
-    for (int c = 0; c < k->V; c++) lay.chunk_first[c] = (c * k->pp + k->pp_rank) * per, lay.chunk_len[c] = per;
+    if (k->zbv) lay.schedule = SCHED_ZBV;
+    int per = 4 / (k->pp * k->V); // blocks per chunk; chunk c of stage s is global chunk c·pp + s (zb-v: s, 2pp-1-s)
+    for (int c = 0; c < k->V; c++)
+        lay.chunk_first[c] = (k->zbv && c ? 2 * k->pp - 1 - k->pp_rank : c * k->pp + k->pp_rank) * per, lay.chunk_len[c] = per;
     StepTimes times;
     memset(&times, 0, sizeof times);
     GPT2 m;
@@ -106,7 +112,7 @@ static unsigned char *run(const Case *k, Comm *world, Comm *cp_grad, int order, 
         for (int c = k->V - 1, s = sends - 1; c >= 0; c--) {                                               \
             rng_state = seed0 + 5000 + (uint64_t)(mb) * 97 + (uint64_t)c;                                  \
             if (!(m.last && c == k->V - 1)) fill(&m, gpt2_stage_grad(&m), selems);                          \
-            int head_now = split && m.last && !m.first && c == k->V - 1 && !k->sp; /* model.h */            \
+            int head_now = split && m.last && (!m.first || k->pp > 1) && c == k->V - 1 && !k->sp; /* model.h */ \
             if (head_now) head_grad(&m, hbefore);                                                          \
             if (split) gpt2_backward_input_chunk(&m, c, mb, dloss);                                        \
             else gpt2_backward_chunk(&m, c, dloss);                                                        \
@@ -142,6 +148,7 @@ static unsigned char *run(const Case *k, Comm *world, Comm *cp_grad, int order, 
         WGT(0);
         WGT(1);
     }
+    gpt2_join_tied_grads(&m); // zb-v's first stage: the head's part of the tied embedding, apart until here
     m.be->to_host(out, m.grads, gbytes);
     free(hbefore), free(hafter), free(hlast);
     free(full);
@@ -158,15 +165,15 @@ static int check(const Case *k, Comm *world, Comm *cp_grad) {
     for (size_t i = 0; i < n0; i++) nonzero |= a[i];
     int ok = nonzero && n0 == n1 && n0 == n2 && !memcmp(a, b, n0) && !memcmp(a, c, n0);
     // the last of several stages, rows in place: every split B's head weight gradient waits for the send
-    int want = k->pp > 1 && k->pp_rank == k->pp - 1 && !k->sp ? 2 * M : 0;
+    int want = k->pp > 1 && k->pp_rank == (k->zbv ? 0 : k->pp - 1) && !k->sp ? 2 * M : 0;
     if (hw.early || hw.checked != want) {
         printf("FAIL split backward: the LM head's weight gradient: %d of %d B passes checked, %d added it before "
                "gpt2_backward_head_weight\n", hw.checked, want, hw.early);
         ok = 0;
     }
     if (comm_rank(world) == 0 || !ok)
-        printf("%s split backward: recompute %s, stage %d of %d, %d chunk(s), tp %d%s, cp %d, %s\n", ok ? "ok" : "FAIL",
-               RECOMPUTE_NAMES[k->recompute], k->pp_rank, k->pp, k->V, k->tp, k->sp ? " sp" : "", k->cp,
+        printf("%s split backward: recompute %s, stage %d of %d, %d chunk(s)%s, tp %d%s, cp %d, %s\n", ok ? "ok" : "FAIL",
+               RECOMPUTE_NAMES[k->recompute], k->pp_rank, k->pp, k->V, k->zbv ? " in a V" : "", k->tp, k->sp ? " sp" : "", k->cp,
                k->dt == DT_F32 ? "fp32" : "bf16");
     free(a), free(b), free(c);
     return !ok;
@@ -190,6 +197,8 @@ int main(int argc, char **argv) {
             }
             Case k = { .recompute = rc, .pp = 1, .V = 1, .tp = 1, .cp = 1, .dt = DT_BF16 };
             bad += check(&k, world, cp_grad);
+            Case v = { .recompute = rc, .pp = 2, .pp_rank = 0, .V = 2, .tp = 1, .cp = 1, .zbv = 1, .dt = DT_F32 }; // both ends
+            bad += check(&v, world, cp_grad);
         } else {
             Case tp = { .recompute = rc, .pp = 1, .V = 1, .tp = n, .cp = 1, .dt = DT_F32 };
             bad += check(&tp, world, cp_grad);
