@@ -871,7 +871,11 @@ static void trainer_init(Trainer *t, int argc, char **argv) {
     char err[2 * SAFE_PATH_MAX] = ""; // the checkpoint directory locked before anything in it is read or changed
     t->ckpt_lock = -1;
     t->last_ckpt.step = -1;
-    agree_or_exit(l, l->lead && ckpt_lock(o->ckpt_dir, o->resume_path, resume_flag(o), &t->ckpt_lock, err, sizeof err) < 0 ? err : NULL);
+    // sample and eval only read a complete checkpoint, verifying it as they read: a run holding its
+    // directory goes on (its --keep may remove the checkpoint mid-read, and the read then fails in one
+    // line), where a resumed training run would mix with it
+    const char *resumes = o->mode == MODE_TRAIN ? o->resume_path : NULL;
+    agree_or_exit(l, l->lead && ckpt_lock(o->ckpt_dir, resumes, resume_flag(o), &t->ckpt_lock, err, sizeof err) < 0 ? err : NULL);
     parse_faults(&t->faults, l->rank, l->nranks);
     setup_device(t);
     float *host_params;

@@ -594,6 +594,12 @@ t_ckpt_lock() {
     expect_error "ckpt-dir $d/c $who" "${S[@]}" --seed 22 --steps 100 --ckpt-dir "$d/c" --resume || ok=1
     expect_error "resume ${held[0]}: its directory $d/c $who" "${S[@]}" --seed 22 --steps 100 --resume "${held[0]}" \
         --ckpt-dir "$d/other" || ok=1
+    # reading a held checkpoint is not refused: eval and sample of it while the run holds the directory
+    timeout 300 $TRAIN eval --model "${held[0]}" --val "$DATA/val.bin" --batches 1 >"$d/eval.out" 2>&1 ||
+        { echo "FAIL: eval of a held checkpoint: $(tail -2 "$d/eval.out")"; ok=1; }
+    grep -q "loss" "$d/eval.out" || { echo "FAIL: eval printed no loss: $(cat "$d/eval.out")"; ok=1; }
+    timeout 300 $TRAIN sample --model "$d/c" --tokens 4 --seed 1 >"$d/sample.out" 2>&1 ||
+        { echo "FAIL: sample of a held checkpoint directory: $(tail -2 "$d/sample.out")"; ok=1; }
     timeout 300 $TRAIN --nproc 2 "${S[@]}" --seed 22 --steps 4 --ckpt-dir "$d/c" >/dev/null 2>"$d/b.err" &&
         { echo "FAIL: a run under --nproc 2 was not refused"; ok=1; }
     [ "$(grep -c "^error: --ckpt-dir $d/c $who" "$d/b.err")" -eq 1 ] ||
