@@ -167,6 +167,8 @@ static const char USAGE[] =
     "                             SIGUSR1 on, turns SIGINT/SIGTERM into SIGTERM for every rank and kills\n"
     "                             what is left after LLM4D_KILL_GRACE seconds (default 30); when a rank\n"
     "                             fails, names the rank that stopped answering and stops the others\n"
+    "  --dp N                     data parallelism: implied, the ranks over TP x CP x PP; given, it must\n"
+    "                             be that (the planner's and Megatron's way of saying the layout)\n"
     "  --tp N                     tensor parallelism: N consecutive ranks share each block (QKV and MLP\n"
     "                             split by heads/columns, output projections by rows, embedding and loss\n"
     "                             by vocabulary); N must divide the heads (default 1)\n"
@@ -349,6 +351,10 @@ GPT2Config options_shape(const Options *o) {
 
 int check_layout(const Options *o, const GPT2Config *cfg, int nranks, BatchShape *b, char *err, size_t cap) {
     if (layout_error(o->tp, o->cp, o->pp, nranks, err, cap)) return -1;
+    int dp = nranks / (o->tp * o->cp * o->pp);
+    if (o->dp && o->dp != dp)
+        return snprintf(err, cap, "--dp %d: the %d ranks over --tp %d x --cp %d x --pp %d give data parallel %d", o->dp, nranks, o->tp,
+                        o->cp, o->pp, dp), -1;
     if (cfg->NH % o->tp) return snprintf(err, cap, "--tp %d does not divide the model's %d heads", o->tp, cfg->NH), -1;
     if (o->save_hf && cfg->arch != ARCH_LLAMA)
         return snprintf(err, cap, "--save-hf writes Hugging Face Llama checkpoints: this model is GPT-2 (--save-model writes "
@@ -491,6 +497,7 @@ static void parse_valued_flag(Options *o, int argc, char **argv, int *ip) {
     } else if (IS("--threads")) o->threads = (int)parse_int(f, v, 1, 4096);
     else if (IS("--zero")) o->zero = (int)parse_int(f, v, 0, 3);
     else if (IS("--tp")) o->tp = (int)parse_int(f, v, 1, 4096);
+    else if (IS("--dp")) o->dp = (int)parse_int(f, v, 1, 4096);
     else if (!strcmp(f, "--sp")) o->sp = 1;
     else if (IS("--pp")) o->pp = (int)parse_int(f, v, 1, 4096);
     else if (IS("--pp-layers")) o->pp_layers = v;

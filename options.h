@@ -25,6 +25,7 @@ typedef struct {
     uint64_t seed;
     int dtype; // -1 = default for the device
     int zero, tp, sp, pp, pp_virtual, recompute, cp;
+    int dp; // --dp: checked against the ranks over TP x CP x PP (0: implied)
     int pp_schedule; // SCHED_* (schedule.h); -1: 1f1b, or interleaved with --pp-virtual > 1
     const char *pp_layers, *pp_trace, *pp_schedule_dump, *pp_times_flag;
     double pp_times[3]; // --pp-times (zeros: unit times)

@@ -733,7 +733,8 @@ static void print_table(const PlanInput *in, const Candidate *ys, int n) {
     if (in->exact)
         printf("llm4d plan: llm4d's own buffers (--exact) on the fullest pipeline stage; bytes per GPU in GB (1e9), "
                "times per optimizer step in ms\n");
-    else printf("llm4d plan: the seed's model; bytes per GPU in GB (1e9), times per optimizer step in ms\n");
+    else printf("llm4d plan: an estimate from the shape (a Megatron-style mixed-precision run; README, \"Planning a layout\"); "
+                "bytes per GPU in GB (1e9), times per optimizer step in ms\n");
     if (c->arch == ARCH_LLAMA)
         printf("model: Llama, L %d, C %d, H %d, KV heads %d, FFN %d, V %d (padded %d), %s head, maxT %d, T %d | %s parameters, "
                "%.4g GFLOP per token\n", c->L, c->C, c->NH, c->NKV, c->F, c->V, c->Vp, c->tie ? "tied" : "untied", c->maxT, in->T,

@@ -563,11 +563,16 @@ static void open_data(Trainer *t) {
         if (t->nprompt < 0) die("--prompt: the tokenizer has no piece for byte %d of the text", -t->nprompt - 1);
         if (t->nprompt == 0) die("--prompt: empty text");
         if (t->nprompt >= t->lay.T)
-            die("--prompt is %d tokens or more: at most --seq-len %d - 1 leave room for one more", t->nprompt, t->lay.T);
+            die("--prompt is %d tokens or more; the window (--seq-len) is %d, so at most %d leave room for a token", t->nprompt,
+                t->lay.T, t->lay.T - 1);
     } else {
         t->prompt = xmalloc(sizeof(int));
         t->nprompt = 1;
-        t->prompt[0] = t->have_train ? (int)t0 : t->have_tk && t->tk.eot >= 0 && t->tk.eot < t->cfg.V ? t->tk.eot : 0;
+        int eot = t->have_tk && t->tk.eot >= 0 && t->tk.eot < t->cfg.V;
+        t->prompt[0] = t->have_train ? (int)t0 : eot ? t->tk.eot : 0;
+        if (o->mode == MODE_SAMPLE && !t->have_train && !eot && t->lay.lead) // a byte-level model: byte 0 starts nothing it read
+            fprintf(stderr, "note: no --prompt, and no <|endoftext|> token to start from: the sample starts from "
+                    "token 0, which the model may never have seen; --prompt TEXT gives it a start\n");
     }
     for (int i = 0; i < t->nprompt; i++)
         if (t->prompt[i] >= t->cfg.V)

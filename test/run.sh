@@ -613,7 +613,7 @@ t_llama_tp() {
     lrun tp2pp2dp2 --model llama3-tiny --nproc 8 --tp 2 --sp --pp 2 --micro-batch 1 --zero 1 || return 1
     $PY test/compare_runs.py 1e-5 "$d/ref" "$d/tp2pp2dp2" || ok=1
     lrun refbf16 --model llama3-tiny --dtype bf16 || return 1
-    lrun tp2dp2bf16 --model llama3-tiny --dtype bf16 --nproc 4 --tp 2 --zero 3 || return 1
+    lrun tp2dp2bf16 --model llama3-tiny --dtype bf16 --nproc 4 --tp 2 --dp 2 --zero 3 || return 1 # (--dp: as implied)
     $PY test/compare_runs.py 1e-2 "$d/refbf16" "$d/tp2dp2bf16" || ok=1
     lrun ref_tied --model llama3-tiny --tie-embeddings 1 || return 1
     lrun tp4_tied --model llama3-tiny --tie-embeddings 1 --nproc 4 --tp 4 --sp --recompute selective || return 1
@@ -830,6 +830,7 @@ t_prefork_checks() {
     refused "--tp 3 does not divide the model's 4 heads" --nproc 3 --tp 3 "${S[@]}"
     refused "--tp 3 does not divide the model's 4 heads" --nproc 255 --tp 3 "${S[@]}"
     refused "--tp 3 x --pp 1 = 3 does not divide the 256 ranks" --nproc 256 --tp 3 "${S[@]}"
+    refused "--dp 4: the 4 ranks over --tp 2 x --cp 1 x --pp 1 give data parallel 2" --nproc 4 --tp 2 --dp 4 "${S[@]}"
     refused "--tp 3 does not divide the model's 4 heads" --nproc 3 --tp 3 --init-from "$d/m.bin" --seq-len 32 \
         --train "$DATA/train.bin" --steps 2 # the heads from the file's header
     refused "--sp needs tensor parallelism (--tp 2 or more)" --nproc 2 --sp "${S[@]}"
