@@ -167,16 +167,16 @@ static const char *stop_name(void) {
 static int sample_token(const Options *o, float *probs, int *order, int V, uint64_t *rng);
 
 // Sampling: the model continues the prompt (np tokens: ./train sample's --prompt, else the first token
-// of the training data), one token per forward. Training prints a header; ./train sample the text only.
+// of the training data), one token per forward. Training prints a header; ./train sample the text only (on out).
 // Returns 1 when a stop signal cut it short (every rank alike).
-static int sample(Pipeline *p, const Options *o, const Tokenizer *tk, const int *prompt, int np, int T, int step, int print) {
+static int sample(Pipeline *p, const Options *o, const Tokenizer *tk, const int *prompt, int np, int T, int step, int print, FILE *out) {
     GPT2 *m = p->model;
     int n = o->sample_tokens < T - np ? o->sample_tokens : T - np, Tl = T / m->lay->cp.size;
     int32_t *ctx = xcalloc((size_t)T, sizeof(int32_t)), *local = xcalloc((size_t)Tl, sizeof(int32_t));
     float *probs = xmalloc(sizeof(float) * m->cfg.V);
     int *order = xmalloc(sizeof(int) * m->cfg.V);
     uint64_t rng = o->seed * 0x9e3779b97f4a7c15ULL + (uint64_t)step + 1;
-    if (print && o->mode == MODE_TRAIN) printf("sample at step %d:\n", step);
+    if (print && o->mode == MODE_TRAIN) fprintf(out, "sample at step %d:\n", step);
     if (print && o->mode == MODE_SAMPLE && n < o->sample_tokens)
         fprintf(stderr, "note: --tokens %d and the %d-token prompt exceed the %d-token window (--seq-len): sampling %d\n",
                 o->sample_tokens, np, T, n);
@@ -185,9 +185,9 @@ static int sample(Pipeline *p, const Options *o, const Tokenizer *tk, const int 
         ctx[i] = prompt[i];
         if (!print) continue;
         if (tk) {
-            text_out_token(&text, tk, prompt[i], stdout);
+            text_out_token(&text, tk, prompt[i], out);
         } else {
-            printf("%d ", prompt[i]);
+            fprintf(out, "%d ", prompt[i]);
         }
     }
     // Each token's forward runs over the shortest window holding the context that the layout can split
@@ -218,14 +218,14 @@ static int sample(Pipeline *p, const Options *o, const Tokenizer *tk, const int 
         ctx[t] = next;
         if (!print) continue;
         if (tk) {
-            text_out_token(&text, tk, next, stdout);
+            text_out_token(&text, tk, next, out);
         } else {
-            printf("%d ", next);
+            fprintf(out, "%d ", next);
         }
     }
-    if (print) text_out_flush(&text, stdout);
-    if (print) printf(o->mode == MODE_TRAIN ? "\n---\n" : "\n");
-    fflush(stdout);
+    if (print) text_out_flush(&text, out);
+    if (print) fprintf(out, o->mode == MODE_TRAIN ? "\n---\n" : "\n");
+    fflush(out);
     if (print && t < np + n) fprintf(stderr, "received %s: the sample stopped after %d of %d tokens\n", stop_name(), t - np, n);
     free(ctx);
     free(local);
@@ -428,6 +428,7 @@ typedef struct {
     double stall_hist[4]; // recent checkpoints' stalls, for their completion records
     int nstalls;
     CkptEvent last_ckpt; // rank 0: the newest finished checkpoint (step -1: none yet), for the exit status
+    FILE *out; // the run's results: stdout, but for sample and eval the text or the loss alone (results_apart)
 } Trainer;
 
 static void setup_device(Trainer *t) {
@@ -862,10 +863,23 @@ static void warn_defaults(const Trainer *t) {
                 CPU_CORE_FLOPS / 1e9);
 }
 
+// ./train sample and eval: their one result (the text, the loss) alone on standard output, so that
+// `./train sample ... > out.txt` holds the text; every other line the run prints (the header, notes, the
+// collectives' line) goes where stdout's file descriptor now points, standard error.
+static FILE *results_apart(void) {
+    fflush(stdout);
+    int fd = dup(STDOUT_FILENO);
+    if (fd < 0 || dup2(STDERR_FILENO, STDOUT_FILENO) < 0) die("cannot set standard output apart for the results: %s", strerror(errno));
+    FILE *f = fdopen(fd, "w");
+    if (!f) die("cannot open standard output for the results: %s", strerror(errno));
+    return f;
+}
+
 static void trainer_init(Trainer *t, int argc, char **argv) {
     memset(t, 0, sizeof *t);
     Options *o = &t->o;
     parse_options(o, argc, argv);
+    t->out = o->mode == MODE_TRAIN ? stdout : results_apart();
     if (o->max_restarts && !getenv("LLM4D_LAUNCH"))
         die("--max-restarts relaunches a --nproc job (under Slurm, scripts/train.sbatch relaunches job steps)");
     signal(SIGXFSZ, SIG_IGN); // a file over the size limit is a write error (EFBIG), not the end of the process
@@ -1073,8 +1087,8 @@ static void evaluate(Trainer *t, int step, int last) {
                 fprintf(stderr, "received %s: eval stopped after %d of %d batches (their mean loss %.6f)\n", stop_name(), done,
                         t->val_batches, done ? vl : NAN);
         } else if (o->mode == MODE_EVAL && t->lay.lead)
-            printf("eval %s: loss %.6f | perplexity %.4f | %d batch(es) of %d x %d tokens from %s\n", o->model_path, vl,
-                   exp(vl), t->val_batches, t->lay.B, t->lay.T, o->val);
+            fprintf(t->out, "eval %s: loss %.6f | perplexity %.4f | %d batch(es) of %d x %d tokens from %s\n", o->model_path, vl,
+                    exp(vl), t->val_batches, t->lay.B, t->lay.T, o->val), fflush(t->out);
         else
             report_val(&t->rep, step, vl);
     }
@@ -1083,7 +1097,7 @@ static void evaluate(Trainer *t, int step, int last) {
     if (o->sample_every > 0 && ((step > 0 && step % o->sample_every == 0) || end) && !(o->mode == MODE_TRAIN && t->stopping) &&
         !(first && t->resumed_sampled)) {
         if (step == t->faults.sample_term_step) raise(SIGTERM); // (a stop signal during the sample, for the tests)
-        int cut = sample(&t->pipe, o, t->have_tk ? &t->tk : NULL, t->prompt, t->nprompt, t->lay.T, step, t->lay.lead);
+        int cut = sample(&t->pipe, o, t->have_tk ? &t->tk : NULL, t->prompt, t->nprompt, t->lay.T, step, t->lay.lead, t->out);
         t->cut_short |= cut, t->sampled = !cut;
         // a training run stops at this boundary: its checkpoint records the sample as not done, and the
         // resumed run prints it whole (stopping at the next one would lose it)

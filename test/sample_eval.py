@@ -48,10 +48,8 @@ def val_loss(out, pattern=r"step \d+ \| val loss ([0-9.]+)"):
 
 
 def sample_text(out):
-    """The sample: what follows the last memory line (the header's last line before it)."""
-    lines = out.split("\n")
-    last = max(i for i, line in enumerate(lines) if line.startswith("memory of rank"))
-    return "\n".join(lines[last + 1:]).rstrip("\n")
+    """The sample: standard output, all of it (./train sample prints the header and notes on stderr)."""
+    return out.rstrip("\n")
 
 
 def escape(tokens):
