@@ -129,7 +129,9 @@ static void parse_bench(BenchOptions *o, int argc, char **argv) {
         enum { NKNOWN = sizeof known / sizeof known[0] };
         int k = 0;
         while (k < NKNOWN && strcmp(f, known[k])) k++;
-        if (k == NKNOWN) die(strncmp(f, "--", 2) ? "bench-comm: unexpected argument '%s'" : "bench-comm: unknown flag '%s'", f);
+        char hint[80];
+        if (k == NKNOWN && strncmp(f, "--", 2)) die("bench-comm: unexpected argument '%s' (see ./train bench-comm --help)", f);
+        if (k == NKNOWN) die("bench-comm: unknown flag %s%s (see ./train bench-comm --help)", f, flag_hint(f, BENCH_USAGE, hint, sizeof hint));
         if (i + 1 >= argc) die("%s needs a value", f);
         const char *v = argv[++i];
         if (!strcmp(f, "--op")) {

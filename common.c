@@ -2,6 +2,7 @@
 #define _GNU_SOURCE
 #include "common.h"
 
+#include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <limits.h>
@@ -395,6 +396,38 @@ double parse_number(const char *flag, const char *s, const NumUnit *units, doubl
     if (whole && v != floor(v)) die("%s expects a whole number, got '%s'", flag, s);
     if (v < lo || v > hi) die_range(flag, s, lo, hi, whole);
     return v;
+}
+
+// Edits (insert, delete, substitute, swap two neighbours) from a[0..n) to b[0..m), both under 64.
+static int edits(const char *a, int n, const char *b, int m) {
+    int d[65][65];
+    for (int i = 0; i <= n; i++) d[i][0] = i;
+    for (int j = 0; j <= m; j++) d[0][j] = j;
+    for (int i = 1; i <= n; i++)
+        for (int j = 1; j <= m; j++) {
+            int v = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
+            if (d[i - 1][j] + 1 < v) v = d[i - 1][j] + 1;
+            if (d[i][j - 1] + 1 < v) v = d[i][j - 1] + 1;
+            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] && d[i - 2][j - 2] + 1 < v) v = d[i - 2][j - 2] + 1;
+            d[i][j] = v;
+        }
+    return d[n][m];
+}
+
+const char *flag_hint(const char *flag, const char *usage, char *buf, size_t cap) {
+    int n = (int)strlen(flag), best = 3, len = 0;
+    const char *at = NULL;
+    if (n >= 64 || strncmp(flag, "--", 2)) return "";
+    for (const char *p = strstr(usage, "--"); p; p = strstr(p + 2, "--")) {
+        int m = 2;
+        while (p[m] && (islower((unsigned char)p[m]) || isdigit((unsigned char)p[m]) || p[m] == '-')) m++;
+        if (m < 3 || m >= 64 || (p > usage && (isalnum((unsigned char)p[-1]) || p[-1] == '-'))) continue;
+        int e = edits(flag + 2, n - 2, p + 2, m - 2);
+        if (e < best && 2 * e < n - 2) best = e, at = p, len = m;
+    }
+    if (!at) return "";
+    snprintf(buf, cap, ": did you mean %.*s?", len, at);
+    return buf;
 }
 
 long long parse_int(const char *flag, const char *s, long long lo, long long hi) {

@@ -546,7 +546,10 @@ static void parse_valued_flag(Options *o, int argc, char **argv, int *ip) {
         else die("--save-hf-dtype must be fp32 or bf16, got '%s'", v);
     }
     else if (strchr(f, '=')) die("%s: flags take their value as the next argument (--flag VALUE, not --flag=VALUE; see --help)", f);
-    else die("unknown flag %s (see --help)", f);
+    else {
+        char hint[80];
+        die("unknown flag %s%s (see --help)", f, flag_hint(f, USAGE, hint, sizeof hint));
+    }
 #undef IS
     *ip = i;
 }

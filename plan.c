@@ -422,7 +422,10 @@ static void parse_plan(PlanInput *in, int argc, char **argv) {
         } else if (IS("--dtype")) {
             if (strcmp(v, "bf16") && strcmp(v, "fp32")) die("--dtype must be bf16 or fp32, got '%s'", v);
             in->fp32 = !strcmp(v, "fp32");
-        } else die("plan: unknown flag %s (see ./train plan --help)", f);
+        } else {
+            char hint[80];
+            die("plan: unknown flag %s%s (see ./train plan --help)", f, flag_hint(f, PLAN_USAGE, hint, sizeof hint));
+        }
 #undef INT
 #undef IS
     }

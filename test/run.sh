@@ -885,7 +885,11 @@ t_bad_input() {
     expect_error "not below the vocabulary size 100" --layers 2 --channels 32 --heads 4 --vocab 100 --seq-len 32 --steps 2 --train "$DATA/train.bin" || ok=1
     expect_error "hdr.bin: inconsistent model header" --init-from "$d/hdr.bin" --steps 0 || ok=1
     expect_error "heads.bin: inconsistent model header" --init-from "$d/heads.bin" --steps 0 || ok=1
-    expect_error "unknown flag --bogus" "${base[@]}" --bogus 3 || ok=1
+    expect_error "unknown flag --bogus (see --help)" "${base[@]}" --bogus 3 || ok=1
+    # a near miss names the flag of --help it is nearest (two edits at most; a swap counts one)
+    expect_error "unknown flag --step: did you mean --steps? (see --help)" "${base[@]}" --step 3 || ok=1
+    expect_error "unknown flag --ckpt-evry: did you mean --ckpt-every?" "${base[@]}" --ckpt-evry 3 || ok=1
+    expect_error "unknown flag --tp2: did you mean --tp?" "${base[@]}" --tp2 3 || ok=1
     # a flag that refines another is refused alone (it would do nothing)
     expect_error "--top-k shapes the samples --sample-every N prints: it needs --sample-every" "${base[@]}" --top-k 3 || ok=1
     expect_error "--sample-tokens shapes the samples" "${base[@]}" -g 16 || ok=1
@@ -1974,7 +1978,8 @@ t_plan_bad_input() {
     expect_error "--exact counts llm4d's buffers, and its attention is flash" "${p[@]}" --exact --attention full || ok=1
     expect_error "not --params" plan --gpus 8 --batch-tokens 64K --params 7B --layers 32 --channels 4096 --exact || ok=1
     expect_error "--bucket-mb expects a number, got 'big'" "${p[@]}" --exact --bucket-mb big || ok=1
-    expect_error "plan: unknown flag --bogus" "${p[@]}" --bogus 1 || ok=1
+    expect_error "plan: unknown flag --bogus (see ./train plan --help)" "${p[@]}" --bogus 1 || ok=1
+    expect_error "plan: unknown flag --gpu: did you mean --gpus?" "${p[@]}" --gpu 8 || ok=1
     expect_error "--plot needs a value" "${p[@]}" --plot || ok=1
     expect_error "plan: no layout of 8 GPUs has the --tp/--cp/--pp/--dp asked for" "${p[@]}" --tp 3 || ok=1
     expect_error "plan: no layout of 8 GPUs has the --tp/--cp/--pp/--dp asked for" "${p[@]}" --cp 16 || ok=1
