@@ -485,7 +485,11 @@ static void parse_valued_flag(Options *o, int argc, char **argv, int *ip) {
     else if (IS("--val-steps")) o->val_steps = (int)parse_int(f, v, 1, INT32_MAX);
     else if (IS("--sample-every")) o->sample_every = (int)parse_int(f, v, 0, INT32_MAX);
     else if (IS("--sample-tokens")) o->sample_tokens = (int)parse_int(f, v, 1, 1 << 20);
-    else if (IS("--temperature")) o->temperature = parse_float(f, v, 1e-6, 1e6);
+    else if (IS("--temperature")) {
+        if (strtod(v, NULL) == 0 && strspn(v, "0.+-eE") == strlen(v) && *v)
+            die("--temperature 0: the sampler divides by it; --top-k 1 samples greedily (the most likely token each time)");
+        o->temperature = parse_float(f, v, 1e-6, 1e6);
+    }
     else if (IS("--top-k")) o->top_k = (int)parse_int(f, v, 0, 1 << 20);
     else if (IS("--log")) o->log = v;
     else if (IS("--dump")) o->dump = v;

@@ -226,7 +226,7 @@ static const char PLAN_USAGE[] =
 
 typedef struct {
     GPT2Config cfg;
-    int T;
+    int T, T_is_max; // T_is_max: no --seq-len, so T is the model's maxT
     double params;       // N
     int gpus, gpus_per_node, max_tp, micro_batches, pp_virtual, zero, top;
     int pp_schedule; // SCHED_* (schedule.h): whose formula the bubble column shows
@@ -317,6 +317,7 @@ static void resolve_plan(PlanInput *in, const PlanFlags *g) {
         size_t sizes[NUM_PARAM_TENSORS], offsets[NUM_PARAM_TENSORS];
         in->params = (double)gpt2_param_layout(&in->cfg, sizes, offsets);
         in->T = T ? T : in->cfg.maxT;
+        in->T_is_max = !T;
         if (in->T > in->cfg.maxT) die("--seq-len %d is above the model's maximum sequence length %d", in->T, in->cfg.maxT);
     }
     if (in->max_tp > in->gpus_per_node) in->max_tp = in->gpus_per_node;
@@ -751,6 +752,9 @@ static void print_table(const PlanInput *in, const Candidate *ys, int n) {
     printf("step: %.0f tokens (%.6g sequences of %d), %d micro-batches per replica | ZeRO-%d | recompute %s | %s | "
            "%s attention\n", in->batch_tokens, in->batch_tokens / in->T, in->T, in->micro_batches, in->zero,
            RECOMPUTE_NAMES[in->recompute], in->fp32 ? "fp32" : "bf16", in->flash ? "flash (no T^2 term)" : "full (T^2 probabilities kept)");
+    if (in->T_is_max && in->T > 8192) // long-context presets: the default is rarely what a pretraining step runs
+        printf("note: no --seq-len, so T is the model's maximum, %d: every figure is for sequences that long (--seq-len T "
+               "for shorter ones)\n", in->T);
     if (in->exact)
         printf("exact: %s schedule%s, %s, gradient buckets of %.4g MiB, ranks on %s%s, collectives --algo %s; the fullest "
                "stage's bytes, interleaved bubble with V = %d\n\n", in->interleaved ? "interleaved (where it applies)"

@@ -890,6 +890,7 @@ t_bad_input() {
     expect_error "unknown flag --step: did you mean --steps? (see --help)" "${base[@]}" --step 3 || ok=1
     expect_error "unknown flag --ckpt-evry: did you mean --ckpt-every?" "${base[@]}" --ckpt-evry 3 || ok=1
     expect_error "unknown flag --tp2: did you mean --tp?" "${base[@]}" --tp2 3 || ok=1
+    expect_error "--temperature 0: the sampler divides by it; --top-k 1 samples greedily" sample --model "$d/m.bin" --temperature 0 || ok=1
     # a flag that refines another is refused alone (it would do nothing)
     expect_error "--top-k shapes the samples --sample-every N prints: it needs --sample-every" "${base[@]}" --top-k 3 || ok=1
     expect_error "--sample-tokens shapes the samples" "${base[@]}" -g 16 || ok=1
