@@ -423,7 +423,7 @@ const char *flag_hint(const char *flag, const char *usage, char *buf, size_t cap
         while (p[m] && (islower((unsigned char)p[m]) || isdigit((unsigned char)p[m]) || p[m] == '-')) m++;
         if (m < 3 || m >= 64 || (p > usage && (isalnum((unsigned char)p[-1]) || p[-1] == '-'))) continue;
         int e = edits(flag + 2, n - 2, p + 2, m - 2);
-        if (e < best && 2 * e < n - 2) best = e, at = p, len = m;
+        if (e > 0 && e < best && 2 * e < n - 2) best = e, at = p, len = m; // (0: the flag itself, of another mode)
     }
     if (!at) return "";
     snprintf(buf, cap, ": did you mean %.*s?", len, at);

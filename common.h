@@ -87,7 +87,7 @@ double parse_number(const char *flag, const char *s, const NumUnit *units, doubl
 // An integer (exact up to 2^63 - 1) with an optional K/M/G (2^10, 2^20, 2^30) in [lo, hi].
 long long parse_int(const char *flag, const char *s, long long lo, long long hi);
 // For an unknown flag: ": did you mean --X?" naming the flag of the usage text `usage` nearest to it (at
-// most two edits, and fewer than half its letters), else "".
+// most two edits, and fewer than half its letters; not the flag itself), else "".
 const char *flag_hint(const char *flag, const char *usage, char *buf, size_t cap);
 // A finite number without units in [lo, hi].
 float parse_float(const char *flag, const char *s, double lo, double hi);

@@ -552,7 +552,8 @@ static void parse_valued_flag(Options *o, int argc, char **argv, int *ip) {
     else if (strchr(f, '=')) die("%s: flags take their value as the next argument (--flag VALUE, not --flag=VALUE; see --help)", f);
     else {
         char hint[80];
-        die("unknown flag %s%s (see --help)", f, flag_hint(f, USAGE, hint, sizeof hint));
+        const char *usage = o->mode == MODE_SAMPLE ? SAMPLE_USAGE : o->mode == MODE_EVAL ? EVAL_USAGE : USAGE; // (its --help)
+        die("unknown flag %s%s (see --help)", f, flag_hint(f, usage, hint, sizeof hint));
     }
 #undef IS
     *ip = i;
@@ -700,9 +701,10 @@ static void model_source(Options *o) {
         return;
     }
     o->resume = 1;
+    o->model_step = -1;
     if (ckpt) {
         o->resume_path = o->model_path;
-    } else { // a --ckpt-dir: its newest complete checkpoint
+    } else { // a --ckpt-dir: its newest complete checkpoint (the ranks take rank 0's: trainer_init)
         int64_t step;
         if (!ckpt_newest_complete(o->model_path, &step))
             die("--model %s: a directory that is neither a checkpoint (no manifest.json) nor holds a complete one",
@@ -710,6 +712,7 @@ static void model_source(Options *o) {
         char *path = xmalloc(SAFE_PATH_MAX);
         ckpt_path(o->model_path, step, path, SAFE_PATH_MAX);
         o->resume_path = o->owned_path = path; // lives for the run (options_free)
+        o->model_step = step;
     }
 }
 
@@ -722,7 +725,7 @@ void options_free(Options *o) {
 void parse_options(Options *o, int argc_in, char **argv_in) {
     int argc;
     char **argv = translate_llmc(argc_in, argv_in, &argc); // lives for the run: options point into it
-    *o = (Options){ .micro_batch = 4, .steps = 20, .val_steps = 10, .sample_tokens = 64, .lr = 3e-4f,
+    *o = (Options){ .model_step = -1, .micro_batch = 4, .steps = 20, .val_steps = 10, .sample_tokens = 64, .lr = 3e-4f,
                     .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .clip = 1.0f, .temperature = 1.0f,
                     .seed = 1337, .dtype = -1, .schedule = "cosine", .bucket_mb = 25,
                     .comm_timeout = 300, .tp = 1, .pp = 1, .pp_virtual = 0, .pp_schedule = -1, .cp = 1, .straggler = 0.5f,

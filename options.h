@@ -32,6 +32,7 @@ typedef struct {
     int pp_times_auto;  // --pp-times auto: measured in the first step
     double bucket_mb, comm_timeout;
     const char *ckpt_dir, *resume_path;
+    long long model_step; // sample, eval: --model DIR's newest complete checkpoint, as this rank found it (-1: --model named one)
     int ckpt_every, keep, resume, max_restarts, straggler_steps, allow_data_change;
     float skip_spikes, straggler;
     int transport;

@@ -899,8 +899,19 @@ static void trainer_init(Trainer *t, int argc, char **argv) {
     setup_device(t);
     float *host_params;
     if (o->mode != MODE_TRAIN && o->resume_path) { // sample, eval: the shape from the checkpoint's manifest
-        char why[2 * SAFE_PATH_MAX];
-        if (ckpt_read_meta(o->resume_path, &t->src, why, sizeof why) != 0) die("--model: %s", why);
+        if (o->model_step >= 0 && l->world) { // --model DIR: every rank reads rank 0's newest, found before a
+            int64_t s = o->model_step;        // run still writing into DIR added another
+            comm_broadcast(l->world, &s, 1, CT_I64, 0);
+            if (s != o->model_step) ckpt_path(o->model_path, s, o->owned_path, SAFE_PATH_MAX), o->model_step = s;
+        }
+        char why[2 * SAFE_PATH_MAX], msg[3 * SAFE_PATH_MAX];
+        int bad = ckpt_read_meta(o->resume_path, &t->src, why, sizeof why) != 0;
+        if (bad && o->model_step >= 0 && !ckpt_is_complete(o->resume_path)) // (removed by that run's --keep)
+            snprintf(msg, sizeof msg, "--model %s: its newest checkpoint, %s, went away while it was being read (a run's --keep "
+                     "removes old ones): run it again", o->model_path, o->resume_path);
+        else if (bad)
+            snprintf(msg, sizeof msg, "--model: %s", why);
+        agree_or_exit(l, bad ? msg : NULL);
     }
     t->cfg = resolve_shape(o, &t->src, &host_params);
     if (t->cfg.NH % l->tp.size) die("--tp %d does not divide the model's %d heads", l->tp.size, t->cfg.NH);

@@ -779,3 +779,39 @@ t_ckpt_move_aside() {
         { echo "FAIL all: the checkpoints moved: $(ls "$c")"; ok=1; }
     return $ok
 }
+
+# eval --model DIR on two ranks while a newer checkpoint appears in DIR between the ranks' starts (a
+# training run still writing there), under TP 2 (each rank reads its half of the weights): both read the
+# checkpoint rank 0 found, so the loss is that checkpoint's on one rank; each rank taking its own newest
+# mixed two steps' weights. Rank 1 starts
+# only once rank 0 listens on the job's port, so rank 0 has chosen before the newer one appears.
+t_model_dir_agreed() {
+    local d=$WORK/ckagree ok=0 port token=agree$RANDOM
+    rm -rf "$d"
+    mkdir -p "$d/D"
+    local S=("${CK[@]}" --layers 2 --train "$DATA/train.bin" --batch-tokens 64)
+    timeout 300 $TRAIN "${S[@]}" --steps 6 --ckpt-every 2 --ckpt-dir "$d/r" >"$d/r.out" 2>&1 || { tail -2 "$d/r.out"; return 1; }
+    cp -r "$d/r/ckpt_00000002" "$d/r/ckpt_00000004" "$d/D/" || return 1
+    local E=(eval --val "$DATA/val.bin" --batches 2 --threads 1)
+    local l4 l6
+    l4=$(timeout 300 $TRAIN "${E[@]}" --model "$d/r/ckpt_00000004" 2>/dev/null | grep -o 'loss [0-9.]*') || return 1
+    l6=$(timeout 300 $TRAIN "${E[@]}" --model "$d/r/ckpt_00000006" 2>/dev/null | grep -o 'loss [0-9.]*') || return 1
+    [ "$l4" != "$l6" ] || { echo "FAIL: steps 4 and 6 give the same loss ($l4): the test cannot tell them apart"; return 1; }
+    port=$(fake_port)
+    env RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=2 NODE_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+        LLM4D_JOB_TOKEN=$token timeout 300 $TRAIN "${E[@]}" --tp 2 --model "$d/D" >"$d/0.out" 2>"$d/0.err" &
+    local r0=$!
+    await_true bash -c "ss -ltn | grep -q ':$port '" || { kill $r0; echo "FAIL: rank 0 never listened on $port"; return 1; }
+    cp -r "$d/r/ckpt_00000006" "$d/D/.new" && mv "$d/D/.new" "$d/D/ckpt_00000006" || { kill $r0; return 1; }
+    env RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 LOCAL_WORLD_SIZE=2 NODE_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+        LLM4D_JOB_TOKEN=$token timeout 300 $TRAIN "${E[@]}" --tp 2 --model "$d/D" >"$d/1.out" 2>"$d/1.err"
+    local s1=$?
+    wait $r0 || { echo "FAIL: rank 0: $(tail -2 "$d/0.err")"; ok=1; }
+    [ $s1 -eq 0 ] || { echo "FAIL: rank 1: $(tail -2 "$d/1.err")"; ok=1; }
+    local got
+    got=$(grep -o 'loss [0-9.]*' "$d/0.out")
+    $PY -c 'import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); sys.exit(abs(a - b) > 1e-5 * abs(b))' "${got#loss }" "${l4#loss }" ||
+        { echo "FAIL: two ranks gave $got where step 4 alone gives $l4 (step 6: $l6)"; ok=1; }
+    echo "two ranks: $got; step 4 alone: $l4; step 6: $l6"
+    return $ok
+}
