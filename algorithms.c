@@ -457,8 +457,10 @@ static void plan_reduction(AlgoComm *c, AlgoOp *q) {
 // input as it is; each later rank's addition is the reduction of its forward receive (RingStep), one
 // pass over the partial sum where it arrives. Rank n-1 rounds the sums in that pass; the finished
 // chunks travel back n-1 -> n-2 -> ... (backward): all of them in an
-// all-reduce, to the owners of their segments in a reduce-scatter. Both directions of every link
-// stream at once, RING_DEPTH chunks in flight each. An all-gather passes each owner's segment on
+// all-reduce, to the owners of their segments in a reduce-scatter. In an all-reduce of three ranks or
+// more rank 0 takes them straight from rank n-1, its left neighbour (the link n-1 -> 0 the chain
+// leaves idle), so the last rank to finish is rank 1, n-2 hops from n-1 instead of n-1 hops. Both
+// directions of every link stream at once, RING_DEPTH chunks in flight each. An all-gather passes each owner's segment on
 // round the ring (forward); a broadcast passes the root's buffer on from the root.
 
 typedef struct RingOp {
@@ -466,11 +468,12 @@ typedef struct RingOp {
     size_t *off, *len;       // [nch] elements
     int *seg;                // [nch] the segment's owner
     NetReq *fr, *fs, *br, *bs; // [nch] each: forward receive and send, backward receive and send
+    NetReq *ws;              // [nch] rank n-1 of an all-reduce (ring_wraps): the finished chunks' sends to rank 0
     size_t f_post, f_done;   // forward: receives posted below f_post; steps done below f_done
     size_t nb, b_post, b_done; // backward steps (the first nb chunks), likewise
     size_t nsend_own;        // all-gather: chunks of this rank's own segment (sent first)
     size_t nfwd;             // all-gather and broadcast: received chunks passed on
-    int left, right;
+    int left, right, bfrom; // bfrom: where the finished chunks come from (the right, or ring_wraps' rank n-1)
     struct RingStep *step;   // [nch] reductions: the forward receives' steps (ranks 1..n-1)
 } RingOp;
 
@@ -492,8 +495,8 @@ static void ring_chunks(RingOp *g, size_t count, int n, const int *order, int ns
         for (size_t j = 0; j < nchunks(s.len, ch); j++, i++)
             g->off[i] = s.off + j * ch, g->len[i] = chunk_len(s.len, ch, j), g->seg[i] = k;
     }
-    g->fr = xcalloc(4 * total + extra + 1, sizeof(NetReq));
-    g->fs = g->fr + total, g->br = g->fs + total, g->bs = g->br + total;
+    g->fr = xcalloc(5 * total + extra + 1, sizeof(NetReq));
+    g->fs = g->fr + total, g->br = g->fs + total, g->bs = g->br + total, g->ws = g->bs + total;
 }
 
 static void ring_free(RingOp *g) {
@@ -524,6 +527,9 @@ static void ring_step_fn(const NetReduce *r, void *dst, const void *left, size_t
     comm_combine_host(dst, left, s->left_acc, s->mine + k * s->mine_size, s->mine_acc, n, r->type, r->op, s->ranks);
 }
 
+// Whether rank 0 takes the finished chunks straight from rank n-1 (above): an all-reduce of three or more.
+static int ring_wraps(const AlgoComm *c, const AlgoOp *q) { return q->kind == REQ_ALLREDUCE && c->size >= 3; }
+
 static void ring_plan_reduction(AlgoComm *c, AlgoOp *q) {
     int n = c->size, me = c->rank;
     RingOp *g = q->ring = xcalloc(1, sizeof *g);
@@ -541,6 +547,7 @@ static void ring_plan_reduction(AlgoComm *c, AlgoOp *q) {
     Range own = segment(q->count, n, me);
     q->own_off = own.off, q->own_len = own.len;
     g->left = left_of(c), g->right = right_of(c);
+    g->bfrom = me == 0 && ring_wraps(c, q) ? g->left : g->right;
     // backward: every chunk in an all-reduce; in a reduce-scatter those of the segments this rank
     // passes on or owns (segments 0..me; rank n-1 sends those of 0..n-2), which come first
     if (q->kind == REQ_ALLREDUCE) g->nb = g->nch;
@@ -586,7 +593,7 @@ static int ring_advance_reduction(AlgoComm *c, AlgoOp *q) {
     RingOp *g = q->ring;
     int n = c->size, me = c->rank, moved = 0;
     size_t as = comm_acc_size(q->t), es = out_size(q);
-    int first_rank = me == 0, last_rank = me == n - 1, rs = q->kind == REQ_REDUCE_SCATTER;
+    int first_rank = me == 0, last_rank = me == n - 1, rs = q->kind == REQ_REDUCE_SCATTER, wraps = ring_wraps(c, q);
     // forward: post the steps' receives while their staging is free (at rank n-1: the backward
     // staging a reduce-scatter's finished chunk goes to has sent what it held RING_DEPTH chunks ago)
     while (!first_rank && g->f_post < g->nch && g->f_post < g->f_done + RING_DEPTH) {
@@ -603,23 +610,26 @@ static int ring_advance_reduction(AlgoComm *c, AlgoOp *q) {
             net_post_send(c->conn[g->right], req(q, &g->fs[i], g->right, fslot(c, i), g->len[i] * as, NULL));
         } else if (i < g->nb) {
             net_post_send(c->conn[g->left], req(q, &g->bs[i], g->left, ring_final(c, q, i), g->len[i] * es, NULL));
+            if (wraps) net_post_send(c->conn[g->right], req(q, &g->ws[i], g->right, ring_final(c, q, i), g->len[i] * es, NULL));
             g->b_post = g->b_done = i + 1;
         }
         moved = 1;
     }
     if (last_rank) return moved;
-    // backward: finished chunks come from the right; this rank keeps its own and passes the others on
+    // backward: finished chunks come from bfrom (the right; rank 0 of a wrapping all-reduce: rank n-1, its
+    // left); this rank keeps its own and passes the others on
+    int from = g->bfrom;
     while (g->b_post < g->nb && g->b_post < g->b_done + RING_DEPTH &&
            (!rs || g->b_post < RING_DEPTH || g->seg[g->b_post - RING_DEPTH] == me || g->bs[g->b_post - RING_DEPTH].complete)) {
         size_t i = g->b_post++;
-        NetReq *r = req(q, &g->br[i], g->right, ring_final(c, q, i), g->len[i] * es, NULL);
+        NetReq *r = req(q, &g->br[i], from, ring_final(c, q, i), g->len[i] * es, NULL);
         r->streaming = !rs && streaming(q);
-        net_post_recv(c->conn[g->right], r);
+        net_post_recv(c->conn[from], r);
         moved = 1;
     }
     while (g->b_done < g->b_post && g->br[g->b_done].complete) {
         size_t i = g->b_done++;
-        if (!first_rank && (rs ? g->seg[i] < me : 1))
+        if (!first_rank && !(wraps && me == 1) && (rs ? g->seg[i] < me : 1))
             net_post_send(c->conn[g->left], req(q, &g->bs[i], g->left, g->br[i].buf, g->len[i] * es, NULL));
         moved = 1;
     }
@@ -704,13 +714,14 @@ static int ring_complete(const AlgoOp *q) {
     }
     if (g->f_done < g->nch || g->b_done < g->nb) return 0;
     for (size_t i = 0; i < g->nch; i++)
-        if ((g->fs[i].bytes && !g->fs[i].complete) || (g->bs[i].bytes && !g->bs[i].complete)) return 0;
+        if ((g->fs[i].bytes && !g->fs[i].complete) || (g->bs[i].bytes && !g->bs[i].complete) || (g->ws[i].bytes && !g->ws[i].complete))
+            return 0;
     return 1;
 }
 
 static int ring_waits_for(const AlgoOp *q) {
     const RingOp *g = q->ring;
-    if (q->kind != REQ_ALLGATHER && q->kind != REQ_BROADCAST && g->b_done < g->b_post) return g->right;
+    if (q->kind != REQ_ALLGATHER && q->kind != REQ_BROADCAST && g->b_done < g->b_post) return g->bfrom;
     return g->left;
 }
 
