@@ -98,24 +98,41 @@ void board_destroy(Board *b, int world) {
     if (b) munmap(b, board_bytes(world));
 }
 
-const char *process_state(pid_t pid, char *buf, size_t cap) {
-    if (kill(pid, 0) != 0 && errno == ESRCH) return "died";
-    char path[64], stat[512];
+// /proc/PID/stat into stat[cap], and where its fields after the command name begin (at its state), or NULL.
+static const char *proc_stat_fields(pid_t pid, char *stat, size_t cap) {
+    char path[64];
     snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return NULL;
-    ssize_t n = read(fd, stat, sizeof stat - 1);
+    ssize_t n = read(fd, stat, cap - 1);
     close(fd);
     if (n <= 0) return NULL;
     stat[n] = 0;
     const char *p = strrchr(stat, ')'); // the state follows the command name, which may hold spaces
-    if (!p || p[1] != ' ') return NULL;
-    switch (p[2]) {
+    return p && p[1] == ' ' ? p + 2 : NULL;
+}
+
+const char *process_state(pid_t pid, char *buf, size_t cap) {
+    if (kill(pid, 0) != 0 && errno == ESRCH) return "died";
+    char stat[512];
+    const char *f = proc_stat_fields(pid, stat, sizeof stat);
+    if (!f) return NULL;
+    switch (f[0]) {
     case 'T': snprintf(buf, cap, "is stopped (SIGSTOP or SIGTSTP)"); return buf;
     case 't': snprintf(buf, cap, "is stopped by a debugger"); return buf;
     case 'Z': case 'X': return "died";
     default: return NULL;
     }
+}
+
+// Whether a process is in its exit: killed a moment ago, its memory may be gone already (which is how a
+// peer's read learns of it) while its state is not yet Z; the kernel's PF_EXITING flag (the flags field,
+// the 9th) says so.
+static int process_exiting(pid_t pid) {
+    char stat[512];
+    const char *f = proc_stat_fields(pid, stat, sizeof stat);
+    unsigned flags = 0;
+    return f && sscanf(f, "%*c %*d %*d %*d %*d %*d %u", &flags) == 1 && (flags & 0x4u);
 }
 
 // Whom a rank waits for: in an operation, else the peer it is connecting to (-1: none).
@@ -145,6 +162,7 @@ static int board_chain(Board *b, int world, int peer, const RankInfo *ranks, con
         // a rank that gave up named its cause; what it waited for last may be another rank that waits
         // for it, or nobody once it has stopped waiting
         if (passed_on && named >= 0 && named < world && named != x) y = named;
+        if (!state && !passed_on && process_exiting(pid)) state = "died"; // (on its own: nobody stopped it)
         if (state && (strcmp(state, "died") || !passed_on || y < 0)) {
             snprintf(why, cap, "%s", state);
             return x;
