@@ -11,6 +11,7 @@
 //   ./train [flags]                    train (see --help)
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <glob.h>
 #include <limits.h>
 #include <math.h>
@@ -867,8 +868,10 @@ static void warn_defaults(const Trainer *t) {
 // `./train sample ... > out.txt` holds the text; every other line the run prints (the header, notes, the
 // collectives' line) goes where stdout's file descriptor now points, standard error.
 static FILE *results_apart(void) {
+    // with standard error or output closed (2>&-, >&-) there is nowhere to set the results apart from
+    if (fcntl(STDERR_FILENO, F_GETFD) < 0 || fcntl(STDOUT_FILENO, F_GETFD) < 0) return stdout;
     fflush(stdout);
-    int fd = dup(STDOUT_FILENO);
+    int fd = fcntl(STDOUT_FILENO, F_DUPFD_CLOEXEC, 3); // above 2, whatever is open
     if (fd < 0 || dup2(STDERR_FILENO, STDOUT_FILENO) < 0) die("cannot set standard output apart for the results: %s", strerror(errno));
     FILE *f = fdopen(fd, "w");
     if (!f) die("cannot open standard output for the results: %s", strerror(errno));
