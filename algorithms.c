@@ -618,13 +618,12 @@ static int ring_advance_reduction(AlgoComm *c, AlgoOp *q) {
     if (last_rank) return moved;
     // backward: finished chunks come from bfrom (the right; rank 0 of a wrapping all-reduce: rank n-1, its
     // left); this rank keeps its own and passes the others on
-    int from = g->bfrom;
     while (g->b_post < g->nb && g->b_post < g->b_done + RING_DEPTH &&
            (!rs || g->b_post < RING_DEPTH || g->seg[g->b_post - RING_DEPTH] == me || g->bs[g->b_post - RING_DEPTH].complete)) {
         size_t i = g->b_post++;
-        NetReq *r = req(q, &g->br[i], from, ring_final(c, q, i), g->len[i] * es, NULL);
+        NetReq *r = req(q, &g->br[i], g->bfrom, ring_final(c, q, i), g->len[i] * es, NULL);
         r->streaming = !rs && streaming(q);
-        net_post_recv(c->conn[from], r);
+        net_post_recv(c->conn[g->bfrom], r);
         moved = 1;
     }
     while (g->b_done < g->b_post && g->br[g->b_done].complete) {

@@ -1440,8 +1440,7 @@ static void backward_input(GPT2 *m, int chunk, float dloss_scale, struct WStash 
         // would hold a micro-batch's logits until its W (head_in_w: below). Split, it runs just after B's
         // input gradient has been sent (head_now, gpt2_backward_head_weight) where its input is in place
         // (under SP the gathered rows are scratch the blocks' backward reuses)
-        struct WStash *hst = head_in_w(m) ? st : st && w.rows ? m->head_now : NULL;
-        if (hst == m->head_now && hst) hst->nops = 0;
+        struct WStash *hst = head_in_w(m) ? st : st && w.rows ? m->head_now : NULL; // (head_now: empty, head_weight_done)
         bwd_matmul(m, hst, x->partial, m->head_k, -1, 0, x->logits, 1, NULL, in, w.rows, gpt2_param(m, m->head_k, 0), NULL, N,
                    C, m->Vp_tp);
         dln = tp_finish_partial(m, x->dshard, BTC);
