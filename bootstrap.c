@@ -414,6 +414,7 @@ static int store_join(StoreConn *sc) {
     info.token[sizeof info.token - 1] = 0;
     info.node_id[sizeof info.node_id - 1] = 0;
     info.ip[sizeof info.ip - 1] = 0;
+    info.machine_id[sizeof info.machine_id - 1] = 0;
     if (strcmp(info.token, s->env.token) != 0) return store_reject(sc, "wrong job token");
     if (info.world != s->env.world || info.rank < 0 || info.rank >= info.world)
         return store_reject(sc, "rank or world size does not match this job");
@@ -868,6 +869,21 @@ static void attach_check(World *w, int r, int late) {
     world_die_after(w, r, "timeout: bootstrap: rank %d did not finish starting within %.1f s", r, w->timeout);
 }
 
+// RankInfo.machine_id: the kernel's boot id, which every process of one machine reads alike (in any
+// network namespace); where /proc does not have it, the node's name, so that ranks count as sharing a
+// machine exactly when they share a node.
+static void machine_id(char *out, size_t cap, const char *node_id) {
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    char id[64] = "";
+    if (f) {
+        if (!fgets(id, sizeof id, f)) id[0] = 0;
+        fclose(f);
+    }
+    id[strcspn(id, "\n")] = 0;
+    if (id[0]) snprintf(out, cap, "%.*s", (int)cap - 1, id);
+    else snprintf(out, cap, "node %.*s", (int)cap - 6, node_id);
+}
+
 World *world_create(const LaunchEnv *env, double timeout_s) {
     name_process(env->rank);
     World *w = xcalloc(1, sizeof *w);
@@ -899,6 +915,7 @@ World *world_create(const LaunchEnv *env, double timeout_s) {
     RankInfo me = { .rank = env->rank, .world = env->world, .pid = getpid(), .port = port };
     snprintf(me.token, sizeof me.token, "%s", env->token);
     snprintf(me.node_id, sizeof me.node_id, "%s", env->node_id);
+    machine_id(me.machine_id, sizeof me.machine_id, env->node_id);
     tcp_local_ip(w->store_fd, me.ip, sizeof me.ip); // the address that routes to rank 0 routes to us too
     if (send_msg(w->store_fd, MSG_HELLO, &me, sizeof me, deadline))
         die("bootstrap: cannot greet rank 0 at %s:%d", env->master_addr, env->master_port);

@@ -54,7 +54,8 @@ struct Comm {
     struct Transports *tr; // shared by the world's communicators: the choice, the RDMA device
     Doorbell *bell;   // what the engine sleeps on: the shared-memory doorbell, or private_bell
     Doorbell private_bell;
-    int oversubscribed; // this node runs more ranks than it has cores
+    int machine_ranks;  // the world's ranks on this rank's machine (RankInfo.machine_id)
+    int oversubscribed; // this machine runs more ranks than it has cores
     uint32_t split_seq;
     // the engine: the queue under mu; cur and p2p belong to whoever drives
     pthread_mutex_t mu;
@@ -373,9 +374,11 @@ static void comm_connect(Comm *c) {
     int me_w = c->world_ranks[c->a.rank];
     choose_algo(c);
     int slots = prepare_peers(c);
-    int local = 0;
-    for (int r = 0; r < world_env(w)->world; r++) local += same_node(w, r, me_w);
-    c->oversubscribed = local > sysconf(_SC_NPROCESSORS_ONLN);
+    // ranks on this machine's cores, not this node's: fake nodes or namespaces on one machine share them
+    c->machine_ranks = 0;
+    for (int r = 0; r < world_env(w)->world; r++)
+        c->machine_ranks += !strcmp(world_rank_info(w, r)->machine_id, world_rank_info(w, me_w)->machine_id);
+    c->oversubscribed = c->machine_ranks > sysconf(_SC_NPROCESSORS_ONLN);
     algo_init(&c->a, slots);
     if (pthread_mutex_init(&c->mu, NULL) || pthread_cond_init(&c->work_cv, NULL) || pthread_cond_init(&c->done_cv, NULL))
         die("pthread init failed");
@@ -415,10 +418,11 @@ static void log_transports(Transports *tr, World *w, const Comm *c) {
     }
     printf("collectives: %d rank(s) on %d node(s) | transports (--transport %s): shared memory, single-copy, for %d "
            "pair(s); RDMA verbs for %d pair(s)%s%s%s; TCP for %d pair(s)%s | algorithm (--algo %s): %s on the world, "
-           "%d connection(s) per rank once used%s\n",
+           "%d connection(s) per rank once used%s | rank 0's machine: %d rank(s) on %ld core(s)%s\n",
            n, nodes, TRANSPORT_NAMES[tr->choice], shm, verbs, *dev ? " (" : "", dev, *dev ? ")" : "",
            tcp, tcp_why, ALGO_NAMES[tr->algo], comm_algo(c), algo_connections(&c->a),
-           tr->algo == ALGO_AUTO ? " (each communicator: fan-in inside one node, hierarchical across nodes)" : "");
+           tr->algo == ALGO_AUTO ? " (each communicator: fan-in inside one node, hierarchical across nodes)" : "",
+           c->machine_ranks, sysconf(_SC_NPROCESSORS_ONLN), c->oversubscribed ? ", oversubscribed: a waiting rank yields its core" : "");
     fflush(stdout);
 }
 
@@ -622,10 +626,11 @@ static int engine_pass(Comm *c) {
 // Waiting without progress: spin (a peer is usually microseconds away), then yield the core, then
 // sleep on the doorbell (and the TCP sockets) until a peer rings; after the timeout, die naming the
 // operation, the communicator and the rank that stopped answering. A caller waiting for its own
-// operation on a node with a core for each of its ranks spins longest: nothing else of this rank
+// operation on a machine with a core for each of its ranks spins longest: nothing else of this rank
 // wants the core, and a rank that yields to another process loses its core for a whole time slice.
 // The progress thread, which shares the rank's cores with its compute threads, and every waiter on
-// an oversubscribed node, yield early.
+// an oversubscribed machine, yield early: there a spinning rank keeps the peer it waits for off the
+// core (counted per machine, not per node: fake nodes or namespaces on one machine share its cores).
 typedef struct {
     double last_progress;
     int idle, published, spin_only;
@@ -644,7 +649,7 @@ static void waiter_progressed(Comm *c, Waiter *wt) {
 
 // The first part of a wait: spin, then yield. 1 while it lasts; 0 with *now set once it is over.
 static int waiter_spin(Comm *c, Waiter *wt, double *now) {
-    // (on an oversubscribed node every spin keeps a rank that would make progress off the core)
+    // (on an oversubscribed machine every spin keeps a rank that would make progress off the core)
     if (++wt->idle < (c->oversubscribed ? 8 : 256) || (wt->spin_only && (wt->idle & 255))) {
         __builtin_ia32_pause();
         return 1;

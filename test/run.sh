@@ -1124,7 +1124,8 @@ t_data_parallel() {
 
 # Data parallelism under --algo ring (one node) and --algo hier (simulated nodes: DP 2 on 2 x 1, 3 on
 # 3 x 1, 4 on 2 x 2): ZeRO 0-3 and bucket sizes 0.02 and 0 bitwise equal per algorithm, equal to one
-# rank within 1e-5; the ring also bitwise equal to the fan-in (the same order of addition).
+# rank within 1e-5; the ring also bitwise equal to the fan-in (the same order of addition). Every rank
+# of the simulated nodes counts on this machine's cores (rank 0's line of collectives says how many).
 t_data_parallel_algos() {
     have_torch || return $?
     local d=$WORK/dp_algos ok=0
@@ -1143,7 +1144,7 @@ t_data_parallel_algos() {
                     local flags=("${DPFLAGS[@]}" --train "$DATA/train.bin" --batch-tokens $tokens --zero $z --bucket-mb $b --algo $a
                         --comm-timeout 60 --log "$name.jsonl" --save-model "$name.bin")
                     if [ $a = ring ]; then timeout 300 $TRAIN --nproc $dp "${flags[@]}" >/dev/null
-                    else fake_nodes $(node_names ${shape[$dp]}) -- $TRAIN "${flags[@]}" >/dev/null; fi || { echo "DP $dp --algo $a ZeRO-$z bucket $b failed"; return 1; }
+                    else fake_nodes $(node_names ${shape[$dp]}) -- $TRAIN "${flags[@]}" >"$name.out"; fi || { echo "DP $dp --algo $a ZeRO-$z bucket $b failed"; return 1; }
                     [ $b = 0.02 ] && runs+=("$name")
                     cmp "$d/${a}_${dp}_z0_b0.02.bin" "$name.bin" || { echo "DP $dp --algo $a: ZeRO-$z bucket $b differs from ZeRO-0 bucket 0.02"; ok=1; }
                 done
@@ -1151,6 +1152,13 @@ t_data_parallel_algos() {
             $PY test/compare_runs.py 1e-5 "$d/ref_$dp" "${runs[@]}" || ok=1
         done
         cmp "$d/fanin_$dp.bin" "$d/ring_${dp}_z0_b0.02.bin" || { echo "DP $dp: the ring differs from the fan-in"; ok=1; }
+        # the simulated nodes share this machine's cores: all dp ranks count, oversubscribed past nproc
+        local cores want
+        cores=$(getconf _NPROCESSORS_ONLN)
+        want="rank 0's machine: $dp rank(s) on $cores core(s)"
+        [ "$dp" -gt "$cores" ] && want="$want, oversubscribed: a waiting rank yields its core"
+        grep -q "^\[0\] collectives: .* | $want\$" "$d/hier_${dp}_z0_b0.out" ||
+            { echo "DP $dp on nodes x ranks ${shape[$dp]}: not '$want'"; grep '^\[0\] collectives' "$d/hier_${dp}_z0_b0.out"; ok=1; }
     done
     return $ok
 }
