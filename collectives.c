@@ -131,6 +131,7 @@ long long comm_algo_buffer_bytes(int algo, int size, const int *node, const char
     free(a.node_of);
     return *why ? -1 : (long long)algo_buffer_bytes(a.algo, size, a.local, a.nodes, CHUNK_BYTES);
 }
+int comm_machine_ranks(const Comm *c) { return c->machine_ranks; }
 int comm_node(const Comm *c, int r) { return c->a.node_of[r]; }
 int comm_connections(const Comm *c) {
     int k = 0;

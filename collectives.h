@@ -59,6 +59,9 @@ const char *comm_algo(const Comm *c);
 int comm_connections(const Comm *c);
 // Member r's node, numbered by first appearance in rank order (the hierarchy's layout).
 int comm_node(const Comm *c, int r);
+// The world's ranks on this rank's machine, which share its cores (counted by the kernel's boot id, so
+// simulated nodes on one machine count together).
+int comm_machine_ranks(const Comm *c);
 
 // Bootstraps the world communicator.
 Comm *comm_init(const LaunchEnv *env, const CommOptions *opt);

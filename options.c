@@ -264,7 +264,7 @@ static const char USAGE[] =
     "  --device cpu|cuda          default cuda when a GPU is present, else cpu\n"
     "  --dtype fp32|bf16          weights and activations (default bf16 on cuda, fp32 on cpu); bf16\n"
     "                             stores bf16, computes in fp32 and updates fp32 master weights\n"
-    "  --threads N                CPU threads per rank (default: the node's cores shared among its ranks)\n"
+    "  --threads N                CPU threads per rank (default: the machine's cores shared among its ranks)\n"
     "  --recompute none|selective|full\n"
     "                             activation recompute (default none): selective keeps all but the LayerNorm\n"
     "                             outputs and GELU's output (Llama: the RMSNorm outputs and SwiGLU's output),\n"

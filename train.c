@@ -452,12 +452,12 @@ static void setup_device(Trainer *t) {
         if (!strcmp(isa, "avx512bf16")) die("LLM4D_CPU_ISA=avx512bf16: this CPU does not have AVX512-BF16");
         die("LLM4D_CPU_ISA must be generic or avx512bf16, got '%s'", isa);
     }
-    // ranks sharing a node share its cores: OpenMP threads that outnumber the cores spin against each
-    // other and against the progress threads, and a step can take 100x longer
-    int threads = o->threads;
-    if (!threads && t->lay.world && t->env.local_world > 1) {
+    // ranks sharing a machine share its cores: OpenMP threads that outnumber the cores spin against
+    // each other and against the progress threads, and a step can take 100x longer
+    int threads = o->threads, here = t->lay.world ? comm_machine_ranks(t->lay.world) : 1;
+    if (!threads && here > 1) {
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        threads = cores / t->env.local_world > 1 ? (int)(cores / t->env.local_world) : 1;
+        threads = cores / here > 1 ? (int)(cores / here) : 1;
     }
     if (threads) t->be->set_threads(threads);
     t->dt = o->dtype >= 0 ? (DType)o->dtype : (t->be == backend_cpu() ? DT_F32 : DT_BF16);
@@ -852,8 +852,8 @@ static void warn_defaults(const Trainer *t) {
     if (!o->vocab && !o->init_from && !o->init_from_hf && !t->resumed && o->train && o->steps > 0 && t->have_tk && t->cfg.V == t->tk.vocab)
         printf("note: vocabulary %d from the tokenizer beside the training data (--vocab V overrides it)\n", t->cfg.V);
     if (!default_shape || o->steps == 0 || t->be != backend_cpu()) return;
-    // the cores the step runs on: every core, unless --threads holds the node's ranks to fewer
-    long cores = sysconf(_SC_NPROCESSORS_ONLN), ranks = t->env.local_world > 1 ? t->env.local_world : 1;
+    // the cores the step runs on: every core, unless --threads holds the machine's ranks to fewer
+    long cores = sysconf(_SC_NPROCESSORS_ONLN), ranks = t->lay.world ? comm_machine_ranks(t->lay.world) : 1;
     if (cores < 1) cores = 1;
     if (o->threads && o->threads * ranks < cores) cores = o->threads * ranks;
     double s = t->flops_per_token * (double)t->batch_tokens / ((double)cores * CPU_CORE_FLOPS);
