@@ -18,6 +18,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -400,6 +401,27 @@ static int store_wait_joined(Store *s) {
     return 0;
 }
 
+// A rank holds a socket for each peer it reaches over TCP or verbs, and rank 0 one for each rank of the
+// job (the store): more than the 1024 open files login shells and Slurm often pass on as the soft
+// limit, past a thousand ranks. So the soft limit goes up to the hard one, as far as the kernel allows
+// (an unlimited hard limit is capped by fs.nr_open); where it cannot, the limit stays, and running out
+// says so (die_if_out_of_files, sock.h).
+void raise_open_files(void) {
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0) die("getrlimit(RLIMIT_NOFILE): %s", strerror(errno));
+    if (rl.rlim_cur == rl.rlim_max) return;
+    rlim_t want = rl.rlim_max;
+    FILE *f = rl.rlim_max == RLIM_INFINITY ? fopen("/proc/sys/fs/nr_open", "r") : NULL;
+    unsigned long long cap;
+    if (f) {
+        if (fscanf(f, "%llu", &cap) == 1) want = (rlim_t)cap;
+        fclose(f);
+    }
+    if (want <= rl.rlim_cur) return;
+    rl.rlim_cur = want;
+    if (setrlimit(RLIMIT_NOFILE, &rl) != 0) return; // kept: the limit stays what it was
+}
+
 // A rank's greeting: checked, recorded, and answered with the table once every rank has joined.
 // 0 when the connection is to go on serving the rank; otherwise the connection has been ended.
 static int store_join(StoreConn *sc) {
@@ -514,6 +536,7 @@ static void *store_main(void *arg) {
         int fd = accept4(s->listen_fd, (struct sockaddr *)&a, &len, SOCK_CLOEXEC);
         if (fd < 0) {
             if (errno == EINTR || errno == ECONNABORTED) continue;
+            die_if_out_of_files(errno, "bootstrap: rank 0 cannot accept a rank's connection to the store");
             return NULL; // shut down at teardown
         }
         tcp_set_options(fd);
@@ -734,6 +757,7 @@ static void *acceptor_main(void *arg) {
             struct sockaddr_in a;
             socklen_t len = sizeof a;
             int fd = accept4(w->data_listen_fd, (struct sockaddr *)&a, &len, SOCK_CLOEXEC);
+            if (fd < 0) die_if_out_of_files(errno, "cannot accept a peer's data connection");
             if (fd >= 0) {
                 if (ng == MAX_GREETING) { // the oldest silent one goes
                     greeting_reject(w, &g[0], "too many connections waiting to greet");
@@ -886,6 +910,10 @@ static void machine_id(char *out, size_t cap, const char *node_id) {
 
 World *world_create(const LaunchEnv *env, double timeout_s) {
     name_process(env->rank);
+    raise_open_files();
+    if (sizeof(RankInfo) * (size_t)env->world > UINT32_MAX) // one message carries the rank table
+        die("a world of %d ranks is more than the bootstrap's rank table holds (%zu bytes a rank, 4 GiB in all)", env->world,
+            sizeof(RankInfo));
     World *w = xcalloc(1, sizeof *w);
     w->env = *env;
     w->timeout = timeout_s;
@@ -904,7 +932,7 @@ World *world_create(const LaunchEnv *env, double timeout_s) {
     int port = 0;
     w->data_listen_fd = tcp_listen_any(&port);
     if (w->data_listen_fd < 0) die("cannot open a data listener: %s", strerror(errno));
-    if (pipe2(w->wake, O_CLOEXEC) != 0) die("pipe: %s", strerror(errno));
+    if (pipe2(w->wake, O_CLOEXEC) != 0) die_if_out_of_files(errno, "pipe"), die("pipe: %s", strerror(errno));
     if (pthread_create(&w->acceptor, NULL, acceptor_main, w) != 0) die("pthread_create: %s", strerror(errno));
     double deadline = now_seconds() + timeout_s;
     char why[320] = "";
@@ -926,12 +954,15 @@ World *world_create(const LaunchEnv *env, double timeout_s) {
     int rc = tcp_read_all(w->store_fd, &h, sizeof h, deadline);
     if (rc == TCP_CLOSED) die("bootstrap: rank 0 at %s:%d closed the connection (it exited)", env->master_addr, w->env.master_port);
     if (rc != 0) die("timeout: bootstrap: rank 0 at %s:%d did not answer within %.1f s", env->master_addr, w->env.master_port, timeout_s + 10.0);
-    if (h.magic != NET_MAGIC || h.vlen > MAX_STORE_VALUE) die("bootstrap: malformed answer from rank 0");
+    // (the table grows with the world: 444 bytes a rank, past MAX_STORE_VALUE from about 2,400 ranks)
+    size_t table_bytes = sizeof(RankInfo) * (size_t)env->world;
+    if (h.magic != NET_MAGIC || (h.vlen > MAX_STORE_VALUE && !(h.type == MSG_TABLE && h.vlen == table_bytes)))
+        die("bootstrap: malformed answer from rank 0");
     char *body = xmalloc(h.vlen + 1);
     if (tcp_read_all(w->store_fd, body, h.vlen, deadline) != 0) die("bootstrap: truncated answer from rank 0");
     body[h.vlen] = 0;
     if (h.type == MSG_ABANDON) die("%s", body);
-    if (h.type != MSG_TABLE || h.vlen != sizeof(RankInfo) * env->world) die("bootstrap: malformed rank table from rank 0");
+    if (h.type != MSG_TABLE || h.vlen != table_bytes) die("bootstrap: malformed rank table from rank 0");
     w->ranks = (RankInfo *)body;
     board_attach(w);
     // No rank goes on before every rank has its board: one that fails at once (and rank 0 with it, whose

@@ -52,6 +52,9 @@ typedef struct {
 // form (every rank then prints the same root cause, which rank 0 sends to those connected when a
 // rank never joins).
 World *world_create(const LaunchEnv *env, double timeout_s);
+// Raises this process's soft limit on open files to its hard limit (world_create does; so does the
+// --nproc launcher, which holds pipes to every rank): rank 0's store takes a socket per rank.
+void raise_open_files(void);
 void world_destroy(World *w); // when the last communicator goes; frees everything world_create made
 int world_hold(World *w, int delta); // communicators alive (returns the count after adding delta)
 

@@ -442,6 +442,7 @@ static void launcher_close(Launcher *L) {
 
 int launch_local(int nproc, int argc, char **argv, LaunchResult *result) {
     if (nproc < 1) die("--nproc must be at least 1");
+    raise_open_files();
     Launcher L;
     launcher_open(&L, nproc, argc, argv);
     spawn_ranks(&L);

@@ -12,11 +12,22 @@
 #include <poll.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "common.h"
+
+void die_if_out_of_files(int err, const char *what) {
+    if (err == ENFILE) die("%s: %s (the system's table of open files is full: raise fs.file-max)", what, strerror(err));
+    if (err != EMFILE) return;
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0) die("%s: %s", what, strerror(err));
+    die("%s: %s (this process may have %llu open at once, its hard limit %llu; rank 0's store takes one per rank "
+        "and a rank one per TCP peer: raise `ulimit -n`)", what, strerror(err), (unsigned long long)rl.rlim_cur,
+        (unsigned long long)rl.rlim_max);
+}
 
 void tcp_set_options(int fd) {
     int one = 1, buf = 4 << 20;
@@ -29,7 +40,7 @@ void tcp_set_options(int fd) {
 
 int tcp_listen_any(int *port) {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) die("socket: %s", strerror(errno));
+    if (fd < 0) die_if_out_of_files(errno, "socket"), die("socket: %s", strerror(errno));
     int one = 1;
     if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0) die("setsockopt: %s", strerror(errno));
     struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_ANY), .sin_port = htons((uint16_t)*port) };
@@ -39,7 +50,9 @@ int tcp_listen_any(int *port) {
         errno = e;
         return -1;
     }
-    if (listen(fd, 256) != 0) die("listen: %s", strerror(errno));
+    // rank 0's store takes a connection from every rank at once: a backlog as long as the kernel allows
+    // (it caps this at net.core.somaxconn, 4096 by default), so that a large job's joins are not reset
+    if (listen(fd, 65535) != 0) die("listen: %s", strerror(errno));
     socklen_t len = sizeof a;
     if (getsockname(fd, (struct sockaddr *)&a, &len) != 0) die("getsockname: %s", strerror(errno));
     *port = ntohs(a.sin_port);
@@ -54,7 +67,7 @@ int tcp_connect(const char *host, int port, double deadline_s, int refused_is_fi
         int rc = getaddrinfo(host, portstr, &hints, &res), e = 0;
         if (rc == 0) {
             int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-            if (fd < 0) die("socket: %s", strerror(errno));
+            if (fd < 0) die_if_out_of_files(errno, "socket"), die("socket: %s", strerror(errno));
             if (connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
                 freeaddrinfo(res);
                 tcp_set_options(fd);

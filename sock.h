@@ -18,5 +18,8 @@ int tcp_write_all(int fd, const void *buf, size_t n, double deadline_s); // 0 on
 enum { TCP_TIMEOUT = -1, TCP_CLOSED = -2 };
 int tcp_read_all(int fd, void *buf, size_t n, double deadline_s);
 void tcp_local_ip(int fd, char *out, size_t cap);
+// Where err (an errno) says this process or the system ran out of file descriptors: dies with what
+// failed and the open-files limit to raise. Other errors return.
+void die_if_out_of_files(int err, const char *what);
 
 #endif

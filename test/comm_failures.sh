@@ -16,6 +16,8 @@
 #   k. an error every rank detects is printed once, whole; ranks show as "<program> rN" in ps
 #   l. a clean --nproc 2 training under AddressSanitizer with leak detection: no leak
 #   m. a dead member nobody waits for: ranks waiting on each other name it at their timeout
+#   n. open files: a soft limit below what 8 ranks need is raised (the run trains the same model); a hard
+#      one ends the job at once, the limit named
 #
 # Prints "ok NAME" or "FAIL NAME" (with the evidence) per case; exits non-zero when any failed.
 # Run from the repository root after `make train build/train-asan build/test_comm`:  bash test/comm_failures.sh
@@ -831,6 +833,34 @@ case_no_leak() {
 }
 
 # ---------------------------------------------------------------------------------------------
+# n. the open-files limit: rank 0's store takes a socket per rank, so 8 ranks need more than 16 open
+#    files. A soft limit of 16 is raised to the hard one and the run trains bitwise the model of a run
+#    without it; a hard limit of 16 ends the job at once (not at the bootstrap's timeout, 300 s, as
+#    before) with the limit named.
+
+case_open_files() {
+    local rc hard
+    prepare_data
+    local run=($TRAIN --nproc 8 "${TINY[@]}" --batch-tokens 512 --steps 2 --train "$WORK/data/train.bin")
+    "${run[@]}" --save-model "$WORK/n_ref.bin" >"$WORK/n_ref.out" 2>&1 || bad "--nproc 8: exit status $?"
+    hard=$(ulimit -Hn)
+    if [ "$hard" = unlimited ] || [ "$hard" -gt 64 ]; then
+        (ulimit -Sn 16 && exec timeout 120 "${run[@]}" --save-model "$WORK/n_soft.bin") >"$WORK/n_soft.out" 2>&1 ||
+            bad "soft limit 16: exit status $?"
+        cmp -s "$WORK/n_ref.bin" "$WORK/n_soft.bin" || bad "soft limit 16: the model differs from the run without it"
+    else
+        echo "    (hard limit $hard: the soft-limit case is left out)"
+    fi
+    (ulimit -n 16 && exec timeout 120 "${run[@]}") >"$WORK/n_hard.out" 2>&1
+    rc=$?
+    { [ $rc -ne 0 ] && [ $rc -ne 124 ]; } || bad "hard limit 16: exit status $rc (124: it hung)"
+    grep -q '^error: .*Too many open files (this process may have 16 open at once, its hard limit 16; .*raise `ulimit -n`)$' \
+        "$WORK/n_hard.out" || bad "hard limit 16: no error line naming the limit"
+    expect_clean "$WORK/n_hard.out" "hard limit 16"
+    [ $BAD -eq 0 ] || show_logs "$WORK"/n_*.out
+}
+
+# ---------------------------------------------------------------------------------------------
 
 status=0
 run_case() { # name function
@@ -863,4 +893,5 @@ run_case "SIGUSR1 to the launcher, its group, or starting ranks stops cleanly; p
 run_case "rank 0 killed at once (x3) leaves nothing in /dev/shm" case_kill_rank0_early
 run_case "an error every rank detects is printed once" case_error_once
 run_case "no leak under AddressSanitizer in a clean --nproc 2 run" case_no_leak
+run_case "open files: a low soft limit is raised, a low hard limit ends the job at once, named" case_open_files
 exit $status
