@@ -954,7 +954,7 @@ World *world_create(const LaunchEnv *env, double timeout_s) {
     int rc = tcp_read_all(w->store_fd, &h, sizeof h, deadline);
     if (rc == TCP_CLOSED) die("bootstrap: rank 0 at %s:%d closed the connection (it exited)", env->master_addr, w->env.master_port);
     if (rc != 0) die("timeout: bootstrap: rank 0 at %s:%d did not answer within %.1f s", env->master_addr, w->env.master_port, timeout_s + 10.0);
-    // (the table grows with the world: 444 bytes a rank, past MAX_STORE_VALUE from about 2,400 ranks)
+    // (the table grows with the world: a few hundred bytes a rank, past MAX_STORE_VALUE at a few thousand)
     size_t table_bytes = sizeof(RankInfo) * (size_t)env->world;
     if (h.magic != NET_MAGIC || (h.vlen > MAX_STORE_VALUE && !(h.type == MSG_TABLE && h.vlen == table_bytes)))
         die("bootstrap: malformed answer from rank 0");
