@@ -207,8 +207,11 @@ t_sbatch_usr1() {
         --steps 600 --schedule constant --threads 1 --comm-timeout 60 --train "$WORK/data/train.bin")
     bounded "$log" bash -c "$SBATCH_WAIT" sbatch-wait --output="$WORK/sbu-ref-%j.out" "${RUN[@]}" --save-model "$WORK/sbu-ref.bin" ||
         return 1
-    id=$("${IN_CLUSTER[@]}" sbatch --parsable --output="$WORK/sbu-%j.out" "${RUN[@]}" --ckpt-dir "$WORK/sbu-ckpt" \
-        --log "$WORK/sbu.jsonl" --save-model "$WORK/sbu.bin") || return 1
+    # Slurm takes its time to pass the signal on (seconds on a busy machine) while the 600 steps take 3 s
+    # here: each step of the signalled job sleeps 25 ms (LLM4D_FAULT at=slow; the arithmetic is the same),
+    # so that it is still training when the signal arrives
+    id=$(LLM4D_FAULT="rank=0,step=1,at=slow,ms=25" "${IN_CLUSTER[@]}" sbatch --parsable --output="$WORK/sbu-%j.out" "${RUN[@]}" \
+        --ckpt-dir "$WORK/sbu-ckpt" --log "$WORK/sbu.jsonl" --save-model "$WORK/sbu.bin") || return 1
     for i in $(seq 1 600); do # until the job trains (bounded: 60 s)
         grep -q '"step":10,' "$WORK/sbu.jsonl" 2>/dev/null && break
         sleep 0.1
