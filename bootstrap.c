@@ -894,9 +894,9 @@ static void attach_check(World *w, int r, int late) {
 }
 
 // RankInfo.machine_id: the kernel's boot id, which every process of one machine reads alike (in any
-// network namespace); where /proc does not have it, the node's name, so that ranks count as sharing a
-// machine exactly when they share a node.
-static void machine_id(char *out, size_t cap, const char *node_id) {
+// network namespace); empty where /proc does not have it (then ranks share a machine when they share a
+// node: same_machine, collectives.c).
+static void machine_id(char *out, size_t cap) {
     FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
     char id[64] = "";
     if (f) {
@@ -904,8 +904,7 @@ static void machine_id(char *out, size_t cap, const char *node_id) {
         fclose(f);
     }
     id[strcspn(id, "\n")] = 0;
-    if (id[0]) snprintf(out, cap, "%.*s", (int)cap - 1, id);
-    else snprintf(out, cap, "node %.*s", (int)cap - 6, node_id);
+    snprintf(out, cap, "%.*s", (int)cap - 1, id);
 }
 
 World *world_create(const LaunchEnv *env, double timeout_s) {
@@ -943,7 +942,7 @@ World *world_create(const LaunchEnv *env, double timeout_s) {
     RankInfo me = { .rank = env->rank, .world = env->world, .pid = getpid(), .port = port };
     snprintf(me.token, sizeof me.token, "%s", env->token);
     snprintf(me.node_id, sizeof me.node_id, "%s", env->node_id);
-    machine_id(me.machine_id, sizeof me.machine_id, env->node_id);
+    machine_id(me.machine_id, sizeof me.machine_id);
     tcp_local_ip(w->store_fd, me.ip, sizeof me.ip); // the address that routes to rank 0 routes to us too
     if (send_msg(w->store_fd, MSG_HELLO, &me, sizeof me, deadline))
         die("bootstrap: cannot greet rank 0 at %s:%d", env->master_addr, env->master_port);

@@ -34,8 +34,8 @@ typedef struct {
     int32_t rank, world, pid, port;
     char node_id[256];
     char ip[64];
-    // the kernel's boot id: ranks with equal machine_id share one machine's cores, whatever their
-    // node_id says (LLM4D_NODE_ID's fake nodes, network namespaces as nodes)
+    // the kernel's boot id (empty where unknown): ranks with equal machine_id share one machine's
+    // cores, whatever their node_id says (LLM4D_NODE_ID's fake nodes, network namespaces as nodes)
     char machine_id[40];
 } RankInfo;
 

@@ -54,7 +54,7 @@ struct Comm {
     struct Transports *tr; // shared by the world's communicators: the choice, the RDMA device
     Doorbell *bell;   // what the engine sleeps on: the shared-memory doorbell, or private_bell
     Doorbell private_bell;
-    int machine_ranks;  // the world's ranks on this rank's machine (RankInfo.machine_id)
+    int machine_ranks;  // the world's ranks on this rank's machine (same_machine)
     int oversubscribed; // this machine runs more ranks than it has cores
     uint32_t split_seq;
     // the engine: the queue under mu; cur and p2p belong to whoever drives
@@ -176,6 +176,11 @@ typedef struct Transports {
 
 static int same_node(const World *w, int a, int b) {
     return !strcmp(world_rank_info(w, a)->node_id, world_rank_info(w, b)->node_id);
+}
+// Ranks on one machine's cores: the same boot id, or, where either is unknown, the same node.
+static int same_machine(const World *w, int a, int b) {
+    const char *ma = world_rank_info(w, a)->machine_id, *mb = world_rank_info(w, b)->machine_id;
+    return *ma && *mb ? !strcmp(ma, mb) : same_node(w, a, b);
 }
 
 static int rank_usable(Transports *tr, World *w, int r, char *text, size_t cap);
@@ -377,8 +382,7 @@ static void comm_connect(Comm *c) {
     int slots = prepare_peers(c);
     // ranks on this machine's cores, not this node's: fake nodes or namespaces on one machine share them
     c->machine_ranks = 0;
-    for (int r = 0; r < world_env(w)->world; r++)
-        c->machine_ranks += !strcmp(world_rank_info(w, r)->machine_id, world_rank_info(w, me_w)->machine_id);
+    for (int r = 0; r < world_env(w)->world; r++) c->machine_ranks += same_machine(w, r, me_w);
     c->oversubscribed = c->machine_ranks > sysconf(_SC_NPROCESSORS_ONLN);
     algo_init(&c->a, slots);
     if (pthread_mutex_init(&c->mu, NULL) || pthread_cond_init(&c->work_cv, NULL) || pthread_cond_init(&c->done_cv, NULL))
