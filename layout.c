@@ -160,7 +160,7 @@ void layout_place_stages(Layout *l, int L, int V, const char *pp_layers) {
         Schedule s;
         char why[256];
         if (schedule_build(&s, l->schedule, P, M, V, layout_pass_times(l), why, sizeof why)) die("--pp-schedule %s: %s", SCHEDULE_NAMES[l->schedule], why);
-        SchedulePool q = schedule_pool(&s, stage);
+        SchedulePool q = l->pp_times_auto && l->schedule == SCHED_ZBV ? schedule_pool_auto(&s, stage) : schedule_pool(&s, stage);
         l->nslots = q.sets, l->nheads = q.heads, l->nstash = q.stashes, l->ngrads = q.grads;
         l->chunk_sets = V > 1;
         schedule_free(&s);

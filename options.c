@@ -190,12 +190,14 @@ static const char USAGE[] =
     "                             chunk forwards a step; implies --pp-virtual 2, takes no other; needs\n"
     "                             --layers >= 2N); the same final model, bitwise, whatever the schedule;\n"
     "                             all but 1f1b need --pp 2+\n"
-    "  --pp-times F,B,W|auto      zb-v: build its action lists for these relative times of one forward, input-\n"
-    "                             and weight-gradient pass (default 1,1,1, the paper's unit times; a run's\n"
-    "                             --pp-schedule-dump measures them), or auto: the times the first step\n"
-    "                             measures (the mean over every rank's passes), lists rebuilt from the next;\n"
-    "                             where F, B and W differ, lists built for the real times keep the stages\n"
-    "                             busy that unit-time lists leave waiting\n"
+    "  --pp-times auto|unit|F,B,W zb-v: the relative times of one forward, input- and weight-gradient pass\n"
+    "                             its action lists are built for. auto (the default): the times the first\n"
+    "                             step measures (the mean over every rank's passes; that step runs the unit\n"
+    "                             lists), lists rebuilt for them from the next; unit: the paper's lists for\n"
+    "                             equal times (1,1,1); F,B,W: these (a run's --pp-schedule-dump measures\n"
+    "                             them). Where F, B and W differ, lists built for the real times keep the\n"
+    "                             stages busy that unit-time lists leave waiting; the model is the same\n"
+    "                             either way\n"
     "  --pp-trace DIR             testing aid: each stage appends its per-step schedule to DIR/stageS.txt\n"
     "  --pp-schedule-dump FILE    write the schedule's per-rank action list with the measured start and end\n"
     "                             (ms) of each action of the run's last step, tab-separated (schedule.h;\n"
@@ -783,5 +785,6 @@ void parse_options(Options *o, int argc_in, char **argv_in) {
         die("--pp-schedule interleaved needs --pp-virtual V of 2 or more chunks per stage%s", o->pp_virtual ? "" : " (default 1)");
     if (!o->pp_virtual) o->pp_virtual = 1; // (0 until here: not given)
     schedule_check_times_kind(o->pp_schedule, o->pp_times_flag);
+    if (o->pp_schedule == SCHED_ZBV && !o->pp_times_flag) o->pp_times_auto = 1; // (the lists for this machine's passes)
     check_options(o);
 }

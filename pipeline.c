@@ -243,19 +243,12 @@ static void count_handoffs(Pipeline *p, CommCounters before[2]) {
     }
 }
 
-// Whether lists needing `need` on a rank run in what `have` allocated there: the head's buffers count on
-// the rank holding the head, where a ring of them is apart from the sets (have.heads 0: one stage, the
-// head in its set).
-static int pool_fits(SchedulePool need, SchedulePool have, int head) {
-    return need.sets <= have.sets && (!head || !have.heads || need.heads <= have.heads) && need.stashes <= have.stashes &&
-           need.grads <= have.grads;
-}
-
 // --pp-times auto, after the first step: zb-v's lists rebuilt for the F, B and W times it measured, the
 // mean over every rank's passes (sum[k] seconds over cnt[k] passes here; one all-reduce over the world,
-// so that every rank builds the same lists), where the new lists fit the chunk sets, weight-gradient
-// stashes and head buffers the model was given for the unit lists (layout_place_stages); rank 0 says
-// what it did in one line, with the times as a --pp-times value for later runs.
+// so that every rank builds the same lists), the fastest of the candidates that fit the chunk sets,
+// weight-gradient stashes, head and gradient buffers the model was given (layout_place_stages:
+// schedule_pool_auto of the unit lists);
+// rank 0 says what it did in one line, with the times as a --pp-times value for later runs.
 static void adopt_measured_times(Pipeline *p, int M, const double sum[3], const double cnt[3]) {
     const Layout *l = p->model->lay;
     int64_t mine[6], all[6];
@@ -268,24 +261,20 @@ static void adopt_measured_times(Pipeline *p, int M, const double sum[3], const 
     if (!(t[0] > 0 && t[1] > 0 && t[2] > 0)) return;
     Schedule s;
     char why[256];
-    if (schedule_build(&s, l->schedule, p->stages, M, p->chunks, t, why, sizeof why)) die("--pp-times auto: %s", why);
     const Schedule *u = &p->sched; // the unit lists, for which the model was allocated
-    int fits = 1, same = 1;
-    for (int r = 0; r < p->stages; r++) {
-        if (!pool_fits(schedule_pool(&s, r), schedule_pool(u, r), schedule_holds_head(u, r))) fits = 0;
+    if (schedule_build_auto(&s, l->schedule, p->stages, M, p->chunks, t, why, sizeof why)) die("--pp-times auto: %s", why);
+    int same = 1;
+    for (int r = 0; r < p->stages; r++)
         if (s.n[r] != u->n[r] || memcmp(s.a[r], u->a[r], sizeof(Action) * (size_t)s.n[r])) same = 0;
-    }
     if (l->lead)
         printf("zb-v: the first step measured F, B, W = %.3f, %.3f, %.3f ms a chunk pass (--pp-times %.17g,%.17g,%.17g); %s\n", t[0],
                t[1], t[2], t[0], t[1], t[2],
-               same    ? "the unit-time lists stay, the fastest under those times"
-               : !fits ? "the unit-time lists stay: the lists for those times need more activation sets, head buffers, weight-gradient "
-                         "stashes or gradient buffers than were allocated"
-                       : "lists built for them from the next step");
-    if (l->lead && fits && !same)
+               same ? "the unit-time lists stay, the fastest under those times of the lists that fit the memory allocated for them"
+                    : "lists built for them from the next step");
+    if (l->lead && !same)
         printf("zb-v: bubble under those times %.1f%%, the unit-time lists' %.1f%%\n", 100.0 * schedule_bubble(&s, t), 100.0 * schedule_bubble(u, t));
     fflush(stdout);
-    if (!fits || same) {
+    if (same) {
         schedule_free(&s);
         return;
     }
@@ -316,7 +305,7 @@ double pipeline_step(Pipeline *p, const int32_t *inputs, const int32_t *targets,
         // sets mb % nslots and the head's ring would be shared by micro-batches in flight together
         const Layout *l = p->model->lay;
         SchedulePool have = { l->nslots, l->nheads, l->nstash, l->ngrads };
-        if (!pool_fits(schedule_pool(&p->sched, p->stage), have, schedule_holds_head(&p->sched, p->stage)))
+        if (!schedule_pool_fits(schedule_pool(&p->sched, p->stage), have, schedule_holds_head(&p->sched, p->stage)))
             die("internal: %s's lists for %d micro-batches need more activation sets, head buffers, stashes or gradient buffers "
                 "than were allocated for %d",
                 SCHEDULE_NAMES[kind], M, l->accum);

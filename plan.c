@@ -182,9 +182,10 @@ static const char PLAN_USAGE[] =
     "                             min(PP, M) activation sets on every stage and stage s min(s+1, M)\n"
     "                             weight-gradient stashes (what B copies for W beyond its set), and zb-v\n"
     "                             (where 2PP <= L) the V placement with the sets and stashes its lists hold\n"
-    "  --pp-times F,B,W|auto      zb-v with --exact: count the sets its lists hold when built for these pass\n"
-    "                             times (as ./train --pp-times; auto: the unit lists' sets, which a run's\n"
-    "                             measured lists never exceed); the bubble column keeps the formula\n"
+    "  --pp-times auto|unit|F,B,W zb-v with --exact: count the sets and buffers its lists hold when built\n"
+    "                             for these pass times (as ./train --pp-times; unit: the unit lists'; auto,\n"
+    "                             the default: theirs with a gradient buffer per activation set, which a\n"
+    "                             run's measured lists are kept within); the bubble column keeps the formula\n"
     "  --zero 0|1|2|3             ZeRO stage (default 0)\n"
     "  --recompute none|selective|full\n"
     "                             activation checkpointing (default none): selective recomputes the\n"
@@ -391,7 +392,7 @@ static void parse_plan(PlanInput *in, int argc, char **argv) {
             in->pp_schedule = schedule_parse(v);
             if (in->pp_schedule < 0) die("--pp-schedule must be 1f1b, interleaved, zb-h1 or zb-v, got '%s'", v);
         }
-        else if (IS("--pp-times")) { // auto: the run keeps its lists inside the unit lists' pool, which --exact counts
+        else if (IS("--pp-times")) { // auto, the default: the unit lists' pool with auto's gradient buffers, as a run
             if (strcmp(v, "auto")) schedule_parse_times(f, v, in->pp_times);
             in->pp_times_flag = v;
         }
@@ -658,6 +659,7 @@ static void estimate_exact(const PlanInput *in, Candidate *y) {
         // the sets, head buffers and stashes the schedule's action lists keep (layout_place_stages)
         l.schedule = zbv ? SCHED_ZBV : zbh1 ? SCHED_ZBH1 : y->pp > 1 && interleave ? SCHED_INTERLEAVED : SCHED_1F1B;
         memcpy(l.pp_times, in->pp_times, sizeof l.pp_times);
+        l.pp_times_auto = zbv && (!in->pp_times_flag || !strcmp(in->pp_times_flag, "auto")); // (./train's default)
         layout_place_stages(&l, in->cfg.L, zbv ? 2 : y->pp > 1 && interleave ? in->pp_virtual : 1, NULL);
         GPT2 m;
         Zero z;

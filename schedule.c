@@ -366,7 +366,9 @@ static int build(Schedule *s, int kind, int p, int m, int v, const double t[3], 
 }
 
 #define ZBV_SEARCH_ACTIONS 49152 // (p 8 x m 1024; a build of that size takes about a millisecond)
-int schedule_build(Schedule *s, int kind, int p, int m, int v, const double *times, char *why, size_t cap) {
+// schedule_build, keeping only lists that run in what have[r] allocates on every rank r (NULL: any)
+static int build_within(Schedule *s, int kind, int p, int m, int v, const double *times, const SchedulePool *have, char *why,
+                        size_t cap) {
     static const double unit[3] = { 1, 1, 1 };
     memset(s, 0, sizeof *s);
     const double *t = times ? times : unit;
@@ -403,6 +405,12 @@ int schedule_build(Schedule *s, int kind, int p, int m, int v, const double *tim
             return -1;
         }
         if (rc == -2) continue;
+        int fits = 1;
+        for (int r = 0; have && r < p; r++) fits &= schedule_pool_fits(schedule_pool(&c, r), have[r], schedule_holds_head(&c, r));
+        if (!fits) { // (have from the unit lists: the last candidate fits)
+            schedule_free(&c);
+            continue;
+        }
         double tc = schedule_times(&c, t[0], t[1], t[2], NULL);
         if (tc >= 0 && (best < 0 || tc < best)) {
             if (best >= 0) schedule_free(s);
@@ -414,6 +422,21 @@ int schedule_build(Schedule *s, int kind, int p, int m, int v, const double *tim
     if (best < 0) die("internal: no zb-v lists for F, B, W = %g, %g, %g", t[0], t[1], t[2]);
     memcpy(s->times, t, sizeof s->times);
     return 0;
+}
+
+int schedule_build(Schedule *s, int kind, int p, int m, int v, const double *times, char *why, size_t cap) {
+    return build_within(s, kind, p, m, v, times, NULL, why, cap);
+}
+
+int schedule_build_auto(Schedule *s, int kind, int p, int m, int v, const double times[3], char *why, size_t cap) {
+    Schedule u;
+    if (schedule_build(&u, kind, p, m, v, NULL, why, cap)) return -1;
+    SchedulePool *have = xmalloc(sizeof(SchedulePool) * (size_t)p);
+    for (int r = 0; r < p; r++) have[r] = schedule_pool_auto(&u, r);
+    int rc = build_within(s, kind, p, m, v, times, have, why, cap);
+    free(have);
+    schedule_free(&u);
+    return rc;
 }
 
 void schedule_free(Schedule *s) {
@@ -598,6 +621,17 @@ void schedule_check_times_kind(int kind, const char *value) {
             kind >= 0 ? SCHEDULE_NAMES[kind] : "the default schedule");
 }
 
+int schedule_pool_fits(SchedulePool need, SchedulePool have, int head) {
+    return need.sets <= have.sets && (!head || !have.heads || need.heads <= have.heads) && need.stashes <= have.stashes &&
+           need.grads <= have.grads;
+}
+
+SchedulePool schedule_pool_auto(const Schedule *unit, int r) {
+    SchedulePool q = schedule_pool(unit, r);
+    if (unit->v > 1 && q.grads < q.sets) q.grads = q.sets;
+    return q;
+}
+
 SchedulePool schedule_pool(const Schedule *s, int r) {
     SchedulePool q = { s->slots[r], s->hspan[r], s->split ? s->wpending[r] : 0, 0 };
     if (s->v > 1) { // a micro-batch's chunks are in flight apart: a pool of chunk sets, gradient buffers
@@ -613,7 +647,11 @@ double schedule_bubble(const Schedule *s, const double t[3]) {
 }
 
 void schedule_parse_times(const char *flag, const char *v, double times[3]) {
-    if (!strcmp(v, "auto")) die("%s auto measures the times in a training run (./train --pp-times auto); give F,B,W here", flag);
+    if (!strcmp(v, "auto")) die("%s auto measures the times in a training run (./train --pp-times auto); give F,B,W or unit here", flag);
+    if (!strcmp(v, "unit")) { // the paper's lists: schedule_build takes exactly 1, 1, 1 as unit times
+        times[0] = times[1] = times[2] = 1;
+        return;
+    }
     static const char *const names[3] = { "F", "B", "W" };
     const char *p = v;
     for (int k = 0; k < 3; k++) {
@@ -632,7 +670,7 @@ void schedule_parse_times(const char *flag, const char *v, double times[3]) {
 
 // ./train schedule: one schedule's action lists and timeline, for a reader.
 int schedule_main(int argc, char **argv) {
-    int p = 0, m = 0, v = 0, kind = -1, ascii = 0;
+    int p = 0, m = 0, v = 0, kind = -1, ascii = 0, auto_times = 0;
     const char *dump = NULL, *times_flag = NULL;
     double times[3] = { 1, 1, 1 };
     for (int i = 1; i < argc; i++) {
@@ -642,8 +680,13 @@ int schedule_main(int argc, char **argv) {
                    "                        [--pp-times F,B,W] [--ascii] [--pp-schedule-dump FILE]\n"
                    "prints each rank's actions (F, B, W, hand-offs) and a unit-time timeline of the schedule\n"
                    "  --pp-schedule S          as for training: 1f1b, or interleaved when --pp-virtual is above 1\n"
-                   "  --pp-times F,B,W         zb-v: build the lists for these relative pass times (as ./train\n"
-                   "                           --pp-times) and print their bubble under them beside the unit lists'\n"
+                   "  --pp-times F,B,W|unit|auto:F,B,W\n"
+                   "                           zb-v: build the lists for these relative pass times (as ./train\n"
+                   "                           --pp-times) and print their bubble under them beside the unit lists'.\n"
+                   "                           Default unit: the paper's lists, which a training run's default\n"
+                   "                           --pp-times auto runs in its first step; auto:F,B,W the lists such a\n"
+                   "                           run builds once that step measured F,B,W (those that fit what was\n"
+                   "                           allocated for the unit lists)\n"
                    "  --ascii                  the timeline alone, one narrow cell per unit (the README's pictures)\n"
                    "  --pp-schedule-dump FILE  also write the action lists with their unit-time start and end as a\n"
                    "                           tab-separated table (schedule.h; scripts/plot.py --schedule FILE draws it)\n");
@@ -666,7 +709,10 @@ int schedule_main(int argc, char **argv) {
             kind = schedule_parse(val);
             if (kind < 0) die("--pp-schedule '%s': expected 1f1b, interleaved, zb-h1 or zb-v", val);
         } else if (!strcmp(f, "--pp-schedule-dump")) dump = val;
-        else schedule_parse_times(f, val, times), times_flag = val; // --pp-times
+        else { // --pp-times F,B,W, unit, or auto:F,B,W (what a --pp-times auto run builds once it measured those)
+            auto_times = !strncmp(val, "auto:", 5);
+            schedule_parse_times(f, auto_times ? val + 5 : val, times), times_flag = val;
+        }
         i++;
     }
     if (!p || !m) die("./train schedule needs --pp P and --micro-batches M");
@@ -676,7 +722,8 @@ int schedule_main(int argc, char **argv) {
     schedule_check_times_kind(kind, times_flag);
     Schedule s;
     char why[256];
-    if (schedule_build(&s, kind, p, m, v, times, why, sizeof why)) die("%s", why);
+    if ((auto_times ? schedule_build_auto(&s, kind, p, m, v, times, why, sizeof why) : schedule_build(&s, kind, p, m, v, times, why, sizeof why)))
+        die("%s", why);
     schedule_dump(stdout, &s, ascii);
     if (dump) write_unit_dump(dump, &s);
     schedule_free(&s);

@@ -78,8 +78,9 @@ int schedule_parse(const char *name);
 // times: the relative F, B and W times that zb-v's list scheduling assumes (NULL: 1, 1, 1); the other
 // schedules are fixed orders. Returns 0 and fills s, or -1 with one line in why naming what does not fit.
 int schedule_build(Schedule *s, int kind, int p, int m, int v, const double *times, char *why, size_t why_cap);
+
 void schedule_free(Schedule *s);
-// --pp-times F,B,W: three positive numbers into times, or one line naming the flag and exit.
+// --pp-times F,B,W: three positive numbers into times (unit: 1, 1, 1), or one line naming the flag and exit.
 void schedule_parse_times(const char *flag, const char *v, double times[3]);
 // --pp-times VALUE (NULL: not given) with schedule kind (-1: the default): one line and exit unless zb-v.
 void schedule_check_times_kind(int kind, const char *value);
@@ -92,6 +93,19 @@ typedef struct {
     int sets, heads, stashes, grads;
 } SchedulePool;
 SchedulePool schedule_pool(const Schedule *s, int r);
+// Whether lists needing `need` on a rank run in what `have` allocated there: the head's buffers count on
+// the rank holding the head, where a ring of them is apart from the sets (have.heads 0: one stage, the
+// head in its set).
+int schedule_pool_fits(SchedulePool need, SchedulePool have, int head);
+// What --pp-times auto allocates on rank r, from the unit lists it runs first: their pool with as many
+// gradient buffers as activation sets. Lists built for measured times keep more input gradients in
+// flight than the unit lists (at PP 2, 2 a rank against 1), and a gradient buffer is one boundary
+// activation (B·T·C), little beside a chunk's activation set, so that they can be run.
+SchedulePool schedule_pool_auto(const Schedule *unit, int r);
+// The lists --pp-times auto runs once its first step measured times: schedule_build's for those times,
+// keeping only candidates that run in schedule_pool_auto of the unit lists on every rank (the model
+// was allocated before the times were known); the unit lists are always one.
+int schedule_build_auto(Schedule *s, int kind, int p, int m, int v, const double times[3], char *why, size_t why_cap);
 // The share of the step every rank idles under F, B, W times t (each rank does m·v·(F + B + W)):
 // 1 - that work over the makespan, or -1 when the lists deadlock.
 double schedule_bubble(const Schedule *s, const double t[3]);

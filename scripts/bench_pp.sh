@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Pipeline benchmark (make bench): for each schedule (--pp-schedule 1f1b, interleaved with V = 2, zb-h1,
-# zb-v), the measured bubble (max and mean over stages; each run's median over steps 2-6, then the median
+# zb-v with the paper's unit-time lists, zb-v as it runs by default), the measured bubble (max and mean over stages; each run's median over steps 2-6, then the median
 # of 3 runs) beside the schedule's formula, for M = 8, 16, 64 micro-batches, one thread per rank. Two
 # formulas: with equal F, B and W (the planner's: (P-1)/(M+P-1), (P-1)/(V*M+P-1), (P-1)/(3M+P-1) and
 # (P-1)/(6M+P-1)), and with the F, B and W times this run measured (F_ms, B_ms, W_ms, from
 # --pp-schedule-dump of each run's last step: the median over every rank's passes, then over the runs;
 # 1f1b and interleaved run B and W as one backward, so their B holds both and W is "-"; per stage, or per
 # chunk with two chunks): 1f1b and interleaved are the same either way; zb-h1's is (P-1)(F+B-W) over
-# M(F+B+W) plus that; for zb-v and zb-v-times the action lists' own bubble under the zb-v row's times (./train
-# schedule --pp-times: zb-v's unit-time lists, or those built for the times), which the closed form of the
-# first activation's walk down the ranks, (P-1)F over 2M(F+B+W) plus that, misses when F, B and W differ.
+# M(F+B+W) plus that; for the zb-v rows the action lists' own bubble under the zb-v-unit row's times
+# (./train schedule --pp-times: the unit-time lists for zb-v-unit, auto:F,B,W for zb-v, F,B,W for
+# zb-v-times), which the closed form of the first activation's walk down the ranks, (P-1)F over
+# 2M(F+B+W) plus that, misses when F, B and W differ.
 # Then the last step's mean bubble twice, from its dump (scripts/plot.py --replay): as measured, and
 # replayed, the same passes with their measured durations in the same order but hand-offs that cost
 # nothing; their difference is what the hand-offs and waking up cost, and the replayed one's distance
@@ -27,9 +28,12 @@
 # stage the kernel has not scheduled, and the "bubble" measures the scheduler. So PP 2 always, and
 # PP 4 only on a machine with at least 4 cores (this says so when it skips it). The load average is
 # printed first: on a loaded machine the bubble measures the other processes too.
-# zb-v-times is zb-v with its action lists built for the F, B and W times the zb-v row just measured at
-# the same M (--pp-times F,B,W; schedule.h): the list scheduler then fills the steady state for the
-# passes as they are here, not as unit times assume.
+# zb-v-unit runs the paper's lists for equal F, B and W (--pp-times unit). zb-v is the default,
+# --pp-times auto: its first step (left out of the median) runs the unit lists and measures the passes,
+# and the later steps run lists built for those times within the memory allocated for the unit lists.
+# zb-v-times has its action lists built for the F, B and W times the zb-v-unit row just measured at the
+# same M (--pp-times F,B,W; schedule.h), with the memory those lists need: the list scheduler then
+# fills the steady state for the passes as they are here, not as unit times assume.
 # Then memory: each rank's measured peak (the run's memory_peak records, every category summed: what
 # its "memory of rank R, peak" line calls the total; allocation is fixed before step 1, so one run
 # gives it) and the ratio of the largest to 1f1b's largest on the same model and M (zb-v's deeper model
@@ -50,7 +54,7 @@ if [ "${QUICK:-0}" = 1 ]; then RUNS=${RUNS:-1} MS=${MS:-8} STEPS=${STEPS:-3}; fi
 RUNS=${RUNS:-3}
 MS=${MS:-8 16 64}                            # micro-batch counts (MS="8" for a quick look)
 STEPS=${STEPS:-6}
-SCHEDULES=${SCHEDULES:-1f1b interleaved zb-h1 zb-v zb-v-times}
+SCHEDULES=${SCHEDULES:-1f1b interleaved zb-h1 zb-v-unit zb-v zb-v-times}
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg) on $CORES cores; $RUNS run(s) per row, $STEPS steps each"
 printf '%-4s %-12s %-4s %10s %11s %11s %8s %9s %7s %7s %7s %9s %11s %7s %7s %22s %8s\n' PP schedule M step_ms bubble_max bubble_mean formula formula_t \
     F_ms B_ms W_ms last_mean replay_mean copies wakeups "peak_MiB (rank 0/1/..)" "mem/1f1b"
@@ -61,7 +65,7 @@ p = {r["rank"]: sum(r["memory_peak"].values()) for r in map(json.loads, open(sys
 print("/".join("%.3f" % (p[k] / 1048576) for k in sorted(p)))' "$1"; }
 peakmax() { tr / '\n' <<<"$1" | sort -g | tail -1; }
 declare -A REF   # 1f1b's largest peak, by "layers M"
-declare -A TIMES # the zb-v row's measured F,B,W, by "PP M": what the zb-v-times row builds its lists for
+declare -A TIMES # the zb-v-unit row's measured F,B,W, by "PP M": what the zb-v and zb-v-times rows' formula_t, and zb-v-times' lists, are for
 pct() { [ -n "$1" ] && awk -v x="$1" 'BEGIN { printf "%.1f%%", 100 * x }' || printf -- -; }
 # run SCHEDULE V LAYERS STEPS [FLAGS]: one PP $pp run at $m micro-batches, logging to $W/r.jsonl
 run() {
@@ -77,12 +81,13 @@ for pp in 2 4; do
     for sch in $SCHEDULES; do
         v=1 layers=$((5 * pp - 1)) name=$sch
         [ $sch = interleaved ] && v=2
-        [ $sch = zb-v ] || [ $sch = zb-v-times ] && v=2 layers=$((6 * pp - 1)) name=zb-v
+        case $sch in zb-v*) v=2 layers=$((6 * pp - 1)) name=zb-v ;; esac
         for m in $MS; do
             : >"$W/runs.txt"
             extra=()
+            [ $sch = zb-v-unit ] && extra=(--pp-times unit)
             if [ $sch = zb-v-times ]; then
-                [ -n "${TIMES["$pp $m"]:-}" ] || { echo "$pp    $sch $m: not run: it builds zb-v's lists for the zb-v row's times (SCHEDULES needs zb-v before it)"; continue; }
+                [ -n "${TIMES["$pp $m"]:-}" ] || { echo "$pp    $sch $m: not run: it builds zb-v's lists for the zb-v-unit row's times (SCHEDULES needs zb-v-unit before it)"; continue; }
                 extra=(--pp-times "${TIMES["$pp $m"]}")
             fi
             for run in $(seq "$RUNS"); do
@@ -108,7 +113,7 @@ for pp in 2 4; do
             col() { cut -d' ' -f"$1" "$W/runs.txt" | median; }
             ms() { [ -n "$1" ] && printf '%.3f' "$1" || printf -- -; }
             F=$(col 5) B=$(col 6) Wt=$(col 7)
-            [ $sch = zb-v ] && [ -n "$F" ] && [ -n "$B" ] && [ -n "$Wt" ] && TIMES["$pp $m"]="$F,$B,$Wt"
+            [ $sch = zb-v-unit ] && [ -n "$F" ] && [ -n "$B" ] && [ -n "$Wt" ] && TIMES["$pp $m"]="$F,$B,$Wt"
             # the formula with the measured times (W "-": inside B)
             ft=$(awk -v s=$sch -v p=$pp -v m=$m -v v=$v -v F="$F" -v B="$B" -v W="${Wt:-0}" 'BEGIN {
                 if (s == "1f1b") b = (p - 1) / (m + p - 1)
@@ -116,12 +121,14 @@ for pp in 2 4; do
                 else if (s == "zb-h1") { i = (p - 1) * (F + B - W); b = i / (m * (F + B + W) + i) }
                 else { i = (p - 1) * F; b = i / (2 * m * (F + B + W) + i) }
                 print b }')
-            if [ $name = zb-v ]; then # zb-v: the action lists' own bubble under the zb-v row's times, which
+            if [ $name = zb-v ]; then # zb-v: the action lists' own bubble under the zb-v-unit row's times, which
                 # the closed form above (the warm-up walk alone) misses when F, B and W differ: the unit lists
-                # for zb-v, the lists built for those times for zb-v-times (./train schedule --pp-times)
-                ft=$( (./train schedule --pp $pp --micro-batches $m --pp-schedule zb-v --pp-times "${TIMES["$pp $m"]:-}" 2>/dev/null || true) |
+                # for zb-v-unit, those --pp-times auto builds for zb-v, those built for the times for zb-v-times
+                local_t=${TIMES["$pp $m"]:-}
+                [ $sch = zb-v ] && local_t=auto:$local_t
+                ft=$( (./train schedule --pp $pp --micro-batches $m --pp-schedule zb-v --pp-times "$local_t" 2>/dev/null || true) |
                     sed -nE "s/.*under those times bubble ([0-9.]+)%, the unit-time lists' ([0-9.]+)%.*/\1 \2/p" |
-                    awk -v s=$sch '{ print (s == "zb-v" ? $2 : $1) / 100 }')
+                    awk -v s=$sch '{ print (s == "zb-v-unit" ? $2 : $1) / 100 }')
             fi
             printf '%-4s %-12s %-4s %10.1f %11s %11s %8s %9s %7s %7s %7s %9s %11s %7s %7s %22s %8s\n' $pp $sch $m "$(col 1)" "$(pct "$(col 2)")" \
                 "$(pct "$(col 3)")" "$(pct "$(col 4)")" "$(pct "$ft")" "$(ms "$F")" "$(ms "$B")" "$(ms "$Wt")" "$(pct "$(col 10)")" \

@@ -1624,13 +1624,15 @@ t_pp_zero_bubble() {
         i=$((i + 1))
         local spec=${cfg%|*} tokens=${cfg#*|} args sch
         read -ra args <<<"--nproc $spec"
-        # zb-vt: zb-v's lists built for pass times where W is half of F (--pp-times, schedule.h); zb-va:
-        # for the times its first step measures (--pp-times auto)
+        # zb-v: the paper's unit-time lists (--pp-times unit); zb-vt: lists built for pass times where W
+        # is half of F (--pp-times, schedule.h); zb-va: zb-v's default, lists for the times its first step
+        # measures (--pp-times auto)
         for sch in 1f1b zb-h1 zb-v zb-vt zb-va; do
             rm -rf "$d/trace$i-$sch"
             local flags=(--pp-schedule $sch)
+            [ $sch = zb-v ] && flags=(--pp-schedule zb-v --pp-times unit)
             [ $sch = zb-vt ] && flags=(--pp-schedule zb-v --pp-times "$ZBV_TIMES")
-            [ $sch = zb-va ] && flags=(--pp-schedule zb-v --pp-times auto)
+            [ $sch = zb-va ] && flags=(--pp-schedule zb-v)
             timeout 300 $TRAIN "${shape[@]}" "${args[@]}" --batch-tokens $tokens "${flags[@]}" --pp-trace "$d/trace$i-$sch" \
                 --log "$d/m$i-$sch.jsonl" --save-model "$d/m$i-$sch.bin" >"$d/m$i-$sch.out" 2>&1 || { echo "'$spec' $sch failed"; tail -3 "$d/m$i-$sch.out"; return 1; }
         done
@@ -1666,12 +1668,15 @@ PYEOF
         M=$(sed -n 's/^batch: .* = \([0-9]*\) micro-batch(es).*/\1/p' "$d/m$i-zb-v.out")
         # each runs the lists ./train schedule prints: zb-va the unit lists in step 1, then those for the
         # times it printed if it said it built them
-        $TRAIN schedule --pp-schedule zb-v --pp $P --micro-batches $M >"$d/sched$i.txt" || { echo "FAIL: ./train schedule zb-v"; ok=1; }
+        $TRAIN schedule --pp-schedule zb-v --pp $P --micro-batches $M --pp-times unit >"$d/sched$i.txt" || { echo "FAIL: ./train schedule zb-v"; ok=1; }
+        $TRAIN schedule --pp-schedule zb-v --pp $P --micro-batches $M | cmp -s - "$d/sched$i.txt" ||
+            { echo "FAIL: ./train schedule zb-v's default lists are not --pp-times unit's"; ok=1; }
         $TRAIN schedule --pp-schedule zb-v --pp $P --micro-batches $M --pp-times "$ZBV_TIMES" >"$d/schedt$i.txt" || { echo "FAIL: ./train schedule zb-v --pp-times"; ok=1; }
         local auto
         auto=$(sed -n 's/^zb-v: the first step measured .* (--pp-times \([0-9.e,+-]*\)); \(.*\)$/\1 \2/p' "$d/m$i-zb-va.out")
-        [ -n "$auto" ] || { echo "FAIL '$spec': zb-v --pp-times auto printed no measured times"; ok=1; auto="1,1,1 -"; }
-        $TRAIN schedule --pp-schedule zb-v --pp $P --micro-batches $M --pp-times "${auto%% *}" >"$d/scheda$i.txt" 2>/dev/null ||
+        [ -n "$auto" ] || { echo "FAIL '$spec': zb-v (default --pp-times auto) printed no measured times"; ok=1; auto="1,1,1 -"; }
+        ! grep -q '^zb-v: the first step measured' "$d/m$i-zb-v.out" || { echo "FAIL '$spec': zb-v --pp-times unit measured its passes"; ok=1; }
+        $TRAIN schedule --pp-schedule zb-v --pp $P --micro-batches $M --pp-times "auto:${auto%% *}" >"$d/scheda$i.txt" 2>/dev/null ||
             cp "$d/sched$i.txt" "$d/scheda$i.txt" # (1,1,1: the unit lists)
         [[ "$auto" == *"lists built for them from the next step" ]] || cp "$d/sched$i.txt" "$d/scheda$i.txt"
         for sch in zb-v zb-vt zb-va; do
