@@ -290,7 +290,8 @@ const char *cpu_isa(void) {
 //
 // Goto/BLIS loop nest: for each NC-wide column block and KC-deep slice the threads pack B together
 // into one shared buffer, then take row blocks of A in turn (about eight per thread, at most MC rows),
-// pack them privately and run an MR x NR register-tile kernel over the block. Each element of C sums k in ascending order, slice after slice,
+// pack them privately (or, for fp32 rows contiguous in k under a transposed C, read them in place)
+// and run an MR x NR register-tile kernel over the block. Each element of C sums k in ascending order, slice after slice,
 // with one fused multiply-add per term (or one bf16 dot-product pair), whichever thread computes it,
 // so results do not depend on the thread count.
 
@@ -319,6 +320,7 @@ typedef struct {
     const void *bias;     // [N], same dtype as C, added to every row
     void *pre;            // GELU: pre = product (+ bias), C = gelu(pre)
     const void *gelu_pre; // GELU backward: C = product · gelu'(gelu_pre), gelu_pre laid out as C
+    int trans;            // C is stored transposed: element (i, j) at p[j*ld + i], bias indexed by i
 } Out;
 
 typedef struct {
@@ -517,10 +519,13 @@ static void pack_b_bf16(uint32_t *restrict dst, View B, int k0, int kc, int n0, 
     }
 }
 
-// dst[MR][NR] (row stride ldd) = src (or 0 when src is NULL) + Ap-panel · Bp-panel over kc.
+// dst[MR][NR] (row stride ldd) = src (or 0 when src is NULL) + A-panel · Bp-panel over kc, A's
+// element (r, k) at a[k*ak + r*ar]: packed (ak = MR, ar = 1) or MR rows of A read in place (ak = 1).
 // src and dst may be the same tile.
-static void kernel_f32(int kc, const float *restrict a, const float *restrict b, const float *src, size_t lds,
-                       float *dst, size_t ldd) {
+static inline __attribute__((always_inline)) void kernel_f32_body(int kc, const float *restrict a, size_t ak,
+                                                                  size_t ar, const float *restrict b,
+                                                                  const float *src, size_t lds, float *dst,
+                                                                  size_t ldd) {
     vf c[MR][NV];
 #pragma GCC unroll 8
     for (int r = 0; r < MR; r++)
@@ -532,7 +537,7 @@ static void kernel_f32(int kc, const float *restrict a, const float *restrict b,
         for (int v = 0; v < NV; v++) bv[v] = vload(b + (size_t)k * NR + v * VW);
 #pragma GCC unroll 8
         for (int r = 0; r < MR; r++) {
-            float av = a[k * MR + r];
+            float av = a[(size_t)k * ak + (size_t)r * ar];
 #pragma GCC unroll 4
             for (int v = 0; v < NV; v++) c[r][v] += av * bv[v];
         }
@@ -541,6 +546,14 @@ static void kernel_f32(int kc, const float *restrict a, const float *restrict b,
     for (int r = 0; r < MR; r++)
 #pragma GCC unroll 4
         for (int v = 0; v < NV; v++) vstore(dst + r * ldd + v * VW, c[r][v]);
+}
+static void kernel_f32(int kc, const float *restrict a, const float *restrict b, const float *src, size_t lds,
+                       float *dst, size_t ldd) {
+    kernel_f32_body(kc, a, MR, 1, b, src, lds, dst, ldd);
+}
+static void kernel_f32_rows(int kc, const float *restrict a, size_t lda, const float *restrict b, const float *src,
+                            size_t lds, float *dst, size_t ldd) {
+    kernel_f32_body(kc, a, 1, lda, b, src, lds, dst, ldd);
 }
 
 #if HAVE_BF16_KERNEL
@@ -571,9 +584,14 @@ __attribute__((target("avx512f,avx512bf16"))) static void kernel_bf16(int kc2, c
 }
 #endif
 
-static void run_kernel(const Gemm *g, int kc, const void *ap, const void *bp, const float *src, size_t lds, float *dst,
-                       size_t ldd) {
+// lda: 0 for a packed A panel, else A's row stride (fp32 rows read in place)
+static void run_kernel(const Gemm *g, int kc, const void *ap, size_t lda, const void *bp, const float *src, size_t lds,
+                       float *dst, size_t ldd) {
     (void)g;
+    if (lda) {
+        kernel_f32_rows(kc, ap, lda, bp, src, lds, dst, ldd);
+        return;
+    }
 #if HAVE_BF16_KERNEL
     if (g->bf16) {
         kernel_bf16((kc + 1) / 2, ap, bp, src, lds, dst, ldd);
@@ -611,9 +629,47 @@ static void gemm_epilogue(const Gemm *g, float *tile, int i0, int j0, int rows, 
     }
 }
 
+// dst[j*ld + r] = tile[r*NR + j] for rows x cols
+static void store_transposed(float *dst, size_t ld, const float *tile, int rows, int cols) {
+    int j = 0;
+#if HAVE_AVX512
+    static const float zero[16];
+    for (; j + 16 <= cols; j += 16) { // through the register transpose, rows padded with zeros
+        float t[16][16] __attribute__((aligned(64)));
+        const float *src[16];
+        float *out[16];
+        for (int r = 0; r < 16; r++) src[r] = r < rows ? tile + r * NR + j : zero, out[r] = t[r];
+        transpose16(src, out);
+        for (int k = 0; k < 16; k++) memcpy(dst + (size_t)(j + k) * ld, t[k], sizeof(float) * (size_t)rows);
+    }
+#endif
+    for (; j < cols; j++)
+        for (int r = 0; r < rows; r++) dst[(size_t)j * ld + r] = tile[r * NR + j];
+}
+
+// The same for a transposed fp32 C (bias and GELU only): the tile's row r is C's column i0 + r. Each
+// element meets the same operations as in gemm_epilogue, so the bits are those of the untransposed
+// product; GELU runs along the tile's rows, whole vectors.
+static void gemm_epilogue_trans(const Gemm *g, float *tile, int i0, int j0, int rows, int cols) {
+    const Out *o = &g->o;
+    float *out = o->p, *pre = o->pre;
+    for (int r = 0; r < rows; r++) {
+        float *x = tile + r * NR;
+        if (o->bias) {
+            float b = ((const float *)o->bias)[i0 + r];
+            for (int j = 0; j < cols; j++) x[j] += b;
+        }
+    }
+    if (pre) {
+        store_transposed(pre + (size_t)j0 * o->ld + (size_t)i0, o->ld, tile, rows, cols);
+        for (int r = 0; r < rows; r++) gelu_row(tile + r * NR, cols);
+    }
+    store_transposed(out + (size_t)j0 * o->ld + (size_t)i0, o->ld, tile, rows, cols);
+}
+
 // One MR x NR tile of C over one k-slice: partial sums start from C (direct, accumulating), from the
 // previous slice, or from zero, and the last slice runs the epilogue.
-static void gemm_tile(const Gemm *g, const void *ap, const void *bp, int kc, int i0, int j0, int n0, int rows, int cols,
+static void gemm_tile(const Gemm *g, const void *ap, size_t lda, const void *bp, int kc, int i0, int j0, int n0, int rows, int cols,
                       int first, int last) {
     float tile[MR * NR] __attribute__((aligned(64)));
     float *part;
@@ -627,7 +683,7 @@ static void gemm_tile(const Gemm *g, const void *ap, const void *bp, int kc, int
     }
     const float *src = first ? (g->direct && g->o.accumulate ? part : NULL) : part;
     int epilogue = last && (!g->direct || g->o.bias);
-    if (epilogue) { // the rows the epilogue reads and writes, fetched while the kernel runs
+    if (epilogue && !g->o.trans) { // the rows the epilogue reads and writes, fetched while the kernel runs
         size_t es = dtype_size(g->o.dt);
         for (int r = 0; r < rows; r++) {
             size_t off = ((size_t)(i0 + r) * g->o.ld + (size_t)j0) * es;
@@ -638,25 +694,30 @@ static void gemm_tile(const Gemm *g, const void *ap, const void *bp, int kc, int
         }
     }
     if (rows == MR && cols == NR) {
-        if (epilogue) run_kernel(g, kc, ap, bp, src, ldp, tile, NR);
-        else run_kernel(g, kc, ap, bp, src, ldp, part, ldp);
+        if (epilogue) run_kernel(g, kc, ap, lda, bp, src, ldp, tile, NR);
+        else run_kernel(g, kc, ap, lda, bp, src, ldp, part, ldp);
     } else { // an edge tile: computed whole on a local copy
         if (src) {
             memset(tile, 0, sizeof tile);
             for (int r = 0; r < rows; r++) memcpy(tile + r * NR, src + r * ldp, sizeof(float) * (size_t)cols);
         }
-        run_kernel(g, kc, ap, bp, src ? tile : NULL, NR, tile, NR);
+        run_kernel(g, kc, ap, lda, bp, src ? tile : NULL, NR, tile, NR);
         if (!epilogue)
             for (int r = 0; r < rows; r++) memcpy(part + r * ldp, tile + r * NR, sizeof(float) * (size_t)cols);
     }
-    if (epilogue) gemm_epilogue(g, tile, i0, j0, rows, cols);
+    if (epilogue && g->o.trans) gemm_epilogue_trans(g, tile, i0, j0, rows, cols);
+    else if (epilogue) gemm_epilogue(g, tile, i0, j0, rows, cols);
 }
 
 static void gemm(int M, int N, int K, View A, View B, Out o) {
     if (M <= 0 || N <= 0) return;
     Gemm g = { .M = M, .N = N, .K = K, .A = A, .B = B, .o = o };
     g.bf16 = HAVE_BF16_KERNEL && A.dt == DT_BF16 && B.dt == DT_BF16 && !strcmp(cpu_isa(), "avx512bf16");
-    g.direct = o.dt == DT_F32 && !o.pre && !o.gelu_pre;
+    if (o.trans && (o.dt != DT_F32 || o.accumulate || o.gelu_pre)) die("internal: a transposed GEMM output is fp32 with bias and GELU only");
+    g.direct = o.dt == DT_F32 && !o.pre && !o.gelu_pre && !o.trans;
+    // A's full MR-row blocks read in place: only with a transposed C, where A is the weight (its
+    // packing would cost as much as the product at a small N)
+    int a_rows = o.trans && A.dt == DT_F32 && A.cs == 1 && !g.bf16;
     int nslices = K > KC ? (K + KC - 1) / KC : 1;
     int ncmax = N < NC ? N : NC, kcmax = K < KC ? (K > 0 ? K : 1) : KC;
     size_t a_bytes = (size_t)MR * ((kcmax + 1) / 2 * 2) * 4, panel_bytes = (size_t)NR * ((kcmax + 1) / 2 * 2) * 4;
@@ -692,14 +753,19 @@ static void gemm(int M, int N, int K, View A, View B, Out o) {
                     int m0 = mb * mc_blk, mc = M - m0 < mc_blk ? M - m0 : mc_blk;
                     for (int pm = 0; pm < mc; pm += MR) {
                         int rows = mc - pm < MR ? mc - pm : MR;
+                        if (a_rows && rows == MR) continue;
                         if (g.bf16) pack_a_bf16((uint32_t *)(Ap + (pm / MR) * a_bytes), A, m0 + pm, rows, k0, kc);
                         else pack_a_f32((float *)(Ap + (pm / MR) * a_bytes), A, m0 + pm, rows, k0, kc);
                     }
                     for (int p = 0; p < npanels; p++) {
                         int cols = nc - p * NR < NR ? nc - p * NR : NR;
-                        for (int pm = 0; pm < mc; pm += MR)
-                            gemm_tile(&g, Ap + (pm / MR) * a_bytes, Bp + p * panel_bytes, kc, m0 + pm, n0 + p * NR, n0,
+                        for (int pm = 0; pm < mc; pm += MR) {
+                            int in_place = a_rows && mc - pm >= MR;
+                            const void *ap = in_place ? (const void *)((const float *)A.p + (size_t)(m0 + pm) * A.rs + k0)
+                                                      : (const void *)(Ap + (pm / MR) * a_bytes);
+                            gemm_tile(&g, ap, in_place ? A.rs : 0, Bp + p * panel_bytes, kc, m0 + pm, n0 + p * NR, n0,
                                       mc - pm < MR ? mc - pm : MR, cols, s == 0, s == nslices - 1);
+                        }
                     }
                 }
             }
@@ -742,10 +808,14 @@ static void cpu_gelu_fwd(DType dt, void *out, const void *inp, size_t n) {
 
 static void cpu_matmul_fwd(DType dt, void *out, void *pre, const void *inp, const void *weight, const void *bias, int N,
                            int C, int OC) {
-    View A = { dt, inp, (size_t)C, 1 };
-    View B = { dt, weight, 1, (size_t)C };
     Out o = { .dt = dt, .p = out, .ld = (size_t)OC, .bias = bias, .pre = pre };
-    gemm(N, OC, C, A, B, o);
+    if (dt == DT_F32) { // outᵀ = W·inpᵀ: the weight's rows feed the kernel in place, and only inp, N rows,
+                        // is packed (as B, transposed); the same sums (x·w = w·x), 2-3% of a step at N 64
+        o.trans = 1;
+        gemm(OC, N, C, (View){ dt, weight, (size_t)C, 1 }, (View){ dt, inp, 1, (size_t)C }, o);
+        return;
+    }
+    gemm(N, OC, C, (View){ dt, inp, (size_t)C, 1 }, (View){ dt, weight, 1, (size_t)C }, o);
 }
 
 static void cpu_matmul_bwd(DType dt, void *dinp, float *dweight, float *dbias, const void *dout, const void *inp,

@@ -823,6 +823,7 @@ int main(void) {
     test_matmul(be, 67, 300, 131);
     test_matmul(be, 97, 33, 290);
     test_matmul(be, 40, 1100, 70); // three k-slices
+    test_matmul(be, 1100, 600, 20); // more tokens than one column block, two k-slices, an edge row block
     test_matmul_gelu(be, 67, 300, 131);
     test_matmul_gelu(be, 37, 1100, 50);
     test_matmul_bf16(be, 67, 300, 131);

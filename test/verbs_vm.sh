@@ -116,6 +116,7 @@ mount -t proc proc /proc && mount -t sysfs sysfs /sys && mount -t devtmpfs dev /
     mkdir -p /dev/shm && mount -t tmpfs shm /dev/shm
 say() { echo "llm4d-vm: $*" >/dev/console; }
 die() { say "$*"; sync; poweroff -f; }
+say "init started after $(cut -d' ' -f1 /proc/uptime) s" # (a guest that hangs shows how far it came)
 for m in $(cat /etc/llm4d/modules); do insmod /lib/modules/llm4d/$m.ko || die "insmod $m failed"; done
 P9="-t 9p -o trans=virtio,version=9p2000.L,msize=262144"
 mount $P9 llm4d_result /llm4d/result || die "cannot mount the result directory"
@@ -178,7 +179,7 @@ start=$(date +%s%N)
 set +e
 timeout -k 5 "$timeout_s" "$QEMU" -accel tcg -smp 2 -m 1024 -nodefaults -display none -no-reboot \
     -serial "file:$R/console" -kernel "$VMDIR/kernel" -initrd "$VMDIR/initrd.cpio" \
-    -append "console=ttyS0 quiet loglevel=3 panic=-1 rdinit=/init" "${fsdev[@]}" </dev/null >"$R/qemu.log" 2>&1
+    -append "console=ttyS0 loglevel=4 panic=-1 rdinit=/init" "${fsdev[@]}" </dev/null >"$R/qemu.log" 2>&1
 qrc=$?
 set -e
 [ -f "$R/output" ] && cat "$R/output"
