@@ -2,7 +2,8 @@
 // gradient) on the model's shapes, against the core's fp32 FMA peak, which is measured here with
 // independent vector FMA chains (no memory traffic). Medians of several runs.
 //
-//   build/bench_matmul            every shape, fp32 and bf16, 1 and 2 threads
+//   build/bench_matmul            every shape, fp32 and bf16, 1 and 2 threads; then the forward at one
+//                                 micro-batch of T 64 with the weight in cache and from memory
 //   build/bench_matmul --peak     only the measured per-core peak in GFLOP/s (for scripts)
 #include <omp.h>
 #include <stdio.h>
@@ -74,6 +75,24 @@ static double time_layer(const Backend *be, DType dt, int N, int C, int OC, int 
     return t[reps / 2];
 }
 
+// median seconds of reps fp32 forwards at N x C x OC, the weight cycled through copies (16-64 MiB in
+// all, past a last-level cache) so that each call reads it from memory, as a step does; or one copy,
+// kept in cache
+static double time_forward_weights(const Backend *be, int N, int C, int OC, int copies, int reps) {
+    void *inp = fill((size_t)N * C, DT_F32, 0), *out = fill((size_t)N * OC, DT_F32, 2), *w[64];
+    for (int q = 0; q < copies; q++) w[q] = fill((size_t)OC * C, DT_F32, 1 + q);
+    double t[256];
+    for (int r = 0; r < reps + copies; r++) { // one round through the copies first
+        double t0 = now_seconds();
+        be->matmul_fwd(DT_F32, out, NULL, inp, w[r % copies], NULL, N, C, OC);
+        if (r >= copies) t[r - copies] = now_seconds() - t0;
+    }
+    qsort(t, reps, sizeof(double), cmp_double);
+    for (int q = 0; q < copies; q++) free(w[q]);
+    free(inp), free(out);
+    return t[reps / 2];
+}
+
 int main(int argc, char **argv) {
     double peak1 = fma_peak_one_core();
     if (argc > 1 && !strcmp(argv[1], "--peak")) {
@@ -101,5 +120,22 @@ int main(int argc, char **argv) {
                     printf("%-26s %-5s %-4s %7d %11.2f %9.1f %15.0f%%\n", shapes[s].what, dtype_name(dt), bwd ? "bwd" : "fwd",
                            threads, sec * 1e3, gflops, 100.0 * gflops / (peak1 * threads));
                 }
+    // a pipeline stage's or a small job's forward: few rows, so the weight's traffic is what counts
+    static const struct { const char *what; int C, OC; } small[] = {
+        { "C256 T64 B1: qkv", 256, 768 },    { "C256 T64 B1: attproj", 256, 256 }, { "C256 T64 B1: fc", 256, 1024 },
+        { "C256 T64 B1: fcproj", 1024, 256 }, { "C256 T64 B1: lm head", 256, 3456 },
+    };
+    printf("\nfp32 forward, N 64, one thread; the weight in cache, and from memory (cycled through copies, 16-64 MiB)\n");
+    printf("%-26s %13s %9s %13s %9s\n", "shape (C x OC)", "cached ms", "GFLOP/s", "memory ms", "GFLOP/s");
+    be->set_threads(1);
+    for (size_t s = 0; s < sizeof small / sizeof small[0]; s++) {
+        int C = small[s].C, OC = small[s].OC;
+        size_t bytes = (size_t)C * OC * 4;
+        int copies = (int)((64u << 20) / bytes + 1);
+        if (copies > 64) copies = 64;
+        double warm = time_forward_weights(be, 64, C, OC, 1, 41), cold = time_forward_weights(be, 64, C, OC, copies, 4 * copies);
+        double f = 2.0 * 64 * C * OC / 1e9;
+        printf("%-26s %13.3f %9.1f %13.3f %9.1f\n", small[s].what, warm * 1e3, f / warm, cold * 1e3, f / cold);
+    }
     return 0;
 }
