@@ -35,9 +35,11 @@
 typedef struct {
     uint32_t magic, type, klen, vlen;
 } WireHdr;
-// MSG_LOOK never waits in the store: the reply is MSG_VALUE, or MSG_ABSENT when the key is not set yet
-// (a rank that waits for a key looks again; store_get)
-enum { MSG_HELLO = 1, MSG_TABLE, MSG_SET, MSG_LOOK, MSG_VALUE, MSG_ABANDON, MSG_ABSENT };
+// MSG_LOOK never waits in the store: the reply is MSG_VALUE, or MSG_ABSENT when the key is not set yet.
+// MSG_WAIT (its value: a uint32 of milliseconds) is answered when the key is set, or with MSG_ABSENT
+// once that long has passed (at most STORE_WAIT_MAX_MS): a rank that waits asks again (store_wait).
+enum { MSG_HELLO = 1, MSG_TABLE, MSG_SET, MSG_LOOK, MSG_VALUE, MSG_ABANDON, MSG_ABSENT, MSG_WAIT };
+#define STORE_WAIT_MAX_MS 5000
 
 // ---------------------------------------------------------------------------------------------
 // the status board: one slot per world rank, in shared memory
@@ -203,7 +205,7 @@ int board_root_cause(Board *b, int world, int first_failed, char *why, size_t ca
 // die()'s filter (installed on the launcher's board, whose ranks share one stderr): the first rank
 // to report a line prints it; an identical line from another rank waits until it is out, then the
 // rank exits quietly.
-static uint64_t line_hash(const char *s) {
+static uint64_t str_hash(const char *s) {
     uint64_t h = 1469598103934665603ULL;
     while (*s) h = (h ^ (unsigned char)*s++) * 1099511628211ULL;
     return h | 1;
@@ -243,7 +245,7 @@ int world_hold(World *w, int delta) { return w->refs += delta; }
 
 static int board_claim(const char *line, void *ctx) {
     Board *b = ((World *)ctx)->board;
-    uint64_t h = line_hash(line), zero = 0;
+    uint64_t h = str_hash(line), zero = 0;
     if (atomic_compare_exchange_strong(&b->error_hash, &zero, h)) return 1;
     if (zero != h) return 1; // a different error: print it too
     for (int i = 0; i < 500 && !atomic_load(&b->error_written); i++) usleep(10000);
@@ -302,7 +304,7 @@ int world_root_cause(World *w, int peer, char *why, size_t cap) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// the store (rank 0): one thread per connection, a key-value table under a lock
+// the store (rank 0): one thread per connection, a key-value hash table under a lock
 
 typedef struct KV {
     char *key, *val;
@@ -314,6 +316,8 @@ typedef struct StoreConn {
     Store *s;
     int fd, rank; // rank: -1 until it has greeted
     char peer[64];
+    const char *want;  // the key a MSG_WAIT of this connection waits for, else NULL
+    pthread_cond_t cv; // signalled when want is set (CLOCK_MONOTONIC)
     struct StoreConn *next;
 } StoreConn;
 
@@ -324,12 +328,14 @@ struct Store {
     pthread_t thread;
     pthread_mutex_t mu;
     pthread_cond_t cv; // CLOCK_MONOTONIC
-    KV *kv;
+    KV **kv; // kv_buckets chains (a power of two), the newest of a key first
+    size_t kv_buckets;
     RankInfo *ranks;
     int joined, abandoned, closing;
     char abandon[512];
     StoreConn *conns; // live connections (closed at teardown)
     int live;
+    unsigned long requests, formed_at; // SET, LOOK and WAIT served; how many when the job had formed
 };
 
 static void store_conn_end(StoreConn *sc) {
@@ -341,6 +347,7 @@ static void store_conn_end(StoreConn *sc) {
             break;
         }
     close(sc->fd);
+    pthread_cond_destroy(&sc->cv);
     free(sc);
     s->live--;
     pthread_cond_broadcast(&s->cv);
@@ -473,13 +480,20 @@ static int store_join(StoreConn *sc) {
     return bad ? -1 : 0;
 }
 
-// One SET or GET of the joined rank; 0 to serve the next, -1 when the connection is done.
+// The newest value of key, or NULL. Under s->mu.
+static KV *store_find(Store *s, const char *key) {
+    for (KV *kv = s->kv[str_hash(key) & (s->kv_buckets - 1)]; kv; kv = kv->next)
+        if (!strcmp(kv->key, key)) return kv;
+    return NULL;
+}
+
+// One SET, LOOK or WAIT of the joined rank; 0 to serve the next, -1 when the connection is done.
 static int store_serve_one(StoreConn *sc) {
     Store *s = sc->s;
     WireHdr h;
     if (tcp_read_all(sc->fd, &h, sizeof h, 1e18) != 0) return -1;
     if (h.magic != NET_MAGIC || h.klen == 0 || h.klen > 4096 || h.vlen > MAX_STORE_VALUE ||
-        (h.type != MSG_SET && h.type != MSG_LOOK)) {
+        !(h.type == MSG_SET || (h.type == MSG_LOOK && h.vlen == 0) || (h.type == MSG_WAIT && h.vlen == sizeof(uint32_t)))) {
         warn("bootstrap: malformed request from rank %d; dropping its connection", sc->rank);
         return -1;
     }
@@ -492,17 +506,30 @@ static int store_serve_one(StoreConn *sc) {
     }
     key[h.klen] = 0;
     pthread_mutex_lock(&s->mu);
+    s->requests++;
     if (h.type == MSG_SET) {
+        if (!strcmp(key, "attached/all")) s->formed_at = s->requests;
+        KV **b = &s->kv[str_hash(key) & (s->kv_buckets - 1)];
         KV *kv = xmalloc(sizeof *kv);
-        *kv = (KV){ key, val, h.vlen, s->kv };
-        s->kv = kv;
+        *kv = (KV){ key, val, h.vlen, *b };
+        *b = kv;
+        for (StoreConn *c = s->conns; c; c = c->next) // whoever waits for it
+            if (c->want && !strcmp(c->want, key)) pthread_cond_signal(&c->cv);
         pthread_mutex_unlock(&s->mu);
         return 0;
     }
+    KV *found = store_find(s, key);
+    if (!found && h.type == MSG_WAIT) {
+        uint32_t ms;
+        memcpy(&ms, val, sizeof ms);
+        struct timespec ts;
+        timespec_at(&ts, now_seconds() + (ms < STORE_WAIT_MAX_MS ? ms : STORE_WAIT_MAX_MS) / 1e3);
+        sc->want = key;
+        int rc = 0;
+        while (!(found = store_find(s, key)) && !s->closing && rc != ETIMEDOUT) rc = pthread_cond_timedwait(&sc->cv, &s->mu, &ts);
+        sc->want = NULL;
+    }
     free(val);
-    KV *found = NULL;
-    for (KV *kv = s->kv; kv && !found; kv = kv->next)
-        if (!strcmp(kv->key, key)) found = kv;
     free(key);
     if (!found) {
         int closing = s->closing;
@@ -544,11 +571,17 @@ static void *store_main(void *arg) {
         sc->s = s;
         sc->fd = fd;
         sc->rank = -1;
+        pthread_condattr_t ca;
+        pthread_condattr_init(&ca);
+        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+        if (pthread_cond_init(&sc->cv, &ca) != 0) die("pthread_cond_init failed");
+        pthread_condattr_destroy(&ca);
         if (!inet_ntop(AF_INET, &a.sin_addr, sc->peer, sizeof sc->peer)) snprintf(sc->peer, sizeof sc->peer, "?");
         pthread_mutex_lock(&s->mu);
         if (s->closing) {
             pthread_mutex_unlock(&s->mu);
             close(fd);
+            pthread_cond_destroy(&sc->cv);
             free(sc);
             continue;
         }
@@ -587,6 +620,8 @@ static Store *store_start(const LaunchEnv *env, double timeout, int *port) {
     s->timeout = timeout;
     s->join_deadline = now_seconds() + timeout;
     s->ranks = xcalloc((size_t)env->world, sizeof(RankInfo));
+    for (s->kv_buckets = 64; s->kv_buckets < 4 * (size_t)env->world; s->kv_buckets *= 2) {} // a few keys a rank
+    s->kv = xcalloc(s->kv_buckets, sizeof(KV *));
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -608,7 +643,7 @@ static void store_stop(Store *s) {
     timespec_at(&ts, deadline);
     while (s->live > 0 && now_seconds() < deadline) pthread_cond_timedwait(&s->cv, &s->mu, &ts);
     s->closing = 1;
-    for (StoreConn *c = s->conns; c; c = c->next) shutdown(c->fd, SHUT_RDWR);
+    for (StoreConn *c = s->conns; c; c = c->next) shutdown(c->fd, SHUT_RDWR), pthread_cond_signal(&c->cv);
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
     shutdown(s->listen_fd, SHUT_RDWR); // accept() returns: the listener thread ends
@@ -617,12 +652,18 @@ static void store_stop(Store *s) {
     pthread_mutex_lock(&s->mu);
     while (s->live > 0) pthread_cond_wait(&s->cv, &s->mu);
     pthread_mutex_unlock(&s->mu);
-    for (KV *kv = s->kv, *next; kv; kv = next) {
-        next = kv->next;
-        free(kv->key);
-        free(kv->val);
-        free(kv);
-    }
+    // LLM4D_STORE_STATS (for tests): what the store served, and how much of it before the job formed
+    if (getenv("LLM4D_STORE_STATS"))
+        fprintf(stderr, "bootstrap store: %lu requests until the job had formed, %lu in all, from %d ranks\n", s->formed_at,
+                s->requests, s->env.world);
+    for (size_t b = 0; b < s->kv_buckets; b++)
+        for (KV *kv = s->kv[b], *next; kv; kv = next) {
+            next = kv->next;
+            free(kv->key);
+            free(kv->val);
+            free(kv);
+        }
+    free(s->kv);
     free(s->ranks);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
@@ -646,12 +687,15 @@ void store_set(World *w, const char *key, const void *val, uint32_t vlen) {
     pthread_mutex_unlock(&w->store_mu);
 }
 
-// One look for key, under the store's lock only for the round trip: NULL when it is not set yet.
-char *store_peek(World *w, const char *key, uint32_t *vlen, const char *what) {
-    WireHdr h = { NET_MAGIC, MSG_LOOK, (uint32_t)strlen(key), 0 };
-    double dl = now_seconds() + w->timeout;
+// One look for key (wait_ms 0), or one wait of up to wait_ms for it to be set, under this rank's lock
+// of the connection for the round trip: NULL when it is not set (yet).
+static char *store_ask(World *w, const char *key, uint32_t wait_ms, uint32_t *vlen, const char *what) {
+    WireHdr h = { NET_MAGIC, wait_ms ? MSG_WAIT : MSG_LOOK, (uint32_t)strlen(key), wait_ms ? (uint32_t)sizeof wait_ms : 0 };
+    double dl = now_seconds() + w->timeout + wait_ms / 1e3;
     pthread_mutex_lock(&w->store_mu);
-    if (tcp_write_all(w->store_fd, &h, sizeof h, dl) || tcp_write_all(w->store_fd, key, h.klen, dl)) store_lost(w);
+    if (tcp_write_all(w->store_fd, &h, sizeof h, dl) || tcp_write_all(w->store_fd, key, h.klen, dl) ||
+        (wait_ms && tcp_write_all(w->store_fd, &wait_ms, sizeof wait_ms, dl)))
+        store_lost(w);
     int rc = tcp_read_all(w->store_fd, &h, sizeof h, dl);
     if (rc == TCP_CLOSED)
         world_die_after(w, 0, "%s: rank 0 at %s:%d closed the bootstrap connection (it exited)", what, w->env.master_addr, w->env.master_port);
@@ -669,25 +713,32 @@ char *store_peek(World *w, const char *key, uint32_t *vlen, const char *what) {
     *vlen = h.vlen;
     return v;
 }
+char *store_peek(World *w, const char *key, uint32_t *vlen, const char *what) { return store_ask(w, key, 0, vlen, what); }
 
-// Looks until the key is set: the lock is free between looks (50 us apart, doubling to 2 ms), so that
-// another thread of this rank (a communicator's engine opening a verbs pair) is never held up by a wait
-// here, which may itself be for that thread's progress on some peer. Between looks check (when not
-// NULL) may die with a better reason than the timeout's, and is told when the timeout has passed (late).
-static char *store_wait(World *w, const char *key, uint32_t *vlen, const char *what, void (*check)(World *, int r, int late), int r) {
-    double deadline = now_seconds() + w->timeout, pause = 50e-6;
+// Waits until the key is set, in waits of wait_ms in the store (which answers as soon as it is set:
+// no rank polls, so a job of thousands of ranks does not flood rank 0). The lock is free between
+// waits (50 us apart), so that another thread of this rank (a communicator's engine opening a verbs
+// pair, which may be what the key waits for) is held up by at most one wait: once communicators
+// exist, wait_ms is STORE_WAIT_MS; before (world_create), longer. Between waits check (when not NULL)
+// may die with a better reason than the timeout's, and is told when the timeout has passed (late).
+#define STORE_WAIT_MS 20
+#define STORE_WAIT_START_MS 1000
+static char *store_wait(World *w, const char *key, uint32_t wait_ms, uint32_t *vlen, const char *what,
+                        void (*check)(World *, int r, int late), int r) {
+    double deadline = now_seconds() + w->timeout;
     for (;;) {
-        char *v = store_peek(w, key, vlen, what);
+        char *v = store_ask(w, key, wait_ms, vlen, what);
         if (v) return v;
         int late = now_seconds() > deadline;
         if (check) check(w, r, late);
         if (late) die("timeout: %s: waited %.1f s for '%s' from the bootstrap store", what, w->timeout, key);
-        struct timespec ts = { 0, (long)(pause * 1e9) };
+        struct timespec ts = { 0, 50000 };
         nanosleep(&ts, NULL);
-        pause = pause * 2 < 2e-3 ? pause * 2 : 2e-3;
     }
 }
-char *store_get(World *w, const char *key, uint32_t *vlen, const char *what) { return store_wait(w, key, vlen, what, NULL, -1); }
+char *store_get(World *w, const char *key, uint32_t *vlen, const char *what) {
+    return store_wait(w, key, STORE_WAIT_MS, vlen, what, NULL, -1);
+}
 
 // ---------------------------------------------------------------------------------------------
 // the data-port acceptor: greets every incoming connection at once, each with a short deadline, and
@@ -862,7 +913,7 @@ static void board_attach(World *w) {
         store_set(w, key, ref, sizeof ref);
     } else {
         uint32_t n;
-        int32_t *got = (int32_t *)store_get(w, key, &n, "status board");
+        int32_t *got = (int32_t *)store_wait(w, key, STORE_WAIT_START_MS, &n, "status board", NULL, -1);
         if (n == sizeof ref && got[0] > 0) {
             char path[64];
             snprintf(path, sizeof path, "/proc/%d/fd/%d", got[0], got[1]);
@@ -974,14 +1025,14 @@ World *world_create(const LaunchEnv *env, double timeout_s) {
             for (int r = 1; r < env->world; r++) {
                 snprintf(key, sizeof key, "attached/%d", r);
                 world_set_waiting(w, r, "start-up", "world");
-                free(store_wait(w, key, &n, "bootstrap", attach_check, r));
+                free(store_wait(w, key, STORE_WAIT_START_MS, &n, "bootstrap", attach_check, r));
             }
             world_set_waiting(w, -1, NULL, NULL);
             store_set(w, "attached/all", "1", 1);
         } else {
             snprintf(key, sizeof key, "attached/%d", env->rank);
             store_set(w, key, "1", 1);
-            free(store_get(w, "attached/all", &n, "bootstrap"));
+            free(store_wait(w, "attached/all", STORE_WAIT_START_MS, &n, "bootstrap", NULL, -1));
         }
     }
     return w;

@@ -1055,6 +1055,24 @@ t_comm_scale() {
     done
 }
 
+# The bootstrap store answers a rank that waits for a key when the key is set: no rank polls it. While
+# 64 ranks form, each rank but 0 sets its mark and waits for rank 0's all-clear, and rank 0 waits for
+# each mark, so at least 3 x 63 + 1 requests; a wait not answered within a second is asked again, so
+# at most 64 x (3 + 2 x the run's seconds, rounded up). Ranks that polled every 2 ms, as they did
+# before, made about 500 requests a second of waiting each.
+t_store_waits() {
+    local s e out n bound
+    s=$(date +%s.%N)
+    out=$(LLM4D_STORE_STATS=1 ./train bench-comm --nproc 64 --algo ring --min-bytes 8 --max-bytes 8 --iters 1 --warmup 0 2>&1) ||
+        { echo "$out" | tail -3; return 1; }
+    e=$(date +%s.%N)
+    n=$(sed -n 's/^bootstrap store: \([0-9]*\) requests until the job had formed, [0-9]* in all, from 64 ranks$/\1/p' <<<"$out")
+    [ -n "$n" ] || { echo "no store statistics line"; echo "$out" | tail -3; return 1; }
+    bound=$(awk -v s="$s" -v e="$e" 'BEGIN { t = e - s; printf "%d", 64 * (3 + 2 * (int(t) + 1)) }')
+    echo "64 ranks formed with $n store requests (at least 190; at most $bound for this run's length)"
+    [ "$n" -ge 190 ] && [ "$n" -le "$bound" ]
+}
+
 # Two nodes simulated with network namespaces (shared memory inside a node, TCP across), and the
 # collectives' failure modes: a rank that never joins, a rank killed mid-collective, a wrong token,
 # random bytes at the bootstrap port, SIGTERM to the launcher.
@@ -2323,6 +2341,7 @@ run_test comm    t_collectives             "collectives: every op, type, count, 
 run_test comm    t_collectives_device      "device memory in the collectives (CPU stand-in): CUDA IPC protocol, marks, TCP staging; 2-3 ranks"
 run_test comm    t_collectives_algos       "collectives under --algo ring and hier: bitwise against the order each promises; simulated nodes; connections counted"
 run_test comm    t_comm_scale              "collectives at 32 and 64 ranks (ring, hierarchy on simulated nodes): bitwise, two connections per ring rank"
+run_test comm    t_store_waits             "bootstrap: 64 ranks form with about 3 store requests a rank (waits answered when the key is set, no polling)"
 run_test comm    t_two_nodes               "collectives across two simulated nodes (network namespaces)"
 run_test comm    t_comm_failures           "collectives: dead, missing and impostor ranks, SIGTERM"
 run_test slurm   t_slurm                   "Slurm: 2 nodes x 2 ranks under srun and sbatch equal one rank"
