@@ -64,8 +64,8 @@ double world_timeout(const World *w);
 const char *world_token(const World *w);
 
 void store_set(World *w, const char *key, const void *val, uint32_t vlen);
-// Waits (up to the timeout) for a key; returns its value (malloc'd) and length. It looks again and
-// again, never holding the store's connection while it waits, so any thread may wait here.
+// Waits (up to the timeout) for a key; returns its value (malloc'd) and length. The store answers when
+// the key is set; this rank's connection to it is held 20 ms at a time, so any thread may wait here.
 char *store_get(World *w, const char *key, uint32_t *vlen, const char *what);
 // One look, no wait: the value (malloc'd) when the key is set, else NULL. A connection that must not
 // wait for its peer (net_verbs.c's lazy handshake) looks again later.
