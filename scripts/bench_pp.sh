@@ -17,6 +17,9 @@
 # from the formula is the passes' own durations (stages of unequal cost, or cores of unequal speed).
 # Beside them what each hand-off cost, counted, not timed (the step record's pp_copies_per_handoff and
 # pp_wakeups_per_handoff: copies of the bytes and progress-thread wake-ups; the design is 1 and 0).
+# stages: how much longer the busiest rank computed in that step than the least busy one (the sum of
+# its F, B and W passes in the dump): the formulas assume 0; the replayed bubble counts it with the
+# rest of the passes' durations (when a slow pass falls matters as well as how much there is).
 # The formulas assume stages of equal cost, so the shape makes them equal: with C = 256 and T = 64 the LM
 # head and loss over 3456 words cost about one block, and 5P - 1 blocks (the first stages, or chunks,
 # one block longer) give every stage five blocks' work, plain or interleaved. What the measurement adds
@@ -56,8 +59,8 @@ MS=${MS:-8 16 64}                            # micro-batch counts (MS="8" for a 
 STEPS=${STEPS:-6}
 SCHEDULES=${SCHEDULES:-1f1b interleaved zb-h1 zb-v-unit zb-v zb-v-times}
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg) on $CORES cores; $RUNS run(s) per row, $STEPS steps each"
-printf '%-4s %-12s %-4s %10s %11s %11s %8s %9s %7s %7s %7s %9s %11s %7s %7s %22s %8s\n' PP schedule M step_ms bubble_max bubble_mean formula formula_t \
-    F_ms B_ms W_ms last_mean replay_mean copies wakeups "peak_MiB (rank 0/1/..)" "mem/1f1b"
+printf '%-4s %-12s %-4s %10s %11s %11s %8s %9s %7s %7s %7s %8s %9s %11s %7s %7s %22s %8s\n' PP schedule M step_ms bubble_max bubble_mean formula formula_t \
+    F_ms B_ms W_ms stages last_mean replay_mean copies wakeups "peak_MiB (rank 0/1/..)" "mem/1f1b"
 median() { sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
 # each rank's peak in MiB, "r0/r1/..", from a run's memory_peak records
 peaks() { $PY -c 'import json, sys
@@ -100,9 +103,16 @@ for pp in 2 4; do
                     awk -F'\t' -v k="$1" 'NR == 2 { split0 = $0 ~ / split 0 / } NR > 3 && $3 == k && !(k == "W" && split0) { print $8 - $7 }' \
                         "$W/d.tsv" | median
                 }
+                # how much longer the busiest stage computed than the least busy (the sum of its F, B and
+                # W in the dump's step): the formulas assume stages of equal cost
+                spread() {
+                    awk -F'\t' 'NR > 3 && ($3 == "F" || $3 == "B" || $3 == "W") { busy[$1] += $8 - $7 }
+                        END { for (r in busy) { if (mx == "" || busy[r] > mx) mx = busy[r]; if (mn == "" || busy[r] < mn) mn = busy[r] }
+                              if (mn > 0) print mx / mn - 1 }' "$W/d.tsv"
+                }
                 # the last step's mean bubble, measured and replayed with free hand-offs
                 rep=$($PY scripts/plot.py --replay "$W/d.tsv" | awk '{ for (i = 1; i < NF; i++) if ($i == "mean") m[++k] = $(i + 1) + 0 } END { print m[1] / 100, m[2] / 100 }')
-                echo "$(med "$W/r.jsonl" ms) $(med "$W/r.jsonl" bubble_max) $(med "$W/r.jsonl" bubble_mean) $(med "$W/r.jsonl" bubble_formula) $(pass F) $(pass B) $(pass W) $(med "$W/r.jsonl" pp_copies_per_handoff) $(med "$W/r.jsonl" pp_wakeups_per_handoff) $rep" >>"$W/runs.txt"
+                echo "$(med "$W/r.jsonl" ms) $(med "$W/r.jsonl" bubble_max) $(med "$W/r.jsonl" bubble_mean) $(med "$W/r.jsonl" bubble_formula) $(pass F) $(pass B) $(pass W) $(med "$W/r.jsonl" pp_copies_per_handoff) $(med "$W/r.jsonl" pp_wakeups_per_handoff) $rep $(spread)" >>"$W/runs.txt"
             done
             pk=$(peaks "$W/r.jsonl") # the last run's (the same in every run)
             [ $sch = 1f1b ] && REF["$layers $m"]=$(peakmax "$pk")
@@ -130,8 +140,8 @@ for pp in 2 4; do
                     sed -nE "s/.*under those times bubble ([0-9.]+)%, the unit-time lists' ([0-9.]+)%.*/\1 \2/p" |
                     awk -v s=$sch '{ print (s == "zb-v-unit" ? $2 : $1) / 100 }')
             fi
-            printf '%-4s %-12s %-4s %10.1f %11s %11s %8s %9s %7s %7s %7s %9s %11s %7s %7s %22s %8s\n' $pp $sch $m "$(col 1)" "$(pct "$(col 2)")" \
-                "$(pct "$(col 3)")" "$(pct "$(col 4)")" "$(pct "$ft")" "$(ms "$F")" "$(ms "$B")" "$(ms "$Wt")" "$(pct "$(col 10)")" \
+            printf '%-4s %-12s %-4s %10.1f %11s %11s %8s %9s %7s %7s %7s %8s %9s %11s %7s %7s %22s %8s\n' $pp $sch $m "$(col 1)" "$(pct "$(col 2)")" \
+                "$(pct "$(col 3)")" "$(pct "$(col 4)")" "$(pct "$ft")" "$(ms "$F")" "$(ms "$B")" "$(ms "$Wt")" "$(pct "$(col 12)")" "$(pct "$(col 10)")" \
                 "$(pct "$(col 11)")" "$(col 8)" "$(col 9)" "$pk" "$ratio"
         done
     done
