@@ -378,6 +378,15 @@ static int store_reject(StoreConn *sc, const char *why) {
     return -1;
 }
 
+// A condition variable whose timed waits take CLOCK_MONOTONIC time points (timespec_at).
+static void cond_init_monotonic(pthread_cond_t *cv) {
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    if (pthread_cond_init(cv, &ca) != 0) die("pthread init failed");
+    pthread_condattr_destroy(&ca);
+}
+
 static void timespec_at(struct timespec *ts, double t) { // a CLOCK_MONOTONIC time point
     ts->tv_sec = (time_t)t;
     ts->tv_nsec = (long)((t - (double)ts->tv_sec) * 1e9);
@@ -480,9 +489,12 @@ static int store_join(StoreConn *sc) {
     return bad ? -1 : 0;
 }
 
+// The chain key belongs to. Under s->mu.
+static KV **store_chain(Store *s, const char *key) { return &s->kv[str_hash(key) & (s->kv_buckets - 1)]; }
+
 // The newest value of key, or NULL. Under s->mu.
 static KV *store_find(Store *s, const char *key) {
-    for (KV *kv = s->kv[str_hash(key) & (s->kv_buckets - 1)]; kv; kv = kv->next)
+    for (KV *kv = *store_chain(s, key); kv; kv = kv->next)
         if (!strcmp(kv->key, key)) return kv;
     return NULL;
 }
@@ -509,7 +521,7 @@ static int store_serve_one(StoreConn *sc) {
     s->requests++;
     if (h.type == MSG_SET) {
         if (!strcmp(key, "attached/all")) s->formed_at = s->requests;
-        KV **b = &s->kv[str_hash(key) & (s->kv_buckets - 1)];
+        KV **b = store_chain(s, key);
         KV *kv = xmalloc(sizeof *kv);
         *kv = (KV){ key, val, h.vlen, *b };
         *b = kv;
@@ -571,11 +583,7 @@ static void *store_main(void *arg) {
         sc->s = s;
         sc->fd = fd;
         sc->rank = -1;
-        pthread_condattr_t ca;
-        pthread_condattr_init(&ca);
-        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-        if (pthread_cond_init(&sc->cv, &ca) != 0) die("pthread_cond_init failed");
-        pthread_condattr_destroy(&ca);
+        cond_init_monotonic(&sc->cv);
         if (!inet_ntop(AF_INET, &a.sin_addr, sc->peer, sizeof sc->peer)) snprintf(sc->peer, sizeof sc->peer, "?");
         pthread_mutex_lock(&s->mu);
         if (s->closing) {
@@ -622,11 +630,8 @@ static Store *store_start(const LaunchEnv *env, double timeout, int *port) {
     s->ranks = xcalloc((size_t)env->world, sizeof(RankInfo));
     for (s->kv_buckets = 64; s->kv_buckets < 4 * (size_t)env->world; s->kv_buckets *= 2) {} // a few keys a rank
     s->kv = xcalloc(s->kv_buckets, sizeof(KV *));
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    if (pthread_mutex_init(&s->mu, NULL) || pthread_cond_init(&s->cv, &ca)) die("pthread init failed");
-    pthread_condattr_destroy(&ca);
+    if (pthread_mutex_init(&s->mu, NULL)) die("pthread init failed");
+    cond_init_monotonic(&s->cv);
     s->listen_fd = inherited_listener(*port);
     if (s->listen_fd < 0) s->listen_fd = tcp_listen_any(port);
     if (s->listen_fd < 0) die("bootstrap: cannot listen on port %d (MASTER_PORT): %s", env->master_port, strerror(errno));
@@ -969,11 +974,7 @@ World *world_create(const LaunchEnv *env, double timeout_s) {
     w->timeout = timeout_s;
     w->board_fd = -1;
     if (pthread_mutex_init(&w->store_mu, NULL) || pthread_mutex_init(&w->pending_mu, NULL)) die("pthread init failed");
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    if (pthread_cond_init(&w->pending_cv, &ca)) die("pthread init failed");
-    pthread_condattr_destroy(&ca);
+    cond_init_monotonic(&w->pending_cv);
     if (env->rank == 0) {
         int port = env->master_port;
         w->store = store_start(env, timeout_s, &port);

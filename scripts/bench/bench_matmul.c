@@ -58,38 +58,24 @@ static void *fill(size_t n, DType dt, int seed) {
     return p;
 }
 
-// median seconds of reps runs of a linear layer's forward (bwd 0) or backward (bwd 1)
-static double time_layer(const Backend *be, DType dt, int N, int C, int OC, int bwd, int reps) {
-    void *inp = fill((size_t)N * C, dt, 0), *w = fill((size_t)OC * C, dt, 1), *out = fill((size_t)N * OC, dt, 2);
+// median seconds of reps runs of a linear layer's forward (bwd 0) or backward (bwd 1), the weight
+// cycled through copies: 1 keeps it in cache; enough of them (past a last-level cache) make each run
+// read it from memory, as a step does. A first round through the copies warms caches and the allocator.
+static double time_layer(const Backend *be, DType dt, int N, int C, int OC, int bwd, int copies, int reps) {
+    void *inp = fill((size_t)N * C, dt, 0), *out = fill((size_t)N * OC, dt, 2), *w[64];
+    for (int q = 0; q < copies; q++) w[q] = fill((size_t)OC * C, dt, 1 + q);
     void *dinp = xcalloc((size_t)N * C, dtype_size(dt));
     float *dw = xcalloc((size_t)OC * C, sizeof(float));
-    double t[32];
-    for (int r = 0; r < reps + 1; r++) { // the first run warms caches and the allocator
-        double t0 = now_seconds();
-        if (bwd) be->matmul_bwd(dt, dinp, dw, NULL, out, inp, w, NULL, N, C, OC);
-        else be->matmul_fwd(dt, out, NULL, inp, w, NULL, N, C, OC);
-        if (r) t[r - 1] = now_seconds() - t0;
-    }
-    qsort(t, reps, sizeof(double), cmp_double);
-    free(inp), free(w), free(out), free(dinp), free(dw);
-    return t[reps / 2];
-}
-
-// median seconds of reps fp32 forwards at N x C x OC, the weight cycled through copies (16-64 MiB in
-// all, past a last-level cache) so that each call reads it from memory, as a step does; or one copy,
-// kept in cache
-static double time_forward_weights(const Backend *be, int N, int C, int OC, int copies, int reps) {
-    void *inp = fill((size_t)N * C, DT_F32, 0), *out = fill((size_t)N * OC, DT_F32, 2), *w[64];
-    for (int q = 0; q < copies; q++) w[q] = fill((size_t)OC * C, DT_F32, 1 + q);
     double t[256];
-    for (int r = 0; r < reps + copies; r++) { // one round through the copies first
+    for (int r = 0; r < reps + copies; r++) {
         double t0 = now_seconds();
-        be->matmul_fwd(DT_F32, out, NULL, inp, w[r % copies], NULL, N, C, OC);
+        if (bwd) be->matmul_bwd(dt, dinp, dw, NULL, out, inp, w[r % copies], NULL, N, C, OC);
+        else be->matmul_fwd(dt, out, NULL, inp, w[r % copies], NULL, N, C, OC);
         if (r >= copies) t[r - copies] = now_seconds() - t0;
     }
     qsort(t, reps, sizeof(double), cmp_double);
     for (int q = 0; q < copies; q++) free(w[q]);
-    free(inp), free(out);
+    free(inp), free(out), free(dinp), free(dw);
     return t[reps / 2];
 }
 
@@ -115,7 +101,7 @@ int main(int argc, char **argv) {
                     DType dt = d ? DT_BF16 : DT_F32;
                     int N = shapes[s].N, C = shapes[s].C, OC = shapes[s].OC, big = (size_t)N * C * OC > 2000000000ull;
                     be->set_threads(threads);
-                    double sec = time_layer(be, dt, N, C, OC, bwd, big ? 3 : 7);
+                    double sec = time_layer(be, dt, N, C, OC, bwd, 1, big ? 3 : 7);
                     double gflops = 2.0 * N * C * OC * (bwd ? 2 : 1) / sec / 1e9;
                     printf("%-26s %-5s %-4s %7d %11.2f %9.1f %15.0f%%\n", shapes[s].what, dtype_name(dt), bwd ? "bwd" : "fwd",
                            threads, sec * 1e3, gflops, 100.0 * gflops / (peak1 * threads));
@@ -133,7 +119,7 @@ int main(int argc, char **argv) {
         size_t bytes = (size_t)C * OC * 4;
         int copies = (int)((64u << 20) / bytes + 1);
         if (copies > 64) copies = 64;
-        double warm = time_forward_weights(be, 64, C, OC, 1, 41), cold = time_forward_weights(be, 64, C, OC, copies, 4 * copies);
+        double warm = time_layer(be, DT_F32, 64, C, OC, 0, 1, 41), cold = time_layer(be, DT_F32, 64, C, OC, 0, copies, 4 * copies);
         double f = 2.0 * 64 * C * OC / 1e9;
         printf("%-26s %13.3f %9.1f %13.3f %9.1f\n", small[s].what, warm * 1e3, f / warm, cold * 1e3, f / cold);
     }
