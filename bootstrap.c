@@ -239,6 +239,8 @@ struct World {
     Board *board;    // NULL when none could be made
     int board_fd, board_mine; // board_mine: this rank created or mapped it (unmap at the end)
     int refs;                 // communicators alive
+    int forming;              // inside world_create: its waits ask stop
+    int (*stop)(void);
 };
 
 int world_hold(World *w, int delta) { return w->refs += delta; }
@@ -728,6 +730,18 @@ char *store_peek(World *w, const char *key, uint32_t *vlen, const char *what) { 
 // may die with a better reason than the timeout's, and is told when the timeout has passed (late).
 #define STORE_WAIT_MS 20
 #define STORE_WAIT_START_MS 1000
+#define FORMING_LOOK_MS 250 // how often world_create's waits ask whether to stop (a signal cuts it short)
+
+// Inside world_create, between waits: ends the process when a stop signal came (world_create).
+static void forming_stop(World *w, const char *waiting) {
+    int sig = w->forming && w->stop ? w->stop() : 0;
+    if (!sig) return;
+    fflush(stdout);
+    fprintf(stderr, "received %s while the job was forming (rank %d of %d, %s): stopping; nothing had run yet\n",
+            sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "a stop signal", w->env.rank, w->env.world, waiting);
+    exit(128 + sig);
+}
+
 static char *store_wait(World *w, const char *key, uint32_t wait_ms, uint32_t *vlen, const char *what,
                         void (*check)(World *, int r, int late), int r) {
     double deadline = now_seconds() + w->timeout;
@@ -735,6 +749,7 @@ static char *store_wait(World *w, const char *key, uint32_t wait_ms, uint32_t *v
         char *v = store_ask(w, key, wait_ms, vlen, what);
         if (v) return v;
         int late = now_seconds() > deadline;
+        forming_stop(w, "waiting for every rank to start");
         if (check) check(w, r, late);
         if (late) die("timeout: %s: waited %.1f s for '%s' from the bootstrap store", what, w->timeout, key);
         struct timespec ts = { 0, 50000 };
@@ -963,7 +978,7 @@ static void machine_id(char *out, size_t cap) {
     snprintf(out, cap, "%.*s", (int)cap - 1, id);
 }
 
-World *world_create(const LaunchEnv *env, double timeout_s) {
+World *world_create(const LaunchEnv *env, double timeout_s, int (*stop)(void)) {
     name_process(env->rank);
     raise_open_files();
     if (sizeof(RankInfo) * (size_t)env->world > UINT32_MAX) // one message carries the rank table
@@ -972,6 +987,8 @@ World *world_create(const LaunchEnv *env, double timeout_s) {
     World *w = xcalloc(1, sizeof *w);
     w->env = *env;
     w->timeout = timeout_s;
+    w->forming = 1;
+    w->stop = stop;
     w->board_fd = -1;
     if (pthread_mutex_init(&w->store_mu, NULL) || pthread_mutex_init(&w->pending_mu, NULL)) die("pthread init failed");
     cond_init_monotonic(&w->pending_cv);
@@ -986,8 +1003,14 @@ World *world_create(const LaunchEnv *env, double timeout_s) {
     if (pipe2(w->wake, O_CLOEXEC) != 0) die_if_out_of_files(errno, "pipe"), die("pipe: %s", strerror(errno));
     if (pthread_create(&w->acceptor, NULL, acceptor_main, w) != 0) die("pthread_create: %s", strerror(errno));
     double deadline = now_seconds() + timeout_s;
-    char why[320] = "";
-    w->store_fd = tcp_connect(env->master_addr, w->env.master_port, deadline, 0, why, sizeof why); // rank 0 may not listen yet
+    char why[320] = "", reaching[320];
+    snprintf(reaching, sizeof reaching, "reaching rank 0 at %s:%d", env->master_addr, w->env.master_port);
+    for (;;) { // rank 0 may not listen yet
+        double look = now_seconds() + FORMING_LOOK_MS / 1e3;
+        w->store_fd = tcp_connect(env->master_addr, w->env.master_port, look < deadline ? look : deadline, 0, why, sizeof why);
+        if (w->store_fd >= 0 || now_seconds() >= deadline) break;
+        forming_stop(w, reaching);
+    }
     if (w->store_fd < 0)
         die("timeout: rank %d cannot reach rank 0 at %s:%d (MASTER_ADDR:MASTER_PORT) within %.1f s: %s", env->rank,
             env->master_addr, w->env.master_port, timeout_s, why);
@@ -1001,6 +1024,13 @@ World *world_create(const LaunchEnv *env, double timeout_s) {
     // Rank 0 answers with the table, or with why the job is abandoned, by its own deadline, which
     // passed before ours: it started listening before we could connect.
     deadline = now_seconds() + timeout_s + 10.0;
+    for (;;) {
+        struct pollfd p = { .fd = w->store_fd, .events = POLLIN };
+        int ready = poll(&p, 1, FORMING_LOOK_MS);
+        if (ready < 0 && errno != EINTR) die("poll: %s", strerror(errno));
+        if (ready > 0 || now_seconds() >= deadline) break;
+        forming_stop(w, "waiting for every rank to join");
+    }
     WireHdr h;
     int rc = tcp_read_all(w->store_fd, &h, sizeof h, deadline);
     if (rc == TCP_CLOSED) die("bootstrap: rank 0 at %s:%d closed the connection (it exited)", env->master_addr, w->env.master_port);
@@ -1036,6 +1066,7 @@ World *world_create(const LaunchEnv *env, double timeout_s) {
             free(store_wait(w, "attached/all", STORE_WAIT_START_MS, &n, "bootstrap", NULL, -1));
         }
     }
+    w->forming = 0;
     return w;
 }
 

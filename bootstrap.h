@@ -50,8 +50,11 @@ typedef struct {
 // Joins the job described by env: names this process "<program>-r<rank>" (ps, top); rank 0 serves
 // the store; every rank waits (timeout_s) for the others and dies with one line when the job cannot
 // form (every rank then prints the same root cause, which rank 0 sends to those connected when a
-// rank never joins).
-World *world_create(const LaunchEnv *env, double timeout_s);
+// rank never joins). While it waits, stop (when not NULL) is asked, at least every quarter second,
+// whether a stop signal came; one it returns (its number) ends the process with one line and exit
+// status 128 + that number: nothing has run yet, and a peer that never comes would hold the rank
+// for the whole timeout.
+World *world_create(const LaunchEnv *env, double timeout_s, int (*stop)(void));
 // Raises this process's soft limit on open files to its hard limit (world_create does; so does the
 // --nproc launcher, which holds pipes to every rank): rank 0's store takes a socket per rank.
 void raise_open_files(void);

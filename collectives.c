@@ -432,7 +432,7 @@ static void log_transports(Transports *tr, World *w, const Comm *c) {
 }
 
 Comm *comm_init(const LaunchEnv *env, const CommOptions *opt) {
-    World *w = world_create(env, opt->timeout);
+    World *w = world_create(env, opt->timeout, opt->stop_requested);
     Comm *c = comm_new(w, 0, "world");
     c->a.rank = env->rank;
     c->a.size = env->world;

@@ -44,6 +44,9 @@ typedef struct {
     // CommAlgo, for every communicator of the world (--algo). auto: the fan-in on one node, the
     // hierarchy across nodes (the ring where nodes hold different numbers of a communicator's members)
     int algo;
+    // While the job forms: the stop signal a rank gives up on at once (SIGINT, SIGTERM), else 0; NULL:
+    // none (world_create)
+    int (*stop_requested)(void);
 } CommOptions;
 typedef enum { COMM_ALGO_AUTO = 0, COMM_ALGO_FANIN, COMM_ALGO_RING, COMM_ALGO_HIER } CommAlgo;
 // "auto", "fanin", "ring" or "hier"; -1 otherwise.

@@ -157,6 +157,11 @@ static int stop_agreed(const Layout *lay) {
     return any;
 }
 
+// While the job forms, SIGINT and SIGTERM end the rank at once (world_create): nothing has run, and a
+// peer that never comes would hold it for --comm-timeout. SIGUSR1, Slurm's warning, lets the job form
+// and stop cleanly at its first step boundary, as any stop does once the job has formed.
+static int stop_while_forming(void) { return stop_signal == SIGINT || stop_signal == SIGTERM ? stop_signal : 0; }
+
 static const char *stop_name(void) {
     return stop_signal == SIGUSR1 ? "SIGUSR1 (the job's time limit is near)" : stop_signal == SIGTERM ? "SIGTERM"
            : stop_signal == SIGINT ? "SIGINT" : "a stop signal (on another rank)";
@@ -357,7 +362,7 @@ static void layout_init(Layout *l, LaunchEnv *env, const Options *o) {
         int gpu = o->device ? !strcmp(o->device, "cuda") : cuda_device_count() > 0;
         int algo = o->algo == COMM_ALGO_AUTO && gpu ? COMM_ALGO_FANIN : o->algo;
         CommOptions copt = { .timeout = o->comm_timeout, .transport = o->transport, .algo = algo, .log = 1, .ib_dev = o->ib_dev,
-                             .ib_gid_index = o->ib_gid_index };
+                             .ib_gid_index = o->ib_gid_index, .stop_requested = stop_while_forming };
         world = comm_init(env, &copt);
     }
     layout_place(l, world ? comm_rank(world) : 0, world ? comm_size(world) : 1, o->tp, o->cp, o->pp);

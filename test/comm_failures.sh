@@ -18,6 +18,8 @@
 #   m. a dead member nobody waits for: ranks waiting on each other name it at their timeout
 #   n. open files: a soft limit below what 8 ranks need is raised (the run trains the same model); a hard
 #      one ends the job at once, the limit named
+#   o. SIGINT or SIGTERM to a rank whose job cannot form (rank 0 never comes; rank 1 never joins): it
+#      stops at once with one line and exit status 128 + the signal, not after --comm-timeout
 #
 # Prints "ok NAME" or "FAIL NAME" (with the evidence) per case; exits non-zero when any failed.
 # Run from the repository root after `make train build/train-asan build/test_comm`:  bash test/comm_failures.sh
@@ -771,6 +773,41 @@ case_sigusr1() {
 }
 
 # ---------------------------------------------------------------------------------------------
+# o. a stop signal while the job forms: rank 1 of 2 with no rank 0 listening gets SIGINT, rank 0 of 2
+#    with no rank 1 coming gets SIGTERM; each stops within a few seconds (its --comm-timeout is 300 s)
+#    with one line naming the signal and what it waited for, exit status 130 and 143, no error line
+
+case_stop_while_forming() {
+    local port pid t0 r sig want who
+    prepare_data
+    for r in 1 0; do
+        port=$(free_port) || { bad "no free port"; return; }
+        sig=$([ $r = 1 ] && echo INT || echo TERM)
+        want=$([ $r = 1 ] && echo "reaching rank 0 at 127.0.0.1:$port" || echo "waiting for every rank to join")
+        who="rank $r, SIG$sig"
+        env RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r LOCAL_WORLD_SIZE=2 NODE_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+            $TRAIN "${TINY[@]}" --steps 5 --train "$WORK/data/train.bin" --comm-timeout 300 >"$WORK/o$r.out" 2>&1 &
+        pid=$!
+        PIDS+=("$pid")
+        # named train-rR inside world_create, after its signal handlers are in place
+        t0=$(now)
+        until [ "$(ps -o comm= -p "$pid" 2>/dev/null)" = "train-r$r" ]; do
+            le "$(since "$t0")" 30 || { bad "$who: not in world_create within 30 s"; return; }
+            kill -0 "$pid" 2>/dev/null || { bad "$who: exited before forming: $(tail -1 "$WORK/o$r.out")"; return; }
+        done
+        kill -$sig "$pid"
+        t0=$(now)
+        await "$pid" "$t0" 30
+        [ "$RC" -eq $((128 + $(kill -l $sig))) ] || bad "$who: exit status $RC after $AT s, expected $((128 + $(kill -l $sig)))"
+        grep -qx "received SIG$sig while the job was forming (rank $r of 2, $want): stopping; nothing had run yet" "$WORK/o$r.out" ||
+            bad "$who: no line saying it stopped while forming"
+        grep -q '^error: ' "$WORK/o$r.out" && bad "$who: an error line: $(grep '^error: ' "$WORK/o$r.out")"
+        expect_gone "$pid"
+        [ $BAD -eq 0 ] && echo "    $who: exit status $RC after $AT s" || show_logs "$WORK/o$r.out"
+    done
+}
+
+# ---------------------------------------------------------------------------------------------
 # j. rank 0 of `--nproc 4 --tp 2 --pp 2` killed the moment it exists, three times: the launcher ends
 #    the job, and nothing of it stays in /dev/shm (the transports use memfds, which have no names)
 
@@ -890,6 +927,7 @@ run_case "a rank gone before its communicator's first use: the others name it (s
 run_case "SIGSTOP on a rank: every rank ends, the stopped one is named" case_sigstop
 run_case "silent connections to the data ports do not delay the job" case_silent_data_connections
 run_case "SIGUSR1 to the launcher, its group, or starting ranks stops cleanly; ps names" case_sigusr1
+run_case "SIGINT or SIGTERM to a rank whose job cannot form stops it at once, 128 + the signal" case_stop_while_forming
 run_case "rank 0 killed at once (x3) leaves nothing in /dev/shm" case_kill_rank0_early
 run_case "an error every rank detects is printed once" case_error_once
 run_case "no leak under AddressSanitizer in a clean --nproc 2 run" case_no_leak
