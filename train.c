@@ -56,7 +56,7 @@ static const char *tokenizer_beside(const char *pattern, char *out, size_t cap) 
 // prepare writes it), when --vocab is not given: 0 when there is none.
 static int vocab_of_data(const Options *o) {
     char path[SAFE_PATH_MAX + 16];
-    if (!o->train || o->steps == 0 || !tokenizer_beside(o->train, path, sizeof path)) return 0; // no match: tokenset_open reports it
+    if (!o->train || !tokenizer_beside(o->train, path, sizeof path)) return 0; // no match: tokenset_open reports it
     struct stat st;
     if (stat(path, &st) != 0) return 0;
     Tokenizer tk;
@@ -544,7 +544,9 @@ static int encode_prompt(const Tokenizer *tk, const char *text, int *out, int ca
 
 static void open_data(Trainer *t) {
     const Options *o = &t->o;
-    t->have_train = o->steps > 0 || o->dump;
+    // --train given with --steps 0 (an initialisation to save) is opened too: checked, and the model
+    // shaped as the run that trains on it would be
+    t->have_train = o->steps > 0 || o->dump || (o->train && o->mode == MODE_TRAIN);
     uint32_t t0 = 0;
     if (t->have_train) {
         if (!o->train) die("no training data: pass --train PATTERN (make shards with ./train prepare INPUT.txt DIR)");
@@ -854,7 +856,7 @@ static void warn_defaults(const Trainer *t) {
     if (t->resumed && t->start_step >= o->steps)
         printf("note: the checkpoint resumed is at step %d, --steps %d: nothing left to train\n", t->start_step, o->steps);
     int default_shape = !o->init_from && !o->init_from_hf && !o->preset && !o->layers && !o->channels && !o->heads;
-    if (!o->vocab && !o->init_from && !o->init_from_hf && !t->resumed && o->train && o->steps > 0 && t->have_tk && t->cfg.V == t->tk.vocab)
+    if (!o->vocab && !o->init_from && !o->init_from_hf && !t->resumed && o->train && t->have_tk && t->cfg.V == t->tk.vocab)
         printf("note: vocabulary %d from the tokenizer beside the training data (--vocab V overrides it)\n", t->cfg.V);
     if (!default_shape || o->steps == 0 || t->be != backend_cpu()) return;
     // the cores the step runs on: every core, unless --threads holds the machine's ranks to fewer

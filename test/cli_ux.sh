@@ -143,6 +143,13 @@ grep -q "V=256 Vp=256" <<<"$out" || bad "the vocabulary is not the tokenizer's 2
 grep -q "^note: vocabulary 256 from the tokenizer beside the training data" <<<"$out" || bad "no note on the vocabulary"
 out=$($TRAIN --layers 1 --channels 32 --heads 4 --seq-len 16 --micro-batch 1 --steps 1 --vocab 1000 --train "$D/train.bin" 2>&1) || bad "--vocab 1000 failed"
 grep -q "^warning: the model's vocabulary is 1000 but the tokenizer's is 256: samples print" <<<"$out" || bad "no warning on the vocabularies"
+# --steps 0 with --train (an initialisation to save) takes the same vocabulary, so the file it saves
+# starts the run that trains on that data, and a --train that matches nothing is refused
+out=$($TRAIN --layers 1 --channels 32 --heads 4 --seq-len 16 --steps 0 --train "$D/train.bin" --save-model "$W/init0.bin" 2>&1) ||
+    bad "--steps 0 --train --save-model failed"
+grep -q "V=256 Vp=256" <<<"$out" || bad "--steps 0: the vocabulary is not the tokenizer's 256: $(grep '^llm4d' <<<"$out")"
+out=$($TRAIN --layers 1 --channels 32 --heads 4 --seq-len 16 --steps 0 --train "$W/none*.bin" 2>&1) && bad "--steps 0 took a --train that matches nothing"
+grep -q "^error: --train: no file matches $W/none\*.bin" <<<"$out" || bad "--steps 0, no --train files: $out"
 # without a tokenizer beside the shards: GPT-2's 50257, and no note
 mkdir -p "$W/bare" && cp "$D/train.bin" "$W/bare/"
 out=$($TRAIN --layers 1 --channels 32 --heads 4 --seq-len 16 --micro-batch 1 --steps 1 --train "$W/bare/train.bin" 2>&1) || bad "training on bare shards failed"
