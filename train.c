@@ -99,6 +99,29 @@ static float lr_at(const Options *o, int step) {
     return min_lr + 0.5f * (1.0f + cosf((float)M_PI * ratio)) * (o->lr - min_lr);
 }
 
+// A resumed run whose learning-rate schedule is not the checkpoint's (--lr, --schedule, --warmup,
+// --lr-min-frac, --steps: each may change) says so, with the rate its next step takes under either:
+// a longer --steps stretches a decay, so the rate can jump at the resume.
+static void note_schedule_change(const Options *o, const CkptMeta *saved) {
+    Options was = *o;
+    was.lr = saved->lr, was.schedule = saved->schedule, was.warmup = saved->warmup, was.lr_min_frac = saved->lr_min_frac,
+    was.steps = saved->steps;
+    char diff[256] = "";
+    size_t n = 0;
+#define SCHED_DIFF(cond, ...) \
+    if (cond) n += (size_t)snprintf(diff + n, n < sizeof diff ? sizeof diff - n : 0, __VA_ARGS__)
+    SCHED_DIFF(o->lr != was.lr, "%s--lr %g (the checkpoint's %g)", n ? ", " : "", o->lr, was.lr);
+    SCHED_DIFF(strcmp(o->schedule, was.schedule), "%s--schedule %s (%s)", n ? ", " : "", o->schedule, was.schedule);
+    SCHED_DIFF(o->warmup != was.warmup, "%s--warmup %d (%d)", n ? ", " : "", o->warmup, was.warmup);
+    SCHED_DIFF(o->lr_min_frac != was.lr_min_frac, "%s--lr-min-frac %g (%g)", n ? ", " : "", o->lr_min_frac, was.lr_min_frac);
+    SCHED_DIFF(o->steps != was.steps, "%s--steps %d (%d)", n ? ", " : "", o->steps, was.steps);
+#undef SCHED_DIFF
+    if (!n) return;
+    int next = (int)saved->step; // the step about to run, 0-based
+    printf("note: the learning-rate schedule is not the checkpoint's: %s; step %d takes lr %.6g, %.6g under the "
+           "checkpoint's\n", diff, next + 1, lr_at(o, next), lr_at(&was, next));
+}
+
 static void write_raw(const char *dir, const char *name, const void *data, size_t bytes) {
     size_t n = strlen(dir) + strlen(name) + 2;
     char *path = xmalloc(n);
@@ -791,6 +814,7 @@ static void build_model(Trainer *t, float *host_params) {
             if (l->lead && o->mode == MODE_TRAIN && saved.seed != o->seed)
                 printf("note: --seed %llu, the checkpoint's %llu: the samples from here follow this run's seed (the data "
                        "order is unshuffled, the same either way)\n", (unsigned long long)o->seed, (unsigned long long)saved.seed);
+            if (l->lead && o->mode == MODE_TRAIN) note_schedule_change(o, &saved);
         } else if (l->lead) {
             printf("note: --resume: no complete checkpoint in %s, starting from step 0\n", o->ckpt_dir);
         }

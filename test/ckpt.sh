@@ -625,6 +625,44 @@ t_ckpt_lock() {
     return $ok
 }
 
+# Resuming with another learning-rate schedule (--steps 12 and --lr 2e-3 after --steps 6 at 1e-3, cosine,
+# --warmup 2, --lr-min-frac 0.1): one note names both changes and the rate step 7 takes under this run's
+# schedule and under the checkpoint's, each within float rounding of the README's cosine formula, and
+# the log's step 7 has this run's rate. Resumed again with the schedule its checkpoint was written
+# under (--steps 14 aside): the note names --steps alone.
+t_ckpt_schedule_note() {
+    local d=$WORK/cksn line
+    rm -rf "$d"
+    mkdir -p "$d"
+    local S=("${CK[@]}" --layers 2 --train "$DATA/train.bin" --batch-tokens 64 --lr-min-frac 0.1)
+    $TRAIN "${S[@]}" --steps 6 --ckpt-dir "$d/c" >/dev/null || return 1
+    $TRAIN "${S[@]}" --steps 12 --lr 2e-3 --ckpt-dir "$d/c" --resume --log "$d/r.jsonl" >"$d/out" 2>&1 || { tail -3 "$d/out"; return 1; }
+    line=$(grep '^note: the learning-rate schedule' "$d/out")
+    $PY - "$line" "$d/r.jsonl" <<'EOF2' || return 1
+import json, math, re, sys
+line, log = sys.argv[1], sys.argv[2]
+m = re.fullmatch(r"note: the learning-rate schedule is not the checkpoint's: --lr 0\.002 \(the checkpoint's 0\.001\), "
+                 r"--steps 12 \(6\); step 7 takes lr ([0-9.e-]+), ([0-9.e-]+) under the checkpoint's", line)
+if not m:
+    sys.exit("FAIL: the note reads: %r" % line)
+def cosine(peak, warmup, steps, s, frac=0.1):  # s: the 0-based step
+    if s < warmup: return peak * (s + 1) / warmup
+    lo = peak * frac
+    return lo + 0.5 * (1 + math.cos(math.pi * (s - warmup) / (steps - warmup))) * (peak - lo)
+now, was = cosine(2e-3, 2, 12, 6), cosine(1e-3, 2, 6, 6)
+for got, want, what in ((float(m.group(1)), now, "this run's"), (float(m.group(2)), was, "the checkpoint's")):
+    if abs(got - want) > 1e-5 * want:
+        sys.exit("FAIL: %s rate at step 7: %g, the formula gives %g" % (what, got, want))
+logged = [r["lr"] for r in map(json.loads, open(log)) if r.get("step") == 7 and "lr" in r]
+if len(logged) != 1 or abs(logged[0] - now) > 1e-5 * now:
+    sys.exit("FAIL: the log's step 7 rate %s, this run's schedule gives %g" % (logged, now))
+EOF2
+    $TRAIN "${S[@]}" --steps 14 --lr 2e-3 --ckpt-dir "$d/c" --resume >"$d/out2" 2>&1 || return 1 # from step 12
+    grep -qx "note: the learning-rate schedule is not the checkpoint's: --steps 14 (12); step 13 takes lr [0-9.e-]*, [0-9.e-]* under the checkpoint's" "$d/out2" ||
+        { echo "FAIL: resumed with --steps alone changed: $(grep '^note' "$d/out2")"; return 1; }
+    echo "$line"
+}
+
 # The data fingerprint: the manifest records, per shard, the crc32 of its header and of a fixed sample
 # of its tokens (computed here from the README's definition, for a shard hashed whole and one sampled);
 # resuming on another corpus of the same token count is refused in one line naming the shard and

@@ -2383,6 +2383,7 @@ run_test ckpt    t_ckpt_signal_last_step   "a stop signal during the last step (
 run_test ckpt    t_ckpt_sigterm            "SIGTERM: every rank checkpoints and exits 0; resuming is bitwise"
 run_test ckpt    t_ckpt_lock               "checkpoints: a second run into a held --ckpt-dir is refused naming the holder; its checkpoints stay"
 run_test ckpt    t_model_dir_agreed        "sample and eval --model DIR on two ranks read the checkpoint rank 0 found, while a newer one appears"
+run_test ckpt    t_ckpt_schedule_note      "checkpoints: resuming with another --lr or --steps says so, with the next step's rate under either schedule"
 run_test ckpt    t_ckpt_fingerprint        "checkpoints: resuming on other data of the same token count is refused, --allow-data-change accepts it"
 run_test ckpt    t_ckpt_fields             "checkpoints: manifest fields out of range or type and overlapping runs are refused, naming the field"
 run_test ckpt    t_ckpt_move_aside         "checkpoints: an unusable checkpoint found by --resume is moved aside to .bad; the run writes its own"
