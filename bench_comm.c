@@ -111,6 +111,7 @@ static const char BENCH_USAGE[] =
     "                             registered host memory (default), plain malloc, device memory (CUDA\n"
     "                             builds), or the CPU stand-in of device memory\n"
     "  --transport auto|shm|tcp|verbs --ib-dev NAME[:PORT] --ib-gid-index N   as for training\n"
+    "  --algo auto|fanin|ring|hier   the collectives' algorithm, as for training (default auto)\n"
     "  --comm-timeout S           seconds an operation may wait (default 60)\n"
     "  -h, --help                 this text\n";
 

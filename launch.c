@@ -242,6 +242,7 @@ typedef struct {
     int alive;
     double kill_at;    // when stopping: the end of the grace period, then SIGKILL
     double signalled_at; // when the interrupt that stops the job came
+    int killed;          // a second interrupt killed the ranks
     LaunchResult res;
 } Launcher;
 
@@ -346,7 +347,13 @@ static void handle_signals(Launcher *L) {
             signal_all(L->kid, L->nproc, SIGUSR1);
         } else if (sig != SIGCHLD) {
             if (L->res.cause == LAUNCH_SIGNALLED) { // a second interrupt: no more grace
-                if (now_seconds() - L->signalled_at >= SAME_STOP_S) signal_all(L->kid, L->nproc, SIGKILL);
+                if (now_seconds() - L->signalled_at >= SAME_STOP_S && !L->killed) {
+                    fflush(stdout);
+                    fprintf(stderr, "received %s again: killing the %d rank(s) still running; what their clean stop had not "
+                            "written yet (checkpoint, model) is not written\n", signame(sig), L->alive);
+                    signal_all(L->kid, L->nproc, SIGKILL);
+                    L->killed = 1;
+                }
                 continue;
             }
             if (L->res.cause == LAUNCH_OK) {

@@ -203,8 +203,9 @@ static const char PLAN_USAGE[] =
     "  --interleaved              with --exact: the interleaved schedule (V = --pp-virtual) where it applies,\n"
     "                             its pool of one-chunk activation sets\n"
     "  --bucket-mb F              with --exact: gradient bucket size, as for training (default 25)\n"
-    "  --device gpu|cpu           with --exact: what the ranks run on (default gpu); on cpu the host buffers\n"
-    "                             (checkpoint staging) are the device's memory too\n"
+    "  --device cuda|cpu          with --exact: what the ranks run on, as for training (default cuda; gpu is\n"
+    "                             the same); on cpu the host buffers (checkpoint staging) are the device's\n"
+    "                             memory too\n"
     "  --ckpt                     with --exact: checkpoints are written (--ckpt-dir): count their staging\n"
     "  --algo auto|fanin|ring|hier\n"
     "                             with --exact: the collectives' algorithm, as for training (default auto:\n"
@@ -409,7 +410,7 @@ static void parse_plan(PlanInput *in, int argc, char **argv) {
             g.algo_given = 1;
         }
         else if (IS("--device")) {
-            if (strcmp(v, "gpu") && strcmp(v, "cpu")) die("--device must be gpu or cpu, got '%s'", v);
+            if (strcmp(v, "cuda") && strcmp(v, "gpu") && strcmp(v, "cpu")) die("--device must be cuda or cpu, got '%s'", v);
             in->device_cpu = !strcmp(v, "cpu");
             g.device_given = 1;
         }

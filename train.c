@@ -1031,7 +1031,10 @@ static void train_step(Trainer *t, int step, StepResult *r) {
     next_batch(t, step);
 
     double c0 = now_seconds(), stopped0 = report_stopped_seconds(&t->rep);
-    if (t->faults.slow_from >= 0 && step + 1 >= t->faults.slow_from) usleep((useconds_t)t->faults.slow_ms * 1000);
+    if (t->faults.slow_from >= 0 && step + 1 >= t->faults.slow_from) { // compute that a signal does not cut short
+        struct timespec left = { t->faults.slow_ms / 1000, (long)(t->faults.slow_ms % 1000) * 1000000L };
+        while (nanosleep(&left, &left) != 0 && errno == EINTR) {}
+    }
     double loss_sum = pipeline_step(&t->pipe, t->inputs, t->targets, t->lay.accum, t->lay.B, t->Tl, 1.0f / (float)t->batch_tokens);
     double tp_busy = l->tp.size > 1 ? comm_busy_seconds(l->tp.comm) - tp_busy0 : 0;
     // compute: the schedule's time less its waits for other ranks (pipeline hand-offs, ZeRO gathers and

@@ -11,7 +11,8 @@
 #   g. a rank stopped with SIGSTOP under --nproc 4: every rank ends, one line names it
 #   h. silent connections to the ranks' data ports before the job forms (TCP transport)
 #   i. SIGUSR1 to the launcher, to its process group, and to ranks still starting: a clean stop; SIGINT
-#      to the launcher: a clean stop, exit 130, no error line
+#      to the launcher: a clean stop, exit 130, no error line; a second SIGINT a second later: one line,
+#      the ranks killed
 #   j. rank 0 killed at once, 3 times (--nproc 4 --tp 2 --pp 2): nothing in /dev/shm
 #   k. an error every rank detects is printed once, whole; ranks show as "<program> rN" in ps
 #   l. a clean --nproc 2 training under AddressSanitizer with leak detection: no leak
@@ -770,6 +771,21 @@ case_sigusr1() {
     grep -q "^saved $WORK/i4.bin" "$WORK/i4.out" || bad "i4: the model was not saved"
     grep -q '^error: ' "$WORK/i4.out" && bad "i4: an error line after a clean stop: $(grep '^error: ' "$WORK/i4.out")"
     [ $BAD -eq 0 ] || show_logs "$WORK/i4.out"
+    # i5: a second SIGINT while the ranks are still in a long step (20 s longer from step 2): the
+    # launcher says it kills them and that nothing more is written, and exits 130. The second signal
+    # must come a second or more after the first (SAME_STOP_S: one sooner is the same stop delivered twice)
+    LLM4D_FAULT="rank=0,step=2,at=slow,ms=20000" usr1_job i5
+    wait_step "$WORK/i5.jsonl" 1 60 || { bad "i5: no step 1 within 60 s"; return; }
+    kill -INT "$JOB"
+    sleep 1.5
+    kill -INT "$JOB"
+    t0=$(now)
+    await "$JOB" "$t0" 15
+    [ "$RC" -eq 130 ] || bad "i5: exit status $RC after a second SIGINT, expected 130"
+    grep -q "^received SIGINT again: killing the 2 rank(s) still running; what their clean stop had not written yet (checkpoint, model) is not written$" "$WORK/i5.out" ||
+        bad "i5: no line saying the second SIGINT kills the ranks"
+    [ -f "$WORK/i5.bin" ] && bad "i5: a model was saved although the ranks were killed"
+    [ $BAD -eq 0 ] || show_logs "$WORK/i5.out"
 }
 
 # ---------------------------------------------------------------------------------------------

@@ -2006,7 +2006,10 @@ t_plan_bad_input() {
     expect_error "--sp describes llm4d's own buffers: it needs --exact" "${p[@]}" --sp || ok=1
     expect_error "--algo describes llm4d's own buffers: it needs --exact" "${p[@]}" --algo ring || ok=1
     expect_error "--algo must be auto, fanin, ring or hier, got 'tree'" "${p[@]}" --exact --algo tree || ok=1
-    expect_error "--device must be gpu or cpu, got 'tpu'" "${p[@]}" --exact --device tpu || ok=1
+    expect_error "--device must be cuda or cpu, got 'tpu'" "${p[@]}" --exact --device tpu || ok=1
+    # the trainer's name for the GPU, cuda, is the planner's gpu
+    [ "$($TRAIN "${p[@]}" --exact --device cuda 2>&1)" = "$($TRAIN "${p[@]}" --exact --device gpu 2>&1)" ] ||
+        { echo "FAIL: plan --exact --device cuda differs from --device gpu"; ok=1; }
     expect_error "--exact counts llm4d's buffers, and its attention is flash" "${p[@]}" --exact --attention full || ok=1
     expect_error "not --params" plan --gpus 8 --batch-tokens 64K --params 7B --layers 32 --channels 4096 --exact || ok=1
     expect_error "--bucket-mb expects a number, got 'big'" "${p[@]}" --exact --bucket-mb big || ok=1
