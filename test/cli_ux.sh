@@ -137,6 +137,12 @@ EOF
 out=$($TRAIN "${tiny[@]}" --batch-tokens 4K 2>&1)
 grep -q "^batch: 4096 tokens per step = 32 micro-batch(es)" <<<"$out" || bad "--batch-tokens 4K is not 4096 tokens: $(grep '^batch' <<<"$out")"
 
+# bench-comm's sizes double from --min-bytes, each rounded to whole parts a rank; two that round alike
+# are measured once (reduce-scatter over 3 ranks, fp32: 8 and 16 bytes both give 12)
+out=$($TRAIN bench-comm --nproc 3 --op reduce_scatter --max-bytes 256 --iters 2 2>&1) || bad "bench-comm --nproc 3 failed: $out"
+sizes=$(awk '$1 == "reduce_scatter" { printf "%s ", $2 }' <<<"$out")
+[ "$sizes" = "12 24 60 120 252 " ] || bad "bench-comm reduce_scatter sizes over 3 ranks: '$sizes', expected 12 24 60 120 252"
+
 # --- defaults from the data
 out=$($TRAIN --layers 1 --channels 32 --heads 4 --seq-len 16 --micro-batch 1 --steps 1 --train "$D/train.bin" 2>&1) || bad "training without --vocab failed"
 grep -q "V=256 Vp=256" <<<"$out" || bad "the vocabulary is not the tokenizer's 256: $(grep '^llm4d' <<<"$out")"
