@@ -464,7 +464,7 @@ static void setup_device(Trainer *t) {
     const Options *o = &t->o;
     int ncuda = cuda_device_count();
     if (o->device ? !strcmp(o->device, "cuda") : ncuda > 0) {
-        if (!backend_cuda()) die("--device cuda: this binary was built without CUDA (nvcc was not found)");
+        if (!backend_cuda()) die("--device cuda: this binary was built without CUDA (make found no nvcc, or was run with NVCC= empty): rebuild with nvcc on the PATH or NVCC=/path/to/nvcc");
         if (ncuda == 0) {
             char why[256];
             cuda_unavailable_reason(why, sizeof why);
