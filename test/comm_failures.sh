@@ -771,11 +771,22 @@ case_sigusr1() {
     grep -q "^saved $WORK/i4.bin" "$WORK/i4.out" || bad "i4: the model was not saved"
     grep -q '^error: ' "$WORK/i4.out" && bad "i4: an error line after a clean stop: $(grep '^error: ' "$WORK/i4.out")"
     [ $BAD -eq 0 ] || show_logs "$WORK/i4.out"
-    # i5: a second SIGINT while the ranks are still in a long step (20 s longer from step 2): the
-    # launcher says it kills them and that nothing more is written, and exits 130. The second signal
-    # must come a second or more after the first (SAME_STOP_S: one sooner is the same stop delivered twice)
-    LLM4D_FAULT="rank=0,step=2,at=slow,ms=20000" usr1_job i5
+    # i5: a second SIGINT while the ranks are still in a long step (rank 0's steps 60 s longer from
+    # step 2): the launcher says it kills them and that nothing more is written, and exits 130. The
+    # first goes once rank 0 sleeps in that step (its main thread in the slow fault's nanosleep, which
+    # a signal does not cut short), so the clean stop it asks for waits for the step's end. The rule
+    # under test is about time: a second signal within SAME_STOP_S (1 s) of the first is the same stop
+    # delivered twice, so the second goes 1.5 s later (a lower bound on the interval, not a wait for
+    # anything; the ranks stay held for the step's 60 s either way)
+    LLM4D_FAULT="rank=0,step=2,at=slow,ms=60000" usr1_job i5
     wait_step "$WORK/i5.jsonl" 1 60 || { bad "i5: no step 1 within 60 s"; return; }
+    local r0
+    r0=$(rank_pid "$JOB" 0)
+    t0=$(now)
+    until [ "$(cat "/proc/$r0/wchan" 2>/dev/null)" = hrtimer_nanosleep ]; do
+        le "$(since "$t0")" 60 || { bad "i5: rank 0 not in its slow step within 60 s"; return; }
+        sleep 0.05
+    done
     kill -INT "$JOB"
     sleep 1.5
     kill -INT "$JOB"
